@@ -1,0 +1,41 @@
+# Helpers shared by apps, tests and benchmarks.
+
+# fsdp_add_executable(name sources...): an executable linked to fsdp::fsdp that reuses the
+# library's precompiled libtorch header (a file including <torch/torch.h> costs ~20 s without it).
+function(fsdp_add_executable name)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE fsdp::fsdp)
+  target_precompile_headers(${name} REUSE_FROM fsdp)
+endfunction()
+
+# Launch prefix for multi-rank runs: mpirun with --oversubscribe (CI has 2 cores, tests use up
+# to 4 ranks), and the OpenMPI variables that allow running as root.
+set(FSDP_MPIRUN ${MPIEXEC_EXECUTABLE} --oversubscribe --bind-to none)
+execute_process(COMMAND id -u OUTPUT_VARIABLE FSDP_UID OUTPUT_STRIP_TRAILING_WHITESPACE)
+set(FSDP_MPI_ENV OMP_NUM_THREADS=1)
+if(FSDP_UID STREQUAL "0")
+  list(APPEND FSDP_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
+endif()
+
+# fsdp_add_dist_test(NAME name COMMAND exe [args...] [RANKS 1 2 3 4] [TIMEOUT s] [LABELS ...]
+#                    [PASS_REGEX re]):
+# registers one CTest test per rank count, named name.np<N>, labelled `dist`, run under mpirun.
+function(fsdp_add_dist_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT;PASS_REGEX" "COMMAND;RANKS;LABELS" ${ARGN})
+  if(NOT T_RANKS)
+    set(T_RANKS 1 2 3 4)
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  foreach(n ${T_RANKS})
+    add_test(NAME ${T_NAME}.np${n}
+             COMMAND ${FSDP_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} ${n} ${T_COMMAND})
+    set_tests_properties(${T_NAME}.np${n} PROPERTIES
+      LABELS "dist;${T_LABELS}" TIMEOUT ${T_TIMEOUT}
+      ENVIRONMENT "${FSDP_MPI_ENV}" PROCESSORS 2)
+    if(T_PASS_REGEX)
+      set_tests_properties(${T_NAME}.np${n} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGEX}")
+    endif()
+  endforeach()
+endfunction()

@@ -1,0 +1,90 @@
+// fsdp/comm/process_group.h: the collectives FSDP needs, behind one interface.
+//
+// A ProcessGroup is a set of ranks that run collectives together. Every collective is
+// asynchronous: it returns a Work at once, and the operation progresses on the group's
+// communication thread while the caller computes. Work::wait() blocks until it is done.
+//
+// Contract, as in MPI and NCCL: every rank of the group calls the same collectives in the same
+// order with matching shapes and dtypes. Local mistakes (wrong sizes, dtypes, non-contiguous
+// tensors) throw std::invalid_argument before anything is sent. A collective that some rank never
+// joins does not hang forever: a wait() that exceeds the group's timeout prints which operation
+// and which rank waited, then aborts every rank of the job.
+//
+// Dtypes: float32, float64, int64, bfloat16. Reductions of bfloat16 accumulate in float32 and
+// round once, so a bf16 sum loses no more than the rounding of its result.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace fsdp::comm {
+
+enum class ReduceOp { Sum, Average, Max };
+const char* to_string(ReduceOp op);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective completed; rethrows its failure. Past the group's timeout it
+  // reports the operation and aborts the job (no rank waits forever for a rank that failed).
+  virtual void wait() = 0;
+  virtual bool is_completed() = 0;
+  // Seconds between the operation starting on the communication thread and its completion
+  // (valid once completed): the time communication really took, overlapped or not.
+  virtual double busy_seconds() const = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+struct ProcessGroupOptions {
+  // How long wait() waits before declaring the collective lost and aborting the job.
+  // Overridable with FSDP_COMM_TIMEOUT_MS in the environment.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "world", or "world/split(color=1)"
+
+  // output [size()*k] <- input [k]: rank r's input lands at output[r*k, (r+1)*k). No staging copy.
+  virtual WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
+  // output [k] <- elements [rank()*k, (rank()+1)*k) of the reduction of every rank's input [size()*k].
+  virtual WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) = 0;
+  // In place: tensor <- reduction of every rank's tensor.
+  virtual WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  // In place: tensor <- root's tensor.
+  virtual WorkPtr broadcast(const at::Tensor& tensor, int root) = 0;
+  virtual WorkPtr barrier() = 0;
+
+  // Collective over this group: ranks passing the same color form a new group, ordered by key.
+  // A negative color joins no group and gets nullptr.
+  virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
+
+  // Ends every rank of the job with `why` on stderr. For a rank that fails outside a collective:
+  // the others would otherwise wait for it until their timeout.
+  [[noreturn]] virtual void abort(const std::string& why) = 0;
+
+  // Total busy seconds of completed collectives on this group since creation.
+  virtual double communication_seconds() const = 0;
+};
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// The job's world group. Rank, size and local rank come from the launcher (mpirun, srun);
+// a process started without one is world size 1. Initialises MPI (MPI_THREAD_MULTIPLE) once;
+// later calls return the same group.
+ProcessGroupPtr init_world(const ProcessGroupOptions& options = {});
+
+// Checks shared by every backend; each throws std::invalid_argument naming the operation, the
+// rank, the shapes and the dtypes.
+void check_all_gather_args(const ProcessGroup& group, const at::Tensor& output, const at::Tensor& input);
+void check_reduce_scatter_args(const ProcessGroup& group, const at::Tensor& output, const at::Tensor& input,
+                               ReduceOp op);
+void check_all_reduce_args(const ProcessGroup& group, const at::Tensor& tensor, ReduceOp op);
+void check_broadcast_args(const ProcessGroup& group, const at::Tensor& tensor, int root);
+
+}  // namespace fsdp::comm

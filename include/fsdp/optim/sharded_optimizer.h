@@ -1,0 +1,100 @@
+// fsdp/optim/sharded_optimizer.h: optimizers that step on this rank's shards only.
+//
+// Each FlatParam's shard [shard_numel] fp32 is updated from its shard_grad with elementwise math,
+// so a shard behaves exactly like the matching slice of the unsharded parameters would under
+// libtorch's torch::optim optimizers (the parity tests compare against them). Per-parameter options
+// (weight decay on or off) apply to the ranges of the shard that each parameter occupies.
+// Optimizer state (AdamW's two moments, SGD's momentum) is [shard_numel] fp32 per FlatParam.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fsdp/runtime/fully_shard.h"
+
+namespace fsdp::optim {
+
+// Which parameters get weight decay. Default: tensors of 2 or more dimensions (weights of linear
+// layers and embeddings); biases and norm weights (1-D) get none, as in GPT-2 and Llama recipes.
+using DecayFilter = std::function<bool(const std::string& name, const std::vector<int64_t>& shape)>;
+bool decay_matrices_only(const std::string& name, const std::vector<int64_t>& shape);
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  DecayFilter decay = decay_matrices_only;
+};
+
+struct SgdOptions {
+  double lr = 1e-2;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  DecayFilter decay = decay_matrices_only;
+};
+
+class ShardedOptimizer {
+ public:
+  virtual ~ShardedOptimizer() = default;
+  virtual void step() = 0;
+  void zero_grad() { state_.zero_grad(); }
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+  // Bytes of optimizer state on this rank.
+  virtual int64_t state_bytes() const = 0;
+
+ protected:
+  explicit ShardedOptimizer(runtime::FsdpState& state, double lr, const DecayFilter& decay);
+  // One trainable FlatParam with the ranges of its shard that take weight decay.
+  struct Slot {
+    shard::FlatParam* flat;
+    std::vector<std::pair<int64_t, int64_t>> decay_ranges;  // (shard offset, length), merged
+  };
+  runtime::FsdpState& state_;
+  std::vector<Slot> slots_;
+  double lr_;
+};
+
+class ShardedAdamW final : public ShardedOptimizer {
+ public:
+  ShardedAdamW(runtime::FsdpState& state, AdamWOptions options);
+  // Building the optimizer from module parameters is a mistake once they are sharded: this says so.
+  ShardedAdamW(const std::vector<at::Tensor>& module_parameters, AdamWOptions options);
+  void step() override;
+  int64_t state_bytes() const override;
+  int64_t step_count() const { return step_count_; }
+  // Moments of slot i ([shard_numel] fp32 each), for checkpoints and tests.
+  const at::Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
+  const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
+
+ private:
+  AdamWOptions options_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  int64_t step_count_ = 0;
+};
+
+class ShardedSgd final : public ShardedOptimizer {
+ public:
+  ShardedSgd(runtime::FsdpState& state, SgdOptions options);
+  void step() override;
+  int64_t state_bytes() const override;
+
+ private:
+  SgdOptions options_;
+  std::vector<at::Tensor> momentum_;
+};
+
+// Scales every gradient shard so that the global L2 norm (over all ranks' shards) is at most
+// max_norm, as torch::nn::utils::clip_grad_norm_ does on unsharded gradients. Collective.
+// Returns the norm before clipping.
+double clip_grad_norm(runtime::FsdpState& state, double max_norm);
+
+// The global L2 norm of the gradients, without clipping. Collective.
+double grad_norm(runtime::FsdpState& state);
+
+}  // namespace fsdp::optim

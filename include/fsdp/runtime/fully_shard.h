@@ -1,0 +1,190 @@
+// fsdp/runtime/fully_shard.h: turn a torch::nn::Module into a fully sharded model.
+//
+//   auto model = fsdp::runtime::fully_shard(std::make_shared<Gpt>(cfg), world, options);
+//   auto logits = model.forward(tokens);            // gathers, computes, frees unit by unit
+//   loss.backward();                                 // gathers again, reduce-scatters gradients
+//   optimizer.step();                                // steps on this rank's shards only
+//
+// Units. The wrap policy picks modules (every transformer block, say); each becomes a unit whose
+// parameters are flattened into one FlatParam (two when it mixes trainable and frozen ones), and
+// each rank keeps 1/N of it. Parameters in no unit form the root unit. Units do not nest: the
+// outermost selected module wins.
+//
+// What a model must do (see fsdp/nn/hooks.h): call each module that may become a unit through
+// fsdp::nn::call(block, x), not block->forward(x). A module selected as a unit but called
+// directly would run on freed parameters. A unit that did not run in a forward is reported once
+// on stderr (it may simply be unused, which is allowed).
+// A parameter belongs to one unit; tied parameters (embedding and head) belong in the root.
+// Every rank must use the same units in a step (as in PyTorch FSDP: the collectives must match).
+//
+// A unit's life in one training step (FULL_SHARD):
+//   pre-forward   all-gather the shards into the unsharded buffer; parameters are views of it
+//   post-forward  free that buffer (autograd's saved views stay, holding no memory); hook outputs
+//   pre-backward  (hook on the unit's outputs) gather again; .grad become views of a flat buffer
+//   post-backward (all its gradients accumulated) reduce-scatter, average, add into shard_grad
+//   end of backward  finish pending reductions, run those of unused units, free what remains
+// SHARD_GRAD_OP keeps parameters gathered from forward through backward. NO_SHARD keeps
+// everything on every rank and all-reduces gradients. The root stays gathered from its forward
+// until its backward.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/nn/hooks.h"
+#include "fsdp/shard/flat_param.h"
+
+namespace fsdp::runtime {
+
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard };
+const char* to_string(ShardingStrategy strategy);
+ShardingStrategy sharding_strategy_from_string(const std::string& name);  // "full_shard", ...
+
+struct WrapPolicy {
+  // Modules whose type name (torch::nn::Module::name(), e.g. "Block" for BlockImpl) is listed.
+  std::vector<std::string> module_types;
+  // Modules holding at least this many parameters (0: off).
+  int64_t min_params = 0;
+  // Modules at these paths, e.g. "blocks.0" (only with a model that is already built).
+  std::vector<std::string> module_paths;
+
+  bool empty() const { return module_types.empty() && min_params <= 0 && module_paths.empty(); }
+  // Does the policy select `module` (at `path`, "" when not yet known)?
+  bool selects(const torch::nn::Module& module, const std::string& path) const;
+};
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  WrapPolicy wrap_policy;
+  // Overwrite every rank's initial parameters with rank 0's. Off: verify they agree (checksum).
+  bool sync_module_states = false;
+};
+
+// Per-rank memory, in bytes, as the runtime accounts it.
+struct MemoryStats {
+  int64_t sharded_param_bytes = 0;      // fp32 shards (the whole model under NO_SHARD)
+  int64_t sharded_grad_bytes = 0;       // fp32 gradient shards
+  int64_t gathered_bytes = 0;           // unsharded parameter and gradient buffers alive now
+  int64_t peak_gathered_bytes = 0;      // their peak since the last reset_peak_memory()
+  int64_t largest_unit_bytes = 0;       // largest unit's unsharded fp32 parameters
+  int64_t unsharded_param_bytes = 0;    // all parameters unsharded, without padding (for comparison)
+};
+
+class Unit;  // one FSDP unit; defined in src/runtime
+
+// The runtime state behind a sharded model. Not a template: the typed wrapper below only forwards.
+class FsdpState {
+ public:
+  FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group, FsdpOptions options,
+            std::vector<std::shared_ptr<Unit>> prebuilt_units);
+  ~FsdpState();
+  FsdpState(const FsdpState&) = delete;
+  FsdpState& operator=(const FsdpState&) = delete;
+
+  const comm::ProcessGroupPtr& group() const { return group_; }
+  const FsdpOptions& options() const { return options_; }
+  torch::nn::Module& root_module() { return *root_; }
+
+  // Every FlatParam (each unit's trainable and frozen ones), in unit order: the optimizer's view.
+  std::vector<shard::FlatParam*> flat_params();
+  std::vector<std::string> unit_names() const;
+
+  // Gradient accumulation without synchronisation: while false, backward keeps the unsharded
+  // gradients (a full model's worth at most) and reduces nothing; the next backward with true
+  // reduces their sum once. The default (true) reduces each micro-batch into shard_grad.
+  void set_requires_gradient_sync(bool sync) { gradient_sync_ = sync; }
+  bool requires_gradient_sync() const { return gradient_sync_; }
+
+  void zero_grad();  // zeroes shard_grad (and drops unsharded gradients kept without sync)
+  // name -> full parameter, gathered from every rank. Collective: every rank must call it.
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+
+  MemoryStats memory_stats() const;
+  void reset_peak_memory();
+
+  // Step protocol, called by FullyShardedModule::forward around the root's forward.
+  void pre_root_forward();
+  void post_root_forward(const std::vector<at::Tensor>& outputs);
+
+  // Internal: the hooks call these.
+  void on_gathered_bytes(int64_t delta);
+  void on_pre_backward();
+
+ private:
+  void end_of_backward();
+  void reshard_after_eval();
+
+  std::shared_ptr<torch::nn::Module> root_;
+  comm::ProcessGroupPtr group_;
+  FsdpOptions options_;
+  std::vector<std::shared_ptr<Unit>> units_;  // children in model order, then the root unit last
+  bool gradient_sync_ = true;
+  bool backward_callback_queued_ = false;
+  int64_t gathered_bytes_ = 0;
+  int64_t peak_gathered_bytes_ = 0;
+  int64_t unsharded_param_bytes_ = 0;
+};
+
+template <class ModuleT>
+class FullyShardedModule {
+ public:
+  FullyShardedModule(std::shared_ptr<ModuleT> module, std::shared_ptr<FsdpState> state)
+      : module_(std::move(module)), state_(std::move(state)) {}
+
+  // Runs the root module's forward with the root unit's hooks.
+  template <class... Args>
+  auto forward(Args&&... args) {
+    return fsdp::nn::call(module_, std::forward<Args>(args)...);
+  }
+
+  const std::shared_ptr<ModuleT>& module() const { return module_; }
+  ModuleT* operator->() const { return module_.get(); }
+  FsdpState& state() const { return *state_; }
+  const std::shared_ptr<FsdpState>& state_ptr() const { return state_; }
+
+ private:
+  std::shared_ptr<ModuleT> module_;
+  std::shared_ptr<FsdpState> state_;
+};
+
+// Wraps an already built model. Every rank must pass a model with the same structure; parameter
+// values are checked (or broadcast, with sync_module_states). Throws if the model is wrapped.
+std::shared_ptr<FsdpState> make_fsdp_state(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group,
+                                           FsdpOptions options, std::vector<std::shared_ptr<Unit>> prebuilt = {});
+
+template <class ModuleT>
+FullyShardedModule<ModuleT> fully_shard(std::shared_ptr<ModuleT> model, comm::ProcessGroupPtr group,
+                                        FsdpOptions options = {}) {
+  auto state = make_fsdp_state(model, std::move(group), std::move(options));
+  return FullyShardedModule<ModuleT>(std::move(model), std::move(state));
+}
+
+// Shards while building: `build()` constructs the model; each block it adds with
+// fsdp::nn::push_block that the policy selects becomes a unit at once, so its full parameters
+// are freed before the next block is built. Peak memory: about one block plus this rank's shards
+// (plus the root's parameters, sharded last). Initial values equal an unsharded build's.
+class BuildListener {
+ public:
+  BuildListener(const comm::ProcessGroupPtr& group, const FsdpOptions& options);
+  std::vector<std::shared_ptr<Unit>> take_units();
+  ~BuildListener();
+
+ private:
+  std::vector<std::shared_ptr<Unit>> units_;
+  std::unique_ptr<fsdp::nn::ScopedBlockBuiltListener> scope_;
+};
+
+template <class ModuleT, class Build>
+FullyShardedModule<ModuleT> build_fully_sharded(comm::ProcessGroupPtr group, FsdpOptions options, Build&& build) {
+  BuildListener listener(group, options);
+  std::shared_ptr<ModuleT> model = build();
+  auto state = make_fsdp_state(model, std::move(group), std::move(options), listener.take_units());
+  return FullyShardedModule<ModuleT>(std::move(model), std::move(state));
+}
+
+}  // namespace fsdp::runtime

@@ -1,0 +1,118 @@
+// fsdp/shard/flat_param.h: a group of parameters flattened into one padded buffer, of which
+// each rank keeps one contiguous slice.
+//
+//   unsharded  [padded_numel] fp32   parameters are views of it; memory freed while resharded
+//   shard      [shard_numel]  fp32   this rank's slice: the master copy the optimizer updates
+//   shard_grad [shard_numel]  fp32   this rank's slice of the averaged gradient (trainable only)
+//   unsharded_grad [padded_numel] fp32  during backward the parameters' .grad are views of it
+//
+// padded_numel is the parameters' total rounded up so that the group size divides it;
+// shard_numel = padded_numel / group size (NO_SHARD: the whole buffer, replicated).
+// A parameter keeps its identity and shape for its whole life (set_data to a view), so autograd's
+// gradient accumulators and hooks on it stay valid.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+
+namespace fsdp::shard {
+
+struct FlatEntry {
+  std::string name;                  // e.g. "blocks.3.attn.qkv.weight"
+  std::vector<std::string> aliases;  // other names of the same (tied) parameter
+  std::vector<int64_t> shape;
+  int64_t offset = 0;                // first element in the unsharded buffer
+  int64_t numel = 0;
+};
+
+// A piece of one entry that falls into one rank's shard.
+struct ShardSegment {
+  size_t entry = 0;          // index into FlatLayout::entries
+  int64_t entry_offset = 0;  // first element of the piece inside the entry (flattened)
+  int64_t shard_offset = 0;  // where it sits in the shard
+  int64_t length = 0;
+};
+
+struct FlatLayout {
+  std::vector<FlatEntry> entries;
+  int64_t numel = 0;         // sum of the entries
+  int64_t padded_numel = 0;  // numel rounded up to a multiple of the number of shards
+  int64_t shard_numel = 0;   // padded_numel / number of shards
+  int num_shards = 1;
+
+  static FlatLayout make(std::vector<FlatEntry> entries, int num_shards);
+  // The pieces of the entries inside shard `shard_index`, in order (padding belongs to none).
+  std::vector<ShardSegment> segments_of_shard(int shard_index) const;
+};
+
+class FlatParam {
+ public:
+  // Takes over `params` (same order as names): copies their values into the flat buffer, makes each
+  // a view of it, and keeps this rank's slice. `replicate`: NO_SHARD (every rank keeps everything).
+  FlatParam(std::string unit_name, std::vector<std::string> names, std::vector<at::Tensor> params,
+            std::vector<std::vector<std::string>> aliases, comm::ProcessGroupPtr group, bool replicate,
+            bool trainable);
+
+  const std::string& unit_name() const { return unit_name_; }
+  const FlatLayout& layout() const { return layout_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  bool trainable() const { return trainable_; }
+  bool replicated() const { return replicate_; }
+  const comm::ProcessGroupPtr& group() const { return group_; }
+  int shard_index() const { return replicate_ ? 0 : group_->rank(); }
+
+  at::Tensor& shard() { return shard_; }
+  at::Tensor& shard_grad() { return shard_grad_; }
+  const at::Tensor& unsharded() const { return unsharded_; }
+
+  // Gathers every rank's shard into the unsharded buffer (allocating it); params become usable.
+  // Returns nullptr when nothing had to be done (already unsharded, or replicated).
+  comm::WorkPtr unshard_async();
+  void unshard();
+  // Frees the unsharded buffer (not for replicated params, whose buffer is the shard).
+  void reshard();
+  bool is_unsharded() const;
+
+  // Gradients. prepare: the params' .grad become views of a zeroed unsharded gradient buffer (kept
+  // if it already exists, to accumulate micro-batches without sync). reduce: averages it over the
+  // group and returns the work; finish_reduce adds the result into shard_grad and frees the buffer.
+  void prepare_grad();
+  bool has_unsharded_grad() const { return unsharded_grad_.defined(); }
+  comm::WorkPtr reduce_grad_async();
+  void finish_reduce_grad();
+  void drop_unsharded_grad();
+
+  // Checks (collective) that every rank holds the same values, by a checksum; with
+  // broadcast_from_rank0, overwrites them with rank 0's instead. Call while unsharded.
+  void verify_same_across_ranks(bool broadcast_from_rank0);
+
+  // Prepends "prefix." to every name, once the unit's path in the model is known.
+  void prefix_names(const std::string& prefix);
+
+  // The full (unpadded) tensor of every entry, gathered from all ranks. Collective.
+  std::vector<at::Tensor> gather_full_params() const;
+
+  int64_t unsharded_bytes() const { return layout_.padded_numel * 4; }
+
+ private:
+  std::string unit_name_;
+  FlatLayout layout_;
+  std::vector<at::Tensor> params_;
+  comm::ProcessGroupPtr group_;
+  bool replicate_ = false;
+  bool trainable_ = true;
+  at::Tensor unsharded_;       // [padded_numel] fp32
+  at::Tensor shard_;           // [shard_numel] fp32 (replicated: same tensor as unsharded_)
+  at::Tensor shard_grad_;      // [shard_numel] fp32, trainable only
+  at::Tensor unsharded_grad_;  // [padded_numel] fp32 while gradients are being produced
+  at::Tensor reduced_grad_;    // [shard_numel] fp32 output of the in-flight reduction
+};
+
+// A 64-bit hash of a tensor's bytes (FNV-1a), to compare parameters across ranks.
+int64_t checksum(const at::Tensor& contiguous);
+
+}  // namespace fsdp::shard

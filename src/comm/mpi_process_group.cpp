@@ -1,0 +1,365 @@
+// MPI backend of ProcessGroup, for CPU tensors.
+//
+// Each group owns an MPI communicator and one communication thread. Collectives are queued in
+// call order and run by that thread with blocking MPI calls, so they progress while the caller
+// computes, and every rank's thread issues them in the same order (the order the callers used).
+// MPI is initialised with MPI_THREAD_MULTIPLE: several groups' threads may be inside MPI at once.
+#include <mpi.h>
+
+#include <c10/util/BFloat16.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "fsdp/comm/launch.h"
+#include "fsdp/comm/process_group.h"
+
+namespace fsdp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void check_mpi(int code, const char* call, const std::string& where) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw std::runtime_error(where + ": " + call + " failed: " + std::string(text, length));
+}
+
+int checked_count(int64_t numel, const std::string& where) {
+  if (numel > std::numeric_limits<int>::max()) {
+    throw std::invalid_argument(where + ": " + std::to_string(numel) +
+                                " elements exceed MPI's int count; split the buffer");
+  }
+  return static_cast<int>(numel);
+}
+
+// The MPI datatype that moves the tensor's bytes unchanged (bf16 travels as 16-bit words).
+MPI_Datatype transport_type(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kLong: return MPI_INT64_T;
+    case at::kBFloat16: return MPI_UINT16_T;
+    default: throw std::invalid_argument(std::string("mpi: unsupported dtype ") + c10::toString(type));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
+
+// Averages in place after a sum. Raw loops: the buffers may be aliased by autograd tensors,
+// whose version counters a torch op would bump.
+void divide_in_place(void* data, at::ScalarType type, int64_t n, int divisor) {
+  if (type == at::kFloat) {
+    float* p = static_cast<float*>(data);
+    for (int64_t i = 0; i < n; ++i) p[i] /= static_cast<float>(divisor);
+  } else if (type == at::kDouble) {
+    double* p = static_cast<double*>(data);
+    for (int64_t i = 0; i < n; ++i) p[i] /= divisor;
+  }
+}
+
+std::vector<float> bf16_to_float(const at::Tensor& t) {
+  const auto* src = static_cast<const c10::BFloat16*>(t.data_ptr());
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(src[i]);
+  return out;
+}
+
+void float_to_bf16(const std::vector<float>& values, const at::Tensor& t, float divisor) {
+  auto* dst = static_cast<c10::BFloat16*>(t.data_ptr());
+  for (size_t i = 0; i < values.size(); ++i) dst[i] = c10::BFloat16(values[i] / divisor);
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::string description, std::string who, std::chrono::milliseconds timeout)
+      : description_(std::move(description)), who_(std::move(who)), timeout_(timeout) {}
+
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!done_cv_.wait_for(lock, timeout_, [this] { return done_; })) {
+      std::fprintf(stderr,
+                   "%s: %s did not complete within %lld ms: another rank probably never joined it "
+                   "(it failed, or took another code path). Aborting every rank.\n",
+                   who_.c_str(), description_.c_str(), static_cast<long long>(timeout_.count()));
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+      std::abort();
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+  double busy_seconds() const override { return busy_seconds_; }
+
+  void finish(std::exception_ptr error, double busy_seconds) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      error_ = error;
+      busy_seconds_ = busy_seconds;
+      done_ = true;
+    }
+    done_cv_.notify_all();
+  }
+
+ private:
+  std::string description_;
+  std::string who_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  double busy_seconds_ = 0;
+};
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_from_this<MpiProcessGroup> {
+ public:
+  MpiProcessGroup(MPI_Comm comm, std::string name, ProcessGroupOptions options)
+      : comm_(comm), name_(std::move(name)), options_(options) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    who_ = "[fsdp rank " + std::to_string(world_rank) + ", group " + name_ + " rank " + std::to_string(rank_) +
+           "/" + std::to_string(size_) + "]";
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~MpiProcessGroup() override {
+    stop();
+    if (!mpi_finalized() && comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  double communication_seconds() const override { return busy_nanoseconds_.load() * 1e-9; }
+
+  WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) override {
+    check_all_gather_args(*this, output, input);
+    std::string what = "all_gather(" + std::to_string(input.numel()) + " x " + std::to_string(size_) + " " +
+                       c10::toString(input.scalar_type()) + ")";
+    return enqueue(what, [this, output, input, what] {
+      int count = checked_count(input.numel(), who_ + " " + what);
+      MPI_Datatype type = transport_type(input.scalar_type());
+      check_mpi(MPI_Allgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_),
+                "MPI_Allgather", who_ + " " + what);
+    });
+  }
+
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    check_reduce_scatter_args(*this, output, input, op);
+    std::string what = std::string("reduce_scatter(") + to_string(op) + ", " + std::to_string(output.numel()) +
+                       " x " + std::to_string(size_) + " " + c10::toString(input.scalar_type()) + ")";
+    return enqueue(what, [this, output, input, op, what] {
+      int count = checked_count(output.numel(), who_ + " " + what);
+      if (input.scalar_type() == at::kBFloat16) {
+        std::vector<float> in32 = bf16_to_float(input), out32(static_cast<size_t>(output.numel()));
+        check_mpi(MPI_Reduce_scatter_block(in32.data(), out32.data(), count, MPI_FLOAT, mpi_op(op), comm_),
+                  "MPI_Reduce_scatter_block", who_ + " " + what);
+        float_to_bf16(out32, output, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
+        return;
+      }
+      MPI_Datatype type = transport_type(input.scalar_type());
+      check_mpi(MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type, mpi_op(op), comm_),
+                "MPI_Reduce_scatter_block", who_ + " " + what);
+      if (op == ReduceOp::Average) divide_in_place(output.data_ptr(), output.scalar_type(), output.numel(), size_);
+    });
+  }
+
+  WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    check_all_reduce_args(*this, tensor, op);
+    std::string what = std::string("all_reduce(") + to_string(op) + ", " + std::to_string(tensor.numel()) + " " +
+                       c10::toString(tensor.scalar_type()) + ")";
+    return enqueue(what, [this, tensor, op, what] {
+      int count = checked_count(tensor.numel(), who_ + " " + what);
+      if (tensor.scalar_type() == at::kBFloat16) {
+        std::vector<float> values = bf16_to_float(tensor);
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), count, MPI_FLOAT, mpi_op(op), comm_), "MPI_Allreduce",
+                  who_ + " " + what);
+        float_to_bf16(values, tensor, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
+        return;
+      }
+      MPI_Datatype type = transport_type(tensor.scalar_type());
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), count, type, mpi_op(op), comm_), "MPI_Allreduce",
+                who_ + " " + what);
+      if (op == ReduceOp::Average) divide_in_place(tensor.data_ptr(), tensor.scalar_type(), tensor.numel(), size_);
+    });
+  }
+
+  WorkPtr broadcast(const at::Tensor& tensor, int root) override {
+    check_broadcast_args(*this, tensor, root);
+    std::string what = "broadcast(" + std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type()) +
+                       " from rank " + std::to_string(root) + ")";
+    return enqueue(what, [this, tensor, root, what] {
+      int count = checked_count(tensor.numel(), who_ + " " + what);
+      check_mpi(MPI_Bcast(tensor.data_ptr(), count, transport_type(tensor.scalar_type()), root, comm_), "MPI_Bcast",
+                who_ + " " + what);
+    });
+  }
+
+  WorkPtr barrier() override {
+    return enqueue("barrier", [this] { check_mpi(MPI_Barrier(comm_), "MPI_Barrier", who_ + " barrier"); });
+  }
+
+  std::shared_ptr<ProcessGroup> split(int color, int key) override {
+    auto new_comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    std::string what = "split(color=" + std::to_string(color) + ", key=" + std::to_string(key) + ")";
+    enqueue(what, [this, new_comm, color, key, what] {
+      check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, new_comm.get()), "MPI_Comm_split",
+                who_ + " " + what);
+    })->wait();
+    if (*new_comm == MPI_COMM_NULL) return nullptr;
+    return std::make_shared<MpiProcessGroup>(*new_comm, name_ + "/split(color=" + std::to_string(color) + ")",
+                                             options_);
+  }
+
+  [[noreturn]] void abort(const std::string& why) override {
+    std::fprintf(stderr, "%s aborting the job: %s\n", who_.c_str(), why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+
+ private:
+  struct Task {
+    std::shared_ptr<MpiWork> work;
+    std::function<void()> body;
+  };
+
+  WorkPtr enqueue(const std::string& what, std::function<void()> body) {
+    auto work = std::make_shared<MpiWork>(what, who_, options_.timeout);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) throw std::runtime_error(who_ + " " + what + ": the process group is shut down");
+      queue_.push_back(Task{work, std::move(body)});
+    }
+    queue_cv_.notify_one();
+    return work;
+  }
+
+  void run() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        queue_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything queued has run
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      auto start = Clock::now();
+      std::exception_ptr error;
+      try {
+        task.body();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+      busy_nanoseconds_ += busy;
+      task.work->finish(error, busy * 1e-9);
+    }
+  }
+
+  MPI_Comm comm_;
+  std::string name_;
+  ProcessGroupOptions options_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string who_;
+  std::mutex mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::atomic<int64_t> busy_nanoseconds_{0};
+  std::thread thread_;
+};
+
+std::weak_ptr<MpiProcessGroup> g_world;
+
+void finalize_at_exit() {
+  if (auto world = g_world.lock()) world->stop();
+  if (!mpi_finalized()) MPI_Finalize();
+}
+
+}  // namespace
+
+ProcessGroupPtr init_world(const ProcessGroupOptions& options) {
+  static std::mutex init_mutex;
+  static std::shared_ptr<MpiProcessGroup> world;  // keeps the world alive until exit
+  std::lock_guard<std::mutex> lock(init_mutex);
+  if (world) return world;
+
+  LaunchInfo launch = launch_info_from_env();
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = MPI_THREAD_SINGLE;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+      throw std::runtime_error("init_world: MPI_Init_thread failed");
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+      throw std::runtime_error("init_world: this MPI grants thread level " + std::to_string(provided) +
+                               ", fsdp.cpp needs MPI_THREAD_MULTIPLE (communication runs on its own thread)");
+    }
+    std::atexit(finalize_at_exit);
+  }
+  int mpi_rank = 0, mpi_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+  if (mpi_rank != launch.rank || mpi_size != launch.world_size) {
+    throw std::runtime_error("init_world: the launcher (" + launch.launcher + ") says rank " +
+                             std::to_string(launch.rank) + " of " + std::to_string(launch.world_size) +
+                             " but MPI says rank " + std::to_string(mpi_rank) + " of " + std::to_string(mpi_size) +
+                             ": was the binary started by a different MPI's launcher?");
+  }
+  ProcessGroupOptions resolved = options;
+  if (const char* env = std::getenv("FSDP_COMM_TIMEOUT_MS")) {
+    char* end = nullptr;
+    long ms = std::strtol(env, &end, 10);
+    if (*end != '\0' || ms <= 0) {
+      throw std::runtime_error(std::string("init_world: FSDP_COMM_TIMEOUT_MS='") + env +
+                               "' is not a positive number of milliseconds");
+    }
+    resolved.timeout = std::chrono::milliseconds(ms);
+  }
+  world = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "world", resolved);
+  g_world = world;
+  return world;
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,138 @@
+#include "fsdp/optim/sharded_optimizer.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+
+namespace fsdp::optim {
+
+bool decay_matrices_only(const std::string&, const std::vector<int64_t>& shape) { return shape.size() >= 2; }
+
+ShardedOptimizer::ShardedOptimizer(runtime::FsdpState& state, double lr, const DecayFilter& decay)
+    : state_(state), lr_(lr) {
+  for (shard::FlatParam* flat : state.flat_params()) {
+    if (!flat->trainable()) continue;  // frozen parameters have neither gradients nor optimizer state
+    Slot slot{flat, {}};
+    for (const shard::ShardSegment& segment : flat->layout().segments_of_shard(flat->shard_index())) {
+      const shard::FlatEntry& entry = flat->layout().entries[segment.entry];
+      if (!decay(entry.name, entry.shape)) continue;
+      auto& ranges = slot.decay_ranges;
+      if (!ranges.empty() && ranges.back().first + ranges.back().second == segment.shard_offset) {
+        ranges.back().second += segment.length;
+      } else {
+        ranges.emplace_back(segment.shard_offset, segment.length);
+      }
+    }
+    slots_.push_back(std::move(slot));
+  }
+}
+
+ShardedAdamW::ShardedAdamW(runtime::FsdpState& state, AdamWOptions options)
+    : ShardedOptimizer(state, options.lr, options.decay), options_(std::move(options)) {
+  for (const Slot& slot : slots_) {
+    exp_avg_.push_back(at::zeros_like(slot.flat->shard()));
+    exp_avg_sq_.push_back(at::zeros_like(slot.flat->shard()));
+  }
+}
+
+namespace {
+runtime::FsdpState& refuse_module_parameters(const std::vector<at::Tensor>& parameters) {
+  throw std::invalid_argument(
+      "ShardedAdamW: built from " + std::to_string(parameters.size()) +
+      " module parameters, but after fully_shard a module's parameters are views of freed buffers; build the "
+      "optimizer from the sharded model's state: ShardedAdamW(model.state(), options)");
+}
+}  // namespace
+
+ShardedAdamW::ShardedAdamW(const std::vector<at::Tensor>& module_parameters, AdamWOptions options)
+    : ShardedAdamW(refuse_module_parameters(module_parameters), std::move(options)) {}
+
+// Same operations, in the same order, as torch::optim::AdamW (libtorch 1.13) on each element.
+void ShardedAdamW::step() {
+  torch::NoGradGuard no_grad;
+  ++step_count_;
+  const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(step_count_));
+  const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(step_count_));
+  const double step_size = lr_ / bias_correction1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    at::Tensor& p = slots_[i].flat->shard();
+    const at::Tensor& grad = slots_[i].flat->shard_grad();
+    if (options_.weight_decay != 0) {
+      for (const auto& [offset, length] : slots_[i].decay_ranges) {
+        p.narrow(0, offset, length).mul_(1 - lr_ * options_.weight_decay);
+      }
+    }
+    exp_avg_[i].mul_(options_.beta1).add_(grad, 1 - options_.beta1);
+    exp_avg_sq_[i].mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
+    at::Tensor denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
+    p.addcdiv_(exp_avg_[i], denom, -step_size);
+  }
+}
+
+int64_t ShardedAdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < exp_avg_.size(); ++i) bytes += (exp_avg_[i].numel() + exp_avg_sq_[i].numel()) * 4;
+  return bytes;
+}
+
+ShardedSgd::ShardedSgd(runtime::FsdpState& state, SgdOptions options)
+    : ShardedOptimizer(state, options.lr, options.decay), options_(std::move(options)) {
+  momentum_.resize(slots_.size());
+}
+
+// Same operations as torch::optim::SGD (libtorch 1.13, no dampening, no Nesterov).
+void ShardedSgd::step() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    at::Tensor& p = slots_[i].flat->shard();
+    at::Tensor d_p = slots_[i].flat->shard_grad();
+    if (options_.weight_decay != 0) {
+      d_p = d_p.clone();
+      for (const auto& [offset, length] : slots_[i].decay_ranges) {
+        d_p.narrow(0, offset, length).add_(p.narrow(0, offset, length), options_.weight_decay);
+      }
+    }
+    if (options_.momentum != 0) {
+      if (!momentum_[i].defined()) {
+        momentum_[i] = d_p.clone();
+      } else {
+        momentum_[i].mul_(options_.momentum).add_(d_p, 1.0);
+      }
+      d_p = momentum_[i];
+    }
+    p.add_(d_p, -lr_);
+  }
+}
+
+int64_t ShardedSgd::state_bytes() const {
+  int64_t bytes = 0;
+  for (const at::Tensor& m : momentum_) bytes += m.defined() ? m.numel() * 4 : 0;
+  return bytes;
+}
+
+double grad_norm(runtime::FsdpState& state) {
+  // [sum of squares over sharded gradients, over replicated ones]: one all-reduce for both.
+  at::Tensor sums = at::zeros({2}, at::kDouble);
+  for (shard::FlatParam* flat : state.flat_params()) {
+    if (!flat->trainable()) continue;
+    sums[flat->replicated() ? 1 : 0] += flat->shard_grad().to(at::kDouble).pow(2).sum();
+  }
+  state.group()->all_reduce(sums, comm::ReduceOp::Sum)->wait();
+  // Replicated gradients are identical on every rank: count them once.
+  const double total = sums[0].item<double>() + sums[1].item<double>() / state.group()->size();
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(runtime::FsdpState& state, double max_norm) {
+  const double norm = grad_norm(state);
+  const double coefficient = std::min(1.0, max_norm / (norm + 1e-6));
+  if (coefficient < 1.0) {
+    for (shard::FlatParam* flat : state.flat_params()) {
+      if (flat->trainable()) flat->shard_grad().mul_(coefficient);
+    }
+  }
+  return norm;
+}
+
+}  // namespace fsdp::optim

@@ -1,0 +1,531 @@
+#include "fsdp/runtime/fully_shard.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace fsdp::runtime {
+
+const char* to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::FullShard: return "full_shard";
+    case ShardingStrategy::ShardGradOp: return "shard_grad_op";
+    case ShardingStrategy::NoShard: return "no_shard";
+  }
+  return "?";
+}
+
+ShardingStrategy sharding_strategy_from_string(const std::string& name) {
+  if (name == "full_shard") return ShardingStrategy::FullShard;
+  if (name == "shard_grad_op") return ShardingStrategy::ShardGradOp;
+  if (name == "no_shard") return ShardingStrategy::NoShard;
+  throw std::invalid_argument("unknown sharding strategy '" + name +
+                              "' (expected full_shard, shard_grad_op or no_shard)");
+}
+
+namespace {
+
+// "fsdp::models::BlockImpl" -> "Block"
+std::string short_type_name(const torch::nn::Module& module) {
+  std::string name = module.name();
+  auto colon = name.rfind("::");
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  const std::string suffix = "Impl";
+  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    name.resize(name.size() - suffix.size());
+  }
+  return name;
+}
+
+bool is_container(const torch::nn::Module& module) {
+  const std::string type = short_type_name(module);
+  return type == "ModuleList" || type == "Sequential" || type == "ModuleDict";
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t total = 0;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : module.parameters(true)) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel();
+  }
+  return total;
+}
+
+}  // namespace
+
+bool WrapPolicy::selects(const torch::nn::Module& module, const std::string& path) const {
+  const std::string type = short_type_name(module);
+  for (const std::string& wanted : module_types) {
+    if (wanted == type || wanted == module.name()) return true;
+  }
+  for (const std::string& wanted : module_paths) {
+    if (!path.empty() && wanted == path) return true;
+  }
+  return min_params > 0 && !is_container(module) && parameter_count(module) >= min_params;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unit: the parameters of one wrapped module, as one or two FlatParams, and their step state.
+
+class Unit {
+ public:
+  Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_root,
+       const std::unordered_set<const void*>& excluded, const comm::ProcessGroupPtr& group,
+       const FsdpOptions& options)
+      : module_(std::move(module)), name_(std::move(name)), is_root_(is_root), strategy_(options.strategy) {
+    // Parameters in first-seen order, tied ones once (their other names become aliases).
+    std::vector<std::string> names[2];
+    std::vector<at::Tensor> params[2];
+    std::vector<std::vector<std::string>> aliases[2];
+    std::unordered_map<const void*, std::pair<int, size_t>> position;
+    for (const auto& item : module_->named_parameters(true)) {
+      const at::Tensor& p = item.value();
+      const void* id = p.unsafeGetTensorImpl();
+      if (excluded.count(id)) continue;
+      auto found = position.find(id);
+      if (found != position.end()) {
+        aliases[found->second.first][found->second.second].push_back(item.key());
+        continue;
+      }
+      const int kind = p.requires_grad() ? 0 : 1;
+      position[id] = {kind, params[kind].size()};
+      names[kind].push_back(item.key());
+      params[kind].push_back(p);
+      aliases[kind].emplace_back();
+    }
+    const bool replicate = strategy_ == ShardingStrategy::NoShard;
+    for (int kind = 0; kind < 2; ++kind) {
+      if (params[kind].empty()) continue;
+      auto flat = std::make_unique<shard::FlatParam>(name_.empty() ? "<root>" : name_, names[kind], params[kind],
+                                                     aliases[kind], group, replicate, kind == 0);
+      flat->verify_same_across_ranks(options.sync_module_states);
+      flat->reshard();
+      (kind == 0 ? trainable_ : frozen_) = std::move(flat);
+    }
+    if (trainable_) {
+      for (const at::Tensor& p : trainable_->params()) {
+        auto accumulator = torch::autograd::impl::grad_accumulator(p);
+        accumulator->add_post_hook(std::make_unique<GradReadyHook>(this));
+        // The parameter holds its accumulator weakly: keep it, or the hook vanishes.
+        accumulators_.push_back(std::move(accumulator));
+      }
+    }
+  }
+
+  const std::string& name() const { return name_; }
+  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  bool is_root() const { return is_root_; }
+  bool ran_forward() const { return forward_ran_; }
+
+  std::vector<shard::FlatParam*> flat_params() const {
+    std::vector<shard::FlatParam*> out;
+    if (trainable_) out.push_back(trainable_.get());
+    if (frozen_) out.push_back(frozen_.get());
+    return out;
+  }
+
+  // Gives the unit its final name and a back-pointer to its state, and installs the forward hooks.
+  void adopt(FsdpState* state, const std::string& path) {
+    state_ = state;
+    if (name_.empty() && !is_root_) {
+      name_ = path;
+      for (shard::FlatParam* flat : flat_params()) flat->prefix_names(path);
+    }
+    fsdp::nn::ForwardHooks hooks;
+    if (is_root_) {
+      hooks.pre_forward = [state] { state->pre_root_forward(); };
+      hooks.post_forward = [state](const std::vector<at::Tensor>& outputs) { state->post_root_forward(outputs); };
+    } else {
+      hooks.pre_forward = [this] { pre_forward(); };
+      hooks.post_forward = [this](const std::vector<at::Tensor>& outputs) { post_forward(outputs); };
+    }
+    fsdp::nn::set_forward_hooks(module_.get(), std::move(hooks));
+  }
+
+  void release_hooks() { fsdp::nn::clear_forward_hooks(module_.get()); }
+
+  void pre_forward() {
+    forward_ran_ = true;
+    gather_params();
+  }
+
+  void post_forward(const std::vector<at::Tensor>& outputs) {
+    const bool grad_needed = register_pre_backward_hooks(outputs);
+    if (!is_root_ && (strategy_ == ShardingStrategy::FullShard || !grad_needed)) release_params();
+  }
+
+  // Returns whether any output will receive a gradient.
+  bool register_pre_backward_hooks(const std::vector<at::Tensor>& outputs) {
+    if (!torch::GradMode::is_enabled()) return false;
+    bool any = false;
+    for (const at::Tensor& output : outputs) {
+      if (!output.defined() || !output.requires_grad()) continue;
+      at::Tensor hooked = output;
+      hooked.register_hook([this](const at::Tensor&) { pre_backward(); });
+      any = true;
+    }
+    return any;
+  }
+
+  void pre_backward() {
+    state_->on_pre_backward();
+    if (pre_backward_ran_) return;
+    pre_backward_ran_ = true;
+    gather_params();
+    prepare_grads();
+  }
+
+  // All trainable parameters have their gradients (or the backward ended): reduce them.
+  void post_backward() {
+    if (post_backward_done_) return;
+    post_backward_done_ = true;
+    if (trainable_ && state_->requires_gradient_sync()) {
+      prepare_grads();  // a unit unused in this step reduces zeros, so every rank joins
+      pending_reduce_ = trainable_->reduce_grad_async();
+    }
+    // Trainable parameters are free to go: their accumulators ran after every node that used them.
+    // Frozen ones may still be needed by a later node; they go at the end of backward.
+    if (trainable_ && strategy_ != ShardingStrategy::NoShard) release(*trainable_);
+  }
+
+  void finish_reduce() {
+    if (!pending_reduce_) return;
+    pending_reduce_->wait();
+    pending_reduce_ = nullptr;
+    state_->on_gathered_bytes(-trainable_->unsharded_bytes());
+    trainable_->finish_reduce_grad();
+  }
+
+  void drop_unsharded_grads() {
+    if (trainable_ && trainable_->has_unsharded_grad()) {
+      state_->on_gathered_bytes(-trainable_->unsharded_bytes());
+      trainable_->drop_unsharded_grad();
+    }
+  }
+
+  void release_params() {
+    if (strategy_ == ShardingStrategy::NoShard) return;
+    for (shard::FlatParam* flat : flat_params()) release(*flat);
+  }
+
+  void gather_params() {
+    std::vector<comm::WorkPtr> works;
+    for (shard::FlatParam* flat : flat_params()) {
+      if (auto work = flat->unshard_async()) {
+        state_->on_gathered_bytes(flat->unsharded_bytes());
+        works.push_back(std::move(work));
+      }
+    }
+    for (auto& work : works) work->wait();
+  }
+
+  void reset_step() {
+    forward_ran_ = false;
+    pre_backward_ran_ = false;
+    post_backward_done_ = false;
+    grads_ready_ = 0;
+  }
+
+  void on_grad_ready() {
+    if (trainable_ && ++grads_ready_ == trainable_->params().size()) post_backward();
+  }
+
+ private:
+  struct GradReadyHook final : torch::autograd::FunctionPostHook {
+    explicit GradReadyHook(Unit* unit) : unit_(unit) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      unit_->on_grad_ready();
+      return outputs;
+    }
+    Unit* unit_;
+  };
+
+  void prepare_grads() {
+    if (trainable_ && !trainable_->has_unsharded_grad()) {
+      trainable_->prepare_grad();
+      state_->on_gathered_bytes(trainable_->unsharded_bytes());
+    }
+  }
+
+  void release(shard::FlatParam& flat) {
+    if (flat.replicated() || !flat.is_unsharded()) return;
+    flat.reshard();
+    state_->on_gathered_bytes(-flat.unsharded_bytes());
+  }
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::string name_;
+  bool is_root_;
+  ShardingStrategy strategy_;
+  FsdpState* state_ = nullptr;
+  std::unique_ptr<shard::FlatParam> trainable_;
+  std::unique_ptr<shard::FlatParam> frozen_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  bool forward_ran_ = false;
+  bool pre_backward_ran_ = false;
+  bool post_backward_done_ = false;
+  size_t grads_ready_ = 0;
+  comm::WorkPtr pending_reduce_;
+
+  friend class FsdpState;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::unordered_set<const void*> parameter_ids(const std::vector<std::shared_ptr<Unit>>& units) {
+  std::unordered_set<const void*> ids;
+  for (const auto& unit : units) {
+    for (shard::FlatParam* flat : unit->flat_params()) {
+      for (const at::Tensor& p : flat->params()) ids.insert(p.unsafeGetTensorImpl());
+    }
+  }
+  return ids;
+}
+
+std::mutex g_wrapped_mutex;
+std::set<const torch::nn::Module*> g_wrapped_roots;
+
+}  // namespace
+
+FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group, FsdpOptions options,
+                     std::vector<std::shared_ptr<Unit>> prebuilt)
+    : root_(std::move(root)), group_(std::move(group)), options_(std::move(options)) {
+  if (!group_) throw std::invalid_argument("fully_shard: the process group is null");
+  // Paths of every module, to name prebuilt units and apply the policy to the rest.
+  std::unordered_map<const torch::nn::Module*, std::string> path_of;
+  for (const auto& item : root_->named_modules("", /*include_self=*/false)) path_of[item.value().get()] = item.key();
+
+  std::unordered_set<const torch::nn::Module*> prebuilt_modules;
+  for (const auto& unit : prebuilt) {
+    auto found = path_of.find(unit->module().get());
+    if (found == path_of.end()) {
+      throw std::invalid_argument("build_fully_sharded: a block given to fsdp::nn::push_block is not part of the "
+                                  "built model (was it pushed into a list the model does not register?)");
+    }
+    unit->adopt(this, found->second);
+    prebuilt_modules.insert(unit->module().get());
+    units_.push_back(unit);
+  }
+
+  // Outermost selected modules, in model order; a selected module's descendants are not visited.
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> selected;
+  std::vector<std::string> taken_prefixes;
+  for (const auto& item : root_->named_modules("", /*include_self=*/false)) {
+    const std::string& path = item.key();
+    bool inside = false;
+    for (const std::string& prefix : taken_prefixes) {
+      if (path.compare(0, prefix.size() + 1, prefix + ".") == 0) inside = true;
+    }
+    if (inside) continue;
+    if (prebuilt_modules.count(item.value().get())) {
+      taken_prefixes.push_back(path);
+      continue;
+    }
+    if (options_.wrap_policy.selects(*item.value(), path)) {
+      selected.emplace_back(path, item.value());
+      taken_prefixes.push_back(path);
+    }
+  }
+  if (!options_.wrap_policy.empty() && selected.empty() && prebuilt.empty()) {
+    std::set<std::string> types;
+    for (const auto& item : root_->named_modules("", false)) types.insert(short_type_name(*item.value()));
+    std::string listed;
+    for (const auto& t : types) listed += (listed.empty() ? "" : ", ") + t;
+    throw std::invalid_argument("fully_shard: the wrap policy selects no module of " + root_->name() +
+                                " (module types present: " + listed + ")");
+  }
+  std::unordered_set<const void*> owned = parameter_ids(units_);
+  for (auto& [path, module] : selected) {
+    std::unordered_set<const void*> none;
+    auto unit = std::make_shared<Unit>(module, path, /*is_root=*/false, none, group_, options_);
+    for (shard::FlatParam* flat : unit->flat_params()) {
+      for (const at::Tensor& p : flat->params()) {
+        if (!owned.insert(p.unsafeGetTensorImpl()).second) {
+          throw std::invalid_argument("fully_shard: parameter " + flat->layout().entries[0].name +
+                                      "... of unit '" + path +
+                                      "' is shared with another unit; tie parameters inside one unit (the root)");
+        }
+      }
+    }
+    unit->adopt(this, path);
+    units_.push_back(std::move(unit));
+  }
+  // Children in model order (prebuilt ones came first, in construction order).
+  std::unordered_map<const torch::nn::Module*, size_t> order;
+  for (const auto& item : root_->named_modules("", /*include_self=*/false)) order.emplace(item.value().get(), order.size());
+  std::stable_sort(units_.begin(), units_.end(),
+                   [&](const auto& a, const auto& b) { return order[a->module().get()] < order[b->module().get()]; });
+  auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, group_, options_);
+  root_unit->adopt(this, "");
+  units_.push_back(std::move(root_unit));
+
+  for (const auto& unit : units_) {
+    for (shard::FlatParam* flat : unit->flat_params()) {
+      unsharded_param_bytes_ += flat->layout().numel * 4;
+    }
+  }
+}
+
+FsdpState::~FsdpState() {
+  for (auto& unit : units_) unit->release_hooks();
+  std::lock_guard<std::mutex> lock(g_wrapped_mutex);
+  g_wrapped_roots.erase(root_.get());
+}
+
+std::vector<shard::FlatParam*> FsdpState::flat_params() {
+  std::vector<shard::FlatParam*> out;
+  for (auto& unit : units_) {
+    for (shard::FlatParam* flat : unit->flat_params()) out.push_back(flat);
+  }
+  return out;
+}
+
+std::vector<std::string> FsdpState::unit_names() const {
+  std::vector<std::string> names;
+  for (const auto& unit : units_) names.push_back(unit->is_root() ? "<root>" : unit->name());
+  return names;
+}
+
+void FsdpState::zero_grad() {
+  for (auto& unit : units_) unit->drop_unsharded_grads();
+  for (shard::FlatParam* flat : flat_params()) {
+    if (flat->trainable()) flat->shard_grad().zero_();
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FsdpState::full_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (shard::FlatParam* flat : flat_params()) {
+    std::vector<at::Tensor> tensors = flat->gather_full_params();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const shard::FlatEntry& entry = flat->layout().entries[i];
+      out.emplace_back(entry.name, tensors[i]);
+      for (const std::string& alias : entry.aliases) out.emplace_back(alias, tensors[i]);
+    }
+  }
+  return out;
+}
+
+MemoryStats FsdpState::memory_stats() const {
+  MemoryStats stats;
+  for (const auto& unit : units_) {
+    int64_t unit_bytes = 0;
+    for (shard::FlatParam* flat : unit->flat_params()) {
+      stats.sharded_param_bytes += flat->layout().shard_numel * 4;
+      if (flat->trainable()) stats.sharded_grad_bytes += flat->layout().shard_numel * 4;
+      unit_bytes += flat->unsharded_bytes();
+    }
+    stats.largest_unit_bytes = std::max(stats.largest_unit_bytes, unit_bytes);
+  }
+  stats.gathered_bytes = gathered_bytes_;
+  stats.peak_gathered_bytes = peak_gathered_bytes_;
+  stats.unsharded_param_bytes = unsharded_param_bytes_;
+  return stats;
+}
+
+void FsdpState::reset_peak_memory() { peak_gathered_bytes_ = gathered_bytes_; }
+
+void FsdpState::on_gathered_bytes(int64_t delta) {
+  gathered_bytes_ += delta;
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+}
+
+void FsdpState::pre_root_forward() {
+  for (auto& unit : units_) unit->reset_step();
+  units_.back()->pre_forward();
+}
+
+void FsdpState::post_root_forward(const std::vector<at::Tensor>& outputs) {
+  static std::set<std::string> reported;
+  for (auto& unit : units_) {
+    if (!unit->is_root() && !unit->ran_forward() && reported.insert(unit->name()).second) {
+      std::fprintf(stderr,
+                   "fsdp [rank %d]: unit '%s' did not run in this forward: unused (allowed), or called without "
+                   "fsdp::nn::call (then it ran on freed parameters). Reported once.\n",
+                   group_->rank(), unit->name().c_str());
+    }
+  }
+  if (!units_.back()->register_pre_backward_hooks(outputs)) reshard_after_eval();
+}
+
+void FsdpState::reshard_after_eval() {
+  for (auto& unit : units_) unit->release_params();
+}
+
+void FsdpState::on_pre_backward() {
+  if (backward_callback_queued_) return;
+  backward_callback_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+}
+
+void FsdpState::end_of_backward() {
+  // Units whose post-backward did not fire (unused this step, or a parameter without gradient) reduce
+  // now, in a fixed order, so every rank issues the same collectives.
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->post_backward();
+  for (auto& unit : units_) unit->finish_reduce();
+  for (auto& unit : units_) {
+    unit->release_params();
+    unit->reset_step();
+  }
+  backward_callback_queued_ = false;
+}
+
+std::shared_ptr<FsdpState> make_fsdp_state(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group,
+                                           FsdpOptions options, std::vector<std::shared_ptr<Unit>> prebuilt) {
+  if (!root) throw std::invalid_argument("fully_shard: the model is null");
+  const torch::nn::Module* root_id = root.get();
+  std::shared_ptr<torch::nn::Module> root_ref = root;
+  {
+    std::lock_guard<std::mutex> lock(g_wrapped_mutex);
+    if (!g_wrapped_roots.insert(root.get()).second || fsdp::nn::find_forward_hooks(root.get()) != nullptr) {
+      throw std::invalid_argument("fully_shard: " + root->name() +
+                                  " is already wrapped; wrap a model once (its parameters are already sharded)");
+    }
+  }
+  try {
+    return std::make_shared<FsdpState>(std::move(root), std::move(group), std::move(options), std::move(prebuilt));
+  } catch (...) {
+    // Units adopted before the failure registered hooks that point at them: remove them all.
+    for (const auto& item : root_ref->named_modules("", /*include_self=*/true)) {
+      fsdp::nn::clear_forward_hooks(item.value().get());
+    }
+    std::lock_guard<std::mutex> lock(g_wrapped_mutex);
+    g_wrapped_roots.erase(root_id);
+    throw;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+BuildListener::BuildListener(const comm::ProcessGroupPtr& group, const FsdpOptions& options) {
+  if (!options.wrap_policy.module_paths.empty()) {
+    throw std::invalid_argument("build_fully_sharded: wrap by module path needs a built model; use fully_shard, "
+                                "or select blocks by type or parameter count");
+  }
+  scope_ = std::make_unique<fsdp::nn::ScopedBlockBuiltListener>(
+      [this, group, options](const std::shared_ptr<torch::nn::Module>& block) {
+        if (!options.wrap_policy.selects(*block, "")) return;
+        std::unordered_set<const void*> none;
+        units_.push_back(std::make_shared<Unit>(block, "", /*is_root=*/false, none, group, options));
+      });
+}
+
+BuildListener::~BuildListener() = default;
+
+std::vector<std::shared_ptr<Unit>> BuildListener::take_units() {
+  scope_.reset();
+  return std::move(units_);
+}
+
+}  // namespace fsdp::runtime

@@ -1,0 +1,191 @@
+#include "fsdp/shard/flat_param.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "fsdp/shard/storage.h"
+
+namespace fsdp::shard {
+
+FlatLayout FlatLayout::make(std::vector<FlatEntry> entries, int num_shards) {
+  FlatLayout layout;
+  layout.num_shards = num_shards;
+  int64_t offset = 0;
+  for (FlatEntry& entry : entries) {
+    entry.offset = offset;
+    offset += entry.numel;
+  }
+  layout.entries = std::move(entries);
+  layout.numel = offset;
+  layout.padded_numel = (offset + num_shards - 1) / num_shards * num_shards;
+  if (layout.padded_numel == 0) layout.padded_numel = num_shards;  // keep every buffer non-empty
+  layout.shard_numel = layout.padded_numel / num_shards;
+  return layout;
+}
+
+std::vector<ShardSegment> FlatLayout::segments_of_shard(int shard_index) const {
+  std::vector<ShardSegment> segments;
+  const int64_t begin = shard_index * shard_numel, end = begin + shard_numel;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const int64_t lo = std::max(begin, entries[i].offset);
+    const int64_t hi = std::min(end, entries[i].offset + entries[i].numel);
+    if (lo < hi) segments.push_back(ShardSegment{i, lo - entries[i].offset, lo - begin, hi - lo});
+  }
+  return segments;
+}
+
+FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std::vector<at::Tensor> params,
+                     std::vector<std::vector<std::string>> aliases, comm::ProcessGroupPtr group, bool replicate,
+                     bool trainable)
+    : unit_name_(std::move(unit_name)), params_(std::move(params)), group_(std::move(group)),
+      replicate_(replicate), trainable_(trainable) {
+  std::vector<FlatEntry> entries;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    if (p.scalar_type() != at::kFloat || !p.device().is_cpu()) {
+      std::ostringstream what;
+      what << "fully_shard: parameter " << names[i] << " is " << p.scalar_type() << " on " << p.device()
+           << "; sharded parameters are kept as float32 on the CPU (mixed precision casts at gather time)";
+      throw std::invalid_argument(what.str());
+    }
+    entries.push_back(FlatEntry{names[i], aliases[i], p.sizes().vec(), 0, p.numel()});
+  }
+  layout_ = FlatLayout::make(std::move(entries), replicate_ ? 1 : group_->size());
+
+  torch::NoGradGuard no_grad;
+  unsharded_ = at::zeros({layout_.padded_numel}, at::kFloat);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const FlatEntry& entry = layout_.entries[i];
+    unsharded_.narrow(0, entry.offset, entry.numel).copy_(params_[i].reshape(-1));
+    // The parameter keeps its TensorImpl (and so its grad accumulator); its data becomes a view.
+    params_[i].set_data(unsharded_.narrow(0, entry.offset, entry.numel).view(entry.shape));
+  }
+  if (replicate_) {
+    shard_ = unsharded_;
+  } else {
+    shard_ = unsharded_.narrow(0, shard_index() * layout_.shard_numel, layout_.shard_numel).clone();
+  }
+  if (trainable_) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
+}
+
+bool FlatParam::is_unsharded() const { return storage_is_allocated(unsharded_); }
+
+comm::WorkPtr FlatParam::unshard_async() {
+  if (replicate_ || is_unsharded()) return nullptr;
+  allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
+  // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
+  return group_->all_gather(unsharded_, shard_);
+}
+
+void FlatParam::unshard() {
+  if (auto work = unshard_async()) work->wait();
+}
+
+void FlatParam::reshard() {
+  if (!replicate_) free_storage(unsharded_);
+}
+
+void FlatParam::prepare_grad() {
+  if (!trainable_ || unsharded_grad_.defined()) return;
+  unsharded_grad_ = at::zeros({layout_.padded_numel}, at::kFloat);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const FlatEntry& entry = layout_.entries[i];
+    // AccumulateGrad adds into an existing .grad in place: the gradients land in the flat buffer.
+    params_[i].mutable_grad() = unsharded_grad_.narrow(0, entry.offset, entry.numel).view(entry.shape);
+  }
+}
+
+comm::WorkPtr FlatParam::reduce_grad_async() {
+  if (!trainable_) return nullptr;
+  prepare_grad();  // a unit unused this step still takes part, with zeros
+  // A parameter whose .grad was replaced (not accumulated into our view) is folded in here.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const FlatEntry& entry = layout_.entries[i];
+    const at::Tensor& grad = params_[i].grad();
+    if (grad.defined() && grad.data_ptr() != static_cast<float*>(unsharded_grad_.data_ptr()) + entry.offset) {
+      torch::NoGradGuard no_grad;
+      unsharded_grad_.narrow(0, entry.offset, entry.numel).add_(grad.reshape(-1));
+    }
+  }
+  if (replicate_) {
+    return group_->all_reduce(unsharded_grad_, comm::ReduceOp::Average);
+  }
+  reduced_grad_ = at::empty({layout_.shard_numel}, at::kFloat);
+  return group_->reduce_scatter(reduced_grad_, unsharded_grad_, comm::ReduceOp::Average);
+}
+
+void FlatParam::finish_reduce_grad() {
+  if (!trainable_) return;
+  torch::NoGradGuard no_grad;
+  shard_grad_.add_(replicate_ ? unsharded_grad_ : reduced_grad_);
+  reduced_grad_ = at::Tensor();
+  drop_unsharded_grad();
+}
+
+void FlatParam::drop_unsharded_grad() {
+  for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+  unsharded_grad_ = at::Tensor();
+}
+
+void FlatParam::verify_same_across_ranks(bool broadcast_from_rank0) {
+  if (!is_unsharded() && !replicate_) unshard();
+  if (broadcast_from_rank0) {
+    group_->broadcast(unsharded_, 0)->wait();
+    if (!replicate_) {
+      shard_.copy_(unsharded_.narrow(0, shard_index() * layout_.shard_numel, layout_.shard_numel));
+    }
+    return;
+  }
+  const int64_t mine = checksum(unsharded_);
+  at::Tensor extremes = at::tensor({mine, -mine}, at::kLong);
+  group_->all_reduce(extremes, comm::ReduceOp::Max)->wait();
+  const int64_t highest = extremes[0].item<int64_t>(), lowest = -extremes[1].item<int64_t>();
+  if (highest != lowest) {
+    throw std::runtime_error(
+        "fully_shard: the parameters of unit '" + unit_name_ + "' (first: " +
+        (layout_.entries.empty() ? std::string("-") : layout_.entries[0].name) + ") differ across ranks (rank " +
+        std::to_string(group_->rank()) + " checksum " + std::to_string(mine) +
+        "): seed every rank alike before building the model, or set sync_module_states to broadcast rank 0's");
+  }
+}
+
+void FlatParam::prefix_names(const std::string& prefix) {
+  if (prefix.empty()) return;
+  for (FlatEntry& entry : layout_.entries) {
+    entry.name = prefix + "." + entry.name;
+    for (std::string& alias : entry.aliases) alias = prefix + "." + alias;
+  }
+}
+
+std::vector<at::Tensor> FlatParam::gather_full_params() const {
+  at::Tensor full = shard_;
+  if (!replicate_) {
+    full = at::empty({layout_.padded_numel}, at::kFloat);
+    group_->all_gather(full, shard_)->wait();
+  }
+  std::vector<at::Tensor> out;
+  for (const FlatEntry& entry : layout_.entries) {
+    out.push_back(full.narrow(0, entry.offset, entry.numel).view(entry.shape).clone());
+  }
+  return out;
+}
+
+int64_t checksum(const at::Tensor& t) {
+  // FNV-1a over 64-bit words (the tail byte by byte): fast enough to run on every unit at wrap time.
+  const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+  const size_t n = t.numel() * t.element_size();
+  uint64_t hash = 1469598103934665603ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i, 8);
+    hash = (hash ^ word) * 1099511628211ull;
+  }
+  for (; i < n; ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  return static_cast<int64_t>(hash >> 1);  // non-negative, so max and -max can compare ranks
+}
+
+}  // namespace fsdp::shard
