@@ -58,6 +58,7 @@ void ShardedAdamW::step() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor& p = slots_[i].flat->shard();
     const at::Tensor& grad = slots_[i].flat->shard_grad();
+    if (!grad.defined()) continue;  // no backward reached it yet: skipped, as libtorch skips grad-less params
     if (options_.weight_decay != 0) {
       for (const auto& [offset, length] : slots_[i].decay_ranges) {
         p.narrow(0, offset, length).mul_(1 - lr_ * options_.weight_decay);
@@ -87,6 +88,7 @@ void ShardedSgd::step() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor& p = slots_[i].flat->shard();
     at::Tensor d_p = slots_[i].flat->shard_grad();
+    if (!d_p.defined()) continue;
     if (options_.weight_decay != 0) {
       d_p = d_p.clone();
       for (const auto& [offset, length] : slots_[i].decay_ranges) {
@@ -115,7 +117,7 @@ double grad_norm(runtime::FsdpState& state) {
   // [sum of squares over sharded gradients, over replicated ones]: one all-reduce for both.
   at::Tensor sums = at::zeros({2}, at::kDouble);
   for (shard::FlatParam* flat : state.flat_params()) {
-    if (!flat->trainable()) continue;
+    if (!flat->trainable() || !flat->shard_grad().defined()) continue;
     sums[flat->replicated() ? 1 : 0] += flat->shard_grad().to(at::kDouble).pow(2).sum();
   }
   state.group()->all_reduce(sums, comm::ReduceOp::Sum)->wait();
@@ -129,7 +131,7 @@ double clip_grad_norm(runtime::FsdpState& state, double max_norm) {
   const double coefficient = std::min(1.0, max_norm / (norm + 1e-6));
   if (coefficient < 1.0) {
     for (shard::FlatParam* flat : state.flat_params()) {
-      if (flat->trainable()) flat->shard_grad().mul_(coefficient);
+      if (flat->trainable() && flat->shard_grad().defined()) flat->shard_grad().mul_(coefficient);
     }
   }
   return norm;

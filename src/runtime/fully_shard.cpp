@@ -135,7 +135,8 @@ class Unit {
   // Gives the unit its final name and a back-pointer to its state, and installs the forward hooks.
   void adopt(FsdpState* state, const std::string& path) {
     state_ = state;
-    if (name_.empty() && !is_root_) {
+    if (!is_root_) {
+      // Parameter names were taken relative to the unit's module; now its path is known.
       name_ = path;
       for (shard::FlatParam* flat : flat_params()) flat->prefix_names(path);
     }
@@ -400,7 +401,7 @@ std::vector<std::string> FsdpState::unit_names() const {
 void FsdpState::zero_grad() {
   for (auto& unit : units_) unit->drop_unsharded_grads();
   for (shard::FlatParam* flat : flat_params()) {
-    if (flat->trainable()) flat->shard_grad().zero_();
+    if (flat->trainable() && flat->shard_grad().defined()) flat->shard_grad().zero_();
   }
 }
 

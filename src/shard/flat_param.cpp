@@ -68,7 +68,7 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
   } else {
     shard_ = unsharded_.narrow(0, shard_index() * layout_.shard_numel, layout_.shard_numel).clone();
   }
-  if (trainable_) shard_grad_ = at::zeros({layout_.shard_numel}, at::kFloat);
+  // shard_grad_ is allocated by the first reduction: building a model holds parameters only.
 }
 
 bool FlatParam::is_unsharded() const { return storage_is_allocated(unsharded_); }
@@ -120,7 +120,12 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
 void FlatParam::finish_reduce_grad() {
   if (!trainable_) return;
   torch::NoGradGuard no_grad;
-  shard_grad_.add_(replicate_ ? unsharded_grad_ : reduced_grad_);
+  const at::Tensor& reduced = replicate_ ? unsharded_grad_ : reduced_grad_;
+  if (shard_grad_.defined()) {
+    shard_grad_.add_(reduced);
+  } else {
+    shard_grad_ = reduced.clone();
+  }
   reduced_grad_ = at::Tensor();
   drop_unsharded_grad();
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <functional>
@@ -44,15 +45,22 @@ template <class... Ts>
 void collect_tensors(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>& out) {
   std::apply([&](const auto&... items) { (collect_tensors(items, out), ...); }, tuple);
 }
+// The module behind a holder or a shared_ptr, non-const (forward is not a const method).
+template <class T>
+T* raw(const std::shared_ptr<T>& module) { return module.get(); }
+template <class T>
+T* raw(const torch::nn::ModuleHolder<T>& module) { return module.ptr().get(); }
 }  // namespace detail
 
 // module: a ModuleHolder (nn::Linear, a TORCH_MODULE type) or a std::shared_ptr to a module.
 template <class ModulePtr, class... Args>
-auto call(const ModulePtr& module, Args&&... args) -> decltype(module->forward(std::forward<Args>(args)...)) {
-  const ForwardHooks* hooks = find_forward_hooks(module.get());
-  if (hooks == nullptr) return module->forward(std::forward<Args>(args)...);
+auto call(const ModulePtr& module, Args&&... args)
+    -> decltype(detail::raw(module)->forward(std::forward<Args>(args)...)) {
+  auto* impl = detail::raw(module);
+  const ForwardHooks* hooks = find_forward_hooks(impl);
+  if (hooks == nullptr) return impl->forward(std::forward<Args>(args)...);
   if (hooks->pre_forward) hooks->pre_forward();
-  auto output = module->forward(std::forward<Args>(args)...);
+  auto output = impl->forward(std::forward<Args>(args)...);
   if (hooks->post_forward) {
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(output, tensors);

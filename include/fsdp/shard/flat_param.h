@@ -3,7 +3,8 @@
 //
 //   unsharded  [padded_numel] fp32   parameters are views of it; memory freed while resharded
 //   shard      [shard_numel]  fp32   this rank's slice: the master copy the optimizer updates
-//   shard_grad [shard_numel]  fp32   this rank's slice of the averaged gradient (trainable only)
+//   shard_grad [shard_numel]  fp32   this rank's slice of the averaged gradient (trainable only;
+//                                     undefined until the first backward reduces into it)
 //   unsharded_grad [padded_numel] fp32  during backward the parameters' .grad are views of it
 //
 // padded_numel is the parameters' total rounded up so that the group size divides it;

@@ -1,0 +1,205 @@
+// Collectives at every rank count, every dtype, with inputs whose results have a closed form.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <thread>
+
+#include "fsdp/comm/process_group.h"
+
+using fsdp::comm::ReduceOp;
+
+namespace {
+
+fsdp::comm::ProcessGroupPtr world() { return fsdp::comm::init_world(); }
+
+const std::vector<at::ScalarType> kAllTypes = {at::kFloat, at::kDouble, at::kLong, at::kBFloat16};
+
+// Input of rank r: element i = r * k + i (exact in every dtype for the sizes used: < 256 for bf16).
+at::Tensor ramp(int rank, int64_t k, at::ScalarType type) {
+  return (at::arange(k, at::kDouble) + rank * k).to(type);
+}
+
+TEST(Comm, AllGatherEveryDtype) {
+  auto g = world();
+  const int64_t k = 7;
+  for (auto type : kAllTypes) {
+    at::Tensor input = ramp(g->rank(), k, type);
+    at::Tensor output = at::full({k * g->size()}, -1, type);
+    g->all_gather(output, input)->wait();
+    // Rank r's block holds r*k .. r*k+k-1: the whole output is 0 .. N*k-1.
+    EXPECT_TRUE(output.to(at::kDouble).equal(at::arange(k * g->size(), at::kDouble))) << type;
+  }
+}
+
+TEST(Comm, ReduceScatterSumAndAverage) {
+  auto g = world();
+  const int n = g->size();
+  const int64_t k = 5;
+  for (auto type : kAllTypes) {
+    // Every rank contributes (r + 1) * (0 .. N*k-1); the sum is N(N+1)/2 * i.
+    at::Tensor input = (at::arange(k * n, at::kDouble) * (g->rank() + 1)).to(type);
+    at::Tensor output = at::empty({k}, type);
+    g->reduce_scatter(output, input, ReduceOp::Sum)->wait();
+    at::Tensor expected = at::arange(g->rank() * k, (g->rank() + 1) * k, at::kDouble) * (n * (n + 1) / 2.0);
+    if (type == at::kBFloat16) {
+      // bf16 keeps 8 significant bits: the sum is accumulated in fp32 and rounded once.
+      EXPECT_TRUE(at::allclose(output.to(at::kDouble), expected, /*rtol=*/1.0 / 256, /*atol=*/0)) << type;
+    } else {
+      EXPECT_TRUE(output.to(at::kDouble).equal(expected)) << type;
+    }
+    if (type == at::kLong) continue;  // average of int64 is refused (tested below)
+    g->reduce_scatter(output, input, ReduceOp::Average)->wait();
+    EXPECT_TRUE(at::allclose(output.to(at::kDouble), expected / n, type == at::kBFloat16 ? 1.0 / 256 : 1e-7, 0))
+        << type;
+  }
+}
+
+TEST(Comm, AllReduceSumAverageMax) {
+  auto g = world();
+  const int n = g->size();
+  for (auto type : kAllTypes) {
+    at::Tensor t = ramp(g->rank(), 6, type);
+    g->all_reduce(t, ReduceOp::Max)->wait();
+    EXPECT_TRUE(t.to(at::kDouble).equal(ramp(n - 1, 6, at::kDouble))) << type;
+    t = ramp(g->rank(), 6, type);
+    g->all_reduce(t, ReduceOp::Sum)->wait();
+    // sum_r (r*6 + i) = 6 N(N-1)/2 + N i
+    at::Tensor expected = at::arange(6, at::kDouble) * n + 6.0 * n * (n - 1) / 2;
+    EXPECT_TRUE(at::allclose(t.to(at::kDouble), expected, type == at::kBFloat16 ? 1.0 / 256 : 0, 0)) << type;
+    if (type == at::kLong) continue;
+    t = ramp(g->rank(), 6, type);
+    g->all_reduce(t, ReduceOp::Average)->wait();
+    EXPECT_TRUE(at::allclose(t.to(at::kDouble), expected / n, type == at::kBFloat16 ? 1.0 / 256 : 1e-7, 0)) << type;
+  }
+}
+
+TEST(Comm, Bf16SumLosesNoMoreThanOneRounding) {
+  auto g = world();
+  // Values that bf16 holds exactly, whose pairwise bf16 sums would round at every step.
+  at::Tensor values = at::randn({4096}, at::TensorOptions().dtype(at::kFloat)).mul_(g->rank() + 1);
+  at::Tensor mine = values.to(at::kBFloat16);
+  // fp64 reference of the exact sum of what every rank holds.
+  at::Tensor all = at::empty({4096 * g->size()}, at::kBFloat16);
+  g->all_gather(all, mine)->wait();
+  at::Tensor exact = all.to(at::kDouble).view({g->size(), 4096}).sum(0);
+  at::Tensor summed = mine.clone();
+  g->all_reduce(summed, ReduceOp::Sum)->wait();
+  // One rounding of the exact result: at most half a bf16 ulp, 2^(floor(log2|x|) - 8), plus fp32's
+  // own rounding while accumulating (relative 2^-24 per addition, covered by the 1e-5 slack).
+  at::Tensor error = (summed.to(at::kDouble) - exact).abs();
+  at::Tensor half_ulp = at::pow(2.0, at::floor(at::log2(exact.abs() + 1e-30)) - 8);
+  at::Tensor excess = error - half_ulp * (1 + 1e-5);
+  EXPECT_LE(excess.max().item<double>(), 0.0) << "bf16 sum lost more than one rounding";
+}
+
+TEST(Comm, BroadcastAndBarrier) {
+  auto g = world();
+  for (int root = 0; root < g->size(); ++root) {
+    for (auto type : kAllTypes) {
+      at::Tensor t = ramp(g->rank(), 9, type);
+      g->broadcast(t, root)->wait();
+      EXPECT_TRUE(t.to(at::kDouble).equal(ramp(root, 9, at::kDouble))) << type << " root " << root;
+    }
+  }
+  g->barrier()->wait();
+}
+
+TEST(Comm, SplitIntoSubGroups) {
+  auto g = world();
+  // Even and odd ranks form two groups; ordered by descending rank inside each.
+  auto sub = g->split(g->rank() % 2, -g->rank());
+  ASSERT_NE(sub, nullptr);
+  const int expected_size = (g->size() + 1 - g->rank() % 2) / 2;
+  EXPECT_EQ(sub->size(), expected_size);
+  at::Tensor t = at::tensor({static_cast<int64_t>(g->rank())}, at::kLong);
+  sub->all_reduce(t, ReduceOp::Sum)->wait();
+  int64_t expected = 0;
+  for (int r = g->rank() % 2; r < g->size(); r += 2) expected += r;
+  EXPECT_EQ(t.item<int64_t>(), expected);
+  // A negative color joins nothing.
+  auto none = g->split(g->rank() == 0 ? -1 : 0, 0);
+  EXPECT_EQ(none == nullptr, g->rank() == 0);
+}
+
+TEST(Comm, ManyCollectivesInFlightCompleteInOrder) {
+  auto g = world();
+  std::vector<at::Tensor> outputs;
+  std::vector<fsdp::comm::WorkPtr> works;
+  for (int i = 0; i < 16; ++i) {
+    at::Tensor input = at::full({3}, static_cast<float>(i * 100 + g->rank()));
+    outputs.push_back(at::empty({3 * g->size()}));
+    works.push_back(g->all_gather(outputs.back(), input));
+  }
+  for (int i = 0; i < 16; ++i) {
+    works[i]->wait();
+    for (int r = 0; r < g->size(); ++r) EXPECT_EQ(outputs[i][r * 3].item<float>(), i * 100 + r);
+  }
+}
+
+TEST(Comm, AllGatherProgressesWhileCallerComputes) {
+  auto g = world();
+  const int64_t k = 8 << 20;  // 32 MiB per rank
+  at::Tensor input = at::full({k}, static_cast<float>(g->rank()));
+  at::Tensor output = at::empty({k * g->size()});
+  at::Tensor a = at::randn({256, 256}), b = at::randn({256, 256});
+  g->barrier()->wait();
+  auto start = std::chrono::steady_clock::now();
+  auto work = g->all_gather(output, input);
+  // The caller computes; the collective must complete without the caller entering MPI.
+  int products = 0;
+  bool completed_while_computing = false;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    a = at::matmul(a, b).div_(256);
+    ++products;
+    if (work->is_completed()) {
+      completed_while_computing = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(completed_while_computing) << "all_gather of " << k * 4 << " bytes did not progress in 60 s";
+  EXPECT_GT(products, 0);
+  work->wait();
+  for (int r = 0; r < g->size(); ++r) EXPECT_EQ(output[r * k + k - 1].item<float>(), r);
+  EXPECT_GT(work->busy_seconds(), 0.0);
+}
+
+// ---- bad input: thrown on the calling rank before anything is sent
+
+TEST(CommBadInput, AllGatherWrongOutputSize) {
+  auto g = world();
+  at::Tensor input = at::zeros({4});
+  at::Tensor output = at::zeros({4 * g->size() + 1});
+  try {
+    g->all_gather(output, input);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("all_gather"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank " + std::to_string(g->rank())), std::string::npos) << what;
+    EXPECT_NE(what.find("[4]"), std::string::npos) << what;
+  }
+}
+
+TEST(CommBadInput, ReduceScatterWrongSizeMismatchedDtypeNonContiguous) {
+  auto g = world();
+  EXPECT_THROW(g->reduce_scatter(at::zeros({3}), at::zeros({3 * g->size() + 2}), ReduceOp::Sum), std::invalid_argument);
+  EXPECT_THROW(g->reduce_scatter(at::zeros({3}, at::kDouble), at::zeros({3 * g->size()}), ReduceOp::Sum),
+               std::invalid_argument);
+  at::Tensor strided = at::zeros({3 * g->size(), 2}).select(1, 0);
+  EXPECT_FALSE(strided.is_contiguous());
+  EXPECT_THROW(g->reduce_scatter(at::zeros({3}), strided, ReduceOp::Sum), std::invalid_argument);
+  EXPECT_THROW(g->all_reduce(at::zeros({3}, at::kLong), ReduceOp::Average), std::invalid_argument);
+}
+
+TEST(CommBadInput, UnsupportedDtypeAndDevice) {
+  auto g = world();
+  EXPECT_THROW(g->all_reduce(at::zeros({3}, at::kInt), ReduceOp::Sum), std::invalid_argument);
+  EXPECT_THROW(g->all_reduce(at::zeros({3}, at::kHalf), ReduceOp::Sum), std::invalid_argument);
+  EXPECT_THROW(g->all_reduce(at::zeros({3}, at::TensorOptions().device(at::kMeta)), ReduceOp::Sum),
+               std::invalid_argument);
+  EXPECT_THROW(g->broadcast(at::zeros({3}), g->size()), std::invalid_argument);
+  EXPECT_THROW(g->all_gather(at::Tensor(), at::zeros({1})), std::invalid_argument);
+}
+
+}  // namespace

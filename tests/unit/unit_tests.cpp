@@ -1,0 +1,128 @@
+// Single-process tests of the pieces that need no other rank.
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "fsdp/comm/launch.h"
+#include "fsdp/nn/hooks.h"
+#include "fsdp/optim/lr_schedule.h"
+#include "fsdp/shard/flat_param.h"
+#include "fsdp/shard/storage.h"
+
+namespace {
+
+TEST(Launch, NoLauncherMeansOneProcess) {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) unsetenv(name);
+  auto info = fsdp::comm::launch_info_from_env();
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.launcher, "none");
+}
+
+TEST(Launch, SlurmVariables) {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) unsetenv(name);
+  setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  auto info = fsdp::comm::launch_info_from_env();
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.launcher, "slurm");
+  setenv("SLURM_NTASKS", "eight", 1);
+  EXPECT_THROW(fsdp::comm::launch_info_from_env(), std::runtime_error);
+  setenv("SLURM_NTASKS", "4", 1);  // rank 5 of 4
+  EXPECT_THROW(fsdp::comm::launch_info_from_env(), std::runtime_error);
+  unsetenv("SLURM_PROCID");
+}
+
+TEST(FlatLayout, PaddingAndSegments) {
+  std::vector<fsdp::shard::FlatEntry> entries = {{"a", {}, {2, 3}, 0, 6}, {"b", {}, {5}, 0, 5}};
+  auto layout = fsdp::shard::FlatLayout::make(entries, 3);
+  EXPECT_EQ(layout.numel, 11);
+  EXPECT_EQ(layout.padded_numel, 12);
+  EXPECT_EQ(layout.shard_numel, 4);
+  EXPECT_EQ(layout.entries[1].offset, 6);
+  // shard 1 covers [4, 8): the last 2 elements of a, the first 2 of b.
+  auto segments = layout.segments_of_shard(1);
+  ASSERT_EQ(segments.size(), 2u);
+  EXPECT_EQ(segments[0].entry, 0u);
+  EXPECT_EQ(segments[0].entry_offset, 4);
+  EXPECT_EQ(segments[0].shard_offset, 0);
+  EXPECT_EQ(segments[0].length, 2);
+  EXPECT_EQ(segments[1].entry, 1u);
+  EXPECT_EQ(segments[1].entry_offset, 0);
+  EXPECT_EQ(segments[1].shard_offset, 2);
+  EXPECT_EQ(segments[1].length, 2);
+  // shard 2 covers [8, 12): 3 elements of b, then 1 of padding.
+  segments = layout.segments_of_shard(2);
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].length, 3);
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  fsdp::optim::WarmupCosineSchedule s{1.0, 0.1, 4, 14};
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.lr_at(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(4), 1.0);
+  EXPECT_NEAR(s.lr_at(9), 0.55, 1e-12);  // half-way through the decay
+  EXPECT_DOUBLE_EQ(s.lr_at(14), 0.1);
+  EXPECT_DOUBLE_EQ(s.lr_at(100), 0.1);
+  EXPECT_THROW(s.lr_at(-1), std::invalid_argument);
+}
+
+TEST(Hooks, CallRunsHooksAroundForward) {
+  torch::nn::Linear linear(3, 2);
+  std::vector<std::string> events;
+  fsdp::nn::ForwardHooks hooks;
+  hooks.pre_forward = [&] { events.push_back("pre"); };
+  hooks.post_forward = [&](const std::vector<at::Tensor>& outputs) {
+    events.push_back("post:" + std::to_string(outputs.size()) + ":" + std::to_string(outputs[0].size(1)));
+  };
+  auto plain = fsdp::nn::call(linear, torch::ones({1, 3}));
+  EXPECT_TRUE(events.empty());
+  fsdp::nn::set_forward_hooks(linear.get(), hooks);
+  auto hooked = fsdp::nn::call(linear, torch::ones({1, 3}));
+  EXPECT_TRUE(hooked.equal(plain));
+  EXPECT_EQ(events, (std::vector<std::string>{"pre", "post:1:2"}));
+  fsdp::nn::clear_forward_hooks(linear.get());
+  fsdp::nn::call(linear, torch::ones({1, 3}));
+  EXPECT_EQ(events.size(), 2u);
+}
+
+int64_t resident_bytes() {
+  malloc_trim(0);
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+TEST(Storage, FreeReallocateKeepsAutogradViewsValid) {
+  // 64 MiB buffer whose views autograd saves; freeing it must return the memory and backward must
+  // still work once it is refilled.
+  const int64_t n = 16 << 20;
+  at::Tensor flat = at::randn({n});
+  at::Tensor keep = flat.clone();
+  at::Tensor weight = torch::empty({4096, 4096}, torch::requires_grad());
+  weight.set_data(flat.view({4096, 4096}));
+  at::Tensor x = torch::randn({2, 4096}, torch::requires_grad());
+  at::Tensor y = torch::matmul(x, weight);
+  const int64_t before = resident_bytes();
+  fsdp::shard::free_storage(flat);
+  const int64_t after = resident_bytes();
+  EXPECT_FALSE(fsdp::shard::storage_is_allocated(flat));
+  EXPECT_GT(before - after, n * 4 * 9 / 10) << "freeing did not return the memory";
+  fsdp::shard::allocate_storage(flat, n * 4);
+  std::memcpy(flat.data_ptr(), keep.data_ptr(), n * 4);
+  y.sum().backward();
+  at::Tensor expected = torch::ones({2, 4096}).matmul(keep.view({4096, 4096}).t());
+  EXPECT_TRUE(torch::allclose(x.grad(), expected, 1e-4, 1e-4));
+}
+
+}  // namespace
