@@ -10,17 +10,10 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "process_memory.h"
 
 namespace {
 
-int64_t status_bytes(const char* field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size())) * 1024;
-  }
-  return -1;
-}
 
 struct BigBlockImpl : torch::nn::Module {
   torch::nn::Linear up{nullptr}, down{nullptr};
@@ -51,13 +44,13 @@ struct BigModelImpl : torch::nn::Module {
 int main() {
   torch::set_num_threads(1);
   auto world = fsdp::comm::init_world();
-  const int64_t baseline = status_bytes("VmRSS:");
+  const int64_t baseline = fsdp::testing::status_bytes("VmRSS:");
   fsdp::runtime::FsdpOptions options;
   options.wrap_policy.module_types = {"BigBlock"};
   torch::manual_seed(0);
   auto model = fsdp::runtime::build_fully_sharded<BigModelImpl>(world, options,
                                                                 [] { return std::make_shared<BigModelImpl>(64); });
-  const int64_t peak = status_bytes("VmHWM:");
+  const int64_t peak = fsdp::testing::status_bytes("VmHWM:");
   auto stats = model.state().memory_stats();
   const int64_t model_bytes = stats.unsharded_param_bytes;
   const int64_t bound = model_bytes / world->size() + 3 * stats.largest_unit_bytes;

@@ -9,20 +9,13 @@
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/models/tiny_transformer.h"
+#include "process_memory.h"
 
 namespace {
 
 using fsdp::runtime::ShardingStrategy;
+using fsdp::testing::resident_bytes;
 
-int64_t resident_bytes() {
-  malloc_trim(0);
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
 
 // Blocks of two 2048 x 2048 linears: each unit's gathered buffer is 32 MiB, above glibc's mmap
 // threshold, so freeing it returns the pages to the system and resident memory shows it.

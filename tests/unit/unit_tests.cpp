@@ -11,6 +11,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/shard/flat_param.h"
 #include "fsdp/shard/storage.h"
+#include "process_memory.h"
 
 namespace {
 
@@ -93,15 +94,6 @@ TEST(Hooks, CallRunsHooksAroundForward) {
   EXPECT_EQ(events.size(), 2u);
 }
 
-int64_t resident_bytes() {
-  malloc_trim(0);
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return -1;
-}
 
 TEST(Storage, FreeReallocateKeepsAutogradViewsValid) {
   // 64 MiB buffer whose views autograd saves; freeing it must return the memory and backward must
@@ -113,9 +105,9 @@ TEST(Storage, FreeReallocateKeepsAutogradViewsValid) {
   weight.set_data(flat.view({4096, 4096}));
   at::Tensor x = torch::randn({2, 4096}, torch::requires_grad());
   at::Tensor y = torch::matmul(x, weight);
-  const int64_t before = resident_bytes();
+  const int64_t before = fsdp::testing::resident_bytes();
   fsdp::shard::free_storage(flat);
-  const int64_t after = resident_bytes();
+  const int64_t after = fsdp::testing::resident_bytes();
   EXPECT_FALSE(fsdp::shard::storage_is_allocated(flat));
   EXPECT_GT(before - after, n * 4 * 9 / 10) << "freeing did not return the memory";
   fsdp::shard::allocate_storage(flat, n * 4);
