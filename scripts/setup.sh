@@ -9,7 +9,8 @@ packages=(
   cmake g++ make pkg-config
   libtorch-dev libopenblas0-pthread   # without OpenBLAS, Debian's libtorch uses the reference BLAS (~5x slower)
   libopenmpi-dev openmpi-bin
-  libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
+  libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
+  fortunes dataset-fashion-mnist
 )
 
 missing=()

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the main job: sharded training on 2 ranks.
-# Extra arguments go to the training program (try --help).
+# Installs what is missing, builds, and runs the main job: fsdp-train on 2 ranks with
+# configs/gpt-fortunes-tiny.toml (a tiny GPT-2 learning to write fortunes).
+#   bash scripts/train.sh                                   # the main job
+#   bash scripts/train.sh configs/vit-fashion-mnist.toml    # another config
+#   bash scripts/train.sh --set train.steps=100             # overrides (fsdp-train --help)
+#   FSDP_RANKS=4 bash scripts/train.sh                      # another rank count
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root_dir/scripts/setup.sh"
+config="$root_dir/configs/gpt-fortunes-tiny.toml"
+if [ $# -gt 0 ] && [[ "$1" == *.toml ]]; then
+  config=$1
+  shift
+fi
 ranks=${FSDP_RANKS:-2}
 mpi_env=()
 if [ "$(id -u)" = 0 ]; then mpi_env=(-x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1); fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" -x OMP_NUM_THREADS \
-  "$root_dir/build/apps/fsdp-demo" "$@"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cd "$root_dir"
+exec mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" \
+  "$root_dir/build/apps/fsdp-train" "$config" "$@"

@@ -4,7 +4,11 @@
 
 #include <torch/version.h>
 
+#include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
+
+#include <cmath>
+#include <limits>
 
 namespace fsdp::compat {
 
@@ -14,6 +18,23 @@ inline void* storage_data(c10::StorageImpl& storage) {
   return storage.mutable_data_ptr().get();
 #else
   return storage.data_ptr().get();
+#endif
+}
+
+// softmax(q k^T / sqrt(hd)) v for q, k, v [b, heads, t, hd], causal or not. 2.x has a fused kernel
+// (flash or memory-efficient attention on CUDA); 1.13 has none, so it is composed here.
+inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               bool causal) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, causal);
+#else
+  auto scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (causal) {
+    const int64_t t = q.size(-2), s = k.size(-2);
+    auto future = at::ones({t, s}, q.options().dtype(at::kBool)).triu(s - t + 1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  }
+  return at::matmul(at::softmax(scores, -1), v);
 #endif
 }
 

@@ -28,11 +28,12 @@ LaunchInfo launch_info_from_env() {
     const char* rank;
     const char* size;
     const char* local_rank;
+    const char* local_size;
   };
   const Source sources[] = {
-      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
   };
   for (const Source& source : sources) {
     int rank = int_from_env(source.rank);
@@ -46,9 +47,12 @@ LaunchInfo launch_info_from_env() {
                                source.size + "=" + std::to_string(info.world_size));
     }
     info.local_rank = std::max(0, int_from_env(source.local_rank));
+    // Unknown local size (e.g. Slurm without --ntasks-per-node): assume every rank shares this machine.
+    const int local_size = int_from_env(source.local_size);
+    info.local_world_size = local_size > 0 ? local_size : info.world_size;
     return info;
   }
-  return LaunchInfo{0, 1, 0, "none"};
+  return LaunchInfo{0, 1, 0, 1, "none"};
 }
 
 }  // namespace fsdp::comm

@@ -85,6 +85,7 @@ ShardedSgd::ShardedSgd(runtime::FsdpState& state, SgdOptions options)
 // Same operations as torch::optim::SGD (libtorch 1.13, no dampening, no Nesterov).
 void ShardedSgd::step() {
   torch::NoGradGuard no_grad;
+  ++step_count_;
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor& p = slots_[i].flat->shard();
     at::Tensor d_p = slots_[i].flat->shard_grad();
@@ -105,6 +106,17 @@ void ShardedSgd::step() {
     }
     p.add_(d_p, -lr_);
   }
+}
+
+std::vector<std::string> ShardedSgd::state_names() const {
+  if (options_.momentum == 0) return {};
+  return {"momentum"};
+}
+
+at::Tensor& ShardedSgd::state_tensor(size_t slot, size_t /*which*/) {
+  // Zero momentum steps exactly as none: momentum * 0 + d_p == d_p.
+  if (!momentum_[slot].defined()) momentum_[slot] = at::zeros_like(slots_[slot].flat->shard());
+  return momentum_[slot];
 }
 
 int64_t ShardedSgd::state_bytes() const {

@@ -9,6 +9,7 @@ struct LaunchInfo {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;     // index of this process among those on its machine (picks its GPU)
+  int local_world_size = 1;  // processes on this machine (they share its cores)
   std::string launcher;   // "openmpi", "slurm", "pmi" or "none"
 };
 

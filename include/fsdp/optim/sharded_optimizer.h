@@ -48,6 +48,17 @@ class ShardedOptimizer {
   // Bytes of optimizer state on this rank.
   virtual int64_t state_bytes() const = 0;
 
+  // For checkpoints. Slot i is the i-th trainable FlatParam; each of its state tensors is
+  // [shard_numel] fp32, named by state_names() (AdamW: exp_avg, exp_avg_sq; SGD: momentum).
+  virtual const char* name() const = 0;
+  virtual std::vector<std::string> state_names() const = 0;
+  // Materialises state not created yet (zeros, which steps exactly as "none yet" does).
+  virtual at::Tensor& state_tensor(size_t slot, size_t which) = 0;
+  size_t slot_count() const { return slots_.size(); }
+  shard::FlatParam* flat_of_slot(size_t slot) const { return slots_[slot].flat; }
+  int64_t step_count() const { return step_count_; }
+  void set_step_count(int64_t steps) { step_count_ = steps; }
+
  protected:
   explicit ShardedOptimizer(runtime::FsdpState& state, double lr, const DecayFilter& decay);
   // One trainable FlatParam with the ranges of its shard that take weight decay.
@@ -58,6 +69,7 @@ class ShardedOptimizer {
   runtime::FsdpState& state_;
   std::vector<Slot> slots_;
   double lr_;
+  int64_t step_count_ = 0;  // steps taken (AdamW's bias correction counts them)
 };
 
 class ShardedAdamW final : public ShardedOptimizer {
@@ -67,7 +79,9 @@ class ShardedAdamW final : public ShardedOptimizer {
   ShardedAdamW(const std::vector<at::Tensor>& module_parameters, AdamWOptions options);
   void step() override;
   int64_t state_bytes() const override;
-  int64_t step_count() const { return step_count_; }
+  const char* name() const override { return "adamw"; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  at::Tensor& state_tensor(size_t slot, size_t which) override { return which == 0 ? exp_avg_[slot] : exp_avg_sq_[slot]; }
   // Moments of slot i ([shard_numel] fp32 each), for checkpoints and tests.
   const at::Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
@@ -75,7 +89,6 @@ class ShardedAdamW final : public ShardedOptimizer {
  private:
   AdamWOptions options_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
-  int64_t step_count_ = 0;
 };
 
 class ShardedSgd final : public ShardedOptimizer {
@@ -83,6 +96,9 @@ class ShardedSgd final : public ShardedOptimizer {
   ShardedSgd(runtime::FsdpState& state, SgdOptions options);
   void step() override;
   int64_t state_bytes() const override;
+  const char* name() const override { return "sgd"; }
+  std::vector<std::string> state_names() const override;
+  at::Tensor& state_tensor(size_t slot, size_t which) override;
 
  private:
   SgdOptions options_;

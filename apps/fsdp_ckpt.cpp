@@ -1,0 +1,114 @@
+// fsdp-ckpt: inspect, export and import checkpoints. export and import are collective: run them
+// under mpirun at any number of ranks (or as one process); each rank reads only its slice.
+//
+//   fsdp-ckpt inspect runs/gpt-fortunes-tiny/checkpoints/step-00000600
+//   fsdp-ckpt export runs/.../step-00000600 --output gpt.safetensors [--dtype bf16]
+//   fsdp-ckpt export runs/.../step-00000600 --output gpt-hf/ --max-file-size 2GB    # sharded set + index
+//   fsdp-ckpt import gpt.safetensors --config configs/gpt-fortunes-tiny.toml --output imported/
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+
+#include "fsdp/checkpoint/hf_weights.h"
+#include "fsdp/checkpoint/sharded_checkpoint.h"
+#include "fsdp/comm/agreement.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/trainer.h"
+
+namespace {
+
+int64_t vocab_of(const fsdp::train::TrainConfig& config) {
+  if (!fsdp::models::is_language_model(config.model)) return 0;
+  if (config.model_vocab > 0) return config.model_vocab;
+  return std::visit(
+      [](const auto& m) -> int64_t {
+        if constexpr (std::is_same_v<std::decay_t<decltype(m)>, fsdp::models::VitConfig>) {
+          return 0;
+        } else {
+          return m.vocab;
+        }
+      },
+      config.model);
+}
+
+int64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  const double value = std::stod(text, &used);
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() || unit == "B" ? 1 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : -1;
+  if (scale < 0 || value <= 0) throw std::invalid_argument("--max-file-size '" + text + "': expected e.g. 500MB or 5GB");
+  return static_cast<int64_t>(value * scale);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdp-ckpt: inspect sharded checkpoints, export them as safetensors with Hugging Face names,\n"
+               "and import such weights. export/import run under mpirun at any rank count."};
+  app.require_subcommand(1);
+  auto* inspect = app.add_subcommand("inspect", "summarise a checkpoint's manifest");
+  std::string inspect_dir;
+  inspect->add_option("checkpoint", inspect_dir, "checkpoint directory (step-NNNNNNNN)")->required();
+
+  auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as safetensors (Hugging Face names)");
+  std::string export_dir, export_output, dtype = "fp32", max_file_size;
+  exporter->add_option("checkpoint", export_dir, "checkpoint directory")->required();
+  exporter->add_option("--output", export_output, "a .safetensors file, or a directory with --max-file-size")->required();
+  exporter->add_option("--dtype", dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  exporter->add_option("--max-file-size", max_file_size, "write Hugging Face's sharded set of files of at most this size");
+
+  auto* importer = app.add_subcommand("import", "load safetensors weights into a sharded checkpoint (step 0, no optimizer)");
+  std::string import_weights_path, import_config, import_output;
+  importer->add_option("weights", import_weights_path, "a .safetensors file or a directory with an index")->required();
+  importer->add_option("--config", import_config, "training config naming the model")->required();
+  importer->add_option("--output", import_output, "directory to write the checkpoint into")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  if (inspect->parsed()) {
+    try {
+      std::printf("%s", fsdp::checkpoint::describe_checkpoint(inspect_dir).c_str());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fsdp-ckpt: error: %s\n", e.what());
+      return 1;
+    }
+  }
+
+  auto world = fsdp::comm::init_world();
+  try {
+    fsdp::train::TrainConfig config;
+    fsdp::comm::on_every_rank(world, "reading the configuration", [&] {
+      if (exporter->parsed()) {
+        config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(export_dir).config_toml,
+                                                 export_dir + "/manifest.json");
+      } else {
+        config = fsdp::train::load_train_config(import_config);
+      }
+    });
+    auto sharded = fsdp::train::build_sharded_model(config, vocab_of(config), world);
+    if (exporter->parsed()) {
+      fsdp::checkpoint::load_checkpoint(export_dir, *sharded.state, nullptr);
+      fsdp::checkpoint::ExportOptions options;
+      options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+      if (!max_file_size.empty()) options.max_file_bytes = parse_size(max_file_size);
+      const int64_t bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, export_output, options);
+      if (world->rank() == 0) std::printf("exported %lld bytes of %s weights to %s\n", static_cast<long long>(bytes), dtype.c_str(), export_output.c_str());
+    } else {
+      fsdp::checkpoint::import_weights(*sharded.state, sharded.config, import_weights_path);
+      const std::string dir = fsdp::checkpoint::save_checkpoint(
+          import_output, *sharded.state, nullptr, {0, config.model_name, fsdp::train::to_toml(config)});
+      if (world->rank() == 0) std::printf("imported %s into %s (use it as model.init_from)\n", import_weights_path.c_str(), dir.c_str());
+    }
+    return 0;
+  } catch (const fsdp::comm::AgreedStop& e) {
+    if (e.should_report()) std::fprintf(stderr, "fsdp-ckpt: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp-ckpt: error: %s\n", e.what());
+    if (world->size() > 1) world->abort(e.what());
+    return 1;
+  }
+}

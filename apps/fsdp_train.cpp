@@ -1,0 +1,132 @@
+// fsdp-train: trains a model from the zoo with FSDP, from a TOML config. Launch under mpirun (or
+// srun); the same command runs at any number of ranks, on one machine or many.
+//
+//   mpirun -np 2 build/apps/fsdp-train configs/gpt-fortunes-tiny.toml
+//   mpirun -np 4 build/apps/fsdp-train configs/llama-fortunes-small.toml --set train.steps=50
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/trainer.h"
+
+namespace {
+
+// SIGTERM (a scheduler preempting the job) or SIGINT (Ctrl-C): save a checkpoint at the end of the
+// step and exit. A second signal falls back to the default action (SA_RESETHAND).
+void on_stop_signal(int) { fsdp::train::request_stop(); }
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  action.sa_flags = SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+}
+
+void list_models() {
+  std::printf("%-14s %-6s %16s  %s\n", "model", "family", "parameters", "FLOPs per token or image (seq 1024)");
+  for (const auto& name : fsdp::models::model_names()) {
+    auto config = fsdp::models::model_config(name);
+    std::printf("%-14s %-6s %16lld  %.3g\n", name.c_str(), fsdp::models::family_name(config),
+                static_cast<long long>(fsdp::models::parameter_count(config)),
+                fsdp::models::flops_per_sample(config, 1024));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "fsdp-train: Fully Sharded Data Parallel training from a TOML config.\n"
+      "Each of the N ranks holds 1/N of the parameters, gradients and optimizer state.\n"
+      "Launch with mpirun -np N (or srun); without a launcher it runs as one rank.\n\n"
+      "  mpirun -np 2 fsdp-train configs/gpt-fortunes-tiny.toml\n"
+      "  mpirun -np 2 fsdp-train configs/gpt-fortunes-tiny.toml --set train.steps=50 --set optimizer.lr=1e-3\n\n"
+      "Writes config.toml, metrics.jsonl (one JSON object per step and evaluation) and sample.txt\n"
+      "into output_dir (default runs/<name>), and checkpoints every checkpoint.every steps. SIGTERM or\n"
+      "SIGINT: every rank saves a checkpoint at the end of the step and exits; --resume latest continues."};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t steps = 0;
+  std::string output_dir;
+  bool print_config = false, show_models = false;
+  std::string progress = "auto";
+  std::string resume;
+  app.add_option("config", config_path, "TOML training configuration (see configs/)");
+  app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=50 (repeatable)");
+  app.add_option("--steps", steps, "shorthand for --set train.steps=N")->check(CLI::PositiveNumber);
+  app.add_option("--output-dir", output_dir, "shorthand for --set output_dir=DIR");
+  app.add_option("--progress", progress,
+                 "bar (redrawn in place), lines (one every train.log_every steps, for logs), or auto: a bar on a\n"
+                 "terminal. Under mpirun every rank sees a terminal, so pass lines when redirecting output")
+      ->check(CLI::IsMember({"auto", "bar", "lines"}));
+  app.add_option("--resume", resume,
+                 "continue from a checkpoint: its directory, or 'latest' (newest under checkpoint.dir); the\n"
+                 "checkpoint may come from another number of ranks");
+  app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
+  app.add_flag("--list-models", show_models, "list the model zoo with parameter counts and exit");
+  CLI11_PARSE(app, argc, argv);
+  if (show_models) {
+    list_models();
+    return 0;
+  }
+  if (config_path.empty()) {
+    std::fprintf(stderr, "fsdp-train: error: give a config file, e.g. configs/gpt-fortunes-tiny.toml (--help for more)\n");
+    return 2;
+  }
+  if (steps > 0) overrides.push_back("train.steps=" + std::to_string(steps));
+  if (!output_dir.empty()) overrides.push_back("output_dir=\"" + output_dir + "\"");
+
+  fsdp::comm::ProcessGroupPtr world;
+  try {
+    world = fsdp::comm::init_world();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
+    return 1;
+  }
+  const int rank = world->rank();
+  try {
+    // Every rank reads the config; they agree on success before anything else happens.
+    fsdp::train::TrainConfig config;
+    std::string error;
+    try {
+      config = fsdp::train::load_train_config(config_path, overrides);
+      fsdp::train::validate_for_world(config, world->size());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    fsdp::comm::agree_on_failure(world, error, "reading the config");
+    if (print_config) {
+      if (rank == 0) std::printf("%s", fsdp::train::to_toml(config).c_str());
+      return 0;
+    }
+    fsdp::train::TrainerOptions options;
+    options.resume = resume;
+    install_stop_handlers();
+    options.progress = progress == "bar"     ? fsdp::train::ProgressStyle::Bar
+                       : progress == "lines" ? fsdp::train::ProgressStyle::Lines
+                                             : fsdp::train::ProgressStyle::Auto;
+    fsdp::train::train(config, world, options);
+    return 0;
+  } catch (const fsdp::comm::AgreedStop& e) {
+    if (e.should_report()) std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
+    return 1;  // every rank stops by agreement: nobody waits
+  } catch (const std::exception& e) {
+    // libtorch's errors carry a C++ backtrace after the message: print the message only.
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+    std::fprintf(stderr, "fsdp-train: error: %s\n", torch_error ? torch_error->what_without_backtrace() : e.what());
+    std::fflush(stderr);
+    // Past the agreed checks a failure is this rank's alone, and the others may be inside a
+    // collective waiting for it: end the whole job now rather than let them hang.
+    if (world->size() > 1) world->abort(e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,41 @@
+// fsdp/checkpoint/hf_weights.h: full model weights as safetensors under Hugging Face's names, the
+// way published checkpoints are shared, written and read by a sharded model.
+//
+// Names: GPT-2 as in the hub's gpt2 files (wte.weight, h.0.attn.c_attn.weight, ...; the attention,
+// projection and MLP weights transposed, as Hugging Face's Conv1D stores them); Llama with the
+// "model." prefix (model.layers.0.self_attn.q_proj.weight, ..., lm_head.weight); ViT as timm.
+// Tensors a file holds beyond the model's (GPT-2's attn.bias masks, say) are ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/models/registry.h"
+#include "fsdp/runtime/fully_shard.h"
+
+namespace fsdp::checkpoint {
+
+// Our parameter name -> the Hugging Face name, and whether HF stores the matrix transposed.
+std::string hf_name(const models::ModelConfig& model, const std::string& name);
+bool hf_transposed(const models::ModelConfig& model, const std::string& name);
+
+struct ExportOptions {
+  at::ScalarType dtype = at::kFloat;  // kFloat or kBFloat16
+  // 0: one file `path`. Otherwise `path` is a directory receiving Hugging Face's sharded set:
+  // model-00001-of-0000N.safetensors files of at most this many bytes (a larger tensor gets a file
+  // of its own) and model.safetensors.index.json.
+  int64_t max_file_bytes = 0;
+};
+
+// Collective. Gathers one FlatParam at a time (so no rank holds more than one unit gathered) and
+// rank 0 streams it to disk. Returns the bytes of tensor data written (on rank 0).
+int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path,
+                       const ExportOptions& options = {});
+
+// Collective. Loads weights (a .safetensors file, or a directory with model.safetensors.index.json
+// or a single model.safetensors) into the sharded model: each rank reads only the elements of its
+// shards (whole tensors only where they are stored transposed). Throws on every rank, naming the
+// file and tensor, for a missing tensor, a wrong shape or an unreadable file; nothing is changed then.
+void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path);
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,67 @@
+// fsdp/checkpoint/sharded_checkpoint.h: save and restore a sharded model and its optimizer, each
+// rank writing and reading only its own slice, at any world size.
+//
+// On disk (one directory per checkpoint, under the run's checkpoints/ folder):
+//   step-00000100/manifest.json                     rank 0: format, version, step, world size, model
+//                                                   name and config, every FlatParam's layout
+//                                                   (names, shapes, offsets, numel), optimizer,
+//                                                   each rank file's size and crc32
+//   step-00000100/rank-00001-of-00002.safetensors   rank 1: its slice of every FlatParam
+//                                                   ("p<i>.param" fp32) and of the optimizer state
+//                                                   ("p<i>.exp_avg", ...), its RNG state ("rng")
+// Slices are ranges of each FlatParam's unpadded flat buffer: rank r of N holds elements
+// [r*k, min((r+1)*k, numel)) with k = ceil(numel / N), so a checkpoint does not depend on padding,
+// and rank r' of M reads exactly the pieces of the files that overlap its new range.
+//
+// Publication is atomic: everything is written into step-00000100.partial/ (each file fsynced),
+// every rank agrees it succeeded, then rank 0 writes the manifest and renames the directory. A crash
+// at any point leaves at worst a *.partial directory, which is never loaded and is removed by the
+// next save.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/optim/sharded_optimizer.h"
+#include "fsdp/runtime/fully_shard.h"
+
+namespace fsdp::checkpoint {
+
+constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointInfo {
+  int64_t step = 0;          // optimizer steps done; training resumes at this step
+  std::string model_name;    // zoo name, for messages and fsdp-ckpt
+  std::string config_toml;   // the run's resolved configuration
+};
+
+// Collective: every rank of the state's group calls it. Returns the published directory.
+// Throws on every rank (by agreement) if any rank fails; nothing half-written is published.
+std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpState& state,
+                            optim::ShardedOptimizer* optimizer, const CheckpointInfo& info);
+
+// Collective. Loads into an already built and sharded model of the same architecture, at any world
+// size; optimizer may be null (weights only). Checks the layout against the model's and each file it
+// reads against its crc32. RNG states are restored when the world size is unchanged.
+// Returns the checkpoint's info. Throws (on every rank) naming the problem; nothing is changed then.
+CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpState& state,
+                               optim::ShardedOptimizer* optimizer);
+
+// The newest published checkpoint under checkpoints_dir ("" if none); `partial` ones are ignored.
+std::string find_latest_checkpoint(const std::string& checkpoints_dir);
+// Removes published checkpoints beyond the newest `keep`, and leftover *.partial directories.
+void prune_checkpoints(const std::string& checkpoints_dir, int keep);
+
+// The manifest's step, model name and config, checked as load_checkpoint checks it (no data read).
+CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir);
+bool is_checkpoint_dir(const std::string& path);  // holds a manifest.json
+
+// A readable summary of a checkpoint's manifest (fsdp-ckpt inspect).
+std::string describe_checkpoint(const std::string& checkpoint_dir);
+
+// Test hook: when FSDP_TEST_PAUSE_IN_SAVE_MS is set, rank FSDP_TEST_PAUSE_RANK (default 0) sleeps
+// that long after writing its file and before publication (only in the save of step
+// FSDP_TEST_PAUSE_AT_STEP, when set), so a test can kill it mid-save.
+
+}  // namespace fsdp::checkpoint

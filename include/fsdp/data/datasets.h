@@ -1,0 +1,55 @@
+// fsdp/data/datasets.h: datasets as lists of samples that a GlobalBatchSampler indexes.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "fsdp/data/fashion_mnist.h"
+#include "fsdp/data/token_file.h"
+
+namespace fsdp::data {
+
+struct Batch {
+  at::Tensor inputs;   // token ids [b, seq] int64, or images [b, 1, 28, 28] fp32
+  at::Tensor targets;  // next tokens [b, seq] int64, or labels [b] int64
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual Batch get(const std::vector<int64_t>& indices) const = 0;
+};
+
+// Sample i: tokens [i * seq, i * seq + seq] of the source (seq + 1 tokens: inputs are the first
+// seq, targets the last seq). Windows do not overlap; the last partial one is dropped.
+class TokenWindows final : public Dataset {
+ public:
+  TokenWindows(std::shared_ptr<const TokenSource> tokens, int64_t seq);
+  int64_t size() const override;
+  Batch get(const std::vector<int64_t>& indices) const override;
+  const TokenSource& tokens() const { return *tokens_; }
+
+ private:
+  std::shared_ptr<const TokenSource> tokens_;
+  int64_t seq_;
+};
+
+class ImageDataset final : public Dataset {
+ public:
+  explicit ImageDataset(ImageSet set) : set_(std::move(set)) {}
+  int64_t size() const override { return set_.images.size(0); }
+  Batch get(const std::vector<int64_t>& indices) const override;
+
+ private:
+  ImageSet set_;
+};
+
+// Training augmentation for images: mirrors each image left-right with probability 1/2, decided by
+// a hash of (seed, step, sample index) alone, so a global batch is augmented the same whatever the
+// number of ranks, and a resumed run repeats it exactly. images [b, c, h, w], indices [b].
+void random_horizontal_flip(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed);
+
+}  // namespace fsdp::data

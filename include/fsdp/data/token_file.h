@@ -1,0 +1,76 @@
+// fsdp/data/token_file.h: a file of token ids that training memory-maps.
+//
+// Layout (little-endian), 32-byte header then the tokens:
+//   bytes 0-7    magic "FSDPTOK\0"
+//   bytes 8-11   uint32 format version (1)
+//   bytes 12-15  uint32 bytes per token: 2 (uint16, vocab <= 65536) or 4 (uint32)
+//   bytes 16-19  uint32 vocabulary size (every token is below it)
+//   bytes 20-23  uint32 reserved, 0
+//   bytes 24-31  uint64 token count
+//   bytes 32-    count tokens
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp::data {
+
+constexpr uint32_t kTokenFileVersion = 1;
+
+// Writes atomically: to a temporary file beside `path`, flushed to disk, then renamed over it.
+// Throws std::runtime_error naming the file (and std::invalid_argument for a token >= vocab).
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size);
+
+// A sequence of token ids, on disk or in memory.
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // Tokens [start, start + length) as int64 [length]. Throws std::out_of_range outside [0, size()).
+  virtual at::Tensor read(int64_t start, int64_t length) const = 0;
+};
+
+// Tokens held in memory (a corpus tokenised at start-up).
+class TokenBuffer final : public TokenSource {
+ public:
+  TokenBuffer(std::vector<int32_t> tokens, int64_t vocab_size);
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
+  int64_t vocab_size() const override { return vocab_; }
+  at::Tensor read(int64_t start, int64_t length) const override;
+
+ private:
+  std::vector<int32_t> tokens_;
+  int64_t vocab_;
+};
+
+class TokenFile final : public TokenSource {
+ public:
+  // Maps the file read-only and checks the header against the file's size.
+  // Throws std::runtime_error naming the file and the problem.
+  explicit TokenFile(const std::string& path);
+  ~TokenFile();
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  int64_t size() const override { return count_; }
+  int64_t vocab_size() const override { return vocab_; }
+  int bytes_per_token() const { return token_bytes_; }
+  const std::string& path() const { return path_; }
+  // Tokens [start, start + length) as int64 [length]. Throws if out of range or a token >= vocab.
+  at::Tensor read(int64_t start, int64_t length) const override;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  void* mapping_ = nullptr;
+  size_t mapped_bytes_ = 0;
+  int64_t count_ = 0;
+  int64_t vocab_ = 0;
+  int token_bytes_ = 0;
+};
+
+}  // namespace fsdp::data

@@ -1,0 +1,81 @@
+// fsdp/models/gpt.h: GPT-2 (Radford et al. 2019) as nanoGPT and Hugging Face write it: learned
+// position embeddings, pre-norm blocks of causal self-attention and a GELU MLP (4x wide),
+// LayerNorm, and an output head tied to the token embedding. Module names follow Hugging Face's
+// (wte, wpe, h.<i>.attn.c_attn, ...) so published weights map by name.
+//
+// Initialisation as in GPT-2: weights normal(0, 0.02), the two residual projections of each block
+// (attn.c_proj, mlp.c_proj) normal(0, 0.02 / sqrt(2 * layers)), biases zero, LayerNorm ones/zeros.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <string>
+
+namespace fsdp::models {
+
+struct GptConfig {
+  int64_t vocab = 50257;
+  int64_t context = 1024;  // longest sequence (rows of wpe)
+  int64_t dim = 768;
+  int64_t heads = 12;
+  int64_t layers = 12;
+  double dropout = 0.0;    // after attention, MLP and embeddings (0: off, as in fine-tuning)
+  bool qkv_bias = true;    // GPT-2 has biases on every Linear
+
+  void validate() const;   // throws std::invalid_argument naming the bad field
+  int64_t parameter_count() const;
+  // Training FLOPs (forward + backward) per token at sequence length `seq`: 6 per weight of every
+  // matmul (embeddings are lookups, the tied head is a matmul) plus 12 * layers * seq * dim for the
+  // attention scores and their weighted sum (PaLM's accounting, causal mask not discounted).
+  double flops_per_token(int64_t seq) const;
+};
+
+struct GptAttentionImpl : torch::nn::Module {
+  explicit GptAttentionImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // [b, t, dim] -> [b, t, dim]
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout resid_dropout{nullptr};
+  int64_t heads;
+};
+TORCH_MODULE(GptAttention);
+
+struct GptMlpImpl : torch::nn::Module {
+  explicit GptMlpImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(GptMlp);
+
+// One transformer block: the FSDP unit (wrap policy module type "GptBlock").
+struct GptBlockImpl : torch::nn::Module {
+  explicit GptBlockImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  GptAttention attn{nullptr};
+  GptMlp mlp{nullptr};
+};
+TORCH_MODULE(GptBlock);
+
+struct GptImpl : torch::nn::Module {
+  explicit GptImpl(const GptConfig& config);
+  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] fp32.
+  at::Tensor forward(const at::Tensor& ids);
+  const GptConfig& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h;
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  GptConfig config_;
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace fsdp::models

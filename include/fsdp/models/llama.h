@@ -1,0 +1,82 @@
+// fsdp/models/llama.h: the Llama family (Touvron et al. 2023; Llama 3, 2024): RMSNorm, rotary
+// position embeddings, SwiGLU MLP, grouped-query attention, no biases, an untied output head
+// (tied only where the published model ties it, as Llama 3.2 1B does). Module names follow Hugging
+// Face's (embed_tokens, layers.<i>.self_attn.q_proj, ..., lm_head), and rotary embeddings use its
+// rotate-half layout, so published weights load by name.
+//
+// Initialisation: weights normal(0, 0.02) (Hugging Face's initializer_range), the residual
+// projections (o_proj, down_proj) normal(0, 0.02 / sqrt(2 * layers)) as in GPT-2, norms ones.
+// Rope scaling of Llama 3.1+ for contexts beyond 8k is not implemented.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include "fsdp/models/layers.h"
+
+namespace fsdp::models {
+
+struct LlamaConfig {
+  int64_t vocab = 128256;
+  int64_t context = 8192;
+  int64_t dim = 4096;
+  int64_t heads = 32;
+  int64_t kv_heads = 8;
+  int64_t layers = 32;
+  int64_t ffn_hidden = 14336;
+  double norm_eps = 1e-5;
+  double rope_theta = 500000.0;
+  bool tie_embeddings = false;
+
+  void validate() const;  // throws std::invalid_argument naming the bad field
+  int64_t parameter_count() const;
+  // Training FLOPs per token at sequence length seq (see GptConfig::flops_per_token).
+  double flops_per_token(int64_t seq) const;
+};
+
+struct LlamaAttentionImpl : torch::nn::Module {
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  // x [b, t, dim]; cos, sin [t, head_dim] -> [b, t, dim]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t heads, kv_heads, head_dim;
+};
+TORCH_MODULE(LlamaAttention);
+
+struct LlamaMlpImpl : torch::nn::Module {
+  explicit LlamaMlpImpl(const LlamaConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+// One decoder layer: the FSDP unit (wrap policy module type "LlamaBlock").
+struct LlamaBlockImpl : torch::nn::Module {
+  explicit LlamaBlockImpl(const LlamaConfig& config);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  LlamaAttention self_attn{nullptr};
+  LlamaMlp mlp{nullptr};
+};
+TORCH_MODULE(LlamaBlock);
+
+struct LlamaImpl : torch::nn::Module {
+  explicit LlamaImpl(const LlamaConfig& config);
+  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] fp32.
+  at::Tensor forward(const at::Tensor& ids);
+  const LlamaConfig& config() const { return config_; }
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers;
+  RMSNorm norm{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // absent (nullptr) when tied
+
+ private:
+  LlamaConfig config_;
+  at::Tensor rope_cos_, rope_sin_;  // [context, head_dim] fp32, computed once; not parameters
+};
+TORCH_MODULE(Llama);
+
+}  // namespace fsdp::models

@@ -1,0 +1,48 @@
+// fsdp/models/registry.h: the model zoo by name, and a type-erased handle on a built model, so the
+// trainer and tools can pick an architecture from a config file.
+//
+// Names (each with an exact parameter count and FLOPs per token or image):
+//   gpt-test, gpt-tiny, gpt-mini, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl
+//   llama-test, llama-tiny, llama-small, llama3-1b (Llama 3.2 1B), llama3-8b, llama3-70b
+//   vit-test, vit-fmnist, vit-s16, vit-b16, vit-l16
+// The small language models default to a byte vocabulary (256); the trainer sets vocab from the
+// tokenizer in any case.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "fsdp/models/gpt.h"
+#include "fsdp/models/llama.h"
+#include "fsdp/models/vit.h"
+
+namespace fsdp::models {
+
+using ModelConfig = std::variant<GptConfig, LlamaConfig, VitConfig>;
+
+std::vector<std::string> model_names();
+// Throws std::invalid_argument listing the known names.
+ModelConfig model_config(const std::string& name);
+
+const char* family_name(const ModelConfig& config);  // "gpt", "llama", "vit"
+bool is_language_model(const ModelConfig& config);
+int64_t parameter_count(const ModelConfig& config);
+// Training FLOPs per sample position: per token (language models, at sequence length seq) or per
+// image (ViT, seq ignored).
+double flops_per_sample(const ModelConfig& config, int64_t seq);
+// Type name of the repeated block, the natural FSDP unit ("GptBlock", "LlamaBlock", "VitBlock").
+std::string block_type_name(const ModelConfig& config);
+void validate(const ModelConfig& config);
+
+// A built model: the root module and its forward (ids [b, t] -> logits [b, t, vocab], or
+// images -> logits [b, classes]), called through fsdp::nn::call so wrappers' hooks run.
+struct BuiltModel {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+BuiltModel build_model(const ModelConfig& config);
+
+}  // namespace fsdp::models

@@ -1,0 +1,114 @@
+// fsdp/train/config.h: the training configuration: a TOML file plus command-line overrides.
+//
+//   name = "gpt-fortunes-tiny"        # run name (output_dir defaults to runs/<name>)
+//   seed = 1234
+//   [model]      name = "gpt-tiny", and optional size overrides (dim, layers, heads, ...)
+//   [data]       source = "fortunes" | "token_files" | "fashion_mnist", tokenizer, paths, split
+//   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, log_every, threads
+//   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
+//   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params
+//   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
+//   [checkpoint] every, keep, dir
+// Every key is optional except model.name; configs/*.toml show them all. Unknown keys, values of
+// the wrong type and impossible values are errors that name the key and the file.
+// Overrides use the same dotted keys: `--set train.steps=50 --set optimizer.lr=1e-3`; the value is
+// read as TOML (a bare word that is not TOML is taken as a string).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fsdp/models/registry.h"
+
+namespace fsdp::train {
+
+// Bad configuration: the message names the file (or override) and the key.
+class ConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct DataConfig {
+  std::string source = "fortunes";         // fortunes | token_files | fashion_mnist
+  std::string dir;                         // fortunes or Fashion-MNIST directory ("" = Debian's)
+  std::string tokenizer = "byte";          // byte | gpt2 (fortunes source)
+  std::string vocab_json, merges_txt;      // gpt2 tokenizer files
+  int validation_percent = 5;              // fortunes: share of documents held out
+  std::string train_tokens, validation_tokens;  // token_files: files made by fsdp-data
+  std::string augment = "none";            // images: none | hflip (mirror half the training images)
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 1e-3;            // peak learning rate
+  double min_lr = 1e-4;        // end of the cosine decay
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.1;   // matrices only (biases and norms get none)
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double momentum = 0.9;       // sgd
+};
+
+struct FsdpConfig {
+  std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard
+  std::string wrap = "block";           // block: each transformer block a unit; root: one unit; min_params
+  int64_t min_params = 0;
+};
+
+struct EvalConfig {
+  int64_t every = 100;          // steps between evaluations (also at the start and the end); 0 = ends only
+  int64_t batches = 8;          // language models: global batches of validation windows per evaluation
+  int64_t max_items = 0;        // images: test images per evaluation (0 = the whole test set)
+  int64_t sample_tokens = 200;  // language models: tokens generated at the end (0 = none)
+  std::string prompt = "";
+  double temperature = 0.8;
+  int64_t top_k = 40;
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;     // save every this many steps, and at the end (0: only when preempted)
+  int64_t keep = 3;      // newest checkpoints kept (0: all)
+  std::string dir;       // "" = <output_dir>/checkpoints
+};
+
+struct TrainConfig {
+  std::string source;       // where it was read from, for messages
+  std::string name = "run";
+  uint64_t seed = 1234;
+  std::string output_dir;   // default runs/<name>
+  std::string model_name;
+  models::ModelConfig model;
+  int64_t model_vocab = 0;  // model.vocab: 0 = the data's; otherwise it must equal the data's
+  // model.init_from: initial weights (fine-tuning): a safetensors file or directory under Hugging
+  // Face names (fsdp-ckpt export writes them), or a checkpoint directory. "" = random init.
+  std::string init_from;
+  DataConfig data;
+  int64_t steps = 100;
+  int64_t global_batch = 32;       // samples (token windows or images) per step, all ranks together
+  int64_t micro_batches = 1;       // per rank per step (gradient accumulation)
+  int64_t seq_len = 0;             // tokens per window (language models); 0: the model's context
+  bool sync_each_micro_batch = true;  // false: accumulate unsharded grads, reduce once per step
+  double grad_clip = 1.0;          // global gradient norm (0 = off)
+  int64_t log_every = 10;          // plain-text log cadence when not on a terminal
+  int64_t threads = 0;             // intra-op threads per rank (0 = cores / ranks on this machine)
+  OptimizerConfig optimizer;
+  FsdpConfig fsdp;
+  EvalConfig eval;
+  CheckpointConfig checkpoint;
+};
+
+// Reads and checks a config. Throws ConfigError naming the file or override and the key.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+TrainConfig parse_train_config(const std::string& toml_text, const std::string& source_name,
+                               const std::vector<std::string>& overrides = {});
+
+// Checks what depends on the world size (batch divisible by ranks x micro-batches).
+void validate_for_world(const TrainConfig& config, int world_size);
+
+std::string checkpoints_dir(const TrainConfig& config);  // checkpoint.dir or <output_dir>/checkpoints
+
+// The resolved configuration as TOML (written beside the run's metrics).
+std::string to_toml(const TrainConfig& config);
+
+}  // namespace fsdp::train

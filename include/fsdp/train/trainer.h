@@ -1,0 +1,75 @@
+// fsdp/train/trainer.h: the training loop behind fsdp-train. Builds everything from a TrainConfig
+// (data, model sharded while it is built, optimizer, schedule), trains, evaluates, samples, and
+// records metrics. Every rank of `world` calls train() with the same config.
+//
+// What it writes (rank 0, into config.output_dir, only after the config and data were checked on
+// every rank): config.toml (the resolved configuration), metrics.jsonl (one object per step and
+// per evaluation), sample.txt (language models).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/agreement.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/runtime/fully_shard.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/reporting.h"
+
+namespace fsdp::train {
+
+struct EvalResult {
+  int64_t step = 0;       // steps trained before this evaluation
+  double loss = 0.0;      // mean validation loss per token (or per test image)
+  double perplexity = 0;  // language models: exp(loss)
+  double accuracy = -1;   // images: share of test images classified correctly; -1 otherwise
+};
+
+struct TrainSummary {
+  std::vector<double> losses;      // training loss of every step (mean over the global batch)
+  std::vector<double> grad_norms;  // before clipping
+  std::vector<EvalResult> evals;   // at the first step, every eval.every steps, and at the end
+  int64_t start_step = 0;          // 0, or the step a resumed run continued from (losses[0] is its step)
+  bool preempted = false;          // stopped early by request_stop(), after saving a checkpoint
+  std::string last_checkpoint;     // directory of the newest checkpoint this run saved
+  std::string sample;              // generated text (language models with eval.sample_tokens > 0)
+  int64_t parameters = 0;
+  double seconds = 0.0;            // wall time of the training steps
+  double samples_per_second = 0.0; // tokens/s (language models) or images/s, median over steps after the first
+};
+
+struct TrainerOptions {
+  bool print = true;        // progress and summaries on rank 0's stdout
+  bool write_files = true;  // config.toml, metrics.jsonl, sample.txt in output_dir
+  // mpirun gives ranks a terminal even when its own output goes to a file: Lines for logs.
+  ProgressStyle progress = ProgressStyle::Auto;
+  // Continue from a checkpoint: a checkpoint directory, or "latest" (the newest under
+  // checkpoint.dir). The loss trajectory then equals the uninterrupted run's (same N, fp32).
+  std::string resume;
+};
+
+// The model of a config, built and sharded block by block over `group` (same seed on every rank),
+// with the vocabulary given (language models). What train() trains and fsdp-ckpt converts.
+struct ShardedModel {
+  models::ModelConfig config;
+  models::BuiltModel model;
+  std::shared_ptr<runtime::FsdpState> state;
+};
+ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group);
+
+// Asks a running train() to save a checkpoint and stop at the end of the current step, on every
+// rank (a request on any rank is seen by all within one step). Async-signal-safe: call it from a
+// SIGTERM or SIGINT handler.
+void request_stop();
+bool stop_requested();
+
+// Failures shared by every rank, or agreed on, end in comm::AgreedStop (fsdp/comm/agreement.h).
+using comm::AgreedStop;
+
+// Throws (on every rank, with the same message where the cause is shared) for bad config or data:
+// nothing is written before those checks pass. A rank-local failure during training throws on
+// that rank; the apps then abort the job so that no rank waits forever.
+TrainSummary train(const TrainConfig& config, const comm::ProcessGroupPtr& world, const TrainerOptions& options = {});
+
+}  // namespace fsdp::train

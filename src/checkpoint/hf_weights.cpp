@@ -1,0 +1,231 @@
+#include "fsdp/checkpoint/hf_weights.h"
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/comm/agreement.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The weights a file set offers: tensor name -> file.
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& path) {
+    std::error_code error;
+    if (fs::is_directory(path, error)) {
+      const fs::path index = fs::path(path) / "model.safetensors.index.json";
+      if (fs::exists(index)) {
+        nlohmann::json json;
+        std::ifstream in(index);
+        try {
+          in >> json;
+        } catch (const std::exception& e) {
+          throw std::runtime_error("weights index '" + index.string() + "' is not valid JSON: " + e.what());
+        }
+        for (const auto& [name, file] : json.at("weight_map").items()) add(name, (fs::path(path) / file.get<std::string>()).string());
+        return;
+      }
+      const fs::path single = fs::path(path) / "model.safetensors";
+      if (!fs::exists(single)) {
+        throw std::runtime_error("weights directory '" + path + "' holds neither model.safetensors.index.json nor model.safetensors");
+      }
+      add_file(single.string());
+      return;
+    }
+    add_file(path);
+  }
+
+  const SafetensorsFile& file_of(const std::string& tensor) const {
+    auto it = where_.find(tensor);
+    if (it == where_.end()) throw std::runtime_error("weights '" + description() + "' have no tensor '" + tensor + "'");
+    return *files_.at(it->second);
+  }
+
+ private:
+  void add_file(const std::string& file) {
+    auto& opened = open(file);
+    for (const auto& info : opened.tensors()) where_[info.name] = file;
+  }
+  void add(const std::string& tensor, const std::string& file) {
+    open(file);
+    where_[tensor] = file;
+  }
+  SafetensorsFile& open(const std::string& file) {
+    auto it = files_.find(file);
+    if (it == files_.end()) it = files_.emplace(file, std::make_unique<SafetensorsFile>(file)).first;
+    return *it->second;
+  }
+  std::string description() const { return files_.size() == 1 ? files_.begin()->first : std::to_string(files_.size()) + " files"; }
+
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::string> where_;
+};
+
+std::vector<int64_t> stored_shape(const std::vector<int64_t>& shape, bool transposed) {
+  if (!transposed) return shape;
+  return {shape[1], shape[0]};
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+}  // namespace
+
+std::string hf_name(const models::ModelConfig& model, const std::string& name) {
+  if (std::holds_alternative<models::LlamaConfig>(model) && name.rfind("lm_head", 0) != 0) return "model." + name;
+  return name;
+}
+
+bool hf_transposed(const models::ModelConfig& model, const std::string& name) {
+  if (!std::holds_alternative<models::GptConfig>(model)) return false;
+  return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+         ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight");
+}
+
+int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path,
+                       const ExportOptions& options) {
+  const comm::ProcessGroupPtr& group = state.group();
+  const bool writer_rank = group->rank() == 0;
+  if (options.dtype != at::kFloat && options.dtype != at::kBFloat16) {
+    throw std::invalid_argument("export_weights: dtype must be fp32 or bf16");
+  }
+  const int64_t element = options.dtype == at::kFloat ? 4 : 2;
+  // Declarations from the layouts alone: every file's header is known before any gather.
+  struct Planned {
+    size_t flat, entry;
+    TensorInfo info;
+    int file;
+  };
+  std::vector<Planned> plan;
+  std::vector<int64_t> file_bytes(1, 0);
+  const auto flats = state.flat_params();
+  for (size_t f = 0; f < flats.size(); ++f) {
+    for (size_t e = 0; e < flats[f]->layout().entries.size(); ++e) {
+      const auto& entry = flats[f]->layout().entries[e];
+      Planned p{f, e, {}, 0};
+      p.info.name = hf_name(model, entry.name);
+      p.info.dtype = options.dtype;
+      p.info.shape = stored_shape(entry.shape, hf_transposed(model, entry.name));
+      const int64_t bytes = entry.numel * element;
+      if (options.max_file_bytes > 0 && file_bytes.back() > 0 && file_bytes.back() + bytes > options.max_file_bytes) {
+        file_bytes.push_back(0);
+      }
+      p.file = static_cast<int>(file_bytes.size()) - 1;
+      p.info.begin = file_bytes.back();
+      p.info.end = p.info.begin + bytes;
+      file_bytes.back() += bytes;
+      plan.push_back(std::move(p));
+    }
+  }
+  const bool sharded_set = options.max_file_bytes > 0;
+  const int files = static_cast<int>(file_bytes.size());
+  auto file_name = [&](int i) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05d-of-%05d.safetensors", i + 1, files);
+    return sharded_set ? (fs::path(path) / name).string() : path;
+  };
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
+  comm::on_every_rank(group, "opening the export files", [&] {
+    if (!writer_rank) return;
+    if (sharded_set) fs::create_directories(path);
+    for (int i = 0; i < files; ++i) {
+      std::vector<TensorInfo> declared;
+      for (const auto& p : plan) {
+        if (p.file == i) declared.push_back(p.info);
+      }
+      writers.push_back(std::make_unique<SafetensorsWriter>(file_name(i), declared, std::map<std::string, std::string>{{"format", "pt"}}));
+    }
+  });
+  int64_t written = 0;
+  for (size_t f = 0; f < flats.size(); ++f) {
+    std::vector<at::Tensor> full = flats[f]->gather_full_params();  // collective; one unit at a time
+    comm::on_every_rank(group, "writing exported weights", [&] {
+      if (!writer_rank) return;
+      for (const auto& p : plan) {
+        if (p.flat != f) continue;
+        at::Tensor tensor = full[p.entry];
+        if (hf_transposed(model, flats[f]->layout().entries[p.entry].name)) tensor = tensor.t().contiguous();
+        writers[p.file]->write(p.info.name, tensor.to(options.dtype));
+        written += p.info.end - p.info.begin;
+      }
+    });
+  }
+  comm::on_every_rank(group, "finishing the export", [&] {
+    if (!writer_rank) return;
+    for (auto& writer : writers) writer->finish();
+    if (sharded_set) {
+      nlohmann::json index = {{"metadata", {{"total_size", written}}}, {"weight_map", nlohmann::json::object()}};
+      for (const auto& p : plan) index["weight_map"][p.info.name] = fs::path(file_name(p.file)).filename().string();
+      const std::string index_path = (fs::path(path) / "model.safetensors.index.json").string();
+      std::ofstream(index_path + ".tmp") << index.dump(2) << "\n";
+      fs::rename(index_path + ".tmp", index_path);
+    }
+  });
+  return written;
+}
+
+void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path) {
+  const comm::ProcessGroupPtr& group = state.group();
+  const auto flats = state.flat_params();
+  std::vector<at::Tensor> loaded(flats.size());
+  comm::on_every_rank(group, "loading weights from '" + path + "'", [&] {
+    WeightFiles weights(path);
+    for (size_t f = 0; f < flats.size(); ++f) {
+      const auto& layout = flats[f]->layout();
+      // This rank's range of the unpadded flat buffer.
+      int64_t begin = 0, end = layout.numel;
+      if (!flats[f]->replicated()) {
+        begin = std::min<int64_t>(flats[f]->shard_index() * layout.shard_numel, layout.numel);
+        end = std::min<int64_t>(begin + layout.shard_numel, layout.numel);
+      }
+      at::Tensor out = at::zeros({end - begin}, at::kFloat);
+      for (const auto& entry : layout.entries) {
+        const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
+        if (lo >= hi) continue;
+        const std::string name = hf_name(model, entry.name);
+        const bool transposed = hf_transposed(model, entry.name);
+        const SafetensorsFile& file = weights.file_of(name);
+        const TensorInfo& info = file.info(name);
+        const auto expected = stored_shape(entry.shape, transposed);
+        if (info.shape != expected) {
+          throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has shape " +
+                                   shape_text(info.shape) + ", the model expects " + shape_text(expected));
+        }
+        if (info.dtype != at::kFloat && info.dtype != at::kBFloat16 && info.dtype != at::kHalf) {
+          throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has dtype " +
+                                   safetensors_dtype_name(info.dtype) + " (expected F32, BF16 or F16)");
+        }
+        at::Tensor piece;
+        if (transposed) {
+          // Stored transposed: our contiguous range is strided there, so read the whole tensor.
+          piece = file.read(name).to(at::kFloat).t().contiguous().view(-1).narrow(0, lo - entry.offset, hi - lo);
+        } else {
+          piece = file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
+        }
+        out.narrow(0, lo - begin, hi - lo).copy_(piece);
+      }
+      loaded[f] = out;
+    }
+  });
+  for (size_t f = 0; f < flats.size(); ++f) flats[f]->shard().narrow(0, 0, loaded[f].numel()).copy_(loaded[f]);
+}
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,403 @@
+#include "fsdp/checkpoint/sharded_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/comm/agreement.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "fsdp.cpp sharded checkpoint";
+
+std::string rank_file_name(int rank, int world) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "rank-%05d-of-%05d.safetensors", rank, world);
+  return name;
+}
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// Elements [begin, end) of a FlatParam's unpadded buffer that rank r of `world` stores.
+std::pair<int64_t, int64_t> saved_range(int64_t numel, int world, int rank) {
+  const int64_t k = (numel + world - 1) / world;
+  const int64_t begin = std::min<int64_t>(static_cast<int64_t>(rank) * k, numel);
+  return {begin, std::min<int64_t>(begin + k, numel)};
+}
+
+// What this rank holds of a FlatParam now: range of the unpadded buffer, and where it starts in shard().
+struct HeldRange {
+  int64_t begin = 0, end = 0, shard_offset = 0;
+};
+HeldRange held_range(const shard::FlatParam& flat) {
+  const auto& layout = flat.layout();
+  if (flat.replicated()) return {0, layout.numel, 0};
+  const int64_t begin = std::min<int64_t>(flat.shard_index() * layout.shard_numel, layout.numel);
+  return {begin, std::min<int64_t>(begin + layout.shard_numel, layout.numel), 0};
+}
+
+void fsync_path(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+json layout_json(const std::vector<shard::FlatParam*>& flats) {
+  json out = json::array();
+  for (const shard::FlatParam* flat : flats) {
+    json entries = json::array();
+    for (const auto& e : flat->layout().entries) {
+      entries.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}, {"numel", e.numel}});
+    }
+    out.push_back({{"unit", flat->unit_name()}, {"trainable", flat->trainable()}, {"numel", flat->layout().numel},
+                   {"entries", entries}});
+  }
+  return out;
+}
+
+json read_manifest(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "manifest.json";
+  std::ifstream in(path);
+  if (!in) {
+    throw std::runtime_error("checkpoint '" + dir + "': no manifest.json (not a checkpoint, or one whose save never finished)");
+  }
+  json manifest;
+  try {
+    in >> manifest;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not valid JSON: " + e.what());
+  }
+  if (manifest.value("format", "") != kFormat) throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not a " + std::string(kFormat));
+  if (manifest.value("version", 0) != kCheckpointFormatVersion) {
+    throw std::runtime_error("checkpoint '" + dir + "': format version " + std::to_string(manifest.value("version", 0)) +
+                             ", this build reads version " + std::to_string(kCheckpointFormatVersion));
+  }
+  return manifest;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// The checkpoint's layout must be the model's: same FlatParams, same parameters, shapes, offsets.
+void check_layout(const std::string& dir, const json& saved, const std::vector<shard::FlatParam*>& flats) {
+  if (saved.size() != flats.size()) {
+    throw std::runtime_error("checkpoint '" + dir + "' holds " + std::to_string(saved.size()) +
+                             " flat parameter groups but this model has " + std::to_string(flats.size()) +
+                             " (a checkpoint of another model, or another wrap policy)");
+  }
+  for (size_t i = 0; i < flats.size(); ++i) {
+    const auto& entries = flats[i]->layout().entries;
+    const json& s = saved[i]["entries"];
+    if (s.size() != entries.size()) {
+      throw std::runtime_error("checkpoint '" + dir + "': unit '" + flats[i]->unit_name() + "' holds " +
+                               std::to_string(s.size()) + " parameters in the checkpoint but " +
+                               std::to_string(entries.size()) + " in this model (a checkpoint of another model)");
+    }
+    for (size_t j = 0; j < entries.size(); ++j) {
+      const auto shape = s[j]["shape"].get<std::vector<int64_t>>();
+      const auto name = s[j]["name"].get<std::string>();
+      if (name != entries[j].name || shape != entries[j].shape || s[j]["offset"].get<int64_t>() != entries[j].offset) {
+        throw std::runtime_error("checkpoint '" + dir + "' was saved from another model: it holds " + name + " " +
+                                 shape_text(shape) + " where this model has " + entries[j].name + " " +
+                                 shape_text(entries[j].shape));
+      }
+    }
+  }
+}
+
+void pause_for_tests(int rank, int64_t step) {
+  const char* ms = std::getenv("FSDP_TEST_PAUSE_IN_SAVE_MS");
+  if (ms == nullptr) return;
+  const char* which = std::getenv("FSDP_TEST_PAUSE_RANK");
+  const char* at_step = std::getenv("FSDP_TEST_PAUSE_AT_STEP");
+  if (rank != (which ? std::atoi(which) : 0) || (at_step != nullptr && std::atoll(at_step) != step)) return;
+  std::fprintf(stderr, "[checkpoint test hook] rank %d (pid %d) pausing %s ms inside the save of step %lld\n", rank,
+               static_cast<int>(::getpid()), ms, static_cast<long long>(step));
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(ms)));
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpState& state,
+                            optim::ShardedOptimizer* optimizer, const CheckpointInfo& info) {
+  const comm::ProcessGroupPtr& group = state.group();
+  const int rank = group->rank(), world = group->size();
+  const fs::path final_dir = fs::path(checkpoints_dir) / step_dir_name(info.step);
+  const fs::path partial_dir = fs::path(checkpoints_dir) / (step_dir_name(info.step) + ".partial");
+  const std::vector<shard::FlatParam*> flats = state.flat_params();
+
+  comm::on_every_rank(group, "preparing the checkpoint directory", [&] {
+    if (rank == 0) {
+      fs::create_directories(checkpoints_dir);
+      fs::remove_all(partial_dir);
+      fs::create_directories(partial_dir);
+    }
+  });
+
+  // Each rank: its slice of every FlatParam and of the optimizer state, and its RNG state.
+  at::Tensor file_facts = at::zeros({2}, at::kLong);  // bytes, crc32
+  comm::on_every_rank(group, "writing checkpoint shards", [&] {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (size_t i = 0; i < flats.size(); ++i) {
+      const auto [begin, end] = saved_range(flats[i]->layout().numel, world, rank);
+      const HeldRange held = held_range(*flats[i]);
+      // What this rank stores is inside what it holds: replicated holds all; sharded holds exactly it.
+      const int64_t offset = held.shard_offset + (begin - held.begin);
+      tensors.emplace_back("p" + std::to_string(i) + ".param", flats[i]->shard().narrow(0, offset, end - begin));
+      if (optimizer == nullptr) continue;
+      for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
+        if (optimizer->flat_of_slot(slot) != flats[i]) continue;
+        const auto names = optimizer->state_names();
+        for (size_t w = 0; w < names.size(); ++w) {
+          tensors.emplace_back("p" + std::to_string(i) + "." + names[w],
+                               optimizer->state_tensor(slot, w).narrow(0, offset, end - begin));
+        }
+      }
+    }
+    tensors.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
+    SafetensorsWriter writer((partial_dir / rank_file_name(rank, world)).string(), layout_tensors(tensors),
+                             {{"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}});
+    for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
+    writer.finish();
+    file_facts[0] = writer.bytes_written();
+    file_facts[1] = static_cast<int64_t>(writer.crc32());
+    pause_for_tests(rank, info.step);
+  });
+
+  at::Tensor all_facts = at::empty({2 * world}, at::kLong);
+  if (world > 1) {
+    group->all_gather(all_facts, file_facts)->wait();
+  } else {
+    all_facts.copy_(file_facts);
+  }
+
+  // Rank 0 publishes: the manifest (its file checksums), then the rename that makes it visible.
+  comm::on_every_rank(group, "publishing the checkpoint", [&] {
+    if (rank != 0) return;
+    json files = json::array();
+    for (int r = 0; r < world; ++r) {
+      files.push_back({{"rank", r}, {"file", rank_file_name(r, world)}, {"bytes", all_facts[2 * r].item<int64_t>()},
+                       {"crc32", all_facts[2 * r + 1].item<int64_t>()}});
+    }
+    json manifest = {{"format", kFormat},
+                     {"version", kCheckpointFormatVersion},
+                     {"step", info.step},
+                     {"world_size", world},
+                     {"model", info.model_name},
+                     {"config_toml", info.config_toml},
+                     {"optimizer", optimizer ? optimizer->name() : ""},
+                     {"optimizer_state", optimizer ? optimizer->state_names() : std::vector<std::string>{}},
+                     {"optimizer_steps", optimizer ? optimizer->step_count() : 0},
+                     {"flat_params", layout_json(flats)},
+                     {"files", files}};
+    const fs::path manifest_path = partial_dir / "manifest.json";
+    {
+      std::ofstream out(manifest_path);
+      out << manifest.dump(1) << "\n";
+      out.flush();
+      if (!out) throw std::runtime_error("cannot write '" + manifest_path.string() + "'");
+    }
+    fsync_path(manifest_path);
+    fsync_path(partial_dir);
+    fs::remove_all(final_dir);  // an older save of the same step
+    fs::rename(partial_dir, final_dir);
+    fsync_path(checkpoints_dir);
+  });
+  return final_dir.string();
+}
+
+CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpState& state,
+                               optim::ShardedOptimizer* optimizer) {
+  const comm::ProcessGroupPtr& group = state.group();
+  const int rank = group->rank(), world = group->size();
+  const std::vector<shard::FlatParam*> flats = state.flat_params();
+  CheckpointInfo info;
+  // Read everything into new tensors first; only when every rank succeeded are they copied in.
+  std::vector<at::Tensor> params(flats.size());
+  std::vector<std::vector<at::Tensor>> optimizer_state(optimizer ? optimizer->slot_count() : 0);
+  at::Tensor rng;
+  int64_t optimizer_steps = 0;
+  comm::on_every_rank(group, "loading checkpoint '" + checkpoint_dir + "'", [&] {
+    const json manifest = read_manifest(checkpoint_dir);
+    info.step = manifest.at("step").get<int64_t>();
+    info.model_name = manifest.value("model", "");
+    info.config_toml = manifest.value("config_toml", "");
+    const int saved_world = manifest.at("world_size").get<int>();
+    check_layout(checkpoint_dir, manifest.at("flat_params"), flats);
+    if (optimizer != nullptr) {
+      const auto saved_names = manifest.value("optimizer_state", std::vector<std::string>{});
+      if (manifest.value("optimizer", "") != optimizer->name() || saved_names != optimizer->state_names()) {
+        throw std::runtime_error("checkpoint '" + checkpoint_dir + "' holds " + manifest.value("optimizer", "no") +
+                                 " optimizer state; this run uses " + optimizer->name());
+      }
+      optimizer_steps = manifest.value("optimizer_steps", int64_t{0});
+    }
+    const json& files = manifest.at("files");
+    if (static_cast<int>(files.size()) != saved_world) {
+      throw std::runtime_error("checkpoint '" + checkpoint_dir + "': manifest lists " + std::to_string(files.size()) +
+                               " files for " + std::to_string(saved_world) + " ranks");
+    }
+    // Open (and check) only the files that hold part of this rank's ranges.
+    std::map<int, std::unique_ptr<SafetensorsFile>> open_files;
+    auto file_of = [&](int r) -> SafetensorsFile& {
+      auto it = open_files.find(r);
+      if (it != open_files.end()) return *it->second;
+      const json& entry = files.at(r);
+      const std::string path = (fs::path(checkpoint_dir) / entry.at("file").get<std::string>()).string();
+      auto file = std::make_unique<SafetensorsFile>(path);
+      const uint32_t crc = file->file_crc32();
+      if (crc != entry.at("crc32").get<uint32_t>()) {
+        throw std::runtime_error("checkpoint file '" + path + "' fails its checksum (crc32 " + std::to_string(crc) +
+                                 ", manifest says " + std::to_string(entry.at("crc32").get<uint32_t>()) +
+                                 "): corrupt or replaced");
+      }
+      return *open_files.emplace(r, std::move(file)).first->second;
+    };
+    // Fills dst (a slice of the held range) from the saved pieces that overlap it.
+    auto gather = [&](const std::string& tensor_suffix, size_t flat_index, int64_t begin, int64_t end) {
+      at::Tensor out = at::empty({end - begin}, at::kFloat);
+      const int64_t numel = flats[flat_index]->layout().numel;
+      for (int r = 0; r < saved_world; ++r) {
+        const auto [b, e] = saved_range(numel, saved_world, r);
+        const int64_t lo = std::max(b, begin), hi = std::min(e, end);
+        if (lo >= hi) continue;
+        at::Tensor piece = file_of(r).read_range("p" + std::to_string(flat_index) + "." + tensor_suffix, lo - b, hi - lo);
+        out.narrow(0, lo - begin, hi - lo).copy_(piece);
+      }
+      return out;
+    };
+    for (size_t i = 0; i < flats.size(); ++i) {
+      const HeldRange held = held_range(*flats[i]);
+      params[i] = gather("param", i, held.begin, held.end);
+    }
+    if (optimizer != nullptr) {
+      const auto names = optimizer->state_names();
+      for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
+        const size_t i = std::find(flats.begin(), flats.end(), optimizer->flat_of_slot(slot)) - flats.begin();
+        const HeldRange held = held_range(*flats[i]);
+        for (const auto& name : names) optimizer_state[slot].push_back(gather(name, i, held.begin, held.end));
+      }
+    }
+    if (saved_world == world) rng = file_of(rank).read("rng");
+  });
+
+  // Every rank read its pieces: now copy them in (padding stays as it is: zeros).
+  for (size_t i = 0; i < flats.size(); ++i) {
+    const HeldRange held = held_range(*flats[i]);
+    flats[i]->shard().narrow(0, held.shard_offset, held.end - held.begin).copy_(params[i]);
+  }
+  if (optimizer != nullptr) {
+    for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
+      const HeldRange held = held_range(*optimizer->flat_of_slot(slot));
+      for (size_t w = 0; w < optimizer_state[slot].size(); ++w) {
+        at::Tensor& target = optimizer->state_tensor(slot, w);
+        target.zero_();
+        target.narrow(0, held.shard_offset, held.end - held.begin).copy_(optimizer_state[slot][w]);
+      }
+    }
+    optimizer->set_step_count(optimizer_steps);
+  }
+  if (rng.defined()) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(rng);
+  }
+  return info;
+}
+
+std::string find_latest_checkpoint(const std::string& checkpoints_dir) {
+  std::error_code error;
+  if (!fs::is_directory(checkpoints_dir, error)) return "";
+  std::string best;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("step-", 0) != 0 || name.find(".partial") != std::string::npos) continue;
+    if (!fs::exists(entry.path() / "manifest.json")) continue;
+    if (name > best) best = name;  // zero-padded step numbers sort as numbers
+  }
+  return best.empty() ? "" : (fs::path(checkpoints_dir) / best).string();
+}
+
+void prune_checkpoints(const std::string& checkpoints_dir, int keep) {
+  std::error_code error;
+  if (!fs::is_directory(checkpoints_dir, error)) return;
+  std::vector<fs::path> published;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("step-", 0) != 0) continue;
+    if (name.find(".partial") != std::string::npos) {
+      fs::remove_all(entry.path(), error);
+    } else {
+      published.push_back(entry.path());
+    }
+  }
+  std::sort(published.begin(), published.end());
+  for (size_t i = 0; keep > 0 && i + keep < published.size(); ++i) fs::remove_all(published[i], error);
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) {
+  const json manifest = read_manifest(checkpoint_dir);
+  CheckpointInfo info;
+  info.step = manifest.at("step").get<int64_t>();
+  info.model_name = manifest.value("model", "");
+  info.config_toml = manifest.value("config_toml", "");
+  return info;
+}
+
+bool is_checkpoint_dir(const std::string& path) {
+  std::error_code error;
+  return fs::is_regular_file(fs::path(path) / "manifest.json", error);
+}
+
+std::string describe_checkpoint(const std::string& checkpoint_dir) {
+  const json manifest = read_manifest(checkpoint_dir);
+  std::ostringstream out;
+  int64_t parameters = 0;
+  for (const auto& flat : manifest.at("flat_params")) parameters += flat.at("numel").get<int64_t>();
+  out << checkpoint_dir << ": step " << manifest.at("step") << ", model " << manifest.value("model", "?") << ", "
+      << parameters << " parameters in " << manifest.at("flat_params").size() << " flat groups, saved by "
+      << manifest.at("world_size") << " ranks, optimizer " << manifest.value("optimizer", "none") << " ("
+      << manifest.value("optimizer_steps", 0) << " steps)\n";
+  for (const auto& file : manifest.at("files")) {
+    out << "  " << file.at("file").get<std::string>() << "  " << file.at("bytes") << " bytes  crc32 " << file.at("crc32") << "\n";
+  }
+  for (const auto& flat : manifest.at("flat_params")) {
+    out << "  unit " << flat.at("unit").get<std::string>() << (flat.at("trainable").get<bool>() ? "" : " (frozen)") << ": "
+        << flat.at("numel") << " elements\n";
+    for (const auto& e : flat.at("entries")) {
+      out << "    " << e.at("name").get<std::string>() << " " << shape_text(e.at("shape").get<std::vector<int64_t>>())
+          << " at " << e.at("offset") << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,45 @@
+#include "fsdp/data/datasets.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+namespace fsdp::data {
+
+TokenWindows::TokenWindows(std::shared_ptr<const TokenSource> tokens, int64_t seq) : tokens_(std::move(tokens)), seq_(seq) {
+  if (seq < 1) throw std::invalid_argument("token windows: sequence length must be positive");
+}
+
+int64_t TokenWindows::size() const { return tokens_->size() > seq_ ? (tokens_->size() - 1) / seq_ : 0; }
+
+Batch TokenWindows::get(const std::vector<int64_t>& indices) const {
+  at::Tensor windows = at::empty({static_cast<int64_t>(indices.size()), seq_ + 1}, at::kLong);
+  for (size_t row = 0; row < indices.size(); ++row) {
+    windows[static_cast<int64_t>(row)].copy_(tokens_->read(indices[row] * seq_, seq_ + 1));
+  }
+  return {windows.narrow(1, 0, seq_).contiguous(), windows.narrow(1, 1, seq_).contiguous()};
+}
+
+Batch ImageDataset::get(const std::vector<int64_t>& indices) const {
+  at::Tensor index = at::tensor(indices, at::kLong);
+  return {set_.images.index_select(0, index), set_.labels.index_select(0, index)};
+}
+
+void random_horizontal_flip(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed) {
+  for (size_t row = 0; row < indices.size(); ++row) {
+    // splitmix64 of the three: well mixed, and specified here (not by a library's generator).
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(step) * 0xBF58476D1CE4E5B9ull ^
+                 static_cast<uint64_t>(indices[row]) * 0x94D049BB133111EBull;
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    if (x & 1) {
+      at::Tensor image = images[static_cast<int64_t>(row)];
+      image.copy_(image.flip({-1}));
+    }
+  }
+}
+
+}  // namespace fsdp::data

@@ -1,0 +1,107 @@
+#include "fsdp/models/gpt.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "fsdp/models/layers.h"
+#include "fsdp/nn/hooks.h"
+
+namespace fsdp::models {
+
+void GptConfig::validate() const {
+  require_positive("gpt", vocab, "vocab");
+  require_positive("gpt", context, "context");
+  require_positive("gpt", dim, "dim");
+  require_positive("gpt", heads, "heads");
+  require_positive("gpt", layers, "layers");
+  if (dim % heads != 0) {
+    throw std::invalid_argument("gpt: dim " + std::to_string(dim) + " is not divisible by heads " + std::to_string(heads));
+  }
+  if (dropout < 0.0 || dropout >= 1.0) throw std::invalid_argument("gpt: dropout must be in [0, 1)");
+}
+
+int64_t GptConfig::parameter_count() const {
+  const int64_t bias = qkv_bias ? 3 * dim : 0;
+  const int64_t block = 2 * (2 * dim)                // ln_1, ln_2 (weight and bias)
+                        + dim * 3 * dim + bias       // c_attn
+                        + dim * dim + dim            // attn.c_proj
+                        + dim * 4 * dim + 4 * dim    // mlp.c_fc
+                        + 4 * dim * dim + dim;       // mlp.c_proj
+  return vocab * dim + context * dim + layers * block + 2 * dim;  // tied head adds nothing
+}
+
+double GptConfig::flops_per_token(int64_t seq) const {
+  const double matmul_weights = static_cast<double>(layers) * 12.0 * dim * dim + static_cast<double>(vocab) * dim;
+  return 6.0 * matmul_weights + 12.0 * layers * seq * dim;
+}
+
+GptAttentionImpl::GptAttentionImpl(const GptConfig& c) : heads(c.heads) {
+  c_attn = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(c.dim, 3 * c.dim).bias(c.qkv_bias)));
+  c_proj = register_module("c_proj", torch::nn::Linear(c.dim, c.dim));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
+}
+
+at::Tensor GptAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
+  // [b, t, 3 * dim] -> three [b, heads, t, head_dim]
+  auto qkv = c_attn(x).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
+  auto y = attention(qkv[0], qkv[1], qkv[2], /*causal=*/true);
+  return resid_dropout(c_proj(y.transpose(1, 2).reshape({b, t, d})));
+}
+
+GptMlpImpl::GptMlpImpl(const GptConfig& c) {
+  c_fc = register_module("c_fc", torch::nn::Linear(c.dim, 4 * c.dim));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * c.dim, c.dim));
+  dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
+}
+
+at::Tensor GptMlpImpl::forward(const at::Tensor& x) {
+  // GPT-2's GELU is the tanh approximation.
+  return dropout(c_proj(torch::gelu(c_fc(x), "tanh")));
+}
+
+GptBlockImpl::GptBlockImpl(const GptConfig& c) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(1e-5)));
+  attn = register_module("attn", GptAttention(c));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(1e-5)));
+  mlp = register_module("mlp", GptMlp(c));
+  init_normal(*this, 0.02);
+  // Residual projections: each block adds two contributions to the residual stream, so their
+  // variance is scaled down with depth (GPT-2 paper, section 2.3).
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  attn->c_proj->weight.normal_(0.0, residual_std);
+  mlp->c_proj->weight.normal_(0.0, residual_std);
+}
+
+at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
+  auto h1 = x + attn(ln_1(x));
+  return h1 + mlp(ln_2(h1));
+}
+
+GptImpl::GptImpl(const GptConfig& c) : config_(c) {
+  c.validate();
+  wte = register_module("wte", torch::nn::Embedding(c.vocab, c.dim));
+  wpe = register_module("wpe", torch::nn::Embedding(c.context, c.dim));
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) fsdp::nn::push_block(h, GptBlock(c));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(1e-5)));
+  torch::NoGradGuard no_grad;
+  wte->weight.normal_(0.0, 0.02);
+  wpe->weight.normal_(0.0, 0.02);
+}
+
+at::Tensor GptImpl::forward(const at::Tensor& ids) {
+  const int64_t t = ids.size(1);
+  TORCH_CHECK(t <= config_.context, "gpt: sequence of ", t, " tokens exceeds the context of ", config_.context);
+  auto positions = torch::arange(t, ids.options().dtype(torch::kLong));
+  auto x = drop(wte(ids) + wpe(positions));
+  for (size_t i = 0; i < h->size(); ++i) x = fsdp::nn::call(h->ptr<GptBlockImpl>(i), x);
+  // Tied head: logits = ln_f(x) wte^T.
+  return torch::matmul(ln_f(x), wte->weight.t());
+}
+
+}  // namespace fsdp::models

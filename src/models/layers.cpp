@@ -1,0 +1,74 @@
+#include "fsdp/models/layers.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "fsdp/compat.h"
+
+namespace fsdp::models {
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [b, heads, t, hd]");
+  const int64_t heads = q.size(1), kv_heads = k.size(1);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " query heads are not a multiple of ",
+              kv_heads, " key/value heads");
+  at::Tensor keys = k, values = v;
+  if (kv_heads != heads) {
+    // [b, kv, t, hd] -> [b, kv * group, t, hd]: query head h reads key/value head h / group.
+    keys = k.repeat_interleave(heads / kv_heads, 1);
+    values = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  return compat::scaled_dot_product_attention(q, keys, values, causal);
+}
+
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta) {
+  TORCH_CHECK(head_dim % 2 == 0, "rotary_tables: head_dim ", head_dim, " must be even");
+  auto exponents = torch::arange(0, head_dim / 2, torch::kDouble) * (2.0 / static_cast<double>(head_dim));
+  auto inverse_frequency = torch::pow(theta, -exponents);                      // [hd/2] fp64
+  auto angles = torch::outer(torch::arange(t, torch::kDouble), inverse_frequency);  // [t, hd/2]
+  angles = torch::cat({angles, angles}, 1);                                    // [t, hd]
+  return {angles.cos().to(torch::kFloat), angles.sin().to(torch::kFloat)};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto first = x.narrow(-1, 0, half), second = x.narrow(-1, half, half);
+  auto rotated_half = torch::cat({-second, first}, -1);
+  return x * cos.to(x.scalar_type()) + rotated_half * sin.to(x.scalar_type());
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  // Normalise in fp32 even when x is bf16, as the reference implementations do.
+  auto x32 = x.to(torch::kFloat);
+  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return normed.to(x.scalar_type()) * weight.to(x.scalar_type());
+}
+
+void require_positive(const char* family, int64_t value, const char* field) {
+  if (value <= 0) {
+    throw std::invalid_argument(std::string(family) + ": " + field + " must be positive, got " + std::to_string(value));
+  }
+}
+
+void init_normal(torch::nn::Module& module, double std) {
+  torch::NoGradGuard no_grad;
+  // include_self=false: this runs inside constructors, before the module is owned by a shared_ptr;
+  // the module itself is a container, not a Linear or an Embedding.
+  for (auto& child : module.modules(/*include_self=*/false)) {
+    if (auto* linear = child->as<torch::nn::Linear>()) {
+      linear->weight.normal_(0.0, std);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* embedding = child->as<torch::nn::Embedding>()) {
+      embedding->weight.normal_(0.0, std);
+    }
+  }
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,118 @@
+#include "fsdp/models/llama.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <stdexcept>
+
+#include "fsdp/nn/hooks.h"
+
+namespace fsdp::models {
+
+void LlamaConfig::validate() const {
+  require_positive("llama", vocab, "vocab");
+  require_positive("llama", context, "context");
+  require_positive("llama", dim, "dim");
+  require_positive("llama", heads, "heads");
+  require_positive("llama", kv_heads, "kv_heads");
+  require_positive("llama", layers, "layers");
+  require_positive("llama", ffn_hidden, "ffn_hidden");
+  if (dim % heads != 0) {
+    throw std::invalid_argument("llama: dim " + std::to_string(dim) + " is not divisible by heads " + std::to_string(heads));
+  }
+  if (heads % kv_heads != 0) {
+    throw std::invalid_argument("llama: heads " + std::to_string(heads) + " is not a multiple of kv_heads " +
+                                std::to_string(kv_heads));
+  }
+  if ((dim / heads) % 2 != 0) throw std::invalid_argument("llama: the head dimension (dim / heads) must be even for rotary embeddings");
+}
+
+int64_t LlamaConfig::parameter_count() const {
+  const int64_t head_dim = dim / heads;
+  const int64_t block = 2 * dim                                  // two RMSNorm weights
+                        + dim * dim                              // q_proj
+                        + 2 * dim * kv_heads * head_dim          // k_proj, v_proj
+                        + dim * dim                              // o_proj
+                        + 3 * dim * ffn_hidden;                  // gate, up, down
+  return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
+}
+
+double LlamaConfig::flops_per_token(int64_t seq) const {
+  const double head_dim = static_cast<double>(dim / heads);
+  const double per_block = 2.0 * dim * dim + 2.0 * dim * kv_heads * head_dim + 3.0 * dim * ffn_hidden;
+  const double matmul_weights = layers * per_block + static_cast<double>(vocab) * dim;
+  return 6.0 * matmul_weights + 12.0 * layers * seq * dim;
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : heads(c.heads), kv_heads(c.kv_heads), head_dim(c.dim / c.heads) {
+  auto linear = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  q_proj = register_module("q_proj", linear(c.dim, heads * head_dim));
+  k_proj = register_module("k_proj", linear(c.dim, kv_heads * head_dim));
+  v_proj = register_module("v_proj", linear(c.dim, kv_heads * head_dim));
+  o_proj = register_module("o_proj", linear(heads * head_dim, c.dim));
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t b = x.size(0), t = x.size(1);
+  auto q = q_proj(x).view({b, t, heads, head_dim}).transpose(1, 2);     // [b, heads, t, hd]
+  auto k = k_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);  // [b, kv_heads, t, hd]
+  auto v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
+  auto y = attention(q, k, v, /*causal=*/true);
+  return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
+}
+
+LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) {
+  auto linear = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  gate_proj = register_module("gate_proj", linear(c.dim, c.ffn_hidden));
+  up_proj = register_module("up_proj", linear(c.dim, c.ffn_hidden));
+  down_proj = register_module("down_proj", linear(c.ffn_hidden, c.dim));
+}
+
+at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+
+LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.dim, c.norm_eps));
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.dim, c.norm_eps));
+  mlp = register_module("mlp", LlamaMlp(c));
+  init_normal(*this, 0.02);
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  self_attn->o_proj->weight.normal_(0.0, residual_std);
+  mlp->down_proj->weight.normal_(0.0, residual_std);
+}
+
+at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  auto h = x + self_attn->forward(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
+  c.validate();
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.dim));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) fsdp::nn::push_block(layers, LlamaBlock(c));
+  norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
+  torch::NoGradGuard no_grad;
+  embed_tokens->weight.normal_(0.0, 0.02);
+  if (!c.tie_embeddings) {
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab).bias(false)));
+    lm_head->weight.normal_(0.0, 0.02);
+  }
+  std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.dim / c.heads, c.rope_theta);
+}
+
+at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
+  const int64_t t = ids.size(1);
+  TORCH_CHECK(t <= config_.context, "llama: sequence of ", t, " tokens exceeds the context of ", config_.context);
+  auto cos = rope_cos_.narrow(0, 0, t).to(ids.device()), sin = rope_sin_.narrow(0, 0, t).to(ids.device());
+  auto x = embed_tokens(ids);
+  for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin);
+  x = norm(x);
+  return lm_head.is_empty() ? torch::matmul(x, embed_tokens->weight.t()) : lm_head(x);
+}
+
+}  // namespace fsdp::models

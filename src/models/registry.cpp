@@ -1,0 +1,148 @@
+#include "fsdp/models/registry.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <stdexcept>
+
+#include "fsdp/nn/hooks.h"
+
+namespace fsdp::models {
+
+namespace {
+
+GptConfig gpt(int64_t layers, int64_t dim, int64_t heads, int64_t vocab, int64_t context) {
+  GptConfig c;
+  c.layers = layers;
+  c.dim = dim;
+  c.heads = heads;
+  c.vocab = vocab;
+  c.context = context;
+  return c;
+}
+
+LlamaConfig llama(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
+                  int64_t context, double theta, bool tied) {
+  LlamaConfig c;
+  c.layers = layers;
+  c.dim = dim;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.ffn_hidden = ffn;
+  c.vocab = vocab;
+  c.context = context;
+  c.rope_theta = theta;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+VitConfig vit(int64_t image, int64_t patch, int64_t channels, int64_t classes, int64_t layers, int64_t dim,
+              int64_t heads, int64_t mlp) {
+  VitConfig c;
+  c.image_size = image;
+  c.patch = patch;
+  c.channels = channels;
+  c.classes = classes;
+  c.layers = layers;
+  c.dim = dim;
+  c.heads = heads;
+  c.mlp_hidden = mlp;
+  return c;
+}
+
+const std::map<std::string, ModelConfig>& zoo() {
+  static const std::map<std::string, ModelConfig> models = {
+      // Small sizes for tests and this CPU machine (byte vocabulary).
+      {"gpt-test", gpt(2, 32, 2, 256, 64)},
+      {"gpt-tiny", gpt(4, 128, 4, 256, 256)},
+      {"gpt-mini", gpt(6, 256, 8, 256, 512)},
+      // Published GPT-2 shapes (Radford et al. 2019; Hugging Face configs).
+      {"gpt2", gpt(12, 768, 12, 50257, 1024)},
+      {"gpt2-medium", gpt(24, 1024, 16, 50257, 1024)},
+      {"gpt2-large", gpt(36, 1280, 20, 50257, 1024)},
+      {"gpt2-xl", gpt(48, 1600, 25, 50257, 1024)},
+      {"llama-test", llama(2, 32, 4, 2, 64, 256, 64, 10000.0, false)},
+      {"llama-tiny", llama(4, 128, 4, 2, 352, 256, 256, 10000.0, false)},
+      {"llama-small", llama(8, 256, 8, 4, 688, 256, 512, 10000.0, false)},
+      // Published Llama 3 shapes (Meta's params.json / Hugging Face configs).
+      {"llama3-1b", llama(16, 2048, 32, 8, 8192, 128256, 8192, 500000.0, true)},
+      {"llama3-8b", llama(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0, false)},
+      {"llama3-70b", llama(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0, false)},
+      // ViT: test size, a Fashion-MNIST size (28x28 greyscale, 10 classes), and the published
+      // ImageNet shapes at 224x224 with 1000 classes.
+      {"vit-test", vit(28, 7, 1, 10, 2, 32, 2, 64)},
+      {"vit-fmnist", vit(28, 7, 1, 10, 6, 128, 4, 256)},
+      {"vit-s16", vit(224, 16, 3, 1000, 12, 384, 6, 1536)},
+      {"vit-b16", vit(224, 16, 3, 1000, 12, 768, 12, 3072)},
+      {"vit-l16", vit(224, 16, 3, 1000, 24, 1024, 16, 4096)},
+  };
+  return models;
+}
+
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+}  // namespace
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, config] : zoo()) names.push_back(name);
+  return names;
+}
+
+ModelConfig model_config(const std::string& name) {
+  auto it = zoo().find(name);
+  if (it == zoo().end()) {
+    std::string known;
+    for (const auto& n : model_names()) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown model '" + name + "' (known models: " + known + ")");
+  }
+  return it->second;
+}
+
+const char* family_name(const ModelConfig& config) {
+  return std::visit(Overloaded{[](const GptConfig&) { return "gpt"; }, [](const LlamaConfig&) { return "llama"; },
+                               [](const VitConfig&) { return "vit"; }},
+                    config);
+}
+
+bool is_language_model(const ModelConfig& config) { return !std::holds_alternative<VitConfig>(config); }
+
+int64_t parameter_count(const ModelConfig& config) {
+  return std::visit([](const auto& c) { return c.parameter_count(); }, config);
+}
+
+double flops_per_sample(const ModelConfig& config, int64_t seq) {
+  return std::visit(Overloaded{[&](const GptConfig& c) { return c.flops_per_token(seq); },
+                               [&](const LlamaConfig& c) { return c.flops_per_token(seq); },
+                               [](const VitConfig& c) { return c.flops_per_image(); }},
+                    config);
+}
+
+std::string block_type_name(const ModelConfig& config) {
+  return std::visit(Overloaded{[](const GptConfig&) { return "GptBlock"; }, [](const LlamaConfig&) { return "LlamaBlock"; },
+                               [](const VitConfig&) { return "VitBlock"; }},
+                    config);
+}
+
+void validate(const ModelConfig& config) {
+  std::visit([](const auto& c) { c.validate(); }, config);
+}
+
+BuiltModel build_model(const ModelConfig& config) {
+  return std::visit(
+      [](const auto& c) -> BuiltModel {
+        using Config = std::decay_t<decltype(c)>;
+        using Impl = std::conditional_t<std::is_same_v<Config, GptConfig>, GptImpl,
+                                        std::conditional_t<std::is_same_v<Config, LlamaConfig>, LlamaImpl, VitImpl>>;
+        auto module = std::make_shared<Impl>(c);
+        return {module, [module](const at::Tensor& input) { return fsdp::nn::call(module, input); }};
+      },
+      config);
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,411 @@
+#include "fsdp/train/config.h"
+
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+namespace fsdp::train {
+
+namespace {
+
+// Reads typed values out of a TOML table, remembering which keys it read, so that whatever is left
+// is reported as unknown.
+class Reader {
+ public:
+  Reader(const toml::table& root, std::string source) : root_(root), source_(std::move(source)) {}
+
+  template <class T>
+  void get(const std::string& key, T& out) {
+    if (auto value = find(key)) out = convert<T>(key, *value);
+  }
+  template <class T>
+  std::optional<T> optional(const std::string& key) {
+    if (auto value = find(key)) return convert<T>(key, *value);
+    return std::nullopt;
+  }
+
+  // Throws for the first key never read.
+  void reject_unknown() const {
+    for (const auto& [section, node] : root_) {
+      const std::string section_name(section.str());
+      if (const toml::table* table = node.as_table()) {
+        if (!known_sections().count(section_name)) {
+          fail("unknown section [" + section_name + "] (known: model, data, train, optimizer, fsdp, eval, checkpoint)");
+        }
+        for (const auto& [key, value] : *table) {
+          const std::string path = section_name + "." + std::string(key.str());
+          if (!used_.count(path)) fail("unknown key '" + path + "'");
+        }
+      } else if (!used_.count(section_name)) {
+        fail("unknown key '" + section_name + "'");
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what) const { throw ConfigError(source_ + ": " + what); }
+
+ private:
+  static const std::set<std::string>& known_sections() {
+    static const std::set<std::string> sections = {"model", "data", "train", "optimizer", "fsdp", "eval", "checkpoint"};
+    return sections;
+  }
+
+  const toml::node* find(const std::string& key) {
+    used_.insert(key);
+    return root_.at_path(key).node();
+  }
+
+  static const char* type_of(const toml::node& node) {
+    switch (node.type()) {
+      case toml::node_type::string: return "a string";
+      case toml::node_type::integer: return "an integer";
+      case toml::node_type::floating_point: return "a number";
+      case toml::node_type::boolean: return "a boolean";
+      case toml::node_type::table: return "a table";
+      case toml::node_type::array: return "an array";
+      default: return "a date or time";
+    }
+  }
+
+  template <class T>
+  T convert(const std::string& key, const toml::node& node) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (auto v = node.value_exact<bool>()) return *v;
+      fail(key + " must be true or false, got " + type_of(node));
+    } else if constexpr (std::is_integral_v<T>) {
+      if (auto v = node.value_exact<int64_t>()) {
+        if (*v < 0) fail(key + " must not be negative, got " + std::to_string(*v));
+        return static_cast<T>(*v);
+      }
+      fail(key + " must be an integer, got " + type_of(node));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (auto v = node.value_exact<double>()) return *v;
+      if (auto v = node.value_exact<int64_t>()) return static_cast<double>(*v);
+      fail(key + " must be a number, got " + type_of(node));
+    } else {
+      if (auto v = node.value_exact<std::string>()) return *v;
+      fail(key + " must be a string, got " + type_of(node));
+    }
+  }
+
+  const toml::table& root_;
+  std::string source_;
+  std::set<std::string> used_;
+};
+
+// "a.b=value" -> sets root[a][b] = value (parsed as TOML, else a string).
+void apply_override(toml::table& root, const std::string& assignment) {
+  const size_t equals = assignment.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    throw ConfigError("override '" + assignment + "': expected key=value, e.g. train.steps=50");
+  }
+  const std::string key = assignment.substr(0, equals), text = assignment.substr(equals + 1);
+  toml::table parsed;
+  bool is_toml = true;
+  try {
+    parsed = toml::parse("value = " + text);
+  } catch (const toml::parse_error&) {
+    is_toml = false;
+  }
+  std::vector<std::string> parts;
+  std::stringstream stream(key);
+  for (std::string part; std::getline(stream, part, '.');) parts.push_back(part);
+  if (parts.empty() || parts.size() > 2) {
+    throw ConfigError("override '" + assignment + "': key must be 'key' or 'section.key'");
+  }
+  toml::table* table = &root;
+  if (parts.size() == 2) {
+    if (!root.contains(parts[0])) root.insert(parts[0], toml::table{});
+    table = root[parts[0]].as_table();
+    if (table == nullptr) throw ConfigError("override '" + assignment + "': '" + parts[0] + "' is not a section");
+  }
+  if (is_toml) {
+    table->insert_or_assign(parts.back(), *parsed.get("value"));
+  } else {
+    table->insert_or_assign(parts.back(), text);
+  }
+}
+
+void check(bool ok, Reader& reader, const std::string& what) {
+  if (!ok) reader.fail(what);
+}
+
+void read_model(Reader& r, TrainConfig& c) {
+  auto name = r.optional<std::string>("model.name");
+  if (!name) r.fail("model.name is required (e.g. \"gpt-tiny\"; see fsdp-train --list-models)");
+  c.model_name = *name;
+  try {
+    c.model = models::model_config(*name);
+  } catch (const std::invalid_argument& e) {
+    r.fail(std::string("model.name: ") + e.what());
+  }
+  // Size overrides: each applies to the families that have the field.
+  const std::string family = models::family_name(c.model);
+  std::map<std::string, int64_t> ints;
+  for (const char* key : {"context", "dim", "heads", "kv_heads", "layers", "ffn_hidden", "mlp_hidden", "patch"}) {
+    if (auto v = r.optional<int64_t>(std::string("model.") + key)) ints[key] = *v;
+  }
+  if (auto vocab = r.optional<int64_t>("model.vocab")) {
+    if (!models::is_language_model(c.model)) r.fail("model.vocab does not apply to " + family + " models");
+    c.model_vocab = *vocab;
+  }
+  r.get("model.init_from", c.init_from);
+  auto dropout = r.optional<double>("model.dropout");
+  auto rope_theta = r.optional<double>("model.rope_theta");
+  auto qkv_bias = r.optional<bool>("model.qkv_bias");
+  auto not_for = [&](const std::string& key) {
+    r.fail("model." + key + " does not apply to " + family + " models");
+  };
+  auto take = [&](const char* key, int64_t& field) {
+    auto it = ints.find(key);
+    if (it != ints.end()) {
+      field = it->second;
+      ints.erase(it);
+    }
+  };
+  if (auto* g = std::get_if<models::GptConfig>(&c.model)) {
+    take("context", g->context), take("dim", g->dim), take("heads", g->heads), take("layers", g->layers);
+    if (dropout) g->dropout = *dropout;
+    if (qkv_bias) g->qkv_bias = *qkv_bias;
+    if (rope_theta) not_for("rope_theta");
+  } else if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) {
+    take("context", l->context), take("dim", l->dim), take("heads", l->heads), take("kv_heads", l->kv_heads);
+    take("layers", l->layers), take("ffn_hidden", l->ffn_hidden);
+    if (rope_theta) l->rope_theta = *rope_theta;
+    if (dropout) not_for("dropout");
+    if (qkv_bias) not_for("qkv_bias");
+  } else if (auto* v = std::get_if<models::VitConfig>(&c.model)) {
+    take("dim", v->dim), take("heads", v->heads), take("layers", v->layers), take("mlp_hidden", v->mlp_hidden);
+    take("patch", v->patch);
+    if (dropout) not_for("dropout");
+    if (qkv_bias) not_for("qkv_bias");
+    if (rope_theta) not_for("rope_theta");
+  }
+  if (!ints.empty()) not_for(ints.begin()->first);
+  try {
+    models::validate(c.model);
+  } catch (const std::invalid_argument& e) {
+    r.fail(std::string("[model] ") + e.what());
+  }
+}
+
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& toml_text, const std::string& source_name,
+                               const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream where;
+    where << source_name << ":" << e.source().begin.line << ":" << e.source().begin.column << ": " << e.description();
+    throw ConfigError(where.str());
+  }
+  for (const auto& assignment : overrides) apply_override(root, assignment);
+
+  TrainConfig c;
+  c.source = source_name;
+  Reader r(root, overrides.empty() ? source_name : source_name + " (with --set overrides)");
+  r.get("name", c.name);
+  r.get("seed", c.seed);
+  r.get("output_dir", c.output_dir);
+  if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;
+  read_model(r, c);
+
+  DataConfig& d = c.data;
+  r.get("data.source", d.source);
+  r.get("data.dir", d.dir);
+  r.get("data.tokenizer", d.tokenizer);
+  r.get("data.vocab_json", d.vocab_json);
+  r.get("data.merges_txt", d.merges_txt);
+  r.get("data.validation_percent", d.validation_percent);
+  r.get("data.train_tokens", d.train_tokens);
+  r.get("data.validation_tokens", d.validation_tokens);
+  r.get("data.augment", d.augment);
+
+  r.get("train.steps", c.steps);
+  r.get("train.global_batch", c.global_batch);
+  r.get("train.micro_batches", c.micro_batches);
+  r.get("train.seq_len", c.seq_len);
+  r.get("train.sync_each_micro_batch", c.sync_each_micro_batch);
+  r.get("train.grad_clip", c.grad_clip);
+  r.get("train.log_every", c.log_every);
+  r.get("train.threads", c.threads);
+
+  OptimizerConfig& o = c.optimizer;
+  r.get("optimizer.name", o.name);
+  r.get("optimizer.lr", o.lr);
+  r.get("optimizer.min_lr", o.min_lr);
+  r.get("optimizer.warmup_steps", o.warmup_steps);
+  r.get("optimizer.weight_decay", o.weight_decay);
+  r.get("optimizer.beta1", o.beta1);
+  r.get("optimizer.beta2", o.beta2);
+  r.get("optimizer.eps", o.eps);
+  r.get("optimizer.momentum", o.momentum);
+
+  r.get("fsdp.strategy", c.fsdp.strategy);
+  r.get("fsdp.wrap", c.fsdp.wrap);
+  r.get("fsdp.min_params", c.fsdp.min_params);
+
+  EvalConfig& e = c.eval;
+  r.get("eval.every", e.every);
+  r.get("eval.batches", e.batches);
+  r.get("eval.max_items", e.max_items);
+  r.get("eval.sample_tokens", e.sample_tokens);
+  r.get("eval.prompt", e.prompt);
+  r.get("eval.temperature", e.temperature);
+  r.get("eval.top_k", e.top_k);
+  r.get("checkpoint.every", c.checkpoint.every);
+  r.get("checkpoint.keep", c.checkpoint.keep);
+  r.get("checkpoint.dir", c.checkpoint.dir);
+  r.reject_unknown();
+
+  // Values that parse but cannot work.
+  const bool language = models::is_language_model(c.model);
+  check(d.source == "fortunes" || d.source == "token_files" || d.source == "fashion_mnist", r,
+        "data.source '" + d.source + "' (expected fortunes, token_files or fashion_mnist)");
+  check(language == (d.source != "fashion_mnist"), r,
+        "data.source '" + d.source + "' does not suit the " + models::family_name(c.model) + " model '" + c.model_name +
+            "' (" + (language ? "language models read fortunes or token_files" : "ViT reads fashion_mnist") + ")");
+  check(d.augment == "none" || (d.augment == "hflip" && !language), r,
+        "data.augment '" + d.augment + "' (expected none, or hflip for images)");
+  check(d.tokenizer == "byte" || d.tokenizer == "gpt2", r, "data.tokenizer '" + d.tokenizer + "' (expected byte or gpt2)");
+  check(d.tokenizer != "gpt2" || (!d.vocab_json.empty() && !d.merges_txt.empty()), r,
+        "data.tokenizer 'gpt2' needs data.vocab_json and data.merges_txt");
+  check(d.source != "token_files" || (!d.train_tokens.empty() && !d.validation_tokens.empty()), r,
+        "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
+  check(d.validation_percent >= 1 && d.validation_percent <= 50, r, "data.validation_percent must be in [1, 50]");
+  check(c.steps >= 1, r, "train.steps must be at least 1");
+  check(c.global_batch >= 1, r, "train.global_batch must be at least 1");
+  check(c.micro_batches >= 1, r, "train.micro_batches must be at least 1");
+  check(c.seq_len == 0 || c.seq_len >= 2, r, "train.seq_len must be at least 2");
+  check(c.log_every >= 1, r, "train.log_every must be at least 1");
+  if (language) {
+    const int64_t model_context = std::visit(
+        [](const auto& m) -> int64_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::VitConfig>) {
+            return 0;
+          } else {
+            return m.context;
+          }
+        },
+        c.model);
+    if (c.seq_len == 0) c.seq_len = model_context;
+    check(c.seq_len <= model_context, r,
+          "train.seq_len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
+              std::to_string(model_context) + " (raise model.context)");
+  }
+  check(o.name == "adamw" || o.name == "sgd", r, "optimizer.name '" + o.name + "' (expected adamw or sgd)");
+  check(o.lr > 0, r, "optimizer.lr must be positive");
+  check(o.min_lr >= 0 && o.min_lr <= o.lr, r, "optimizer.min_lr must be in [0, optimizer.lr]");
+  check(o.warmup_steps <= c.steps, r, "optimizer.warmup_steps exceeds train.steps");
+  check(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, r, "optimizer.beta1 and beta2 must be in [0, 1)");
+  check(o.eps > 0, r, "optimizer.eps must be positive");
+  check(c.fsdp.strategy == "full_shard" || c.fsdp.strategy == "shard_grad_op" || c.fsdp.strategy == "no_shard", r,
+        "fsdp.strategy '" + c.fsdp.strategy + "' (expected full_shard, shard_grad_op or no_shard)");
+  check(c.fsdp.wrap == "block" || c.fsdp.wrap == "root" || c.fsdp.wrap == "min_params", r,
+        "fsdp.wrap '" + c.fsdp.wrap + "' (expected block, root or min_params)");
+  check(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0, r, "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
+  check(e.batches >= 1, r, "eval.batches must be at least 1");
+  check(e.temperature > 0, r, "eval.temperature must be positive");
+  check(e.top_k >= 1, r, "eval.top_k must be at least 1");
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("config file '" + path + "' cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_train_config(text.str(), path, overrides);
+}
+
+void validate_for_world(const TrainConfig& c, int world_size) {
+  if (c.global_batch % (static_cast<int64_t>(world_size) * c.micro_batches) != 0) {
+    throw ConfigError(c.source + ": train.global_batch " + std::to_string(c.global_batch) +
+                      " is not divisible by ranks x micro-batches (" + std::to_string(world_size) + " x " +
+                      std::to_string(c.micro_batches) + ")");
+  }
+}
+
+std::string checkpoints_dir(const TrainConfig& c) {
+  return c.checkpoint.dir.empty() ? c.output_dir + "/checkpoints" : c.checkpoint.dir;
+}
+
+std::string to_toml(const TrainConfig& c) {
+  toml::table model{{"name", c.model_name}};
+  if (!c.init_from.empty()) model.insert("init_from", c.init_from);
+  std::visit(
+      [&](const auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        model.insert("dim", m.dim);
+        model.insert("heads", m.heads);
+        model.insert("layers", m.layers);
+        if constexpr (std::is_same_v<M, models::GptConfig>) {
+          model.insert("context", m.context);
+          model.insert("vocab", m.vocab);
+          model.insert("dropout", m.dropout);
+          model.insert("qkv_bias", m.qkv_bias);
+        } else if constexpr (std::is_same_v<M, models::LlamaConfig>) {
+          model.insert("context", m.context);
+          model.insert("vocab", m.vocab);
+          model.insert("kv_heads", m.kv_heads);
+          model.insert("ffn_hidden", m.ffn_hidden);
+          model.insert("rope_theta", m.rope_theta);
+        } else {
+          model.insert("patch", m.patch);
+          model.insert("mlp_hidden", m.mlp_hidden);
+        }
+      },
+      c.model);
+  toml::table root{
+      {"name", c.name},
+      {"seed", static_cast<int64_t>(c.seed)},
+      {"output_dir", c.output_dir},
+      {"model", model},
+      {"data", toml::table{{"source", c.data.source},
+                           {"dir", c.data.dir},
+                           {"tokenizer", c.data.tokenizer},
+                           {"vocab_json", c.data.vocab_json},
+                           {"merges_txt", c.data.merges_txt},
+                           {"validation_percent", c.data.validation_percent},
+                           {"train_tokens", c.data.train_tokens},
+                           {"validation_tokens", c.data.validation_tokens},
+                           {"augment", c.data.augment}}},
+      {"train", toml::table{{"steps", c.steps},
+                            {"global_batch", c.global_batch},
+                            {"micro_batches", c.micro_batches},
+                            {"seq_len", c.seq_len},
+                            {"sync_each_micro_batch", c.sync_each_micro_batch},
+                            {"grad_clip", c.grad_clip},
+                            {"log_every", c.log_every},
+                            {"threads", c.threads}}},
+      {"optimizer", toml::table{{"name", c.optimizer.name},
+                                {"lr", c.optimizer.lr},
+                                {"min_lr", c.optimizer.min_lr},
+                                {"warmup_steps", c.optimizer.warmup_steps},
+                                {"weight_decay", c.optimizer.weight_decay},
+                                {"beta1", c.optimizer.beta1},
+                                {"beta2", c.optimizer.beta2},
+                                {"eps", c.optimizer.eps},
+                                {"momentum", c.optimizer.momentum}}},
+      {"fsdp", toml::table{{"strategy", c.fsdp.strategy}, {"wrap", c.fsdp.wrap}, {"min_params", c.fsdp.min_params}}},
+      {"eval", toml::table{{"every", c.eval.every},
+                           {"batches", c.eval.batches},
+                           {"max_items", c.eval.max_items},
+                           {"sample_tokens", c.eval.sample_tokens},
+                           {"prompt", c.eval.prompt},
+                           {"temperature", c.eval.temperature},
+                           {"top_k", c.eval.top_k}}},
+      {"checkpoint", toml::table{{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}, {"dir", c.checkpoint.dir}}},
+  };
+  std::ostringstream out;
+  out << root << "\n";
+  return out.str();
+}
+
+}  // namespace fsdp::train

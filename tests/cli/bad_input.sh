@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Bad input to fsdp-train (2 ranks) and fsdp-data: each case must exit non-zero, print the expected
+# message exactly once, and leave no output directory behind.
+# Usage: bad_input.sh FSDP_TRAIN FSDP_DATA MPIRUN
+set -uo pipefail
+train=$1 data=$2 mpirun=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+# expect_failure NAME EXPECTED_TEXT COMMAND...
+expect_failure() {
+  local name=$1 expected=$2
+  shift 2
+  local output status count
+  output=$(timeout 120 "$@" 2>&1)
+  status=$?
+  count=$(grep -cF -- "$expected" <<<"$output")
+  if [ "$status" -eq 0 ] || [ "$status" -eq 124 ] || [ "$count" -ne 1 ] || [ -e "$work/out" ]; then
+    echo "FAIL $name: exit $status, '$expected' printed $count times, output dir exists: $([ -e "$work/out" ] && echo yes || echo no)"
+    echo "$output" | sed 's/^/    /'
+    failures=$((failures + 1))
+  else
+    echo "ok   $name: $(grep -F -- "$expected" <<<"$output" | head -1)"
+  fi
+  rm -rf "$work/out"
+}
+
+config() {  # config NAME BODY: a config writing to $work/out
+  printf 'name = "bad"\noutput_dir = "%s/out"\n%s\n' "$work" "$2" >"$work/$1.toml"
+  echo "$work/$1.toml"
+}
+
+ranks=("$mpirun" --oversubscribe --bind-to none -np 2)
+good_model=$'[model]\nname = "gpt-test"\n[train]\nsteps = 2\nglobal_batch = 4\nseq_len = 16'
+
+expect_failure unknown-key "unknown key 'train.stepz'" \
+  "${ranks[@]}" "$train" "$(config unknown-key $'[model]\nname = "gpt-test"\n[train]\nstepz = 3')"
+expect_failure wrong-type "train.steps must be an integer, got a string" \
+  "${ranks[@]}" "$train" "$(config wrong-type $'[model]\nname = "gpt-test"\n[train]\nsteps = "ten"')"
+expect_failure unknown-model "unknown model 'gpt-9'" \
+  "${ranks[@]}" "$train" "$(config unknown-model $'[model]\nname = "gpt-9"')"
+expect_failure batch-not-divisible "train.global_batch 5 is not divisible by ranks x micro-batches (2 x 1)" \
+  "${ranks[@]}" "$train" "$(config batch $'[model]\nname = "gpt-test"\n[train]\nglobal_batch = 5')"
+expect_failure missing-data "directory '/nonexistent/fortunes' not found" \
+  "${ranks[@]}" "$train" "$(config missing-data "$good_model"$'\n[data]\ndir = "/nonexistent/fortunes"')"
+expect_failure missing-token-file "token file '/nonexistent/train.tok': cannot open" \
+  "${ranks[@]}" "$train" "$(config missing-tokens "$good_model"$'\n[data]\nsource = "token_files"\ntrain_tokens = "/nonexistent/train.tok"\nvalidation_tokens = "/nonexistent/v.tok"')"
+expect_failure bad-override "train.steps must be an integer, got a number" \
+  "${ranks[@]}" "$train" "$(config override "$good_model")" --set train.steps=2.5
+expect_failure missing-config "config file '$work/none.toml' cannot be read" \
+  "${ranks[@]}" "$train" "$work/none.toml"
+expect_failure data-missing-input "input '$work/none.txt' is neither a file nor a directory" \
+  "$data" encode --output "$work/out" "$work/none.txt"
+printf 'not a token file at all, not even close.......' >"$work/junk.tok"
+expect_failure data-bad-token-file "bad magic" "$data" inspect "$work/junk.tok"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures case(s) failed"
+  exit 1
+fi
+echo "all bad-input cases behaved"

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Checkpoints under faults, with the real fsdp-train on 2 ranks:
+#  1. kill -9 one rank in the middle of a save (a test hook pauses it there): the partial
+#     checkpoint is never taken for valid, and --resume latest continues from the previous one;
+#  2. SIGTERM to every rank (what a scheduler does when preempting): each saves a checkpoint at the
+#     end of the step and exits 0 within a bound; --resume latest continues from it.
+# Usage: checkpoint_faults.sh FSDP_TRAIN MPIRUN
+set -uo pipefail
+train=$1 mpirun=$2
+work=$(mktemp -d)
+trap 'pkill -KILL -f "^$train $work" 2>/dev/null; rm -rf "$work"' EXIT
+ranks=("$mpirun" --oversubscribe --bind-to none -np 2)
+fail() { echo "FAIL: $*"; [ -f "$work/log" ] && sed 's/^/    /' "$work/log" | tail -30; exit 1; }
+
+# wait_for FILE TEXT SECONDS
+wait_for() {
+  for _ in $(seq 1 $(($3 * 10))); do
+    grep -qF -- "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+cat >"$work/run.toml" <<TOML
+name = "faults"
+output_dir = "$work/run"
+[model]
+name = "gpt-test"
+[train]
+steps = 6
+global_batch = 4
+seq_len = 16
+log_every = 1
+[eval]
+every = 0
+sample_tokens = 0
+[checkpoint]
+every = 2
+TOML
+
+# 1. kill -9 rank 1 while it is inside the save of step 4.
+FSDP_TEST_PAUSE_IN_SAVE_MS=120000 FSDP_TEST_PAUSE_RANK=1 FSDP_TEST_PAUSE_AT_STEP=4 \
+  "${ranks[@]}" -x FSDP_TEST_PAUSE_IN_SAVE_MS -x FSDP_TEST_PAUSE_RANK -x FSDP_TEST_PAUSE_AT_STEP \
+  "$train" "$work/run.toml" --progress lines >"$work/log" 2>&1 &
+launcher=$!
+wait_for "$work/log" "pausing" 120 || fail "the save of step 4 never reached the test hook"
+pid=$(grep -o 'pid [0-9]*' "$work/log" | head -1 | cut -d' ' -f2)
+kill -9 "$pid"
+timeout 60 tail --pid="$launcher" -f /dev/null || fail "the job did not end after one rank was killed"
+[ -f "$work/run/checkpoints/step-00000002/manifest.json" ] || fail "checkpoint of step 2 missing"
+[ ! -e "$work/run/checkpoints/step-00000004" ] || fail "the interrupted checkpoint of step 4 was published"
+[ -d "$work/run/checkpoints/step-00000004.partial" ] || fail "expected the interrupted save's .partial directory"
+echo "ok   kill -9 mid-save: step 4 left as .partial, step 2 intact"
+
+timeout 120 "${ranks[@]}" "$train" "$work/run.toml" --progress lines --resume latest >"$work/log" 2>&1 ||
+  fail "resume after the crash failed"
+grep -qF "resumed from $work/run/checkpoints/step-00000002 at step 2" "$work/log" || fail "did not resume from step 2"
+grep -qF "done: 6 steps" "$work/log" || fail "the resumed run did not finish"
+[ -f "$work/run/checkpoints/step-00000006/manifest.json" ] || fail "final checkpoint missing"
+[ ! -e "$work/run/checkpoints/step-00000004.partial" ] || fail "the stale .partial directory was not cleaned up"
+echo "ok   --resume latest after the crash: continued from step 2 to 6"
+
+# 2. SIGTERM to both ranks mid-run.
+sed -e 's/^steps = 6/steps = 100000/' -e 's/^every = 2/every = 0/' "$work/run.toml" >"$work/long.toml"
+rm -rf "$work/run"
+"${ranks[@]}" "$train" "$work/long.toml" --progress lines >"$work/log" 2>&1 &
+launcher=$!
+wait_for "$work/log" "step 3/" 120 || fail "training did not start"
+sent=$(date +%s%N)
+pkill -TERM -f "^$train $work/long.toml" || fail "no rank process to signal"
+timeout 60 tail --pid="$launcher" -f /dev/null || fail "ranks did not exit within 60 s of SIGTERM"
+wait "$launcher"
+status=$?
+elapsed_ms=$((($(date +%s%N) - sent) / 1000000))
+[ "$status" -eq 0 ] || fail "exit status $status after SIGTERM (expected 0)"
+stopped=$(grep -o 'stopped on request after step [0-9]*' "$work/log" | grep -o '[0-9]*$')
+[ -n "$stopped" ] || fail "no 'stopped on request' message"
+[ -f "$work/run/checkpoints/$(printf 'step-%08d' "$stopped")/manifest.json" ] || fail "no checkpoint of step $stopped"
+echo "ok   SIGTERM: every rank saved step $stopped and exited 0, $elapsed_ms ms after the signal"
+timeout 120 "${ranks[@]}" "$train" "$work/long.toml" --progress lines --resume latest --steps $((stopped + 2)) \
+  >"$work/log" 2>&1 || fail "resume after SIGTERM failed"
+grep -qF "done: $((stopped + 2)) steps" "$work/log" || fail "the resumed run did not finish"
+echo "ok   --resume latest after SIGTERM: continued from step $stopped"
+echo "all checkpoint fault cases behaved"

@@ -1,0 +1,201 @@
+// The real trainer, end to end, for a few steps per (model, strategy): at N ranks it must train,
+// evaluate and sample; its loss trajectory must equal a single-rank run of the same config.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/checkpoint/sharded_checkpoint.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/data/text_corpus.h"
+#include "fsdp/data/token_file.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/trainer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using fsdp::train::TrainConfig;
+
+TrainConfig small_config(const std::string& model, const std::string& strategy) {
+  const bool images = model.rfind("vit", 0) == 0;
+  std::string text = "name = \"trainer-test\"\n[model]\nname = \"" + model + "\"\n";
+  text += images ? "[data]\nsource = \"fashion_mnist\"\n" : "[data]\nsource = \"fortunes\"\n";
+  text += "[train]\nsteps = 8\nglobal_batch = 12\nseq_len = 32\nthreads = 1\n";
+  text += "[optimizer]\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 2\n";
+  text += "[fsdp]\nstrategy = \"" + strategy + "\"\n";
+  text += "[eval]\nevery = 4\nbatches = 2\nmax_items = 600\nsample_tokens = 24\n";
+  return fsdp::train::parse_train_config(text, "trainer_test");
+}
+
+fsdp::train::TrainerOptions quiet() { return {/*print=*/false, /*write_files=*/false}; }
+
+class TrainerRuns : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(TrainerRuns, TrainsEvaluatesAndSamples) {
+  const auto& [model, strategy] = GetParam();
+  auto world = fsdp::comm::init_world();
+  auto summary = fsdp::train::train(small_config(model, strategy), world, quiet());
+  ASSERT_EQ(summary.losses.size(), 8u);
+  for (double loss : summary.losses) EXPECT_TRUE(std::isfinite(loss));
+  ASSERT_EQ(summary.evals.size(), 3u);  // before, after step 4, after step 8
+  EXPECT_LT(summary.evals.back().loss, summary.evals.front().loss - 0.05) << "8 steps should lower the held-out loss";
+  if (model.rfind("vit", 0) == 0) {
+    EXPECT_GE(summary.evals.back().accuracy, 0.0);
+    EXPECT_TRUE(summary.sample.empty());
+  } else {
+    EXPECT_EQ(summary.sample.size(), 24u);  // byte tokenizer: one character per token
+    EXPECT_NEAR(summary.evals.front().perplexity, std::exp(summary.evals.front().loss), 1e-9);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ModelsAndStrategies, TrainerRuns,
+                         ::testing::Combine(::testing::Values("gpt-test", "llama-test", "vit-test"),
+                                            ::testing::Values("full_shard", "shard_grad_op", "no_shard")),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           for (char& c : name) c = c == '-' ? '_' : c;
+                           return name;
+                         });
+
+// The same config at N ranks and at one rank (each rank alone in its own group) trains the same:
+// the sampler gives the same global batch, the runtime averages gradients over it. Tolerance 1e-5
+// for the reason in parity_test.cpp (summation order only). Two micro-batches, reduced once.
+TEST(Trainer, MatchesASingleRankRun) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("llama-test", "full_shard");
+  config.micro_batches = 2;
+  config.sync_each_micro_batch = false;
+  config.global_batch = 24;
+  auto alone = world->split(world->rank(), 0);
+  auto reference = fsdp::train::train(config, alone, quiet());
+  auto sharded = fsdp::train::train(config, world, quiet());
+  ASSERT_EQ(sharded.losses.size(), reference.losses.size());
+  for (size_t i = 0; i < reference.losses.size(); ++i) EXPECT_NEAR(sharded.losses[i], reference.losses[i], 1e-5) << i;
+  for (size_t i = 0; i < reference.evals.size(); ++i) {
+    EXPECT_NEAR(sharded.evals[i].loss, reference.evals[i].loss, 1e-5) << "evaluation " << i;
+  }
+  EXPECT_EQ(sharded.sample, reference.sample);
+}
+
+TEST(Trainer, WritesConfigMetricsAndSample) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("gpt-test", "full_shard");
+  config.output_dir = (fs::temp_directory_path() / ("fsdp_trainer_test_" + std::to_string(world->size()))).string();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+  world->barrier()->wait();
+  fsdp::train::train(config, world, {/*print=*/false, /*write_files=*/true});
+  if (world->rank() == 0) {
+    std::ifstream metrics(config.output_dir + "/metrics.jsonl");
+    int steps = 0, evals = 0;
+    for (std::string line; std::getline(metrics, line);) {
+      if (line.find("\"eval_step\"") != std::string::npos) ++evals;
+      if (line.find("\"tokens_per_second\"") != std::string::npos) ++steps;
+    }
+    EXPECT_EQ(steps, 8);
+    EXPECT_EQ(evals, 3);
+    auto reread = fsdp::train::load_train_config(config.output_dir + "/config.toml");
+    EXPECT_EQ(reread.steps, 8);
+    EXPECT_EQ(std::get<fsdp::models::GptConfig>(reread.model).vocab, 256);
+    EXPECT_EQ(fs::file_size(config.output_dir + "/sample.txt"), 24u);
+    fs::remove_all(config.output_dir);
+  }
+}
+
+// Token files made as fsdp-data makes them are memory-mapped by the trainer and train the same as
+// the corpus tokenised in memory (same tokens, same sampler).
+TEST(Trainer, TrainsFromTokenFiles) {
+  auto world = fsdp::comm::init_world();
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_token_files_" + std::to_string(world->size()) + "_" +
+                                                     std::to_string(world->rank()));
+  fs::create_directories(dir);
+  fsdp::data::ByteTokenizer bytes;
+  auto split = fsdp::data::split_documents(fsdp::data::read_fortunes(fsdp::data::kFortunesDir), 5);
+  fsdp::data::write_token_file((dir / "train.tok").string(), fsdp::data::tokenize_documents(split.train, bytes), 256);
+  fsdp::data::write_token_file((dir / "validation.tok").string(), fsdp::data::tokenize_documents(split.validation, bytes), 256);
+  auto in_memory = small_config("gpt-test", "full_shard");
+  auto from_files = in_memory;
+  from_files.data.source = "token_files";
+  from_files.data.train_tokens = (dir / "train.tok").string();
+  from_files.data.validation_tokens = (dir / "validation.tok").string();
+  auto a = fsdp::train::train(in_memory, world, quiet());
+  auto b = fsdp::train::train(from_files, world, quiet());
+  EXPECT_EQ(a.losses, b.losses);  // bitwise: the same tokens in the same order
+  EXPECT_EQ(a.sample, b.sample);
+  fs::remove_all(dir);
+}
+
+// Resuming from the checkpoint of step 4 continues exactly as the uninterrupted run (bitwise:
+// same N, fp32, same data order, restored optimizer state and RNG; dropout on to need the RNG).
+TEST(Trainer, ResumesExactly) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("gpt-test", "full_shard");
+  config.model = [] {
+    auto gpt = std::get<fsdp::models::GptConfig>(fsdp::models::model_config("gpt-test"));
+    gpt.dropout = 0.1;
+    return fsdp::models::ModelConfig(gpt);
+  }();
+  config.output_dir = (fs::temp_directory_path() / ("fsdp_resume_test_" + std::to_string(world->size()))).string();
+  config.checkpoint.every = 4;
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+  world->barrier()->wait();
+  auto whole = fsdp::train::train(config, world, {false, true});
+  ASSERT_EQ(whole.losses.size(), 8u);
+  fsdp::train::TrainerOptions resume{false, true};
+  resume.resume = config.output_dir + "/checkpoints/step-00000004";
+  auto resumed = fsdp::train::train(config, world, resume);
+  EXPECT_EQ(resumed.start_step, 4);
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[4 + i]) << "step " << 5 + i;
+  EXPECT_EQ(resumed.sample, whole.sample);
+  // keep = 3 by default: both checkpoints (4 and 8) are there, the newest is "latest".
+  EXPECT_EQ(fsdp::checkpoint::find_latest_checkpoint(config.output_dir + "/checkpoints"),
+            config.output_dir + "/checkpoints/step-00000008");
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+}
+
+// A stop request on one rank (SIGTERM's handler calls request_stop) stops every rank after the
+// same step with a checkpoint; --resume latest then finishes the run as if never stopped.
+TEST(Trainer, StopRequestSavesAndResumes) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("llama-test", "full_shard");
+  config.output_dir = (fs::temp_directory_path() / ("fsdp_stop_test_" + std::to_string(world->size()))).string();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+  world->barrier()->wait();
+  auto whole = fsdp::train::train(config, world, {false, false});
+  if (world->rank() == world->size() - 1) fsdp::train::request_stop();
+  auto stopped = fsdp::train::train(config, world, {false, true});
+  EXPECT_TRUE(stopped.preempted);
+  ASSERT_EQ(stopped.losses.size(), 1u);
+  EXPECT_EQ(stopped.last_checkpoint, config.output_dir + "/checkpoints/step-00000001");
+  fsdp::train::TrainerOptions resume{false, true};
+  resume.resume = "latest";
+  auto finished = fsdp::train::train(config, world, resume);
+  EXPECT_FALSE(finished.preempted);
+  ASSERT_EQ(finished.losses.size(), 7u);
+  EXPECT_EQ(stopped.losses[0], whole.losses[0]);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(finished.losses[i], whole.losses[1 + i]) << "step " << 2 + i;
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+}
+
+// Bad data on one rank only: every rank stops with an error, none waits for the others.
+TEST(Trainer, DataMissingOnOneRankStopsEveryRank) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("gpt-test", "full_shard");
+  config.output_dir = (fs::temp_directory_path() / "fsdp_trainer_never_written").string();
+  if (world->rank() == world->size() - 1) config.data.dir = "/nonexistent/fortunes";
+  try {
+    fsdp::train::train(config, world, {/*print=*/false, /*write_files=*/true});
+    FAIL() << "expected every rank to stop";
+  } catch (const fsdp::train::AgreedStop& e) {
+    const bool failing_rank = world->rank() == world->size() - 1;
+    EXPECT_EQ(e.should_report(), failing_rank);
+    if (failing_rank) EXPECT_NE(std::string(e.what()).find("/nonexistent/fortunes"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(config.output_dir));
+}
+
+}  // namespace

@@ -1,0 +1,75 @@
+// Training configuration: the shipped configs parse; bad input names the key and the file.
+#include <gtest/gtest.h>
+
+#include "fsdp/train/config.h"
+
+namespace {
+
+using fsdp::train::ConfigError;
+using fsdp::train::parse_train_config;
+
+const char* kMinimal = "[model]\nname = \"gpt-test\"\n";
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_train_config(text, "test.toml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for:\n" << text;
+  return "";
+}
+
+TEST(Config, ShippedConfigsParse) {
+  for (const char* name : {"gpt-fortunes-tiny", "llama-fortunes-small", "vit-fashion-mnist"}) {
+    auto config = fsdp::train::load_train_config(std::string(FSDP_SOURCE_DIR) + "/configs/" + name + ".toml");
+    EXPECT_EQ(config.name, name);
+    EXPECT_EQ(config.output_dir, std::string("runs/") + name);
+    fsdp::train::validate_for_world(config, 2);
+  }
+}
+
+TEST(Config, DefaultsAndOverrides) {
+  auto config = parse_train_config(kMinimal, "test.toml",
+                                   {"train.steps=7", "optimizer.lr=0.01", "fsdp.strategy=no_shard", "model.layers=3"});
+  EXPECT_EQ(config.steps, 7);
+  EXPECT_DOUBLE_EQ(config.optimizer.lr, 0.01);
+  EXPECT_EQ(config.fsdp.strategy, "no_shard");  // a bare word is taken as a string
+  EXPECT_EQ(std::get<fsdp::models::GptConfig>(config.model).layers, 3);
+  EXPECT_EQ(config.data.source, "fortunes");
+  // The resolved config reads back to the same values.
+  auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
+  EXPECT_EQ(again.steps, 7);
+  EXPECT_EQ(std::get<fsdp::models::GptConfig>(again.model).layers, 3);
+}
+
+TEST(Config, BadInputNamesTheProblem) {
+  EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nstepz = 3\n").find("test.toml: unknown key 'train.stepz'"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nsteps = \"ten\"\n").find("train.steps must be an integer, got a string"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nname = \"gpt-5\"\n").find("unknown model 'gpt-5'"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nsteps = 3\n").find("model.name is required"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\nkv_heads = 2\n").find("model.kv_heads does not apply to gpt"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[data]\nsource = \"fashion_mnist\"\n").find("does not suit"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nseq_len = 1000\n").find("exceeds the model's context"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model\nname = 1\n").find("test.toml:1:"), std::string::npos);
+  EXPECT_NE(error_of("[oops]\nx = 1\n[model]\nname = \"gpt-test\"\n").find("unknown section [oops]"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.steps"}).find("expected key=value"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.steps=-3"}).find("train.steps must not be negative"), std::string::npos);
+
+  auto config = parse_train_config("[model]\nname = \"gpt-test\"\n[train]\nglobal_batch = 10\nmicro_batches = 2\n", "b.toml");
+  try {
+    fsdp::train::validate_for_world(config, 3);
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.global_batch 10 is not divisible by ranks x micro-batches (3 x 2)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace

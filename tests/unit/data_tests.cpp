@@ -1,0 +1,282 @@
+// Data pipeline: token files, tokenizers, corpus split, IDX images, the global batch sampler.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "fsdp/data/datasets.h"
+#include "fsdp/data/fashion_mnist.h"
+#include "fsdp/data/sampler.h"
+#include "fsdp/data/text_corpus.h"
+#include "fsdp/data/token_file.h"
+#include "fsdp/data/tokenizer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace fsdp::data;
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("fsdp_data_test_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::string expect_throw_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+TEST(TokenFile, RoundTripsSmallAndLargeVocabularies) {
+  TempDir dir;
+  for (int64_t vocab : {256, 70000}) {  // uint16 and uint32 tokens
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 1000; ++i) tokens.push_back(static_cast<int32_t>((i * 7919) % vocab));
+    const std::string path = dir.file("t" + std::to_string(vocab) + ".tok");
+    write_token_file(path, tokens, vocab);
+    TokenFile file(path);
+    EXPECT_EQ(file.size(), 1000);
+    EXPECT_EQ(file.vocab_size(), vocab);
+    EXPECT_EQ(file.bytes_per_token(), vocab <= 65536 ? 2 : 4);
+    EXPECT_EQ(fs::file_size(path), 32u + 1000u * file.bytes_per_token());
+    auto read = file.read(10, 20);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(read[i].item<int64_t>(), tokens[10 + i]);
+    EXPECT_THROW(file.read(990, 20), std::out_of_range);
+  }
+}
+
+TEST(TokenFile, RejectsBadFilesWithTheirName) {
+  TempDir dir;
+  write_text(dir.file("junk.tok"), std::string(64, 'x'));
+  EXPECT_NE(expect_throw_message([&] { TokenFile f(dir.file("junk.tok")); }).find("bad magic"), std::string::npos);
+  write_token_file(dir.file("good.tok"), {1, 2, 3, 4}, 256);
+  fs::resize_file(dir.file("good.tok"), 32 + 5);  // truncated mid-token
+  auto message = expect_throw_message([&] { TokenFile f(dir.file("good.tok")); });
+  EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+  EXPECT_NE(message.find("good.tok"), std::string::npos) << message;
+  EXPECT_NE(expect_throw_message([&] { TokenFile f(dir.file("missing.tok")); }).find("cannot open"), std::string::npos);
+  EXPECT_THROW(write_token_file(dir.file("bad.tok"), {1, 300}, 256), std::invalid_argument);
+  EXPECT_FALSE(fs::exists(dir.file("bad.tok")));
+}
+
+TEST(Tokenizer, ByteRoundTrip) {
+  ByteTokenizer bytes;
+  const std::string text = "fortune\n%\n\xc3\xa9t\xc3\xa9";
+  EXPECT_EQ(bytes.decode(bytes.encode(text)), text);
+  EXPECT_EQ(bytes.encode("A")[0], 65);
+}
+
+TEST(Tokenizer, Gpt2PreTokenisationFollowsThePattern) {
+  auto words = Gpt2BpeTokenizer::split_words("Hello world's  end 123!!\n\nok");
+  const std::vector<std::string> expected = {"Hello", " world", "'s", " ", " end", " 123", "!!", "\n", "\n", "ok"};
+  EXPECT_EQ(words, expected);
+}
+
+// A tiny byte-level BPE written by the test: 256 byte symbols, three merges and <|endoftext|>.
+// GPT-2 writes a space as "Ġ" (U+0120) in its vocabulary.
+struct TinyBpe {
+  TempDir dir;
+  TinyBpe() {
+    // Byte symbols in GPT-2's order: printable Latin-1 as themselves, the rest as U+0100 onwards.
+    std::vector<std::string> symbols(256);
+    int extra = 0;
+    auto utf8 = [](int cp) {
+      std::string s;
+      if (cp < 0x80) {
+        s += static_cast<char>(cp);
+      } else {
+        s += static_cast<char>(0xC0 | (cp >> 6));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+      return s;
+    };
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      symbols[b] = utf8(printable ? b : 256 + extra++);
+    }
+    auto escape = [](const std::string& s) {
+      std::string out;
+      for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+      }
+      return out;
+    };
+    std::string json = "{";
+    for (int b = 0; b < 256; ++b) json += "\"" + escape(symbols[b]) + "\": " + std::to_string(b) + ", ";
+    json += "\"th\": 256, \"\xc4\xa0th\": 257, \"\xc4\xa0the\": 258, \"<|endoftext|>\": 259}";
+    write_text(dir.file("vocab.json"), json);
+    write_text(dir.file("merges.txt"), "#version: 0.2\nt h\n\xc4\xa0 th\n\xc4\xa0th e\n");
+  }
+};
+
+TEST(Tokenizer, Gpt2BpeAppliesMergesByPriority) {
+  TinyBpe bpe;
+  Gpt2BpeTokenizer tokenizer(bpe.dir.file("vocab.json"), bpe.dir.file("merges.txt"));
+  EXPECT_EQ(tokenizer.vocab_size(), 260);
+  EXPECT_EQ(tokenizer.end_of_text(), 259);
+  // "the the": "the" -> t h e -> th e (no merge "th e") ; " the" -> Ġ t h e -> Ġ th e -> Ġth e -> Ġthe
+  EXPECT_EQ(tokenizer.encode("the the"), (std::vector<int32_t>{256, 'e', 258}));
+  const std::string text = "Then, the\tend: \xc3\xa9l\xc3\xa8ve 42!\n";
+  EXPECT_EQ(tokenizer.decode(tokenizer.encode(text)), text);
+  EXPECT_EQ(tokenizer.decode({258, 259}), " the<|endoftext|>");
+}
+
+TEST(Tokenizer, Gpt2BpeRejectsBadFiles) {
+  TinyBpe bpe;
+  write_text(bpe.dir.file("bad.json"), "{\"a\": 0,");
+  EXPECT_NE(expect_throw_message([&] { Gpt2BpeTokenizer t(bpe.dir.file("bad.json"), bpe.dir.file("merges.txt")); })
+                .find("not valid JSON"),
+            std::string::npos);
+  write_text(bpe.dir.file("bad_merges.txt"), "t h\nonlyone\n");
+  auto message = expect_throw_message([&] { Gpt2BpeTokenizer t(bpe.dir.file("vocab.json"), bpe.dir.file("bad_merges.txt")); });
+  EXPECT_NE(message.find("bad_merges.txt:2"), std::string::npos) << message;
+  EXPECT_THROW(make_tokenizer("sentencepiece"), std::invalid_argument);
+}
+
+TEST(Corpus, ReadsFortunesAndSplitsStably) {
+  TempDir dir;
+  write_text(dir.file("wisdom"), "First fortune.\n%\nSecond\n  -- someone\n%\n\n%\nThird.\n");
+  write_text(dir.file("wisdom.dat"), std::string("\x00\x01binary", 8));
+  write_text(dir.file("wisdom.u8"), "First fortune.\n");
+  auto docs = read_fortunes(dir.file(""));
+  ASSERT_EQ(docs.size(), 3u);
+  EXPECT_EQ(docs[0].text, "First fortune.\n");
+  EXPECT_EQ(docs[1].text, "Second\n  -- someone\n");
+  EXPECT_EQ(docs[2].text, "Third.\n");
+  // The split depends on each document's text alone.
+  std::vector<Document> many;
+  for (int i = 0; i < 400; ++i) many.push_back({"f", "fortune number " + std::to_string(i) + "\n"});
+  auto split = split_documents(many, 10);
+  EXPECT_EQ(split.train.size() + split.validation.size(), 400u);
+  EXPECT_GT(split.validation.size(), 20u);
+  EXPECT_LT(split.validation.size(), 60u);
+  std::vector<Document> reversed(many.rbegin(), many.rend());
+  auto split2 = split_documents(reversed, 10);
+  std::set<std::string> a, b;
+  for (auto& d : split.validation) a.insert(d.text);
+  for (auto& d : split2.validation) b.insert(d.text);
+  EXPECT_EQ(a, b);
+  ByteTokenizer bytes;
+  EXPECT_EQ(bytes.decode(tokenize_documents({docs[0], docs[2]}, bytes)), "First fortune.\n%\nThird.\n%\n");
+  EXPECT_NE(expect_throw_message([] { read_fortunes("/nonexistent/fortunes"); }).find("apt-get install fortunes"),
+            std::string::npos);
+}
+
+TEST(Corpus, DebianFortunesArePresent) {
+  auto docs = read_fortunes(kFortunesDir);
+  EXPECT_GT(docs.size(), 10000u);  // the fortunes package holds ~15k
+}
+
+void write_idx_gz(const std::string& path, const std::vector<unsigned char>& header, const std::vector<unsigned char>& data) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  gzwrite(file, header.data(), static_cast<unsigned>(header.size()));
+  if (!data.empty()) gzwrite(file, data.data(), static_cast<unsigned>(data.size()));
+  gzclose(file);
+}
+
+TEST(Images, ReadsGzippedIdxAndRejectsTruncated) {
+  TempDir dir;
+  std::vector<unsigned char> pixels(2 * 3 * 4);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<unsigned char>(i * 10);
+  write_idx_gz(dir.file("x.gz"), {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4}, pixels);
+  auto t = read_idx(dir.file("x.gz"));
+  EXPECT_EQ(t.sizes(), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(t[1][2][3].item<int>(), 230);
+  write_idx_gz(dir.file("short.gz"), {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4}, {1, 2, 3});
+  EXPECT_NE(expect_throw_message([&] { read_idx(dir.file("short.gz")); }).find("truncated"), std::string::npos);
+  EXPECT_NE(expect_throw_message([&] { load_fashion_mnist(dir.file("none"), "train"); }).find("dataset-fashion-mnist"),
+            std::string::npos);
+}
+
+TEST(Images, FashionMnistHasThePublishedSplit) {
+  auto test = load_fashion_mnist(kFashionMnistDir, "test");
+  EXPECT_EQ(test.images.sizes(), (std::vector<int64_t>{10000, 1, 28, 28}));
+  EXPECT_EQ(test.labels.bincount().min().item<int64_t>(), 1000);  // 1,000 test images per class
+  // Normalised with the training set's statistics: the test set's mean is near 0, std near 1.
+  EXPECT_NEAR(test.images.mean().item<double>(), 0.0, 0.05);
+  EXPECT_NEAR(test.images.std().item<double>(), 1.0, 0.05);
+}
+
+TEST(Sampler, RanksTakeDisjointSharesOfTheSameGlobalBatch) {
+  GlobalBatchSampler sampler(100, 12, 42);
+  for (int64_t step : {0, 7, 8, 9, 123}) {  // 100 / 12: steps 8 and 9 cross an epoch boundary
+    std::vector<int64_t> whole = sampler.indices(step, 0, 1);
+    for (int world : {2, 3, 4}) {
+      std::vector<int64_t> joined;
+      for (int r = 0; r < world; ++r) {
+        auto part = sampler.indices(step, r, world);
+        EXPECT_EQ(part.size(), 12u / world);
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+      EXPECT_EQ(joined, whole) << "step " << step << " world " << world;
+    }
+  }
+  // Each epoch visits every item once; a fresh sampler (a resumed run) gives the same indices.
+  std::vector<int64_t> epoch;
+  for (int64_t step = 0; step < 25; ++step) {
+    for (int64_t i : GlobalBatchSampler(100, 4, 42).indices(step, 0, 1)) epoch.push_back(i);
+  }
+  std::set<int64_t> distinct(epoch.begin(), epoch.end());
+  EXPECT_EQ(distinct.size(), 100u);
+  EXPECT_NE(GlobalBatchSampler(100, 4, 43).indices(0, 0, 1), GlobalBatchSampler(100, 4, 42).indices(0, 0, 1));
+  EXPECT_THROW(sampler.indices(0, 0, 5), std::invalid_argument);
+}
+
+TEST(Datasets, TokenWindowsShiftTargetsByOne) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 50; ++i) tokens.push_back(i);
+  TokenWindows windows(std::make_shared<TokenBuffer>(tokens, 256), 8);
+  EXPECT_EQ(windows.size(), 6);  // (50 - 1) / 8
+  auto batch = windows.get({0, 5});
+  EXPECT_EQ(batch.inputs[1][0].item<int64_t>(), 40);
+  EXPECT_EQ(batch.targets[1][7].item<int64_t>(), 48);
+  EXPECT_TRUE(torch::equal(batch.inputs.narrow(1, 1, 7), batch.targets.narrow(1, 0, 7)));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Images, HorizontalFlipDependsOnSeedStepAndIndexOnly) {
+  auto images = torch::arange(2 * 1 * 2 * 3, torch::kFloat).view({2, 1, 2, 3}).repeat({50, 1, 1, 1});  // [100, 1, 2, 3]
+  std::vector<int64_t> indices(100);
+  for (int64_t i = 0; i < 100; ++i) indices[i] = 1000 + i;
+  auto flipped = images.clone();
+  fsdp::data::random_horizontal_flip(flipped, indices, 7, 42);
+  int mirrored = 0;
+  for (int64_t i = 0; i < 100; ++i) {
+    const bool same = torch::equal(flipped[i], images[i]);
+    EXPECT_TRUE(same || torch::equal(flipped[i], images[i].flip({-1}))) << i;
+    mirrored += same ? 0 : 1;
+  }
+  EXPECT_GT(mirrored, 30);
+  EXPECT_LT(mirrored, 70);
+  // The same sample at the same step flips the same way in any batch (any rank's share).
+  auto one = images.narrow(0, 37, 1).clone();
+  fsdp::data::random_horizontal_flip(one, {1037}, 7, 42);
+  EXPECT_TRUE(torch::equal(one[0], flipped[37]));
+}
+
+}  // namespace

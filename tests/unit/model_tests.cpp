@@ -1,0 +1,166 @@
+// The model zoo: published parameter counts, layers against slow direct implementations, causality.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "fsdp/models/layers.h"
+#include "fsdp/models/registry.h"
+
+namespace {
+
+using fsdp::models::model_config;
+using fsdp::models::parameter_count;
+
+int64_t counted(const std::shared_ptr<torch::nn::Module>& module) {
+  int64_t total = 0;
+  for (const auto& p : module->parameters()) total += p.numel();
+  return total;
+}
+
+// Published counts (Hugging Face model cards / configs), exact.
+TEST(ModelZoo, PublishedParameterCounts) {
+  EXPECT_EQ(parameter_count(model_config("gpt2")), 124439808);        // GPT-2 124M, tied embeddings
+  EXPECT_EQ(parameter_count(model_config("gpt2-medium")), 354823168);
+  EXPECT_EQ(parameter_count(model_config("gpt2-large")), 774030080);
+  EXPECT_EQ(parameter_count(model_config("gpt2-xl")), 1557611200);
+  EXPECT_EQ(parameter_count(model_config("llama3-8b")), 8030261248);  // Meta-Llama-3-8B
+  EXPECT_EQ(parameter_count(model_config("llama3-70b")), 70553706496);
+  EXPECT_EQ(parameter_count(model_config("llama3-1b")), 1235814400);  // Llama-3.2-1B, tied
+  EXPECT_EQ(parameter_count(model_config("vit-s16")), 22050664);      // timm vit_small_patch16_224
+  EXPECT_EQ(parameter_count(model_config("vit-b16")), 86567656);      // timm vit_base_patch16_224
+  EXPECT_EQ(parameter_count(model_config("vit-l16")), 304326632);     // timm vit_large_patch16_224
+}
+
+// The formula is what a built model holds: every small size, and GPT-2 124M itself (0.5 GB).
+TEST(ModelZoo, FormulaMatchesBuiltModels) {
+  for (const auto& name : fsdp::models::model_names()) {
+    auto config = model_config(name);
+    if (parameter_count(config) > 130'000'000) continue;  // the 8B would need 32 GB
+    auto built = fsdp::models::build_model(config);
+    EXPECT_EQ(counted(built.module), parameter_count(config)) << name;
+  }
+}
+
+TEST(ModelZoo, UnknownNameListsKnownOnes) {
+  try {
+    model_config("gpt5");
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown model 'gpt5'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("llama3-8b"), std::string::npos);
+  }
+}
+
+TEST(ModelZoo, FlopsPerTokenIsSixTimesMatmulWeightsPlusAttention) {
+  // GPT-2 124M at 1024 tokens: matmul weights = blocks (12 x 12 x 768^2) + tied head (50257 x 768).
+  const double weights = 12.0 * 12 * 768 * 768 + 50257.0 * 768;
+  EXPECT_DOUBLE_EQ(fsdp::models::flops_per_sample(model_config("gpt2"), 1024), 6 * weights + 12.0 * 12 * 1024 * 768);
+}
+
+// Slow attention: explicit loops in fp64 over batch, head, query and key positions.
+at::Tensor slow_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  auto qd = q.to(at::kDouble), kd = k.to(at::kDouble), vd = v.to(at::kDouble);
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3), group = h / k.size(1);
+  auto out = at::zeros({b, h, t, d}, at::kDouble);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t hi = 0; hi < h; ++hi) {
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t last = causal ? i : t - 1;
+        std::vector<double> scores;
+        double max_score = -1e300;
+        for (int64_t j = 0; j <= last; ++j) {
+          double s = (qd[bi][hi][i] * kd[bi][hi / group][j]).sum().item<double>() / std::sqrt(static_cast<double>(d));
+          scores.push_back(s);
+          max_score = std::max(max_score, s);
+        }
+        double total = 0;
+        for (double& s : scores) total += (s = std::exp(s - max_score));
+        for (int64_t j = 0; j <= last; ++j) out[bi][hi][i] += vd[bi][hi / group][j] * (scores[j] / total);
+      }
+    }
+  }
+  return out;
+}
+
+// Tolerance 1e-5: fp32 attention against fp64 loops on unit-scale inputs (errors ~1e-7).
+TEST(Layers, AttentionMatchesSlowDirectImplementation) {
+  torch::manual_seed(3);
+  for (bool causal : {true, false}) {
+    for (int64_t kv_heads : {4, 2, 1}) {  // multi-head, grouped-query, multi-query
+      auto q = torch::randn({2, 4, 5, 8}), k = torch::randn({2, kv_heads, 5, 8}), v = torch::randn({2, kv_heads, 5, 8});
+      auto fast = fsdp::models::attention(q, k, v, causal).to(at::kDouble);
+      auto slow = slow_attention(q, k, v, causal);
+      EXPECT_LE((fast - slow).abs().max().item<double>(), 1e-5) << "causal " << causal << " kv_heads " << kv_heads;
+    }
+  }
+}
+
+// Rotary embedding by its definition: the pair (c, c + d/2) at position p rotated by the angle
+// p * theta^(-2c/d), computed element by element in fp64.
+TEST(Layers, RotaryMatchesSlowDirectImplementation) {
+  torch::manual_seed(4);
+  const int64_t t = 7, d = 8;
+  const double theta = 10000.0;
+  auto x = torch::randn({1, 2, t, d});
+  auto [cos, sin] = fsdp::models::rotary_tables(t, d, theta);
+  auto fast = fsdp::models::apply_rotary(x, cos, sin).to(at::kDouble);
+  auto xd = x.to(at::kDouble);
+  auto slow = at::zeros_like(xd);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t p = 0; p < t; ++p) {
+      for (int64_t c = 0; c < d / 2; ++c) {
+        const double angle = p * std::pow(theta, -2.0 * c / d);
+        const double a = xd[0][h][p][c].item<double>(), b = xd[0][h][p][c + d / 2].item<double>();
+        slow[0][h][p][c] = a * std::cos(angle) - b * std::sin(angle);
+        slow[0][h][p][c + d / 2] = b * std::cos(angle) + a * std::sin(angle);
+      }
+    }
+  }
+  EXPECT_LE((fast - slow).abs().max().item<double>(), 1e-5);
+  // What rotary embeddings are for: q.k depends on positions only through their difference.
+  auto q = torch::randn({1, 1, 1, d}), k = torch::randn({1, 1, 1, d});
+  auto at_position = [&](const at::Tensor& v, int64_t p) {
+    return fsdp::models::apply_rotary(v, cos.narrow(0, p, 1), sin.narrow(0, p, 1));
+  };
+  auto dot_1_3 = (at_position(q, 3) * at_position(k, 1)).sum().item<double>();
+  auto dot_4_6 = (at_position(q, 6) * at_position(k, 4)).sum().item<double>();
+  EXPECT_NEAR(dot_1_3, dot_4_6, 1e-5);
+}
+
+// A causal language model's logits at position i do not depend on tokens after i.
+TEST(Models, LanguageModelsAreCausal) {
+  for (const char* name : {"gpt-test", "llama-test"}) {
+    torch::manual_seed(5);
+    auto model = fsdp::models::build_model(model_config(name));
+    auto ids = torch::randint(0, 256, {2, 10}, torch::kLong);
+    auto changed = ids.clone();
+    changed.narrow(1, 6, 4).random_(0, 256);
+    torch::NoGradGuard no_grad;
+    auto a = model.forward(ids), b = model.forward(changed);
+    EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 10, 256})) << name;
+    EXPECT_TRUE(torch::equal(a.narrow(1, 0, 6), b.narrow(1, 0, 6))) << name;
+    EXPECT_FALSE(torch::equal(a.narrow(1, 6, 4), b.narrow(1, 6, 4))) << name;
+  }
+}
+
+TEST(Models, VitClassifiesImages) {
+  auto model = fsdp::models::build_model(model_config("vit-test"));
+  auto logits = model.forward(torch::randn({3, 1, 28, 28}));
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 10}));
+  EXPECT_THROW(model.forward(torch::randn({3, 1, 32, 32})), c10::Error);
+}
+
+// GPT-2's initialisation: std 0.02, residual projections 0.02 / sqrt(2 * layers).
+TEST(Models, GptInitialisationFollowsGpt2) {
+  auto config = std::get<fsdp::models::GptConfig>(model_config("gpt-mini"));  // 6 layers, width 256
+  torch::manual_seed(6);
+  fsdp::models::Gpt model(config);
+  auto block = model->h->ptr<fsdp::models::GptBlockImpl>(0);
+  EXPECT_NEAR(block->attn->c_attn->weight.std().item<double>(), 0.02, 0.001);
+  EXPECT_NEAR(block->mlp->c_proj->weight.std().item<double>(), 0.02 / std::sqrt(12.0), 0.0005);
+  EXPECT_EQ(block->attn->c_attn->bias.abs().max().item<double>(), 0.0);
+  EXPECT_NEAR(model->wte->weight.std().item<double>(), 0.02, 0.001);
+}
+
+}  // namespace

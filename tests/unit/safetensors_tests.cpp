@@ -1,0 +1,111 @@
+// safetensors: the format as specified (checked on bytes the test lays out by hand), round trips,
+// ranges, and every kind of bad file refused with its name.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/checkpoint/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using fsdp::checkpoint::SafetensorsFile;
+
+std::string temp_path(const std::string& name) {
+  return (fs::temp_directory_path() / ("fsdp_st_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+// A file as the specification lays it out: u64 header length, JSON header, data.
+void write_raw(const std::string& path, const std::string& header, const std::string& data, int64_t claimed_length = -1) {
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t length = claimed_length >= 0 ? static_cast<uint64_t>(claimed_length) : header.size();
+  out.write(reinterpret_cast<const char*>(&length), 8);
+  out << header << data;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    SafetensorsFile file(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Safetensors, ReadsAFileWrittenToTheSpecification) {
+  const std::string path = temp_path("spec.safetensors");
+  float values[3] = {1.5f, -2.0f, 3.25f};
+  std::string data(reinterpret_cast<const char*>(values), 12);
+  data += std::string("\x01\x00\x02\x00", 4);  // "b": U8 [2, 2]
+  write_raw(path,
+            R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+            R"("b":{"dtype":"U8","shape":[2,2],"data_offsets":[12,16]}})",
+            data);
+  SafetensorsFile file(path);
+  EXPECT_EQ(file.metadata().at("format"), "pt");
+  EXPECT_TRUE(torch::equal(file.read("a"), torch::tensor({1.5f, -2.0f, 3.25f})));
+  EXPECT_EQ(file.read("b").sizes(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(file.read("b")[1][0].item<int>(), 2);
+  EXPECT_TRUE(torch::equal(file.read_range("a", 1, 2), torch::tensor({-2.0f, 3.25f})));
+  fs::remove(path);
+}
+
+TEST(Safetensors, RoundTripsDtypesAndShapes) {
+  const std::string path = temp_path("round.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"w", torch::randn({3, 5})}, {"h", torch::randn({7}).to(torch::kBFloat16)}, {"i", torch::arange(6, torch::kLong).view({2, 3})},
+      {"empty", torch::zeros({0, 4})}};
+  fsdp::checkpoint::write_safetensors(path, tensors, {{"step", "12"}});
+  SafetensorsFile file(path);
+  for (const auto& [name, tensor] : tensors) EXPECT_TRUE(torch::equal(file.read(name), tensor)) << name;
+  EXPECT_EQ(file.metadata().at("step"), "12");
+  // The header is padded so that the data starts 8-byte aligned.
+  std::ifstream in(path, std::ios::binary);
+  uint64_t length = 0;
+  in.read(reinterpret_cast<char*>(&length), 8);
+  EXPECT_EQ(length % 8, 0u);
+  EXPECT_THROW(file.read_range("w", 10, 6), std::out_of_range);
+  EXPECT_THROW(file.read("nope"), std::runtime_error);
+  fs::remove(path);
+}
+
+TEST(Safetensors, RefusesBadFiles) {
+  const std::string path = temp_path("bad.safetensors");
+  const std::string good_header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  write_raw(path, good_header, std::string(8, '\0'), 1ll << 40);
+  EXPECT_NE(error_of(path).find("bad header length"), std::string::npos);
+  write_raw(path, R"({"a": [1, 2)", "");
+  EXPECT_NE(error_of(path).find("not valid JSON"), std::string::npos);
+  write_raw(path, good_header, std::string(5, '\0'));  // data truncated
+  EXPECT_NE(error_of(path).find("truncated"), std::string::npos) << error_of(path);
+  write_raw(path, R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", std::string(8, '\0'));
+  EXPECT_NE(error_of(path).find("unsupported dtype 'Q4'"), std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(12, '\0'));
+  EXPECT_NE(error_of(path).find("do not hold its 12 bytes"), std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            std::string(12, '\0'));
+  EXPECT_NE(error_of(path).find("overlap"), std::string::npos);
+  write_raw(path, R"({"a":{"dtype":"F32","shape":[2]}})", std::string(8, '\0'));
+  EXPECT_NE(error_of(path).find("malformed header entry"), std::string::npos);
+  EXPECT_NE(error_of(path).find(path), std::string::npos) << "the message names the file";
+  fs::remove(path);
+}
+
+TEST(Safetensors, UnfinishedWriterLeavesNothing) {
+  const std::string path = temp_path("unfinished.safetensors");
+  {
+    auto tensors = std::vector<std::pair<std::string, at::Tensor>>{{"a", torch::ones({2})}, {"b", torch::ones({2})}};
+    fsdp::checkpoint::SafetensorsWriter writer(path, fsdp::checkpoint::layout_tensors(tensors));
+    writer.write("a", tensors[0].second);
+    EXPECT_THROW(writer.finish(), std::logic_error);  // "b" never written
+  }
+  EXPECT_FALSE(fs::exists(path));
+  for (const auto& entry : fs::directory_iterator(fs::temp_directory_path())) {
+    EXPECT_EQ(entry.path().string().find(path + ".tmp"), std::string::npos) << "temporary file left behind";
+  }
+}
+
+}  // namespace
