@@ -25,16 +25,36 @@ Batch ImageDataset::get(const std::vector<int64_t>& indices) const {
   return {set_.images.index_select(0, index), set_.labels.index_select(0, index)};
 }
 
+namespace {
+// splitmix64 of (seed, step, index, salt): well mixed, and specified here (not by a library).
+uint64_t sample_hash(uint64_t seed, int64_t step, int64_t index, uint64_t salt) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(step) * 0xBF58476D1CE4E5B9ull ^
+               static_cast<uint64_t>(index) * 0x94D049BB133111EBull ^ salt;
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+}  // namespace
+
+void random_shift(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed, int64_t max_shift,
+                  double background) {
+  const int64_t h = images.size(-2), w = images.size(-1), span = 2 * max_shift + 1;
+  for (size_t row = 0; row < indices.size(); ++row) {
+    const uint64_t x = sample_hash(seed, step, indices[row], 0x5348494654ull);
+    const int64_t dy = static_cast<int64_t>(x % span), dx = static_cast<int64_t>((x / span) % span);
+    if (dy == max_shift && dx == max_shift) continue;  // no move
+    at::Tensor image = images[static_cast<int64_t>(row)];
+    at::Tensor padded = at::constant_pad_nd(image, {max_shift, max_shift, max_shift, max_shift}, background);
+    image.copy_(padded.narrow(-2, dy, h).narrow(-1, dx, w));
+  }
+}
+
 void random_horizontal_flip(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed) {
   for (size_t row = 0; row < indices.size(); ++row) {
-    // splitmix64 of the three: well mixed, and specified here (not by a library's generator).
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(step) * 0xBF58476D1CE4E5B9ull ^
-                 static_cast<uint64_t>(indices[row]) * 0x94D049BB133111EBull;
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBull;
-    x ^= x >> 31;
+    const uint64_t x = sample_hash(seed, step, indices[row], 0);
     if (x & 1) {
       at::Tensor image = images[static_cast<int64_t>(row)];
       image.copy_(image.flip({-1}));

@@ -271,8 +271,8 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(language == (d.source != "fashion_mnist"), r,
         "data.source '" + d.source + "' does not suit the " + models::family_name(c.model) + " model '" + c.model_name +
             "' (" + (language ? "language models read fortunes or token_files" : "ViT reads fashion_mnist") + ")");
-  check(d.augment == "none" || (d.augment == "hflip" && !language), r,
-        "data.augment '" + d.augment + "' (expected none, or hflip for images)");
+  check(d.augment == "none" || ((d.augment == "hflip" || d.augment == "shift" || d.augment == "shift+hflip") && !language), r,
+        "data.augment '" + d.augment + "' (expected none, or for images hflip, shift or shift+hflip)");
   check(d.tokenizer == "byte" || d.tokenizer == "gpt2", r, "data.tokenizer '" + d.tokenizer + "' (expected byte or gpt2)");
   check(d.tokenizer != "gpt2" || (!d.vocab_json.empty() && !d.merges_txt.empty()), r,
         "data.tokenizer 'gpt2' needs data.vocab_json and data.merges_txt");

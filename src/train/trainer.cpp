@@ -299,7 +299,12 @@ class Trainer {
       for (int64_t m = 0; m < config_.micro_batches; ++m) {
         std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
         data::Batch batch = data_.train->get(part);
-        if (config_.data.augment == "hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
+        const std::string& augment = config_.data.augment;
+        if (augment == "shift" || augment == "shift+hflip") {
+          // Background: a black pixel after normalisation.
+          data::random_shift(batch.inputs, part, step, config_.seed, 2, -data::kFashionMnistMean / data::kFashionMnistStd);
+        }
+        if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
         state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
         at::Tensor loss = loss_of(model_.forward(batch.inputs), batch.targets, torch::kMean) /
                           static_cast<double>(config_.micro_batches);

@@ -280,3 +280,29 @@ TEST(Images, HorizontalFlipDependsOnSeedStepAndIndexOnly) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Images, ShiftMovesByAtMostTwoPixelsDeterministically) {
+  auto images = torch::zeros({40, 1, 28, 28});
+  images.select(2, 14).select(2, 14).fill_(1.0);  // one bright pixel at (14, 14) in every image
+  std::vector<int64_t> indices(40);
+  for (int64_t i = 0; i < 40; ++i) indices[i] = i;
+  auto shifted = images.clone();
+  fsdp::data::random_shift(shifted, indices, 3, 9, 2, -0.5);
+  int moved = 0;
+  for (int64_t i = 0; i < 40; ++i) {
+    auto where = (shifted[i][0] == 1.0).nonzero();
+    ASSERT_EQ(where.size(0), 1) << i;
+    const int64_t y = where[0][0].item<int64_t>(), x = where[0][1].item<int64_t>();
+    EXPECT_LE(std::abs(y - 14), 2);
+    EXPECT_LE(std::abs(x - 14), 2);
+    moved += (y != 14 || x != 14);
+  }
+  EXPECT_GT(moved, 25);
+  auto again = images.clone();
+  fsdp::data::random_shift(again, indices, 3, 9, 2, -0.5);
+  EXPECT_TRUE(torch::equal(again, shifted));
+}
+
+}  // namespace

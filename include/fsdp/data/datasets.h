@@ -51,5 +51,9 @@ class ImageDataset final : public Dataset {
 // a hash of (seed, step, sample index) alone, so a global batch is augmented the same whatever the
 // number of ranks, and a resumed run repeats it exactly. images [b, c, h, w], indices [b].
 void random_horizontal_flip(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed);
+// Moves each image by up to max_shift pixels in each direction (padding with `background`), by the
+// same kind of hash: the "random crop with padding" of image classification recipes.
+void random_shift(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed, int64_t max_shift,
+                  double background);
 
 }  // namespace fsdp::data

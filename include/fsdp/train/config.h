@@ -37,7 +37,7 @@ struct DataConfig {
   std::string vocab_json, merges_txt;      // gpt2 tokenizer files
   int validation_percent = 5;              // fortunes: share of documents held out
   std::string train_tokens, validation_tokens;  // token_files: files made by fsdp-data
-  std::string augment = "none";            // images: none | hflip (mirror half the training images)
+  std::string augment = "none";            // images: none | hflip (mirror half) | shift (up to 2 px) | shift+hflip
 };
 
 struct OptimizerConfig {
