@@ -159,6 +159,8 @@ void FlatParam::verify_same_across_ranks(bool broadcast_from_rank0) {
 
 void FlatParam::prefix_names(const std::string& prefix) {
   if (prefix.empty()) return;
+  // A unit built before its path was known (build_fully_sharded) learns its name here too.
+  if (unit_name_.empty() || unit_name_ == "<root>") unit_name_ = prefix;
   for (FlatEntry& entry : layout_.entries) {
     entry.name = prefix + "." + entry.name;
     for (std::string& alias : entry.aliases) alias = prefix + "." + alias;
