@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "fsdp/checkpoint/safetensors.h"
+#include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
 
 namespace fsdp::checkpoint {
@@ -190,12 +191,7 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
     WeightFiles weights(path);
     for (size_t f = 0; f < flats.size(); ++f) {
       const auto& layout = flats[f]->layout();
-      // This rank's range of the unpadded flat buffer.
-      int64_t begin = 0, end = layout.numel;
-      if (!flats[f]->replicated()) {
-        begin = std::min<int64_t>(flats[f]->shard_index() * layout.shard_numel, layout.numel);
-        end = std::min<int64_t>(begin + layout.shard_numel, layout.numel);
-      }
+      const auto [begin, end] = held_range(*flats[f]);
       at::Tensor out = at::zeros({end - begin}, at::kFloat);
       for (const auto& entry : layout.entries) {
         const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "fsdp/checkpoint/safetensors.h"
+#include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
 
 namespace fsdp::checkpoint {
@@ -38,24 +39,6 @@ std::string step_dir_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(step));
   return name;
-}
-
-// Elements [begin, end) of a FlatParam's unpadded buffer that rank r of `world` stores.
-std::pair<int64_t, int64_t> saved_range(int64_t numel, int world, int rank) {
-  const int64_t k = (numel + world - 1) / world;
-  const int64_t begin = std::min<int64_t>(static_cast<int64_t>(rank) * k, numel);
-  return {begin, std::min<int64_t>(begin + k, numel)};
-}
-
-// What this rank holds of a FlatParam now: range of the unpadded buffer, and where it starts in shard().
-struct HeldRange {
-  int64_t begin = 0, end = 0, shard_offset = 0;
-};
-HeldRange held_range(const shard::FlatParam& flat) {
-  const auto& layout = flat.layout();
-  if (flat.replicated()) return {0, layout.numel, 0};
-  const int64_t begin = std::min<int64_t>(flat.shard_index() * layout.shard_numel, layout.numel);
-  return {begin, std::min<int64_t>(begin + layout.shard_numel, layout.numel), 0};
 }
 
 void fsync_path(const fs::path& path) {
@@ -168,9 +151,8 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (size_t i = 0; i < flats.size(); ++i) {
       const auto [begin, end] = saved_range(flats[i]->layout().numel, world, rank);
-      const HeldRange held = held_range(*flats[i]);
       // What this rank stores is inside what it holds: replicated holds all; sharded holds exactly it.
-      const int64_t offset = held.shard_offset + (begin - held.begin);
+      const int64_t offset = begin - held_range(*flats[i]).first;
       tensors.emplace_back("p" + std::to_string(i) + ".param", flats[i]->shard().narrow(0, offset, end - begin));
       if (optimizer == nullptr) continue;
       for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
@@ -295,15 +277,15 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
       return out;
     };
     for (size_t i = 0; i < flats.size(); ++i) {
-      const HeldRange held = held_range(*flats[i]);
-      params[i] = gather("param", i, held.begin, held.end);
+      const auto [begin, end] = held_range(*flats[i]);
+      params[i] = gather("param", i, begin, end);
     }
     if (optimizer != nullptr) {
       const auto names = optimizer->state_names();
       for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
         const size_t i = std::find(flats.begin(), flats.end(), optimizer->flat_of_slot(slot)) - flats.begin();
-        const HeldRange held = held_range(*flats[i]);
-        for (const auto& name : names) optimizer_state[slot].push_back(gather(name, i, held.begin, held.end));
+        const auto [begin, end] = held_range(*flats[i]);
+        for (const auto& name : names) optimizer_state[slot].push_back(gather(name, i, begin, end));
       }
     }
     if (saved_world == world) rng = file_of(rank).read("rng");
@@ -311,16 +293,14 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
 
   // Every rank read its pieces: now copy them in (padding stays as it is: zeros).
   for (size_t i = 0; i < flats.size(); ++i) {
-    const HeldRange held = held_range(*flats[i]);
-    flats[i]->shard().narrow(0, held.shard_offset, held.end - held.begin).copy_(params[i]);
+    flats[i]->shard().narrow(0, 0, params[i].numel()).copy_(params[i]);
   }
   if (optimizer != nullptr) {
     for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
-      const HeldRange held = held_range(*optimizer->flat_of_slot(slot));
       for (size_t w = 0; w < optimizer_state[slot].size(); ++w) {
         at::Tensor& target = optimizer->state_tensor(slot, w);
         target.zero_();
-        target.narrow(0, held.shard_offset, held.end - held.begin).copy_(optimizer_state[slot][w]);
+        target.narrow(0, 0, optimizer_state[slot][w].numel()).copy_(optimizer_state[slot][w]);
       }
     }
     optimizer->set_step_count(optimizer_steps);
