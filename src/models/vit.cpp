@@ -103,7 +103,8 @@ at::Tensor VitImpl::forward(const at::Tensor& images) {
               "vit: expected images [b, ", config_.channels, ", ", config_.image_size, ", ", config_.image_size,
               "], got ", images.sizes());
   const int64_t b = images.size(0);
-  auto patches = patch_embed(images).flatten(2).transpose(1, 2);  // [b, patches, dim]
+  // Images arrive as float32; the model may compute in another dtype (mixed precision).
+  auto patches = patch_embed(images.to(patch_embed->weight.scalar_type())).flatten(2).transpose(1, 2);  // [b, patches, dim]
   auto x = torch::cat({cls_token.expand({b, 1, config_.dim}), patches}, 1) + pos_embed;
   for (size_t i = 0; i < blocks->size(); ++i) x = fsdp::nn::call(blocks->ptr<VitBlockImpl>(i), x);
   return head(norm(x).select(1, 0));

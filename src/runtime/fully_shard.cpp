@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <set>
@@ -108,6 +109,8 @@ class Unit {
                                                      aliases[kind], group, replicate, kind == 0);
       flat->verify_same_across_ranks(options.sync_module_states);
       flat->reshard();
+      // Before the grad accumulators exist: a dtype change would drop them.
+      flat->set_precision(options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype);
       (kind == 0 ? trainable_ : frozen_) = std::move(flat);
     }
     if (trainable_) {
@@ -124,12 +127,26 @@ class Unit {
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
   bool is_root() const { return is_root_; }
   bool ran_forward() const { return forward_ran_; }
+  bool ran_pre_backward() const { return pre_backward_ran_; }
+  bool is_prefetched() const { return prefetched_; }
 
   std::vector<shard::FlatParam*> flat_params() const {
     std::vector<shard::FlatParam*> out;
     if (trainable_) out.push_back(trainable_.get());
     if (frozen_) out.push_back(frozen_.get());
     return out;
+  }
+
+  int64_t gathered_bytes() const {
+    int64_t bytes = 0;
+    for (shard::FlatParam* flat : flat_params()) bytes += flat->gathered_bytes();
+    return bytes;
+  }
+
+  int64_t unsharded_param_bytes() const {
+    int64_t bytes = 0;
+    for (shard::FlatParam* flat : flat_params()) bytes += flat->unsharded_bytes();
+    return bytes;
   }
 
   // Gives the unit its final name and a back-pointer to its state, and installs the forward hooks.
@@ -147,6 +164,7 @@ class Unit {
     } else {
       hooks.pre_forward = [this] { pre_forward(); };
       hooks.post_forward = [this](const std::vector<at::Tensor>& outputs) { post_forward(outputs); };
+      hooks.checkpoint_activations = state->options().activation_checkpointing;
     }
     fsdp::nn::set_forward_hooks(module_.get(), std::move(hooks));
   }
@@ -155,7 +173,11 @@ class Unit {
 
   void pre_forward() {
     forward_ran_ = true;
-    gather_params();
+    if (!is_root_) state_->record_forward(this);
+    issue_gather(/*prefetch=*/false);
+    prefetched_ = false;
+    state_->prefetch_forward_after(is_root_ ? nullptr : this);
+    wait_gather();
   }
 
   void post_forward(const std::vector<at::Tensor>& outputs) {
@@ -180,8 +202,12 @@ class Unit {
     state_->on_pre_backward();
     if (pre_backward_ran_) return;
     pre_backward_ran_ = true;
-    gather_params();
+    if (!is_root_) state_->record_backward(this);
+    issue_gather(/*prefetch=*/false);
+    prefetched_ = false;
     prepare_grads();
+    state_->prefetch_backward_after(this);
+    wait_gather();
   }
 
   // All trainable parameters have their gradients (or the backward ended): reduce them.
@@ -191,24 +217,28 @@ class Unit {
     if (trainable_ && state_->requires_gradient_sync()) {
       prepare_grads();  // a unit unused in this step reduces zeros, so every rank joins
       pending_reduce_ = trainable_->reduce_grad_async();
+      state_->on_memory_changed();
     }
     // Trainable parameters are free to go: their accumulators ran after every node that used them.
     // Frozen ones may still be needed by a later node; they go at the end of backward.
     if (trainable_ && strategy_ != ShardingStrategy::NoShard) release(*trainable_);
+    if (pending_reduce_) state_->on_reduce_issued(this);
   }
+
+  bool reduce_pending() const { return pending_reduce_ != nullptr; }
 
   void finish_reduce() {
     if (!pending_reduce_) return;
-    pending_reduce_->wait();
+    state_->wait(pending_reduce_);
     pending_reduce_ = nullptr;
-    state_->on_gathered_bytes(-trainable_->unsharded_bytes());
     trainable_->finish_reduce_grad();
+    state_->on_memory_changed();
   }
 
   void drop_unsharded_grads() {
     if (trainable_ && trainable_->has_unsharded_grad()) {
-      state_->on_gathered_bytes(-trainable_->unsharded_bytes());
       trainable_->drop_unsharded_grad();
+      state_->on_memory_changed();
     }
   }
 
@@ -217,15 +247,18 @@ class Unit {
     for (shard::FlatParam* flat : flat_params()) release(*flat);
   }
 
+  // Starts gathering this unit's parameters ahead of its use (no-op if gathered or in flight).
+  // Returns whether a gather was issued.
+  bool prefetch() {
+    if (!issue_gather(/*prefetch=*/true)) return false;
+    prefetched_ = true;
+    return true;
+  }
+
+  // Gathers now, waiting (outside forward and backward: evaluation of full parameters and so on).
   void gather_params() {
-    std::vector<comm::WorkPtr> works;
-    for (shard::FlatParam* flat : flat_params()) {
-      if (auto work = flat->unshard_async()) {
-        state_->on_gathered_bytes(flat->unsharded_bytes());
-        works.push_back(std::move(work));
-      }
-    }
-    for (auto& work : works) work->wait();
+    issue_gather(/*prefetch=*/false);
+    wait_gather();
   }
 
   void reset_step() {
@@ -250,17 +283,40 @@ class Unit {
     Unit* unit_;
   };
 
+  // Issues the all-gathers this unit's parameters still need (its buffers are allocated now).
+  bool issue_gather(bool prefetch) {
+    bool issued = false;
+    for (shard::FlatParam* flat : flat_params()) {
+      if (auto work = flat->unshard_async()) {
+        pending_gathers_.push_back(std::move(work));
+        issued = true;
+      }
+    }
+    if (issued) {
+      state_->count_gather(prefetch);
+      state_->on_memory_changed();
+    }
+    return issued;
+  }
+
+  void wait_gather() {
+    for (auto& work : pending_gathers_) state_->wait(work);
+    pending_gathers_.clear();
+  }
+
   void prepare_grads() {
     if (trainable_ && !trainable_->has_unsharded_grad()) {
       trainable_->prepare_grad();
-      state_->on_gathered_bytes(trainable_->unsharded_bytes());
+      state_->on_memory_changed();
     }
   }
 
   void release(shard::FlatParam& flat) {
     if (flat.replicated() || !flat.is_unsharded()) return;
+    wait_gather();  // never free a buffer a gather is still writing
+    prefetched_ = false;
     flat.reshard();
-    state_->on_gathered_bytes(-flat.unsharded_bytes());
+    state_->on_memory_changed();
   }
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -271,6 +327,8 @@ class Unit {
   std::unique_ptr<shard::FlatParam> trainable_;
   std::unique_ptr<shard::FlatParam> frozen_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<comm::WorkPtr> pending_gathers_;  // gathers issued and not yet waited for
+  bool prefetched_ = false;                     // gathered ahead of use, not used yet
   bool forward_ran_ = false;
   bool pre_backward_ran_ = false;
   bool post_backward_done_ = false;
@@ -421,13 +479,15 @@ std::vector<std::pair<std::string, at::Tensor>> FsdpState::full_parameters() {
 MemoryStats FsdpState::memory_stats() const {
   MemoryStats stats;
   for (const auto& unit : units_) {
-    int64_t unit_bytes = 0;
     for (shard::FlatParam* flat : unit->flat_params()) {
       stats.sharded_param_bytes += flat->layout().shard_numel * 4;
       if (flat->trainable()) stats.sharded_grad_bytes += flat->layout().shard_numel * 4;
-      unit_bytes += flat->unsharded_bytes();
     }
-    stats.largest_unit_bytes = std::max(stats.largest_unit_bytes, unit_bytes);
+    if (unit->is_root()) {
+      stats.root_unit_bytes = unit->unsharded_param_bytes();
+    } else {
+      stats.largest_unit_bytes = std::max(stats.largest_unit_bytes, unit->unsharded_param_bytes());
+    }
   }
   stats.gathered_bytes = gathered_bytes_;
   stats.peak_gathered_bytes = peak_gathered_bytes_;
@@ -437,13 +497,102 @@ MemoryStats FsdpState::memory_stats() const {
 
 void FsdpState::reset_peak_memory() { peak_gathered_bytes_ = gathered_bytes_; }
 
-void FsdpState::on_gathered_bytes(int64_t delta) {
-  gathered_bytes_ += delta;
+namespace {
+std::vector<std::string> names_of(const std::vector<Unit*>& units) {
+  std::vector<std::string> names;
+  for (const Unit* unit : units) names.push_back(unit->name());
+  return names;
+}
+}  // namespace
+
+std::vector<std::string> FsdpState::forward_order() const { return names_of(forward_order_); }
+std::vector<std::string> FsdpState::backward_order() const { return names_of(backward_order_); }
+
+void FsdpState::on_memory_changed() {
+  // A sum over the units, not deltas: a few dozen units, and it cannot drift.
+  int64_t total = 0;
+  for (const auto& unit : units_) total += unit->gathered_bytes();
+  gathered_bytes_ = total;
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+}
+
+void FsdpState::wait(const comm::WorkPtr& work) {
+  if (work->is_completed()) {
+    work->wait();  // rethrows a failure; returns at once
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  work->wait();
+  comm_stats_.exposed_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void FsdpState::count_gather(bool prefetch) {
+  ++comm_stats_.gathers;
+  if (prefetch) ++comm_stats_.prefetched_gathers;
+}
+
+void FsdpState::record_forward(Unit* unit) { forward_running_.push_back(unit); }
+void FsdpState::record_backward(Unit* unit) { backward_running_.push_back(unit); }
+
+int FsdpState::inflight() const {
+  int count = static_cast<int>(pending_reduces_.size());
+  for (const auto& unit : units_) count += unit->is_prefetched() ? 1 : 0;
+  return count;
+}
+
+void FsdpState::finish_oldest_reduce() {
+  Unit* unit = pending_reduces_.front();
+  pending_reduces_.pop_front();
+  unit->finish_reduce();
+}
+
+void FsdpState::on_reduce_issued(Unit* unit) {
+  pending_reduces_.push_back(unit);
+  ++comm_stats_.reductions;
+  while (inflight() > options_.max_inflight && !pending_reduces_.empty()) finish_oldest_reduce();
+}
+
+// Prefetches up to K units that follow `after` in `order` (from its start when `after` is absent),
+// while the budget allows. Every rank follows the same recorded order, so they issue the same gathers.
+void FsdpState::prefetch_from(const std::vector<Unit*>& order, Unit* after, int depth) {
+  const int budget = options_.max_inflight;
+  if (budget <= 0 || options_.strategy == ShardingStrategy::NoShard) return;
+  size_t next = 0;
+  if (after != nullptr) {
+    auto found = std::find(order.begin(), order.end(), after);
+    if (found == order.end()) return;
+    next = static_cast<size_t>(found - order.begin()) + 1;
+  }
+  for (size_t i = next; i < order.size() && i < next + static_cast<size_t>(depth); ++i) {
+    // Reductions give way to gathers: the unit that runs next matters more than an early wait.
+    while (inflight() >= budget && !pending_reduces_.empty()) finish_oldest_reduce();
+    if (inflight() >= budget) return;
+    order[i]->prefetch();
+  }
+}
+
+void FsdpState::prefetch_forward_after(Unit* unit) {
+  // Forward: up to K units ahead (no reductions compete for the budget).
+  if (options_.forward_prefetch) prefetch_from(forward_order_, unit, options_.max_inflight);
+}
+
+void FsdpState::prefetch_backward_after(Unit* unit) {
+  if (!options_.backward_prefetch) return;
+  std::vector<Unit*> order = backward_order_;
+  if (order.empty()) order.assign(forward_order_.rbegin(), forward_order_.rend());  // first step: a guess
+  // Only units this forward ran can run in this backward; the rest would be gathered for nothing.
+  std::vector<Unit*> candidates;
+  for (Unit* u : order) {
+    if (u == unit || (u->ran_forward() && !u->ran_pre_backward())) candidates.push_back(u);
+  }
+  // Backward: one unit ahead; the rest of the budget lets reductions finish in the background
+  // instead of being waited for as soon as they are issued.
+  prefetch_from(candidates, unit->is_root() ? nullptr : unit, 1);
 }
 
 void FsdpState::pre_root_forward() {
   for (auto& unit : units_) unit->reset_step();
+  forward_running_.clear();
   units_.back()->pre_forward();
 }
 
@@ -457,6 +606,8 @@ void FsdpState::post_root_forward(const std::vector<at::Tensor>& outputs) {
                    group_->rank(), unit->name().c_str());
     }
   }
+  // Re-recorded whenever it changes (a model whose control flow varies between steps).
+  if (forward_running_ != forward_order_) forward_order_ = forward_running_;
   if (!units_.back()->register_pre_backward_hooks(outputs)) reshard_after_eval();
 }
 
@@ -467,6 +618,7 @@ void FsdpState::reshard_after_eval() {
 void FsdpState::on_pre_backward() {
   if (backward_callback_queued_) return;
   backward_callback_queued_ = true;
+  backward_running_.clear();
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
 }
 
@@ -474,11 +626,12 @@ void FsdpState::end_of_backward() {
   // Units whose post-backward did not fire (unused this step, or a parameter without gradient) reduce
   // now, in a fixed order, so every rank issues the same collectives.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->post_backward();
-  for (auto& unit : units_) unit->finish_reduce();
+  while (!pending_reduces_.empty()) finish_oldest_reduce();
   for (auto& unit : units_) {
     unit->release_params();
     unit->reset_step();
   }
+  if (!backward_running_.empty() && backward_running_ != backward_order_) backward_order_ = backward_running_;
   backward_callback_queued_ = false;
 }
 

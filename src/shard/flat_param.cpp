@@ -73,11 +73,66 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
 
 bool FlatParam::is_unsharded() const { return storage_is_allocated(unsharded_); }
 
+void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
+  for (at::ScalarType dtype : {compute, reduce}) {
+    if (dtype != at::kFloat && dtype != at::kBFloat16) {
+      throw std::invalid_argument(std::string("fully_shard: mixed precision supports float32 and bfloat16, not ") +
+                                  c10::toString(dtype));
+    }
+  }
+  reduce_dtype_ = reduce;
+  if (compute == compute_dtype_) return;
+  if (replicate_) {
+    throw std::invalid_argument("fully_shard: a bfloat16 parameter dtype needs sharded parameters (full_shard or "
+                                "shard_grad_op); no_shard keeps float32 parameters");
+  }
+  if (!unsharded_grad_.defined() && is_unsharded()) reshard();
+  compute_dtype_ = compute;
+  torch::NoGradGuard no_grad;
+  unsharded_ = at::empty({layout_.padded_numel}, compute);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const FlatEntry& entry = layout_.entries[i];
+    // A dtype change drops the parameter's grad accumulator: the unit creates it afterwards.
+    params_[i].set_data(unsharded_.narrow(0, entry.offset, entry.numel).view(entry.shape));
+  }
+  free_storage(unsharded_);
+}
+
+namespace {
+
+// Keeps the gather's input (the shard cast to the compute dtype) alive until the gather is done.
+class WorkKeepingInput final : public comm::Work {
+ public:
+  WorkKeepingInput(comm::WorkPtr inner, at::Tensor input) : inner_(std::move(inner)), input_(std::move(input)) {}
+  void wait() override {
+    inner_->wait();
+    input_ = at::Tensor();
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+  double busy_seconds() const override { return inner_->busy_seconds(); }
+
+ private:
+  comm::WorkPtr inner_;
+  at::Tensor input_;
+};
+
+}  // namespace
+
 comm::WorkPtr FlatParam::unshard_async() {
   if (replicate_ || is_unsharded()) return nullptr;
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
-  return group_->all_gather(unsharded_, shard_);
+  if (compute_dtype_ == at::kFloat) return group_->all_gather(unsharded_, shard_);
+  at::Tensor input = shard_.to(compute_dtype_);  // [shard_numel] compute dtype, freed after the gather
+  return std::make_shared<WorkKeepingInput>(group_->all_gather(unsharded_, input), input);
+}
+
+int64_t FlatParam::gathered_bytes() const {
+  int64_t bytes = 0;
+  if (!replicate_ && is_unsharded()) bytes += unsharded_bytes();
+  if (unsharded_grad_.defined()) bytes += unsharded_grad_.nbytes();
+  if (reduce_input_.defined()) bytes += reduce_input_.nbytes();
+  return bytes;
 }
 
 void FlatParam::unshard() {
@@ -90,7 +145,7 @@ void FlatParam::reshard() {
 
 void FlatParam::prepare_grad() {
   if (!trainable_ || unsharded_grad_.defined()) return;
-  unsharded_grad_ = at::zeros({layout_.padded_numel}, at::kFloat);
+  unsharded_grad_ = at::zeros({layout_.padded_numel}, compute_dtype_);
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     // AccumulateGrad adds into an existing .grad in place: the gradients land in the flat buffer.
@@ -105,7 +160,8 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     const at::Tensor& grad = params_[i].grad();
-    if (grad.defined() && grad.data_ptr() != static_cast<float*>(unsharded_grad_.data_ptr()) + entry.offset) {
+    const auto* view_start = static_cast<const char*>(unsharded_grad_.data_ptr()) + entry.offset * unsharded_grad_.element_size();
+    if (grad.defined() && grad.data_ptr() != view_start) {
       torch::NoGradGuard no_grad;
       unsharded_grad_.narrow(0, entry.offset, entry.numel).add_(grad.reshape(-1));
     }
@@ -113,8 +169,15 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
   if (replicate_) {
     return group_->all_reduce(unsharded_grad_, comm::ReduceOp::Average);
   }
-  reduced_grad_ = at::empty({layout_.shard_numel}, at::kFloat);
-  return group_->reduce_scatter(reduced_grad_, unsharded_grad_, comm::ReduceOp::Average);
+  at::Tensor input = unsharded_grad_;
+  if (reduce_dtype_ != compute_dtype_) {
+    torch::NoGradGuard no_grad;
+    reduce_input_ = unsharded_grad_.to(reduce_dtype_);  // [padded_numel] reduce dtype
+    input = reduce_input_;
+    drop_unsharded_grad();  // the compute-dtype gradient is no longer needed
+  }
+  reduced_grad_ = at::empty({layout_.shard_numel}, reduce_dtype_);
+  return group_->reduce_scatter(reduced_grad_, input, comm::ReduceOp::Average);
 }
 
 void FlatParam::finish_reduce_grad() {
@@ -122,11 +185,12 @@ void FlatParam::finish_reduce_grad() {
   torch::NoGradGuard no_grad;
   const at::Tensor& reduced = replicate_ ? unsharded_grad_ : reduced_grad_;
   if (shard_grad_.defined()) {
-    shard_grad_.add_(reduced);
+    shard_grad_.add_(reduced);  // fp32 += reduce dtype
   } else {
-    shard_grad_ = reduced.clone();
+    shard_grad_ = reduced.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   }
   reduced_grad_ = at::Tensor();
+  reduce_input_ = at::Tensor();
   drop_unsharded_grad();
 }
 

@@ -250,6 +250,11 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("fsdp.strategy", c.fsdp.strategy);
   r.get("fsdp.wrap", c.fsdp.wrap);
   r.get("fsdp.min_params", c.fsdp.min_params);
+  r.get("fsdp.prefetch", c.fsdp.prefetch);
+  r.get("fsdp.max_inflight", c.fsdp.max_inflight);
+  r.get("fsdp.param_dtype", c.fsdp.param_dtype);
+  r.get("fsdp.reduce_dtype", c.fsdp.reduce_dtype);
+  r.get("fsdp.activation_checkpointing", c.fsdp.activation_checkpointing);
 
   EvalConfig& e = c.eval;
   r.get("eval.every", e.every);
@@ -310,6 +315,16 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(c.fsdp.wrap == "block" || c.fsdp.wrap == "root" || c.fsdp.wrap == "min_params", r,
         "fsdp.wrap '" + c.fsdp.wrap + "' (expected block, root or min_params)");
   check(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0, r, "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
+  check(c.fsdp.max_inflight >= 0 && c.fsdp.max_inflight <= 64, r, "fsdp.max_inflight must be in [0, 64]");
+  for (const std::string* dtype : {&c.fsdp.param_dtype, &c.fsdp.reduce_dtype}) {
+    check(*dtype == "float32" || *dtype == "bfloat16", r,
+          "fsdp." + std::string(dtype == &c.fsdp.param_dtype ? "param_dtype" : "reduce_dtype") + " '" + *dtype +
+              "' (expected float32 or bfloat16)");
+  }
+  check(c.fsdp.param_dtype == "float32" || c.fsdp.strategy != "no_shard", r,
+        "fsdp.param_dtype 'bfloat16' needs fsdp.strategy full_shard or shard_grad_op (no_shard keeps float32)");
+  check(c.fsdp.reduce_dtype == "float32" || c.fsdp.strategy != "no_shard", r,
+        "fsdp.reduce_dtype 'bfloat16' needs fsdp.strategy full_shard or shard_grad_op");
   check(e.batches >= 1, r, "eval.batches must be at least 1");
   check(e.temperature > 0, r, "eval.temperature must be positive");
   check(e.top_k >= 1, r, "eval.top_k must be at least 1");
@@ -393,7 +408,14 @@ std::string to_toml(const TrainConfig& c) {
                                 {"beta2", c.optimizer.beta2},
                                 {"eps", c.optimizer.eps},
                                 {"momentum", c.optimizer.momentum}}},
-      {"fsdp", toml::table{{"strategy", c.fsdp.strategy}, {"wrap", c.fsdp.wrap}, {"min_params", c.fsdp.min_params}}},
+      {"fsdp", toml::table{{"strategy", c.fsdp.strategy},
+                           {"wrap", c.fsdp.wrap},
+                           {"min_params", c.fsdp.min_params},
+                           {"prefetch", c.fsdp.prefetch},
+                           {"max_inflight", c.fsdp.max_inflight},
+                           {"param_dtype", c.fsdp.param_dtype},
+                           {"reduce_dtype", c.fsdp.reduce_dtype},
+                           {"activation_checkpointing", c.fsdp.activation_checkpointing}}},
       {"eval", toml::table{{"every", c.eval.every},
                            {"batches", c.eval.batches},
                            {"max_items", c.eval.max_items},

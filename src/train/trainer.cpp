@@ -106,10 +106,17 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.strategy = runtime::sharding_strategy_from_string(c.fsdp.strategy);
   if (c.fsdp.wrap == "block") options.wrap_policy.module_types = {models::block_type_name(c.model)};
   if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
+  options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
+  options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
+  auto dtype = [](const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; };
+  options.mixed_precision.param_dtype = dtype(c.fsdp.param_dtype);
+  options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
+  options.activation_checkpointing = c.fsdp.activation_checkpointing;
   return options;
 }
 
-at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets, torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) {
+at::Tensor loss_of(const at::Tensor& model_output, const at::Tensor& targets, torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) {
+  const at::Tensor logits = model_output.to(at::kFloat);  // bf16 compute: the loss in fp32
   if (logits.dim() == 3) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1),
                                                 torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
@@ -288,6 +295,7 @@ class Trainer {
     summary.evals.push_back(evaluate(start_step_));
     std::vector<double> step_seconds;
     double communication_before = world_->communication_seconds();
+    double exposed_before = state_->comm_stats().exposed_seconds;
     double training_seconds = 0.0;
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
@@ -314,23 +322,29 @@ class Trainer {
       const double norm = config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip) : optim::grad_norm(*state_);
       optimizer_->step();
 
-      // One small all-gather per step: every rank's loss, peak memory, communication time, and
-      // whether it was asked to stop (so every rank stops at the same step).
+      // One small all-gather per step: every rank's loss, peak memory, communication time (busy,
+      // and exposed: the time this thread waited for it), and whether it was asked to stop (so
+      // every rank stops at the same step).
       const double communication_now = world_->communication_seconds();
+      const double exposed_now = state_->comm_stats().exposed_seconds;
       at::Tensor mine = at::tensor({local_loss, static_cast<double>(peak_resident_bytes()),
-                                    communication_now - communication_before, stop_requested() ? 1.0 : 0.0},
+                                    communication_now - communication_before, stop_requested() ? 1.0 : 0.0,
+                                    exposed_now - exposed_before},
                                    at::kDouble);
       communication_before = communication_now;
-      at::Tensor all = at::empty({4 * n_}, at::kDouble);
+      exposed_before = exposed_now;
+      constexpr int64_t kFields = 5;
+      at::Tensor all = at::empty({kFields * n_}, at::kDouble);
       world_->all_gather(all, mine)->wait();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       training_seconds += seconds;
 
-      auto per_rank = all.view({n_, 4});
+      auto per_rank = all.view({n_, kFields});
       const bool stop = per_rank.select(1, 3).max().item<double>() > 0.0;
       const double loss = per_rank.select(1, 0).mean().item<double>();
       const double peak_memory = per_rank.select(1, 1).max().item<double>();
       const double communication = per_rank.select(1, 2).max().item<double>();
+      const double exposed = per_rank.select(1, 4).max().item<double>();
       summary.losses.push_back(loss);
       summary.grad_norms.push_back(norm);
       const double rate = samples_per_step / seconds;
@@ -341,10 +355,13 @@ class Trainer {
                                  " (lower optimizer.lr or set train.grad_clip)");
       }
 
-      char line[256];
-      std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s",
+      // Communication the compute thread waited for is exposed; the rest of its busy time ran
+      // while this thread computed (overlapped).
+      char line[320];
+      std::snprintf(line, sizeof(line),
+                    "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s (exposed %.3f s)",
                     loss, lr, norm, format_count(rate).c_str(), rate_unit, 100.0 * mfu, format_bytes(peak_memory).c_str(),
-                    communication);
+                    communication, exposed);
       progress_->step(step, line, training_seconds);
       if (leader() && metrics_.is_open()) {
         nlohmann::json record = {{"step", step + 1},
@@ -357,10 +374,17 @@ class Trainer {
                                  {"peak_flops", peak_flops_},
                                  {"peak_resident_bytes_per_rank", std::vector<double>()},
                                  {"communication_seconds_per_rank", std::vector<double>()},
+                                 {"exposed_communication_seconds_per_rank", std::vector<double>()},
+                                 {"overlapped_communication_seconds_per_rank", std::vector<double>()},
+                                 {"compute_seconds_per_rank", std::vector<double>()},
                                  {"peak_gathered_bytes", state_->memory_stats().peak_gathered_bytes}};
         for (int r = 0; r < n_; ++r) {
           record["peak_resident_bytes_per_rank"].push_back(per_rank[r][1].item<double>());
-          record["communication_seconds_per_rank"].push_back(per_rank[r][2].item<double>());
+          const double busy = per_rank[r][2].item<double>(), waited = per_rank[r][4].item<double>();
+          record["communication_seconds_per_rank"].push_back(busy);
+          record["exposed_communication_seconds_per_rank"].push_back(waited);
+          record["overlapped_communication_seconds_per_rank"].push_back(std::max(0.0, busy - waited));
+          record["compute_seconds_per_rank"].push_back(seconds - waited);
         }
         metrics_.write(record.dump());
       }

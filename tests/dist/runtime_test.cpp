@@ -73,7 +73,8 @@ TEST(RuntimeMemory, FullShardFreesGatheredParametersAfterForwardShardGradOpKeeps
   // FULL_SHARD: the three gathered units are gone after forward; what remains is activations (tiny).
   EXPECT_LT(full_growth, unit_bytes / 2);
   EXPECT_EQ(full.gathered_bytes, 0);
-  EXPECT_LE(full.peak_gathered_bytes, unit_bytes);  // one unit at a time
+  // The computing unit and at most K = 2 prefetched ones (the default budget).
+  EXPECT_LE(full.peak_gathered_bytes, 3 * unit_bytes);
   // SHARD_GRAD_OP: all three stay until backward (resident growth: at least two units' worth, the
   // allocator may reuse some pages it kept from the warm-up step; the accounting is exact).
   EXPECT_GT(grad_op_growth, 2 * unit_bytes);

@@ -60,6 +60,13 @@ TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of("[oops]\nx = 1\n[model]\nname = \"gpt-test\"\n").find("unknown section [oops]"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.steps=-3"}).find("train.steps must not be negative"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=fp16"}).find("fsdp.param_dtype 'fp16' (expected float32 or bfloat16)"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.reduce_dtype=half"}).find("fsdp.reduce_dtype 'half'"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=bfloat16", "fsdp.strategy=no_shard"}).find("needs fsdp.strategy"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=1"}).find("fsdp.activation_checkpointing must be true or false"),
+            std::string::npos);
 
   auto config = parse_train_config("[model]\nname = \"gpt-test\"\n[train]\nglobal_batch = 10\nmicro_batches = 2\n", "b.toml");
   try {

@@ -15,17 +15,25 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <functional>
+#include <stdexcept>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+#include "fsdp/nn/checkpoint.h"
 
 namespace fsdp::nn {
 
 struct ForwardHooks {
   std::function<void()> pre_forward;                                  // before module->forward
   std::function<void(const std::vector<at::Tensor>& outputs)> post_forward;  // after, with the outputs
+  // Run the forward under activation checkpointing (checkpoint.h) when grad mode is on: its
+  // activations are recomputed in backward. The module's forward must return one tensor.
+  bool checkpoint_activations = false;
 };
 
 // Hooks are keyed by module identity. Registering twice replaces; clearing an absent entry is a no-op.
@@ -60,7 +68,17 @@ auto call(const ModulePtr& module, Args&&... args)
   const ForwardHooks* hooks = find_forward_hooks(impl);
   if (hooks == nullptr) return impl->forward(std::forward<Args>(args)...);
   if (hooks->pre_forward) hooks->pre_forward();
-  auto output = impl->forward(std::forward<Args>(args)...);
+  using Output = decltype(impl->forward(std::forward<Args>(args)...));
+  Output output = [&]() -> Output {
+    if constexpr (std::is_same_v<Output, at::Tensor>) {
+      if (hooks->checkpoint_activations && at::GradMode::is_enabled()) return detail::checkpointed_forward(impl, args...);
+    } else {
+      if (hooks->checkpoint_activations && at::GradMode::is_enabled()) {
+        throw std::invalid_argument("activation checkpointing needs a module whose forward returns one tensor");
+      }
+    }
+    return impl->forward(std::forward<Args>(args)...);
+  }();
   if (hooks->post_forward) {
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(output, tensors);

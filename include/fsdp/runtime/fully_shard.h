@@ -26,10 +26,29 @@
 // SHARD_GRAD_OP keeps parameters gathered from forward through backward. NO_SHARD keeps
 // everything on every rank and all-reduces gradients. The root stays gathered from its forward
 // until its backward.
+//
+// Overlap. Collectives run on the group's communication thread while this thread computes.
+//   forward prefetch   a unit's pre-forward also issues the gathers of the K units that follow it
+//                      in the order recorded on the previous forward (re-recorded when it changes)
+//   backward prefetch  a unit's pre-backward issues the gather of the unit that follows it in the
+//                      previous backward's order (the first backward guesses reverse forward order)
+//   async reductions   a reduce-scatter is waited for only when the budget below is full, or at
+//                      the end of backward (so every gradient is in shard_grad before the optimizer)
+// Budget K = max_inflight: besides the unit computing (and the root, gathered all step), at most K
+// unit buffers are alive: prefetched gathers plus reductions in flight. Gathered memory is
+// therefore at most root + (K + 1) units in forward, and root (params and gradient) + (K + 2)
+// units in backward, where the computing unit holds its parameters and its gradient.
+// Prefetching changes no value: the same collectives on the same data, issued earlier.
+//
+// Mixed precision: gathers and compute in param_dtype (parameters become tensors of that dtype),
+// gradients reduced in reduce_dtype, fp32 shards and optimizer state (see shard/flat_param.h).
+// Activation checkpointing: each unit but the root recomputes its forward in backward
+// (nn/checkpoint.h); its pre-backward gathers the parameters for the recomputation.
 #pragma once
 
 #include <torch/nn/module.h>
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -58,11 +77,23 @@ struct WrapPolicy {
   bool selects(const torch::nn::Module& module, const std::string& path) const;
 };
 
+struct MixedPrecision {
+  at::ScalarType param_dtype = at::kFloat;   // gather and compute: float32 or bfloat16
+  at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction: float32 or bfloat16
+};
+
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
   WrapPolicy wrap_policy;
   // Overwrite every rank's initial parameters with rank 0's. Off: verify they agree (checksum).
   bool sync_module_states = false;
+  MixedPrecision mixed_precision;
+  bool forward_prefetch = true;
+  bool backward_prefetch = true;
+  // K: unit buffers alive besides the computing unit's (prefetched gathers, reductions in flight).
+  // 0: no prefetch, and every reduction is waited for at once.
+  int max_inflight = 2;
+  bool activation_checkpointing = false;  // every unit except the root
 };
 
 // Per-rank memory, in bytes, as the runtime accounts it.
@@ -71,8 +102,17 @@ struct MemoryStats {
   int64_t sharded_grad_bytes = 0;       // fp32 gradient shards
   int64_t gathered_bytes = 0;           // unsharded parameter and gradient buffers alive now
   int64_t peak_gathered_bytes = 0;      // their peak since the last reset_peak_memory()
-  int64_t largest_unit_bytes = 0;       // largest unit's unsharded fp32 parameters
+  int64_t largest_unit_bytes = 0;       // largest non-root unit's gathered parameters (compute dtype)
+  int64_t root_unit_bytes = 0;          // the root unit's gathered parameters (compute dtype)
   int64_t unsharded_param_bytes = 0;    // all parameters unsharded, without padding (for comparison)
+};
+
+// Where the runtime's collectives spent time, cumulative since construction.
+struct CommStats {
+  double exposed_seconds = 0;      // this thread blocked waiting for a gather or a reduction
+  int64_t gathers = 0;             // all-gathers of units issued
+  int64_t prefetched_gathers = 0;  // of which issued ahead of the unit's use
+  int64_t reductions = 0;          // gradient reductions issued
 };
 
 class Unit;  // one FSDP unit; defined in src/runtime
@@ -106,18 +146,32 @@ class FsdpState {
 
   MemoryStats memory_stats() const;
   void reset_peak_memory();
+  CommStats comm_stats() const { return comm_stats_; }
+  // Unit names in the order the last forward (backward) ran them, as recorded for prefetching.
+  std::vector<std::string> forward_order() const;
+  std::vector<std::string> backward_order() const;
 
   // Step protocol, called by FullyShardedModule::forward around the root's forward.
   void pre_root_forward();
   void post_root_forward(const std::vector<at::Tensor>& outputs);
 
-  // Internal: the hooks call these.
-  void on_gathered_bytes(int64_t delta);
+  // Internal: the units call these.
+  void on_memory_changed();
   void on_pre_backward();
+  void wait(const comm::WorkPtr& work);  // counts the blocked time as exposed communication
+  void count_gather(bool prefetch);
+  void record_forward(Unit* unit);
+  void record_backward(Unit* unit);
+  void prefetch_forward_after(Unit* unit);  // nullptr: from the start (the root's pre-forward)
+  void prefetch_backward_after(Unit* unit);
+  void on_reduce_issued(Unit* unit);
 
  private:
   void end_of_backward();
   void reshard_after_eval();
+  int inflight() const;           // prefetched units not yet used + reductions in flight
+  void finish_oldest_reduce();
+  void prefetch_from(const std::vector<Unit*>& order, Unit* after, int depth);
 
   std::shared_ptr<torch::nn::Module> root_;
   comm::ProcessGroupPtr group_;
@@ -125,6 +179,10 @@ class FsdpState {
   std::vector<std::shared_ptr<Unit>> units_;  // children in model order, then the root unit last
   bool gradient_sync_ = true;
   bool backward_callback_queued_ = false;
+  std::vector<Unit*> forward_order_, backward_order_;        // recorded on the previous step
+  std::vector<Unit*> forward_running_, backward_running_;    // being recorded in this step
+  std::deque<Unit*> pending_reduces_;                        // reductions in flight, oldest first
+  CommStats comm_stats_;
   int64_t gathered_bytes_ = 0;
   int64_t peak_gathered_bytes_ = 0;
   int64_t unsharded_param_bytes_ = 0;

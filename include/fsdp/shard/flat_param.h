@@ -1,11 +1,16 @@
 // fsdp/shard/flat_param.h: a group of parameters flattened into one padded buffer, of which
 // each rank keeps one contiguous slice.
 //
-//   unsharded  [padded_numel] fp32   parameters are views of it; memory freed while resharded
+//   unsharded  [padded_numel] compute dtype  parameters are views of it; memory freed while resharded
 //   shard      [shard_numel]  fp32   this rank's slice: the master copy the optimizer updates
 //   shard_grad [shard_numel]  fp32   this rank's slice of the averaged gradient (trainable only;
 //                                     undefined until the first backward reduces into it)
-//   unsharded_grad [padded_numel] fp32  during backward the parameters' .grad are views of it
+//   unsharded_grad [padded_numel] compute dtype  during backward the parameters' .grad are views of it
+//
+// The compute dtype is fp32 unless mixed precision sets another (bf16): then the gather sends the
+// shard cast to bf16 (half the traffic and half the gathered memory), the parameters are bf16
+// tensors for good, gradients come out in bf16 and are reduced in the reduce dtype (fp32 by
+// default: cast once, then reduce-scattered), and the fp32 shard stays the master copy.
 //
 // padded_numel is the parameters' total rounded up so that the group size divides it;
 // shard_numel = padded_numel / group size (NO_SHARD: the whole buffer, replicated).
@@ -70,6 +75,13 @@ class FlatParam {
   at::Tensor& shard_grad() { return shard_grad_; }
   const at::Tensor& unsharded() const { return unsharded_; }
 
+  // Mixed precision: gather and compute in `compute` (the parameters become tensors of that dtype;
+  // call before their grad accumulators are created), reduce gradients in `reduce`. Call once,
+  // while resharded. Not for replicated (NO_SHARD) parameters.
+  void set_precision(at::ScalarType compute, at::ScalarType reduce);
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  at::ScalarType reduce_dtype() const { return reduce_dtype_; }
+
   // Gathers every rank's shard into the unsharded buffer (allocating it); params become usable.
   // Returns nullptr when nothing had to be done (already unsharded, or replicated).
   comm::WorkPtr unshard_async();
@@ -81,6 +93,8 @@ class FlatParam {
   // Gradients. prepare: the params' .grad become views of a zeroed unsharded gradient buffer (kept
   // if it already exists, to accumulate micro-batches without sync). reduce: averages it over the
   // group and returns the work; finish_reduce adds the result into shard_grad and frees the buffer.
+  // With a reduce dtype other than the compute dtype, reduce casts the gradient (the compute-dtype
+  // buffer is freed at once) and the reduction runs on the cast copy.
   void prepare_grad();
   bool has_unsharded_grad() const { return unsharded_grad_.defined(); }
   comm::WorkPtr reduce_grad_async();
@@ -97,7 +111,11 @@ class FlatParam {
   // The full (unpadded) tensor of every entry, gathered from all ranks. Collective.
   std::vector<at::Tensor> gather_full_params() const;
 
-  int64_t unsharded_bytes() const { return layout_.padded_numel * 4; }
+  // Bytes of the unsharded parameter buffer in the compute dtype (what a gather allocates).
+  int64_t unsharded_bytes() const { return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(compute_dtype_)); }
+  // Bytes held now in unsharded buffers: gathered parameters (not for replicated ones, which are
+  // the shard), the unsharded gradient, and a gradient cast for reduction.
+  int64_t gathered_bytes() const;
 
  private:
   std::string unit_name_;
@@ -106,11 +124,14 @@ class FlatParam {
   comm::ProcessGroupPtr group_;
   bool replicate_ = false;
   bool trainable_ = true;
-  at::Tensor unsharded_;       // [padded_numel] fp32
+  at::ScalarType compute_dtype_ = at::kFloat;
+  at::ScalarType reduce_dtype_ = at::kFloat;
+  at::Tensor unsharded_;       // [padded_numel] compute dtype
   at::Tensor shard_;           // [shard_numel] fp32 (replicated: same tensor as unsharded_)
   at::Tensor shard_grad_;      // [shard_numel] fp32, trainable only
-  at::Tensor unsharded_grad_;  // [padded_numel] fp32 while gradients are being produced
-  at::Tensor reduced_grad_;    // [shard_numel] fp32 output of the in-flight reduction
+  at::Tensor unsharded_grad_;  // [padded_numel] compute dtype while gradients are being produced
+  at::Tensor reduce_input_;    // [padded_numel] reduce dtype: the gradient cast for reduction (if cast)
+  at::Tensor reduced_grad_;    // [shard_numel] reduce dtype output of the in-flight reduction
 };
 
 // A 64-bit hash of a tensor's bytes (FNV-1a), to compare parameters across ranks.

@@ -6,7 +6,8 @@
 //   [data]       source = "fortunes" | "token_files" | "fashion_mnist", tokenizer, paths, split
 //   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, log_every, threads
 //   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
-//   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params
+//   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params, prefetch, max_inflight,
+//                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
 // Every key is optional except model.name; configs/*.toml show them all. Unknown keys, values of
@@ -54,6 +55,11 @@ struct FsdpConfig {
   std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard
   std::string wrap = "block";           // block: each transformer block a unit; root: one unit; min_params
   int64_t min_params = 0;
+  bool prefetch = true;                  // gather the next unit while this one computes (both passes)
+  int64_t max_inflight = 2;              // unit buffers alive besides the computing one (0: no overlap)
+  std::string param_dtype = "float32";   // gather and compute: float32 | bfloat16
+  std::string reduce_dtype = "float32";  // gradient reduction: float32 | bfloat16
+  bool activation_checkpointing = false; // recompute each block's forward in backward
 };
 
 struct EvalConfig {

@@ -1,0 +1,96 @@
+#include "fsdp/nn/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include <mutex>
+
+namespace fsdp::nn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// What backward needs besides the saved inputs: the closure and the generator state of the first run.
+struct Recompute final : torch::CustomClassHolder {
+  RecomputeFn run;
+  at::Tensor rng_state;  // the CPU generator's state before the first run
+  size_t num_inputs = 0;
+};
+
+at::Tensor cpu_rng_state() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  // inputs: the region's tensor inputs, then (possibly) one empty tensor that requires grad so
+  // that the output is part of the graph even when no real input requires grad.
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Recompute> recompute) {
+    recompute->rng_state = cpu_rng_state();
+    std::vector<at::Tensor> real(inputs.begin(), inputs.begin() + static_cast<int64_t>(recompute->num_inputs));
+    at::Tensor output;
+    {
+      torch::NoGradGuard no_grad;
+      output = recompute->run(real);
+    }
+    ctx->save_for_backward(variable_list(inputs.begin(), inputs.end()));
+    ctx->saved_data["recompute"] = c10::IValue::make_capsule(recompute);
+    return {output};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto recompute = c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
+    variable_list saved = ctx->get_saved_variables();
+    std::vector<at::Tensor> detached;
+    for (size_t i = 0; i < recompute->num_inputs; ++i) {
+      const at::Tensor& input = saved[i];
+      detached.push_back(input.defined() ? input.detach().requires_grad_(input.requires_grad()) : at::Tensor());
+    }
+    at::Tensor output;
+    {
+      // The generator continues from where it is now once the recomputation is done.
+      const at::Tensor now = cpu_rng_state();
+      set_cpu_rng_state(recompute->rng_state);
+      torch::AutoGradMode grad_on(true);
+      output = recompute->run(detached);
+      set_cpu_rng_state(now);
+    }
+    if (output.requires_grad()) {
+      // A nested backward: parameters' gradients accumulate (their hooks fire), inputs' are read below.
+      torch::autograd::backward({output}, {grad_outputs[0]});
+    }
+    variable_list grads;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      grads.push_back(i < detached.size() && detached[i].defined() && detached[i].requires_grad() ? detached[i].grad()
+                                                                                                : at::Tensor());
+    }
+    grads.emplace_back();  // for the Recompute argument
+    return grads;
+  }
+};
+
+}  // namespace
+
+at::Tensor checkpoint(RecomputeFn run, const std::vector<at::Tensor>& inputs) {
+  if (!torch::GradMode::is_enabled()) return run(inputs);
+  auto recompute = c10::make_intrusive<Recompute>();
+  recompute->run = std::move(run);
+  recompute->num_inputs = inputs.size();
+  std::vector<at::Tensor> with_anchor = inputs;
+  bool any_requires_grad = false;
+  for (const at::Tensor& input : inputs) any_requires_grad |= input.defined() && input.requires_grad();
+  if (!any_requires_grad) with_anchor.push_back(at::empty({0}, at::TensorOptions().requires_grad(true)));
+  return CheckpointFunction::apply(at::TensorList(with_anchor), recompute)[0];
+}
+
+}  // namespace fsdp::nn
