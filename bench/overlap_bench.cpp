@@ -24,6 +24,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/shard/storage.h"
 
 namespace {
 
@@ -83,7 +84,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "unmeasured steps first (the first records the prefetch order)");
   app.add_option("--max-inflight", max_inflight, "K for the prefetch mode");
   app.add_option("--json", json_path, "write the results here as JSON");
+  bool fresh_pages = false;
+  app.add_flag("--fresh-pages", fresh_pages,
+               "no memory reuse: malloc defaults and no FSDP buffer cache (every buffer faulted in afresh)");
   CLI11_PARSE(app, argc, argv);
+  if (!fresh_pages) fsdp::shard::keep_freed_host_memory_mapped();
 
   auto world = fsdp::comm::init_world();
   const int n = world->size(), rank = world->rank();
@@ -112,6 +117,7 @@ int main(int argc, char** argv) {
     fsdp::runtime::FsdpOptions options;
     options.wrap_policy.module_types = {"WideMlpBlock"};
     options.max_inflight = mode.name == "prefetch" ? max_inflight : 0;
+    options.cache_buffers = !fresh_pages;
     auto model = fsdp::runtime::build_fully_sharded<WideMlpImpl>(
         world, options, [&] { return std::make_shared<WideMlpImpl>(dim, depth); });
     for (int64_t s = 0; s < warmup + steps; ++s) {
@@ -132,10 +138,10 @@ int main(int argc, char** argv) {
   nlohmann::json results = nlohmann::json::array();
   if (rank == 0) {
     std::printf("overlap_bench: %d ranks, %lld blocks of %lld -> %lld -> %lld (%.1f MiB fp32 each), %lld rows per rank, "
-                "%d threads per rank, K = %d; medians of %lld steps (slowest rank)\n",
+                "%d threads per rank, K = %d%s; medians of %lld steps (slowest rank)\n",
                 n, static_cast<long long>(depth), static_cast<long long>(dim), static_cast<long long>(4 * dim),
                 static_cast<long long>(dim), 8.0 * dim * dim * 4 / 1048576.0, static_cast<long long>(tokens),
-                torch::get_num_threads(), max_inflight, static_cast<long long>(steps));
+                torch::get_num_threads(), max_inflight, fresh_pages ? ", fresh pages" : "", static_cast<long long>(steps));
     std::printf("%-14s %10s %12s %10s %11s %8s\n", "mode", "step (s)", "vs compute", "comm (s)", "exposed (s)", "hidden");
   }
   for (const Mode& mode : modes) {
@@ -152,6 +158,7 @@ int main(int argc, char** argv) {
   if (rank == 0 && !json_path.empty()) {
     nlohmann::json doc = {{"benchmark", "overlap"}, {"dim", dim}, {"depth", depth}, {"tokens_per_rank", tokens},
                           {"threads_per_rank", torch::get_num_threads()}, {"max_inflight", max_inflight},
+                          {"fresh_pages", fresh_pages},
                           {"results", results}};
     std::ofstream(json_path) << doc.dump(2) << "\n";
     std::printf("wrote %s\n", json_path.c_str());

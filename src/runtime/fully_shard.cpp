@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "fsdp/shard/storage.h"
+
 namespace fsdp::runtime {
 
 const char* to_string(ShardingStrategy strategy) {
@@ -429,10 +431,19 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   root_unit->adopt(this, "");
   units_.push_back(std::move(root_unit));
 
+  int64_t root_bytes = 0, largest_bytes = 0;
   for (const auto& unit : units_) {
+    int64_t unit_bytes = 0;
     for (shard::FlatParam* flat : unit->flat_params()) {
       unsharded_param_bytes_ += flat->layout().numel * 4;
+      unit_bytes += flat->layout().padded_numel * 4;
+      flat->set_buffer_caching(options_.cache_buffers);
     }
+    (unit->is_root() ? root_bytes : largest_bytes) = std::max(unit->is_root() ? root_bytes : largest_bytes, unit_bytes);
+  }
+  if (options_.cache_buffers) {
+    const int64_t wanted = 2 * root_bytes + (std::max(options_.max_inflight, 0) + 2) * largest_bytes;
+    if (wanted > shard::buffer_cache_capacity()) shard::set_buffer_cache_capacity(wanted);
   }
 }
 

@@ -140,12 +140,12 @@ void FlatParam::unshard() {
 }
 
 void FlatParam::reshard() {
-  if (!replicate_) free_storage(unsharded_);
+  if (!replicate_) free_storage(unsharded_, cache_buffers_);
 }
 
 void FlatParam::prepare_grad() {
   if (!trainable_ || unsharded_grad_.defined()) return;
-  unsharded_grad_ = at::zeros({layout_.padded_numel}, compute_dtype_);
+  unsharded_grad_ = empty_from_cache(layout_.padded_numel, compute_dtype_).zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     // AccumulateGrad adds into an existing .grad in place: the gradients land in the flat buffer.
@@ -172,7 +172,7 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
   at::Tensor input = unsharded_grad_;
   if (reduce_dtype_ != compute_dtype_) {
     torch::NoGradGuard no_grad;
-    reduce_input_ = unsharded_grad_.to(reduce_dtype_);  // [padded_numel] reduce dtype
+    reduce_input_ = empty_from_cache(layout_.padded_numel, reduce_dtype_).copy_(unsharded_grad_);
     input = reduce_input_;
     drop_unsharded_grad();  // the compute-dtype gradient is no longer needed
   }
@@ -190,12 +190,15 @@ void FlatParam::finish_reduce_grad() {
     shard_grad_ = reduced.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   }
   reduced_grad_ = at::Tensor();
+  if (reduce_input_.defined()) free_storage(reduce_input_, cache_buffers_);
   reduce_input_ = at::Tensor();
   drop_unsharded_grad();
 }
 
 void FlatParam::drop_unsharded_grad() {
   for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+  // The .grad views are gone; a caller still holding one would see an empty tensor.
+  if (unsharded_grad_.defined()) free_storage(unsharded_grad_, cache_buffers_);
   unsharded_grad_ = at::Tensor();
 }
 

@@ -46,6 +46,7 @@ int64_t resident_growth_over_forward(ShardingStrategy strategy, fsdp::runtime::M
   fsdp::runtime::FsdpOptions options;
   options.strategy = strategy;
   options.wrap_policy.module_types = {"WideBlock"};
+  options.cache_buffers = false;  // measures memory returned to the OS
   torch::manual_seed(0);
   auto model = fsdp::runtime::build_fully_sharded<WideModelImpl>(world, options,
                                                                  [] { return std::make_shared<WideModelImpl>(3); });

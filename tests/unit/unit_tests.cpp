@@ -182,3 +182,28 @@ TEST(Checkpoint, GradientsAndDropoutMatchThePlainRun) {
   at::Tensor z = fsdp::nn::call(checkpointed, x, scale, 0.0);
   EXPECT_FALSE(z.requires_grad());
 }
+
+TEST(Storage, BufferCacheReusesSameSizeWithinCapacity) {
+  fsdp::shard::clear_buffer_cache();
+  const int64_t before = fsdp::shard::buffer_cache_capacity();
+  fsdp::shard::set_buffer_cache_capacity(3 * 4096);
+  at::Tensor a = at::ones({1024}), b = at::ones({1024}), c = at::ones({1024}), d = at::ones({1024});
+  fsdp::shard::free_storage(a, /*keep_in_cache=*/true);
+  EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 4096);
+  fsdp::shard::free_storage(b, true);
+  fsdp::shard::free_storage(c, true);
+  fsdp::shard::free_storage(d, true);  // over capacity: back to the allocator
+  EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 3 * 4096);
+  fsdp::shard::free_storage(at::ones({10}), false);  // not kept
+  EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 3 * 4096);
+  // Same size: served from the cache (one of the three kept buffers); another size is not.
+  fsdp::shard::allocate_storage(a, 4096);
+  EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 2 * 4096);
+  at::Tensor e = fsdp::shard::empty_from_cache(1024, at::kFloat);
+  EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 4096);
+  at::Tensor f = fsdp::shard::empty_from_cache(1000, at::kFloat);
+  EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 4096);
+  fsdp::shard::clear_buffer_cache();
+  EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 0);
+  fsdp::shard::set_buffer_cache_capacity(before);
+}

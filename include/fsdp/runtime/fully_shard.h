@@ -94,6 +94,9 @@ struct FsdpOptions {
   // 0: no prefetch, and every reduction is waited for at once.
   int max_inflight = 2;
   bool activation_checkpointing = false;  // every unit except the root
+  // Keep freed unsharded buffers for reuse (shard/storage.h), up to the budget's peak:
+  // 2 x root + (K + 2) x largest unit, in fp32 bytes. Off: every free returns memory to the OS.
+  bool cache_buffers = true;
 };
 
 // Per-rank memory, in bytes, as the runtime accounts it.

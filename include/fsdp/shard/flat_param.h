@@ -117,6 +117,10 @@ class FlatParam {
   // the shard), the unsharded gradient, and a gradient cast for reduction.
   int64_t gathered_bytes() const;
 
+  // Freed unsharded buffers (parameters, gradients) go to shard::storage's buffer cache, so the
+  // next gather of the same size reuses resident memory (see storage.h). Off by default.
+  void set_buffer_caching(bool on) { cache_buffers_ = on; }
+
  private:
   std::string unit_name_;
   FlatLayout layout_;
@@ -126,6 +130,7 @@ class FlatParam {
   bool trainable_ = true;
   at::ScalarType compute_dtype_ = at::kFloat;
   at::ScalarType reduce_dtype_ = at::kFloat;
+  bool cache_buffers_ = false;
   at::Tensor unsharded_;       // [padded_numel] compute dtype
   at::Tensor shard_;           // [shard_numel] fp32 (replicated: same tensor as unsharded_)
   at::Tensor shard_grad_;      // [shard_numel] fp32, trainable only

@@ -13,12 +13,35 @@
 namespace fsdp::shard {
 
 // Frees the memory of t's storage; the storage object (and every tensor aliasing it) survives.
-void free_storage(const at::Tensor& t);
+// keep_in_cache: into the buffer cache below if it has room, else back to the allocator.
+void free_storage(const at::Tensor& t, bool keep_in_cache = false);
 // Gives t's storage `nbytes` fresh, uninitialised bytes from its own allocator (no-op if it already
 // holds them). Refill it by writing through data_ptr() (as a collective does) or through
 // variable_data(): an in-place torch op on t itself would bump the version counter that autograd
 // checks, and backward would refuse to run.
 void allocate_storage(const at::Tensor& t, size_t nbytes);
 bool storage_is_allocated(const at::Tensor& t);
+
+// A cache of freed buffers, so that a buffer freed after one unit's use serves the next gather of
+// the same size. Without it every gather maps fresh pages from the OS, and first-touch page faults
+// cost more than the copy itself here (measured in docs/benchmarks.md: 4x on a 2-core VM), the
+// problem CUDA's caching allocator solves on GPUs. free_storage keeps a buffer while the cache
+// holds at most `capacity` bytes (exact-size reuse; the rest returns to the allocator);
+// allocate_storage takes a cached one of the same size first. Capacity 0 (the default) disables it.
+// Process-wide, thread-safe. Only CPU buffers are cached.
+void set_buffer_cache_capacity(int64_t bytes);
+int64_t buffer_cache_capacity();
+int64_t buffer_cache_bytes();  // held now
+void clear_buffer_cache();
+// For the whole process (training programs call it first): glibc's malloc keeps freed blocks up
+// to 32 MiB (its largest mmap threshold) in its heap instead of unmapping them, and does not trim
+// the heap, so activations and gradients reuse resident pages instead of faulting fresh ones in.
+// Resident memory then stays near its peak rather than falling between steps. Returns false if
+// glibc refused a setting.
+bool keep_freed_host_memory_mapped();
+
+// A 1-D tensor of `numel` elements whose memory comes from the cache when it can; contents undefined.
+// Give its memory back with free_storage (dropping the tensor frees it to the allocator instead).
+at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype);
 
 }  // namespace fsdp::shard
