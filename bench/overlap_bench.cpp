@@ -77,12 +77,13 @@ int main(int argc, char** argv) {
   int64_t dim = 1024, depth = 8, tokens = 64, steps = 10, warmup = 2;
   int max_inflight = 2;
   std::string json_path;
-  app.add_option("--dim", dim, "block width (a block holds 8 dim^2 parameters)");
-  app.add_option("--depth", depth, "blocks");
-  app.add_option("--tokens", tokens, "rows of the per-rank batch");
-  app.add_option("--steps", steps, "measured steps per mode");
-  app.add_option("--warmup", warmup, "unmeasured steps first (the first records the prefetch order)");
-  app.add_option("--max-inflight", max_inflight, "K for the prefetch mode");
+  app.add_option("--dim", dim, "block width (a block holds 8 dim^2 parameters)")->check(CLI::PositiveNumber);
+  app.add_option("--depth", depth, "blocks")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", tokens, "rows of the per-rank batch")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "measured steps per mode")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "unmeasured steps first (the first records the prefetch order)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-inflight", max_inflight, "K for the prefetch mode")->check(CLI::Range(0, 64));
   app.add_option("--json", json_path, "write the results here as JSON");
   bool fresh_pages = false;
   app.add_flag("--fresh-pages", fresh_pages,

@@ -250,17 +250,8 @@ class Unit {
   }
 
   // Starts gathering this unit's parameters ahead of its use (no-op if gathered or in flight).
-  // Returns whether a gather was issued.
-  bool prefetch() {
-    if (!issue_gather(/*prefetch=*/true)) return false;
-    prefetched_ = true;
-    return true;
-  }
-
-  // Gathers now, waiting (outside forward and backward: evaluation of full parameters and so on).
-  void gather_params() {
-    issue_gather(/*prefetch=*/false);
-    wait_gather();
+  void prefetch() {
+    if (issue_gather(/*prefetch=*/true)) prefetched_ = true;
   }
 
   void reset_step() {
@@ -363,6 +354,9 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
                      std::vector<std::shared_ptr<Unit>> prebuilt)
     : root_(std::move(root)), group_(std::move(group)), options_(std::move(options)) {
   if (!group_) throw std::invalid_argument("fully_shard: the process group is null");
+  if (options_.max_inflight < 0) {
+    throw std::invalid_argument("fully_shard: max_inflight must be 0 or more, got " + std::to_string(options_.max_inflight));
+  }
   // Paths of every module, to name prebuilt units and apply the policy to the rest.
   std::unordered_map<const torch::nn::Module*, std::string> path_of;
   for (const auto& item : root_->named_modules("", /*include_self=*/false)) path_of[item.value().get()] = item.key();
@@ -431,6 +425,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   root_unit->adopt(this, "");
   units_.push_back(std::move(root_unit));
 
+  // Cache capacity in fp32 bytes: with bf16 compute, a gradient cast for an fp32 reduction is fp32.
   int64_t root_bytes = 0, largest_bytes = 0;
   for (const auto& unit : units_) {
     int64_t unit_bytes = 0;
@@ -439,10 +434,14 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
       unit_bytes += flat->layout().padded_numel * 4;
       flat->set_buffer_caching(options_.cache_buffers);
     }
-    (unit->is_root() ? root_bytes : largest_bytes) = std::max(unit->is_root() ? root_bytes : largest_bytes, unit_bytes);
+    if (unit->is_root()) {
+      root_bytes = unit_bytes;
+    } else {
+      largest_bytes = std::max(largest_bytes, unit_bytes);
+    }
   }
   if (options_.cache_buffers) {
-    const int64_t wanted = 2 * root_bytes + (std::max(options_.max_inflight, 0) + 2) * largest_bytes;
+    const int64_t wanted = 2 * root_bytes + (options_.max_inflight + 2) * largest_bytes;
     if (wanted > shard::buffer_cache_capacity()) shard::set_buffer_cache_capacity(wanted);
   }
 }
