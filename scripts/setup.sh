@@ -2,6 +2,7 @@
 # Installs whatever fsdp.cpp needs from Debian's packages (only what is missing), then configures
 # and builds into build/. Idempotent: quiet when everything is already present.
 # Usage: scripts/setup.sh            (sourced or run by scripts/train.sh and scripts/test.sh)
+#        FSDP_EXTRA_PACKAGES="python3-torch gnuplot-nox" scripts/setup.sh   (benchmarks' extras)
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -12,6 +13,8 @@ packages=(
   libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   fortunes dataset-fashion-mnist
 )
+# shellcheck disable=SC2206  # a space-separated list on purpose
+packages+=(${FSDP_EXTRA_PACKAGES:-})
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""bench/compare: fsdp.cpp against what a user would pick instead, in one run on one machine.
+
+    bash bench/compare.sh                      # builds first; or, with build/ ready:
+    /usr/bin/python3 bench/compare.py --json out/bench/compare.json --plot docs/compare.png
+
+The same GPT (default 6 blocks, width 256, 8 heads, byte vocabulary, 128-token windows,
+4.8 M parameters), the same global batch, trained by:
+  fsdp N=1,2,4   fsdp-train FULL_SHARD (prefetch on), threads per rank = cores / N (at least 1)
+  libtorch 1p    bench/plain_gpt: one process, plain libtorch, no sharding, all cores; once with
+                 fsdp-train's malloc settings (freed blocks stay mapped) and once with glibc's defaults
+  pytorch 1p     bench/torch_gpt.py in one process (Python, same kernels: Debian's python3-torch 1.13)
+  ddp N=2,4      bench/torch_gpt.py under DistributedDataParallel on gloo, threads = cores / N
+and PyTorch's own FSDP is probed (import, gloo reduce-scatter) and its failure recorded.
+Every configuration runs --rounds times, interleaved (this machine is noisy); per configuration
+the median step over all rounds' steps after the warm-up gives tokens/s, and the largest rank's
+peak resident memory (VmHWM) its memory. Ratios: against the one-process libtorch run (same malloc
+settings as fsdp-train) and against DDP at equal N. Writes a table, JSON and (with gnuplot) a PNG.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = os.environ.get("FSDP_TORCH_PYTHON", "/usr/bin/python3")  # Debian's python3-torch lives here
+
+
+def mpirun(ranks):
+    env_flags = []
+    if os.geteuid() == 0:
+        env_flags = ["-x", "OMPI_ALLOW_RUN_AS_ROOT=1", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"]
+    return ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *env_flags]
+
+
+def run(command, log_path):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.pop("OMP_NUM_THREADS", None)  # every program sets its own thread count
+    with open(log_path, "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        tail = Path(log_path).read_text().splitlines()[-15:]
+        sys.exit(f"compare: {' '.join(map(str, command))} failed (exit {done.returncode}); "
+                 f"end of {log_path}:\n" + "\n".join(tail))
+
+
+def model_args(a):
+    return ["--layers", str(a.layers), "--dim", str(a.dim), "--heads", str(a.heads), "--seq", str(a.seq),
+            "--batch", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+
+
+def fsdp_run(a, ranks, work):
+    out_dir = work / f"fsdp_np{ranks}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    sets = {"model.name": "gpt-mini", "model.layers": a.layers, "model.dim": a.dim, "model.heads": a.heads,
+            "model.context": a.seq, "train.seq_len": a.seq, "train.global_batch": a.batch,
+            "train.steps": a.steps, "train.log_every": a.steps, "optimizer.warmup_steps": 0,
+            "optimizer.lr": 3e-4, "optimizer.min_lr": 3e-4, "eval.every": 10 * a.steps, "eval.batches": 1,
+            "eval.sample_tokens": 1, "checkpoint.every": 0, "fsdp.strategy": "full_shard",
+            "output_dir": str(out_dir)}
+    command = [*mpirun(ranks), str(ROOT / "build/apps/fsdp-train"), str(ROOT / "configs/gpt-fortunes-tiny.toml"),
+               "--progress", "lines"]
+    for key, value in sets.items():
+        command += ["--set", f"{key}={json.dumps(value) if isinstance(value, str) else value}"]
+    run(command, work / f"fsdp_np{ranks}.log")
+    steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "step" in r]
+    if len(steps) != a.steps:
+        sys.exit(f"compare: {out_dir}/metrics.jsonl holds {len(steps)} steps, expected {a.steps}")
+    first = steps[0]
+    tokens = first["tokens_per_second"] * first["step_seconds"]
+    return {"step_seconds": [r["step_seconds"] for r in steps[a.warmup:]], "tokens_per_step": tokens,
+            "peak_resident_bytes": max(max(r["peak_resident_bytes_per_rank"]) for r in steps),
+            "losses": [r["loss"] for r in steps]}
+
+
+def json_run(a, command, name, work):
+    out = work / f"{name}.json"
+    run([*command, *model_args(a), "--json", str(out)], work / f"{name}.log")
+    r = json.loads(out.read_text())
+    peak = r.get("peak_resident_bytes", max(r.get("peak_resident_bytes_per_rank", [0])))
+    return {"step_seconds": r["step_seconds"][a.warmup:], "tokens_per_step": r["batch"] * r["seq"],
+            "peak_resident_bytes": peak, "losses": r["losses"], "parameters": r["parameters"]}
+
+
+def plot(rows, png, work):
+    if not shutil.which("gnuplot"):
+        print("compare: gnuplot not found (apt-get install gnuplot-nox): no plot")
+        return
+    # PyTorch's line starts at its one-process run; libtorch's point uses fsdp-train's malloc settings.
+    series = {"fsdp.cpp FULL\\_SHARD": ("fsdp",), "PyTorch (N=1: one process; N>1: DDP on gloo)": ("pytorch", "ddp"),
+              "plain libtorch, one process": ("libtorch",)}
+    files = {}
+    for title, families in series.items():
+        points = sorted((r["ranks"], r["tokens_per_second"], r["peak_resident_mib"]) for r in rows
+                        if r["family"] in families and not (r["family"] == "libtorch" and r["malloc"] != "fsdp"))
+        family = families[-1]
+        path = work / f"plot_{family}.dat"
+        path.write_text("".join(f"{n} {t:.1f} {m:.1f}\n" for n, t, m in points))
+        files[title] = path
+    def plots(column):
+        return ", ".join(f"'{p}' using 1:{column} with linespoints lw 2 pt 7 title '{t}'" for t, p in files.items())
+    script = f"""set terminal pngcairo size 1200,480 font ',11'
+set output '{png}'
+set multiplot layout 1,2 title 'GPT 4.8 M parameters, global batch fixed, 2-core VM (bench/compare.py)'
+set xlabel 'ranks N'
+set xtics (1, 2, 4)
+set xrange [0.5:4.5]
+set grid
+set key bottom left
+set ylabel 'tokens / s (median step)'
+set yrange [0:*]
+plot {plots(2)}
+set ylabel 'peak resident memory per rank (MiB)'
+set key bottom left
+plot {plots(3)}
+unset multiplot
+"""
+    (work / "plot.gp").write_text(script)
+    if subprocess.run(["gnuplot", str(work / "plot.gp")]).returncode == 0:
+        print(f"wrote {png}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16, help="global batch (windows per step)")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=3, help="steps per run left out of the median")
+    parser.add_argument("--rounds", type=int, default=2, help="times each configuration runs, interleaved")
+    parser.add_argument("--ranks", default="1,2,4", help="fsdp.cpp rank counts (DDP: those above 1)")
+    parser.add_argument("--json", default="out/bench/compare.json")
+    parser.add_argument("--plot", default="", help="PNG to write (gnuplot)")
+    parser.add_argument("--work-dir", default="", help="logs and per-run files (default: a temporary folder)")
+    a = parser.parse_args()
+    ranks = [int(n) for n in a.ranks.split(",")]
+    if a.batch % 4 or any(a.batch % n for n in ranks):
+        sys.exit(f"compare: --batch {a.batch} must be divisible by every rank count in {ranks}")
+    if not 0 <= a.warmup < a.steps or a.rounds < 1:
+        sys.exit("compare: need 0 <= --warmup < --steps and --rounds >= 1")
+    for exe in ("build/apps/fsdp-train", "build/bench/plain_gpt"):
+        if not (ROOT / exe).exists():
+            sys.exit(f"compare: {exe} is missing: build first (bash bench/compare.sh does)")
+    work = Path(a.work_dir) if a.work_dir else Path(tempfile.mkdtemp(prefix="fsdp-compare-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+
+    configs = [("fsdp", n, None) for n in ranks]
+    configs += [("libtorch", 1, "fsdp"), ("libtorch", 1, "glibc"), ("pytorch", 1, None)]
+    configs += [("ddp", n, None) for n in ranks if n > 1]
+    results = {c: [] for c in configs}
+    for round_index in range(a.rounds):
+        for family, n, malloc in configs:
+            name = f"{family}_np{n}" + (f"_{malloc}" if malloc else "") + f"_round{round_index}"
+            print(f"round {round_index + 1}/{a.rounds}: {name}", flush=True)
+            if family == "fsdp":
+                r = fsdp_run(a, n, work)
+            elif family == "libtorch":
+                extra = ["--keep-freed-memory-mapped"] if malloc == "fsdp" else []
+                r = json_run(a, [str(ROOT / "build/bench/plain_gpt"), "--threads", str(cores), *extra], name, work)
+            else:
+                launcher = mpirun(n) if family == "ddp" else []
+                r = json_run(a, [*launcher, PYTHON, str(ROOT / "bench/torch_gpt.py")], name, work)
+            results[(family, n, malloc)].append(r)
+
+    probe_path = work / "fsdp_probe.json"
+    run([*mpirun(2), PYTHON, str(ROOT / "bench/torch_gpt.py"), "--probe-fsdp", "--json", str(probe_path)],
+        work / "fsdp_probe.log")
+    probe = json.loads(probe_path.read_text())
+
+    labels = {"fsdp": "fsdp.cpp", "libtorch": "libtorch 1 proc", "pytorch": "pytorch 1 proc", "ddp": "pytorch DDP"}
+    rows = []
+    for (family, n, malloc), runs in results.items():
+        steps = [s for r in runs for s in r["step_seconds"]]
+        median_step = statistics.median(steps)
+        rows.append({
+            "label": f"{labels[family]} N={n}" + (f" ({malloc} malloc)" if family == "libtorch" else ""),
+            "family": family, "ranks": n, "malloc": {"fsdp": "fsdp", "libtorch": malloc}.get(family, "glibc"),
+            "threads_per_rank": max(1, cores // n), "median_step_seconds": median_step,
+            "tokens_per_second": runs[0]["tokens_per_step"] / median_step,
+            "round_tokens_per_second": [r["tokens_per_step"] / statistics.median(r["step_seconds"]) for r in runs],
+            "peak_resident_mib": max(r["peak_resident_bytes"] for r in runs) / 2**20,
+            "first_loss": runs[0]["losses"][0], "parameters": runs[0].get("parameters"),
+        })
+    base = next(r for r in rows if r["family"] == "libtorch" and r["malloc"] == "fsdp")
+    ddp = {r["ranks"]: r for r in rows if r["family"] == "ddp"}
+    print(f"\nGPT {a.layers}x{a.dim}, {a.heads} heads, seq {a.seq}, global batch {a.batch}, {a.steps} steps "
+          f"(median over steps {a.warmup + 1}-{a.steps}) x {a.rounds} rounds, {cores} cores")
+    print(f"{'run':<34} {'thr':>3} {'tokens/s':>9} {'vs 1p':>6} {'vs DDP':>7} {'RSS/rank MiB':>12} {'vs DDP':>7} "
+          f"{'loss@1':>7}")
+    for r in rows:
+        r["tokens_vs_libtorch"] = r["tokens_per_second"] / base["tokens_per_second"]
+        same = ddp.get(r["ranks"])
+        r["tokens_vs_ddp"] = r["tokens_per_second"] / same["tokens_per_second"] if same else None
+        r["memory_vs_ddp"] = r["peak_resident_mib"] / same["peak_resident_mib"] if same else None
+        vs_ddp = f"{r['tokens_vs_ddp']:.2f}x" if same else "-"
+        mem_vs = f"{r['memory_vs_ddp']:.2f}x" if same else "-"
+        print(f"{r['label']:<34} {r['threads_per_rank']:>3} {r['tokens_per_second']:>9.0f} "
+              f"{r['tokens_vs_libtorch']:>5.2f}x {vs_ddp:>7} {r['peak_resident_mib']:>12.1f} {mem_vs:>7} "
+              f"{r['first_loss']:>7.4f}")
+    print(f"\nPyTorch FSDP here: import -> {probe['fsdp_import']}")
+    print(f"                   gloo reduce_scatter -> {probe.get('gloo_reduce_scatter')}")
+    out = {"model": {"layers": a.layers, "dim": a.dim, "heads": a.heads, "vocab": 256, "seq": a.seq,
+                     "parameters": next((r["parameters"] for r in rows if r["parameters"]), None)},
+           "global_batch": a.batch, "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "cores": cores,
+           "rows": rows, "pytorch_fsdp_probe": probe, "work_dir": str(work)}
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {a.json}")
+    if a.plot:
+        plot(rows, str(Path(a.plot).resolve()), work)
+
+
+if __name__ == "__main__":
+    main()

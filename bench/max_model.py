@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""bench/max_model: the largest GPT that trains 3 steps under a per-rank memory cap.
+
+    /usr/bin/python3 bench/max_model.py --json out/bench/max_model.json      # as root (cgroups)
+
+GPUs each have their own memory; ranks here share one machine's. Each rank runs in a memory
+cgroup of its own capped at --cap GiB (bench/memory_cap.sh): an emulated device. The model is a
+GPT of width --dim (heads = dim / 128, byte vocabulary, --seq-token windows, one window per rank
+per step, fp32 AdamW) whose depth is searched: a run passes when every rank exits 0 after 3
+optimizer steps; over the cap the kernel's OOM killer ends a rank (recorded). Configurations:
+  fsdp4_capped    fsdp-train FULL_SHARD on 4 ranks, each capped
+  ddp4_capped     PyTorch DDP (gloo, bench/torch_gpt.py) on 4 ranks, each capped
+  single_capped   one process, plain libtorch (bench/plain_gpt), capped
+  fsdp4_uncapped  fsdp-train on 4 ranks with no per-rank cap: the 4 ranks share one cgroup capped at
+                  the machine's available memory less --reserve GiB, so that a failure kills a rank,
+                  not this script or the shell; reported against the machine's bound, total memory
+                  over 16 bytes per parameter (fp32 parameter, gradient, AdamW's two moments)
+The search for each: start at the depth the --start-bytes-per-param guess gives, go up (or down)
+by --step layers until the result changes, then bisect to one layer.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = {"fsdp-train": ROOT / "build/apps/fsdp-train", "plain_gpt": ROOT / "build/bench/plain_gpt"}
+PYTHON = os.environ.get("FSDP_TORCH_PYTHON", "/usr/bin/python3")
+GIB = 1 << 30
+
+
+def gpt_parameters(layers, dim, vocab, seq):
+    block = 4 * dim + dim * 3 * dim + 3 * dim + dim * dim + dim + dim * 4 * dim + 4 * dim + 4 * dim * dim + dim
+    return vocab * dim + seq * dim + layers * block + 2 * dim
+
+
+def mem_total_bytes():
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def mem_available_bytes():
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def command_for(config, layers, a, out_dir):
+    """The training command of one configuration (before mpirun and the memory wrapper)."""
+    heads = a.dim // 128
+    ranks = config["ranks"]
+    if config["runner"] == "fsdp":
+        sets = {"model.name": "gpt-mini", "model.layers": layers, "model.dim": a.dim, "model.heads": heads,
+                "model.context": a.seq, "train.seq_len": a.seq, "train.global_batch": ranks, "train.steps": 3,
+                "train.log_every": 1, "optimizer.warmup_steps": 0, "eval.every": 1000, "eval.batches": 1,
+                "eval.sample_tokens": 1, "checkpoint.every": 0, "fsdp.strategy": "full_shard",
+                "output_dir": str(out_dir)}
+        command = [str(BIN["fsdp-train"]), str(ROOT / "configs/gpt-fortunes-tiny.toml"), "--progress", "lines"]
+        for key, value in sets.items():
+            command += ["--set", f"{key}={json.dumps(value) if isinstance(value, str) else value}"]
+        return command
+    model = ["--layers", str(layers), "--dim", str(a.dim), "--heads", str(heads), "--seq", str(a.seq),
+             "--batch", str(ranks), "--steps", "3", "--warmup", "0"]
+    if config["runner"] == "ddp":
+        return [PYTHON, str(ROOT / "bench/torch_gpt.py"), *model]
+    return [str(BIN["plain_gpt"]), *model]
+
+
+def mpirun(ranks):
+    flags = ["-x", "OMPI_ALLOW_RUN_AS_ROOT=1", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"] if os.geteuid() == 0 else []
+    return ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *flags]
+
+
+def trial(config, layers, a, work):
+    name = f"{config['name']}_L{layers}"
+    out_dir, report_dir = work / name, work / f"{name}_caps"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.rmtree(report_dir, ignore_errors=True)
+    train = command_for(config, layers, a, out_dir)
+    per_rank_cap = str(int(a.cap * GIB)) if config["capped"] else "max"
+    wrapped = [str(ROOT / "bench/memory_cap.sh"), per_rank_cap, str(report_dir), *train]
+    shared_limit = None
+    if config["capped"]:
+        command = [*mpirun(config["ranks"]), *wrapped] if config["ranks"] > 1 else wrapped
+    else:
+        # No per-rank cap: every rank (and mpirun) in one cgroup holding what the machine has free.
+        shared_limit = int(mem_available_bytes() - a.reserve * GIB)
+        command = [str(ROOT / "bench/memory_cap.sh"), str(shared_limit), str(work / f"{name}_shared"),
+                   *mpirun(config["ranks"]), *wrapped]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    start = time.time()
+    with open(work / f"{name}.log", "w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    seconds = time.time() - start
+    reports = [json.loads(p.read_text()) for p in sorted(report_dir.glob("rank*.json"))]
+    if code == 3 and not reports:
+        sys.exit(f"max_model: bench/memory_cap.sh could not create a memory cgroup (see {work / (name + '.log')})")
+    oom = sum(r["oom_kills"] for r in reports)
+    if config["capped"] is False:
+        shared = work / f"{name}_shared" / "rank0.json"
+        if shared.exists():
+            oom += json.loads(shared.read_text())["oom_kills"]
+    passed = code == 0 and len(reports) == config["ranks"] and all(r["exit_code"] == 0 for r in reports)
+    result = {"layers": layers, "parameters": gpt_parameters(layers, a.dim, 256, a.seq), "passed": passed,
+              "exit_code": code, "oom_kills": oom, "seconds": round(seconds, 1),
+              "peak_bytes_per_rank": [r["peak_bytes"] for r in reports], "shared_limit_bytes": shared_limit}
+    if not passed and oom == 0:
+        tail = (work / f"{name}.log").read_text().splitlines()[-5:]
+        result["log_tail"] = tail
+    print(f"  {name}: {result['parameters'] / 1e6:8.1f} M parameters  {'pass' if passed else 'FAIL'}  "
+          f"exit {code}  OOM kills {oom}  peak/rank "
+          f"{max(result['peak_bytes_per_rank'], default=0) / GIB:.2f} GiB  {seconds:.0f} s", flush=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    remove_stale_cgroups()
+    return result
+
+
+def remove_stale_cgroups():
+    """A rank that mpirun killed leaves memory_cap.sh's cgroup behind (empty): remove those."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy_id, controllers, path = line.split(":", 2)
+        if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            base = Path("/sys/fs/cgroup" + path) if hierarchy_id == "0" else None
+        else:
+            base = Path("/sys/fs/cgroup/memory" + path) if "memory" in controllers.split(",") else None
+        if base is None or not base.is_dir():
+            continue
+        for stale in base.glob("fsdp-cap-*"):
+            try:
+                stale.rmdir()  # fails while a process is still inside: then it is not stale
+            except OSError:
+                pass
+
+
+def search(config, a, work, start_layers):
+    trials = {}
+
+    def run(layers):
+        if layers not in trials:
+            trials[layers] = trial(config, layers, a, work)
+        return trials[layers]["passed"]
+
+    layers = max(1, start_layers)
+    if run(layers):
+        low, high = layers, None
+        while high is None:
+            nxt = low + a.step
+            if run(nxt):
+                low = nxt
+            else:
+                high = nxt
+    else:
+        low, high = None, layers
+        while low is None:
+            nxt = high - a.step
+            if nxt < 1:
+                return None, trials
+            if run(nxt):
+                low = nxt
+            else:
+                high = nxt
+    while high - low > 1:
+        mid = (low + high) // 2
+        if run(mid):
+            low = mid
+        else:
+            high = mid
+    return low, trials
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cap", type=float, default=5.0, help="per-rank memory cap, GiB")
+    parser.add_argument("--dim", type=int, default=1536, help="model width (heads = dim / 128)")
+    parser.add_argument("--seq", type=int, default=64, help="tokens per window")
+    parser.add_argument("--step", type=int, default=4, help="layers per step of the search before bisecting")
+    parser.add_argument("--reserve", type=float, default=0.75, help="GiB left free in the uncapped run")
+    parser.add_argument("--only", default="", help="comma-separated configuration names to run")
+    parser.add_argument("--start-bytes-per-param", default="fsdp4_capped=4.6,ddp4_capped=21,single_capped=17,"
+                        "fsdp4_uncapped=4.4", help="first guess per configuration: a rank's bytes per model parameter")
+    parser.add_argument("--try-layers", default="", help="e.g. fsdp4_capped=24: run only that depth for that "
+                        "configuration (no search); a pass shows a lower bound on its largest model")
+    parser.add_argument("--json", default="out/bench/max_model.json")
+    parser.add_argument("--work-dir", default="out/bench/max_model")
+    parser.add_argument("--bin-dir", default="", help="fsdp-train and plain_gpt from here (default: build/), "
+                        "e.g. copies, so that a rebuild during the search does not swap them")
+    a = parser.parse_args()
+    if a.cap <= 0 or a.dim <= 0 or a.dim % 128 or a.seq <= 0 or a.step < 1:
+        sys.exit("max_model: need --cap > 0, --dim a positive multiple of 128, --seq > 0, --step >= 1")
+    if a.bin_dir:
+        for name in BIN:
+            BIN[name] = Path(a.bin_dir).resolve() / name
+    for exe in BIN.values():
+        if not exe.exists():
+            sys.exit(f"max_model: {exe} is missing: build first")
+    work = Path(a.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    configs = [
+        {"name": "ddp4_capped", "runner": "ddp", "ranks": 4, "capped": True},
+        {"name": "single_capped", "runner": "plain", "ranks": 1, "capped": True},
+        {"name": "fsdp4_capped", "runner": "fsdp", "ranks": 4, "capped": True},
+        {"name": "fsdp4_uncapped", "runner": "fsdp", "ranks": 4, "capped": False},
+    ]
+    if a.only:
+        wanted = set(a.only.split(","))
+        unknown = wanted - {c["name"] for c in configs}
+        if unknown:
+            sys.exit(f"max_model: unknown configuration(s) {sorted(unknown)}")
+        configs = [c for c in configs if c["name"] in wanted]
+    guesses = dict(item.split("=") for item in a.start_bytes_per_param.split(","))
+    fixed = {name: int(layers) for name, layers in (item.split("=") for item in a.try_layers.split(",") if item)}
+    per_layer = gpt_parameters(1, a.dim, 256, a.seq) - gpt_parameters(0, a.dim, 256, a.seq)
+    total = mem_total_bytes()
+    machine_bound = total / 16
+    results = []
+    for config in configs:
+        budget = a.cap * GIB if config["capped"] else mem_available_bytes() / config["ranks"]
+        start = int(budget / float(guesses[config["name"]]) / per_layer)
+        if config["name"] in fixed:
+            layers = fixed[config["name"]]
+            print(f"{config['name']}: one trial at {layers} layers (no search)", flush=True)
+            t = trial(config, layers, a, work)
+            largest, trials, searched = (layers if t["passed"] else None), {layers: t}, False
+        else:
+            print(f"{config['name']}: searching from {start} layers ({per_layer / 1e6:.1f} M parameters each)", flush=True)
+            largest, trials = search(config, a, work, start)
+            searched = True
+        results.append({**config, "largest_layers": largest, "searched": searched,
+                        "largest_parameters": gpt_parameters(largest, a.dim, 256, a.seq) if largest else 0,
+                        "trials": [trials[k] for k in sorted(trials)]})
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps({"results": results}, indent=2) + "\n")  # partial results survive
+
+    by_name = {r["name"]: r for r in results}
+    print(f"\nGPT width {a.dim}, {a.dim // 128} heads, byte vocabulary, {a.seq}-token windows, one per rank, "
+          f"fp32 AdamW, 3 steps; per-rank cap {a.cap:g} GiB; machine {total / GIB:.1f} GiB")
+    print(f"{'configuration':<16} {'layers':>6} {'parameters':>12} {'peak/rank GiB':>13} {'vs DDP':>7} {'vs 1 proc':>9}")
+    for r in results:
+        passing = [t for t in r["trials"] if t["passed"] and t["layers"] == r["largest_layers"]]
+        peak = max(passing[0]["peak_bytes_per_rank"]) / GIB if passing else float("nan")
+        r["peak_bytes_per_rank_at_largest"] = passing[0]["peak_bytes_per_rank"] if passing else []
+        for other, key in (("ddp4_capped", "vs_ddp"), ("single_capped", "vs_single")):
+            o = by_name.get(other)
+            r[key] = r["largest_parameters"] / o["largest_parameters"] if o and o["largest_parameters"] else None
+        fmt = lambda v: f"{v:.2f}x" if v else "-"
+        print(f"{r['name']:<16} {r['largest_layers'] or 0:>6} {r['largest_parameters'] / 1e6:>10.1f} M {peak:>13.2f} "
+              f"{fmt(r['vs_ddp']):>7} {fmt(r['vs_single']):>9}" + ("" if r["searched"] else "  (one trial: at least)"))
+    if "fsdp4_uncapped" in by_name:
+        r = by_name["fsdp4_uncapped"]
+        r["machine_bound_parameters"] = machine_bound
+        r["vs_machine_bound"] = r["largest_parameters"] / machine_bound
+        print(f"machine bound: {total / GIB:.1f} GiB / 16 B = {machine_bound / 1e6:.0f} M parameters; "
+              f"fsdp4_uncapped reaches {r['vs_machine_bound']:.2f}x")
+    Path(a.json).write_text(json.dumps({"dim": a.dim, "seq": a.seq, "cap_gib": a.cap, "mem_total_bytes": total,
+                                        "results": results}, indent=2) + "\n")
+    print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
