@@ -131,14 +131,19 @@ void pause_for_tests(int rank, int64_t step) {
 
 std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpState& state,
                             optim::ShardedOptimizer* optimizer, const CheckpointInfo& info) {
+  // Every rank agrees on success; one copy of the model writes the files: the shard group of
+  // replica group 0 (the whole job unless hybrid_shard, whose replicas hold the same shards).
+  // `rank` and `world` below number the files: ranks of that shard group.
   const comm::ProcessGroupPtr& group = state.group();
-  const int rank = group->rank(), world = group->size();
+  const comm::ProcessGroupPtr& writers = state.shard_group();
+  const bool writer = state.replica_index() == 0;
+  const int rank = writers->rank(), world = writers->size();
   const fs::path final_dir = fs::path(checkpoints_dir) / step_dir_name(info.step);
   const fs::path partial_dir = fs::path(checkpoints_dir) / (step_dir_name(info.step) + ".partial");
   const std::vector<shard::FlatParam*> flats = state.flat_params();
 
   comm::on_every_rank(group, "preparing the checkpoint directory", [&] {
-    if (rank == 0) {
+    if (group->rank() == 0) {
       fs::create_directories(checkpoints_dir);
       fs::remove_all(partial_dir);
       fs::create_directories(partial_dir);
@@ -148,6 +153,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
   // Each rank: its slice of every FlatParam and of the optimizer state, and its RNG state.
   at::Tensor file_facts = at::zeros({2}, at::kLong);  // bytes, crc32
   comm::on_every_rank(group, "writing checkpoint shards", [&] {
+    if (!writer) return;
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (size_t i = 0; i < flats.size(); ++i) {
       const auto [begin, end] = saved_range(flats[i]->layout().numel, world, rank);
@@ -171,19 +177,19 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
     writer.finish();
     file_facts[0] = writer.bytes_written();
     file_facts[1] = static_cast<int64_t>(writer.crc32());
-    pause_for_tests(rank, info.step);
+    pause_for_tests(group->rank(), info.step);
   });
 
   at::Tensor all_facts = at::empty({2 * world}, at::kLong);
   if (world > 1) {
-    group->all_gather(all_facts, file_facts)->wait();
+    writers->all_gather(all_facts, file_facts)->wait();  // every replica group's; replica 0's are kept
   } else {
     all_facts.copy_(file_facts);
   }
 
-  // Rank 0 publishes: the manifest (its file checksums), then the rename that makes it visible.
+  // Rank 0 (a writer) publishes: the manifest (file checksums), then the rename that makes it visible.
   comm::on_every_rank(group, "publishing the checkpoint", [&] {
-    if (rank != 0) return;
+    if (group->rank() != 0) return;
     json files = json::array();
     for (int r = 0; r < world; ++r) {
       files.push_back({{"rank", r}, {"file", rank_file_name(r, world)}, {"bytes", all_facts[2 * r].item<int64_t>()},

@@ -132,9 +132,12 @@ double grad_norm(runtime::FsdpState& state) {
     if (!flat->trainable() || !flat->shard_grad().defined()) continue;
     sums[flat->replicated() ? 1 : 0] += flat->shard_grad().to(at::kDouble).pow(2).sum();
   }
-  state.group()->all_reduce(sums, comm::ReduceOp::Sum)->wait();
+  // Over the shard group: its ranks hold one whole gradient between them (under hybrid_shard
+  // every replica group holds the same one, so every group computes the same norm).
+  const comm::ProcessGroupPtr& group = state.shard_group();
+  group->all_reduce(sums, comm::ReduceOp::Sum)->wait();
   // Replicated gradients are identical on every rank: count them once.
-  const double total = sums[0].item<double>() + sums[1].item<double>() / state.group()->size();
+  const double total = sums[0].item<double>() + sums[1].item<double>() / group->size();
   return std::sqrt(total);
 }
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "fsdp/comm/launch.h"
 #include "fsdp/shard/storage.h"
 
 namespace fsdp::runtime {
@@ -22,6 +23,7 @@ const char* to_string(ShardingStrategy strategy) {
     case ShardingStrategy::FullShard: return "full_shard";
     case ShardingStrategy::ShardGradOp: return "shard_grad_op";
     case ShardingStrategy::NoShard: return "no_shard";
+    case ShardingStrategy::HybridShard: return "hybrid_shard";
   }
   return "?";
 }
@@ -30,8 +32,33 @@ ShardingStrategy sharding_strategy_from_string(const std::string& name) {
   if (name == "full_shard") return ShardingStrategy::FullShard;
   if (name == "shard_grad_op") return ShardingStrategy::ShardGradOp;
   if (name == "no_shard") return ShardingStrategy::NoShard;
+  if (name == "hybrid_shard") return ShardingStrategy::HybridShard;
   throw std::invalid_argument("unknown sharding strategy '" + name +
-                              "' (expected full_shard, shard_grad_op or no_shard)");
+                              "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
+}
+
+ShardingGroups make_sharding_groups(const comm::ProcessGroupPtr& world, const FsdpOptions& options) {
+  if (!world) throw std::invalid_argument("fully_shard: the process group is null");
+  ShardingGroups groups;
+  groups.world = world;
+  if (options.strategy != ShardingStrategy::HybridShard) {
+    groups.shard = world;
+    return groups;
+  }
+  const int n = world->size();
+  int s = options.shard_group_size;
+  if (s == 0) s = comm::launch_info_from_env().local_world_size;
+  if (s < 0) throw std::invalid_argument("fully_shard: shard_group_size must be 0 (one node) or more, got " + std::to_string(s));
+  if (s < 1 || n % s != 0) {
+    throw std::invalid_argument("fully_shard: hybrid_shard needs the shard group size to divide the " +
+                                std::to_string(n) + " ranks, got " + std::to_string(s) +
+                                (options.shard_group_size == 0 ? " (the ranks of this node)" : ""));
+  }
+  const int rank = world->rank();
+  // Ranks [k s, (k + 1) s) shard one copy; ranks r, r + s, r + 2 s, ... hold the same shard.
+  groups.shard = s == n ? world : world->split(rank / s, rank);
+  if (s < n) groups.replicate = world->split(rank % s, rank);
+  return groups;
 }
 
 namespace {
@@ -81,9 +108,9 @@ bool WrapPolicy::selects(const torch::nn::Module& module, const std::string& pat
 class Unit {
  public:
   Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_root,
-       const std::unordered_set<const void*>& excluded, const comm::ProcessGroupPtr& group,
-       const FsdpOptions& options)
-      : module_(std::move(module)), name_(std::move(name)), is_root_(is_root), strategy_(options.strategy) {
+       const std::unordered_set<const void*>& excluded, const ShardingGroups& groups, const FsdpOptions& options)
+      : module_(std::move(module)), name_(std::move(name)), is_root_(is_root), strategy_(options.strategy),
+        groups_(groups) {
     // Parameters in first-seen order, tied ones once (their other names become aliases).
     std::vector<std::string> names[2];
     std::vector<at::Tensor> params[2];
@@ -108,7 +135,8 @@ class Unit {
     for (int kind = 0; kind < 2; ++kind) {
       if (params[kind].empty()) continue;
       auto flat = std::make_unique<shard::FlatParam>(name_.empty() ? "<root>" : name_, names[kind], params[kind],
-                                                     aliases[kind], group, replicate, kind == 0);
+                                                     aliases[kind], groups.shard, replicate, kind == 0);
+      if (groups.replicate) flat->set_replica_group(groups.replicate);
       flat->verify_same_across_ranks(options.sync_module_states);
       flat->reshard();
       // Before the grad accumulators exist: a dtype change would drop them.
@@ -127,6 +155,7 @@ class Unit {
 
   const std::string& name() const { return name_; }
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  const ShardingGroups& groups() const { return groups_; }
   bool is_root() const { return is_root_; }
   bool ran_forward() const { return forward_ran_; }
   bool ran_pre_backward() const { return pre_backward_ran_; }
@@ -184,7 +213,9 @@ class Unit {
 
   void post_forward(const std::vector<at::Tensor>& outputs) {
     const bool grad_needed = register_pre_backward_hooks(outputs);
-    if (!is_root_ && (strategy_ == ShardingStrategy::FullShard || !grad_needed)) release_params();
+    const bool reshard_after_forward =
+        strategy_ == ShardingStrategy::FullShard || strategy_ == ShardingStrategy::HybridShard;
+    if (!is_root_ && (reshard_after_forward || !grad_needed)) release_params();
   }
 
   // Returns whether any output will receive a gradient.
@@ -316,6 +347,7 @@ class Unit {
   std::string name_;
   bool is_root_;
   ShardingStrategy strategy_;
+  ShardingGroups groups_;
   FsdpState* state_ = nullptr;
   std::unique_ptr<shard::FlatParam> trainable_;
   std::unique_ptr<shard::FlatParam> frozen_;
@@ -356,6 +388,11 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   if (!group_) throw std::invalid_argument("fully_shard: the process group is null");
   if (options_.max_inflight < 0) {
     throw std::invalid_argument("fully_shard: max_inflight must be 0 or more, got " + std::to_string(options_.max_inflight));
+  }
+  // Units built by build_fully_sharded already split the groups: reuse theirs (a split is collective).
+  groups_ = prebuilt.empty() ? make_sharding_groups(group_, options_) : prebuilt.front()->groups();
+  if (groups_.world != group_) {
+    throw std::invalid_argument("build_fully_sharded: the blocks were sharded over another process group");
   }
   // Paths of every module, to name prebuilt units and apply the policy to the rest.
   std::unordered_map<const torch::nn::Module*, std::string> path_of;
@@ -403,7 +440,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   std::unordered_set<const void*> owned = parameter_ids(units_);
   for (auto& [path, module] : selected) {
     std::unordered_set<const void*> none;
-    auto unit = std::make_shared<Unit>(module, path, /*is_root=*/false, none, group_, options_);
+    auto unit = std::make_shared<Unit>(module, path, /*is_root=*/false, none, groups_, options_);
     for (shard::FlatParam* flat : unit->flat_params()) {
       for (const at::Tensor& p : flat->params()) {
         if (!owned.insert(p.unsafeGetTensorImpl()).second) {
@@ -421,7 +458,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   for (const auto& item : root_->named_modules("", /*include_self=*/false)) order.emplace(item.value().get(), order.size());
   std::stable_sort(units_.begin(), units_.end(),
                    [&](const auto& a, const auto& b) { return order[a->module().get()] < order[b->module().get()]; });
-  auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, group_, options_);
+  auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, groups_, options_);
   root_unit->adopt(this, "");
   units_.push_back(std::move(root_unit));
 
@@ -645,6 +682,13 @@ void FsdpState::end_of_backward() {
   backward_callback_queued_ = false;
 }
 
+double FsdpState::communication_seconds() const {
+  double seconds = group_->communication_seconds();
+  if (groups_.shard != group_) seconds += groups_.shard->communication_seconds();
+  if (groups_.replicate) seconds += groups_.replicate->communication_seconds();
+  return seconds;
+}
+
 std::shared_ptr<FsdpState> make_fsdp_state(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group,
                                            FsdpOptions options, std::vector<std::shared_ptr<Unit>> prebuilt) {
   if (!root) throw std::invalid_argument("fully_shard: the model is null");
@@ -677,11 +721,12 @@ BuildListener::BuildListener(const comm::ProcessGroupPtr& group, const FsdpOptio
     throw std::invalid_argument("build_fully_sharded: wrap by module path needs a built model; use fully_shard, "
                                 "or select blocks by type or parameter count");
   }
+  groups_ = make_sharding_groups(group, options);
   scope_ = std::make_unique<fsdp::nn::ScopedBlockBuiltListener>(
-      [this, group, options](const std::shared_ptr<torch::nn::Module>& block) {
+      [this, options](const std::shared_ptr<torch::nn::Module>& block) {
         if (!options.wrap_policy.selects(*block, "")) return;
         std::unordered_set<const void*> none;
-        units_.push_back(std::make_shared<Unit>(block, "", /*is_root=*/false, none, group, options));
+        units_.push_back(std::make_shared<Unit>(block, "", /*is_root=*/false, none, groups_, options));
       });
 }
 

@@ -184,6 +184,9 @@ void FlatParam::finish_reduce_grad() {
   if (!trainable_) return;
   torch::NoGradGuard no_grad;
   const at::Tensor& reduced = replicate_ ? unsharded_grad_ : reduced_grad_;
+  // HybridShard: the shard group's average, averaged again over the replicas = the world's average.
+  // Issued once the reduce-scatter is done, on the replica group's own communication thread.
+  if (replica_group_) replica_group_->all_reduce(reduced_grad_, comm::ReduceOp::Average)->wait();
   if (shard_grad_.defined()) {
     shard_grad_.add_(reduced);  // fp32 += reduce dtype
   } else {
@@ -202,26 +205,43 @@ void FlatParam::drop_unsharded_grad() {
   unsharded_grad_ = at::Tensor();
 }
 
+void FlatParam::set_replica_group(comm::ProcessGroupPtr group) {
+  if (replicate_) throw std::invalid_argument("FlatParam '" + unit_name_ + "': a replicated (NO_SHARD) buffer has no replica group");
+  replica_group_ = group && group->size() > 1 ? std::move(group) : nullptr;
+}
+
+namespace {
+
+// Throws unless every rank of `group` computed the same checksum.
+void check_same_checksum(const comm::ProcessGroupPtr& group, int64_t mine, const std::string& unit_name,
+                         const std::string& first_entry) {
+  at::Tensor extremes = at::tensor({mine, -mine}, at::kLong);
+  group->all_reduce(extremes, comm::ReduceOp::Max)->wait();
+  const int64_t highest = extremes[0].item<int64_t>(), lowest = -extremes[1].item<int64_t>();
+  if (highest != lowest) {
+    throw std::runtime_error(
+        "fully_shard: the parameters of unit '" + unit_name + "' (first: " + first_entry + ") differ across ranks (" +
+        group->name() + " rank " + std::to_string(group->rank()) + " checksum " + std::to_string(mine) +
+        "): seed every rank alike before building the model, or set sync_module_states to broadcast rank 0's");
+  }
+}
+
+}  // namespace
+
 void FlatParam::verify_same_across_ranks(bool broadcast_from_rank0) {
   if (!is_unsharded() && !replicate_) unshard();
+  const std::string first_entry = layout_.entries.empty() ? std::string("-") : layout_.entries[0].name;
   if (broadcast_from_rank0) {
     group_->broadcast(unsharded_, 0)->wait();
     if (!replicate_) {
       shard_.copy_(unsharded_.narrow(0, shard_index() * layout_.shard_numel, layout_.shard_numel));
     }
+    // Replica group rank 0 sits in replica group 0, whose shard group holds world rank 0.
+    if (replica_group_) replica_group_->broadcast(shard_, 0)->wait();
     return;
   }
-  const int64_t mine = checksum(unsharded_);
-  at::Tensor extremes = at::tensor({mine, -mine}, at::kLong);
-  group_->all_reduce(extremes, comm::ReduceOp::Max)->wait();
-  const int64_t highest = extremes[0].item<int64_t>(), lowest = -extremes[1].item<int64_t>();
-  if (highest != lowest) {
-    throw std::runtime_error(
-        "fully_shard: the parameters of unit '" + unit_name_ + "' (first: " +
-        (layout_.entries.empty() ? std::string("-") : layout_.entries[0].name) + ") differ across ranks (rank " +
-        std::to_string(group_->rank()) + " checksum " + std::to_string(mine) +
-        "): seed every rank alike before building the model, or set sync_module_states to broadcast rank 0's");
-  }
+  check_same_checksum(group_, checksum(unsharded_), unit_name_, first_entry);
+  if (replica_group_) check_same_checksum(replica_group_, checksum(shard_), unit_name_, first_entry);
 }
 
 void FlatParam::prefix_names(const std::string& prefix) {

@@ -255,6 +255,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("fsdp.param_dtype", c.fsdp.param_dtype);
   r.get("fsdp.reduce_dtype", c.fsdp.reduce_dtype);
   r.get("fsdp.activation_checkpointing", c.fsdp.activation_checkpointing);
+  r.get("fsdp.shard_group_size", c.fsdp.shard_group_size);
 
   EvalConfig& e = c.eval;
   r.get("eval.every", e.every);
@@ -310,8 +311,12 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(o.warmup_steps <= c.steps, r, "optimizer.warmup_steps exceeds train.steps");
   check(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, r, "optimizer.beta1 and beta2 must be in [0, 1)");
   check(o.eps > 0, r, "optimizer.eps must be positive");
-  check(c.fsdp.strategy == "full_shard" || c.fsdp.strategy == "shard_grad_op" || c.fsdp.strategy == "no_shard", r,
-        "fsdp.strategy '" + c.fsdp.strategy + "' (expected full_shard, shard_grad_op or no_shard)");
+  check(c.fsdp.strategy == "full_shard" || c.fsdp.strategy == "shard_grad_op" || c.fsdp.strategy == "no_shard" ||
+            c.fsdp.strategy == "hybrid_shard",
+        r, "fsdp.strategy '" + c.fsdp.strategy + "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
+  check(c.fsdp.shard_group_size >= 0, r, "fsdp.shard_group_size must be 0 (the ranks of one node) or more");
+  check(c.fsdp.shard_group_size == 0 || c.fsdp.strategy == "hybrid_shard", r,
+        "fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '" + c.fsdp.strategy + "')");
   check(c.fsdp.wrap == "block" || c.fsdp.wrap == "root" || c.fsdp.wrap == "min_params", r,
         "fsdp.wrap '" + c.fsdp.wrap + "' (expected block, root or min_params)");
   check(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0, r, "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
@@ -322,9 +327,10 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
               "' (expected float32 or bfloat16)");
   }
   check(c.fsdp.param_dtype == "float32" || c.fsdp.strategy != "no_shard", r,
-        "fsdp.param_dtype 'bfloat16' needs fsdp.strategy full_shard or shard_grad_op (no_shard keeps float32)");
+        "fsdp.param_dtype 'bfloat16' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps "
+        "float32)");
   check(c.fsdp.reduce_dtype == "float32" || c.fsdp.strategy != "no_shard", r,
-        "fsdp.reduce_dtype 'bfloat16' needs fsdp.strategy full_shard or shard_grad_op");
+        "fsdp.reduce_dtype 'bfloat16' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
   check(e.batches >= 1, r, "eval.batches must be at least 1");
   check(e.temperature > 0, r, "eval.temperature must be positive");
   check(e.top_k >= 1, r, "eval.top_k must be at least 1");
@@ -344,6 +350,10 @@ void validate_for_world(const TrainConfig& c, int world_size) {
     throw ConfigError(c.source + ": train.global_batch " + std::to_string(c.global_batch) +
                       " is not divisible by ranks x micro-batches (" + std::to_string(world_size) + " x " +
                       std::to_string(c.micro_batches) + ")");
+  }
+  if (c.fsdp.strategy == "hybrid_shard" && c.fsdp.shard_group_size > 0 && world_size % c.fsdp.shard_group_size != 0) {
+    throw ConfigError(c.source + ": fsdp.shard_group_size " + std::to_string(c.fsdp.shard_group_size) +
+                      " does not divide the " + std::to_string(world_size) + " ranks (hybrid_shard needs N = R x S)");
   }
 }
 
@@ -415,7 +425,8 @@ std::string to_toml(const TrainConfig& c) {
                            {"max_inflight", c.fsdp.max_inflight},
                            {"param_dtype", c.fsdp.param_dtype},
                            {"reduce_dtype", c.fsdp.reduce_dtype},
-                           {"activation_checkpointing", c.fsdp.activation_checkpointing}}},
+                           {"activation_checkpointing", c.fsdp.activation_checkpointing},
+                           {"shard_group_size", c.fsdp.shard_group_size}}},
       {"eval", toml::table{{"every", c.eval.every},
                            {"batches", c.eval.batches},
                            {"max_items", c.eval.max_items},

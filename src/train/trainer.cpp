@@ -112,6 +112,7 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.mixed_precision.param_dtype = dtype(c.fsdp.param_dtype);
   options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
   options.activation_checkpointing = c.fsdp.activation_checkpointing;
+  options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
   return options;
 }
 
@@ -258,10 +259,15 @@ class Trainer {
     if (!leader() || !options_.print) return;
     const auto stats = state_->memory_stats();
     char line[512];
+    std::string strategy = config_.fsdp.strategy;
+    if (state_->replicate_group()) {  // hybrid: R replica groups x S shard ranks
+      strategy += " (" + std::to_string(state_->replicate_group()->size()) + " replicas x " +
+                  std::to_string(state_->shard_group()->size()) + " shards)";
+    }
     std::snprintf(line, sizeof(line), "fsdp-train: %s (%s, %s parameters) on %d rank%s, %s, %zu units, %d thread%s per rank",
                   config_.model_name.c_str(), models::family_name(model_config_),
                   format_count(static_cast<double>(parameters_)).c_str(), n_, n_ == 1 ? "" : "s",
-                  config_.fsdp.strategy.c_str(), state_->unit_names().size(), threads_, threads_ == 1 ? "" : "s");
+                  strategy.c_str(), state_->unit_names().size(), threads_, threads_ == 1 ? "" : "s");
     progress_->message(line);
     progress_->message("  data: " + data_.description);
     std::snprintf(line, sizeof(line),
@@ -294,7 +300,7 @@ class Trainer {
     summary.start_step = start_step_;
     summary.evals.push_back(evaluate(start_step_));
     std::vector<double> step_seconds;
-    double communication_before = world_->communication_seconds();
+    double communication_before = state_->communication_seconds();  // every sharding group
     double exposed_before = state_->comm_stats().exposed_seconds;
     double training_seconds = 0.0;
     for (int64_t step = start_step_; step < config_.steps; ++step) {
@@ -325,7 +331,7 @@ class Trainer {
       // One small all-gather per step: every rank's loss, peak memory, communication time (busy,
       // and exposed: the time this thread waited for it), and whether it was asked to stop (so
       // every rank stops at the same step).
-      const double communication_now = world_->communication_seconds();
+      const double communication_now = state_->communication_seconds();
       const double exposed_now = state_->comm_stats().exposed_seconds;
       at::Tensor mine = at::tensor({local_loss, static_cast<double>(peak_resident_bytes()),
                                     communication_now - communication_before, stop_requested() ? 1.0 : 0.0,

@@ -25,8 +25,13 @@ struct ModelUnderTest {
   std::unique_ptr<fsdp::optim::ShardedAdamW> optimizer;
 };
 
-ModelUnderTest make(const std::string& model, const ProcessGroupPtr& group, uint64_t seed) {
-  auto config = fsdp::train::parse_train_config("[model]\nname = \"" + model + "\"\n", "checkpoint_test");
+// shard_group_size > 0: hybrid_shard with that S; 0: full_shard.
+ModelUnderTest make(const std::string& model, const ProcessGroupPtr& group, uint64_t seed, int shard_group_size = 0) {
+  std::string toml = "[model]\nname = \"" + model + "\"\n";
+  if (shard_group_size > 0) {
+    toml += "[fsdp]\nstrategy = \"hybrid_shard\"\nshard_group_size = " + std::to_string(shard_group_size) + "\n";
+  }
+  auto config = fsdp::train::parse_train_config(toml, "checkpoint_test");
   config.seed = seed;
   ModelUnderTest s;
   s.sharded = fsdp::train::build_sharded_model(config, 256, group);
@@ -47,7 +52,8 @@ void train_steps(ModelUnderTest& s, const ProcessGroupPtr& group, int steps) {
 }
 
 // Every parameter and moment, unsharded and unpadded, concatenated: [total] fp32. Collective.
-at::Tensor everything(ModelUnderTest& s, const ProcessGroupPtr& group) {
+at::Tensor everything(ModelUnderTest& s) {
+  const ProcessGroupPtr& group = s.sharded.state->shard_group();  // one copy of the model
   std::vector<at::Tensor> parts;
   for (auto& [name, tensor] : s.sharded.state->full_parameters()) parts.push_back(tensor.reshape(-1));
   for (size_t slot = 0; slot < s.optimizer->slot_count(); ++slot) {
@@ -89,7 +95,7 @@ TEST(Checkpoint, LoadsAtAnyWorldSizeBitForBit) {
       train_steps(s, save_group, 3);
       dir = fsdp::checkpoint::save_checkpoint(root + "/saved_at_" + std::to_string(saved), *s.sharded.state,
                                               s.optimizer.get(), {3, "llama-test", ""});
-      reference = everything(s, save_group);
+      reference = everything(s);
     }
     // Rank 0 holds the reference; every rank gets it to compare with.
     at::Tensor size = at::tensor({reference.defined() ? reference.numel() : int64_t{0}}, at::kLong);
@@ -103,9 +109,49 @@ TEST(Checkpoint, LoadsAtAnyWorldSizeBitForBit) {
       auto info = fsdp::checkpoint::load_checkpoint(dir, *s.sharded.state, s.optimizer.get());
       EXPECT_EQ(info.step, 3);
       EXPECT_EQ(s.optimizer->step_count(), 3);
-      EXPECT_TRUE(torch::equal(everything(s, load_group), reference))
+      EXPECT_TRUE(torch::equal(everything(s), reference))
           << "saved at " << saved << " ranks, loaded at " << load_group->size();
     }
+  }
+}
+
+// hybrid_shard (R x S, every S dividing N) saves one copy (replica group 0's S files); it loads
+// bit for bit into full_shard at N ranks, and full_shard's N files load into hybrid_shard. After
+// training, every replica group holds the same shards.
+TEST(Checkpoint, HybridAndFullShardLoadEachOther) {
+  auto world = fsdp::comm::init_world();
+  const int n = world->size();
+  const std::string root = test_dir(world, "hybrid");
+  for (int s = 1; s <= n; ++s) {
+    if (n % s != 0) continue;
+    fresh_dir(world, root);
+    ModelUnderTest hybrid = make("llama-test", world, 11, s);
+    train_steps(hybrid, world, 3);
+    const at::Tensor trained = everything(hybrid);
+    if (auto replicas = hybrid.sharded.state->replicate_group()) {
+      at::Tensor mine = trained.sum().to(at::kDouble).reshape({1}), highest = mine.clone();
+      replicas->all_reduce(highest, fsdp::comm::ReduceOp::Max)->wait();
+      EXPECT_EQ(mine.item<double>(), highest.item<double>()) << "replica groups diverged at S = " << s;
+    }
+    const std::string hybrid_dir = fsdp::checkpoint::save_checkpoint(root + "/from_hybrid", *hybrid.sharded.state,
+                                                                      hybrid.optimizer.get(), {3, "llama-test", ""});
+    if (world->rank() == 0) {
+      int files = 0;
+      for (const auto& entry : fs::directory_iterator(hybrid_dir)) files += entry.path().extension() == ".safetensors";
+      EXPECT_EQ(files, s) << "hybrid_shard at S = " << s << " writes one file per shard rank";
+    }
+    ModelUnderTest full = make("llama-test", world, 99);
+    fsdp::checkpoint::load_checkpoint(hybrid_dir, *full.sharded.state, full.optimizer.get());
+    EXPECT_TRUE(torch::equal(everything(full), trained)) << "hybrid S = " << s << " -> full_shard";
+
+    train_steps(full, world, 2);
+    const at::Tensor full_trained = everything(full);
+    const std::string full_dir = fsdp::checkpoint::save_checkpoint(root + "/from_full", *full.sharded.state,
+                                                                    full.optimizer.get(), {5, "llama-test", ""});
+    ModelUnderTest back = make("llama-test", world, 99, s);
+    auto info = fsdp::checkpoint::load_checkpoint(full_dir, *back.sharded.state, back.optimizer.get());
+    EXPECT_EQ(info.step, 5);
+    EXPECT_TRUE(torch::equal(everything(back), full_trained)) << "full_shard -> hybrid S = " << s;
   }
 }
 
@@ -115,7 +161,7 @@ TEST(Checkpoint, RefusesCorruptAndForeignCheckpointsOnEveryRank) {
   fresh_dir(world, root);
   ModelUnderTest s = make("llama-test", world, 5);
   const std::string dir = fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
-  const at::Tensor before = everything(s, world);
+  const at::Tensor before = everything(s);
 
   // Another model: refused, naming a parameter.
   ModelUnderTest other = make("gpt-test", world, 5);
@@ -140,14 +186,14 @@ TEST(Checkpoint, RefusesCorruptAndForeignCheckpointsOnEveryRank) {
   }
   world->barrier()->wait();
   ModelUnderTest fresh = make("llama-test", world, 6);
-  const at::Tensor fresh_before = everything(fresh, world);
+  const at::Tensor fresh_before = everything(fresh);
   try {
     fsdp::checkpoint::load_checkpoint(dir, *fresh.sharded.state, fresh.optimizer.get());
     FAIL() << "expected a checksum failure";
   } catch (const fsdp::comm::AgreedStop& e) {
     if (e.should_report()) EXPECT_NE(std::string(e.what()).find("fails its checksum"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(torch::equal(everything(fresh, world), fresh_before)) << "nothing may be loaded half-way";
+  EXPECT_TRUE(torch::equal(everything(fresh), fresh_before)) << "nothing may be loaded half-way";
   // A directory whose save never finished.
   if (world->rank() == 0) fs::create_directories(root + "/step-00000009.partial");
   world->barrier()->wait();
@@ -205,7 +251,7 @@ TEST(HfWeights, ExportThenImportRoundTrips) {
   }
   // Weights with a wrong shape or dtype are refused, naming the tensor; nothing is loaded.
   ModelUnderTest g = make("gpt-test", world, 1);
-  const at::Tensor untouched = everything(g, world);
+  const at::Tensor untouched = everything(g);
   if (world->rank() == 0) {
     fsdp::checkpoint::SafetensorsFile good(root + "/gpt-test.safetensors");
     std::vector<std::pair<std::string, at::Tensor>> wrong_shape, wrong_dtype;
@@ -228,7 +274,7 @@ TEST(HfWeights, ExportThenImportRoundTrips) {
       if (e.should_report()) EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
     }
   }
-  EXPECT_TRUE(torch::equal(everything(g, world), untouched));
+  EXPECT_TRUE(torch::equal(everything(g), untouched));
   try {
     fsdp::checkpoint::import_weights(*g.sharded.state, g.sharded.config, root + "/llama-test.safetensors");
     FAIL() << "expected a refusal";

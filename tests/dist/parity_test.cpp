@@ -44,9 +44,10 @@ struct RunConfig {
   bool build_while_constructing = true;  // build_fully_sharded, else fully_shard on a built model
   bool freeze = false;                   // first block's qkv frozen
   bool skip_a_block = false;             // block 1 unused at steps 3, 8, 13, 18
+  int shard_group_size = 0;              // HybridShard: S (R = N / S replica groups)
   std::string describe() const {
     std::ostringstream out;
-    out << fsdp::runtime::to_string(strategy) << " accumulation=" << static_cast<int>(accumulation)
+    out << fsdp::runtime::to_string(strategy) << " S=" << shard_group_size << " accumulation=" << static_cast<int>(accumulation)
         << " optimizer=" << static_cast<int>(optimizer) << " build=" << build_while_constructing << " freeze=" << freeze
         << " skip=" << skip_a_block;
     return out.str();
@@ -139,6 +140,7 @@ RunResult run_fsdp(const RunConfig& run) {
   TinyConfig config = model_config(run);
   fsdp::runtime::FsdpOptions options;
   options.strategy = run.strategy;
+  options.shard_group_size = run.shard_group_size;
   torch::manual_seed(kSeed);
   std::shared_ptr<fsdp::runtime::FsdpState> state;
   std::shared_ptr<TinyTransformerImpl> module;
@@ -155,6 +157,12 @@ RunResult run_fsdp(const RunConfig& run) {
     module = model.module();
   }
   fsdp::runtime::FullyShardedModule<TinyTransformerImpl> model(module, state);
+  if (run.strategy == ShardingStrategy::HybridShard) {
+    // R x S: gathers inside groups of S ranks, the replicas of a shard in groups of R.
+    EXPECT_EQ(state->shard_group()->size(), run.shard_group_size);
+    EXPECT_EQ(state->replicate_group() ? state->replicate_group()->size() : 1, n / run.shard_group_size);
+    EXPECT_EQ(state->replica_index(), rank / run.shard_group_size);
+  }
   std::unique_ptr<fsdp::optim::ShardedOptimizer> optimizer;
   if (run.optimizer == OptimizerKind::AdamW) {
     fsdp::optim::AdamWOptions adamw;
@@ -231,6 +239,39 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
                                          ShardingStrategy::NoShard),
                        ::testing::Values(Accumulation::None, Accumulation::SyncEachMicroBatch, Accumulation::NoSync)));
+
+// HYBRID_SHARD at every R x S the job allows (at N = 4: 4 x 1, 2 x 2, 1 x 4), built both ways,
+// with and without gradient accumulation (no_sync reduces the sum once, across both groups).
+TEST(Parity, HybridShardEveryGroupSize) {
+  const int n = fsdp::comm::init_world()->size();
+  for (int s = 1; s <= n; ++s) {
+    if (n % s != 0) continue;
+    for (Accumulation accumulation : {Accumulation::None, Accumulation::NoSync}) {
+      RunConfig run;
+      run.strategy = ShardingStrategy::HybridShard;
+      run.shard_group_size = s;
+      run.accumulation = accumulation;
+      run.build_while_constructing = accumulation == Accumulation::None;
+      expect_parity(run);
+    }
+  }
+}
+
+TEST(Parity, HybridShardRefusesAGroupSizeThatDoesNotDivideTheRanks) {
+  auto world = fsdp::comm::init_world();
+  fsdp::runtime::FsdpOptions options;
+  options.strategy = ShardingStrategy::HybridShard;
+  options.shard_group_size = world->size() + 1;
+  torch::manual_seed(kSeed);
+  try {
+    fsdp::runtime::fully_shard(std::make_shared<TinyTransformerImpl>(TinyConfig{}), world, options);
+    FAIL() << "expected an error for shard_group_size " << options.shard_group_size;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("shard group size to divide the " + std::to_string(world->size()) + " ranks"),
+              std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(Parity, SgdWithMomentum) {
   RunConfig run;

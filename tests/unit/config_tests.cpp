@@ -79,4 +79,25 @@ TEST(Config, BadInputNamesTheProblem) {
   }
 }
 
+TEST(Config, HybridShardGroupSize) {
+  auto config = parse_train_config(kMinimal, "h.toml", {"fsdp.strategy=hybrid_shard", "fsdp.shard_group_size=2", "train.global_batch=12"});
+  EXPECT_EQ(config.fsdp.shard_group_size, 2);
+  fsdp::train::validate_for_world(config, 4);
+  try {
+    fsdp::train::validate_for_world(config, 3);
+    FAIL() << "expected an error for S = 2 at 3 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("fsdp.shard_group_size 2 does not divide the 3 ranks"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(error_of(kMinimal, {"fsdp.shard_group_size=2"}).find("applies to fsdp.strategy 'hybrid_shard' only"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.strategy=hybrid_shard", "fsdp.shard_group_size=-1"}).find("fsdp.shard_group_size"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.strategy=hsdp"}).find("expected full_shard, shard_grad_op, no_shard or hybrid_shard"),
+            std::string::npos);
+  auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
+  EXPECT_EQ(again.fsdp.shard_group_size, 2);
+}
+
 }  // namespace

@@ -60,7 +60,13 @@
 
 namespace fsdp::runtime {
 
-enum class ShardingStrategy { FullShard, ShardGradOp, NoShard };
+// FullShard: parameters gathered for each use and freed after it (ZeRO-3).
+// ShardGradOp: gathered in forward and kept until the end of backward (ZeRO-2).
+// NoShard: replicated, gradients all-reduced (DDP).
+// HybridShard: FullShard inside groups of shard_group_size ranks, replicated across the groups:
+// gathers and reduce-scatters stay inside a group (one node's fast links), and each reduced
+// gradient shard is then all-reduced across the replicas (HSDP).
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 const char* to_string(ShardingStrategy strategy);
 ShardingStrategy sharding_strategy_from_string(const std::string& name);  // "full_shard", ...
 
@@ -97,7 +103,23 @@ struct FsdpOptions {
   // Keep freed unsharded buffers for reuse (shard/storage.h), up to the budget's peak:
   // 2 x root + (K + 2) x largest unit, in fp32 bytes. Off: every free returns memory to the OS.
   bool cache_buffers = true;
+  // HybridShard only: S, the ranks of one shard group; S divides the world size N and there are
+  // R = N / S replica groups. 0: the ranks of one node (the launcher's local world size).
+  int shard_group_size = 0;
 };
+
+// The process groups a model is sharded over. Shard group: ranks holding one copy of the model
+// between them (gathers, reduce-scatters). Replicate group: the ranks holding the same shard in
+// the other copies (HybridShard's gradient all-reduce); null when there is one copy.
+// Ranks [k S, (k + 1) S) form shard group k, so a node's ranks share one when S divides its count.
+struct ShardingGroups {
+  comm::ProcessGroupPtr world;
+  comm::ProcessGroupPtr shard;
+  comm::ProcessGroupPtr replicate;
+  int replica_index() const { return shard ? world->rank() / shard->size() : 0; }
+};
+// Collective over `world` (splits it for HybridShard). Throws if S does not divide N.
+ShardingGroups make_sharding_groups(const comm::ProcessGroupPtr& world, const FsdpOptions& options);
 
 // Per-rank memory, in bytes, as the runtime accounts it.
 struct MemoryStats {
@@ -129,7 +151,15 @@ class FsdpState {
   FsdpState(const FsdpState&) = delete;
   FsdpState& operator=(const FsdpState&) = delete;
 
+  // Every rank of the job (the group fully_shard was given).
   const comm::ProcessGroupPtr& group() const { return group_; }
+  // The ranks that hold one copy of the model between them (the world unless HybridShard).
+  const comm::ProcessGroupPtr& shard_group() const { return groups_.shard; }
+  // HybridShard: the ranks holding this rank's shard in the other replica groups; else null.
+  const comm::ProcessGroupPtr& replicate_group() const { return groups_.replicate; }
+  int replica_index() const { return groups_.replica_index(); }
+  // Busy seconds of the collectives on every group above (world, shard, replicate), cumulative.
+  double communication_seconds() const;
   const FsdpOptions& options() const { return options_; }
   torch::nn::Module& root_module() { return *root_; }
 
@@ -178,6 +208,7 @@ class FsdpState {
 
   std::shared_ptr<torch::nn::Module> root_;
   comm::ProcessGroupPtr group_;
+  ShardingGroups groups_;
   FsdpOptions options_;
   std::vector<std::shared_ptr<Unit>> units_;  // children in model order, then the root unit last
   bool gradient_sync_ = true;
@@ -237,6 +268,7 @@ class BuildListener {
 
  private:
   std::vector<std::shared_ptr<Unit>> units_;
+  ShardingGroups groups_;
   std::unique_ptr<fsdp::nn::ScopedBlockBuiltListener> scope_;
 };
 

@@ -101,6 +101,12 @@ class FlatParam {
   void finish_reduce_grad();
   void drop_unsharded_grad();
 
+  // HybridShard: the ranks that hold this shard in the other replica groups. The reduced gradient
+  // shard is then averaged across them (an all-reduce in finish_reduce_grad) before it is added to
+  // shard_grad, and verify_same_across_ranks covers them too. Call before the first backward.
+  void set_replica_group(comm::ProcessGroupPtr group);
+  const comm::ProcessGroupPtr& replica_group() const { return replica_group_; }
+
   // Checks (collective) that every rank holds the same values, by a checksum; with
   // broadcast_from_rank0, overwrites them with rank 0's instead. Call while unsharded.
   void verify_same_across_ranks(bool broadcast_from_rank0);
@@ -126,6 +132,7 @@ class FlatParam {
   FlatLayout layout_;
   std::vector<at::Tensor> params_;
   comm::ProcessGroupPtr group_;
+  comm::ProcessGroupPtr replica_group_;  // HybridShard: same shard index, other replica groups
   bool replicate_ = false;
   bool trainable_ = true;
   at::ScalarType compute_dtype_ = at::kFloat;

@@ -52,7 +52,7 @@ struct OptimizerConfig {
 };
 
 struct FsdpConfig {
-  std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard
+  std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
   std::string wrap = "block";           // block: each transformer block a unit; root: one unit; min_params
   int64_t min_params = 0;
   bool prefetch = true;                  // gather the next unit while this one computes (both passes)
@@ -60,6 +60,7 @@ struct FsdpConfig {
   std::string param_dtype = "float32";   // gather and compute: float32 | bfloat16
   std::string reduce_dtype = "float32";  // gradient reduction: float32 | bfloat16
   bool activation_checkpointing = false; // recompute each block's forward in backward
+  int64_t shard_group_size = 0;          // hybrid_shard: ranks per shard group (0: the ranks of one node)
 };
 
 struct EvalConfig {
