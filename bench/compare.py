@@ -72,9 +72,7 @@ def fsdp_run(a, ranks, work):
     steps = [r for r in steps if "step" in r]
     if len(steps) != a.steps:
         sys.exit(f"compare: {out_dir}/metrics.jsonl holds {len(steps)} steps, expected {a.steps}")
-    first = steps[0]
-    tokens = first["tokens_per_second"] * first["step_seconds"]
-    return {"step_seconds": [r["step_seconds"] for r in steps[a.warmup:]], "tokens_per_step": tokens,
+    return {"step_seconds": [r["step_seconds"] for r in steps[a.warmup:]], "tokens_per_step": a.batch * a.seq,
             "peak_resident_bytes": max(max(r["peak_resident_bytes_per_rank"]) for r in steps),
             "losses": [r["loss"] for r in steps]}
 
@@ -213,7 +211,9 @@ def main():
            "global_batch": a.batch, "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "cores": cores,
            "rows": rows, "pytorch_fsdp_probe": probe, "work_dir": str(work)}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    partial = Path(a.json).with_name(Path(a.json).name + ".partial")
+    partial.write_text(json.dumps(out, indent=2) + "\n")
+    partial.replace(a.json)  # never half a file
     print(f"wrote {a.json}")
     if a.plot:
         plot(rows, str(Path(a.plot).resolve()), work)

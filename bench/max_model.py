@@ -38,18 +38,35 @@ def gpt_parameters(layers, dim, vocab, seq):
     return vocab * dim + seq * dim + layers * block + 2 * dim
 
 
-def mem_total_bytes():
+def meminfo_bytes(key):
+    """A /proc/meminfo figure ("MemTotal", "MemAvailable") in bytes."""
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemTotal in /proc/meminfo")
+    raise RuntimeError(f"no {key} in /proc/meminfo")
 
 
-def mem_available_bytes():
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+def write_json_atomically(path, value):
+    """Readers never see half a file: write beside it, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value, indent=2) + "\n")
+    partial.replace(path)
+
+
+def name_values(text, option, names, convert):
+    """"a=1,b=2" -> {"a": convert("1"), ...}, every name one of `names`; else a clear exit."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or name not in names:
+                raise ValueError
+            out[name] = convert(value)
+        except ValueError:
+            sys.exit(f"max_model: {option}: '{item}' is not NAME=VALUE with NAME one of {sorted(names)}")
+    return out
 
 
 def command_for(config, layers, a, out_dir):
@@ -90,8 +107,13 @@ def trial(config, layers, a, work):
     if config["capped"]:
         command = [*mpirun(config["ranks"]), *wrapped] if config["ranks"] > 1 else wrapped
     else:
-        # No per-rank cap: every rank (and mpirun) in one cgroup holding what the machine has free.
-        shared_limit = int(mem_available_bytes() - a.reserve * GIB)
+        # No per-rank cap: every rank (and mpirun) in one cgroup holding what the machine has free,
+        # once the previous trial's memory has gone back (MemAvailable lags its exit).
+        for _ in range(60):
+            if meminfo_bytes("MemAvailable") >= meminfo_bytes("MemTotal") - 3 * GIB:
+                break
+            time.sleep(1)
+        shared_limit = int(meminfo_bytes("MemAvailable") - a.reserve * GIB)
         command = [str(ROOT / "bench/memory_cap.sh"), str(shared_limit), str(work / f"{name}_shared"),
                    *mpirun(config["ranks"]), *wrapped]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -132,7 +154,8 @@ def remove_stale_cgroups():
             base = Path("/sys/fs/cgroup/memory" + path) if "memory" in controllers.split(",") else None
         if base is None or not base.is_dir():
             continue
-        for stale in base.glob("fsdp-cap-*"):
+        # Deepest first: the uncapped run nests the ranks' cgroups inside the shared one.
+        for stale in sorted(base.glob("fsdp-cap-*/fsdp-cap-*")) + sorted(base.glob("fsdp-cap-*")):
             try:
                 stale.rmdir()  # fails while a process is still inside: then it is not stale
             except OSError:
@@ -187,6 +210,8 @@ def main():
                         "fsdp4_uncapped=4.4", help="first guess per configuration: a rank's bytes per model parameter")
     parser.add_argument("--try-layers", default="", help="e.g. fsdp4_capped=24: run only that depth for that "
                         "configuration (no search); a pass shows a lower bound on its largest model")
+    parser.add_argument("--previous", default="", help="a JSON this script wrote: its results for the "
+                        "configurations not run now join the table (runs split over sessions)")
     parser.add_argument("--json", default="out/bench/max_model.json")
     parser.add_argument("--work-dir", default="out/bench/max_model")
     parser.add_argument("--bin-dir", default="", help="fsdp-train and plain_gpt from here (default: build/), "
@@ -208,21 +233,33 @@ def main():
         {"name": "fsdp4_capped", "runner": "fsdp", "ranks": 4, "capped": True},
         {"name": "fsdp4_uncapped", "runner": "fsdp", "ranks": 4, "capped": False},
     ]
+    all_names = {c["name"] for c in configs}
     if a.only:
         wanted = set(a.only.split(","))
         unknown = wanted - {c["name"] for c in configs}
         if unknown:
             sys.exit(f"max_model: unknown configuration(s) {sorted(unknown)}")
         configs = [c for c in configs if c["name"] in wanted]
-    guesses = dict(item.split("=") for item in a.start_bytes_per_param.split(","))
-    fixed = {name: int(layers) for name, layers in (item.split("=") for item in a.try_layers.split(",") if item)}
+    guesses = name_values(a.start_bytes_per_param, "--start-bytes-per-param", all_names, float)
+    fixed = name_values(a.try_layers, "--try-layers", all_names, int)
+    if any(v <= 0 for v in [*guesses.values(), *fixed.values()]):
+        sys.exit("max_model: --start-bytes-per-param and --try-layers values must be positive")
     per_layer = gpt_parameters(1, a.dim, 256, a.seq) - gpt_parameters(0, a.dim, 256, a.seq)
-    total = mem_total_bytes()
+    total = meminfo_bytes("MemTotal")
     machine_bound = total / 16
     results = []
+    if a.previous:
+        running = {c["name"] for c in configs}
+        try:
+            kept = [r for r in json.loads(Path(a.previous).read_text())["results"] if r["name"] not in running]
+        except (OSError, ValueError, KeyError) as e:
+            sys.exit(f"max_model: --previous {a.previous}: not a max_model JSON ({e})")
+        results += kept
     for config in configs:
-        budget = a.cap * GIB if config["capped"] else mem_available_bytes() / config["ranks"]
-        start = int(budget / float(guesses[config["name"]]) / per_layer)
+        budget = a.cap * GIB if config["capped"] else meminfo_bytes("MemAvailable") / config["ranks"]
+        if config["name"] not in guesses and config["name"] not in fixed:
+            sys.exit(f"max_model: no --start-bytes-per-param guess for {config['name']}")
+        start = int(budget / guesses.get(config["name"], 1.0) / per_layer)
         if config["name"] in fixed:
             layers = fixed[config["name"]]
             print(f"{config['name']}: one trial at {layers} layers (no search)", flush=True)
@@ -235,8 +272,7 @@ def main():
         results.append({**config, "largest_layers": largest, "searched": searched,
                         "largest_parameters": gpt_parameters(largest, a.dim, 256, a.seq) if largest else 0,
                         "trials": [trials[k] for k in sorted(trials)]})
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"results": results}, indent=2) + "\n")  # partial results survive
+        write_json_atomically(a.json, {"results": results})  # what is done survives a stop
 
     by_name = {r["name"]: r for r in results}
     print(f"\nGPT width {a.dim}, {a.dim // 128} heads, byte vocabulary, {a.seq}-token windows, one per rank, "
@@ -251,15 +287,15 @@ def main():
             r[key] = r["largest_parameters"] / o["largest_parameters"] if o and o["largest_parameters"] else None
         fmt = lambda v: f"{v:.2f}x" if v else "-"
         print(f"{r['name']:<16} {r['largest_layers'] or 0:>6} {r['largest_parameters'] / 1e6:>10.1f} M {peak:>13.2f} "
-              f"{fmt(r['vs_ddp']):>7} {fmt(r['vs_single']):>9}" + ("" if r["searched"] else "  (one trial: at least)"))
+              f"{fmt(r['vs_ddp']):>7} {fmt(r['vs_single']):>9}" + ("" if r.get("searched", True) else "  (one trial: at least)"))
     if "fsdp4_uncapped" in by_name:
         r = by_name["fsdp4_uncapped"]
         r["machine_bound_parameters"] = machine_bound
         r["vs_machine_bound"] = r["largest_parameters"] / machine_bound
         print(f"machine bound: {total / GIB:.1f} GiB / 16 B = {machine_bound / 1e6:.0f} M parameters; "
               f"fsdp4_uncapped reaches {r['vs_machine_bound']:.2f}x")
-    Path(a.json).write_text(json.dumps({"dim": a.dim, "seq": a.seq, "cap_gib": a.cap, "mem_total_bytes": total,
-                                        "results": results}, indent=2) + "\n")
+    write_json_atomically(a.json, {"dim": a.dim, "seq": a.seq, "cap_gib": a.cap, "mem_total_bytes": total,
+                                   "results": results})
     print(f"wrote {a.json}")
 
 

@@ -40,10 +40,12 @@ trap cleanup EXIT
 if [ "$version" = 1 ]; then
   [ "$limit" = max ] || echo "$limit" > "$group/memory.limit_in_bytes" || exit 3
 else
-  echo "$limit" > "$group/memory.max" 2>/dev/null && echo 0 > "$group/memory.swap.max" 2>/dev/null || {
+  echo "$limit" > "$group/memory.max" 2>/dev/null || {
     echo "memory_cap.sh: cannot set memory.max in '$group' (is the memory controller delegated to '$parent'?)" >&2
     exit 3
   }
+  # No swapping past the cap (a device has no swap); absent when swap is not accounted.
+  [ ! -e "$group/memory.swap.max" ] || echo 0 > "$group/memory.swap.max"
 fi
 
 # The child joins the cgroup before it becomes the command, so everything it allocates counts.

@@ -136,7 +136,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
   // `rank` and `world` below number the files: ranks of that shard group.
   const comm::ProcessGroupPtr& group = state.group();
   const comm::ProcessGroupPtr& writers = state.shard_group();
-  const bool writer = state.replica_index() == 0;
+  const bool writes_files = state.replica_index() == 0;
   const int rank = writers->rank(), world = writers->size();
   const fs::path final_dir = fs::path(checkpoints_dir) / step_dir_name(info.step);
   const fs::path partial_dir = fs::path(checkpoints_dir) / (step_dir_name(info.step) + ".partial");
@@ -153,7 +153,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
   // Each rank: its slice of every FlatParam and of the optimizer state, and its RNG state.
   at::Tensor file_facts = at::zeros({2}, at::kLong);  // bytes, crc32
   comm::on_every_rank(group, "writing checkpoint shards", [&] {
-    if (!writer) return;
+    if (!writes_files) return;
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (size_t i = 0; i < flats.size(); ++i) {
       const auto [begin, end] = saved_range(flats[i]->layout().numel, world, rank);
