@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Bad input to fsdp-train (2 ranks) and fsdp-data: each case must exit non-zero, print the expected
-# message exactly once, and leave no output directory behind.
-# Usage: bad_input.sh FSDP_TRAIN FSDP_DATA MPIRUN
+# Bad input to fsdp-train (2 ranks), fsdp-data and fsdp-plan: each case must exit non-zero, print
+# the expected message exactly once, and leave no output directory behind.
+# Usage: bad_input.sh FSDP_TRAIN FSDP_DATA MPIRUN FSDP_PLAN
 set -uo pipefail
-train=$1 data=$2 mpirun=$3
+train=$1 data=$2 mpirun=$3 plan=$4
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -54,6 +54,12 @@ expect_failure data-missing-input "input '$work/none.txt' is neither a file nor 
   "$data" encode --output "$work/out" "$work/none.txt"
 printf 'not a token file at all, not even close.......' >"$work/junk.tok"
 expect_failure data-bad-token-file "bad magic" "$data" inspect "$work/junk.tok"
+expect_failure plan-unknown-model "unknown model 'llama-99b'" "$plan" --model llama-99b --ranks 8
+expect_failure plan-group-size "12 ranks are not divisible by the shard group size 8" \
+  "$plan" --model llama3-8b --ranks 12 --strategy hybrid_shard --shard-group-size 8
+expect_failure plan-memory-unit "memory '80': give a unit" "$plan" --model llama3-8b --ranks 8 --memory 80
+expect_failure plan-memory-bad-unit "unknown unit 'G'" "$plan" --model llama3-8b --ranks 8 --memory 80G
+expect_failure plan-no-model "give --model NAME or a config file" "$plan" --ranks 8
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

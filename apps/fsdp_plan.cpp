@@ -1,0 +1,303 @@
+// fsdp-plan: will it fit, and how long will a step take? Per-rank memory (parameters, gradients,
+// optimizer state, gathered buffers, activations), bytes communicated per step by each
+// collective, and a step-time estimate, for a model from the zoo or a training config, before
+// anything is allocated. The formulas are in include/fsdp/plan/memory_plan.h.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/plan/memory_plan.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/reporting.h"
+
+namespace {
+
+using fsdp::plan::Plan;
+using fsdp::plan::PlanInput;
+using fsdp::train::format_bytes;
+
+// Resident memory now (VmRSS): the process with libtorch and MPI loaded, nothing trained.
+int64_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Matmul FLOP/s in `dtype` on square 1024 matrices for about `seconds`, with this process's threads.
+double matmul_rate(at::ScalarType dtype, double seconds) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = 1024;
+  auto a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype), c = at::empty({n, n}, a.options());
+  at::mm_out(c, a, b);
+  int64_t products = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds) {
+    at::mm_out(c, a, b);
+    ++products;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return 2.0 * n * n * n * products / elapsed;
+}
+
+// All-gather algorithm bandwidth per rank (bytes each rank sends / second), median of 5, 32 MiB.
+double all_gather_bandwidth(const fsdp::comm::ProcessGroupPtr& world) {
+  const int n = world->size();
+  const int64_t total = (32LL << 20) / 4 / n * n;
+  at::Tensor input = at::ones({total / n}), output = at::empty({total});
+  world->all_gather(output, input)->wait();
+  std::vector<double> times;
+  for (int i = 0; i < 5; ++i) {
+    world->barrier()->wait();
+    const auto start = std::chrono::steady_clock::now();
+    world->all_gather(output, input)->wait();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  at::Tensor slowest = at::tensor(times, at::kDouble);
+  world->all_reduce(slowest, fsdp::comm::ReduceOp::Max)->wait();
+  std::vector<double> t(slowest.data_ptr<double>(), slowest.data_ptr<double>() + times.size());
+  std::sort(t.begin(), t.end());
+  return 4.0 * total * (n - 1) / n / t[t.size() / 2];
+}
+
+nlohmann::json to_json(const Plan& p) {
+  const auto& in = p.input;
+  const auto& m = p.memory;
+  nlohmann::json out = {
+      {"model", in.model_name}, {"parameters", p.parameters}, {"layers", p.layers},
+      {"largest_unit_params", p.largest_unit_params}, {"root_params", p.root_params}, {"ranks", in.ranks},
+      {"ranks_per_node", in.ranks_per_node}, {"strategy", in.strategy}, {"shard_ranks", p.shard_ranks},
+      {"replicas", p.replicas}, {"param_dtype", in.param_dtype}, {"reduce_dtype", in.reduce_dtype},
+      {"activation_checkpointing", in.activation_checkpointing}, {"cpu_offload", in.cpu_offload},
+      {"fused_attention", in.fused_attention},
+      {"optimizer", in.optimizer}, {"micro_batch", in.micro_batch}, {"micro_batches", in.micro_batches},
+      {"seq_len", in.seq_len}, {"max_inflight", in.max_inflight},
+      {"memory_bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
+                        {"gathered", m.gathered}, {"activations", m.activations}, {"overhead", m.overhead},
+                        {"device_total", m.device_total()}, {"host_total", m.host_total}}},
+      {"device_memory_bytes", in.device_memory_bytes}, {"fits", p.fits}, {"headroom_bytes", p.headroom_bytes},
+      {"comm_bytes_per_step", {{"all_gather", p.comm.all_gather}, {"reduce_scatter", p.comm.reduce_scatter},
+                               {"all_reduce", p.comm.all_reduce}, {"across_nodes", p.comm.across_nodes}}},
+      {"compute_flops_per_second", in.compute_flops}, {"bandwidth_bytes_per_second", in.bandwidth_bytes},
+      {"compute_seconds", p.compute_seconds}, {"comm_seconds", p.comm_seconds},
+      {"step_seconds_overlapped", p.step_seconds_overlapped}, {"step_seconds_serial", p.step_seconds_serial},
+      {"tokens_per_second_per_rank", p.tokens_per_second}};
+  const int nodes = std::max(1, in.ranks / in.ranks_per_node);
+  const int per_node = std::min(in.ranks, in.ranks_per_node);
+  for (const auto& d : fsdp::plan::deepspeed_zero3_estimate(p.parameters, fsdp::plan::largest_module_params(in.model),
+                                                             per_node, nodes)) {
+    out["deepspeed_zero3"][d.offload] = {{"gpu_bytes_per_rank", d.gpu_bytes_per_rank},
+                                         {"cpu_bytes_per_node", d.cpu_bytes_per_node}};
+  }
+  return out;
+}
+
+void print_plan(const Plan& p, bool compact) {
+  const auto& in = p.input;
+  const auto& m = p.memory;
+  const std::string verdict =
+      in.device_memory_bytes <= 0 ? "no device memory given"
+      : p.fits                    ? "fits, headroom " + format_bytes(static_cast<double>(p.headroom_bytes))
+                                  : "DOES NOT FIT, short by " + format_bytes(static_cast<double>(-p.headroom_bytes));
+  if (compact) {
+    std::printf("%-13s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(),
+                in.ranks, in.strategy.c_str(), p.shard_ranks, in.param_dtype.c_str(), in.activation_checkpointing,
+                in.cpu_offload, static_cast<long long>(in.micro_batch),
+                format_bytes(static_cast<double>(m.device_total())).c_str(), verdict.c_str());
+    return;
+  }
+  std::printf("fsdp-plan: %s, %.3f B parameters (%lld blocks of %.1f M, %.1f M outside blocks)\n",
+              in.model_name.c_str(), p.parameters / 1e9, static_cast<long long>(p.layers),
+              p.largest_unit_params / 1e6, p.root_params / 1e6);
+  std::printf("  %d ranks (%d per node), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
+              "activation checkpointing %s; CPU offload %s; %s\n",
+              in.ranks, in.ranks_per_node, in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
+              in.reduce_dtype.c_str(), in.activation_checkpointing ? "on" : "off", in.cpu_offload ? "on" : "off",
+              in.optimizer.c_str());
+  std::printf("  micro-batch %lld x %lld tokens, %lld micro-batch(es) per step, max_inflight %d, %s attention\n",
+              static_cast<long long>(in.micro_batch), static_cast<long long>(in.seq_len),
+              static_cast<long long>(in.micro_batches), in.max_inflight, in.fused_attention ? "fused" : "composed");
+  const char* where = in.cpu_offload ? "host" : "device";
+  std::printf("per rank\n");
+  std::printf("  %-28s %12s  (%s)\n", "parameters (fp32 shards)", format_bytes(static_cast<double>(m.parameters)).c_str(), where);
+  std::printf("  %-28s %12s  (%s)\n", "gradients (fp32 shards)", format_bytes(static_cast<double>(m.gradients)).c_str(), where);
+  std::printf("  %-28s %12s  (%s)\n", "optimizer state", format_bytes(static_cast<double>(m.optimizer)).c_str(), where);
+  std::printf("  %-28s %12s\n", "gathered buffers (peak)", format_bytes(static_cast<double>(m.gathered)).c_str());
+  std::printf("  %-28s %12s\n", "activations", format_bytes(static_cast<double>(m.activations)).c_str());
+  std::printf("  %-28s %12s\n", "process overhead", format_bytes(static_cast<double>(m.overhead)).c_str());
+  std::printf("  %-28s %12s  of %s: %s\n", "device total", format_bytes(static_cast<double>(m.device_total())).c_str(),
+              in.device_memory_bytes > 0 ? format_bytes(static_cast<double>(in.device_memory_bytes)).c_str() : "-",
+              verdict.c_str());
+  if (m.host_total > 0) std::printf("  %-28s %12s\n", "host (offloaded shards)", format_bytes(static_cast<double>(m.host_total)).c_str());
+  std::printf("communication per step per rank: all-gather %s, reduce-scatter %s, all-reduce %s (across nodes %s)\n",
+              format_bytes(static_cast<double>(p.comm.all_gather)).c_str(),
+              format_bytes(static_cast<double>(p.comm.reduce_scatter)).c_str(),
+              format_bytes(static_cast<double>(p.comm.all_reduce)).c_str(),
+              format_bytes(static_cast<double>(p.comm.across_nodes)).c_str());
+  if (in.compute_flops > 0 || in.bandwidth_bytes > 0) {
+    std::printf("step estimate: compute %.3f s (%.1f TFLOP/s per rank), communication %.3f s (%.1f GB/s per rank): "
+                "%.3f s overlapped, %.3f s serial; %.0f tokens/s per rank\n",
+                p.compute_seconds, in.compute_flops / 1e12, p.comm_seconds, in.bandwidth_bytes / 1e9,
+                p.step_seconds_overlapped, p.step_seconds_serial, p.tokens_per_second);
+  } else {
+    std::printf("step estimate: give --tflops and --bandwidth, or --calibrate\n");
+  }
+  const int nodes = std::max(1, in.ranks / in.ranks_per_node);
+  const int per_node = std::min(in.ranks, in.ranks_per_node);
+  std::printf("DeepSpeed ZeRO-3 model states (estimate_zero3_model_states_mem_needs, %d GPUs x %d node(s), "
+              "largest layer %.1f M):\n", per_node, nodes, fsdp::plan::largest_module_params(in.model) / 1e6);
+  for (const auto& d : fsdp::plan::deepspeed_zero3_estimate(p.parameters, fsdp::plan::largest_module_params(in.model),
+                                                             per_node, nodes)) {
+    std::printf("  offload %-17s GPU %12s per rank, CPU %12s per node\n", d.offload.c_str(),
+                format_bytes(static_cast<double>(d.gpu_bytes_per_rank)).c_str(),
+                format_bytes(static_cast<double>(d.cpu_bytes_per_node)).c_str());
+  }
+  std::printf("  fsdp.cpp model states on the device (shards + gathered): %s\n",
+              format_bytes(static_cast<double>(m.device_total() - m.activations - m.overhead)).c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "fsdp-plan: per-rank memory, communication and step time of an FSDP training run, before it runs.\n\n"
+      "  fsdp-plan --model llama3-70b --ranks 8 --memory 80GB --param-dtype bfloat16 --activation-checkpointing\n"
+      "  fsdp-plan configs/gpt-fortunes-tiny.toml --ranks 2 --memory 5GiB\n"
+      "  mpirun -np 2 fsdp-plan configs/gpt-fortunes-tiny.toml --calibrate   # rates measured here\n\n"
+      "A config file gives the model, batch, sequence length and [fsdp] settings; flags override it."};
+  std::string config_path, model_name, memory, overhead, json_path;
+  std::vector<std::string> overrides;
+  PlanInput in;
+  int ranks = 0;
+  double tflops = 0, bandwidth_gbps = 0, inter_node_gbps = 0;
+  bool calibrate = false, compact = false;
+  std::string strategy, param_dtype, reduce_dtype, optimizer;
+  int shard_group_size = -1, max_inflight = -1;
+  int64_t micro_batch = 0, micro_batches = 0, seq = 0;
+  bool checkpointing = false;
+  app.add_option("config", config_path, "TOML training configuration (optional)");
+  app.add_option("--set", overrides, "override a config key, as fsdp-train --set");
+  app.add_option("--model", model_name, "a model of the zoo (fsdp-train --list-models)");
+  app.add_option("--ranks", ranks, "N, ranks in all (default: the config's launch, else 1)")->check(CLI::PositiveNumber);
+  app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")->check(CLI::PositiveNumber);
+  app.add_option("--memory", memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
+  app.add_option("--strategy", strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard");
+  app.add_option("--shard-group-size", shard_group_size, "hybrid_shard: S (default: ranks per node)")->check(CLI::PositiveNumber);
+  app.add_option("--param-dtype", param_dtype, "float32 | bfloat16");
+  app.add_option("--reduce-dtype", reduce_dtype, "float32 | bfloat16");
+  app.add_flag("--activation-checkpointing", checkpointing, "recompute each block in backward");
+  app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
+  app.add_flag("--fused-attention", in.fused_attention,
+               "attention keeps no [heads, t, t] probabilities (libtorch 2.x on a GPU); default: composed, as "
+               "libtorch 1.13 on a CPU");
+  app.add_option("--optimizer", optimizer, "adamw | sgd");
+  app.add_option("--micro-batch", micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
+  app.add_option("--micro-batches", micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
+  app.add_option("--seq", seq, "tokens per sample")->check(CLI::PositiveNumber);
+  app.add_option("--max-inflight", max_inflight, "K: unit buffers alive besides the computing one")->check(CLI::NonNegativeNumber);
+  app.add_option("--overhead", overhead, "the process's own memory per rank, e.g. 2GiB (default 512MiB; --calibrate measures)");
+  app.add_option("--tflops", tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")->check(CLI::NonNegativeNumber);
+  app.add_option("--bandwidth", bandwidth_gbps, "per-rank collective bandwidth inside a shard group, GB/s")->check(CLI::NonNegativeNumber);
+  app.add_option("--inter-node-bandwidth", inter_node_gbps, "per-rank bandwidth across nodes, GB/s")->check(CLI::NonNegativeNumber);
+  app.add_flag("--calibrate", calibrate,
+               "measure compute rate (matmuls in the compute dtype), all-gather bandwidth (under mpirun, >= 2 "
+               "ranks) and the process overhead on this machine, with the project's own kernels and collectives");
+  app.add_flag("--compact", compact, "one line per plan");
+  app.add_option("--json", json_path, "write the plan here as JSON");
+  CLI11_PARSE(app, argc, argv);
+
+  fsdp::comm::ProcessGroupPtr world;
+  try {
+    if (calibrate) world = fsdp::comm::init_world();
+    const bool leader = !world || world->rank() == 0;
+    if (!config_path.empty()) {
+      if (!model_name.empty()) overrides.push_back("model.name=\"" + model_name + "\"");
+      const fsdp::train::TrainConfig c = fsdp::train::load_train_config(config_path, overrides);
+      in.model = c.model;
+      in.model_name = c.model_name;
+      in.strategy = c.fsdp.strategy;
+      in.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
+      in.param_dtype = c.fsdp.param_dtype;
+      in.reduce_dtype = c.fsdp.reduce_dtype;
+      in.activation_checkpointing = c.fsdp.activation_checkpointing;
+      in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
+      in.optimizer = c.optimizer.name;
+      in.seq_len = c.seq_len;
+      in.micro_batches = c.micro_batches;
+      in.ranks = ranks > 0 ? ranks : (world ? world->size() : 1);
+      fsdp::train::validate_for_world(c, in.ranks);
+      in.micro_batch = c.global_batch / (static_cast<int64_t>(in.ranks) * c.micro_batches);
+    } else {
+      if (model_name.empty()) throw std::invalid_argument("give --model NAME or a config file (--help)");
+      if (!overrides.empty()) throw std::invalid_argument("--set needs a config file");
+      in.model = fsdp::models::model_config(model_name);
+      in.model_name = model_name;
+      in.ranks = ranks > 0 ? ranks : (world ? world->size() : 1);
+      if (const auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) in.seq_len = std::min<int64_t>(g->context, 1024);
+      if (const auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) in.seq_len = std::min<int64_t>(l->context, 4096);
+    }
+    if (!strategy.empty()) in.strategy = strategy;
+    if (shard_group_size > 0) in.shard_group_size = shard_group_size;
+    if (!param_dtype.empty()) in.param_dtype = param_dtype;
+    if (!reduce_dtype.empty()) in.reduce_dtype = reduce_dtype;
+    if (checkpointing) in.activation_checkpointing = true;
+    if (!optimizer.empty()) in.optimizer = optimizer;
+    if (micro_batch > 0) in.micro_batch = micro_batch;
+    if (micro_batches > 0) in.micro_batches = micro_batches;
+    if (seq > 0) in.seq_len = seq;
+    if (max_inflight >= 0) in.max_inflight = max_inflight;
+    if (!memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(memory);
+    if (!overhead.empty()) in.overhead_bytes = fsdp::plan::parse_bytes(overhead);
+    in.compute_flops = tflops * 1e12;
+    in.bandwidth_bytes = bandwidth_gbps * 1e9;
+    in.inter_node_bandwidth_bytes = inter_node_gbps * 1e9;
+
+    if (calibrate) {
+      const at::ScalarType dtype = in.param_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+      in.overhead_bytes = resident_bytes();
+      world->barrier()->wait();
+      double rate = matmul_rate(dtype, 0.5);  // every rank at once, as in training
+      at::Tensor slowest = at::tensor({rate}, at::kDouble);
+      world->all_reduce(slowest, fsdp::comm::ReduceOp::Sum)->wait();
+      in.compute_flops = slowest.item<double>() / world->size();
+      if (world->size() > 1) in.bandwidth_bytes = all_gather_bandwidth(world);
+      if (leader) {
+        char bandwidth[64] = "not measured (run under mpirun -np 2 or more)";
+        if (world->size() > 1) std::snprintf(bandwidth, sizeof(bandwidth), "%.2f GB/s", in.bandwidth_bytes / 1e9);
+        std::printf("calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul), all-gather %s per rank, "
+                    "process overhead %s\n",
+                    world->size(), in.compute_flops / 1e9, in.param_dtype.c_str(), bandwidth,
+                    format_bytes(static_cast<double>(in.overhead_bytes)).c_str());
+      }
+    }
+    const Plan plan = fsdp::plan::make_plan(in);
+    if (leader) {
+      print_plan(plan, compact);
+      if (!json_path.empty()) {
+        const std::string partial = json_path + ".partial";  // never half a file at json_path
+        std::ofstream out(partial);
+        out << to_json(plan).dump(2) << "\n";
+        out.close();
+        if (!out || std::rename(partial.c_str(), json_path.c_str()) != 0) {
+          std::remove(partial.c_str());
+          throw std::runtime_error("cannot write '" + json_path + "'");
+        }
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    if (!world || world->rank() == 0) std::fprintf(stderr, "fsdp-plan: error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,107 @@
+// fsdp/plan/memory_plan.h: "will it fit?" before renting the GPUs. Per-rank memory, bytes
+// communicated and a step-time estimate for one training configuration, from the model's shapes
+// and the runtime's own rules (what a unit gathers, when it frees, what the optimizer keeps).
+//
+// Memory per rank, in bytes (P parameters, S ranks sharing one copy, c and r the compute and
+// reduce dtypes' sizes, K = max_inflight, B = the largest unit, root = parameters in no unit):
+//   parameters   4 P / S                 fp32 master shards (NO_SHARD: S = 1)
+//   gradients    4 P / S                 fp32 gradient shards
+//   optimizer    8 P / S (AdamW), 4 P / S (SGD with momentum)
+//   gathered     FULL_SHARD, HYBRID_SHARD: c (2 root + (K + 2) B), plus r B when r != c (the cast
+//                gradient), the runtime's documented peak; SHARD_GRAD_OP: c P + max(c, r) B (every
+//                unit stays gathered until its backward); NO_SHARD: (K + 1) 4 B gradients in flight
+//   activations  saved tensors of every block for one micro-batch (block_activation_bytes) and one
+//                block's gradients in backward, or with activation checkpointing the block inputs
+//                plus one block recomputed; the logits and loss
+//   overhead     the process itself (libtorch, communication library; a CUDA context on a GPU)
+// With CPU offload the first three live in host memory and the device holds the rest.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/models/registry.h"
+
+namespace fsdp::plan {
+
+struct PlanInput {
+  models::ModelConfig model;
+  std::string model_name;
+  int ranks = 1;                      // N
+  int ranks_per_node = 8;             // hybrid_shard's default S, and which all-reduce crosses nodes
+  std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
+  int shard_group_size = 0;           // hybrid_shard: S (0: ranks_per_node)
+  std::string param_dtype = "float32";  // float32 | bfloat16
+  std::string reduce_dtype = "float32";
+  bool activation_checkpointing = false;
+  bool cpu_offload = false;           // parameter, gradient and optimizer shards in host memory
+  std::string optimizer = "adamw";    // adamw | sgd
+  int64_t micro_batch = 1;            // samples per rank per forward
+  int64_t micro_batches = 1;          // gradient accumulation steps (each one reduces)
+  int64_t seq_len = 2048;             // tokens per sample (language models)
+  int max_inflight = 2;               // K
+  // Fused attention (libtorch 2.x scaled_dot_product_attention on a GPU: flash or memory-efficient
+  // kernels) keeps no [heads, t, t] probabilities; composed attention (libtorch 1.13, this CPU
+  // build) keeps them for backward.
+  bool fused_attention = false;
+  int64_t device_memory_bytes = 0;    // per rank; 0: not checked
+  int64_t overhead_bytes = 512LL << 20;   // the process's own memory
+  double compute_flops = 0;           // per rank, per second (0: no time estimate)
+  double bandwidth_bytes = 0;         // per rank inside a shard group, bytes/s (algorithm bandwidth)
+  double inter_node_bandwidth_bytes = 0;  // per rank across nodes (0: same as bandwidth_bytes)
+};
+
+struct MemoryBreakdown {
+  int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, activations = 0, overhead = 0;
+  int64_t device_total() const;       // what the device holds (offloaded shards excluded)
+  int64_t host_total = 0;             // offloaded shards (host memory), 0 without offload
+};
+
+struct CommVolume {  // bytes sent per rank per optimizer step
+  int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0, across_nodes = 0;
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce; }
+};
+
+struct Plan {
+  PlanInput input;
+  int64_t parameters = 0, largest_unit_params = 0, root_params = 0, layers = 0;
+  int shard_ranks = 1, replicas = 1;  // S and R
+  MemoryBreakdown memory;
+  bool fits = true;
+  int64_t headroom_bytes = 0;         // device memory - device total (negative: short by that much)
+  CommVolume comm;
+  double compute_seconds = 0, comm_seconds = 0;
+  double step_seconds_overlapped = 0;  // max(compute, communication): prefetch hides all of it
+  double step_seconds_serial = 0;      // compute + communication: nothing hidden
+  double tokens_per_second = 0;        // per rank, at the overlapped estimate
+};
+
+// Throws std::invalid_argument naming the bad field (strategy, dtype, S not dividing N, ...).
+Plan make_plan(const PlanInput& input);
+
+// Saved activation bytes of one block for one sample (no checkpointing), and of the logits and
+// loss for one sample: the tensors autograd keeps for backward, in the compute dtype (the loss in
+// fp32). Composed attention keeps the softmax output [heads, t, t] (libtorch 1.13 has no fused
+// attention); a fused kernel keeps only its log-sum-exp [heads, t] in fp32.
+int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
+                               bool fused_attention = false);
+int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes);
+
+// DeepSpeed's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/stage3.py), the
+// "all live" variant's inner formula: per-GPU and per-node CPU bytes of model states for ZeRO-3
+// with fp16/bf16 training and Adam, given the total parameters and the largest layer's.
+struct DeepSpeedEstimate {
+  std::string offload;  // "none", "optimizer", "optimizer+params"
+  int64_t gpu_bytes_per_rank = 0, cpu_bytes_per_node = 0;
+};
+std::vector<DeepSpeedEstimate> deepspeed_zero3_estimate(int64_t total_params, int64_t largest_layer_params,
+                                                        int gpus_per_node, int nodes);
+// DeepSpeed's "largest layer": the largest single module (embedding or linear), not a block.
+int64_t largest_module_params(const models::ModelConfig& model);
+
+// "80GB", "80 GiB", "512MiB", "1.5TB", "4096B": bytes. A unit is required (decimal kB..TB,
+// binary KiB..TiB, B); anything else throws std::invalid_argument saying what was wrong.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace fsdp::plan

@@ -1,0 +1,263 @@
+#include "fsdp/plan/memory_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <type_traits>
+
+namespace fsdp::plan {
+
+namespace {
+
+int64_t dtype_bytes(const std::string& name, const char* field) {
+  if (name == "float32") return 4;
+  if (name == "bfloat16") return 2;
+  throw std::invalid_argument(std::string(field) + " '" + name + "' (expected float32 or bfloat16)");
+}
+
+// The same model with one block fewer: the difference is one block's parameters.
+models::ModelConfig with_layers(models::ModelConfig model, int64_t layers) {
+  std::visit([&](auto& c) { c.layers = layers; }, model);
+  return model;
+}
+
+int64_t layers_of(const models::ModelConfig& model) {
+  return std::visit([](const auto& c) { return c.layers; }, model);
+}
+
+// Tokens per sample: the sequence for language models, patches + class token for ViT.
+int64_t tokens_per_sample(const models::ModelConfig& model, int64_t seq_len) {
+  if (const auto* v = std::get_if<models::VitConfig>(&model)) return v->tokens();
+  return seq_len;
+}
+
+}  // namespace
+
+int64_t MemoryBreakdown::device_total() const {
+  const int64_t states = parameters + gradients + optimizer;
+  return (host_total > 0 ? 0 : states) + gathered + activations + overhead;
+}
+
+int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, bool fused_attention) {
+  const int64_t t = tokens_per_sample(model, seq_len);
+  return std::visit(
+      [&](const auto& m) -> int64_t {
+        using M = std::decay_t<decltype(m)>;
+        // Composed attention keeps the probabilities; a fused kernel its log-sum-exp.
+        const int64_t softmax = fused_attention ? 4 * m.heads * t : c * m.heads * t * t;
+        if constexpr (std::is_same_v<M, models::LlamaConfig>) {
+          // RMSNorm keeps its fp32 input and output (2 d, twice), q/k before and after rotary,
+          // keys and values repeated to every query head, the attention output, the SwiGLU's gate,
+          // SiLU(gate), up and their product (4 ffn).
+          const int64_t kv = m.kv_heads * (m.dim / m.heads);
+          return c * t * (10 * m.dim + 2 * kv + 4 * m.ffn_hidden) + softmax;
+        } else {
+          // GPT and ViT blocks: two LayerNorm inputs and outputs (4 d), qkv (3 d), contiguous
+          // copies of q, k and v that the batched matmuls save (3 d), the attention output (d), the
+          // MLP's hidden before and after GELU (2 ffn).
+          int64_t ffn = 4 * m.dim;
+          if constexpr (std::is_same_v<M, models::VitConfig>) ffn = m.mlp_hidden;
+          return c * t * (11 * m.dim + 2 * ffn) + softmax;
+        }
+      },
+      model);
+}
+
+int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c) {
+  const int64_t t = tokens_per_sample(model, seq_len);
+  return std::visit(
+      [&](const auto& m) -> int64_t {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, models::VitConfig>) {
+          return c * 2 * m.dim + 16 * m.classes;
+        } else {
+          // Final norm (2 d), the logits in the compute dtype, their fp32 copy when that is bf16,
+          // log-softmax's output and the logits' gradient (fp32): the loss is computed in fp32.
+          return t * (2 * c * m.dim + c * m.vocab + (c == 4 ? 0 : 4 * m.vocab) + 8 * m.vocab);
+        }
+      },
+      model);
+}
+
+Plan make_plan(const PlanInput& in) {
+  Plan plan;
+  plan.input = in;
+  models::validate(in.model);
+  if (in.ranks < 1) throw std::invalid_argument("ranks must be at least 1, got " + std::to_string(in.ranks));
+  if (in.ranks_per_node < 1) throw std::invalid_argument("ranks per node must be at least 1");
+  if (in.micro_batch < 1 || in.micro_batches < 1) throw std::invalid_argument("micro-batch sizes must be at least 1");
+  if (in.seq_len < 1) throw std::invalid_argument("sequence length must be at least 1");
+  if (in.max_inflight < 0) throw std::invalid_argument("max_inflight must be 0 or more");
+  if (in.optimizer != "adamw" && in.optimizer != "sgd") {
+    throw std::invalid_argument("optimizer '" + in.optimizer + "' (expected adamw or sgd)");
+  }
+  const int64_t c = dtype_bytes(in.param_dtype, "param_dtype"), r = dtype_bytes(in.reduce_dtype, "reduce_dtype");
+  const std::string& s = in.strategy;
+  if (s != "full_shard" && s != "shard_grad_op" && s != "no_shard" && s != "hybrid_shard") {
+    throw std::invalid_argument("strategy '" + s + "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
+  }
+  if (s == "no_shard" && (c != 4 || r != 4)) throw std::invalid_argument("no_shard keeps float32 (as the runtime does)");
+  if (in.shard_group_size != 0 && s != "hybrid_shard") {
+    throw std::invalid_argument("a shard group size applies to hybrid_shard only (strategy is " + s + ")");
+  }
+  const int n = in.ranks;
+  int shard = n;
+  if (s == "no_shard") shard = 1;
+  if (s == "hybrid_shard") {
+    shard = in.shard_group_size > 0 ? in.shard_group_size : std::min(in.ranks_per_node, n);
+    if (n % shard != 0) {
+      throw std::invalid_argument(std::to_string(n) + " ranks are not divisible by the shard group size " +
+                                  std::to_string(shard) + " (hybrid_shard needs N = R x S)");
+    }
+  }
+  plan.shard_ranks = shard;
+  plan.replicas = s == "no_shard" ? n : n / shard;
+
+  const int64_t p = models::parameter_count(in.model);
+  const int64_t layers = layers_of(in.model);
+  const int64_t block = layers > 0 ? p - models::parameter_count(with_layers(in.model, layers - 1)) : 0;
+  plan.parameters = p;
+  plan.layers = layers;
+  plan.largest_unit_params = block;
+  plan.root_params = p - layers * block;
+  const int64_t root = plan.root_params, k = in.max_inflight;
+
+  // Model states, per rank (rounded up as the shards are: every unit padded to a multiple of S).
+  const int64_t shard_numel = (p + shard - 1) / shard;
+  MemoryBreakdown& mem = plan.memory;
+  mem.parameters = 4 * shard_numel;
+  mem.gradients = 4 * shard_numel;
+  mem.optimizer = (in.optimizer == "adamw" ? 8 : 4) * shard_numel;
+  if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
+  // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
+  // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit
+  // gathered through backward plus the gradient buffer of the unit being reduced.
+  if (s == "no_shard") {
+    mem.gathered = (k + 1) * 4 * block;
+  } else if (s == "shard_grad_op") {
+    mem.gathered = c * p + std::max(c, r) * block;
+  } else {
+    mem.gathered = c * (2 * root + (k + 2) * block) + (r != c ? r * block : 0);
+  }
+  const int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention);
+  const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
+                               std::visit([](const auto& m) { return m.dim; }, in.model);
+  // Backward of the last block holds its activations' gradients beside everything saved: one
+  // block more (with checkpointing, the block being recomputed and its gradients).
+  const int64_t blocks = in.activation_checkpointing ? layers * block_inputs + 2 * per_block : (layers + 1) * per_block;
+  mem.activations = in.micro_batch * (blocks + head_activation_bytes(in.model, in.seq_len, c));
+  mem.overhead = in.overhead_bytes;
+  const int64_t device = mem.device_total();
+  if (in.device_memory_bytes > 0) {
+    plan.headroom_bytes = in.device_memory_bytes - device;
+    plan.fits = plan.headroom_bytes >= 0;
+  }
+
+  // Bytes each rank sends per optimizer step; every micro-batch gathers and reduces.
+  const double in_group = shard > 1 ? static_cast<double>(shard - 1) / shard : 0.0;
+  CommVolume& comm = plan.comm;
+  const int64_t m = in.micro_batches;
+  if (s == "full_shard" || s == "hybrid_shard") {
+    comm.all_gather = static_cast<int64_t>(m * c * (2 * (p - root) + root) * in_group);  // root once
+  } else if (s == "shard_grad_op") {
+    comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
+  }
+  if (s == "no_shard") {
+    comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * p * (n - 1) / n);
+  } else {
+    comm.reduce_scatter = static_cast<int64_t>(m * r * p * in_group);
+    if (plan.replicas > 1) {
+      comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * shard_numel * (plan.replicas - 1) / plan.replicas);
+    }
+  }
+  // Which collectives cross nodes: a group wider than a node, or hybrid's replica all-reduce.
+  const bool nodes_differ = n > in.ranks_per_node;
+  if (nodes_differ) {
+    if (s == "hybrid_shard") {
+      comm.across_nodes = comm.all_reduce + (shard > in.ranks_per_node ? comm.all_gather + comm.reduce_scatter : 0);
+    } else {
+      comm.across_nodes = comm.total();
+    }
+  }
+
+  // Time: compute at the given rate (+1/3 for the recomputed forward), communication at the
+  // bandwidths (the slower one for bytes that cross nodes).
+  const int64_t samples = in.micro_batch * in.micro_batches;
+  const bool language = models::is_language_model(in.model);
+  const double flops = models::flops_per_sample(in.model, in.seq_len) * samples * (language ? in.seq_len : 1) *
+                       (in.activation_checkpointing ? 4.0 / 3.0 : 1.0);
+  if (in.compute_flops > 0) plan.compute_seconds = flops / in.compute_flops;
+  if (in.bandwidth_bytes > 0) {
+    const double inter = in.inter_node_bandwidth_bytes > 0 ? in.inter_node_bandwidth_bytes : in.bandwidth_bytes;
+    plan.comm_seconds = static_cast<double>(comm.total() - comm.across_nodes) / in.bandwidth_bytes +
+                        static_cast<double>(comm.across_nodes) / inter;
+  }
+  plan.step_seconds_overlapped = std::max(plan.compute_seconds, plan.comm_seconds);
+  plan.step_seconds_serial = plan.compute_seconds + plan.comm_seconds;
+  if (plan.step_seconds_overlapped > 0) {
+    plan.tokens_per_second = static_cast<double>(samples * (language ? in.seq_len : 1)) / plan.step_seconds_overlapped;
+  }
+  return plan;
+}
+
+std::vector<DeepSpeedEstimate> deepspeed_zero3_estimate(int64_t total_params, int64_t largest_layer_params,
+                                                        int gpus_per_node, int nodes) {
+  // estimate_zero3_model_states_mem_needs with zero_init=True and additional_buffer_factor=1.5.
+  const double total_gpus = static_cast<double>(gpus_per_node) * nodes, gpus_factor = 1.0 / nodes, buffer = 1.5;
+  const double largest_layer_memory = 4.0 * static_cast<double>(largest_layer_params);
+  const double p = static_cast<double>(total_params);
+  std::vector<DeepSpeedEstimate> out;
+  out.push_back({"none", static_cast<int64_t>(largest_layer_memory + 18.0 * p / total_gpus),
+                 static_cast<int64_t>(static_cast<double>(largest_layer_params) * 4 * gpus_per_node * buffer)});
+  out.push_back({"optimizer", static_cast<int64_t>(largest_layer_memory + 2.0 * p / total_gpus),
+                 static_cast<int64_t>(p * 16 * gpus_factor * buffer)});
+  out.push_back({"optimizer+params", static_cast<int64_t>(largest_layer_memory),
+                 static_cast<int64_t>(p * 18 * gpus_factor * buffer)});
+  return out;
+}
+
+int64_t largest_module_params(const models::ModelConfig& model) {
+  return std::visit(
+      [](const auto& m) -> int64_t {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, models::LlamaConfig>) {
+          return std::max(m.vocab * m.dim, m.dim * m.ffn_hidden);
+        } else if constexpr (std::is_same_v<M, models::GptConfig>) {
+          return std::max(m.vocab * m.dim, m.dim * 4 * m.dim + 4 * m.dim);
+        } else {
+          return std::max(m.dim * m.mlp_hidden + m.mlp_hidden, m.dim * m.classes + m.classes);
+        }
+      },
+      model);
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  const std::string number = text.substr(0, i);
+  size_t j = i;
+  while (j < text.size() && text[j] == ' ') ++j;
+  const std::string unit = text.substr(j);
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"B", 1.0},       {"kB", 1e3},           {"KB", 1e3},           {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12},     {"KiB", 1024.0},       {"MiB", 1048576.0},    {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  double scale = 0;
+  for (const auto& [name, factor] : units) {
+    if (unit == name) scale = factor;
+  }
+  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1) {
+    throw std::invalid_argument("memory '" + text + "': expected a number and a unit, e.g. 80GB or 5GiB");
+  }
+  if (scale == 0) {
+    throw std::invalid_argument("memory '" + text + "': " +
+                                (unit.empty() ? std::string("give a unit") : "unknown unit '" + unit + "'") +
+                                " (B, kB, MB, GB, TB, or KiB, MiB, GiB, TiB; e.g. 80GB, 5GiB)");
+  }
+  const double bytes = std::stod(number) * scale;
+  if (bytes > 9.0e18) throw std::invalid_argument("memory '" + text + "' is out of range");
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace fsdp::plan

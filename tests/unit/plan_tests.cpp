@@ -1,0 +1,138 @@
+// fsdp-plan's arithmetic: the shares of model state, the strategies' communication, DeepSpeed's
+// published estimate reproduced, and bad input named.
+#include <gtest/gtest.h>
+
+#include "fsdp/plan/memory_plan.h"
+
+namespace {
+
+using fsdp::plan::make_plan;
+using fsdp::plan::parse_bytes;
+using fsdp::plan::PlanInput;
+
+PlanInput llama70b(int ranks, const std::string& strategy) {
+  PlanInput in;
+  in.model = fsdp::models::model_config("llama3-70b");
+  in.model_name = "llama3-70b";
+  in.ranks = ranks;
+  in.strategy = strategy;
+  in.seq_len = 4096;
+  return in;
+}
+
+std::string error_of(const PlanInput& in) {
+  try {
+    make_plan(in);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an error";
+  return "";
+}
+
+TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
+  const PlanInput in = llama70b(8, "full_shard");
+  const auto plan = make_plan(in);
+  const int64_t p = fsdp::models::parameter_count(in.model);
+  EXPECT_EQ(plan.parameters, p);
+  EXPECT_EQ(plan.layers, 80);
+  EXPECT_EQ(plan.root_params + 80 * plan.largest_unit_params, p);
+  const int64_t shard = (p + 7) / 8;
+  EXPECT_EQ(plan.memory.parameters, 4 * shard);
+  EXPECT_EQ(plan.memory.gradients, 4 * shard);
+  EXPECT_EQ(plan.memory.optimizer, 8 * shard);
+  // fp32 gathers: 2 x root + (K + 2) x block, K = 2.
+  EXPECT_EQ(plan.memory.gathered, 4 * (2 * plan.root_params + 4 * plan.largest_unit_params));
+  // 70B at 16 bytes a parameter over 8 ranks: 141 GB of states each, more than 80 GB.
+  PlanInput sized = in;
+  sized.device_memory_bytes = parse_bytes("80GB");
+  EXPECT_FALSE(make_plan(sized).fits);
+  sized.cpu_offload = true;
+  sized.param_dtype = "bfloat16";
+  sized.activation_checkpointing = true;
+  const auto offloaded = make_plan(sized);
+  EXPECT_EQ(offloaded.memory.host_total, 16 * shard);
+  EXPECT_LT(offloaded.memory.device_total(), offloaded.memory.host_total);
+}
+
+TEST(Plan, CommunicationPerStrategy) {
+  PlanInput in = llama70b(16, "full_shard");
+  in.ranks_per_node = 8;
+  const auto full = make_plan(in);
+  const double p = static_cast<double>(full.parameters), root = static_cast<double>(full.root_params);
+  EXPECT_NEAR(full.comm.all_gather, 4 * (2 * (p - root) + root) * 15 / 16, 1e3);
+  EXPECT_NEAR(full.comm.reduce_scatter, 4 * p * 15 / 16, 1e3);
+  EXPECT_EQ(full.comm.all_reduce, 0);
+  EXPECT_EQ(full.comm.across_nodes, full.comm.total());  // one group over two nodes
+
+  in.strategy = "hybrid_shard";  // S = 8 (a node), R = 2
+  const auto hybrid = make_plan(in);
+  EXPECT_EQ(hybrid.shard_ranks, 8);
+  EXPECT_EQ(hybrid.replicas, 2);
+  EXPECT_NEAR(hybrid.comm.reduce_scatter, 4 * p * 7 / 8, 1e3);
+  EXPECT_NEAR(hybrid.comm.all_reduce, 2.0 * 4 * ((full.parameters + 7) / 8) / 2, 1e3);
+  EXPECT_EQ(hybrid.comm.across_nodes, hybrid.comm.all_reduce);  // only the replica all-reduce crosses
+  EXPECT_EQ(hybrid.memory.parameters, 4 * ((full.parameters + 7) / 8));
+
+  in.strategy = "no_shard";
+  const auto ddp = make_plan(in);
+  EXPECT_NEAR(ddp.comm.all_reduce, 2.0 * 4 * p * 15 / 16, 1e3);
+  EXPECT_EQ(ddp.memory.parameters, 4 * full.parameters);
+
+  // bf16 halves the gathers; checkpointing adds a third to compute.
+  in.strategy = "full_shard";
+  in.compute_flops = 1e15;
+  in.bandwidth_bytes = 1e11;
+  const auto fp32 = make_plan(in);
+  in.param_dtype = "bfloat16";
+  in.activation_checkpointing = true;
+  const auto bf16 = make_plan(in);
+  EXPECT_EQ(bf16.comm.all_gather * 2, fp32.comm.all_gather);
+  EXPECT_NEAR(bf16.compute_seconds, fp32.compute_seconds * 4.0 / 3.0, 1e-9);
+  EXPECT_LT(bf16.memory.activations, fp32.memory.activations / 4);
+}
+
+// DeepSpeed's documentation (memory.html, "ZeRO-3"): t5-3b, 2851M parameters, 32M largest layer,
+// 1 node of 8 GPUs: per GPU 6.10 / 0.79 / 0.12 GB and per CPU 1.47 / 63.74 / 71.71 GB (its GB are
+// GiB) for no offload / optimizer offload / optimizer and parameter offload.
+TEST(Plan, DeepSpeedZero3EstimateMatchesItsDocumentation) {
+  const auto estimates = fsdp::plan::deepspeed_zero3_estimate(2851000000LL, 32000000LL, 8, 1);
+  ASSERT_EQ(estimates.size(), 3u);
+  const double gib = 1 << 30;
+  EXPECT_NEAR(estimates[0].gpu_bytes_per_rank / gib, 6.10, 0.02);
+  EXPECT_NEAR(estimates[1].gpu_bytes_per_rank / gib, 0.79, 0.02);
+  EXPECT_NEAR(estimates[2].gpu_bytes_per_rank / gib, 0.12, 0.02);
+  EXPECT_NEAR(estimates[0].cpu_bytes_per_node / gib, 1.47, 0.05);
+  EXPECT_NEAR(estimates[1].cpu_bytes_per_node / gib, 63.74, 0.05);
+  EXPECT_NEAR(estimates[2].cpu_bytes_per_node / gib, 71.71, 0.05);
+}
+
+TEST(Plan, BadInputIsNamed) {
+  PlanInput in = llama70b(12, "hybrid_shard");
+  in.shard_group_size = 8;
+  EXPECT_NE(error_of(in).find("12 ranks are not divisible by the shard group size 8"), std::string::npos);
+  in = llama70b(8, "zero3");
+  EXPECT_NE(error_of(in).find("strategy 'zero3'"), std::string::npos);
+  in = llama70b(8, "full_shard");
+  in.param_dtype = "fp16";
+  EXPECT_NE(error_of(in).find("param_dtype 'fp16'"), std::string::npos);
+  in = llama70b(8, "full_shard");
+  in.shard_group_size = 4;
+  EXPECT_NE(error_of(in).find("hybrid_shard only"), std::string::npos);
+  EXPECT_THROW(fsdp::models::model_config("llama-99b"), std::invalid_argument);
+
+  EXPECT_EQ(parse_bytes("80GB"), 80000000000LL);
+  EXPECT_EQ(parse_bytes("5GiB"), 5LL << 30);
+  EXPECT_EQ(parse_bytes("512 MiB"), 512LL << 20);
+  EXPECT_EQ(parse_bytes("1.5TB"), 1500000000000LL);
+  for (const char* bad : {"80", "80G", "80gb", "GB", "8..0GB", "-5GB", "80 GBs"}) {
+    EXPECT_THROW(parse_bytes(bad), std::invalid_argument) << bad;
+  }
+  try {
+    parse_bytes("80");
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("give a unit"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
