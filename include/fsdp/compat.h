@@ -38,4 +38,25 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
 #endif
 }
 
+// AdamW over lists of tensors in one fused CUDA kernel (decoupled weight decay left to the caller;
+// `steps` are read, not advanced: the caller sets them to the step being taken, 1 first):
+// at::_fused_adamw_ exists from libtorch 2.1. Returns false,
+// doing nothing, where it does not (kHasFusedAdamW says so beforehand).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+constexpr bool kHasFusedAdamW = true;
+#else
+constexpr bool kHasFusedAdamW = false;
+#endif
+inline bool fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                        at::TensorList steps, double lr, double beta1, double beta2, double eps) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                    /*weight_decay=*/0.0, eps, /*amsgrad=*/false, /*maximize=*/false);
+  return true;
+#else
+  (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps, (void)lr, (void)beta1, (void)beta2, (void)eps;
+  return false;
+#endif
+}
+
 }  // namespace fsdp::compat

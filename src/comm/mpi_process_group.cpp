@@ -395,14 +395,10 @@ ProcessGroupPtr init_world(const ProcessGroupOptions& options) {
                              ": was the binary started by a different MPI's launcher?");
   }
   ProcessGroupOptions resolved = options;
-  if (const char* env = std::getenv("FSDP_COMM_TIMEOUT_MS")) {
-    char* end = nullptr;
-    long ms = std::strtol(env, &end, 10);
-    if (*end != '\0' || ms <= 0) {
-      throw std::runtime_error(std::string("init_world: FSDP_COMM_TIMEOUT_MS='") + env +
-                               "' is not a positive number of milliseconds");
-    }
-    resolved.timeout = std::chrono::milliseconds(ms);
+  try {
+    resolved.timeout = comm_timeout_from_env(options.timeout);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("init_world: ") + e.what());
   }
   world = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "world", resolved);
   g_world = world;

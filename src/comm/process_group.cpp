@@ -1,9 +1,21 @@
 #include "fsdp/comm/process_group.h"
 
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
 namespace fsdp::comm {
+
+std::chrono::milliseconds comm_timeout_from_env(std::chrono::milliseconds fallback) {
+  const char* env = std::getenv("FSDP_COMM_TIMEOUT_MS");
+  if (env == nullptr) return fallback;
+  char* end = nullptr;
+  const long ms = std::strtol(env, &end, 10);
+  if (*end != '\0' || ms <= 0) {
+    throw std::runtime_error(std::string("FSDP_COMM_TIMEOUT_MS='") + env + "' is not a positive number of milliseconds");
+  }
+  return std::chrono::milliseconds(ms);
+}
 
 const char* to_string(ReduceOp op) {
   switch (op) {
@@ -33,9 +45,11 @@ std::string describe(const at::Tensor& t) {
 void check_tensor(const ProcessGroup& group, const char* op, const char* role, const at::Tensor& t) {
   if (!t.defined()) fail(group, op, std::string(role) + " is an undefined tensor");
   if (!t.is_contiguous()) fail(group, op, std::string(role) + " must be contiguous, got " + describe(t));
-  if (!t.device().is_cpu()) {
+  if (t.device().type() != group.device_type()) {
     fail(group, op, std::string(role) + " is on " + t.device().str() +
-                        ": the MPI backend takes CPU tensors (CUDA tensors need the NCCL backend)");
+                        (group.device_type() == at::kCPU
+                             ? ": the MPI backend takes CPU tensors (CUDA tensors need the NCCL backend)"
+                             : ": the NCCL backend takes CUDA tensors (CPU tensors need the MPI backend)"));
   }
   switch (t.scalar_type()) {
     case at::kFloat: case at::kDouble: case at::kLong: case at::kBFloat16: break;

@@ -16,18 +16,24 @@ using torch::autograd::variable_list;
 // What backward needs besides the saved inputs: the closure and the generator state of the first run.
 struct Recompute final : torch::CustomClassHolder {
   RecomputeFn run;
-  at::Tensor rng_state;  // the CPU generator's state before the first run
+  at::Tensor rng_state;  // the generator's state before the first run
+  at::Device device = at::kCPU;  // whose generator: the inputs' device (dropout on a GPU draws from its own)
   size_t num_inputs = 0;
 };
 
-at::Tensor cpu_rng_state() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
+at::Generator generator_of(at::Device device) {
+  if (device.is_cpu()) return at::detail::getDefaultCPUGenerator();
+  return at::globalContext().defaultGenerator(device);  // CUDA: registered by a CUDA libtorch
+}
+
+at::Tensor rng_state(at::Device device) {
+  at::Generator generator = generator_of(device);
   std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get_state();
 }
 
-void set_cpu_rng_state(const at::Tensor& state) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
+void set_rng_state(at::Device device, const at::Tensor& state) {
+  at::Generator generator = generator_of(device);
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(state);
 }
@@ -36,7 +42,13 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // inputs: the region's tensor inputs, then (possibly) one empty tensor that requires grad so
   // that the output is part of the graph even when no real input requires grad.
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Recompute> recompute) {
-    recompute->rng_state = cpu_rng_state();
+    for (size_t i = 0; i < recompute->num_inputs; ++i) {
+      if (inputs[i].defined()) {
+        recompute->device = inputs[i].device();
+        break;
+      }
+    }
+    recompute->rng_state = rng_state(recompute->device);
     std::vector<at::Tensor> real(inputs.begin(), inputs.begin() + static_cast<int64_t>(recompute->num_inputs));
     at::Tensor output;
     {
@@ -59,11 +71,11 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     at::Tensor output;
     {
       // The generator continues from where it is now once the recomputation is done.
-      const at::Tensor now = cpu_rng_state();
-      set_cpu_rng_state(recompute->rng_state);
+      const at::Tensor now = rng_state(recompute->device);
+      set_rng_state(recompute->device, recompute->rng_state);
       torch::AutoGradMode grad_on(true);
       output = recompute->run(detached);
-      set_cpu_rng_state(now);
+      set_rng_state(recompute->device, now);
     }
     if (output.requires_grad()) {
       // A nested backward: parameters' gradients accumulate (their hooks fire), inputs' are read below.

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include "fsdp/compat.h"
+
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -48,10 +51,43 @@ runtime::FsdpState& refuse_module_parameters(const std::vector<at::Tensor>& para
 ShardedAdamW::ShardedAdamW(const std::vector<at::Tensor>& module_parameters, AdamWOptions options)
     : ShardedAdamW(refuse_module_parameters(module_parameters), std::move(options)) {}
 
+bool ShardedAdamW::step_fused() {
+  if (!compat::kHasFusedAdamW || !options_.fused || slots_.empty() || !slots_.front().flat->shard().is_cuda()) return false;
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  if (fused_steps_.empty()) {
+    for (const Slot& slot : slots_) fused_steps_.push_back(at::zeros({1}, slot.flat->shard().options()));
+  }
+  // The kernel reads the step (for the bias corrections) and does not advance it: set it from the
+  // global count every time, so a resumed run (or set_step_count) cannot leave it stale.
+  for (at::Tensor& count : fused_steps_) count.fill_(static_cast<double>(step_count_));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].flat->shard_grad().defined()) continue;
+    params.push_back(slots_[i].flat->shard());
+    grads.push_back(slots_[i].flat->shard_grad());
+    exp_avgs.push_back(exp_avg_[i]);
+    exp_avg_sqs.push_back(exp_avg_sq_[i]);
+    steps.push_back(fused_steps_[i]);
+  }
+  if (params.empty()) return true;
+  // Decoupled decay first, on the matrices' ranges only, as in the composed update.
+  if (options_.weight_decay != 0) {
+    for (const Slot& slot : slots_) {
+      if (!slot.flat->shard_grad().defined()) continue;
+      for (const auto& [offset, length] : slot.decay_ranges) {
+        slot.flat->shard().narrow(0, offset, length).mul_(1 - lr_ * options_.weight_decay);
+      }
+    }
+  }
+  return compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, lr_, options_.beta1, options_.beta2,
+                             options_.eps);
+}
+
 // Same operations, in the same order, as torch::optim::AdamW (libtorch 1.13) on each element.
 void ShardedAdamW::step() {
   torch::NoGradGuard no_grad;
   ++step_count_;
+  for (const Slot& slot : slots_) slot.flat->wait_for_offloaded_grad();
+  if (step_fused()) return;
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(step_count_));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(step_count_));
   const double step_size = lr_ / bias_correction1;
@@ -66,7 +102,9 @@ void ShardedAdamW::step() {
     }
     exp_avg_[i].mul_(options_.beta1).add_(grad, 1 - options_.beta1);
     exp_avg_sq_[i].mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
-    at::Tensor denom = (exp_avg_sq_[i].sqrt() / std::sqrt(bias_correction2)).add_(options_.eps);
+    // In place after the sqrt: one shard-sized temporary, not two (the values are the same).
+    at::Tensor denom = exp_avg_sq_[i].sqrt();
+    denom.div_(std::sqrt(bias_correction2)).add_(options_.eps);
     p.addcdiv_(exp_avg_[i], denom, -step_size);
   }
 }
@@ -86,6 +124,7 @@ ShardedSgd::ShardedSgd(runtime::FsdpState& state, SgdOptions options)
 void ShardedSgd::step() {
   torch::NoGradGuard no_grad;
   ++step_count_;
+  for (const Slot& slot : slots_) slot.flat->wait_for_offloaded_grad();
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor& p = slots_[i].flat->shard();
     at::Tensor d_p = slots_[i].flat->shard_grad();
@@ -127,10 +166,21 @@ int64_t ShardedSgd::state_bytes() const {
 
 double grad_norm(runtime::FsdpState& state) {
   // [sum of squares over sharded gradients, over replicated ones]: one all-reduce for both.
-  at::Tensor sums = at::zeros({2}, at::kDouble);
+  at::Device device(at::kCPU);
+  for (shard::FlatParam* flat : state.flat_params()) device = flat->shard().device();
+  at::Tensor sums = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (shard::FlatParam* flat : state.flat_params()) {
     if (!flat->trainable() || !flat->shard_grad().defined()) continue;
-    sums[flat->replicated() ? 1 : 0] += flat->shard_grad().to(at::kDouble).pow(2).sum();
+    flat->wait_for_offloaded_grad();
+    // In fp64, a chunk at a time: a whole shard in fp64 (and its square) would be two transients
+    // of 2x the gradient shard's bytes, the step's peak memory for a large unit.
+    const at::Tensor& grad = flat->shard_grad();
+    constexpr int64_t kChunk = 1 << 20;  // elements: 8 MiB in fp64
+    at::Tensor sum = sums[flat->replicated() ? 1 : 0];  // a view: accumulated on the gradient's device, no host sync
+    for (int64_t offset = 0; offset < grad.numel(); offset += kChunk) {
+      const at::Tensor chunk = grad.narrow(0, offset, std::min(kChunk, grad.numel() - offset)).to(at::kDouble);
+      sum.add_(chunk.dot(chunk));
+    }
   }
   // Over the shard group: its ranks hold one whole gradient between them (under hybrid_shard
   // every replica group holds the same one, so every group computes the same norm).

@@ -126,6 +126,11 @@ class Unit {
         continue;
       }
       const int kind = p.requires_grad() ? 0 : 1;
+      if (p.device() != options.device) {
+        torch::NoGradGuard no_grad;
+        at::Tensor moved = p;  // same TensorImpl: the module keeps its parameter, now on the device
+        moved.set_data(p.to(options.device));
+      }
       position[id] = {kind, params[kind].size()};
       names[kind].push_back(item.key());
       params[kind].push_back(p);
@@ -141,6 +146,10 @@ class Unit {
       flat->reshard();
       // Before the grad accumulators exist: a dtype change would drop them.
       flat->set_precision(options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype);
+      if (options.cpu_offload) {
+        if (replicate) throw std::invalid_argument("fully_shard: cpu_offload needs a sharding strategy (not no_shard)");
+        flat->set_cpu_offload(true);
+      }
       (kind == 0 ? trainable_ : frozen_) = std::move(flat);
     }
     if (trainable_) {
@@ -506,7 +515,7 @@ std::vector<std::string> FsdpState::unit_names() const {
 void FsdpState::zero_grad() {
   for (auto& unit : units_) unit->drop_unsharded_grads();
   for (shard::FlatParam* flat : flat_params()) {
-    if (flat->trainable() && flat->shard_grad().defined()) flat->shard_grad().zero_();
+    if (flat->trainable()) flat->zero_shard_grad();
   }
 }
 

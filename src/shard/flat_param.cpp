@@ -43,12 +43,15 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
     : unit_name_(std::move(unit_name)), params_(std::move(params)), group_(std::move(group)),
       replicate_(replicate), trainable_(trainable) {
   std::vector<FlatEntry> entries;
+  const at::Device device = params_.empty() ? at::Device(group_->device_type()) : params_[0].device();
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
-    if (p.scalar_type() != at::kFloat || !p.device().is_cpu()) {
+    if (p.scalar_type() != at::kFloat || p.device() != device || p.device().type() != group_->device_type()) {
       std::ostringstream what;
-      what << "fully_shard: parameter " << names[i] << " is " << p.scalar_type() << " on " << p.device()
-           << "; sharded parameters are kept as float32 on the CPU (mixed precision casts at gather time)";
+      what << "fully_shard: parameter " << names[i] << " of unit '" << unit_name_ << "' is " << p.scalar_type()
+           << " on " << p.device() << "; sharded parameters are kept as float32 (mixed precision casts at gather "
+           << "time), all on one device, the device of the process group (" << group_->name() << ": "
+           << at::Device(group_->device_type()) << "; CUDA parameters need the NCCL backend)";
       throw std::invalid_argument(what.str());
     }
     entries.push_back(FlatEntry{names[i], aliases[i], p.sizes().vec(), 0, p.numel()});
@@ -56,7 +59,8 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
   layout_ = FlatLayout::make(std::move(entries), replicate_ ? 1 : group_->size());
 
   torch::NoGradGuard no_grad;
-  unsharded_ = at::zeros({layout_.padded_numel}, at::kFloat);
+  compute_device_ = device;
+  unsharded_ = at::zeros({layout_.padded_numel}, at::TensorOptions().dtype(at::kFloat).device(device));
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     unsharded_.narrow(0, entry.offset, entry.numel).copy_(params_[i].reshape(-1));
@@ -89,7 +93,7 @@ void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
   if (!unsharded_grad_.defined() && is_unsharded()) reshard();
   compute_dtype_ = compute;
   torch::NoGradGuard no_grad;
-  unsharded_ = at::empty({layout_.padded_numel}, compute);
+  unsharded_ = at::empty({layout_.padded_numel}, at::TensorOptions().dtype(compute).device(device()));
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     // A dtype change drops the parameter's grad accumulator: the unit creates it afterwards.
@@ -122,8 +126,10 @@ comm::WorkPtr FlatParam::unshard_async() {
   if (replicate_ || is_unsharded()) return nullptr;
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
-  if (compute_dtype_ == at::kFloat) return group_->all_gather(unsharded_, shard_);
-  at::Tensor input = shard_.to(compute_dtype_);  // [shard_numel] compute dtype, freed after the gather
+  if (compute_dtype_ == at::kFloat && !offload_) return group_->all_gather(unsharded_, shard_);
+  // [shard_numel] compute dtype on the compute device, freed after the gather. Offloaded: a copy from
+  // pinned host memory, asynchronous on the caller's stream (the gather is ordered after it).
+  at::Tensor input = shard_.to(at::TensorOptions().dtype(compute_dtype_).device(compute_device_), /*non_blocking=*/offload_);
   return std::make_shared<WorkKeepingInput>(group_->all_gather(unsharded_, input), input);
 }
 
@@ -145,7 +151,7 @@ void FlatParam::reshard() {
 
 void FlatParam::prepare_grad() {
   if (!trainable_ || unsharded_grad_.defined()) return;
-  unsharded_grad_ = empty_from_cache(layout_.padded_numel, compute_dtype_).zero_();
+  unsharded_grad_ = empty_from_cache(layout_.padded_numel, compute_dtype_, device()).zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     // AccumulateGrad adds into an existing .grad in place: the gradients land in the flat buffer.
@@ -172,11 +178,11 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
   at::Tensor input = unsharded_grad_;
   if (reduce_dtype_ != compute_dtype_) {
     torch::NoGradGuard no_grad;
-    reduce_input_ = empty_from_cache(layout_.padded_numel, reduce_dtype_).copy_(unsharded_grad_);
+    reduce_input_ = empty_from_cache(layout_.padded_numel, reduce_dtype_, device()).copy_(unsharded_grad_);
     input = reduce_input_;
     drop_unsharded_grad();  // the compute-dtype gradient is no longer needed
   }
-  reduced_grad_ = at::empty({layout_.shard_numel}, reduce_dtype_);
+  reduced_grad_ = at::empty({layout_.shard_numel}, at::TensorOptions().dtype(reduce_dtype_).device(device()));
   return group_->reduce_scatter(reduced_grad_, input, comm::ReduceOp::Average);
 }
 
@@ -187,7 +193,18 @@ void FlatParam::finish_reduce_grad() {
   // HybridShard: the shard group's average, averaged again over the replicas = the world's average.
   // Issued once the reduce-scatter is done, on the replica group's own communication thread.
   if (replica_group_) replica_group_->all_reduce(reduced_grad_, comm::ReduceOp::Average)->wait();
-  if (shard_grad_.defined()) {
+  if (offload_) {
+    if (shard_grad_.defined() && !shard_grad_zeroed_) {
+      wait_for_offloaded_grad();
+      shard_grad_.add_(reduced.to(at::kCPU));  // accumulating (micro-batches with sync): waits for the copy
+    } else {
+      // The step's first gradient overwrites the buffer: asynchronous into pinned memory (fp32 <- reduce dtype).
+      if (!shard_grad_.defined()) shard_grad_ = at::empty({layout_.shard_numel}, shard_.options().pinned_memory(shard_.is_pinned()));
+      shard_grad_.copy_(reduced, /*non_blocking=*/true);
+      shard_grad_zeroed_ = false;
+      host_copy_pending_ = !compute_device_.is_cpu();
+    }
+  } else if (shard_grad_.defined()) {
     shard_grad_.add_(reduced);  // fp32 += reduce dtype
   } else {
     shard_grad_ = reduced.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
@@ -196,6 +213,47 @@ void FlatParam::finish_reduce_grad() {
   if (reduce_input_.defined()) free_storage(reduce_input_, cache_buffers_);
   reduce_input_ = at::Tensor();
   drop_unsharded_grad();
+}
+
+void FlatParam::set_cpu_offload(bool on) {
+  if (on == offload_) return;
+  if (replicate_) throw std::invalid_argument("FlatParam '" + unit_name_ + "': CPU offload needs sharded parameters (not no_shard)");
+  if (is_unsharded() || shard_grad_.defined()) {
+    throw std::logic_error("FlatParam '" + unit_name_ + "': set CPU offload while resharded and before any backward");
+  }
+  torch::NoGradGuard no_grad;
+  // Pinned (page-locked) host memory lets copies to and from a GPU run asynchronously.
+  const bool pin = on && !compute_device_.is_cpu();
+  at::Tensor moved = at::empty({layout_.shard_numel}, at::TensorOptions().dtype(at::kFloat).device(on ? at::Device(at::kCPU) : compute_device_).pinned_memory(pin));
+  moved.copy_(shard_);
+  shard_ = moved;
+  offload_ = on;
+}
+
+void FlatParam::wait_for_offloaded_grad() {
+  if (host_copy_pending_) {
+    shard::synchronize_current_stream(compute_device_);
+    host_copy_pending_ = false;
+  }
+  if (shard_grad_zeroed_) {  // zeroed lazily, and no gradient came since: zeros it is
+    shard_grad_.zero_();
+    shard_grad_zeroed_ = false;
+  }
+}
+
+void FlatParam::zero_shard_grad() {
+  if (!shard_grad_.defined()) return;
+  if (!offload_) {
+    shard_grad_.zero_();
+    return;
+  }
+  // Offloaded: the next reduction overwrites it (asynchronously) instead of adding to zeros,
+  // which would wait for its copy. A pending copy must land before the buffer is reused.
+  if (host_copy_pending_) {
+    shard::synchronize_current_stream(compute_device_);
+    host_copy_pending_ = false;
+  }
+  shard_grad_zeroed_ = true;
 }
 
 void FlatParam::drop_unsharded_grad() {
@@ -257,7 +315,7 @@ void FlatParam::prefix_names(const std::string& prefix) {
 std::vector<at::Tensor> FlatParam::gather_full_params() const {
   at::Tensor full = shard_;
   if (!replicate_) {
-    full = at::empty({layout_.padded_numel}, at::kFloat);
+    full = at::empty({layout_.padded_numel}, shard_.options());
     group_->all_gather(full, shard_)->wait();
   }
   std::vector<at::Tensor> out;
@@ -267,8 +325,9 @@ std::vector<at::Tensor> FlatParam::gather_full_params() const {
   return out;
 }
 
-int64_t checksum(const at::Tensor& t) {
+int64_t checksum(const at::Tensor& device_tensor) {
   // FNV-1a over 64-bit words (the tail byte by byte): fast enough to run on every unit at wrap time.
+  const at::Tensor t = device_tensor.cpu().contiguous();  // a GPU buffer is hashed from a host copy (wrap time only)
   const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
   const size_t n = t.numel() * t.element_size();
   uint64_t hash = 1469598103934665603ull;

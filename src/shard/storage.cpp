@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <malloc.h>
 
 #include <map>
@@ -80,7 +82,11 @@ void allocate_storage(const at::Tensor& t, size_t nbytes) {
       cache().bytes -= static_cast<int64_t>(nbytes);
     }
   }
-  if (!memory) memory = storage->allocator()->allocate(nbytes);
+  if (!memory) {
+    // A CUDA storage's memory comes from the current device's caching allocator: make it this one's.
+    c10::OptionalDeviceGuard guard(storage->device().is_cpu() ? c10::nullopt : c10::optional<at::Device>(storage->device()));
+    memory = storage->allocator()->allocate(nbytes);
+  }
   storage->set_data_ptr_noswap(std::move(memory));
   storage->set_nbytes(nbytes);
 }
@@ -93,8 +99,11 @@ bool keep_freed_host_memory_mapped() {
   return threshold && trim;
 }
 
-at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype) {
-  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype));
+void release_free_host_memory() { malloc_trim(0); }
+
+at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype, at::Device device) {
+  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+  if (!device.is_cpu()) return t;  // CUDA's caching allocator already reuses freed blocks
   const size_t nbytes = t.storage().nbytes();
   {
     // The fresh allocation has not been touched (no pages yet): swap it for a cached buffer if any.
@@ -106,6 +115,13 @@ at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype) {
   storage->set_nbytes(0);
   allocate_storage(t, nbytes);
   return t;
+}
+
+void synchronize_current_stream(at::Device device) {
+  if (device.is_cpu()) return;
+  // Device-generic: the CUDA guard implementation is registered by a CUDA libtorch.
+  c10::impl::VirtualGuardImpl guard(device.type());
+  guard.getStream(device).synchronize();
 }
 
 }  // namespace fsdp::shard

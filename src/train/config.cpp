@@ -1,5 +1,7 @@
 #include "fsdp/train/config.h"
 
+#include "fsdp/comm/nccl_process_group.h"
+
 #include <toml++/toml.h>
 
 #include <fstream>
@@ -235,6 +237,8 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("train.grad_clip", c.grad_clip);
   r.get("train.log_every", c.log_every);
   r.get("train.threads", c.threads);
+  r.get("train.device", c.device);
+  r.get("train.device_memory_fraction", c.device_memory_fraction);
 
   OptimizerConfig& o = c.optimizer;
   r.get("optimizer.name", o.name);
@@ -256,6 +260,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("fsdp.reduce_dtype", c.fsdp.reduce_dtype);
   r.get("fsdp.activation_checkpointing", c.fsdp.activation_checkpointing);
   r.get("fsdp.shard_group_size", c.fsdp.shard_group_size);
+  r.get("fsdp.cpu_offload", c.fsdp.cpu_offload);
 
   EvalConfig& e = c.eval;
   r.get("eval.every", e.every);
@@ -305,6 +310,14 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
           "train.seq_len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
               std::to_string(model_context) + " (raise model.context)");
   }
+  check(c.device == "cpu" || c.device == "cuda", r, "train.device '" + c.device + "' (expected cpu or cuda)");
+  check(c.device_memory_fraction >= 0.0 && c.device_memory_fraction <= 1.0, r,
+        "train.device_memory_fraction must be in [0, 1] (0: no cap)");
+  check(c.device_memory_fraction == 0.0 || c.device == "cuda", r,
+        "train.device_memory_fraction caps GPU memory: it needs train.device 'cuda'");
+  check(c.device != "cuda" || comm::nccl_backend_built(), r,
+        "train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA libtorch; "
+        "see README, 'GPU build'); this binary is the CPU build");
   check(o.name == "adamw" || o.name == "sgd", r, "optimizer.name '" + o.name + "' (expected adamw or sgd)");
   check(o.lr > 0, r, "optimizer.lr must be positive");
   check(o.min_lr >= 0 && o.min_lr <= o.lr, r, "optimizer.min_lr must be in [0, optimizer.lr]");
@@ -314,6 +327,10 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(c.fsdp.strategy == "full_shard" || c.fsdp.strategy == "shard_grad_op" || c.fsdp.strategy == "no_shard" ||
             c.fsdp.strategy == "hybrid_shard",
         r, "fsdp.strategy '" + c.fsdp.strategy + "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
+  check(!c.fsdp.cpu_offload || c.fsdp.strategy != "no_shard", r,
+        "fsdp.cpu_offload needs a sharding strategy (full_shard, shard_grad_op or hybrid_shard), not no_shard");
+  check(!c.fsdp.cpu_offload || c.device == "cuda", r,
+        "fsdp.cpu_offload moves shards from the GPU to host memory: it needs train.device 'cuda' (on the CPU they are there already)");
   check(c.fsdp.shard_group_size >= 0, r, "fsdp.shard_group_size must be 0 (the ranks of one node) or more");
   check(c.fsdp.shard_group_size == 0 || c.fsdp.strategy == "hybrid_shard", r,
         "fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '" + c.fsdp.strategy + "')");
@@ -408,7 +425,9 @@ std::string to_toml(const TrainConfig& c) {
                             {"sync_each_micro_batch", c.sync_each_micro_batch},
                             {"grad_clip", c.grad_clip},
                             {"log_every", c.log_every},
-                            {"threads", c.threads}}},
+                            {"threads", c.threads},
+                            {"device", c.device},
+                            {"device_memory_fraction", c.device_memory_fraction}}},
       {"optimizer", toml::table{{"name", c.optimizer.name},
                                 {"lr", c.optimizer.lr},
                                 {"min_lr", c.optimizer.min_lr},
@@ -426,7 +445,8 @@ std::string to_toml(const TrainConfig& c) {
                            {"param_dtype", c.fsdp.param_dtype},
                            {"reduce_dtype", c.fsdp.reduce_dtype},
                            {"activation_checkpointing", c.fsdp.activation_checkpointing},
-                           {"shard_group_size", c.fsdp.shard_group_size}}},
+                           {"shard_group_size", c.fsdp.shard_group_size},
+                           {"cpu_offload", c.fsdp.cpu_offload}}},
       {"eval", toml::table{{"every", c.eval.every},
                            {"batches", c.eval.batches},
                            {"max_items", c.eval.max_items},

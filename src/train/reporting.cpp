@@ -1,36 +1,114 @@
 #include "fsdp/train/reporting.h"
 
+#include <malloc.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <stdexcept>
 
 namespace fsdp::train {
 
-int64_t peak_resident_bytes() {
+namespace {
+// The memory trace resets VmHWM after each phase (to show each phase's own peak); the process's
+// peak before the latest reset is kept here.
+int64_t peak_before_reset_bytes = -1;
+
+int64_t status_kib(const char* field) {
   std::ifstream status("/proc/self/status");
   std::string line;
+  const size_t length = std::char_traits<char>::length(field);
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.compare(0, length, field) == 0) return std::stoll(line.substr(length));
   }
   return -1;
 }
+}  // namespace
 
-double measure_matmul_flops(double seconds) {
+int64_t peak_resident_bytes() {
+  const int64_t kib = status_kib("VmHWM:");
+  return std::max(kib < 0 ? -1 : kib * 1024, peak_before_reset_bytes);
+}
+
+bool memory_trace_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FSDP_MEMORY_TRACE");
+    return value != nullptr && *value != '\0' && std::string(value) != "0";
+  }();
+  return enabled;
+}
+
+namespace {
+// Samples glibc's bytes in use every millisecond while the trace is on: the phase's peak of live
+// allocations (what a model of memory predicts), beside the resident peak (what the kernel charges).
+class HeapSampler {
+ public:
+  HeapSampler() : thread_([this] { run(); }) {}
+  ~HeapSampler() {
+    stop_ = true;
+    thread_.join();
+  }
+  size_t take_peak() { return peak_.exchange(in_use()); }
+
+ private:
+  static size_t in_use() {
+    const struct mallinfo2 heap = mallinfo2();
+    return heap.uordblks + heap.hblkhd;
+  }
+  void run() {
+    while (!stop_) {
+      const size_t now = in_use();
+      size_t seen = peak_.load();
+      while (now > seen && !peak_.compare_exchange_weak(seen, now)) {}
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> peak_{0};
+  std::thread thread_;
+};
+}  // namespace
+
+void trace_memory(int rank, int64_t step, const char* phase) {
+  if (!memory_trace_enabled()) return;
+  static HeapSampler sampler;
+  const struct mallinfo2 heap = mallinfo2();
+  const int64_t phase_peak_kib = status_kib("VmHWM:");
+  std::fprintf(stderr,
+               "memory-trace rank %d step %lld until %-10s peak: resident %8.1f MiB, heap in use %8.1f MiB; now: resident %8.1f MiB, "
+               "heap in use %8.1f MiB, heap mapped %8.1f MiB (arena %8.1f, mmap %8.1f)\n",
+               rank, static_cast<long long>(step), phase, phase_peak_kib / 1024.0, sampler.take_peak() / 1048576.0,
+               status_kib("VmRSS:") / 1024.0, (heap.uordblks + heap.hblkhd) / 1048576.0,
+               (heap.arena + heap.hblkhd) / 1048576.0, heap.arena / 1048576.0, heap.hblkhd / 1048576.0);
+  // Reset VmHWM to the current resident size (Linux >= 4.0), so the next line shows the next phase's peak.
+  peak_before_reset_bytes = std::max(peak_before_reset_bytes, phase_peak_kib * 1024);
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
+double measure_matmul_flops(double seconds, at::Device device, at::ScalarType dtype) {
   torch::NoGradGuard no_grad;
-  const int64_t n = 512;
+  const int64_t n = device.is_cpu() ? 512 : 8192;
   // Its own generator: the global one drives dropout, and a resumed run restores it exactly.
   auto generator = at::detail::createCPUGenerator(1);
-  auto a = at::randn({n, n}, generator), b = at::randn({n, n}, generator), c = at::empty({n, n});
-  at::mm_out(c, a, b);  // warm-up: thread pool and caches
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  auto a = at::randn({n, n}, generator).to(options), b = at::randn({n, n}, generator).to(options);
+  auto c = at::empty({n, n}, options);
+  // Waits for the device's queued work (a no-op wait on the CPU): a host copy of one element.
+  auto finish = [&] { (void)c[0][0].item<double>(); };
+  at::mm_out(c, a, b);  // warm-up: thread pool, caches, kernel selection
+  finish();
   int64_t products = 0;
   const auto start = std::chrono::steady_clock::now();
   double elapsed = 0.0;
   while (elapsed < seconds || products < 3) {
-    at::mm_out(c, a, b);
-    ++products;
+    for (int i = 0; i < (device.is_cpu() ? 1 : 10); ++i, ++products) at::mm_out(c, a, b);
+    finish();
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return 2.0 * n * n * n * products / elapsed;

@@ -14,6 +14,9 @@
 #include "fsdp/checkpoint/hf_weights.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/launch.h"
+#include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/runtime/device_memory.h"
+#include "fsdp/shard/storage.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/text_corpus.h"
@@ -113,6 +116,7 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
   options.activation_checkpointing = c.fsdp.activation_checkpointing;
   options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
+  options.cpu_offload = c.fsdp.cpu_offload;
   return options;
 }
 
@@ -135,10 +139,17 @@ ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const
   TrainConfig resolved = config;
   resolved.model = sharded.config;
   runtime::FsdpOptions options = fsdp_options(resolved);
-  torch::manual_seed(config.seed);
-  runtime::BuildListener listener(group, options);
+  comm::ProcessGroupPtr fsdp_group = group;
+  if (config.device == "cuda") {
+    // One GPU per rank; NCCL over the same ranks, bootstrapped through `group` (host tensors still go there).
+    const int device_index = comm::local_device_index();
+    fsdp_group = comm::make_nccl_group(group, device_index);
+    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  }
+  torch::manual_seed(config.seed);  // the model is built on the CPU, the same on every rank, whatever the device
+  runtime::BuildListener listener(fsdp_group, options);
   sharded.model = models::build_model(sharded.config);
-  sharded.state = runtime::make_fsdp_state(sharded.model.module, group, options, listener.take_units());
+  sharded.state = runtime::make_fsdp_state(sharded.model.module, fsdp_group, options, listener.take_units());
   return sharded;
 }
 
@@ -182,7 +193,9 @@ class Trainer {
       ShardedModel sharded = build_sharded_model(config_, data_.vocab, world_);
       model_ = sharded.model;
       state_ = sharded.state;
+      device_ = state_->flat_params().empty() ? at::Device(at::kCPU) : state_->flat_params().front()->device();
     }
+    if (config_.device_memory_fraction > 0.0) runtime::set_device_memory_fraction(device_, config_.device_memory_fraction);
     parameters_ = models::parameter_count(model_config_);
     if (!config_.init_from.empty() && options_.resume.empty()) {
       // Fine-tuning: published weights (Hugging Face names) or our own checkpoint's.
@@ -226,9 +239,14 @@ class Trainer {
 
     // 3. The matmul rate MFU is measured against: every rank at once, as during training.
     world_->barrier()->wait();
-    at::Tensor rate = at::tensor({measure_matmul_flops(0.3)}, at::kDouble);
+    // On a GPU against the compute dtype's peak (bf16: tensor cores); on the CPU against fp32's, as before.
+    const at::ScalarType peak_dtype = device_.is_cpu() ? at::kFloat : fsdp_options(config_).mixed_precision.param_dtype;
+    at::Tensor rate = at::tensor({measure_matmul_flops(0.3, device_, peak_dtype)}, at::kDouble);
     if (n_ > 1) world_->all_reduce(rate, comm::ReduceOp::Sum)->wait();
     peak_flops_ = rate.item<double>();
+
+    // Construction's freed blocks go back to the OS before training (see release_free_host_memory).
+    shard::release_free_host_memory();
 
     // 4. Output files, now that nothing is left to reject.
     if (leader() && options_.write_files) {
@@ -308,6 +326,7 @@ class Trainer {
       const double lr = schedule_.lr_at(step);
       optimizer_->set_lr(lr);
       optimizer_->zero_grad();
+      trace_memory(rank_, step, "start");
       const std::vector<int64_t> indices = sampler.indices(step, rank_, n_);
       double local_loss = 0.0;
       for (int64_t m = 0; m < config_.micro_batches; ++m) {
@@ -320,13 +339,18 @@ class Trainer {
         }
         if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
         state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
-        at::Tensor loss = loss_of(model_.forward(batch.inputs), batch.targets, torch::kMean) /
+        at::Tensor loss = loss_of(model_.forward(batch.inputs.to(device_)), batch.targets.to(device_), torch::kMean) /
                           static_cast<double>(config_.micro_batches);
+        trace_memory(rank_, step, "forward");
         loss.backward();
+        trace_memory(rank_, step, "backward");
         local_loss += loss.item<double>();
       }
       const double norm = config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip) : optim::grad_norm(*state_);
+      trace_memory(rank_, step, "clip");
       optimizer_->step();
+      trace_memory(rank_, step, "optimizer");
+      shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
 
       // One small all-gather per step: every rank's loss, peak memory, communication time (busy,
       // and exposed: the time this thread waited for it), and whether it was asked to stop (so
@@ -335,11 +359,12 @@ class Trainer {
       const double exposed_now = state_->comm_stats().exposed_seconds;
       at::Tensor mine = at::tensor({local_loss, static_cast<double>(peak_resident_bytes()),
                                     communication_now - communication_before, stop_requested() ? 1.0 : 0.0,
-                                    exposed_now - exposed_before},
+                                    exposed_now - exposed_before,
+                                    static_cast<double>(runtime::device_peak_reserved_bytes(device_))},
                                    at::kDouble);
       communication_before = communication_now;
       exposed_before = exposed_now;
-      constexpr int64_t kFields = 5;
+      constexpr int64_t kFields = 6;
       at::Tensor all = at::empty({kFields * n_}, at::kDouble);
       world_->all_gather(all, mine)->wait();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -348,7 +373,9 @@ class Trainer {
       auto per_rank = all.view({n_, kFields});
       const bool stop = per_rank.select(1, 3).max().item<double>() > 0.0;
       const double loss = per_rank.select(1, 0).mean().item<double>();
-      const double peak_memory = per_rank.select(1, 1).max().item<double>();
+      // On a GPU, the caching allocator's peak reservation (the memory that bounds the model);
+      // on the CPU, the process's peak resident memory.
+      const double peak_memory = per_rank.select(1, device_.is_cpu() ? 1 : 5).max().item<double>();
       const double communication = per_rank.select(1, 2).max().item<double>();
       const double exposed = per_rank.select(1, 4).max().item<double>();
       summary.losses.push_back(loss);
@@ -384,8 +411,10 @@ class Trainer {
                                  {"overlapped_communication_seconds_per_rank", std::vector<double>()},
                                  {"compute_seconds_per_rank", std::vector<double>()},
                                  {"peak_gathered_bytes", state_->memory_stats().peak_gathered_bytes}};
+        if (!device_.is_cpu()) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
         for (int r = 0; r < n_; ++r) {
           record["peak_resident_bytes_per_rank"].push_back(per_rank[r][1].item<double>());
+          if (!device_.is_cpu()) record["peak_device_reserved_bytes_per_rank"].push_back(per_rank[r][5].item<double>());
           const double busy = per_rank[r][2].item<double>(), waited = per_rank[r][4].item<double>();
           record["communication_seconds_per_rank"].push_back(busy);
           record["exposed_communication_seconds_per_rank"].push_back(waited);
@@ -464,7 +493,7 @@ class Trainer {
         weights.push_back(real ? 1.0f : 0.0f);
       }
       data::Batch batch = data_.validation->get(part);
-      at::Tensor logits = model_.forward(batch.inputs);
+      at::Tensor logits = model_.forward(batch.inputs.to(device_)).cpu();
       at::Tensor w = at::tensor(weights);
       at::Tensor losses = loss_of(logits, batch.targets, torch::kNone);  // [b * seq] or [b]
       if (language()) {
@@ -521,7 +550,7 @@ class Trainer {
     for (int64_t i = 0; i < e.sample_tokens; ++i) {
       const int64_t t = std::min<int64_t>(static_cast<int64_t>(context.size()), config_.seq_len);
       at::Tensor ids = at::tensor(std::vector<int64_t>(context.end() - t, context.end()), at::kLong).unsqueeze(0);
-      at::Tensor logits = model_.forward(ids).select(1, t - 1).squeeze(0).to(at::kFloat) / e.temperature;  // [vocab]
+      at::Tensor logits = model_.forward(ids.to(device_)).select(1, t - 1).squeeze(0).to(at::kFloat).cpu() / e.temperature;  // [vocab]
       at::Tensor next = at::zeros({1}, at::kLong);
       if (leader()) {
         const int64_t k = std::min<int64_t>(e.top_k, logits.size(0));
@@ -564,6 +593,7 @@ class Trainer {
   int rank_;
   int n_;
   int threads_ = 1;
+  at::Device device_ = at::kCPU;  // where the shards live: batches go there, logits come back for the loss sums
   LoadedData data_;
   models::ModelConfig model_config_;
   models::BuiltModel model_;

@@ -48,6 +48,8 @@ expect_failure missing-token-file "token file '/nonexistent/train.tok': cannot o
   "${ranks[@]}" "$train" "$(config missing-tokens "$good_model"$'\n[data]\nsource = "token_files"\ntrain_tokens = "/nonexistent/train.tok"\nvalidation_tokens = "/nonexistent/v.tok"')"
 expect_failure bad-override "train.steps must be an integer, got a number" \
   "${ranks[@]}" "$train" "$(config override "$good_model")" --set train.steps=2.5
+expect_failure cuda-on-cpu-build "train.device 'cuda' needs a CUDA build of fsdp.cpp" \
+  "${ranks[@]}" "$train" "$(config cuda "$good_model")" --set 'train.device="cuda"'
 expect_failure missing-config "config file '$work/none.toml' cannot be read" \
   "${ranks[@]}" "$train" "$work/none.toml"
 expect_failure data-missing-input "input '$work/none.txt' is neither a file nor a directory" \

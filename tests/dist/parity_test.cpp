@@ -6,6 +6,9 @@
 // sharded optimizer steps on shards. Inputs: 20 steps, global batch 24 x 8 tokens drawn from a
 // per-step seed, warm-up + cosine learning rate, clipping at norm 1.
 //
+// Device: the FSDP runs use the CPU and MPI, or with FSDP_TEST_DEVICE=cuda (a FSDP_CUDA build,
+// scripts/gpu-check.sh) this rank's GPU and NCCL, TF32 off; the reference always runs on the CPU.
+//
 // Tolerance 1e-5 (absolute, on every step's loss and every final parameter): both runs do the same
 // fp32 arithmetic except the order of summations (a batch split over ranks and micro-batches, the
 // reduce-scatter's sum order, the norm's partial sums), each differing by a few ulps (~1e-7
@@ -14,8 +17,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <map>
 
+#include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/sharded_optimizer.h"
@@ -45,11 +50,12 @@ struct RunConfig {
   bool freeze = false;                   // first block's qkv frozen
   bool skip_a_block = false;             // block 1 unused at steps 3, 8, 13, 18
   int shard_group_size = 0;              // HybridShard: S (R = N / S replica groups)
+  bool cpu_offload = false;              // shards and optimizer state in host memory
   std::string describe() const {
     std::ostringstream out;
     out << fsdp::runtime::to_string(strategy) << " S=" << shard_group_size << " accumulation=" << static_cast<int>(accumulation)
         << " optimizer=" << static_cast<int>(optimizer) << " build=" << build_while_constructing << " freeze=" << freeze
-        << " skip=" << skip_a_block;
+        << " skip=" << skip_a_block << " offload=" << cpu_offload;
     return out.str();
   }
 };
@@ -134,6 +140,11 @@ RunResult run_reference(const RunConfig& run) {
   return result;
 }
 
+bool test_on_cuda() {
+  const char* device = std::getenv("FSDP_TEST_DEVICE");
+  return device != nullptr && std::string(device) == "cuda";
+}
+
 RunResult run_fsdp(const RunConfig& run) {
   auto world = fsdp::comm::init_world();
   const int rank = world->rank(), n = world->size();
@@ -141,18 +152,27 @@ RunResult run_fsdp(const RunConfig& run) {
   fsdp::runtime::FsdpOptions options;
   options.strategy = run.strategy;
   options.shard_group_size = run.shard_group_size;
+  options.cpu_offload = run.cpu_offload;
+  fsdp::comm::ProcessGroupPtr group = world;  // host tensors (the loss average) still go through world
+  if (test_on_cuda()) {
+    static const int device_index = fsdp::comm::local_device_index();
+    static const fsdp::comm::ProcessGroupPtr nccl = fsdp::comm::make_nccl_group(world, device_index);
+    at::globalContext().setAllowTF32CuBLAS(false);  // fp32 parity: no 10-bit-mantissa matmuls
+    group = nccl;
+    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  }
   torch::manual_seed(kSeed);
   std::shared_ptr<fsdp::runtime::FsdpState> state;
   std::shared_ptr<TinyTransformerImpl> module;
   if (run.build_while_constructing) {
     options.wrap_policy.module_types = {"AttentionMlpBlock"};
     auto model = fsdp::runtime::build_fully_sharded<TinyTransformerImpl>(
-        world, options, [&] { return std::make_shared<TinyTransformerImpl>(config); });
+        group, options, [&] { return std::make_shared<TinyTransformerImpl>(config); });
     state = model.state_ptr();
     module = model.module();
   } else {
     options.wrap_policy.min_params = 5000;  // selects each block (~11k parameters), not the embedding
-    auto model = fsdp::runtime::fully_shard(std::make_shared<TinyTransformerImpl>(config), world, options);
+    auto model = fsdp::runtime::fully_shard(std::make_shared<TinyTransformerImpl>(config), group, options);
     state = model.state_ptr();
     module = model.module();
   }
@@ -181,7 +201,7 @@ RunResult run_fsdp(const RunConfig& run) {
   for (int step = 0; step < kSteps; ++step) {
     optimizer->set_lr(schedule(run.optimizer).lr_at(step));
     optimizer->zero_grad();
-    at::Tensor ids = batch_of_step(step, config.vocab).narrow(0, rank * local, local);
+    at::Tensor ids = batch_of_step(step, config.vocab).narrow(0, rank * local, local).to(options.device);
     double local_loss = 0;
     for (int m = 0; m < micro_batches; ++m) {
       if (run.accumulation == Accumulation::NoSync) state->set_requires_gradient_sync(m == micro_batches - 1);
@@ -199,7 +219,7 @@ RunResult run_fsdp(const RunConfig& run) {
     world->all_reduce(global, fsdp::comm::ReduceOp::Average)->wait();
     result.losses.push_back(global.item<double>());
   }
-  for (auto& [name, tensor] : state->full_parameters()) result.params[name] = tensor;
+  for (auto& [name, tensor] : state->full_parameters()) result.params[name] = tensor.cpu();
   return result;
 }
 
@@ -270,6 +290,20 @@ TEST(Parity, HybridShardRefusesAGroupSizeThatDoesNotDivideTheRanks) {
     EXPECT_NE(std::string(e.what()).find("shard group size to divide the " + std::to_string(world->size()) + " ranks"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Shards, gradients and AdamW state in host memory, the step on the CPU. On the CPU device this
+// runs the offload's copies (host to host); with FSDP_TEST_DEVICE=cuda, pinned memory and streams.
+TEST(Parity, CpuOffload) {
+  for (ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    for (Accumulation accumulation : {Accumulation::None, Accumulation::SyncEachMicroBatch}) {
+      RunConfig run;
+      run.strategy = strategy;
+      run.accumulation = accumulation;
+      run.cpu_offload = true;
+      expect_parity(run);
+    }
   }
 }
 

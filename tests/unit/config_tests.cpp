@@ -1,6 +1,7 @@
 // Training configuration: the shipped configs parse; bad input names the key and the file.
 #include <gtest/gtest.h>
 
+#include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/train/config.h"
 
 namespace {
@@ -98,6 +99,25 @@ TEST(Config, HybridShardGroupSize) {
             std::string::npos);
   auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
   EXPECT_EQ(again.fsdp.shard_group_size, 2);
+}
+
+// The GPU options: checked by name; train.device 'cuda' is refused by a CPU build, saying how to
+// get a CUDA one; offload and the memory cap need a GPU device.
+TEST(Config, DeviceOptions) {
+  auto config = parse_train_config(kMinimal, "d.toml");
+  EXPECT_EQ(config.device, "cpu");
+  EXPECT_NE(error_of(kMinimal, {"train.device=tpu"}).find("train.device 'tpu' (expected cpu or cuda)"), std::string::npos);
+  if (!fsdp::comm::nccl_backend_built()) {
+    EXPECT_NE(error_of(kMinimal, {"train.device=cuda"}).find("needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON"),
+              std::string::npos);
+  }
+  EXPECT_NE(error_of(kMinimal, {"fsdp.cpu_offload=true"}).find("fsdp.cpu_offload moves shards from the GPU to host memory"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.device_memory_fraction=0.5"}).find("needs train.device 'cuda'"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.device_memory_fraction=1.5"}).find("must be in [0, 1]"), std::string::npos);
+  auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
+  EXPECT_EQ(again.device, "cpu");
+  EXPECT_FALSE(again.fsdp.cpu_offload);
 }
 
 }  // namespace

@@ -10,6 +10,11 @@
 // joins does not hang forever: a wait() that exceeds the group's timeout prints which operation
 // and which rank waited, then aborts every rank of the job.
 //
+// Backends: MPI for CPU tensors (mpi_process_group.cpp); NCCL for CUDA tensors
+// (nccl_process_group.h, built with FSDP_CUDA), where "asynchronous" means stream-ordered: a
+// collective runs on the group's own CUDA stream after the caller's current stream's queued work,
+// and wait() makes the caller's current stream wait for it without blocking the host.
+//
 // Dtypes: float32, float64, int64, bfloat16. Reductions of bfloat16 accumulate in float32 and
 // round once, so a bf16 sum loses no more than the rounding of its result.
 #pragma once
@@ -50,6 +55,8 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // "world", or "world/split(color=1)"
+  // Where this group's tensors live: kCPU for MPI, kCUDA for NCCL (one device per rank).
+  virtual at::DeviceType device_type() const { return at::kCPU; }
 
   // output [size()*k] <- input [k]: rank r's input lands at output[r*k, (r+1)*k). No staging copy.
   virtual WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
@@ -73,6 +80,10 @@ class ProcessGroup {
   virtual double communication_seconds() const = 0;
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// FSDP_COMM_TIMEOUT_MS from the environment if set (throws std::runtime_error unless it is a
+// positive number of milliseconds), else `fallback`. Every backend's group constructor applies it.
+std::chrono::milliseconds comm_timeout_from_env(std::chrono::milliseconds fallback);
 
 // The job's world group. Rank, size and local rank come from the launcher (mpirun, srun);
 // a process started without one is world size 1. Initialises MPI (MPI_THREAD_MULTIPLE) once;

@@ -106,6 +106,13 @@ struct FsdpOptions {
   // HybridShard only: S, the ranks of one shard group; S divides the world size N and there are
   // R = N / S replica groups. 0: the ranks of one node (the launcher's local world size).
   int shard_group_size = 0;
+  // Where shards and gathered buffers live. Parameters built elsewhere (a model is built on the
+  // CPU, block by block) move here as their unit is sharded, so the whole model never sits on the
+  // device unsharded. A CUDA device needs a NCCL process group (comm/nccl_process_group.h).
+  at::Device device = at::kCPU;
+  // Sharded parameters, gradients and optimizer state in host memory, the optimizer step on the CPU
+  // (shard/flat_param.h, set_cpu_offload). For a GPU device; on the CPU it only adds copies.
+  bool cpu_offload = false;
 };
 
 // The process groups a model is sharded over. Shard group: ranks holding one copy of the model

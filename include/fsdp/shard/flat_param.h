@@ -80,6 +80,22 @@ class FlatParam {
   // while resharded. Not for replicated (NO_SHARD) parameters.
   void set_precision(at::ScalarType compute, at::ScalarType reduce);
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // Where the gathered buffers live and compute runs: the parameters' device (CPU, or this rank's
+  // GPU). The shard, its gradient and the optimizer state live there too, unless offloaded.
+  at::Device device() const { return compute_device_; }
+
+  // CPU offload: the fp32 shard and its gradient move to host memory (pinned when the compute
+  // device is a GPU, so copies run asynchronously); the optimizer steps them on the CPU. A gather
+  // first copies the shard to the device (on the caller's stream, ordered before the gather); a
+  // reduced gradient is copied back, asynchronously when it is the step's first (accumulating
+  // into an existing one waits for the copy). Call once, while resharded, before any backward;
+  // not for replicated (NO_SHARD) parameters. Before reading shard_grad on the host, call
+  // wait_for_offloaded_grad.
+  void set_cpu_offload(bool on);
+  bool cpu_offload() const { return offload_; }
+  void wait_for_offloaded_grad();
+  // The optimizer's zero_grad for this shard (offloaded: marked, and overwritten by the next reduction).
+  void zero_shard_grad();
   at::ScalarType reduce_dtype() const { return reduce_dtype_; }
 
   // Gathers every rank's shard into the unsharded buffer (allocating it); params become usable.
@@ -138,9 +154,13 @@ class FlatParam {
   at::ScalarType compute_dtype_ = at::kFloat;
   at::ScalarType reduce_dtype_ = at::kFloat;
   bool cache_buffers_ = false;
+  bool offload_ = false;
+  bool host_copy_pending_ = false;  // an asynchronous device-to-host copy into shard_grad_ is queued
+  bool shard_grad_zeroed_ = false;  // offloaded: shard_grad_ counts as zeros until the next reduction
+  at::Device compute_device_ = at::kCPU;
   at::Tensor unsharded_;       // [padded_numel] compute dtype
-  at::Tensor shard_;           // [shard_numel] fp32 (replicated: same tensor as unsharded_)
-  at::Tensor shard_grad_;      // [shard_numel] fp32, trainable only
+  at::Tensor shard_;           // [shard_numel] fp32 on the compute device, or the host if offloaded (replicated: same tensor as unsharded_)
+  at::Tensor shard_grad_;      // [shard_numel] fp32 beside shard_, trainable only
   at::Tensor unsharded_grad_;  // [padded_numel] compute dtype while gradients are being produced
   at::Tensor reduce_input_;    // [padded_numel] reduce dtype: the gradient cast for reduction (if cast)
   at::Tensor reduced_grad_;    // [shard_numel] reduce dtype output of the in-flight reduction

@@ -40,8 +40,17 @@ void clear_buffer_cache();
 // glibc refused a setting.
 bool keep_freed_host_memory_mapped();
 
+// Returns the free pages of the host heap to the OS (glibc's malloc_trim), holes in the middle
+// included. For the moment between building a model and training it: construction frees whole
+// blocks' parameters (each block is built in full, then sharded), leaving holes that training's
+// smaller allocations would not fill, and that would otherwise stay resident for good.
+void release_free_host_memory();
+
 // A 1-D tensor of `numel` elements whose memory comes from the cache when it can; contents undefined.
 // Give its memory back with free_storage (dropping the tensor frees it to the allocator instead).
-at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype);
+// Blocks the host until the work queued on `device`'s current stream is done (no-op on the CPU).
+void synchronize_current_stream(at::Device device);
+
+at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU);
 
 }  // namespace fsdp::shard

@@ -4,7 +4,8 @@
 //   seed = 1234
 //   [model]      name = "gpt-tiny", and optional size overrides (dim, layers, heads, ...)
 //   [data]       source = "fortunes" | "token_files" | "fashion_mnist", tokenizer, paths, split
-//   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, log_every, threads
+//   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, log_every, threads, device,
+//                device_memory_fraction
 //   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
 //   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params, prefetch, max_inflight,
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
@@ -61,6 +62,7 @@ struct FsdpConfig {
   std::string reduce_dtype = "float32";  // gradient reduction: float32 | bfloat16
   bool activation_checkpointing = false; // recompute each block's forward in backward
   int64_t shard_group_size = 0;          // hybrid_shard: ranks per shard group (0: the ranks of one node)
+  bool cpu_offload = false;              // shards, gradients, optimizer state in host memory (train.device 'cuda')
 };
 
 struct EvalConfig {
@@ -99,6 +101,8 @@ struct TrainConfig {
   double grad_clip = 1.0;          // global gradient norm (0 = off)
   int64_t log_every = 10;          // plain-text log cadence when not on a terminal
   int64_t threads = 0;             // intra-op threads per rank (0 = cores / ranks on this machine)
+  std::string device = "cpu";      // "cpu" (MPI) or "cuda" (NCCL; one GPU per rank by local rank; FSDP_CUDA builds)
+  double device_memory_fraction = 0.0;  // cuda: cap the caching allocator at this share of the GPU (0 = no cap)
   OptimizerConfig optimizer;
   FsdpConfig fsdp;
   EvalConfig eval;

@@ -3,6 +3,9 @@
 // MFU is measured against.
 #pragma once
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -13,9 +16,17 @@ namespace fsdp::train {
 // Peak resident memory of this process (VmHWM), in bytes; -1 if the kernel does not say.
 int64_t peak_resident_bytes();
 
-// Sustained fp32 matmul rate of this process with its current intra-op threads, in FLOP/s,
-// timed over about `seconds` of square products sized like a training step's.
-double measure_matmul_flops(double seconds);
+// FSDP_MEMORY_TRACE=1: one stderr line per training phase per rank: the phase's peak resident
+// memory (VmHWM, reset after each line), the resident memory and glibc's heap (bytes in use, bytes
+// mapped) at its end: where a step's peak comes from. peak_resident_bytes still reports the
+// process's peak.
+bool memory_trace_enabled();
+void trace_memory(int rank, int64_t step, const char* phase);
+
+// Sustained matmul rate of this process on `device` in `dtype` (the compute dtype) with its
+// current intra-op threads, in FLOP/s, timed over about `seconds` of square products sized like a
+// training step's (512 on the CPU, 8192 on a GPU, where smaller ones cannot fill it). MFU's peak.
+double measure_matmul_flops(double seconds, at::Device device = at::kCPU, at::ScalarType dtype = at::kFloat);
 
 std::string format_bytes(double bytes);        // "1.5 MiB"
 std::string format_count(double value);        // "12.3k", "1.2M"

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The GPU path, checked in one go on a machine with a CUDA GPU (one `device` call, <= 8 minutes):
+#
+#   bash scripts/gpu-check.sh [OUT_DIR]        # default: $OUT if set, else out/gpu-check
+#
+#  1. builds fsdp.cpp with -DFSDP_CUDA=ON against the machine's PyTorch (its CUDA libtorch 2.x,
+#     torch.utils.cmake_prefix_path) and NCCL (NCCL_ROOT, the nvidia-nccl wheel, or CUDA's own);
+#  2. runs the parity tests on the GPU (FSDP_TEST_DEVICE=cuda: NCCL, TF32 off, fp32 against the
+#     single-process CPU reference; CPU offload too);
+#  3. trains GPT-2 124M (vocab 50257, 1024 tokens) and Llama 3.2 1B (16 x 2048, vocab 128256,
+#     2048 tokens) in bf16 with fsdp-train for a fixed number of steps on random-token files:
+#     tokens/s, MFU against the bf16 matmul peak it measures first, peak GPU memory reserved;
+#  4. the same models, batch and sequence with PyTorch's FSDP2 (bench/torch_fsdp2.py);
+#  5. the 1B Llama again with CPU offload and the GPU capped (caching-allocator fraction) below
+#     its sharded state: it must still train;
+#  6. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
+# Each stage has its own time limit; a failed stage is reported and the rest still run.
+# Needs: nvidia-smi, python3 with a CUDA torch >= 2.4, cmake >= 3.18, g++, Open MPI (mpicxx),
+# nlohmann-json, toml++, CLI11 and GoogleTest headers (scripts/setup.sh installs them on Debian).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-out/gpu-check}}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+BUILD=${FSDP_GPU_BUILD_DIR:-build-cuda}
+STEPS=${FSDP_GPU_CHECK_STEPS:-12}
+STATUS="$OUT_DIR/stages.tsv"
+: > "$STATUS"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+stage() {  # stage NAME SECONDS COMMAND...: runs it with a limit, logs to OUT_DIR/NAME.log, records the outcome
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
+  local rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$STATUS"
+  if [ "$rc" -ne 0 ]; then echo "   FAILED (exit $rc); last lines of $OUT_DIR/$name.log:"; tail -n 15 "$OUT_DIR/$name.log" | sed 's/^/   /'; fi
+  return "$rc"
+}
+
+missing=()
+command -v nvidia-smi > /dev/null || missing+=("nvidia-smi (no NVIDIA driver?)")
+command -v cmake > /dev/null || missing+=("cmake")
+command -v mpicxx > /dev/null || missing+=("mpicxx (Open MPI)")
+python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null || missing+=("python3 with a CUDA PyTorch")
+if [ ${#missing[@]} -gt 0 ]; then
+  printf 'gpu-check: missing: %s\n' "${missing[@]}" | tee "$OUT_DIR/missing.txt"
+  exit 2
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT_DIR/gpu.txt"
+
+# 1. Build (CUDA libtorch from the Python install; NCCL from NCCL_ROOT, the nvidia-nccl wheel, or CUDA's).
+TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+if [ -z "${NCCL_ROOT:-}" ]; then
+  NCCL_ROOT=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2> /dev/null || true)
+  [ -n "$NCCL_ROOT" ] && [ ! -e "$NCCL_ROOT/lib/libnccl.so" ] && [ -e "$NCCL_ROOT/lib/libnccl.so.2" ] &&
+    ln -sf libnccl.so.2 "$NCCL_ROOT/lib/libnccl.so" 2> /dev/null
+  export NCCL_ROOT
+fi
+stage build 300 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=OFF \
+    -DCMAKE_PREFIX_PATH='$TORCH_PREFIX' && cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests" || {
+  python3 bench/gpu_check_report.py --dir "$OUT_DIR"; exit 1; }
+
+# 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
+GPUS=$(nvidia-smi -L | wc -l)
+stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_DEVICE=cuda \
+  "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
+
+# Random-token files for the real vocabularies (fsdp-train's token-file format, uint32 tokens).
+python3 - "$OUT_DIR/data" << 'EOF'
+import os, struct, sys, random
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+for vocab in (50257, 128256):
+    for split, count in (("train", 1 << 20), ("validation", 1 << 16)):
+        rng = random.Random(vocab + len(split))
+        tokens = [rng.randrange(vocab) for _ in range(count)]
+        with open(f"{out}/{split}-{vocab}.tok", "wb") as f:
+            f.write(b"FSDPTOK\0" + struct.pack("<IIIIQ", 1, 4, vocab, 0, count))
+            f.write(struct.pack(f"<{count}I", *tokens))
+EOF
+
+# The two models: name, vocab, global batch, sequence (the same shapes go to bench/torch_fsdp2.py).
+train() {  # train LABEL MODEL VOCAB BATCH SEQ [extra --set ...]
+  local label=$1 model=$2 vocab=$3 batch=$4 seq=$5; shift 5
+  stage "fsdp_$label" 150 mpirun --oversubscribe --bind-to none -np "$GPUS" "$BUILD/apps/fsdp-train" \
+    configs/gpt-fortunes-tiny.toml --progress lines \
+    --set "name=\"$label\"" --set "output_dir=\"$OUT_DIR/fsdp_$label\"" --set "model.name=\"$model\"" \
+    --set 'data.source="token_files"' --set "data.train_tokens=\"$OUT_DIR/data/train-$vocab.tok\"" \
+    --set "data.validation_tokens=\"$OUT_DIR/data/validation-$vocab.tok\"" \
+    --set "train.global_batch=$((batch * GPUS))" --set "train.seq_len=$seq" --set "train.steps=$STEPS" \
+    --set 'train.device="cuda"' --set 'fsdp.param_dtype="bfloat16"' --set 'optimizer.warmup_steps=2' \
+    --set 'eval.every=0' --set 'eval.batches=1' --set 'eval.sample_tokens=0' --set 'checkpoint.every=0' "$@"
+}
+torch_fsdp2() {  # torch_fsdp2 LABEL BATCH SEQ MODEL-ARGS...
+  local label=$1 batch=$2 seq=$3; shift 3
+  stage "torch_$label" 150 mpirun --oversubscribe --bind-to none -np "$GPUS" python3 bench/torch_fsdp2.py \
+    --batch $((batch * GPUS)) --seq "$seq" --steps "$STEPS" --warmup 3 --json "$OUT_DIR/torch_$label.json" "$@"
+}
+train gpt2 gpt2 50257 8 1024
+torch_fsdp2 gpt2 8 1024 --model gpt --layers 12 --dim 768 --heads 12 --vocab 50257
+train llama1b llama3-1b 128256 4 2048
+torch_fsdp2 llama1b 4 2048 --model llama --layers 16 --dim 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --tie
+# 5. CPU offload under a cap: 1.24 B parameters x 16 bytes of fp32 shard state = 19.8 GB per GPU
+#    at N = 1; the cap (a fraction of total memory, computed here) leaves the device 16 GiB, less
+#    than that. One 2048-token sequence per step: its logits (2048 x 128256) fit beside the units.
+FRACTION=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 |
+  awk -v gpus="$GPUS" '{ f = 16.0 * 1024 / $1; if (f > 1) f = 1; printf "%.3f", f }')
+STEPS=4 train llama1b_offload llama3-1b 128256 1 2048 --set 'fsdp.cpu_offload=true' \
+  --set "train.device_memory_fraction=$FRACTION"
+
+python3 bench/gpu_check_report.py --dir "$OUT_DIR" --cap-fraction "$FRACTION"

@@ -1,0 +1,326 @@
+// NCCL backend of ProcessGroup, for CUDA tensors (see fsdp/comm/nccl_process_group.h).
+//
+// Compiled with -DFSDP_CUDA=ON against a CUDA libtorch; on machines with the CUDA toolkit but a
+// CPU libtorch it is compiled (not linked) by the fsdp_cuda_compile_check target.
+#include "fsdp/comm/nccl_process_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>  // before nccl.h: older headers define ncclBfloat16 only when bf16 types exist
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "fsdp/comm/launch.h"
+
+namespace fsdp::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void check_cuda(cudaError_t code, const char* call, const std::string& where) {
+  if (code == cudaSuccess) return;
+  throw std::runtime_error(where + ": " + call + " failed: " + cudaGetErrorString(code));
+}
+
+void check_nccl(ncclResult_t code, const char* call, const std::string& where) {
+  if (code == ncclSuccess) return;
+  throw std::runtime_error(where + ": " + call + " failed: " + ncclGetErrorString(code));
+}
+
+ncclDataType_t nccl_type(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kLong: return ncclInt64;
+    case at::kBFloat16: return ncclBfloat16;  // native: NCCL >= 2.10 reduces bf16 itself
+    default: throw std::invalid_argument(std::string("nccl: unsupported dtype ") + c10::toString(type));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Average: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// One collective in flight. Owned by the caller (as a Work) and by the group's pending list
+// until its completion event fired; the tensors it names stay referenced until then.
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::string description, int device_index, std::vector<at::Tensor> tensors)
+      : description_(std::move(description)), device_index_(device_index), tensors_(std::move(tensors)),
+        enqueued_(Clock::now()) {
+    check_cuda(cudaEventCreate(&start_), "cudaEventCreate", description_);
+    check_cuda(cudaEventCreate(&done_), "cudaEventCreate", description_);
+  }
+  ~NcclWork() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(done_);
+  }
+
+  // Stream-ordered: the caller's current stream waits for the collective; the host does not.
+  void wait() override {
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
+    check_cuda(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent", description_);
+  }
+
+  bool is_completed() override { return completed_.load(); }
+  double busy_seconds() const override { return busy_seconds_.load(); }
+
+  cudaEvent_t start_event() const { return start_; }
+  cudaEvent_t done_event() const { return done_; }
+  const std::string& description() const { return description_; }
+  Clock::time_point enqueued() const { return enqueued_; }
+
+  // Called by the watchdog once the done event fired: device time, and the tensors let go.
+  void finish() {
+    float milliseconds = 0.0f;
+    if (cudaEventElapsedTime(&milliseconds, start_, done_) == cudaSuccess) busy_seconds_ = milliseconds * 1e-3;
+    tensors_.clear();
+    completed_ = true;
+  }
+
+ private:
+  std::string description_;
+  int device_index_;
+  std::vector<at::Tensor> tensors_;
+  Clock::time_point enqueued_;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  std::atomic<bool> completed_{false};
+  std::atomic<double> busy_seconds_{0.0};
+};
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  NcclProcessGroup(ProcessGroupPtr bootstrap, int device_index, ProcessGroupOptions options)
+      : bootstrap_(std::move(bootstrap)), device_index_(device_index), options_(options),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device_index))) {
+    rank_ = bootstrap_->rank();
+    size_ = bootstrap_->size();
+    who_ = "[fsdp nccl group " + bootstrap_->name() + " rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
+           ", cuda:" + std::to_string(device_index_) + "]";
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    // ncclUniqueId is 128 opaque bytes: broadcast from rank 0 as 16 int64 through the bootstrap group.
+    ncclUniqueId id;
+    static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0, "ncclUniqueId is not a whole number of int64");
+    at::Tensor id_words = at::zeros({static_cast<int64_t>(sizeof(ncclUniqueId) / sizeof(int64_t))}, at::kLong);
+    if (rank_ == 0) {
+      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", who_);
+      std::memcpy(id_words.data_ptr(), &id, sizeof(id));
+    }
+    if (size_ > 1) bootstrap_->broadcast(id_words, 0)->wait();
+    std::memcpy(&id, id_words.data_ptr(), sizeof(id));
+    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", who_);
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~NcclProcessGroup() override {
+    // Drain first, while the watchdog still runs: a collective a dead peer never joins is then
+    // aborted at the timeout instead of hanging ncclCommDestroy.
+    cudaStreamSynchronize(stream_.stream());
+    stopping_ = true;
+    if (watchdog_.joinable()) watchdog_.join();
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return bootstrap_->name() + "/nccl"; }
+  at::DeviceType device_type() const override { return at::kCUDA; }
+  double communication_seconds() const override { return busy_nanoseconds_.load() * 1e-9; }
+
+  WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) override {
+    if (on_host(output, input)) return bootstrap_->all_gather(output, input);
+    check_all_gather_args(*this, output, input);
+    check_device(output, "all_gather");
+    const std::string what = "all_gather(" + std::to_string(input.numel()) + " x " + std::to_string(size_) + " " +
+                             c10::toString(input.scalar_type()) + ")";
+    return enqueue(what, {output, input}, [&] {
+      return ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
+                           nccl_type(input.scalar_type()), comm_, stream_.stream());
+    });
+  }
+
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    if (on_host(output, input)) return bootstrap_->reduce_scatter(output, input, op);
+    check_reduce_scatter_args(*this, output, input, op);
+    check_device(output, "reduce_scatter");
+    const std::string what = std::string("reduce_scatter(") + to_string(op) + ", " + std::to_string(output.numel()) +
+                             " x " + std::to_string(size_) + " " + c10::toString(input.scalar_type()) + ")";
+    return enqueue(what, {output, input}, [&] {
+      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
+                               nccl_type(input.scalar_type()), nccl_op(op), comm_, stream_.stream());
+    });
+  }
+
+  WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    if (on_host(tensor, tensor)) return bootstrap_->all_reduce(tensor, op);
+    check_all_reduce_args(*this, tensor, op);
+    check_device(tensor, "all_reduce");
+    const std::string what = std::string("all_reduce(") + to_string(op) + ", " + std::to_string(tensor.numel()) + " " +
+                             c10::toString(tensor.scalar_type()) + ")";
+    return enqueue(what, {tensor}, [&] {
+      return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                           nccl_type(tensor.scalar_type()), nccl_op(op), comm_, stream_.stream());
+    });
+  }
+
+  WorkPtr broadcast(const at::Tensor& tensor, int root) override {
+    if (on_host(tensor, tensor)) return bootstrap_->broadcast(tensor, root);
+    check_broadcast_args(*this, tensor, root);
+    check_device(tensor, "broadcast");
+    const std::string what = "broadcast(" + std::to_string(tensor.numel()) + " " +
+                             c10::toString(tensor.scalar_type()) + " from rank " + std::to_string(root) + ")";
+    return enqueue(what, {tensor}, [&] {
+      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+                           nccl_type(tensor.scalar_type()), root, comm_, stream_.stream());
+    });
+  }
+
+  // Host-blocking, as the contract says (callers order file-system steps with it): this rank's
+  // queued collectives and compute finish, then the ranks meet over the bootstrap group.
+  WorkPtr barrier() override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    check_cuda(cudaStreamSynchronize(stream_.stream()), "cudaStreamSynchronize", who_ + " barrier");
+    check_cuda(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_)).stream()),
+               "cudaStreamSynchronize", who_ + " barrier");
+    return bootstrap_->barrier();
+  }
+
+  // Split through the bootstrap group (same colors and keys), then a fresh communicator for each part.
+  std::shared_ptr<ProcessGroup> split(int color, int key) override {
+    ProcessGroupPtr part = bootstrap_->split(color, key);
+    if (!part) return nullptr;
+    return std::make_shared<NcclProcessGroup>(part, device_index_, options_);
+  }
+
+  [[noreturn]] void abort(const std::string& why) override {
+    if (comm_ != nullptr) ncclCommAbort(comm_);  // unblocks kernels waiting on peers that are gone
+    bootstrap_->abort(who_ + " " + why);
+    std::abort();  // not reached: the bootstrap's abort ends the process
+  }
+
+ private:
+  // Host tensors (control: losses, flags, checkpoint facts) go through the bootstrap group, the
+  // same ranks over MPI, so code above comm need not know which backend moves its device tensors.
+  static bool on_host(const at::Tensor& a, const at::Tensor& b) {
+    return a.defined() && b.defined() && a.device().is_cpu() && b.device().is_cpu();
+  }
+
+  void check_device(const at::Tensor& t, const char* op) const {
+    if (t.device().index() != device_index_) {
+      throw std::invalid_argument(who_ + " " + op + ": the tensor is on " + t.device().str() + ", this group's device is cuda:" +
+                                  std::to_string(device_index_));
+    }
+  }
+
+  template <class Launch>
+  WorkPtr enqueue(const std::string& what, std::vector<at::Tensor> tensors, Launch&& launch) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    auto work = std::make_shared<NcclWork>(who_ + " " + what, device_index_, std::move(tensors));
+    // The collective reads what the caller's stream wrote: order it after that stream's queued work.
+    c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
+    check_cuda(cudaEventRecord(work->start_event(), caller.stream()), "cudaEventRecord", work->description());
+    check_cuda(cudaStreamWaitEvent(stream_.stream(), work->start_event(), 0), "cudaStreamWaitEvent", work->description());
+    // Re-recorded on the communication stream: the device time measured starts when it may start.
+    check_cuda(cudaEventRecord(work->start_event(), stream_.stream()), "cudaEventRecord", work->description());
+    check_nccl(launch(), "nccl collective", work->description());
+    check_cuda(cudaEventRecord(work->done_event(), stream_.stream()), "cudaEventRecord", work->description());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.push_back(work);
+    }
+    return work;
+  }
+
+  // Completes works in issue order (one stream runs them in that order), keeps the timeout.
+  void watch() {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    while (!stopping_) {
+      std::shared_ptr<NcclWork> oldest;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!pending_.empty()) oldest = pending_.front();
+      }
+      if (!oldest) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      const cudaError_t state = cudaEventQuery(oldest->done_event());
+      if (state == cudaSuccess) {
+        oldest->finish();
+        busy_nanoseconds_ += static_cast<int64_t>(oldest->busy_seconds() * 1e9);
+        std::lock_guard<std::mutex> lock(mutex_);
+        pending_.pop_front();
+        continue;
+      }
+      ncclResult_t async_error = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async_error);
+      if (state != cudaErrorNotReady || async_error != ncclSuccess) {
+        abort(oldest->description() + " failed: " +
+              (async_error != ncclSuccess ? ncclGetErrorString(async_error) : cudaGetErrorString(state)));
+      }
+      if (Clock::now() - oldest->enqueued() > options_.timeout) {
+        abort(oldest->description() + " did not complete within " + std::to_string(options_.timeout.count()) +
+              " ms: another rank probably never joined it (it failed, or took another code path)");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  ProcessGroupPtr bootstrap_;
+  int device_index_;
+  ProcessGroupOptions options_;
+  c10::cuda::CUDAStream stream_;  // this group's communication stream (high priority)
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string who_;
+  std::mutex mutex_;
+  std::deque<std::shared_ptr<NcclWork>> pending_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> busy_nanoseconds_{0};
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+bool nccl_backend_built() { return true; }
+
+int local_device_index() {
+  int devices = 0;
+  check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", "local_device_index");
+  if (devices == 0) throw std::runtime_error("local_device_index: no CUDA device is visible to this process");
+  return launch_info_from_env().local_rank % devices;
+}
+
+ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& bootstrap, int device_index, const ProcessGroupOptions& options) {
+  if (!bootstrap) throw std::invalid_argument("make_nccl_group: no bootstrap group");
+  int devices = 0;
+  check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", "make_nccl_group");
+  if (device_index < 0 || device_index >= devices) {
+    throw std::invalid_argument("make_nccl_group: device index " + std::to_string(device_index) + " is not one of the " +
+                                std::to_string(devices) + " visible CUDA devices");
+  }
+  check_cuda(cudaSetDevice(device_index), "cudaSetDevice", "make_nccl_group");
+  ProcessGroupOptions resolved = options;
+  resolved.timeout = comm_timeout_from_env(options.timeout);
+  return std::make_shared<NcclProcessGroup>(bootstrap, device_index, resolved);
+}
+
+}  // namespace fsdp::comm
