@@ -7,14 +7,15 @@ Each run: fsdp-train for 3 steps with a GPT of the given shape, strategy and ran
 main job's config with --set overrides), then fsdp-plan on the very same config and overrides.
 Compared per rank:
   gathered   the runtime's peak gathered bytes (metrics.jsonl) against the plan's gathered buffers
-  live       the largest rank's peak of live memory: glibc's bytes in use (sampled every
-             millisecond by fsdp-train's FSDP_MEMORY_TRACE) plus the process's resident memory
-             outside the heap (code, libraries, stacks), against the plan's device total. What
+  live       the largest rank's peak of live memory: glibc's bytes in use plus FSDP's host
+             buffers (mapped outside the heap, shard/storage.h), sampled every millisecond by
+             fsdp-train's FSDP_MEMORY_TRACE, plus the process's other resident memory (code,
+             libraries, stacks), against the plan's device total. What
              torch.cuda.max_memory_allocated is on a GPU: the bytes the program holds.
   resident   the largest rank's peak resident memory (VmHWM) against the same total: live memory
              plus what the allocator keeps mapped after it was freed (glibc's heap does not
              return freed blocks in its middle; fsdp-train keeps freed memory mapped on purpose,
-             docs/benchmarks.md). What max_memory_reserved is on a GPU.
+             docs/benchmarks.md) and cached FSDP buffers. What max_memory_reserved is on a GPU.
 The process overhead is calibrated once per rank count, for live and resident each, on a small
 run (a 2-block, width-256 GPT, 3 steps): its measured peak less what the plan predicts for it
 without overhead. That run is not one of the runs compared.
@@ -63,16 +64,18 @@ def mpirun(ranks):
     return ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), "-x", "FSDP_MEMORY_TRACE", *flags]
 
 
-TRACE = re.compile(r"memory-trace rank (\d+) step \d+ until \S+ +peak: resident +([\d.]+) MiB, heap in use +([\d.]+) MiB; "
-                   r"now: resident +([\d.]+) MiB, heap in use +[\d.]+ MiB, heap mapped +([\d.]+) MiB")
+TRACE = re.compile(r"memory-trace rank (\d+) step \d+ until \S+ +peak: resident +([\d.]+) MiB, live +([\d.]+) MiB; "
+                   r"now: resident +([\d.]+) MiB, live +[\d.]+ MiB = heap in use +[\d.]+ \+ fsdp buffers +([\d.]+) MiB; "
+                   r"heap mapped +([\d.]+) MiB")
 
 
 def live_peak_bytes(log):
     """Largest rank's peak of live memory from fsdp-train's memory trace (see the docstring)."""
     best = 0.0
-    for rank, _, heap_peak, resident_now, heap_mapped in TRACE.findall(Path(log).read_text()):
-        outside_heap = float(resident_now) - float(heap_mapped)
-        best = max(best, float(heap_peak) + outside_heap)
+    for rank, _, live_peak, resident_now, buffers_now, heap_mapped in TRACE.findall(Path(log).read_text()):
+        # Resident memory that is neither the heap nor FSDP's mapped buffers: code, libraries, stacks.
+        outside = float(resident_now) - float(heap_mapped) - float(buffers_now)
+        best = max(best, float(live_peak) + outside)
     if best == 0.0:
         sys.exit(f"plan_vs_measured: no memory-trace lines in {log} (FSDP_MEMORY_TRACE)")
     return best * 2**20

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/compat.h"
+#include "fsdp/shard/storage.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,8 +35,13 @@ ShardedOptimizer::ShardedOptimizer(runtime::FsdpState& state, double lr, const D
 ShardedAdamW::ShardedAdamW(runtime::FsdpState& state, AdamWOptions options)
     : ShardedOptimizer(state, options.lr, options.decay), options_(std::move(options)) {
   for (const Slot& slot : slots_) {
-    exp_avg_.push_back(at::zeros_like(slot.flat->shard()));
-    exp_avg_sq_.push_back(at::zeros_like(slot.flat->shard()));
+    // FSDP buffers (shard/storage.h): on the CPU, mapped outside the heap.
+    const at::Tensor& shard = slot.flat->shard();
+    exp_avg_.push_back(shard::empty_buffer(shard.numel(), at::kFloat, shard.device()).zero_());
+    exp_avg_sq_.push_back(shard::empty_buffer(shard.numel(), at::kFloat, shard.device()).zero_());
+    if (!denominator_scratch_.defined() || denominator_scratch_.numel() < shard.numel()) {
+      denominator_scratch_ = shard::empty_buffer(shard.numel(), at::kFloat, shard.device());
+    }
   }
 }
 
@@ -102,8 +108,10 @@ void ShardedAdamW::step() {
     }
     exp_avg_[i].mul_(options_.beta1).add_(grad, 1 - options_.beta1);
     exp_avg_sq_[i].mul_(options_.beta2).addcmul_(grad, grad, 1 - options_.beta2);
-    // In place after the sqrt: one shard-sized temporary, not two (the values are the same).
-    at::Tensor denom = exp_avg_sq_[i].sqrt();
+    // Into the optimizer's scratch, in place: no per-step temporary (same values as the composed
+    // (sqrt(v) / sqrt(bc2)) + eps). The scratch is as large as the largest shard.
+    at::Tensor denom = denominator_scratch_.narrow(0, 0, exp_avg_sq_[i].numel());
+    at::sqrt_out(denom, exp_avg_sq_[i]);
     denom.div_(std::sqrt(bias_correction2)).add_(options_.eps);
     p.addcdiv_(exp_avg_[i], denom, -step_size);
   }
@@ -137,7 +145,7 @@ void ShardedSgd::step() {
     }
     if (options_.momentum != 0) {
       if (!momentum_[i].defined()) {
-        momentum_[i] = d_p.clone();
+        momentum_[i] = shard::empty_buffer(d_p.numel(), at::kFloat, d_p.device()).copy_(d_p);
       } else {
         momentum_[i].mul_(options_.momentum).add_(d_p, 1.0);
       }
@@ -154,7 +162,10 @@ std::vector<std::string> ShardedSgd::state_names() const {
 
 at::Tensor& ShardedSgd::state_tensor(size_t slot, size_t /*which*/) {
   // Zero momentum steps exactly as none: momentum * 0 + d_p == d_p.
-  if (!momentum_[slot].defined()) momentum_[slot] = at::zeros_like(slots_[slot].flat->shard());
+  if (!momentum_[slot].defined()) {
+    const at::Tensor& shard = slots_[slot].flat->shard();
+    momentum_[slot] = shard::empty_buffer(shard.numel(), at::kFloat, shard.device()).zero_();
+  }
   return momentum_[slot];
 }
 

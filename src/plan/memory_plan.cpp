@@ -129,7 +129,9 @@ Plan make_plan(const PlanInput& in) {
   MemoryBreakdown& mem = plan.memory;
   mem.parameters = 4 * shard_numel;
   mem.gradients = 4 * shard_numel;
-  mem.optimizer = (in.optimizer == "adamw" ? 8 : 4) * shard_numel;
+  // AdamW: two moments, and one fp32 scratch as large as the largest unit's shard (its denominator).
+  const int64_t largest_unit_shard = (std::max(block, root) + shard - 1) / shard;
+  mem.optimizer = in.optimizer == "adamw" ? 8 * shard_numel + 4 * largest_unit_shard : 4 * shard_numel;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
   // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit

@@ -472,12 +472,14 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   units_.push_back(std::move(root_unit));
 
   // Cache capacity in fp32 bytes: with bf16 compute, a gradient cast for an fp32 reduction is fp32.
-  int64_t root_bytes = 0, largest_bytes = 0;
+  // The reduced gradient shards in flight (up to K + 2 of them) are cached too.
+  int64_t root_bytes = 0, largest_bytes = 0, largest_shard_bytes = 0;
   for (const auto& unit : units_) {
     int64_t unit_bytes = 0;
     for (shard::FlatParam* flat : unit->flat_params()) {
       unsharded_param_bytes_ += flat->layout().numel * 4;
       unit_bytes += flat->layout().padded_numel * 4;
+      largest_shard_bytes = std::max(largest_shard_bytes, flat->layout().shard_numel * 4);
       flat->set_buffer_caching(options_.cache_buffers);
     }
     if (unit->is_root()) {
@@ -487,7 +489,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
     }
   }
   if (options_.cache_buffers) {
-    const int64_t wanted = 2 * root_bytes + (options_.max_inflight + 2) * largest_bytes;
+    const int64_t wanted = 2 * root_bytes + (options_.max_inflight + 2) * (largest_bytes + largest_shard_bytes);
     if (wanted > shard::buffer_cache_capacity()) shard::set_buffer_cache_capacity(wanted);
   }
 }

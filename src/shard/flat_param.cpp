@@ -60,7 +60,7 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
 
   torch::NoGradGuard no_grad;
   compute_device_ = device;
-  unsharded_ = at::zeros({layout_.padded_numel}, at::TensorOptions().dtype(at::kFloat).device(device));
+  unsharded_ = empty_buffer(layout_.padded_numel, at::kFloat, device).zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     unsharded_.narrow(0, entry.offset, entry.numel).copy_(params_[i].reshape(-1));
@@ -70,7 +70,8 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
   if (replicate_) {
     shard_ = unsharded_;
   } else {
-    shard_ = unsharded_.narrow(0, shard_index() * layout_.shard_numel, layout_.shard_numel).clone();
+    shard_ = empty_buffer(layout_.shard_numel, at::kFloat, device);
+    shard_.copy_(unsharded_.narrow(0, shard_index() * layout_.shard_numel, layout_.shard_numel));
   }
   // shard_grad_ is allocated by the first reduction: building a model holds parameters only.
 }
@@ -93,7 +94,7 @@ void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
   if (!unsharded_grad_.defined() && is_unsharded()) reshard();
   compute_dtype_ = compute;
   torch::NoGradGuard no_grad;
-  unsharded_ = at::empty({layout_.padded_numel}, at::TensorOptions().dtype(compute).device(device()));
+  unsharded_ = empty_buffer(layout_.padded_numel, compute, device());
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     // A dtype change drops the parameter's grad accumulator: the unit creates it afterwards.
@@ -104,12 +105,15 @@ void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
 
 namespace {
 
-// Keeps the gather's input (the shard cast to the compute dtype) alive until the gather is done.
+// Keeps the gather's input (the shard cast to the compute dtype) alive until the gather is done,
+// then frees it (into the buffer cache when caching: the next unit's gather reuses it).
 class WorkKeepingInput final : public comm::Work {
  public:
-  WorkKeepingInput(comm::WorkPtr inner, at::Tensor input) : inner_(std::move(inner)), input_(std::move(input)) {}
+  WorkKeepingInput(comm::WorkPtr inner, at::Tensor input, bool cache)
+      : inner_(std::move(inner)), input_(std::move(input)), cache_(cache) {}
   void wait() override {
     inner_->wait();
+    if (input_.defined()) free_storage(input_, cache_);
     input_ = at::Tensor();
   }
   bool is_completed() override { return inner_->is_completed(); }
@@ -118,6 +122,7 @@ class WorkKeepingInput final : public comm::Work {
  private:
   comm::WorkPtr inner_;
   at::Tensor input_;
+  bool cache_;
 };
 
 }  // namespace
@@ -129,8 +134,9 @@ comm::WorkPtr FlatParam::unshard_async() {
   if (compute_dtype_ == at::kFloat && !offload_) return group_->all_gather(unsharded_, shard_);
   // [shard_numel] compute dtype on the compute device, freed after the gather. Offloaded: a copy from
   // pinned host memory, asynchronous on the caller's stream (the gather is ordered after it).
-  at::Tensor input = shard_.to(at::TensorOptions().dtype(compute_dtype_).device(compute_device_), /*non_blocking=*/offload_);
-  return std::make_shared<WorkKeepingInput>(group_->all_gather(unsharded_, input), input);
+  at::Tensor input = empty_from_cache(layout_.shard_numel, compute_dtype_, compute_device_);
+  input.copy_(shard_, /*non_blocking=*/offload_);
+  return std::make_shared<WorkKeepingInput>(group_->all_gather(unsharded_, input), input, cache_buffers_);
 }
 
 int64_t FlatParam::gathered_bytes() const {
@@ -182,7 +188,7 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
     input = reduce_input_;
     drop_unsharded_grad();  // the compute-dtype gradient is no longer needed
   }
-  reduced_grad_ = at::empty({layout_.shard_numel}, at::TensorOptions().dtype(reduce_dtype_).device(device()));
+  reduced_grad_ = empty_from_cache(layout_.shard_numel, reduce_dtype_, device());
   return group_->reduce_scatter(reduced_grad_, input, comm::ReduceOp::Average);
 }
 
@@ -207,8 +213,10 @@ void FlatParam::finish_reduce_grad() {
   } else if (shard_grad_.defined()) {
     shard_grad_.add_(reduced);  // fp32 += reduce dtype
   } else {
-    shard_grad_ = reduced.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    shard_grad_ = empty_buffer(layout_.shard_numel, at::kFloat, device());
+    shard_grad_.copy_(reduced);  // fp32 <- reduce dtype
   }
+  if (reduced_grad_.defined()) free_storage(reduced_grad_, cache_buffers_);
   reduced_grad_ = at::Tensor();
   if (reduce_input_.defined()) free_storage(reduce_input_, cache_buffers_);
   reduce_input_ = at::Tensor();
@@ -224,7 +232,8 @@ void FlatParam::set_cpu_offload(bool on) {
   torch::NoGradGuard no_grad;
   // Pinned (page-locked) host memory lets copies to and from a GPU run asynchronously.
   const bool pin = on && !compute_device_.is_cpu();
-  at::Tensor moved = at::empty({layout_.shard_numel}, at::TensorOptions().dtype(at::kFloat).device(on ? at::Device(at::kCPU) : compute_device_).pinned_memory(pin));
+  at::Tensor moved = pin ? at::empty({layout_.shard_numel}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true))
+                         : empty_buffer(layout_.shard_numel, at::kFloat, on ? at::Device(at::kCPU) : compute_device_);
   moved.copy_(shard_);
   shard_ = moved;
   offload_ = on;

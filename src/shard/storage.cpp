@@ -6,7 +6,14 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <malloc.h>
+#include <sys/mman.h>
 
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -23,6 +30,41 @@ struct BufferCache {
 BufferCache& cache() {
   static BufferCache* instance = new BufferCache();  // never destroyed: buffers may be freed at exit
   return *instance;
+}
+
+// FSDP's host buffers from this size up are mapped on their own (see empty_buffer).
+constexpr size_t kMappedMinBytes = size_t{1} << 20;
+
+struct Mapping {
+  void* address;
+  size_t bytes;
+};
+
+std::atomic<int64_t> g_mapped_bytes{0};
+
+void unmap(void* context) {
+  auto* mapping = static_cast<Mapping*>(context);
+  munmap(mapping->address, mapping->bytes);
+  g_mapped_bytes -= static_cast<int64_t>(mapping->bytes);
+  delete mapping;
+}
+
+at::DataPtr map_host_bytes(size_t nbytes) {
+  void* address = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (address == MAP_FAILED) {
+    throw std::runtime_error("fsdp host buffer: mmap of " + std::to_string(nbytes) + " bytes failed: " + std::strerror(errno) +
+                             " (out of memory?)");
+  }
+  g_mapped_bytes += static_cast<int64_t>(nbytes);
+  return at::DataPtr(address, new Mapping{address, nbytes}, &unmap, at::Device(at::kCPU));
+}
+
+// Gives the (empty) storage of `t` `nbytes` of memory and makes t a 1-D tensor of `numel` elements.
+void attach(const at::Tensor& t, at::DataPtr memory, size_t nbytes, int64_t numel) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(std::move(memory));
+  storage->set_nbytes(nbytes);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
 }
 
 }  // namespace
@@ -82,6 +124,7 @@ void allocate_storage(const at::Tensor& t, size_t nbytes) {
       cache().bytes -= static_cast<int64_t>(nbytes);
     }
   }
+  if (!memory && storage->device().is_cpu() && nbytes >= kMappedMinBytes) memory = map_host_bytes(nbytes);
   if (!memory) {
     // A CUDA storage's memory comes from the current device's caching allocator: make it this one's.
     c10::OptionalDeviceGuard guard(storage->device().is_cpu() ? c10::nullopt : c10::optional<at::Device>(storage->device()));
@@ -101,19 +144,33 @@ bool keep_freed_host_memory_mapped() {
 
 void release_free_host_memory() { malloc_trim(0); }
 
+int64_t mapped_host_buffer_bytes() { return g_mapped_bytes.load(); }
+
+at::Tensor empty_buffer(int64_t numel, at::ScalarType dtype, at::Device device) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (!device.is_cpu() || nbytes < kMappedMinBytes) return at::empty({numel}, options);
+  at::Tensor t = at::empty({0}, options);
+  attach(t, map_host_bytes(nbytes), nbytes, numel);
+  return t;
+}
+
 at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype, at::Device device) {
-  at::Tensor t = at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
-  if (!device.is_cpu()) return t;  // CUDA's caching allocator already reuses freed blocks
-  const size_t nbytes = t.storage().nbytes();
+  if (!device.is_cpu()) return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));  // CUDA's caching allocator reuses
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  at::DataPtr cached;
   {
-    // The fresh allocation has not been touched (no pages yet): swap it for a cached buffer if any.
     std::lock_guard<std::mutex> lock(cache().mutex);
-    if (cache().buffers.find(nbytes) == cache().buffers.end()) return t;
+    auto found = cache().buffers.find(nbytes);
+    if (found != cache().buffers.end()) {
+      cached = std::move(found->second);
+      cache().buffers.erase(found);
+      cache().bytes -= static_cast<int64_t>(nbytes);
+    }
   }
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr(at::DataPtr(nullptr, storage->device()));  // the untouched allocation goes back
-  storage->set_nbytes(0);
-  allocate_storage(t, nbytes);
+  if (!cached) return empty_buffer(numel, dtype, device);
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  attach(t, std::move(cached), nbytes, numel);
   return t;
 }
 

@@ -1,5 +1,7 @@
 #include "fsdp/train/reporting.h"
 
+#include "fsdp/shard/storage.h"
+
 #include <malloc.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -59,7 +61,7 @@ class HeapSampler {
  private:
   static size_t in_use() {
     const struct mallinfo2 heap = mallinfo2();
-    return heap.uordblks + heap.hblkhd;
+    return heap.uordblks + heap.hblkhd + static_cast<size_t>(shard::mapped_host_buffer_bytes());
   }
   void run() {
     while (!stop_) {
@@ -80,12 +82,14 @@ void trace_memory(int rank, int64_t step, const char* phase) {
   static HeapSampler sampler;
   const struct mallinfo2 heap = mallinfo2();
   const int64_t phase_peak_kib = status_kib("VmHWM:");
+  const double buffers = static_cast<double>(shard::mapped_host_buffer_bytes());
   std::fprintf(stderr,
-               "memory-trace rank %d step %lld until %-10s peak: resident %8.1f MiB, heap in use %8.1f MiB; now: resident %8.1f MiB, "
-               "heap in use %8.1f MiB, heap mapped %8.1f MiB (arena %8.1f, mmap %8.1f)\n",
+               "memory-trace rank %d step %lld until %-10s peak: resident %8.1f MiB, live %8.1f MiB; now: resident %8.1f MiB, "
+               "live %8.1f MiB = heap in use %8.1f + fsdp buffers %8.1f MiB; heap mapped %8.1f MiB (arena %8.1f, mmap %8.1f)\n",
                rank, static_cast<long long>(step), phase, phase_peak_kib / 1024.0, sampler.take_peak() / 1048576.0,
-               status_kib("VmRSS:") / 1024.0, (heap.uordblks + heap.hblkhd) / 1048576.0,
-               (heap.arena + heap.hblkhd) / 1048576.0, heap.arena / 1048576.0, heap.hblkhd / 1048576.0);
+               status_kib("VmRSS:") / 1024.0, (heap.uordblks + heap.hblkhd + buffers) / 1048576.0,
+               (heap.uordblks + heap.hblkhd) / 1048576.0, buffers / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0,
+               heap.arena / 1048576.0, heap.hblkhd / 1048576.0);
   // Reset VmHWM to the current resident size (Linux >= 4.0), so the next line shows the next phase's peak.
   peak_before_reset_bytes = std::max(peak_before_reset_bytes, phase_peak_kib * 1024);
   std::ofstream("/proc/self/clear_refs") << "5";

@@ -207,3 +207,22 @@ TEST(Storage, BufferCacheReusesSameSizeWithinCapacity) {
   EXPECT_EQ(fsdp::shard::buffer_cache_bytes(), 0);
   fsdp::shard::set_buffer_cache_capacity(before);
 }
+
+// FSDP's host buffers of 1 MiB or more live outside glibc's heap (so their holes cannot fragment
+// it), when made and when re-allocated after a free; smaller ones come from the heap as usual.
+TEST(Storage, LargeHostBuffersAreMappedOutsideTheHeap) {
+  auto heap_in_use = [] { return static_cast<int64_t>(mallinfo2().uordblks); };
+  const int64_t numel = (8 << 20) / 4;  // 8 MiB of float32: under glibc's 32 MiB mmap threshold
+  const int64_t before = heap_in_use();
+  at::Tensor large = fsdp::shard::empty_buffer(numel, at::kFloat).fill_(2.0f);
+  EXPECT_LT(heap_in_use() - before, 1 << 20) << "an 8 MiB buffer came from the heap";
+  EXPECT_EQ(large.numel(), numel);
+  EXPECT_EQ(large.sum().item<double>(), 2.0 * numel);
+  fsdp::shard::free_storage(large);
+  fsdp::shard::allocate_storage(large, static_cast<size_t>(numel) * 4);
+  EXPECT_LT(heap_in_use() - before, 1 << 20) << "re-allocation came from the heap";
+  large.fill_(3.0f);
+  EXPECT_EQ(large.sum().item<double>(), 3.0 * numel);
+  at::Tensor small = fsdp::shard::empty_buffer(1024, at::kFloat).fill_(1.0f);
+  EXPECT_EQ(small.sum().item<double>(), 1024.0);
+}

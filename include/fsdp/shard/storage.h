@@ -46,11 +46,22 @@ bool keep_freed_host_memory_mapped();
 // smaller allocations would not fill, and that would otherwise stay resident for good.
 void release_free_host_memory();
 
-// A 1-D tensor of `numel` elements whose memory comes from the cache when it can; contents undefined.
-// Give its memory back with free_storage (dropping the tensor frees it to the allocator instead).
 // Blocks the host until the work queued on `device`'s current stream is done (no-op on the CPU).
 void synchronize_current_stream(at::Device device);
 
+// A 1-D tensor for FSDP's own buffers (shards, their gradients and optimizer state, gathered and
+// reduction buffers): contents undefined. On the CPU, one of 1 MiB or more is mapped from the OS
+// on its own (mmap), outside glibc's heap, and so is every later re-allocation of its storage by
+// allocate_storage. Why: glibc would place buffers under its 32 MiB mmap threshold in the heap,
+// between activations, and freed holes there stay resident (fragmentation measured in
+// docs/benchmarks.md, "fsdp-plan: predicted against measured"). On a GPU: at::empty.
+at::Tensor empty_buffer(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU);
+
+// Bytes of host buffers mapped by empty_buffer / allocate_storage now (cached ones included).
+int64_t mapped_host_buffer_bytes();
+
+// empty_buffer whose memory comes from the cache when it can; contents undefined.
+// Give its memory back with free_storage (dropping the tensor frees it to the allocator instead).
 at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype, at::Device device = at::kCPU);
 
 }  // namespace fsdp::shard

@@ -17,8 +17,9 @@ namespace fsdp::train {
 int64_t peak_resident_bytes();
 
 // FSDP_MEMORY_TRACE=1: one stderr line per training phase per rank: the phase's peak resident
-// memory (VmHWM, reset after each line), the resident memory and glibc's heap (bytes in use, bytes
-// mapped) at its end: where a step's peak comes from. peak_resident_bytes still reports the
+// memory (VmHWM, reset after each line) and peak live bytes (glibc's bytes in use plus FSDP's
+// mapped host buffers, sampled every millisecond), then at its end the resident memory, the live
+// bytes and glibc's heap (bytes mapped): where a step's peak comes from. peak_resident_bytes still reports the
 // process's peak.
 bool memory_trace_enabled();
 void trace_memory(int rank, int64_t step, const char* phase);
