@@ -59,14 +59,6 @@ at::DataPtr map_host_bytes(size_t nbytes) {
   return at::DataPtr(address, new Mapping{address, nbytes}, &unmap, at::Device(at::kCPU));
 }
 
-// Gives the (empty) storage of `t` `nbytes` of memory and makes t a 1-D tensor of `numel` elements.
-void attach(const at::Tensor& t, at::DataPtr memory, size_t nbytes, int64_t numel) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(std::move(memory));
-  storage->set_nbytes(nbytes);
-  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
-}
-
 }  // namespace
 
 void set_buffer_cache_capacity(int64_t bytes) {
@@ -111,11 +103,12 @@ void free_storage(const at::Tensor& t, bool keep_in_cache) {
   }
 }
 
-void allocate_storage(const at::Tensor& t, size_t nbytes) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() == nbytes && storage->data() != nullptr) return;
+namespace {
+// Memory of `storage`'s device for `nbytes`: a cached CPU buffer of that size, else (CPU, 1 MiB or
+// more) a mapping of its own, else the storage's allocator.
+at::DataPtr new_memory(c10::StorageImpl* storage, size_t nbytes, bool from_cache) {
   at::DataPtr memory;
-  if (storage->device().is_cpu()) {
+  if (storage->device().is_cpu() && from_cache) {
     std::lock_guard<std::mutex> lock(cache().mutex);
     auto found = cache().buffers.find(nbytes);
     if (found != cache().buffers.end()) {
@@ -130,7 +123,25 @@ void allocate_storage(const at::Tensor& t, size_t nbytes) {
     c10::OptionalDeviceGuard guard(storage->device().is_cpu() ? c10::nullopt : c10::optional<at::Device>(storage->device()));
     memory = storage->allocator()->allocate(nbytes);
   }
-  storage->set_data_ptr_noswap(std::move(memory));
+  return memory;
+}
+
+// A 1-D tensor of `numel` elements over new memory (see new_memory).
+at::Tensor empty_with_memory(int64_t numel, at::ScalarType dtype, at::Device device, bool from_cache) {
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(new_memory(storage, nbytes, from_cache));
+  storage->set_nbytes(nbytes);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
+}
+}  // namespace
+
+void allocate_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == nbytes && storage->data() != nullptr) return;
+  storage->set_data_ptr_noswap(new_memory(storage, nbytes, /*from_cache=*/true));
   storage->set_nbytes(nbytes);
 }
 
@@ -147,31 +158,12 @@ void release_free_host_memory() { malloc_trim(0); }
 int64_t mapped_host_buffer_bytes() { return g_mapped_bytes.load(); }
 
 at::Tensor empty_buffer(int64_t numel, at::ScalarType dtype, at::Device device) {
-  const auto options = at::TensorOptions().dtype(dtype).device(device);
-  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  if (!device.is_cpu() || nbytes < kMappedMinBytes) return at::empty({numel}, options);
-  at::Tensor t = at::empty({0}, options);
-  attach(t, map_host_bytes(nbytes), nbytes, numel);
-  return t;
+  return empty_with_memory(numel, dtype, device, /*from_cache=*/false);
 }
 
+// On a GPU the caching allocator already reuses freed blocks; the cache holds CPU buffers only.
 at::Tensor empty_from_cache(int64_t numel, at::ScalarType dtype, at::Device device) {
-  if (!device.is_cpu()) return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));  // CUDA's caching allocator reuses
-  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  at::DataPtr cached;
-  {
-    std::lock_guard<std::mutex> lock(cache().mutex);
-    auto found = cache().buffers.find(nbytes);
-    if (found != cache().buffers.end()) {
-      cached = std::move(found->second);
-      cache().buffers.erase(found);
-      cache().bytes -= static_cast<int64_t>(nbytes);
-    }
-  }
-  if (!cached) return empty_buffer(numel, dtype, device);
-  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
-  attach(t, std::move(cached), nbytes, numel);
-  return t;
+  return empty_with_memory(numel, dtype, device, /*from_cache=*/true);
 }
 
 void synchronize_current_stream(at::Device device) {
