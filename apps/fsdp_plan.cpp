@@ -84,7 +84,7 @@ nlohmann::json to_json(const Plan& p) {
       {"optimizer", in.optimizer}, {"micro_batch", in.micro_batch}, {"micro_batches", in.micro_batches},
       {"seq_len", in.seq_len}, {"max_inflight", in.max_inflight},
       {"memory_bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
-                        {"gathered", m.gathered}, {"activations", m.activations}, {"overhead", m.overhead},
+                        {"gathered", m.gathered}, {"reduced", m.reduced}, {"activations", m.activations}, {"overhead", m.overhead},
                         {"device_total", m.device_total()}, {"host_total", m.host_total}}},
       {"device_memory_bytes", in.device_memory_bytes}, {"fits", p.fits}, {"headroom_bytes", p.headroom_bytes},
       {"comm_bytes_per_step", {{"all_gather", p.comm.all_gather}, {"reduce_scatter", p.comm.reduce_scatter},
@@ -134,6 +134,7 @@ void print_plan(const Plan& p, bool compact) {
   std::printf("  %-28s %12s  (%s)\n", "gradients (fp32 shards)", format_bytes(static_cast<double>(m.gradients)).c_str(), where);
   std::printf("  %-28s %12s  (%s)\n", "optimizer state", format_bytes(static_cast<double>(m.optimizer)).c_str(), where);
   std::printf("  %-28s %12s\n", "gathered buffers (peak)", format_bytes(static_cast<double>(m.gathered)).c_str());
+  std::printf("  %-28s %12s\n", "reduced gradients in flight", format_bytes(static_cast<double>(m.reduced)).c_str());
   std::printf("  %-28s %12s\n", "activations", format_bytes(static_cast<double>(m.activations)).c_str());
   std::printf("  %-28s %12s\n", "process overhead", format_bytes(static_cast<double>(m.overhead)).c_str());
   std::printf("  %-28s %12s  of %s: %s\n", "device total", format_bytes(static_cast<double>(m.device_total())).c_str(),
@@ -163,7 +164,7 @@ void print_plan(const Plan& p, bool compact) {
                 format_bytes(static_cast<double>(d.gpu_bytes_per_rank)).c_str(),
                 format_bytes(static_cast<double>(d.cpu_bytes_per_node)).c_str());
   }
-  std::printf("  fsdp.cpp model states on the device (shards + gathered): %s\n",
+  std::printf("  fsdp.cpp model states on the device (shards, gathered and reduced buffers): %s\n",
               format_bytes(static_cast<double>(m.device_total() - m.activations - m.overhead)).c_str());
 }
 

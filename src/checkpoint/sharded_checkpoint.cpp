@@ -29,6 +29,9 @@ namespace {
 
 constexpr const char* kFormat = "fsdp.cpp sharded checkpoint";
 
+// The rank file's entry for a device's generator state: "rng.cuda".
+std::string device_rng_name(at::Device device) { return "rng." + c10::DeviceTypeName(device.type(), /*lower_case=*/true); }
+
 std::string rank_file_name(int rank, int world) {
   char name[64];
   std::snprintf(name, sizeof(name), "rank-%05d-of-%05d.safetensors", rank, world);
@@ -171,6 +174,9 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
       }
     }
     tensors.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
+    // On a GPU, dropout draws from the device's generator: its seed and offset resume too.
+    const at::Device device = state.options().device;
+    if (!device.is_cpu()) tensors.emplace_back(device_rng_name(device), at::globalContext().defaultGenerator(device).get_state());
     SafetensorsWriter writer((partial_dir / rank_file_name(rank, world)).string(), layout_tensors(tensors),
                              {{"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}});
     for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
@@ -231,7 +237,8 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
   // Read everything into new tensors first; only when every rank succeeded are they copied in.
   std::vector<at::Tensor> params(flats.size());
   std::vector<std::vector<at::Tensor>> optimizer_state(optimizer ? optimizer->slot_count() : 0);
-  at::Tensor rng;
+  at::Tensor rng, device_rng;
+  const at::Device device = state.options().device;
   int64_t optimizer_steps = 0;
   comm::on_every_rank(group, "loading checkpoint '" + checkpoint_dir + "'", [&] {
     const json manifest = read_manifest(checkpoint_dir);
@@ -294,7 +301,11 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
         for (const auto& name : names) optimizer_state[slot].push_back(gather(name, i, begin, end));
       }
     }
-    if (saved_world == world) rng = file_of(rank).read("rng");
+    if (saved_world == world) {
+      rng = file_of(rank).read("rng");
+      // A checkpoint saved on the CPU, resumed on a GPU, leaves the device's generator as seeded.
+      if (!device.is_cpu() && file_of(rank).contains(device_rng_name(device))) device_rng = file_of(rank).read(device_rng_name(device));
+    }
   });
 
   // Every rank read its pieces: now copy them in (padding stays as it is: zeros).
@@ -315,6 +326,11 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(rng);
+  }
+  if (device_rng.defined()) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(device_rng);
   }
   return info;
 }

@@ -37,7 +37,7 @@ int64_t tokens_per_sample(const models::ModelConfig& model, int64_t seq_len) {
 
 int64_t MemoryBreakdown::device_total() const {
   const int64_t states = parameters + gradients + optimizer;
-  return (host_total > 0 ? 0 : states) + gathered + activations + overhead;
+  return (host_total > 0 ? 0 : states) + gathered + reduced + activations + overhead;
 }
 
 int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, bool fused_attention) {
@@ -143,6 +143,8 @@ Plan make_plan(const PlanInput& in) {
   } else {
     mem.gathered = c * (2 * root + (k + 2) * block) + (r != c ? r * block : 0);
   }
+  // Each pending reduction holds its output shard until it is added into the gradient shard.
+  if (s != "no_shard") mem.reduced = k * r * largest_unit_shard;
   const int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention);
   const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
                                std::visit([](const auto& m) { return m.dim; }, in.model);

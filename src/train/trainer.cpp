@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -493,17 +494,21 @@ class Trainer {
         weights.push_back(real ? 1.0f : 0.0f);
       }
       data::Batch batch = data_.validation->get(part);
-      at::Tensor logits = model_.forward(batch.inputs.to(device_)).cpu();
-      at::Tensor w = at::tensor(weights);
-      at::Tensor losses = loss_of(logits, batch.targets, torch::kNone);  // [b * seq] or [b]
+      // Losses are reduced on the model's device: only three numbers per chunk reach the host,
+      // not the [b, seq, vocab] logits.
+      at::Tensor logits = model_.forward(batch.inputs.to(device_));
+      at::Tensor targets = batch.targets.to(device_);
+      at::Tensor w = at::tensor(weights).to(device_);
+      const double real = std::accumulate(weights.begin(), weights.end(), 0.0);  // padding samples weigh 0
+      at::Tensor losses = loss_of(logits, targets, torch::kNone);  // [b * seq] or [b]
       if (language()) {
         losses = losses.view({static_cast<int64_t>(part.size()), -1});
         totals[0] += (losses.sum(1) * w).sum().item<double>();
-        totals[2] += w.sum().item<double>() * static_cast<double>(losses.size(1));
+        totals[2] += real * static_cast<double>(losses.size(1));
       } else {
         totals[0] += (losses * w).sum().item<double>();
-        totals[1] += (logits.argmax(1).eq(batch.targets).to(at::kFloat) * w).sum().item<double>();
-        totals[2] += w.sum().item<double>();
+        totals[1] += (logits.argmax(1).eq(targets).to(at::kFloat) * w).sum().item<double>();
+        totals[2] += real;
       }
     }
     model_.module->train();

@@ -46,6 +46,9 @@ TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
   EXPECT_EQ(plan.memory.optimizer, 8 * shard + scratch);
   // fp32 gathers: 2 x root + (K + 2) x block, K = 2.
   EXPECT_EQ(plan.memory.gathered, 4 * (2 * plan.root_params + 4 * plan.largest_unit_params));
+  // K = 2 reduce-scatter outputs in flight, each the largest unit's fp32 shard; none for NO_SHARD.
+  EXPECT_EQ(plan.memory.reduced, scratch * 2);
+  EXPECT_EQ(make_plan(llama70b(8, "no_shard")).memory.reduced, 0);
   // 70B at 16 bytes a parameter over 8 ranks: 141 GB of states each, more than 80 GB.
   PlanInput sized = in;
   sized.device_memory_bytes = parse_bytes("80GB");

@@ -8,7 +8,8 @@
 //                                                   each rank file's size and crc32
 //   step-00000100/rank-00001-of-00002.safetensors   rank 1: its slice of every FlatParam
 //                                                   ("p<i>.param" fp32) and of the optimizer state
-//                                                   ("p<i>.exp_avg", ...), its RNG state ("rng")
+//                                                   ("p<i>.exp_avg", ...), its RNG state ("rng";
+//                                                   on a GPU also "rng.cuda", the device's)
 // Slices are ranges of each FlatParam's unpadded flat buffer: rank r of N holds elements
 // [r*k, min((r+1)*k, numel)) with k = ceil(numel / N), so a checkpoint does not depend on padding,
 // and rank r' of M reads exactly the pieces of the files that overlap its new range.

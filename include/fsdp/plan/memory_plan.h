@@ -10,6 +10,9 @@
 //   gathered     FULL_SHARD, HYBRID_SHARD: c (2 root + (K + 2) B), plus r B when r != c (the cast
 //                gradient), the runtime's documented peak; SHARD_GRAD_OP: c P + max(c, r) B (every
 //                unit stays gathered until its backward); NO_SHARD: (K + 1) 4 B gradients in flight
+//   reduced      K r B / S: reduce-scatter outputs (a unit's reduced gradient shard), up to K of them
+//                in flight before each is added into the gradient shard (not NO_SHARD: it reduces in
+//                place); on the device even with CPU offload
 //   activations  saved tensors of every block for one micro-batch (block_activation_bytes) and one
 //                block's gradients in backward, or with activation checkpointing the block inputs
 //                plus one block recomputed; the logits and loss
@@ -53,7 +56,7 @@ struct PlanInput {
 };
 
 struct MemoryBreakdown {
-  int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, activations = 0, overhead = 0;
+  int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, reduced = 0, activations = 0, overhead = 0;
   int64_t device_total() const;       // what the device holds (offloaded shards excluded)
   int64_t host_total = 0;             // offloaded shards (host memory), 0 without offload
 };
