@@ -161,7 +161,7 @@ def main():
         sys.exit(f"torch_fsdp2: --batch {a.batch} is not divisible by the {world} ranks")
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world)
-    torch.backends.cuda.matmul.allow_tf32 = True  # as libtorch's default for fsdp-train on the GPU
+    torch.backends.cuda.matmul.allow_tf32 = False  # libtorch's default, which fsdp-train keeps (bf16 matmuls either way)
 
     torch.manual_seed(1234)
     with torch.device("cuda"):

@@ -9,8 +9,8 @@ find_path(FSDP_NCCL_INCLUDE_DIR nccl.h HINTS ${FSDP_CUDA_HINTS} PATH_SUFFIXES in
 find_path(FSDP_CUDART_INCLUDE_DIR cuda_runtime_api.h HINTS ${FSDP_CUDA_HINTS} PATH_SUFFIXES include)
 
 if(FSDP_CUDA)
-  if(TORCH_VERSION VERSION_LESS 2.0)
-    message(FATAL_ERROR "FSDP_CUDA needs a CUDA libtorch 2.x; CMAKE_PREFIX_PATH found libtorch ${TORCH_VERSION} "
+  if(Torch_VERSION VERSION_LESS 2.0)
+    message(FATAL_ERROR "FSDP_CUDA needs a CUDA libtorch 2.x; CMAKE_PREFIX_PATH found libtorch ${Torch_VERSION} "
                         "(Debian's CPU build?). Point it at torch.utils.cmake_prefix_path.")
   endif()
   find_library(FSDP_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${FSDP_CUDA_HINTS} PATH_SUFFIXES lib lib64)
@@ -22,7 +22,7 @@ if(FSDP_CUDA)
   target_include_directories(fsdp PUBLIC ${FSDP_NCCL_INCLUDE_DIR})
   target_link_libraries(fsdp PUBLIC ${FSDP_NCCL_LIBRARY} CUDA::cudart)
   target_compile_definitions(fsdp PUBLIC FSDP_WITH_CUDA=1)
-  message(STATUS "fsdp.cpp: CUDA path ON (libtorch ${TORCH_VERSION}, NCCL ${FSDP_NCCL_LIBRARY})")
+  message(STATUS "fsdp.cpp: CUDA path ON (libtorch ${Torch_VERSION}, NCCL ${FSDP_NCCL_LIBRARY})")
   return()
 endif()
 

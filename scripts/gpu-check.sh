@@ -14,54 +14,110 @@
 #  5. the 1B Llama again with CPU offload and the GPU capped (caching-allocator fraction) below
 #     its sharded state: it must still train;
 #  6. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
-# Each stage has its own time limit; a failed stage is reported and the rest still run.
-# Needs: nvidia-smi, python3 with a CUDA torch >= 2.4, cmake >= 3.18, g++, Open MPI (mpicxx),
-# nlohmann-json, toml++, CLI11 and GoogleTest headers (scripts/setup.sh installs them on Debian).
+# Each stage has its own time limit inside one overall budget (FSDP_GPU_CHECK_BUDGET seconds,
+# default 450, for a device call of at most 8 minutes); a failed or skipped stage is reported and
+# the rest still run. The report is written on any exit.
+# Working files (logs, token files, metrics) go to /tmp/fsdp-gpu-check; OUT_DIR receives four:
+# gpu-check.json, report.txt, stages.tsv and gpu-check-logs.tar.gz (logs and metrics, no data),
+# because a device call brings back only a few files.
+# Needs: nvidia-smi, python3 with a CUDA torch >= 2.4 built with the C++11 ABI, cmake >= 3.18,
+# g++, and Open MPI, nlohmann-json, toml++, CLI11, GoogleTest and zlib's headers: installed
+# (scripts/setup.sh on Debian), or as .deb files in .gpu-deps/ (scripts/gpu-deps.sh, run where
+# apt works; carried to the machine), unpacked under /tmp here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
 OUT_DIR=${1:-${OUT:-out/gpu-check}}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
+WORK=${FSDP_GPU_CHECK_WORK:-/tmp/fsdp-gpu-check}
+rm -rf "$WORK" && mkdir -p "$WORK"
 BUILD=${FSDP_GPU_BUILD_DIR:-build-cuda}
 STEPS=${FSDP_GPU_CHECK_STEPS:-12}
-STATUS="$OUT_DIR/stages.tsv"
+DEADLINE=$((SECONDS + ${FSDP_GPU_CHECK_BUDGET:-450}))
+STATUS="$WORK/stages.tsv"
+FRACTION=0
 : > "$STATUS"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-stage() {  # stage NAME SECONDS COMMAND...: runs it with a limit, logs to OUT_DIR/NAME.log, records the outcome
+finish() {  # on any exit: the table and JSON, then the few files OUT_DIR takes back
+  python3 "$ROOT/bench/gpu_check_report.py" --dir "$WORK" --cap-fraction "$FRACTION" 2>&1 | tee "$WORK/report.txt"
+  cp "$WORK/report.txt" "$WORK/stages.tsv" "$OUT_DIR/" 2> /dev/null
+  [ -e "$WORK/gpu-check.json" ] && cp "$WORK/gpu-check.json" "$OUT_DIR/"
+  tar -C "$WORK" --exclude=./data -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
+}
+trap finish EXIT
+
+stage() {  # stage NAME SECONDS COMMAND...: runs it with a limit, logs to WORK/NAME.log, records the outcome
   local name=$1 limit=$2; shift 2
-  local start=$SECONDS
+  local start=$SECONDS left=$((DEADLINE - SECONDS - 20))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 30 ]; then  # not enough of the budget left to be worth starting
+    echo "== $name: SKIPPED (budget spent)"
+    printf '%s\t%s\t%s\n' "$name" "skipped" 0 >> "$STATUS"
+    return 1
+  fi
   echo "== $name (limit ${limit}s)"
-  timeout --kill-after=10 "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$STATUS"
-  if [ "$rc" -ne 0 ]; then echo "   FAILED (exit $rc); last lines of $OUT_DIR/$name.log:"; tail -n 15 "$OUT_DIR/$name.log" | sed 's/^/   /'; fi
+  if [ "$rc" -ne 0 ]; then echo "   FAILED (exit $rc); last lines of $name.log:"; tail -n 15 "$WORK/$name.log" | sed 's/^/   /'; fi
   return "$rc"
 }
+
+# Carried packages (scripts/gpu-deps.sh), unpacked under /tmp when Open MPI is not installed.
+CMAKE_EXTRA=()
+if ! command -v mpicxx > /dev/null && ls .gpu-deps/*.deb > /dev/null 2>&1; then
+  DEPS=/tmp/fsdp-gpu-deps
+  rm -rf "$DEPS" && mkdir -p "$DEPS/bin"
+  for deb in .gpu-deps/*.deb; do dpkg-deb -x "$deb" "$DEPS" || echo "gpu-check: could not unpack $deb"; done
+  # Absolute links (libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13) point into the unpacked tree.
+  find "$DEPS" -lname '/*' | while read -r link; do
+    target=$(readlink "$link")
+    [ -e "$DEPS$target" ] && ln -sfn "$DEPS$target" "$link"
+  done
+  # Debian installs the commands under .openmpi names (alternatives make the plain ones).
+  ln -sf "$DEPS/usr/bin/mpicxx.openmpi" "$DEPS/bin/mpicxx"
+  ln -sf "$DEPS/usr/bin/mpirun.openmpi" "$DEPS/bin/mpirun"
+  export OPAL_PREFIX="$DEPS/usr"  # Open MPI finds its plugins and help files under the new prefix
+  export PATH="$DEPS/bin:$DEPS/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:$DEPS/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"  # CLI11 and zlib are found by include path
+  export LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  CMAKE_EXTRA=(-DMPI_CXX_COMPILER="$DEPS/usr/bin/mpicxx.openmpi" -DZLIB_ROOT="$DEPS/usr")
+  DEPS_PREFIX="$DEPS/usr"
+  echo "gpu-check: using the carried packages in $DEPS (Open MPI relocated by OPAL_PREFIX)"
+fi
 
 missing=()
 command -v nvidia-smi > /dev/null || missing+=("nvidia-smi (no NVIDIA driver?)")
 command -v cmake > /dev/null || missing+=("cmake")
-command -v mpicxx > /dev/null || missing+=("mpicxx (Open MPI)")
+command -v mpicxx > /dev/null || missing+=("mpicxx (Open MPI; or carry .gpu-deps from scripts/gpu-deps.sh)")
 python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null || missing+=("python3 with a CUDA PyTorch")
+# Debian's C++ libraries (toml++, GoogleTest) use the C++11 ABI; a torch built without it cannot link them.
+python3 -c 'import torch, sys; sys.exit(0 if torch.compiled_with_cxx11_abi() else 1)' 2> /dev/null ||
+  missing+=("a PyTorch built with the C++11 ABI (torch.compiled_with_cxx11_abi(); pip wheels from 2.7 on)")
 if [ ${#missing[@]} -gt 0 ]; then
-  printf 'gpu-check: missing: %s\n' "${missing[@]}" | tee "$OUT_DIR/missing.txt"
+  printf 'gpu-check: missing: %s\n' "${missing[@]}" | tee "$WORK/missing.txt"
   exit 2
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$OUT_DIR/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$WORK/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$WORK/gpu.txt"
 
 # 1. Build (CUDA libtorch from the Python install; NCCL from NCCL_ROOT, the nvidia-nccl wheel, or CUDA's).
 TORCH_PREFIX=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 if [ -z "${NCCL_ROOT:-}" ]; then
-  NCCL_ROOT=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2> /dev/null || true)
-  [ -n "$NCCL_ROOT" ] && [ ! -e "$NCCL_ROOT/lib/libnccl.so" ] && [ -e "$NCCL_ROOT/lib/libnccl.so.2" ] &&
-    ln -sf libnccl.so.2 "$NCCL_ROOT/lib/libnccl.so" 2> /dev/null
-  export NCCL_ROOT
+  # The wheel's nvidia.nccl may be a namespace package (no __file__): look for the library itself.
+  NCCL_LIB=$(python3 -c 'import site, glob; print(next(iter(sorted(p for d in site.getsitepackages() for p in glob.glob(d + "/nvidia/**/libnccl.so.2", recursive=True))), ""))' 2> /dev/null)
+  if [ -n "$NCCL_LIB" ]; then
+    NCCL_ROOT=$(dirname "$(dirname "$NCCL_LIB")")
+    export NCCL_ROOT
+    echo "gpu-check: NCCL from $NCCL_ROOT"
+  fi
 fi
 stage build 300 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=OFF \
-    -DCMAKE_PREFIX_PATH='$TORCH_PREFIX' && cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests" || {
-  python3 bench/gpu_check_report.py --dir "$OUT_DIR"; exit 1; }
+    -DCMAKE_PREFIX_PATH='$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}' ${CMAKE_EXTRA[*]} && \
+    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests" || exit 1
 
 # 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
 GPUS=$(nvidia-smi -L | wc -l)
@@ -69,7 +125,7 @@ stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_
   "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
 
 # Random-token files for the real vocabularies (fsdp-train's token-file format, uint32 tokens).
-python3 - "$OUT_DIR/data" << 'EOF'
+python3 - "$WORK/data" << 'EOF'
 import os, struct, sys, random
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
@@ -87,17 +143,18 @@ train() {  # train LABEL MODEL VOCAB BATCH SEQ [extra --set ...]
   local label=$1 model=$2 vocab=$3 batch=$4 seq=$5; shift 5
   stage "fsdp_$label" 150 mpirun --oversubscribe --bind-to none -np "$GPUS" "$BUILD/apps/fsdp-train" \
     configs/gpt-fortunes-tiny.toml --progress lines \
-    --set "name=\"$label\"" --set "output_dir=\"$OUT_DIR/fsdp_$label\"" --set "model.name=\"$model\"" \
-    --set 'data.source="token_files"' --set "data.train_tokens=\"$OUT_DIR/data/train-$vocab.tok\"" \
-    --set "data.validation_tokens=\"$OUT_DIR/data/validation-$vocab.tok\"" \
+    --set "name=\"$label\"" --set "output_dir=\"$WORK/fsdp_$label\"" --set "model.name=\"$model\"" \
+    --set 'data.source="token_files"' --set "data.train_tokens=\"$WORK/data/train-$vocab.tok\"" \
+    --set "data.validation_tokens=\"$WORK/data/validation-$vocab.tok\"" \
     --set "train.global_batch=$((batch * GPUS))" --set "train.seq_len=$seq" --set "train.steps=$STEPS" \
     --set 'train.device="cuda"' --set 'fsdp.param_dtype="bfloat16"' --set 'optimizer.warmup_steps=2' \
+    --set 'optimizer.lr=3e-4' --set 'optimizer.min_lr=3e-5' \
     --set 'eval.every=0' --set 'eval.batches=1' --set 'eval.sample_tokens=0' --set 'checkpoint.every=0' "$@"
 }
 torch_fsdp2() {  # torch_fsdp2 LABEL BATCH SEQ MODEL-ARGS...
   local label=$1 batch=$2 seq=$3; shift 3
   stage "torch_$label" 150 mpirun --oversubscribe --bind-to none -np "$GPUS" python3 bench/torch_fsdp2.py \
-    --batch $((batch * GPUS)) --seq "$seq" --steps "$STEPS" --warmup 3 --json "$OUT_DIR/torch_$label.json" "$@"
+    --batch $((batch * GPUS)) --seq "$seq" --steps "$STEPS" --warmup 3 --json "$WORK/torch_$label.json" "$@"
 }
 train gpt2 gpt2 50257 8 1024
 torch_fsdp2 gpt2 8 1024 --model gpt --layers 12 --dim 768 --heads 12 --vocab 50257
@@ -110,5 +167,4 @@ FRACTION=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | h
   awk -v gpus="$GPUS" '{ f = 16.0 * 1024 / $1; if (f > 1) f = 1; printf "%.3f", f }')
 STEPS=4 train llama1b_offload llama3-1b 128256 1 2048 --set 'fsdp.cpu_offload=true' \
   --set "train.device_memory_fraction=$FRACTION"
-
-python3 bench/gpu_check_report.py --dir "$OUT_DIR" --cap-fraction "$FRACTION"
+# (the report is written by finish, on exit)

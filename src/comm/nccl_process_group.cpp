@@ -258,7 +258,7 @@ class NcclProcessGroup final : public ProcessGroup {
         if (!pending_.empty()) oldest = pending_.front();
       }
       if (!oldest) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // idle: nothing to watch
         continue;
       }
       const cudaError_t state = cudaEventQuery(oldest->done_event());

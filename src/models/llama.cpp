@@ -108,7 +108,12 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
 at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
   const int64_t t = ids.size(1);
   TORCH_CHECK(t <= config_.context, "llama: sequence of ", t, " tokens exceeds the context of ", config_.context);
-  auto cos = rope_cos_.narrow(0, 0, t).to(ids.device()), sin = rope_sin_.narrow(0, 0, t).to(ids.device());
+  if (rope_cos_.device() != ids.device()) {
+    // Once: the tables follow the inputs to their device (a copy per forward would block the host).
+    rope_cos_ = rope_cos_.to(ids.device());
+    rope_sin_ = rope_sin_.to(ids.device());
+  }
+  auto cos = rope_cos_.narrow(0, 0, t), sin = rope_sin_.narrow(0, 0, t);
   auto x = embed_tokens(ids);
   for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin);
   x = norm(x);

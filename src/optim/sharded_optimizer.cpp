@@ -39,9 +39,6 @@ ShardedAdamW::ShardedAdamW(runtime::FsdpState& state, AdamWOptions options)
     const at::Tensor& shard = slot.flat->shard();
     exp_avg_.push_back(shard::empty_buffer(shard.numel(), at::kFloat, shard.device()).zero_());
     exp_avg_sq_.push_back(shard::empty_buffer(shard.numel(), at::kFloat, shard.device()).zero_());
-    if (!denominator_scratch_.defined() || denominator_scratch_.numel() < shard.numel()) {
-      denominator_scratch_ = shard::empty_buffer(shard.numel(), at::kFloat, shard.device());
-    }
   }
 }
 
@@ -97,6 +94,11 @@ void ShardedAdamW::step() {
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(step_count_));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(step_count_));
   const double step_size = lr_ / bias_correction1;
+  if (!denominator_scratch_.defined() && !slots_.empty()) {
+    int64_t largest = 0;
+    for (const at::Tensor& v : exp_avg_sq_) largest = std::max(largest, v.numel());
+    denominator_scratch_ = shard::empty_buffer(largest, at::kFloat, exp_avg_sq_.front().device());
+  }
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor& p = slots_[i].flat->shard();
     const at::Tensor& grad = slots_[i].flat->shard_grad();
@@ -186,7 +188,9 @@ double grad_norm(runtime::FsdpState& state) {
     // In fp64, a chunk at a time: a whole shard in fp64 (and its square) would be two transients
     // of 2x the gradient shard's bytes, the step's peak memory for a large unit.
     const at::Tensor& grad = flat->shard_grad();
-    constexpr int64_t kChunk = 1 << 20;  // elements: 8 MiB in fp64
+    // Elements: 8 MiB in fp64 on the host; on a GPU, 512 MiB, so a 1B model's norm is a few kernel
+    // launches, not thousands (the caching allocator reuses the block; no heap to fragment).
+    const int64_t kChunk = grad.is_cuda() ? int64_t{1} << 26 : int64_t{1} << 20;
     at::Tensor sum = sums[flat->replicated() ? 1 : 0];  // a view: accumulated on the gradient's device, no host sync
     for (int64_t offset = 0; offset < grad.numel(); offset += kChunk) {
       const at::Tensor chunk = grad.narrow(0, offset, std::min(kChunk, grad.numel() - offset)).to(at::kDouble);

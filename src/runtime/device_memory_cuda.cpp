@@ -11,7 +11,10 @@ namespace fsdp::runtime {
 int64_t device_peak_reserved_bytes(at::Device device) {
   if (!device.is_cuda()) return -1;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-  return stats.reserved_bytes[static_cast<size_t>(c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)].peak;
+  // Index 0 is StatType::AGGREGATE (all pools) in every version; the enum itself moved namespace
+  // in libtorch 2.5 (c10::CachingDeviceAllocator), and CUDACachingAllocator.h no longer names it.
+  constexpr size_t kAggregate = 0;
+  return stats.reserved_bytes[kAggregate].peak;
 }
 
 void set_device_memory_fraction(at::Device device, double fraction) {

@@ -329,7 +329,9 @@ class Trainer {
       optimizer_->zero_grad();
       trace_memory(rank_, step, "start");
       const std::vector<int64_t> indices = sampler.indices(step, rank_, n_);
-      double local_loss = 0.0;
+      // Summed on the model's device and read once after the optimizer: an .item() per micro-batch
+      // would make the host wait for each backward on a GPU.
+      at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
       for (int64_t m = 0; m < config_.micro_batches; ++m) {
         std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
         data::Batch batch = data_.train->get(part);
@@ -345,7 +347,7 @@ class Trainer {
         trace_memory(rank_, step, "forward");
         loss.backward();
         trace_memory(rank_, step, "backward");
-        local_loss += loss.item<double>();
+        loss_sum += loss.detach();
       }
       const double norm = config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip) : optim::grad_norm(*state_);
       trace_memory(rank_, step, "clip");
@@ -358,6 +360,7 @@ class Trainer {
       // every rank stops at the same step).
       const double communication_now = state_->communication_seconds();
       const double exposed_now = state_->comm_stats().exposed_seconds;
+      const double local_loss = loss_sum.item<double>();
       at::Tensor mine = at::tensor({local_loss, static_cast<double>(peak_resident_bytes()),
                                     communication_now - communication_before, stop_requested() ? 1.0 : 0.0,
                                     exposed_now - exposed_before,
@@ -390,12 +393,15 @@ class Trainer {
       }
 
       // Communication the compute thread waited for is exposed; the rest of its busy time ran
-      // while this thread computed (overlapped).
+      // while this thread computed (overlapped). On a GPU a wait queues a stream wait and returns
+      // at once, so the host's clock cannot see exposure: it is not reported there.
+      const bool exposure_measured = device_.is_cpu();
+      char exposure[64] = "";
+      if (exposure_measured) std::snprintf(exposure, sizeof(exposure), " (exposed %.3f s)", exposed);
       char line[320];
-      std::snprintf(line, sizeof(line),
-                    "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s (exposed %.3f s)",
+      std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s",
                     loss, lr, norm, format_count(rate).c_str(), rate_unit, 100.0 * mfu, format_bytes(peak_memory).c_str(),
-                    communication, exposed);
+                    communication, exposure);
       progress_->step(step, line, training_seconds);
       if (leader() && metrics_.is_open()) {
         nlohmann::json record = {{"step", step + 1},
@@ -421,6 +427,12 @@ class Trainer {
           record["exposed_communication_seconds_per_rank"].push_back(waited);
           record["overlapped_communication_seconds_per_rank"].push_back(std::max(0.0, busy - waited));
           record["compute_seconds_per_rank"].push_back(seconds - waited);
+        }
+        if (!exposure_measured) {
+          for (const char* key : {"exposed_communication_seconds_per_rank", "overlapped_communication_seconds_per_rank",
+                                  "compute_seconds_per_rank"}) {
+            record.erase(key);
+          }
         }
         metrics_.write(record.dump());
       }

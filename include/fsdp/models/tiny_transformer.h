@@ -43,7 +43,7 @@ struct AttentionMlpBlockImpl : torch::nn::Module {
     auto q_k_v = qkv(norm1(x)).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
     auto q = q_k_v[0], k = q_k_v[1], v = q_k_v[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    auto mask = torch::ones({t, t}, torch::kBool).triu(1);
+    auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     scores = scores.masked_fill(mask, -1e9);
     auto attended = torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({b, t, d});
     x = x + proj(attended);

@@ -94,8 +94,10 @@ class ShardedAdamW final : public ShardedOptimizer {
   bool step_fused();  // false where the fused kernel does not apply (CPU, libtorch < 2.1)
   AdamWOptions options_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
-  std::vector<at::Tensor> fused_steps_;
-  at::Tensor denominator_scratch_;  // [largest shard numel] fp32 beside the shards: the composed step's sqrt(v) term  // [1] float32 on the device per slot: the fused kernel's step counts
+  std::vector<at::Tensor> fused_steps_;  // [1] float32 on the device per slot: the fused kernel's step counts
+  // [largest shard numel] fp32 beside the shards: the composed step's sqrt(v) term. Made at the
+  // first composed step, so the fused (CUDA) path never holds it.
+  at::Tensor denominator_scratch_;
 };
 
 class ShardedSgd final : public ShardedOptimizer {
