@@ -22,7 +22,13 @@ def fsdp_run(directory):
     path = directory / "metrics.jsonl"
     if not path.exists():
         return None
-    steps = [r for r in map(json.loads, path.read_text().splitlines()) if "step" in r]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line of a stage killed mid-write
+            continue
+    steps = [r for r in records if "step" in r]
     if not steps:
         return None
     settled = steps[3:] or steps
@@ -42,7 +48,8 @@ def main():
     if (d / "stages.tsv").exists():
         for line in (d / "stages.tsv").read_text().splitlines():
             name, rc, seconds = line.split("\t")
-            stages[name] = {"exit": int(rc), "seconds": int(seconds)}
+            # "skipped": the script's time budget ran out before the stage could start.
+            stages[name] = {"exit": int(rc) if rc.lstrip("-").isdigit() else rc, "seconds": int(seconds)}
     report = {"stages": stages, "models": {}, "aims": AIMS}
     gib = 2.0 ** 30
     print(f"{'model':<10} {'fsdp.cpp tok/s':>15} {'FSDP2 tok/s':>12} {'ratio':>6} {'MFU':>6} "
@@ -72,7 +79,8 @@ def main():
     else:
         print("llama1b with CPU offload: no result (see fsdp_llama1b_offload.log)")
     failed = [name for name, s in stages.items() if s["exit"] != 0]
-    print("stages: " + ", ".join(f"{n} {'ok' if s['exit'] == 0 else 'FAILED'} ({s['seconds']} s)" for n, s in stages.items()))
+    outcome = lambda s: "ok" if s["exit"] == 0 else "SKIPPED" if s["exit"] == "skipped" else "FAILED"  # noqa: E731
+    print("stages: " + ", ".join(f"{n} {outcome(s)} ({s['seconds']} s)" for n, s in stages.items()))
     report["failed_stages"] = failed
     out = d / "gpu-check.json"
     partial = out.with_name(out.name + ".partial")

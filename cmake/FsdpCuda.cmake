@@ -18,6 +18,11 @@ if(FSDP_CUDA)
     message(FATAL_ERROR "FSDP_CUDA: NCCL not found (nccl.h: ${FSDP_NCCL_INCLUDE_DIR}, library: ${FSDP_NCCL_LIBRARY}); "
                         "set NCCL_ROOT to a directory with include/nccl.h and lib/libnccl.so")
   endif()
+  if(Torch_VERSION VERSION_GREATER_EQUAL 2.12)
+    # libtorch's headers stop compiling as C++17 around 2.12 (found by reading, not yet by a build).
+    target_compile_features(fsdp PUBLIC cxx_std_20)
+    target_compile_features(fsdp_config_reader PRIVATE cxx_std_20)
+  endif()
   find_package(CUDAToolkit REQUIRED)
   target_include_directories(fsdp PUBLIC ${FSDP_NCCL_INCLUDE_DIR})
   target_link_libraries(fsdp PUBLIC ${FSDP_NCCL_LIBRARY} CUDA::cudart)

@@ -39,12 +39,17 @@ STATUS="$WORK/stages.tsv"
 FRACTION=0
 : > "$STATUS"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# Open MPI's launcher refuses to start (even one local rank) without ssh or rsh to find; on one
+# machine it never uses them. CUDA images often have neither.
+command -v ssh > /dev/null 2>&1 || command -v rsh > /dev/null 2>&1 || export OMPI_MCA_plm_rsh_agent=false
+CHECKPOINTS=/tmp/fsdp-gpu-check-checkpoints  # a stage stopped by its limit saves one (SIGTERM): kept out of WORK
 
 finish() {  # on any exit: the table and JSON, then the few files OUT_DIR takes back
+  rm -rf "$CHECKPOINTS"
   python3 "$ROOT/bench/gpu_check_report.py" --dir "$WORK" --cap-fraction "$FRACTION" 2>&1 | tee "$WORK/report.txt"
   cp "$WORK/report.txt" "$WORK/stages.tsv" "$OUT_DIR/" 2> /dev/null
   [ -e "$WORK/gpu-check.json" ] && cp "$WORK/gpu-check.json" "$OUT_DIR/"
-  tar -C "$WORK" --exclude=./data -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
+  tar -C "$WORK" --exclude=./data --exclude='./fsdp_*/checkpoints' -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
 }
 trap finish EXIT
 
@@ -120,7 +125,7 @@ stage build 300 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSD
     cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests" || exit 1
 
 # 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
-GPUS=$(nvidia-smi -L | wc -l)
+GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')  # not nvidia-smi -L: it lists MIG slices too
 stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_DEVICE=cuda \
   "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
 
@@ -143,7 +148,7 @@ train() {  # train LABEL MODEL VOCAB BATCH SEQ [extra --set ...]
   local label=$1 model=$2 vocab=$3 batch=$4 seq=$5; shift 5
   stage "fsdp_$label" 150 mpirun --oversubscribe --bind-to none -np "$GPUS" "$BUILD/apps/fsdp-train" \
     configs/gpt-fortunes-tiny.toml --progress lines \
-    --set "name=\"$label\"" --set "output_dir=\"$WORK/fsdp_$label\"" --set "model.name=\"$model\"" \
+    --set "name=\"$label\"" --set "output_dir=\"$WORK/fsdp_$label\"" --set "checkpoint.dir=\"$CHECKPOINTS/$label\"" --set "model.name=\"$model\"" \
     --set 'data.source="token_files"' --set "data.train_tokens=\"$WORK/data/train-$vocab.tok\"" \
     --set "data.validation_tokens=\"$WORK/data/validation-$vocab.tok\"" \
     --set "train.global_batch=$((batch * GPUS))" --set "train.seq_len=$seq" --set "train.steps=$STEPS" \

@@ -185,13 +185,17 @@ double grad_norm(runtime::FsdpState& state) {
   for (shard::FlatParam* flat : state.flat_params()) {
     if (!flat->trainable() || !flat->shard_grad().defined()) continue;
     flat->wait_for_offloaded_grad();
-    // In fp64, a chunk at a time: a whole shard in fp64 (and its square) would be two transients
-    // of 2x the gradient shard's bytes, the step's peak memory for a large unit.
     const at::Tensor& grad = flat->shard_grad();
-    // Elements: 8 MiB in fp64 on the host; on a GPU, 512 MiB, so a 1B model's norm is a few kernel
-    // launches, not thousands (the caching allocator reuses the block; no heap to fragment).
-    const int64_t kChunk = grad.is_cuda() ? int64_t{1} << 26 : int64_t{1} << 20;
     at::Tensor sum = sums[flat->replicated() ? 1 : 0];  // a view: accumulated on the gradient's device, no host sync
+    if (grad.is_cuda()) {
+      // One reduction kernel, no fp64 copy of the shard: a GPU's tree reduction keeps fp32 accurate
+      // to about 1e-7 relative; thousands of chunk launches per step would cost more.
+      sum.add_(at::linalg_vector_norm(grad, 2).to(at::kDouble).square());
+      continue;
+    }
+    // On the host, in fp64, a chunk at a time: a whole shard in fp64 (and its square) would be two
+    // transients of 2x the gradient shard's bytes, the step's peak memory for a large unit.
+    constexpr int64_t kChunk = 1 << 20;  // elements: 8 MiB in fp64
     for (int64_t offset = 0; offset < grad.numel(); offset += kChunk) {
       const at::Tensor chunk = grad.narrow(0, offset, std::min(kChunk, grad.numel() - offset)).to(at::kDouble);
       sum.add_(chunk.dot(chunk));

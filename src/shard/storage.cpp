@@ -120,7 +120,9 @@ at::DataPtr new_memory(c10::StorageImpl* storage, size_t nbytes, bool from_cache
   if (!memory && storage->device().is_cpu() && nbytes >= kMappedMinBytes) memory = map_host_bytes(nbytes);
   if (!memory) {
     // A CUDA storage's memory comes from the current device's caching allocator: make it this one's.
-    c10::OptionalDeviceGuard guard(storage->device().is_cpu() ? c10::nullopt : c10::optional<at::Device>(storage->device()));
+    // (reset_device rather than an optional: c10::optional's spelling differs across libtorch versions)
+    c10::OptionalDeviceGuard guard;
+    if (!storage->device().is_cpu()) guard.reset_device(storage->device());
     memory = storage->allocator()->allocate(nbytes);
   }
   return memory;
