@@ -49,7 +49,7 @@ finish() {  # on any exit: the table and JSON, then the few files OUT_DIR takes 
   python3 "$ROOT/bench/gpu_check_report.py" --dir "$WORK" --cap-fraction "$FRACTION" 2>&1 | tee "$WORK/report.txt"
   cp "$WORK/report.txt" "$WORK/stages.tsv" "$OUT_DIR/" 2> /dev/null
   [ -e "$WORK/gpu-check.json" ] && cp "$WORK/gpu-check.json" "$OUT_DIR/"
-  tar -C "$WORK" --exclude=./data --exclude='./fsdp_*/checkpoints' -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
+  tar -C "$WORK" --exclude=./data -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
 }
 trap finish EXIT
 

@@ -4,11 +4,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <atomic>
 #include <thread>
 
@@ -414,9 +414,6 @@ class Trainer {
                                  {"peak_flops", peak_flops_},
                                  {"peak_resident_bytes_per_rank", std::vector<double>()},
                                  {"communication_seconds_per_rank", std::vector<double>()},
-                                 {"exposed_communication_seconds_per_rank", std::vector<double>()},
-                                 {"overlapped_communication_seconds_per_rank", std::vector<double>()},
-                                 {"compute_seconds_per_rank", std::vector<double>()},
                                  {"peak_gathered_bytes", state_->memory_stats().peak_gathered_bytes}};
         if (!device_.is_cpu()) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
         for (int r = 0; r < n_; ++r) {
@@ -424,15 +421,10 @@ class Trainer {
           if (!device_.is_cpu()) record["peak_device_reserved_bytes_per_rank"].push_back(per_rank[r][5].item<double>());
           const double busy = per_rank[r][2].item<double>(), waited = per_rank[r][4].item<double>();
           record["communication_seconds_per_rank"].push_back(busy);
+          if (!exposure_measured) continue;  // (arrays made by their first push_back)
           record["exposed_communication_seconds_per_rank"].push_back(waited);
           record["overlapped_communication_seconds_per_rank"].push_back(std::max(0.0, busy - waited));
           record["compute_seconds_per_rank"].push_back(seconds - waited);
-        }
-        if (!exposure_measured) {
-          for (const char* key : {"exposed_communication_seconds_per_rank", "overlapped_communication_seconds_per_rank",
-                                  "compute_seconds_per_rank"}) {
-            record.erase(key);
-          }
         }
         metrics_.write(record.dump());
       }
