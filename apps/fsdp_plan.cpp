@@ -76,7 +76,8 @@ nlohmann::json to_json(const Plan& p) {
   const auto& m = p.memory;
   nlohmann::json out = {
       {"model", in.model_name}, {"parameters", p.parameters}, {"layers", p.layers},
-      {"largest_unit_params", p.largest_unit_params}, {"root_params", p.root_params}, {"ranks", in.ranks},
+      {"largest_unit_params", p.largest_unit_params}, {"root_params", p.root_params},
+      {"embedding_params", p.embedding_params}, {"head_params", p.head_params}, {"tied_embedding", p.tied_embedding}, {"ranks", in.ranks},
       {"ranks_per_node", in.ranks_per_node}, {"strategy", in.strategy}, {"shard_ranks", p.shard_ranks},
       {"replicas", p.replicas}, {"param_dtype", in.param_dtype}, {"reduce_dtype", in.reduce_dtype},
       {"activation_checkpointing", in.activation_checkpointing}, {"cpu_offload", in.cpu_offload},
@@ -117,9 +118,11 @@ void print_plan(const Plan& p, bool compact) {
                 format_bytes(static_cast<double>(m.device_total())).c_str(), verdict.c_str());
     return;
   }
-  std::printf("fsdp-plan: %s, %.3f B parameters (%lld blocks of %.1f M, %.1f M outside blocks)\n",
+  std::printf("fsdp-plan: %s, %.3f B parameters (%lld blocks, largest unit %.1f M, embedding %.1f M and head %.1f M "
+              "as units%s, %.1f M in the root)\n",
               in.model_name.c_str(), p.parameters / 1e9, static_cast<long long>(p.layers),
-              p.largest_unit_params / 1e6, p.root_params / 1e6);
+              p.largest_unit_params / 1e6, p.embedding_params / 1e6, p.head_params / 1e6,
+              p.tied_embedding ? " (tied: one unit)" : "", p.root_params / 1e6);
   std::printf("  %d ranks (%d per node), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
               "activation checkpointing %s; CPU offload %s; %s\n",
               in.ranks, in.ranks_per_node, in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
@@ -206,6 +209,9 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "tokens per sample")->check(CLI::PositiveNumber);
+  bool embeddings_in_root = false;
+  app.add_flag("--embeddings-in-root", embeddings_in_root,
+               "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
   app.add_option("--max-inflight", max_inflight, "K: unit buffers alive besides the computing one")->check(CLI::NonNegativeNumber);
   app.add_option("--overhead", overhead, "the process's own memory per rank, e.g. 2GiB (default 512MiB; --calibrate measures)");
   app.add_option("--tflops", tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")->check(CLI::NonNegativeNumber);
@@ -233,6 +239,7 @@ int main(int argc, char** argv) {
       in.reduce_dtype = c.fsdp.reduce_dtype;
       in.activation_checkpointing = c.fsdp.activation_checkpointing;
       in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
+      in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != "root";
       in.optimizer = c.optimizer.name;
       in.seq_len = c.seq_len;
       in.micro_batches = c.micro_batches;
@@ -258,6 +265,7 @@ int main(int argc, char** argv) {
     if (micro_batches > 0) in.micro_batches = micro_batches;
     if (seq > 0) in.seq_len = seq;
     if (max_inflight >= 0) in.max_inflight = max_inflight;
+    if (embeddings_in_root) in.embedding_units = false;
     if (!memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(memory);
     if (!overhead.empty()) in.overhead_bytes = fsdp::plan::parse_bytes(overhead);
     in.compute_flops = tflops * 1e12;

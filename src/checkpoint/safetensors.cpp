@@ -67,6 +67,20 @@ const char* safetensors_dtype_name(at::ScalarType dtype) {
   throw std::invalid_argument(std::string("safetensors: dtype ") + c10::toString(dtype) + " has no safetensors name");
 }
 
+uint32_t crc32_of_bytes(const at::Tensor& tensor) {
+  const at::Tensor contiguous = tensor.contiguous().cpu();
+  const auto* bytes = static_cast<const Bytef*>(contiguous.data_ptr());
+  size_t left = static_cast<size_t>(contiguous.numel()) * contiguous.element_size();
+  uint32_t crc = 0;
+  while (left > 0) {  // in pieces: crc32 takes a 32-bit length
+    const size_t piece = std::min<size_t>(left, 1u << 30);
+    crc = static_cast<uint32_t>(::crc32(crc, bytes, static_cast<uInt>(piece)));
+    bytes += piece;
+    left -= piece;
+  }
+  return crc;
+}
+
 std::vector<TensorInfo> layout_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::vector<TensorInfo> infos;
   int64_t offset = 0;
@@ -132,12 +146,15 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor)
   // Large tensors in pieces: crc32 takes a 32-bit length.
   const auto* bytes = static_cast<const char*>(contiguous.data_ptr());
   size_t left = static_cast<size_t>(contiguous.numel()) * contiguous.element_size();
+  uint32_t tensor_crc = 0;
   while (left > 0) {
     const size_t piece = std::min<size_t>(left, 1u << 30);
     put(bytes, piece);
+    tensor_crc = static_cast<uint32_t>(::crc32(tensor_crc, reinterpret_cast<const Bytef*>(bytes), static_cast<uInt>(piece)));
     bytes += piece;
     left -= piece;
   }
+  tensor_crcs_[name] = tensor_crc;
   ++next_;
 }
 

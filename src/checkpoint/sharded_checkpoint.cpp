@@ -28,6 +28,10 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kFormat = "fsdp.cpp sharded checkpoint";
+// Version 1 recorded one crc32 per rank file only: its files are checked whole when opened.
+constexpr int kOldestReadableVersion = 1;
+// Rank 0's file stores module buffers under this prefix: "buffer.bn.running_mean".
+constexpr const char* kBufferPrefix = "buffer.";
 
 // The rank file's entry for a device's generator state: "rng.cuda".
 std::string device_rng_name(at::Device device) { return "rng." + c10::DeviceTypeName(device.type(), /*lower_case=*/true); }
@@ -65,6 +69,45 @@ json layout_json(const std::vector<shard::FlatParam*>& flats) {
   return out;
 }
 
+// The model's module buffers (BatchNorm's running statistics, ...), by their full names. Replicated:
+// every rank holds the same values, so a checkpoint stores them once.
+std::vector<std::pair<std::string, at::Tensor>> module_buffers(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+  for (const auto& item : root.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) buffers.emplace_back(item.key(), item.value());
+  }
+  return buffers;
+}
+
+json buffers_json(const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+  json out = json::array();
+  for (const auto& [name, tensor] : buffers) {
+    out.push_back({{"name", name}, {"shape", tensor.sizes().vec()}, {"dtype", safetensors_dtype_name(tensor.scalar_type())}});
+  }
+  return out;
+}
+
+// Every rank's `text` (a few kilobytes at most), on every rank of `group`: two all-gathers, the
+// lengths, then the bytes padded to the longest, one int64 per byte (the groups' dtypes).
+std::vector<std::string> all_gather_text(const comm::ProcessGroupPtr& group, const std::string& text) {
+  const int world = group->size();
+  if (world == 1) return {text};
+  at::Tensor length = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  at::Tensor lengths = at::empty({world}, at::kLong);
+  group->all_gather(lengths, length)->wait();
+  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
+  at::Tensor mine = at::zeros({longest}, at::kLong);
+  for (size_t i = 0; i < text.size(); ++i) mine[static_cast<int64_t>(i)] = static_cast<int64_t>(static_cast<unsigned char>(text[i]));
+  at::Tensor all = at::empty({world * longest}, at::kLong);
+  group->all_gather(all, mine)->wait();
+  std::vector<std::string> texts(world);
+  const int64_t* bytes = all.data_ptr<int64_t>();
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < lengths[r].item<int64_t>(); ++i) texts[r].push_back(static_cast<char>(bytes[r * longest + i]));
+  }
+  return texts;
+}
+
 json read_manifest(const std::string& dir) {
   const fs::path path = fs::path(dir) / "manifest.json";
   std::ifstream in(path);
@@ -78,9 +121,10 @@ json read_manifest(const std::string& dir) {
     throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not valid JSON: " + e.what());
   }
   if (manifest.value("format", "") != kFormat) throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not a " + std::string(kFormat));
-  if (manifest.value("version", 0) != kCheckpointFormatVersion) {
-    throw std::runtime_error("checkpoint '" + dir + "': format version " + std::to_string(manifest.value("version", 0)) +
-                             ", this build reads version " + std::to_string(kCheckpointFormatVersion));
+  const int version = manifest.value("version", 0);
+  if (version < kOldestReadableVersion || version > kCheckpointFormatVersion) {
+    throw std::runtime_error("checkpoint '" + dir + "': format version " + std::to_string(version) + ", this build reads versions " +
+                             std::to_string(kOldestReadableVersion) + " to " + std::to_string(kCheckpointFormatVersion));
   }
   return manifest;
 }
@@ -115,6 +159,32 @@ void check_layout(const std::string& dir, const json& saved, const std::vector<s
                                  shape_text(entries[j].shape));
       }
     }
+  }
+}
+
+// The checkpoint's buffers must be the model's: same names, shapes and dtypes (all or nothing).
+void check_buffers(const std::string& dir, const json& saved, const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+  std::map<std::string, const json*> saved_by_name;
+  for (const json& entry : saved) saved_by_name[entry.at("name").get<std::string>()] = &entry;
+  for (const auto& [name, tensor] : buffers) {
+    const std::string dtype = safetensors_dtype_name(tensor.scalar_type());
+    const std::vector<int64_t> shape = tensor.sizes().vec();
+    auto it = saved_by_name.find(name);
+    if (it == saved_by_name.end()) {
+      throw std::runtime_error("checkpoint '" + dir + "' holds no buffer '" + name + "' " + shape_text(shape) + " " + dtype +
+                               " that this model has (a checkpoint of another model, or of one without it)");
+    }
+    const auto saved_shape = it->second->at("shape").get<std::vector<int64_t>>();
+    const auto saved_dtype = it->second->at("dtype").get<std::string>();
+    if (saved_shape != shape || saved_dtype != dtype) {
+      throw std::runtime_error("checkpoint '" + dir + "' holds buffer '" + name + "' " + shape_text(saved_shape) + " " +
+                               saved_dtype + " where this model has " + shape_text(shape) + " " + dtype);
+    }
+    saved_by_name.erase(it);
+  }
+  if (!saved_by_name.empty()) {
+    throw std::runtime_error("checkpoint '" + dir + "' holds buffer '" + saved_by_name.begin()->first +
+                             "' that this model does not have (a checkpoint of another model)");
   }
 }
 
@@ -153,8 +223,10 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
     }
   });
 
-  // Each rank: its slice of every FlatParam and of the optimizer state, and its RNG state.
-  at::Tensor file_facts = at::zeros({2}, at::kLong);  // bytes, crc32
+  // Each rank: its slice of every FlatParam and of the optimizer state, and its RNG state; rank 0
+  // also the module buffers. Its facts for the manifest: {"bytes", "crc32", "tensors": {name: crc32}}.
+  const std::vector<std::pair<std::string, at::Tensor>> buffers = module_buffers(state.root_module());
+  json file_facts = json::object();
   comm::on_every_rank(group, "writing checkpoint shards", [&] {
     if (!writes_files) return;
     std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -173,6 +245,9 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
         }
       }
     }
+    if (rank == 0) {
+      for (const auto& [name, buffer] : buffers) tensors.emplace_back(kBufferPrefix + name, buffer.detach());
+    }
     tensors.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
     // On a GPU, dropout draws from the device's generator: its seed and offset resume too.
     const at::Device device = state.options().device;
@@ -181,25 +256,21 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
                              {{"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}});
     for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
     writer.finish();
-    file_facts[0] = writer.bytes_written();
-    file_facts[1] = static_cast<int64_t>(writer.crc32());
+    file_facts = {{"bytes", writer.bytes_written()}, {"crc32", writer.crc32()}, {"tensors", writer.tensor_crc32s()}};
     pause_for_tests(group->rank(), info.step);
   });
 
-  at::Tensor all_facts = at::empty({2 * world}, at::kLong);
-  if (world > 1) {
-    writers->all_gather(all_facts, file_facts)->wait();  // every replica group's; replica 0's are kept
-  } else {
-    all_facts.copy_(file_facts);
-  }
+  // Every replica group gathers its own; replica group 0's (the writers') are kept.
+  const std::vector<std::string> all_facts = all_gather_text(writers, file_facts.dump());
 
   // Rank 0 (a writer) publishes: the manifest (file checksums), then the rename that makes it visible.
   comm::on_every_rank(group, "publishing the checkpoint", [&] {
     if (group->rank() != 0) return;
     json files = json::array();
     for (int r = 0; r < world; ++r) {
-      files.push_back({{"rank", r}, {"file", rank_file_name(r, world)}, {"bytes", all_facts[2 * r].item<int64_t>()},
-                       {"crc32", all_facts[2 * r + 1].item<int64_t>()}});
+      const json facts = json::parse(all_facts[r]);
+      files.push_back({{"rank", r}, {"file", rank_file_name(r, world)}, {"bytes", facts.at("bytes")},
+                       {"crc32", facts.at("crc32")}, {"tensors", facts.at("tensors")}});
     }
     json manifest = {{"format", kFormat},
                      {"version", kCheckpointFormatVersion},
@@ -211,6 +282,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
                      {"optimizer_state", optimizer ? optimizer->state_names() : std::vector<std::string>{}},
                      {"optimizer_steps", optimizer ? optimizer->step_count() : 0},
                      {"flat_params", layout_json(flats)},
+                     {"buffers", buffers_json(buffers)},
                      {"files", files}};
     const fs::path manifest_path = partial_dir / "manifest.json";
     {
@@ -237,6 +309,8 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
   // Read everything into new tensors first; only when every rank succeeded are they copied in.
   std::vector<at::Tensor> params(flats.size());
   std::vector<std::vector<at::Tensor>> optimizer_state(optimizer ? optimizer->slot_count() : 0);
+  const std::vector<std::pair<std::string, at::Tensor>> buffers = module_buffers(state.root_module());
+  std::vector<at::Tensor> buffer_values(buffers.size());
   at::Tensor rng, device_rng;
   const at::Device device = state.options().device;
   int64_t optimizer_steps = 0;
@@ -246,7 +320,9 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
     info.model_name = manifest.value("model", "");
     info.config_toml = manifest.value("config_toml", "");
     const int saved_world = manifest.at("world_size").get<int>();
+    const int version = manifest.at("version").get<int>();
     check_layout(checkpoint_dir, manifest.at("flat_params"), flats);
+    check_buffers(checkpoint_dir, manifest.value("buffers", json::array()), buffers);  // version 1: none
     if (optimizer != nullptr) {
       const auto saved_names = manifest.value("optimizer_state", std::vector<std::string>{});
       if (manifest.value("optimizer", "") != optimizer->name() || saved_names != optimizer->state_names()) {
@@ -260,7 +336,9 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
       throw std::runtime_error("checkpoint '" + checkpoint_dir + "': manifest lists " + std::to_string(files.size()) +
                                " files for " + std::to_string(saved_world) + " ranks");
     }
-    // Open (and check) only the files that hold part of this rank's ranges.
+    // Open only the files that hold part of what this rank needs, and read from them only the
+    // tensors it needs, each checked against the manifest's crc32 before it is used. (Version 1
+    // has no per-tensor checksums: each file it opens is checked whole instead.)
     std::map<int, std::unique_ptr<SafetensorsFile>> open_files;
     auto file_of = [&](int r) -> SafetensorsFile& {
       auto it = open_files.find(r);
@@ -268,24 +346,53 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
       const json& entry = files.at(r);
       const std::string path = (fs::path(checkpoint_dir) / entry.at("file").get<std::string>()).string();
       auto file = std::make_unique<SafetensorsFile>(path);
-      const uint32_t crc = file->file_crc32();
-      if (crc != entry.at("crc32").get<uint32_t>()) {
-        throw std::runtime_error("checkpoint file '" + path + "' fails its checksum (crc32 " + std::to_string(crc) +
-                                 ", manifest says " + std::to_string(entry.at("crc32").get<uint32_t>()) +
-                                 "): corrupt or replaced");
+      if (file->file_bytes() != entry.at("bytes").get<int64_t>()) {
+        throw std::runtime_error("checkpoint file '" + path + "' holds " + std::to_string(file->file_bytes()) +
+                                 " bytes, the manifest says " + std::to_string(entry.at("bytes").get<int64_t>()) +
+                                 ": truncated or replaced");
+      }
+      if (version == 1) {
+        const uint32_t crc = file->file_crc32();
+        if (crc != entry.at("crc32").get<uint32_t>()) {
+          throw std::runtime_error("checkpoint file '" + path + "' fails its checksum (crc32 " + std::to_string(crc) +
+                                   ", manifest says " + std::to_string(entry.at("crc32").get<uint32_t>()) +
+                                   "): corrupt or replaced");
+        }
       }
       return *open_files.emplace(r, std::move(file)).first->second;
     };
-    // Fills dst (a slice of the held range) from the saved pieces that overlap it.
+    // Saved tensor `name` of rank r's file, whole, checked against its crc32.
+    auto read_checked = [&](int r, const std::string& name) {
+      SafetensorsFile& file = file_of(r);
+      at::Tensor tensor = file.read(name);
+      if (version == 1) return tensor;  // the whole file was checked when opened
+      const json& crcs = files.at(r).at("tensors");
+      if (!crcs.contains(name)) {
+        throw std::runtime_error("checkpoint file '" + file.path() + "': the manifest holds no checksum for tensor '" + name + "'");
+      }
+      const uint32_t crc = crc32_of_bytes(tensor), expected = crcs.at(name).get<uint32_t>();
+      if (crc != expected) {
+        throw std::runtime_error("checkpoint file '" + file.path() + "': tensor '" + name + "' fails its checksum (crc32 " +
+                                 std::to_string(crc) + ", manifest says " + std::to_string(expected) + "): corrupt or replaced");
+      }
+      return tensor;
+    };
+    // Elements [begin, end) of a FlatParam's tensor (param or optimizer state), from the saved
+    // pieces that overlap them: each such piece is read whole (its checksum covers all of it).
     auto gather = [&](const std::string& tensor_suffix, size_t flat_index, int64_t begin, int64_t end) {
       at::Tensor out = at::empty({end - begin}, at::kFloat);
       const int64_t numel = flats[flat_index]->layout().numel;
+      const std::string name = "p" + std::to_string(flat_index) + "." + tensor_suffix;
       for (int r = 0; r < saved_world; ++r) {
         const auto [b, e] = saved_range(numel, saved_world, r);
         const int64_t lo = std::max(b, begin), hi = std::min(e, end);
         if (lo >= hi) continue;
-        at::Tensor piece = file_of(r).read_range("p" + std::to_string(flat_index) + "." + tensor_suffix, lo - b, hi - lo);
-        out.narrow(0, lo - begin, hi - lo).copy_(piece);
+        const at::Tensor piece = read_checked(r, name);
+        if (piece.numel() != e - b) {
+          throw std::runtime_error("checkpoint file '" + file_of(r).path() + "': tensor '" + name + "' holds " +
+                                   std::to_string(piece.numel()) + " elements, the layout says " + std::to_string(e - b));
+        }
+        out.narrow(0, lo - begin, hi - lo).copy_(piece.narrow(0, lo - b, hi - lo));
       }
       return out;
     };
@@ -301,10 +408,18 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
         for (const auto& name : names) optimizer_state[slot].push_back(gather(name, i, begin, end));
       }
     }
+    // Buffers are replicated: every rank reads them from rank 0's file.
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      buffer_values[k] = read_checked(0, kBufferPrefix + buffers[k].first);
+      if (buffer_values[k].sizes() != buffers[k].second.sizes() || buffer_values[k].scalar_type() != buffers[k].second.scalar_type()) {
+        throw std::runtime_error("checkpoint file '" + file_of(0).path() + "': tensor '" + kBufferPrefix + buffers[k].first +
+                                 "' differs in shape or dtype from what the manifest lists");
+      }
+    }
     if (saved_world == world) {
-      rng = file_of(rank).read("rng");
+      rng = read_checked(rank, "rng");
       // A checkpoint saved on the CPU, resumed on a GPU, leaves the device's generator as seeded.
-      if (!device.is_cpu() && file_of(rank).contains(device_rng_name(device))) device_rng = file_of(rank).read(device_rng_name(device));
+      if (!device.is_cpu() && file_of(rank).contains(device_rng_name(device))) device_rng = read_checked(rank, device_rng_name(device));
     }
   });
 
@@ -321,6 +436,10 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
       }
     }
     optimizer->set_step_count(optimizer_steps);
+  }
+  {
+    at::NoGradGuard no_grad;  // a buffer that requires grad (none usually does) is still restored in place
+    for (size_t k = 0; k < buffers.size(); ++k) buffers[k].second.copy_(buffer_values[k]);
   }
   if (rng.defined()) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
@@ -389,7 +508,13 @@ std::string describe_checkpoint(const std::string& checkpoint_dir) {
       << manifest.at("world_size") << " ranks, optimizer " << manifest.value("optimizer", "none") << " ("
       << manifest.value("optimizer_steps", 0) << " steps)\n";
   for (const auto& file : manifest.at("files")) {
-    out << "  " << file.at("file").get<std::string>() << "  " << file.at("bytes") << " bytes  crc32 " << file.at("crc32") << "\n";
+    out << "  " << file.at("file").get<std::string>() << "  " << file.at("bytes") << " bytes  crc32 " << file.at("crc32");
+    if (file.contains("tensors")) out << "  " << file.at("tensors").size() << " tensors, each with its crc32";
+    out << "\n";
+  }
+  for (const auto& buffer : manifest.value("buffers", json::array())) {
+    out << "  buffer " << buffer.at("name").get<std::string>() << " " << shape_text(buffer.at("shape").get<std::vector<int64_t>>())
+        << " " << buffer.at("dtype").get<std::string>() << " (in rank 0's file)\n";
   }
   for (const auto& flat : manifest.at("flat_params")) {
     out << "  unit " << flat.at("unit").get<std::string>() << (flat.at("trainable").get<bool>() ? "" : " (frozen)") << ": "

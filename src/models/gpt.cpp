@@ -83,7 +83,7 @@ at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
 
 GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   c.validate();
-  wte = register_module("wte", torch::nn::Embedding(c.vocab, c.dim));
+  wte = register_module("wte", TokenEmbedding(c.vocab, c.dim));
   wpe = register_module("wpe", torch::nn::Embedding(c.context, c.dim));
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   h = register_module("h", torch::nn::ModuleList());
@@ -98,10 +98,11 @@ at::Tensor GptImpl::forward(const at::Tensor& ids) {
   const int64_t t = ids.size(1);
   TORCH_CHECK(t <= config_.context, "gpt: sequence of ", t, " tokens exceeds the context of ", config_.context);
   auto positions = torch::arange(t, ids.options().dtype(torch::kLong));
-  auto x = drop(wte(ids) + wpe(positions));
+  // wte is called through fsdp::nn::call for both its uses, so it may be a unit of its own.
+  auto x = drop(fsdp::nn::call(wte, ids) + wpe(positions));
   for (size_t i = 0; i < h->size(); ++i) x = fsdp::nn::call(h->ptr<GptBlockImpl>(i), x);
   // Tied head: logits = ln_f(x) wte^T.
-  return torch::matmul(ln_f(x), wte->weight.t());
+  return fsdp::nn::call(wte, ln_f(x));
 }
 
 }  // namespace fsdp::models

@@ -57,6 +57,17 @@ void require_positive(const char* family, int64_t value, const char* field) {
   }
 }
 
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim) {
+  weight = register_parameter("weight", torch::empty({vocab, dim}));
+  // The same draw as torch::nn::Embedding's reset(), so a model keeps its initial values.
+  torch::nn::init::normal_(weight);
+}
+
+at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& ids_or_hidden) {
+  if (!at::isFloatingType(ids_or_hidden.scalar_type())) return at::embedding(weight, ids_or_hidden);
+  return torch::matmul(ids_or_hidden, weight.t());
+}
+
 void init_normal(torch::nn::Module& module, double std) {
   torch::NoGradGuard no_grad;
   // include_self=false: this runs inside constructors, before the module is owned by a shared_ptr;
@@ -67,6 +78,8 @@ void init_normal(torch::nn::Module& module, double std) {
       if (linear->bias.defined()) linear->bias.zero_();
     } else if (auto* embedding = child->as<torch::nn::Embedding>()) {
       embedding->weight.normal_(0.0, std);
+    } else if (auto* tokens = child->as<TokenEmbedding>()) {
+      tokens->weight.normal_(0.0, std);
     }
   }
 }

@@ -92,7 +92,7 @@ at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, c
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
   c.validate();
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.dim));
+  embed_tokens = register_module("embed_tokens", TokenEmbedding(c.vocab, c.dim));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) fsdp::nn::push_block(layers, LlamaBlock(c));
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
@@ -114,10 +114,11 @@ at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
     rope_sin_ = rope_sin_.to(ids.device());
   }
   auto cos = rope_cos_.narrow(0, 0, t), sin = rope_sin_.narrow(0, 0, t);
-  auto x = embed_tokens(ids);
+  // Embedding and head are called through fsdp::nn::call, so each may be a unit of its own.
+  auto x = fsdp::nn::call(embed_tokens, ids);
   for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin);
   x = norm(x);
-  return lm_head.is_empty() ? torch::matmul(x, embed_tokens->weight.t()) : lm_head(x);
+  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x) : fsdp::nn::call(lm_head, x);
 }
 
 }  // namespace fsdp::models

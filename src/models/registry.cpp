@@ -129,6 +129,16 @@ std::string block_type_name(const ModelConfig& config) {
                     config);
 }
 
+std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) {
+  return std::visit(Overloaded{[](const GptConfig&) { return std::vector<std::string>{"wte"}; },
+                               [](const LlamaConfig& c) {
+                                 return c.tie_embeddings ? std::vector<std::string>{"embed_tokens"}
+                                                         : std::vector<std::string>{"embed_tokens", "lm_head"};
+                               },
+                               [](const VitConfig&) { return std::vector<std::string>{}; }},
+                    config);
+}
+
 void validate(const ModelConfig& config) {
   std::visit([](const auto& c) { c.validate(); }, config);
 }

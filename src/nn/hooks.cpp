@@ -21,6 +21,18 @@ HookRegistry& registry() {
 
 thread_local BlockBuiltListener t_block_listener;
 
+// Every block given to push_block, by address; weak, so a destroyed block (whose address may be
+// reused) is not taken for a pushed one.
+struct PushedBlocks {
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<torch::nn::Module>> blocks;
+};
+
+PushedBlocks& pushed_blocks() {
+  static PushedBlocks instance;
+  return instance;
+}
+
 }  // namespace
 
 void set_forward_hooks(const torch::nn::Module* module, ForwardHooks hooks) {
@@ -47,7 +59,19 @@ ScopedBlockBuiltListener::ScopedBlockBuiltListener(BlockBuiltListener listener)
 ScopedBlockBuiltListener::~ScopedBlockBuiltListener() { t_block_listener = std::move(previous_); }
 
 void notify_block_built(const std::shared_ptr<torch::nn::Module>& block) {
+  {
+    std::lock_guard<std::mutex> lock(pushed_blocks().mutex);
+    auto& blocks = pushed_blocks().blocks;
+    for (auto it = blocks.begin(); it != blocks.end();) it = it->second.expired() ? blocks.erase(it) : std::next(it);
+    blocks[block.get()] = block;
+  }
   if (t_block_listener) t_block_listener(block);
+}
+
+bool is_pushed_block(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(pushed_blocks().mutex);
+  auto found = pushed_blocks().blocks.find(module);
+  return found != pushed_blocks().blocks.end() && !found->second.expired();
 }
 
 }  // namespace fsdp::nn

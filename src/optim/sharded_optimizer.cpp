@@ -204,7 +204,8 @@ double grad_norm(runtime::FsdpState& state) {
   // Over the shard group: its ranks hold one whole gradient between them (under hybrid_shard
   // every replica group holds the same one, so every group computes the same norm).
   const comm::ProcessGroupPtr& group = state.shard_group();
-  group->all_reduce(sums, comm::ReduceOp::Sum)->wait();
+  // Waited for on the compute thread: booked as exposed communication.
+  state.wait(group->all_reduce(sums, comm::ReduceOp::Sum));
   // Replicated gradients are identical on every rank: count them once.
   const double total = sums[0].item<double>() + sums[1].item<double>() / group->size();
   return std::sqrt(total);

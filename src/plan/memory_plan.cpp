@@ -120,8 +120,30 @@ Plan make_plan(const PlanInput& in) {
   const int64_t block = layers > 0 ? p - models::parameter_count(with_layers(in.model, layers - 1)) : 0;
   plan.parameters = p;
   plan.layers = layers;
-  plan.largest_unit_params = block;
-  plan.root_params = p - layers * block;
+  // The token embedding and the output head, when units of their own (models::embedding_and_head_paths).
+  int64_t embedding = 0, head = 0;
+  bool tied = false;
+  if (in.embedding_units && !models::embedding_and_head_paths(in.model).empty()) {
+    std::visit(
+        [&](const auto& m) {
+          using Config = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<Config, models::GptConfig>) {
+            embedding = m.vocab * m.dim;
+            tied = true;
+          } else if constexpr (std::is_same_v<Config, models::LlamaConfig>) {
+            embedding = m.vocab * m.dim;
+            tied = m.tie_embeddings;
+            head = tied ? 0 : m.vocab * m.dim;
+          }
+        },
+        in.model);
+  }
+  plan.embedding_params = embedding;
+  plan.head_params = head;
+  plan.tied_embedding = tied;
+  const int64_t largest_unit = std::max({block, embedding, head});
+  plan.largest_unit_params = largest_unit;
+  plan.root_params = p - layers * block - embedding - head;
   const int64_t root = plan.root_params, k = in.max_inflight;
 
   // Model states, per rank (rounded up as the shards are: every unit padded to a multiple of S).
@@ -130,16 +152,20 @@ Plan make_plan(const PlanInput& in) {
   mem.parameters = 4 * shard_numel;
   mem.gradients = 4 * shard_numel;
   // AdamW: two moments, and one fp32 scratch as large as the largest unit's shard (its denominator).
-  const int64_t largest_unit_shard = (std::max(block, root) + shard - 1) / shard;
+  const int64_t largest_unit_shard = (std::max(largest_unit, root) + shard - 1) / shard;
   mem.optimizer = in.optimizer == "adamw" ? 8 * shard_numel + 4 * largest_unit_shard : 4 * shard_numel;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
   // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit
   // gathered through backward plus the gradient buffer of the unit being reduced.
   if (s == "no_shard") {
-    mem.gathered = (k + 1) * 4 * block;
+    mem.gathered = (k + 1) * 4 * largest_unit;
   } else if (s == "shard_grad_op") {
-    mem.gathered = c * p + std::max(c, r) * block;
+    mem.gathered = c * p + std::max(c, r) * largest_unit;
+  } else if (tied) {
+    mem.gathered = c * (2 * root + 2 * embedding + (k + 2) * block) + (r != c ? r * largest_unit : 0);
+  } else if (embedding > 0) {
+    mem.gathered = c * (2 * root + 2 * largest_unit + k * std::max(block, head)) + (r != c ? r * largest_unit : 0);
   } else {
     mem.gathered = c * (2 * root + (k + 2) * block) + (r != c ? r * block : 0);
   }
@@ -164,7 +190,10 @@ Plan make_plan(const PlanInput& in) {
   CommVolume& comm = plan.comm;
   const int64_t m = in.micro_batches;
   if (s == "full_shard" || s == "hybrid_shard") {
-    comm.all_gather = static_cast<int64_t>(m * c * (2 * (p - root) + root) * in_group);  // root once
+    // Units twice (forward, backward), the root once, a tied embedding three times (embedding,
+    // head, and once in backward).
+    const int64_t tied_params = tied ? embedding : 0;
+    comm.all_gather = static_cast<int64_t>(m * c * (2 * (p - root - tied_params) + 3 * tied_params + root) * in_group);
   } else if (s == "shard_grad_op") {
     comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
   }

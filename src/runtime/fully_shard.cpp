@@ -1,7 +1,6 @@
 #include "fsdp/runtime/fully_shard.h"
 
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -13,366 +12,11 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "fsdp/comm/launch.h"
 #include "fsdp/shard/storage.h"
+#include "prefetch_scheduler.h"
+#include "unit.h"
 
 namespace fsdp::runtime {
-
-const char* to_string(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::FullShard: return "full_shard";
-    case ShardingStrategy::ShardGradOp: return "shard_grad_op";
-    case ShardingStrategy::NoShard: return "no_shard";
-    case ShardingStrategy::HybridShard: return "hybrid_shard";
-  }
-  return "?";
-}
-
-ShardingStrategy sharding_strategy_from_string(const std::string& name) {
-  if (name == "full_shard") return ShardingStrategy::FullShard;
-  if (name == "shard_grad_op") return ShardingStrategy::ShardGradOp;
-  if (name == "no_shard") return ShardingStrategy::NoShard;
-  if (name == "hybrid_shard") return ShardingStrategy::HybridShard;
-  throw std::invalid_argument("unknown sharding strategy '" + name +
-                              "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
-}
-
-ShardingGroups make_sharding_groups(const comm::ProcessGroupPtr& world, const FsdpOptions& options) {
-  if (!world) throw std::invalid_argument("fully_shard: the process group is null");
-  ShardingGroups groups;
-  groups.world = world;
-  if (options.strategy != ShardingStrategy::HybridShard) {
-    groups.shard = world;
-    return groups;
-  }
-  const int n = world->size();
-  int s = options.shard_group_size;
-  if (s == 0) s = comm::launch_info_from_env().local_world_size;
-  if (s < 0) throw std::invalid_argument("fully_shard: shard_group_size must be 0 (one node) or more, got " + std::to_string(s));
-  if (s < 1 || n % s != 0) {
-    throw std::invalid_argument("fully_shard: hybrid_shard needs the shard group size to divide the " +
-                                std::to_string(n) + " ranks, got " + std::to_string(s) +
-                                (options.shard_group_size == 0 ? " (the ranks of this node)" : ""));
-  }
-  const int rank = world->rank();
-  // Ranks [k s, (k + 1) s) shard one copy; ranks r, r + s, r + 2 s, ... hold the same shard.
-  groups.shard = s == n ? world : world->split(rank / s, rank);
-  if (s < n) groups.replicate = world->split(rank % s, rank);
-  return groups;
-}
-
-namespace {
-
-// "fsdp::models::BlockImpl" -> "Block"
-std::string short_type_name(const torch::nn::Module& module) {
-  std::string name = module.name();
-  auto colon = name.rfind("::");
-  if (colon != std::string::npos) name = name.substr(colon + 2);
-  const std::string suffix = "Impl";
-  if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-    name.resize(name.size() - suffix.size());
-  }
-  return name;
-}
-
-bool is_container(const torch::nn::Module& module) {
-  const std::string type = short_type_name(module);
-  return type == "ModuleList" || type == "Sequential" || type == "ModuleDict";
-}
-
-int64_t parameter_count(const torch::nn::Module& module) {
-  int64_t total = 0;
-  std::unordered_set<const void*> seen;
-  for (const auto& p : module.parameters(true)) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel();
-  }
-  return total;
-}
-
-}  // namespace
-
-bool WrapPolicy::selects(const torch::nn::Module& module, const std::string& path) const {
-  const std::string type = short_type_name(module);
-  for (const std::string& wanted : module_types) {
-    if (wanted == type || wanted == module.name()) return true;
-  }
-  for (const std::string& wanted : module_paths) {
-    if (!path.empty() && wanted == path) return true;
-  }
-  return min_params > 0 && !is_container(module) && parameter_count(module) >= min_params;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Unit: the parameters of one wrapped module, as one or two FlatParams, and their step state.
-
-class Unit {
- public:
-  Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_root,
-       const std::unordered_set<const void*>& excluded, const ShardingGroups& groups, const FsdpOptions& options)
-      : module_(std::move(module)), name_(std::move(name)), is_root_(is_root), strategy_(options.strategy),
-        groups_(groups) {
-    // Parameters in first-seen order, tied ones once (their other names become aliases).
-    std::vector<std::string> names[2];
-    std::vector<at::Tensor> params[2];
-    std::vector<std::vector<std::string>> aliases[2];
-    std::unordered_map<const void*, std::pair<int, size_t>> position;
-    for (const auto& item : module_->named_parameters(true)) {
-      const at::Tensor& p = item.value();
-      const void* id = p.unsafeGetTensorImpl();
-      if (excluded.count(id)) continue;
-      auto found = position.find(id);
-      if (found != position.end()) {
-        aliases[found->second.first][found->second.second].push_back(item.key());
-        continue;
-      }
-      const int kind = p.requires_grad() ? 0 : 1;
-      if (p.device() != options.device) {
-        torch::NoGradGuard no_grad;
-        at::Tensor moved = p;  // same TensorImpl: the module keeps its parameter, now on the device
-        moved.set_data(p.to(options.device));
-      }
-      position[id] = {kind, params[kind].size()};
-      names[kind].push_back(item.key());
-      params[kind].push_back(p);
-      aliases[kind].emplace_back();
-    }
-    const bool replicate = strategy_ == ShardingStrategy::NoShard;
-    for (int kind = 0; kind < 2; ++kind) {
-      if (params[kind].empty()) continue;
-      auto flat = std::make_unique<shard::FlatParam>(name_.empty() ? "<root>" : name_, names[kind], params[kind],
-                                                     aliases[kind], groups.shard, replicate, kind == 0);
-      if (groups.replicate) flat->set_replica_group(groups.replicate);
-      flat->verify_same_across_ranks(options.sync_module_states);
-      flat->reshard();
-      // Before the grad accumulators exist: a dtype change would drop them.
-      flat->set_precision(options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype);
-      if (options.cpu_offload) {
-        if (replicate) throw std::invalid_argument("fully_shard: cpu_offload needs a sharding strategy (not no_shard)");
-        flat->set_cpu_offload(true);
-      }
-      (kind == 0 ? trainable_ : frozen_) = std::move(flat);
-    }
-    if (trainable_) {
-      for (const at::Tensor& p : trainable_->params()) {
-        auto accumulator = torch::autograd::impl::grad_accumulator(p);
-        accumulator->add_post_hook(std::make_unique<GradReadyHook>(this));
-        // The parameter holds its accumulator weakly: keep it, or the hook vanishes.
-        accumulators_.push_back(std::move(accumulator));
-      }
-    }
-  }
-
-  const std::string& name() const { return name_; }
-  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
-  const ShardingGroups& groups() const { return groups_; }
-  bool is_root() const { return is_root_; }
-  bool ran_forward() const { return forward_ran_; }
-  bool ran_pre_backward() const { return pre_backward_ran_; }
-  bool is_prefetched() const { return prefetched_; }
-
-  std::vector<shard::FlatParam*> flat_params() const {
-    std::vector<shard::FlatParam*> out;
-    if (trainable_) out.push_back(trainable_.get());
-    if (frozen_) out.push_back(frozen_.get());
-    return out;
-  }
-
-  int64_t gathered_bytes() const {
-    int64_t bytes = 0;
-    for (shard::FlatParam* flat : flat_params()) bytes += flat->gathered_bytes();
-    return bytes;
-  }
-
-  int64_t unsharded_param_bytes() const {
-    int64_t bytes = 0;
-    for (shard::FlatParam* flat : flat_params()) bytes += flat->unsharded_bytes();
-    return bytes;
-  }
-
-  // Gives the unit its final name and a back-pointer to its state, and installs the forward hooks.
-  void adopt(FsdpState* state, const std::string& path) {
-    state_ = state;
-    if (!is_root_) {
-      // Parameter names were taken relative to the unit's module; now its path is known.
-      name_ = path;
-      for (shard::FlatParam* flat : flat_params()) flat->prefix_names(path);
-    }
-    fsdp::nn::ForwardHooks hooks;
-    if (is_root_) {
-      hooks.pre_forward = [state] { state->pre_root_forward(); };
-      hooks.post_forward = [state](const std::vector<at::Tensor>& outputs) { state->post_root_forward(outputs); };
-    } else {
-      hooks.pre_forward = [this] { pre_forward(); };
-      hooks.post_forward = [this](const std::vector<at::Tensor>& outputs) { post_forward(outputs); };
-      hooks.checkpoint_activations = state->options().activation_checkpointing;
-    }
-    fsdp::nn::set_forward_hooks(module_.get(), std::move(hooks));
-  }
-
-  void release_hooks() { fsdp::nn::clear_forward_hooks(module_.get()); }
-
-  void pre_forward() {
-    forward_ran_ = true;
-    if (!is_root_) state_->record_forward(this);
-    issue_gather(/*prefetch=*/false);
-    prefetched_ = false;
-    state_->prefetch_forward_after(is_root_ ? nullptr : this);
-    wait_gather();
-  }
-
-  void post_forward(const std::vector<at::Tensor>& outputs) {
-    const bool grad_needed = register_pre_backward_hooks(outputs);
-    const bool reshard_after_forward =
-        strategy_ == ShardingStrategy::FullShard || strategy_ == ShardingStrategy::HybridShard;
-    if (!is_root_ && (reshard_after_forward || !grad_needed)) release_params();
-  }
-
-  // Returns whether any output will receive a gradient.
-  bool register_pre_backward_hooks(const std::vector<at::Tensor>& outputs) {
-    if (!torch::GradMode::is_enabled()) return false;
-    bool any = false;
-    for (const at::Tensor& output : outputs) {
-      if (!output.defined() || !output.requires_grad()) continue;
-      at::Tensor hooked = output;
-      hooked.register_hook([this](const at::Tensor&) { pre_backward(); });
-      any = true;
-    }
-    return any;
-  }
-
-  void pre_backward() {
-    state_->on_pre_backward();
-    if (pre_backward_ran_) return;
-    pre_backward_ran_ = true;
-    if (!is_root_) state_->record_backward(this);
-    issue_gather(/*prefetch=*/false);
-    prefetched_ = false;
-    prepare_grads();
-    state_->prefetch_backward_after(this);
-    wait_gather();
-  }
-
-  // All trainable parameters have their gradients (or the backward ended): reduce them.
-  void post_backward() {
-    if (post_backward_done_) return;
-    post_backward_done_ = true;
-    if (trainable_ && state_->requires_gradient_sync()) {
-      prepare_grads();  // a unit unused in this step reduces zeros, so every rank joins
-      pending_reduce_ = trainable_->reduce_grad_async();
-      state_->on_memory_changed();
-    }
-    // Trainable parameters are free to go: their accumulators ran after every node that used them.
-    // Frozen ones may still be needed by a later node; they go at the end of backward.
-    if (trainable_ && strategy_ != ShardingStrategy::NoShard) release(*trainable_);
-    if (pending_reduce_) state_->on_reduce_issued(this);
-  }
-
-  bool reduce_pending() const { return pending_reduce_ != nullptr; }
-
-  void finish_reduce() {
-    if (!pending_reduce_) return;
-    state_->wait(pending_reduce_);
-    pending_reduce_ = nullptr;
-    trainable_->finish_reduce_grad();
-    state_->on_memory_changed();
-  }
-
-  void drop_unsharded_grads() {
-    if (trainable_ && trainable_->has_unsharded_grad()) {
-      trainable_->drop_unsharded_grad();
-      state_->on_memory_changed();
-    }
-  }
-
-  void release_params() {
-    if (strategy_ == ShardingStrategy::NoShard) return;
-    for (shard::FlatParam* flat : flat_params()) release(*flat);
-  }
-
-  // Starts gathering this unit's parameters ahead of its use (no-op if gathered or in flight).
-  void prefetch() {
-    if (issue_gather(/*prefetch=*/true)) prefetched_ = true;
-  }
-
-  void reset_step() {
-    forward_ran_ = false;
-    pre_backward_ran_ = false;
-    post_backward_done_ = false;
-    grads_ready_ = 0;
-  }
-
-  void on_grad_ready() {
-    if (trainable_ && ++grads_ready_ == trainable_->params().size()) post_backward();
-  }
-
- private:
-  struct GradReadyHook final : torch::autograd::FunctionPostHook {
-    explicit GradReadyHook(Unit* unit) : unit_(unit) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list&) override {
-      unit_->on_grad_ready();
-      return outputs;
-    }
-    Unit* unit_;
-  };
-
-  // Issues the all-gathers this unit's parameters still need (its buffers are allocated now).
-  bool issue_gather(bool prefetch) {
-    bool issued = false;
-    for (shard::FlatParam* flat : flat_params()) {
-      if (auto work = flat->unshard_async()) {
-        pending_gathers_.push_back(std::move(work));
-        issued = true;
-      }
-    }
-    if (issued) {
-      state_->count_gather(prefetch);
-      state_->on_memory_changed();
-    }
-    return issued;
-  }
-
-  void wait_gather() {
-    for (auto& work : pending_gathers_) state_->wait(work);
-    pending_gathers_.clear();
-  }
-
-  void prepare_grads() {
-    if (trainable_ && !trainable_->has_unsharded_grad()) {
-      trainable_->prepare_grad();
-      state_->on_memory_changed();
-    }
-  }
-
-  void release(shard::FlatParam& flat) {
-    if (flat.replicated() || !flat.is_unsharded()) return;
-    wait_gather();  // never free a buffer a gather is still writing
-    prefetched_ = false;
-    flat.reshard();
-    state_->on_memory_changed();
-  }
-
-  std::shared_ptr<torch::nn::Module> module_;
-  std::string name_;
-  bool is_root_;
-  ShardingStrategy strategy_;
-  ShardingGroups groups_;
-  FsdpState* state_ = nullptr;
-  std::unique_ptr<shard::FlatParam> trainable_;
-  std::unique_ptr<shard::FlatParam> frozen_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<comm::WorkPtr> pending_gathers_;  // gathers issued and not yet waited for
-  bool prefetched_ = false;                     // gathered ahead of use, not used yet
-  bool forward_ran_ = false;
-  bool pre_backward_ran_ = false;
-  bool post_backward_done_ = false;
-  size_t grads_ready_ = 0;
-  comm::WorkPtr pending_reduce_;
-
-  friend class FsdpState;
-};
-
-// ---------------------------------------------------------------------------------------------
 
 namespace {
 
@@ -386,6 +30,10 @@ std::unordered_set<const void*> parameter_ids(const std::vector<std::shared_ptr<
   return ids;
 }
 
+bool is_under(const std::string& name, const std::string& prefix) {
+  return prefix.empty() || name.compare(0, prefix.size() + 1, prefix + ".") == 0;
+}
+
 std::mutex g_wrapped_mutex;
 std::set<const torch::nn::Module*> g_wrapped_roots;
 
@@ -393,7 +41,8 @@ std::set<const torch::nn::Module*> g_wrapped_roots;
 
 FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group, FsdpOptions options,
                      std::vector<std::shared_ptr<Unit>> prebuilt)
-    : root_(std::move(root)), group_(std::move(group)), options_(std::move(options)) {
+    : root_(std::move(root)), group_(std::move(group)), options_(std::move(options)),
+      scheduler_(std::make_unique<PrefetchScheduler>(options_)) {
   if (!group_) throw std::invalid_argument("fully_shard: the process group is null");
   if (options_.max_inflight < 0) {
     throw std::invalid_argument("fully_shard: max_inflight must be 0 or more, got " + std::to_string(options_.max_inflight));
@@ -425,9 +74,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   for (const auto& item : root_->named_modules("", /*include_self=*/false)) {
     const std::string& path = item.key();
     bool inside = false;
-    for (const std::string& prefix : taken_prefixes) {
-      if (path.compare(0, prefix.size() + 1, prefix + ".") == 0) inside = true;
-    }
+    for (const std::string& prefix : taken_prefixes) inside |= is_under(path, prefix);
     if (inside) continue;
     if (prebuilt_modules.count(item.value().get())) {
       taken_prefixes.push_back(path);
@@ -438,27 +85,26 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
       taken_prefixes.push_back(path);
     }
   }
+  for (const std::string& wanted : options_.wrap_policy.module_paths) {
+    if (!path_of.empty() && std::none_of(path_of.begin(), path_of.end(), [&](const auto& e) { return e.second == wanted; })) {
+      throw std::invalid_argument("fully_shard: the wrap policy names module path '" + wanted + "', which " +
+                                  root_->name() + " does not have");
+    }
+  }
   if (!options_.wrap_policy.empty() && selected.empty() && prebuilt.empty()) {
     std::set<std::string> types;
     for (const auto& item : root_->named_modules("", false)) types.insert(short_type_name(*item.value()));
     std::string listed;
     for (const auto& t : types) listed += (listed.empty() ? "" : ", ") + t;
     throw std::invalid_argument("fully_shard: the wrap policy selects no module of " + root_->name() +
-                                " (module types present: " + listed + ")");
+                                " (module types present: " + listed +
+                                "; min_params considers only blocks added with fsdp::nn::push_block)");
   }
+  // A parameter already in a unit is left out of the next ones: check_parameter_ties names it.
   std::unordered_set<const void*> owned = parameter_ids(units_);
   for (auto& [path, module] : selected) {
-    std::unordered_set<const void*> none;
-    auto unit = std::make_shared<Unit>(module, path, /*is_root=*/false, none, groups_, options_);
-    for (shard::FlatParam* flat : unit->flat_params()) {
-      for (const at::Tensor& p : flat->params()) {
-        if (!owned.insert(p.unsafeGetTensorImpl()).second) {
-          throw std::invalid_argument("fully_shard: parameter " + flat->layout().entries[0].name +
-                                      "... of unit '" + path +
-                                      "' is shared with another unit; tie parameters inside one unit (the root)");
-        }
-      }
-    }
+    auto unit = std::make_shared<Unit>(module, path, /*is_root=*/false, owned, groups_, options_);
+    for (const void* id : parameter_ids({unit})) owned.insert(id);
     unit->adopt(this, path);
     units_.push_back(std::move(unit));
   }
@@ -467,9 +113,14 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   for (const auto& item : root_->named_modules("", /*include_self=*/false)) order.emplace(item.value().get(), order.size());
   std::stable_sort(units_.begin(), units_.end(),
                    [&](const auto& a, const auto& b) { return order[a->module().get()] < order[b->module().get()]; });
+  check_parameter_ties(prebuilt);
   auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, groups_, options_);
   root_unit->adopt(this, "");
   units_.push_back(std::move(root_unit));
+  std::vector<Unit*> unit_pointers;
+  for (const auto& unit : units_) unit_pointers.push_back(unit.get());
+  scheduler_->set_units(std::move(unit_pointers));
+  prepare_buffers();
 
   // Cache capacity in fp32 bytes: with bf16 compute, a gradient cast for an fp32 reduction is fp32.
   // The reduced gradient shards in flight (up to K + 2 of them) are cached too.
@@ -492,6 +143,91 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
     const int64_t wanted = 2 * root_bytes + (options_.max_inflight + 2) * (largest_bytes + largest_shard_bytes);
     if (wanted > shard::buffer_cache_capacity()) shard::set_buffer_cache_capacity(wanted);
   }
+}
+
+// A parameter reachable from two units, or from a unit and a module outside every unit (the
+// root), would be flattened twice or used by the root after its unit freed it: wrong values
+// without an error. Units leave out parameters another unit took; any parameter a module reaches
+// that its unit does not hold is such a tie.
+void FsdpState::check_parameter_ties(const std::vector<std::shared_ptr<Unit>>& prebuilt) {
+  std::unordered_map<const void*, std::pair<std::string, std::string>> owner;  // id -> (unit, full name)
+  for (const auto& unit : units_) {
+    for (shard::FlatParam* flat : unit->flat_params()) {
+      for (size_t i = 0; i < flat->params().size(); ++i) {
+        owner.emplace(flat->params()[i].unsafeGetTensorImpl(),
+                      std::make_pair(unit->name(), flat->layout().entries[i].name));
+      }
+    }
+  }
+  auto refuse = [](const std::string& name, const std::string& where, const std::pair<std::string, std::string>& other) {
+    throw std::invalid_argument("fully_shard: parameter '" + name + "' " + where + " is the same tensor as '" +
+                                other.second + "' of unit '" + other.first +
+                                "'; a parameter may belong to one unit only: tie it inside one module that the model "
+                                "calls for both uses (as models::TokenEmbedding does for a tied embedding and head), "
+                                "or select a module holding both as the unit");
+  };
+  for (const auto& unit : units_) {
+    for (const auto& item : unit->module()->named_parameters(true)) {
+      auto found = owner.find(item.value().unsafeGetTensorImpl());
+      if (found != owner.end() && found->second.first != unit->name()) {
+        refuse(unit->name() + "." + item.key(), "of unit '" + unit->name() + "'", found->second);
+      }
+    }
+  }
+  for (const auto& item : root_->named_parameters(true)) {
+    auto found = owner.find(item.value().unsafeGetTensorImpl());
+    if (found != owner.end() && !is_under(item.key(), found->second.first)) {
+      refuse(item.key(), "of the root (in no unit)", found->second);
+    }
+  }
+  (void)prebuilt;
+}
+
+void FsdpState::prepare_buffers() {
+  torch::NoGradGuard no_grad;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : root_->named_buffers(true)) {
+    at::Tensor buffer = item.value();
+    if (!buffer.defined() || !seen.insert(buffer.unsafeGetTensorImpl()).second) continue;
+    if (buffer.device() != options_.device) buffer.set_data(buffer.to(options_.device));
+    if (!buffer.is_contiguous()) buffer.set_data(buffer.contiguous());
+    buffers_.push_back(buffer);
+  }
+  if (buffers_.empty()) return;
+  if (options_.sync_module_states) {
+    for (at::Tensor& buffer : buffers_) wait(group_->broadcast(buffer.variable_data(), 0));
+  } else {
+    // Same values on every rank, or a clear error naming the first buffer that differs.
+    at::Tensor sums = at::empty({static_cast<int64_t>(buffers_.size()), 2}, at::kLong);
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      const int64_t sum = shard::checksum(buffers_[i].cpu().contiguous());
+      sums[static_cast<int64_t>(i)][0] = sum;
+      sums[static_cast<int64_t>(i)][1] = -sum;
+    }
+    at::Tensor on_device = sums.to(options_.device);
+    wait(group_->all_reduce(on_device, comm::ReduceOp::Max));
+    at::Tensor agreed = on_device.cpu();
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      if (agreed[static_cast<int64_t>(i)][0].item<int64_t>() != -agreed[static_cast<int64_t>(i)][1].item<int64_t>()) {
+        std::string name;
+        size_t k = 0;
+        for (const auto& item : root_->named_buffers(true)) {
+          if (item.value().unsafeGetTensorImpl() == buffers_[i].unsafeGetTensorImpl()) name = item.key();
+          ++k;
+        }
+        throw std::invalid_argument("fully_shard: buffer '" + name + "' differs across ranks (initialise with the same "
+                                    "seed, or set sync_module_states to take rank 0's)");
+      }
+    }
+  }
+}
+
+void FsdpState::sync_buffers() {
+  // BatchNorm updates its running statistics inside its kernel, without bumping their version
+  // counters, so a change cannot be seen: every buffer is broadcast after each training forward,
+  // as DDP's broadcast_buffers does (BatchNorm statistics are small beside the parameters).
+  torch::NoGradGuard no_grad;
+  for (const at::Tensor& buffer : buffers_) wait(group_->broadcast(buffer.variable_data(), 0));
 }
 
 FsdpState::~FsdpState() {
@@ -563,8 +299,8 @@ std::vector<std::string> names_of(const std::vector<Unit*>& units) {
 }
 }  // namespace
 
-std::vector<std::string> FsdpState::forward_order() const { return names_of(forward_order_); }
-std::vector<std::string> FsdpState::backward_order() const { return names_of(backward_order_); }
+std::vector<std::string> FsdpState::forward_order() const { return names_of(scheduler_->forward_order()); }
+std::vector<std::string> FsdpState::backward_order() const { return names_of(scheduler_->backward_order()); }
 
 void FsdpState::on_memory_changed() {
   // A sum over the units, not deltas: a few dozen units, and it cannot drift.
@@ -589,68 +325,9 @@ void FsdpState::count_gather(bool prefetch) {
   if (prefetch) ++comm_stats_.prefetched_gathers;
 }
 
-void FsdpState::record_forward(Unit* unit) { forward_running_.push_back(unit); }
-void FsdpState::record_backward(Unit* unit) { backward_running_.push_back(unit); }
-
-int FsdpState::inflight() const {
-  int count = static_cast<int>(pending_reduces_.size());
-  for (const auto& unit : units_) count += unit->is_prefetched() ? 1 : 0;
-  return count;
-}
-
-void FsdpState::finish_oldest_reduce() {
-  Unit* unit = pending_reduces_.front();
-  pending_reduces_.pop_front();
-  unit->finish_reduce();
-}
-
-void FsdpState::on_reduce_issued(Unit* unit) {
-  pending_reduces_.push_back(unit);
-  ++comm_stats_.reductions;
-  while (inflight() > options_.max_inflight && !pending_reduces_.empty()) finish_oldest_reduce();
-}
-
-// Prefetches up to K units that follow `after` in `order` (from its start when `after` is absent),
-// while the budget allows. Every rank follows the same recorded order, so they issue the same gathers.
-void FsdpState::prefetch_from(const std::vector<Unit*>& order, Unit* after, int depth) {
-  const int budget = options_.max_inflight;
-  if (budget <= 0 || options_.strategy == ShardingStrategy::NoShard) return;
-  size_t next = 0;
-  if (after != nullptr) {
-    auto found = std::find(order.begin(), order.end(), after);
-    if (found == order.end()) return;
-    next = static_cast<size_t>(found - order.begin()) + 1;
-  }
-  for (size_t i = next; i < order.size() && i < next + static_cast<size_t>(depth); ++i) {
-    // Reductions give way to gathers: the unit that runs next matters more than an early wait.
-    while (inflight() >= budget && !pending_reduces_.empty()) finish_oldest_reduce();
-    if (inflight() >= budget) return;
-    order[i]->prefetch();
-  }
-}
-
-void FsdpState::prefetch_forward_after(Unit* unit) {
-  // Forward: up to K units ahead (no reductions compete for the budget).
-  if (options_.forward_prefetch) prefetch_from(forward_order_, unit, options_.max_inflight);
-}
-
-void FsdpState::prefetch_backward_after(Unit* unit) {
-  if (!options_.backward_prefetch) return;
-  std::vector<Unit*> order = backward_order_;
-  if (order.empty()) order.assign(forward_order_.rbegin(), forward_order_.rend());  // first step: a guess
-  // Only units this forward ran can run in this backward; the rest would be gathered for nothing.
-  std::vector<Unit*> candidates;
-  for (Unit* u : order) {
-    if (u == unit || (u->ran_forward() && !u->ran_pre_backward())) candidates.push_back(u);
-  }
-  // Backward: one unit ahead; the rest of the budget lets reductions finish in the background
-  // instead of being waited for as soon as they are issued.
-  prefetch_from(candidates, unit->is_root() ? nullptr : unit, 1);
-}
-
 void FsdpState::pre_root_forward() {
   for (auto& unit : units_) unit->reset_step();
-  forward_running_.clear();
+  scheduler_->begin_forward();
   units_.back()->pre_forward();
 }
 
@@ -664,8 +341,8 @@ void FsdpState::post_root_forward(const std::vector<at::Tensor>& outputs) {
                    group_->rank(), unit->name().c_str());
     }
   }
-  // Re-recorded whenever it changes (a model whose control flow varies between steps).
-  if (forward_running_ != forward_order_) forward_order_ = forward_running_;
+  scheduler_->end_forward();
+  if (torch::GradMode::is_enabled()) sync_buffers();
   if (!units_.back()->register_pre_backward_hooks(outputs)) reshard_after_eval();
 }
 
@@ -676,7 +353,7 @@ void FsdpState::reshard_after_eval() {
 void FsdpState::on_pre_backward() {
   if (backward_callback_queued_) return;
   backward_callback_queued_ = true;
-  backward_running_.clear();
+  scheduler_->begin_backward();
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
 }
 
@@ -684,12 +361,12 @@ void FsdpState::end_of_backward() {
   // Units whose post-backward did not fire (unused this step, or a parameter without gradient) reduce
   // now, in a fixed order, so every rank issues the same collectives.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->post_backward();
-  while (!pending_reduces_.empty()) finish_oldest_reduce();
+  scheduler_->finish_reductions();
   for (auto& unit : units_) {
     unit->release_params();
     unit->reset_step();
   }
-  if (!backward_running_.empty() && backward_running_ != backward_order_) backward_order_ = backward_running_;
+  scheduler_->end_backward();
   backward_callback_queued_ = false;
 }
 
@@ -728,16 +405,14 @@ std::shared_ptr<FsdpState> make_fsdp_state(std::shared_ptr<torch::nn::Module> ro
 // ---------------------------------------------------------------------------------------------
 
 BuildListener::BuildListener(const comm::ProcessGroupPtr& group, const FsdpOptions& options) {
-  if (!options.wrap_policy.module_paths.empty()) {
-    throw std::invalid_argument("build_fully_sharded: wrap by module path needs a built model; use fully_shard, "
-                                "or select blocks by type or parameter count");
-  }
   groups_ = make_sharding_groups(group, options);
   scope_ = std::make_unique<fsdp::nn::ScopedBlockBuiltListener>(
       [this, options](const std::shared_ptr<torch::nn::Module>& block) {
         if (!options.wrap_policy.selects(*block, "")) return;
-        std::unordered_set<const void*> none;
-        units_.push_back(std::make_shared<Unit>(block, "", /*is_root=*/false, none, groups_, options));
+        // A parameter an earlier block took is left out here: make_fsdp_state names the tie.
+        auto unit = std::make_shared<Unit>(block, "", /*is_root=*/false, owned_, groups_, options);
+        for (const void* id : parameter_ids({unit})) owned_.insert(id);
+        units_.push_back(std::move(unit));
       });
 }
 

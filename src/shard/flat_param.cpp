@@ -192,13 +192,26 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
   return group_->reduce_scatter(reduced_grad_, input, comm::ReduceOp::Average);
 }
 
+comm::WorkPtr FlatParam::reduce_across_replicas_async() {
+  if (!replica_group_ || !trainable_) return nullptr;
+  if (!reduced_grad_.defined()) {
+    throw std::logic_error("FlatParam '" + unit_name_ + "': reduce_across_replicas_async without a reduced gradient");
+  }
+  // On the replica group's own communication thread, while the shard group reduces the next unit.
+  if (!replica_reduce_) replica_reduce_ = replica_group_->all_reduce(reduced_grad_, comm::ReduceOp::Average);
+  return replica_reduce_;
+}
+
 void FlatParam::finish_reduce_grad() {
   if (!trainable_) return;
   torch::NoGradGuard no_grad;
   const at::Tensor& reduced = replicate_ ? unsharded_grad_ : reduced_grad_;
   // HybridShard: the shard group's average, averaged again over the replicas = the world's average.
-  // Issued once the reduce-scatter is done, on the replica group's own communication thread.
-  if (replica_group_) replica_group_->all_reduce(reduced_grad_, comm::ReduceOp::Average)->wait();
+  if (replica_group_) {
+    if (!replica_reduce_) reduce_across_replicas_async();
+    replica_reduce_->wait();
+    replica_reduce_ = nullptr;
+  }
   if (offload_) {
     if (shard_grad_.defined() && !shard_grad_zeroed_) {
       wait_for_offloaded_grad();

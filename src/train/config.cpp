@@ -254,6 +254,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("fsdp.strategy", c.fsdp.strategy);
   r.get("fsdp.wrap", c.fsdp.wrap);
   r.get("fsdp.min_params", c.fsdp.min_params);
+  r.get("fsdp.embedding_units", c.fsdp.embedding_units);
   r.get("fsdp.prefetch", c.fsdp.prefetch);
   r.get("fsdp.max_inflight", c.fsdp.max_inflight);
   r.get("fsdp.param_dtype", c.fsdp.param_dtype);
@@ -440,6 +441,7 @@ std::string to_toml(const TrainConfig& c) {
       {"fsdp", toml::table{{"strategy", c.fsdp.strategy},
                            {"wrap", c.fsdp.wrap},
                            {"min_params", c.fsdp.min_params},
+                           {"embedding_units", c.fsdp.embedding_units},
                            {"prefetch", c.fsdp.prefetch},
                            {"max_inflight", c.fsdp.max_inflight},
                            {"param_dtype", c.fsdp.param_dtype},

@@ -110,6 +110,9 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.strategy = runtime::sharding_strategy_from_string(c.fsdp.strategy);
   if (c.fsdp.wrap == "block") options.wrap_policy.module_types = {models::block_type_name(c.model)};
   if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
+  if (c.fsdp.wrap != "root" && c.fsdp.embedding_units) {
+    options.wrap_policy.module_paths = models::embedding_and_head_paths(c.model);
+  }
   options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
   options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
   auto dtype = [](const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; };

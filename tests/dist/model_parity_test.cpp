@@ -33,11 +33,13 @@ struct Case {
   fsdp::models::ModelConfig model;
   bool adamw = true;
   fsdp::runtime::ShardingStrategy strategy = fsdp::runtime::ShardingStrategy::FullShard;
+  bool embedding_units = false;  // token embedding and head as units of their own (trainer default)
 };
 
 struct Trajectory {
   std::vector<double> losses;
   std::map<std::string, at::Tensor> params;
+  int64_t peak_gathered_bytes = 0;  // FSDP: the last step's peak
 };
 
 double lr_of(const Case& c) { return c.adamw ? 2e-3 : 0.2; }
@@ -94,6 +96,7 @@ Trajectory run_fsdp(const Case& c) {
   fsdp::runtime::FsdpOptions options;
   options.strategy = c.strategy;
   options.wrap_policy.module_types = {fsdp::models::block_type_name(c.model)};
+  if (c.embedding_units) options.wrap_policy.module_paths = fsdp::models::embedding_and_head_paths(c.model);
   torch::manual_seed(7);
   fsdp::models::BuiltModel model;
   std::shared_ptr<fsdp::runtime::FsdpState> state;
@@ -102,7 +105,8 @@ Trajectory run_fsdp(const Case& c) {
     model = fsdp::models::build_model(c.model);
     state = fsdp::runtime::make_fsdp_state(model.module, world, options, listener.take_units());
   }
-  EXPECT_EQ(state->unit_names().size(), 3u) << "two blocks and the root";
+  EXPECT_EQ(state->unit_names().size(), 3u + options.wrap_policy.module_paths.size())
+      << "two blocks, the embedding and head units, and the root";
   std::unique_ptr<fsdp::optim::ShardedOptimizer> optimizer;
   if (c.adamw) {
     optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*state, fsdp::optim::AdamWOptions{lr_of(c), 0.9, 0.95, 1e-8, 0.1});
@@ -113,6 +117,7 @@ Trajectory run_fsdp(const Case& c) {
   Trajectory result;
   for (int step = 0; step < kSteps; ++step) {
     optimizer->zero_grad();
+    state->reset_peak_memory();
     auto loss = loss_of(model, batch_of_step(step).narrow(0, rank * local, local));
     loss.backward();
     fsdp::optim::clip_grad_norm(*state, 1.0);
@@ -121,13 +126,16 @@ Trajectory run_fsdp(const Case& c) {
     world->all_reduce(global, fsdp::comm::ReduceOp::Average)->wait();
     result.losses.push_back(global.item<double>());
   }
+  result.peak_gathered_bytes = state->memory_stats().peak_gathered_bytes;
   for (auto& [name, tensor] : state->full_parameters()) result.params[name] = tensor;
   return result;
 }
 
-void expect_parity(const Case& c) {
+// peak: the FSDP run's last-step peak of gathered bytes, when asked.
+void expect_parity(const Case& c, int64_t* peak = nullptr) {
   const Trajectory reference = run_reference(c);
   const Trajectory sharded = run_fsdp(c);
+  if (peak) *peak = sharded.peak_gathered_bytes;
   ASSERT_EQ(sharded.losses.size(), reference.losses.size());
   for (size_t step = 0; step < reference.losses.size(); ++step) {
     EXPECT_NEAR(sharded.losses[step], reference.losses[step], kTolerance) << "step " << step;
@@ -158,6 +166,34 @@ TEST(ModelParity, LlamaTiedEmbeddingsAdamW) {
   auto config = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
   config.tie_embeddings = true;
   expect_parity({config, true});
+}
+
+// The token embedding and the output head as units of their own: same values, and a lower peak
+// of gathered bytes than with both in the root (which stays gathered for the whole step).
+TEST(ModelParity, EmbeddingAndHeadUnitsLowerThePeak) {
+  auto llama = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
+  llama.tie_embeddings = false;
+  auto gpt = gpt_test(false);
+  for (const fsdp::models::ModelConfig& model : {fsdp::models::ModelConfig(llama), fsdp::models::ModelConfig(gpt)}) {
+    Case in_root{model, true};
+    Case units = in_root;
+    units.embedding_units = true;
+    int64_t root_peak = 0, units_peak = 0;
+    expect_parity(in_root, &root_peak);
+    expect_parity(units, &units_peak);
+    if (fsdp::comm::init_world()->rank() == 0) {
+      std::printf("%s: peak gathered bytes %lld with embedding and head in the root, %lld as units (%.1f%%)\n",
+                  fsdp::models::block_type_name(model).c_str(), static_cast<long long>(root_peak),
+                  static_cast<long long>(units_peak), 100.0 * (units_peak - root_peak) / root_peak);
+    }
+    // Untied: strictly lower. Tied (GPT): the one unit is used first and last, so it is gathered
+    // with its gradient through all of backward, as the root was: lower only in forward.
+    if (std::holds_alternative<fsdp::models::LlamaConfig>(model)) {
+      EXPECT_LT(units_peak, root_peak) << fsdp::models::block_type_name(model);
+    } else {
+      EXPECT_LE(units_peak, root_peak) << fsdp::models::block_type_name(model);
+    }
+  }
 }
 
 }  // namespace

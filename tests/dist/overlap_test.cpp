@@ -7,13 +7,18 @@
 // plain run's in fp32 (the recomputation is the same arithmetic; 1e-6 leaves room for a kernel
 // choosing another summation order), with dropout too, since the recomputation restores the RNG.
 // bf16: a loss within 2% of fp32's after 10 steps (bf16 keeps 8 bits of mantissa, ~0.4% per
-// rounding), gathered bytes exactly half.
+// rounding), gathered bytes exactly half; and against a one-process bf16 reference doing the same
+// casts (bf16 copies of the fp32 masters, each rank's share's bf16 gradient cast to fp32 and
+// averaged, AdamW on the masters): see Bf16MatchesAOneProcessReferenceWithTheSameCasts.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
+#include <map>
+
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/gpt.h"
-#include "fsdp/models/tiny_transformer.h"
+#include "tiny_transformer.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 
@@ -153,8 +158,15 @@ TEST(Prefetch, GatheredBytesStayWithinTheBudget) {
 
 TEST(Prefetch, ExposedCommunicationIsMeasured) {
   FsdpOptions options;
+  const auto start = std::chrono::steady_clock::now();
   const Trajectory run = train_tiny(options, 2);
-  EXPECT_GE(run.comm.exposed_seconds, 0.0);
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Blocked time is part of the run's time; without prefetch every gather is waited for as soon as
+  // it is issued, so some of it is exposed (dozens of waits: not all can find their work done).
+  EXPECT_LE(run.comm.exposed_seconds, elapsed);
+  FsdpOptions serial;
+  serial.max_inflight = 0;
+  if (fsdp::comm::init_world()->size() > 1) EXPECT_GT(train_tiny(serial, 2).comm.exposed_seconds, 0.0);
   // 7 units (6 blocks and the root): gathers in forward and backward for blocks, once for the root.
   EXPECT_EQ(run.comm.gathers, 2 * (6 * 2 + 1));
   EXPECT_EQ(run.comm.reductions, 2 * 7);
@@ -251,12 +263,7 @@ TEST(MixedPrecision, Bf16GathersHalfTheBytesAndTrainsLikeFp32) {
   for (int i = 0; i < steps; ++i) {
     EXPECT_NEAR(half.losses[i], full.losses[i], 0.02 * full.losses[i]) << "step " << i;
   }
-  // Master parameters stay fp32 and close: each step moves them by at most lr (3e-3).
-  for (size_t i = 0; i < full.params.size(); ++i) {
-    EXPECT_EQ(half.params[i].second.scalar_type(), at::kFloat);
-    EXPECT_LE((half.params[i].second - full.params[i].second).abs().max().item<double>(), 3e-3 * steps)
-        << full.params[i].first;
-  }
+  for (size_t i = 0; i < full.params.size(); ++i) EXPECT_EQ(half.params[i].second.scalar_type(), at::kFloat);
 
   // The accounting: every gathered buffer is half the size.
   const TinyConfig config = six_blocks();
@@ -276,6 +283,75 @@ TEST(MixedPrecision, Bf16GathersHalfTheBytesAndTrainsLikeFp32) {
   // its reduction, so there a reduction in flight weighs as much as in an fp32 run.)
   EXPECT_EQ(2 * forward_peak[1], forward_peak[0]);
   EXPECT_EQ(b.module()->blocks[0]->as<fsdp::models::AttentionMlpBlockImpl>()->fc1->weight.scalar_type(), at::kBFloat16);
+}
+
+// The same 10 steps as train_tiny with bf16 compute, in one process: a bf16 working copy of fp32
+// master parameters, each rank's batch in turn (its bf16 gradient cast to fp32), the average, the
+// global norm clipped to 1, libtorch's AdamW on the masters (decay on matrices, as ShardedAdamW).
+Trajectory bf16_reference(int ranks, int steps) {
+  const TinyConfig config = six_blocks();
+  torch::manual_seed(kSeed);
+  fsdp::models::TinyTransformer master(config);
+  fsdp::models::TinyTransformer work(config);
+  work->to(at::kBFloat16);
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& p : master->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  const fsdp::optim::AdamWOptions ours;  // ShardedAdamW's defaults, with train_tiny's lr
+  auto options = torch::optim::AdamWOptions(3e-3).betas({ours.beta1, ours.beta2}).eps(ours.eps);
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(ours.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(0.0)));
+  torch::optim::AdamW optimizer(groups, options);
+  auto masters = master->parameters(), copies = work->parameters();
+  Trajectory out;
+  for (int step = 0; step < steps; ++step) {
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < masters.size(); ++i) copies[i].copy_(masters[i]);  // fp32 -> bf16
+    }
+    std::vector<at::Tensor> sums(masters.size());
+    double loss_sum = 0;
+    for (int r = 0; r < ranks; ++r) {
+      for (auto& p : copies) p.mutable_grad() = at::Tensor();
+      auto logits = work->forward(ids_of_step(step % 2, r, config.vocab).narrow(1, 0, 8)).to(at::kFloat);
+      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, config.vocab}),
+                                                       ids_of_step(step % 2, r, config.vocab).narrow(1, 1, 8).reshape(-1));
+      loss.backward();
+      loss_sum += loss.item<double>();
+      for (size_t i = 0; i < copies.size(); ++i) {
+        at::Tensor g = copies[i].grad().to(at::kFloat);
+        sums[i] = sums[i].defined() ? sums[i] + g : g;
+      }
+    }
+    for (size_t i = 0; i < masters.size(); ++i) masters[i].mutable_grad() = sums[i] / ranks;
+    torch::nn::utils::clip_grad_norm_(masters, 1.0);
+    optimizer.step();
+    out.losses.push_back(loss_sum / ranks);  // train_tiny records rank 0's loss: compared per rank below
+  }
+  for (const auto& item : master->named_parameters()) out.params.emplace_back(item.key(), item.value().detach().clone());
+  return out;
+}
+
+// Tolerance 1e-3 on the fp32 masters after 10 steps, against 3e-2 (lr x steps, as far as AdamW can
+// move a parameter) for any bf16 run: both runs round identically to bf16 except where the
+// cross-rank average's fp32 summation order (3 and 4 ranks) moves a master by an ulp and flips a
+// bf16 rounding of the next step's copy (one bf16 ulp, ~4e-3 relative, on a few parameters).
+// Measured: 0 at 1 and 2 ranks (same sums), below 2e-4 at 3 and 4.
+TEST(MixedPrecision, Bf16MatchesAOneProcessReferenceWithTheSameCasts) {
+  FsdpOptions bf16;
+  bf16.mixed_precision.param_dtype = at::kBFloat16;
+  const int steps = 10;
+  const Trajectory half = train_tiny(bf16, steps);
+  const Trajectory reference = bf16_reference(fsdp::comm::init_world()->size(), steps);
+  std::map<std::string, at::Tensor> expected(reference.params.begin(), reference.params.end());
+  double worst = 0;
+  for (const auto& [name, value] : half.params) {
+    ASSERT_TRUE(expected.count(name)) << name;
+    const double difference = (value - expected.at(name)).abs().max().item<double>();
+    worst = std::max(worst, difference);
+    EXPECT_LE(difference, 1e-3) << name;
+  }
+  if (fsdp::comm::init_world()->rank() == 0) std::printf("bf16 against the one-process bf16 reference: %.3g\n", worst);
 }
 
 TEST(MixedPrecision, Bf16ReductionTrains) {

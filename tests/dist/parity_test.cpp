@@ -4,7 +4,13 @@
 // own torch::optim::AdamW (or SGD) and clip_grad_norm_. FSDP: each rank takes its share of the
 // batch (optionally in micro-batches), gradients are averaged across ranks by the runtime, and the
 // sharded optimizer steps on shards. Inputs: 20 steps, global batch 24 x 8 tokens drawn from a
-// per-step seed, warm-up + cosine learning rate, clipping at norm 1.
+// per-step seed, warm-up + cosine learning rate, clipping at norm 1 (and runs without clipping:
+// with clipping every step, AdamW's m / sqrt(v) cannot see a gradient scaled by a constant).
+// Every step also compares the global gradient norm before clipping with the reference's
+// clip_grad_norm_ result (relative 1e-5), which sees a wrong scale (a sum instead of an average, a
+// missing 1/R across replicas, a wrong micro-batch divisor) at once; and at the first step each
+// rank's gradient shard is compared with its slice of the reference gradient (1e-6: one backward,
+// summation order only).
 //
 // Device: the FSDP runs use the CPU and MPI, or with FSDP_TEST_DEVICE=cuda (a FSDP_CUDA build,
 // scripts/gpu-check.sh) this rank's GPU and NCCL, TF32 off; the reference always runs on the CPU.
@@ -25,7 +31,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
-#include "fsdp/models/tiny_transformer.h"
+#include "tiny_transformer.h"
 
 namespace {
 
@@ -51,23 +57,33 @@ struct RunConfig {
   bool skip_a_block = false;             // block 1 unused at steps 3, 8, 13, 18
   int shard_group_size = 0;              // HybridShard: S (R = N / S replica groups)
   bool cpu_offload = false;              // shards and optimizer state in host memory
+  bool clip = true;                      // clip the global gradient norm to 1 each step
+  bool freeze_every_block = false;       // fc1 and fc2 frozen in every block
   std::string describe() const {
     std::ostringstream out;
     out << fsdp::runtime::to_string(strategy) << " S=" << shard_group_size << " accumulation=" << static_cast<int>(accumulation)
         << " optimizer=" << static_cast<int>(optimizer) << " build=" << build_while_constructing << " freeze=" << freeze
-        << " skip=" << skip_a_block << " offload=" << cpu_offload;
+        << " skip=" << skip_a_block << " offload=" << cpu_offload << " clip=" << clip
+        << " freeze_every_block=" << freeze_every_block;
     return out.str();
   }
 };
 
 struct RunResult {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // global norm before clipping, every step
   std::map<std::string, at::Tensor> params;
+  std::map<std::string, at::Tensor> first_grads;  // reference: full gradients after step 0's backward
+  // FSDP: (name, offset in the flattened parameter, this rank's piece of its step-0 gradient)
+  std::vector<std::tuple<std::string, int64_t, at::Tensor>> first_grad_pieces;
 };
+
+constexpr double kNoClip = 1e30;  // clip_grad_norm with this bound only measures the norm
 
 TinyConfig model_config(const RunConfig& run) {
   TinyConfig config;
   config.freeze_first_block_attention = run.freeze;
+  config.freeze_mlp_in_every_block = run.freeze_every_block;
   return config;
 }
 
@@ -132,7 +148,12 @@ RunResult run_reference(const RunConfig& run) {
     for (auto& p : model->parameters()) {
       if (p.requires_grad()) trainable.push_back(p);
     }
-    torch::nn::utils::clip_grad_norm_(trainable, 1.0);
+    if (step == 0) {
+      for (const auto& item : model->named_parameters()) {
+        if (item.value().grad().defined()) result.first_grads[item.key()] = item.value().grad().clone();
+      }
+    }
+    result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(trainable, run.clip ? 1.0 : kNoClip));
     optimizer->step();
     result.losses.push_back(loss.item<double>());
   }
@@ -213,7 +234,18 @@ RunResult run_fsdp(const RunConfig& run) {
       loss.backward();
       local_loss += loss.item<double>();
     }
-    fsdp::optim::clip_grad_norm(*state, 1.0);
+    if (step == 0) {
+      for (fsdp::shard::FlatParam* flat : state->flat_params()) {
+        if (!flat->trainable()) continue;
+        flat->wait_for_offloaded_grad();
+        const at::Tensor grad = flat->shard_grad().cpu();
+        for (const auto& segment : flat->layout().segments_of_shard(flat->shard_index())) {
+          result.first_grad_pieces.emplace_back(flat->layout().entries[segment.entry].name, segment.entry_offset,
+                                                grad.narrow(0, segment.shard_offset, segment.length).clone());
+        }
+      }
+    }
+    result.grad_norms.push_back(fsdp::optim::clip_grad_norm(*state, run.clip ? 1.0 : kNoClip));
     optimizer->step();
     at::Tensor global = at::tensor({local_loss}, at::kDouble);
     world->all_reduce(global, fsdp::comm::ReduceOp::Average)->wait();
@@ -226,13 +258,25 @@ RunResult run_fsdp(const RunConfig& run) {
 void expect_parity(const RunConfig& run) {
   static std::map<std::string, RunResult> references;
   std::string key = std::to_string(static_cast<int>(run.optimizer)) + std::to_string(run.freeze) +
-                    std::to_string(run.skip_a_block);
+                    std::to_string(run.skip_a_block) + std::to_string(run.clip) + std::to_string(run.freeze_every_block);
   if (!references.count(key)) references[key] = run_reference(run);
   const RunResult& reference = references[key];
   RunResult sharded = run_fsdp(run);
   ASSERT_EQ(sharded.losses.size(), reference.losses.size());
   for (size_t step = 0; step < reference.losses.size(); ++step) {
     EXPECT_NEAR(sharded.losses[step], reference.losses[step], kTolerance) << run.describe() << " step " << step;
+  }
+  ASSERT_EQ(sharded.grad_norms.size(), reference.grad_norms.size());
+  for (size_t step = 0; step < reference.grad_norms.size(); ++step) {
+    EXPECT_NEAR(sharded.grad_norms[step], reference.grad_norms[step], 1e-5 * reference.grad_norms[step])
+        << run.describe() << " gradient norm at step " << step;
+  }
+  ASSERT_FALSE(sharded.first_grad_pieces.empty()) << run.describe();
+  for (const auto& [name, offset, piece] : sharded.first_grad_pieces) {
+    auto found = reference.first_grads.find(name);
+    ASSERT_NE(found, reference.first_grads.end()) << run.describe() << ": no reference gradient for " << name;
+    const at::Tensor expected = found->second.reshape(-1).narrow(0, offset, piece.numel());
+    EXPECT_LE((piece - expected).abs().max().item<double>(), 1e-6) << run.describe() << " step-0 gradient of " << name;
   }
   ASSERT_EQ(sharded.params.size(), reference.params.size()) << run.describe();
   for (const auto& [name, expected] : reference.params) {
@@ -318,6 +362,42 @@ TEST(Parity, WrapBuiltModelByParameterCount) {
   run.build_while_constructing = false;
   run.accumulation = Accumulation::SyncEachMicroBatch;
   expect_parity(run);
+}
+
+// Without clipping a gradient scaled by a constant changes SGD's steps in proportion, and AdamW's
+// through epsilon and weight decay's balance; the norms above see it either way.
+TEST(Parity, UnclippedSgdAndAdamW) {
+  for (OptimizerKind optimizer : {OptimizerKind::Sgd, OptimizerKind::AdamW}) {
+    for (ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
+      RunConfig run;
+      run.optimizer = optimizer;
+      run.strategy = strategy;
+      run.clip = false;
+      run.accumulation = Accumulation::SyncEachMicroBatch;
+      expect_parity(run);
+    }
+  }
+  const int n = fsdp::comm::init_world()->size();
+  for (int s = 1; s <= n; ++s) {
+    if (n % s != 0) continue;
+    RunConfig run;
+    run.optimizer = OptimizerKind::Sgd;
+    run.strategy = ShardingStrategy::HybridShard;
+    run.shard_group_size = s;
+    run.clip = false;
+    run.accumulation = Accumulation::NoSync;
+    expect_parity(run);
+  }
+}
+
+// Frozen weights in every block are freed after each block's backward (not at the end): same values.
+TEST(Parity, FrozenWeightsInEveryBlock) {
+  for (ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    RunConfig run;
+    run.strategy = strategy;
+    run.freeze_every_block = true;
+    expect_parity(run);
+  }
 }
 
 TEST(Parity, FrozenParametersAndUnusedUnit) {

@@ -8,7 +8,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
-#include "fsdp/models/tiny_transformer.h"
+#include "tiny_transformer.h"
 #include "process_memory.h"
 
 namespace {

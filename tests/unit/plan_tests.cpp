@@ -30,8 +30,30 @@ std::string error_of(const PlanInput& in) {
   return "";
 }
 
+TEST(Plan, EmbeddingAndHeadAsUnitsOfTheirOwn) {
+  PlanInput in = llama70b(8, "full_shard");
+  const auto units = make_plan(in);
+  in.embedding_units = false;
+  const auto in_root = make_plan(in);
+  const int64_t vocab_dim = 128256LL * 8192;  // Llama 3 70B: untied embedding and head
+  EXPECT_EQ(units.embedding_params, vocab_dim);
+  EXPECT_EQ(units.head_params, vocab_dim);
+  EXPECT_FALSE(units.tied_embedding);
+  EXPECT_EQ(in_root.root_params, units.root_params + 2 * vocab_dim);
+  EXPECT_EQ(units.largest_unit_params, vocab_dim);  // 1.05 B: more than a block (0.86 B)
+  const int64_t block = in_root.largest_unit_params;
+  // fp32, K = 2: 2 x root + 2 x the largest unit (computing: parameters and gradient) + K x
+  // max(block, head) in flight, against 2 x root + (K + 2) x block with both in the root.
+  EXPECT_EQ(units.memory.gathered, 4 * (2 * units.root_params + 2 * vocab_dim + 2 * std::max(block, vocab_dim)));
+  EXPECT_LT(units.memory.gathered, in_root.memory.gathered);
+  // All-gathers: every unit twice (forward and backward), the root once.
+  const double p = static_cast<double>(units.parameters), root = static_cast<double>(units.root_params);
+  EXPECT_NEAR(units.comm.all_gather, 4 * (2 * (p - root) + root) * 7 / 8, 1e3);
+}
+
 TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
-  const PlanInput in = llama70b(8, "full_shard");
+  PlanInput in = llama70b(8, "full_shard");
+  in.embedding_units = false;  // the formulas below with embedding and head in the root
   const auto plan = make_plan(in);
   const int64_t p = fsdp::models::parameter_count(in.model);
   EXPECT_EQ(plan.parameters, p);
@@ -63,6 +85,7 @@ TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
 
 TEST(Plan, CommunicationPerStrategy) {
   PlanInput in = llama70b(16, "full_shard");
+  in.embedding_units = false;
   in.ranks_per_node = 8;
   const auto full = make_plan(in);
   const double p = static_cast<double>(full.parameters), root = static_cast<double>(full.root_params);

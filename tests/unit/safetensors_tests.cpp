@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <zlib.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -69,6 +71,27 @@ TEST(Safetensors, RoundTripsDtypesAndShapes) {
   EXPECT_EQ(length % 8, 0u);
   EXPECT_THROW(file.read_range("w", 10, 6), std::out_of_range);
   EXPECT_THROW(file.read("nope"), std::runtime_error);
+  fs::remove(path);
+}
+
+// Each tensor's crc32, as the writer records it, is zlib's crc32 of its data bytes, and equals the
+// crc32 of the tensor read back (what a checkpoint checks one tensor by).
+TEST(Safetensors, RecordsEachTensorsCrc32) {
+  const std::string path = temp_path("crc.safetensors");
+  const at::Tensor w = torch::randn({4, 3}), i = torch::arange(5, torch::kLong);
+  fsdp::checkpoint::SafetensorsWriter writer(path, fsdp::checkpoint::layout_tensors({{"w", w}, {"i", i}}));
+  writer.write("w", w);
+  writer.write("i", i);
+  writer.finish();
+  const auto& crcs = writer.tensor_crc32s();
+  ASSERT_EQ(crcs.size(), 2u);
+  const uint32_t expected_w = static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(w.data_ptr()), 4 * 3 * 4));
+  EXPECT_EQ(crcs.at("w"), expected_w);
+  SafetensorsFile file(path);
+  EXPECT_EQ(fsdp::checkpoint::crc32_of_bytes(file.read("w")), expected_w);
+  EXPECT_EQ(fsdp::checkpoint::crc32_of_bytes(file.read("i")), crcs.at("i"));
+  EXPECT_NE(crcs.at("w"), crcs.at("i"));
+  EXPECT_EQ(file.file_bytes(), writer.bytes_written());
   fs::remove(path);
 }
 

@@ -46,6 +46,9 @@ class SafetensorsWriter {
   // crc32 of every byte written (header included): what a manifest records to check the file.
   uint32_t crc32() const { return crc_; }
   int64_t bytes_written() const { return bytes_; }
+  // crc32 of each written tensor's data bytes (crc32_of_bytes of it), by name: what a manifest
+  // records to check one tensor without reading the rest of the file.
+  const std::map<std::string, uint32_t>& tensor_crc32s() const { return tensor_crcs_; }
 
  private:
   void put(const void* data, size_t bytes);
@@ -56,8 +59,13 @@ class SafetensorsWriter {
   std::FILE* file_ = nullptr;
   uint32_t crc_ = 0;
   int64_t bytes_ = 0;
+  std::map<std::string, uint32_t> tensor_crcs_;
   bool finished_ = false;
 };
+
+// crc32 (zlib's) of a tensor's data as a safetensors file stores it: its elements' bytes,
+// row-major, little-endian. The same value whether computed on the tensor written or read back.
+uint32_t crc32_of_bytes(const at::Tensor& tensor);
 
 // Lays out tensors back to back (data offsets), for a writer's declaration.
 std::vector<TensorInfo> layout_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
@@ -86,6 +94,7 @@ class SafetensorsFile {
   at::Tensor read_range(const std::string& name, int64_t first, int64_t count) const;
   // crc32 of the whole file (reads it through once).
   uint32_t file_crc32() const;
+  int64_t file_bytes() const { return file_bytes_; }
 
  private:
   std::string path_;

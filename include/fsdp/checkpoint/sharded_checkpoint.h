@@ -5,14 +5,27 @@
 //   step-00000100/manifest.json                     rank 0: format, version, step, world size, model
 //                                                   name and config, every FlatParam's layout
 //                                                   (names, shapes, offsets, numel), optimizer,
-//                                                   each rank file's size and crc32
+//                                                   the module buffers (names, shapes, dtypes), and
+//                                                   for each rank file its size, its crc32 and the
+//                                                   crc32 of every tensor in it
 //   step-00000100/rank-00001-of-00002.safetensors   rank 1: its slice of every FlatParam
 //                                                   ("p<i>.param" fp32) and of the optimizer state
 //                                                   ("p<i>.exp_avg", ...), its RNG state ("rng";
-//                                                   on a GPU also "rng.cuda", the device's)
+//                                                   on a GPU also "rng.cuda", the device's); rank 0's
+//                                                   file also the module buffers ("buffer.<name>",
+//                                                   in their own dtype: BatchNorm's running stats)
 // Slices are ranges of each FlatParam's unpadded flat buffer: rank r of N holds elements
-// [r*k, min((r+1)*k, numel)) with k = ceil(numel / N), so a checkpoint does not depend on padding,
-// and rank r' of M reads exactly the pieces of the files that overlap its new range.
+// [r*k, min((r+1)*k, numel)) with k = ceil(numel / N), so a checkpoint does not depend on padding.
+// Loading, rank r' of M opens only the files whose slices overlap its new range, reads from them
+// only the tensors it uses (each such slice whole, as its checksum covers all of it) and checks
+// each against the manifest's crc32 before using it: a rank holding the range it saved (full_shard
+// at the same N) reads exactly its own file's slices; at another N, the few slices its range
+// overlaps (no_shard, which holds everything, reads all). Module buffers are replicated (the
+// runtime keeps them equal on every rank): saved once, read by every rank from rank 0's file.
+//
+// Versions: 2 (this build's) checks each tensor read against its own crc32. Version 1 checkpoints
+// (one crc32 per file, no buffers) still load: each file a rank opens is checked whole, and a model
+// with buffers refuses them, naming the buffer.
 //
 // Publication is atomic: everything is written into step-00000100.partial/ (each file fsynced),
 // every rank agrees it succeeded, then rank 0 writes the manifest and renames the directory. A crash
@@ -29,7 +42,7 @@
 
 namespace fsdp::checkpoint {
 
-constexpr int kCheckpointFormatVersion = 1;
+constexpr int kCheckpointFormatVersion = 2;
 
 struct CheckpointInfo {
   int64_t step = 0;          // optimizer steps done; training resumes at this step
@@ -43,8 +56,10 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
                             optim::ShardedOptimizer* optimizer, const CheckpointInfo& info);
 
 // Collective. Loads into an already built and sharded model of the same architecture, at any world
-// size; optimizer may be null (weights only). Checks the layout against the model's and each file it
-// reads against its crc32. RNG states are restored when the world size is unchanged.
+// size; optimizer may be null (weights only: optimizer state is then neither read nor checked).
+// Checks the layout and the module buffers (names, shapes, dtypes) against the model's, and each
+// tensor it reads against its crc32. Restores parameters, optimizer state and buffers; RNG states
+// only when the world size is unchanged (another N gives each rank another stream).
 // Returns the checkpoint's info. Throws (on every rank) naming the problem; nothing is changed then.
 CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpState& state,
                                optim::ShardedOptimizer* optimizer);

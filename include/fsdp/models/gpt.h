@@ -7,6 +7,8 @@
 // (attn.c_proj, mlp.c_proj) normal(0, 0.02 / sqrt(2 * layers)), biases zero, LayerNorm ones/zeros.
 #pragma once
 
+#include "fsdp/models/layers.h"
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/dropout.h>
@@ -68,7 +70,8 @@ struct GptImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids);
   const GptConfig& config() const { return config_; }
 
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  TokenEmbedding wte{nullptr};  // also the tied output head
+  torch::nn::Embedding wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h;
   torch::nn::LayerNorm ln_f{nullptr};

@@ -30,6 +30,20 @@ struct RMSNormImpl : torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// Token embedding whose table can also serve as the output head (tied weights, as GPT-2 and the small
+// Llamas have): forward(ids) looks rows up, forward(hidden) projects onto the vocabulary. One module
+// for both uses, so a wrapper that shards it as a unit of its own (called through fsdp::nn::call)
+// sees both uses. Parameter "weight" [vocab, dim], like torch::nn::Embedding's, so checkpoint
+// names are unchanged.
+//   ids [b, t] int64       -> [b, t, dim]
+//   hidden [b, t, dim] any floating dtype -> logits [b, t, vocab] in that dtype
+struct TokenEmbeddingImpl : torch::nn::Module {
+  TokenEmbeddingImpl(int64_t vocab, int64_t dim);
+  at::Tensor forward(const at::Tensor& ids_or_hidden);
+  at::Tensor weight;  // [vocab, dim]
+};
+TORCH_MODULE(TokenEmbedding);
+
 // Config checks shared by the model families: throws std::invalid_argument("<family>: <field> must
 // be positive, got <value>").
 void require_positive(const char* family, int64_t value, const char* field);

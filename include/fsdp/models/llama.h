@@ -68,7 +68,7 @@ struct LlamaImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids);
   const LlamaConfig& config() const { return config_; }
 
-  torch::nn::Embedding embed_tokens{nullptr};
+  TokenEmbedding embed_tokens{nullptr};  // also the output head when tied
   torch::nn::ModuleList layers;
   RMSNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};  // absent (nullptr) when tied

@@ -35,6 +35,12 @@ int64_t parameter_count(const ModelConfig& config);
 double flops_per_sample(const ModelConfig& config, int64_t seq);
 // Type name of the repeated block, the natural FSDP unit ("GptBlock", "LlamaBlock", "VitBlock").
 std::string block_type_name(const ModelConfig& config);
+// Paths of the modules holding the token embedding and the output head, which the model calls
+// through fsdp::nn::call so that each may be an FSDP unit of its own (a tied pair is one module
+// called twice, so one path): GPT {"wte"}; Llama {"embed_tokens", "lm_head"}, or {"embed_tokens"}
+// when tied. Empty for ViT, whose patch embedding and class head are small (dim x 768 and
+// dim x classes), well below one block.
+std::vector<std::string> embedding_and_head_paths(const ModelConfig& config);
 void validate(const ModelConfig& config);
 
 // A built model: the root module and its forward (ids [b, t] -> logits [b, t, vocab], or

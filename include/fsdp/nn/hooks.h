@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "fsdp/nn/checkpoint.h"
+#include "fsdp/nn/post_backward.h"
 
 namespace fsdp::nn {
 
@@ -34,6 +35,11 @@ struct ForwardHooks {
   // Run the forward under activation checkpointing (checkpoint.h) when grad mode is on: its
   // activations are recomputed in backward. The module's forward must return one tensor.
   bool checkpoint_activations = false;
+  // Asked at each call made with grad mode on whose tensor inputs include one that requires grad:
+  // returns the function to run in backward once the gradients of this call's inputs are
+  // computed, i.e. once the module's backward for this call is over (post_backward.h). An empty
+  // result hooks nothing.
+  std::function<std::function<void()>()> post_backward_of_inputs;
 };
 
 // Hooks are keyed by module identity. Registering twice replaces; clearing an absent entry is a no-op.
@@ -60,14 +66,11 @@ template <class T>
 T* raw(const torch::nn::ModuleHolder<T>& module) { return module.ptr().get(); }
 }  // namespace detail
 
-// module: a ModuleHolder (nn::Linear, a TORCH_MODULE type) or a std::shared_ptr to a module.
-template <class ModulePtr, class... Args>
-auto call(const ModulePtr& module, Args&&... args)
-    -> decltype(detail::raw(module)->forward(std::forward<Args>(args)...)) {
-  auto* impl = detail::raw(module);
-  const ForwardHooks* hooks = find_forward_hooks(impl);
-  if (hooks == nullptr) return impl->forward(std::forward<Args>(args)...);
-  if (hooks->pre_forward) hooks->pre_forward();
+namespace detail {
+// Runs the forward (checkpointed when asked) and the post-forward hook; args are the call's own.
+template <class Impl, class... Args>
+auto hooked_forward(Impl* impl, const ForwardHooks* hooks, Args&&... args)
+    -> decltype(impl->forward(std::forward<Args>(args)...)) {
   using Output = decltype(impl->forward(std::forward<Args>(args)...));
   Output output = [&]() -> Output {
     if constexpr (std::is_same_v<Output, at::Tensor>) {
@@ -86,6 +89,33 @@ auto call(const ModulePtr& module, Args&&... args)
   }
   return output;
 }
+}  // namespace detail
+
+// module: a ModuleHolder (nn::Linear, a TORCH_MODULE type) or a std::shared_ptr to a module.
+template <class ModulePtr, class... Args>
+auto call(const ModulePtr& module, Args&&... args)
+    -> decltype(detail::raw(module)->forward(std::forward<Args>(args)...)) {
+  auto* impl = detail::raw(module);
+  const ForwardHooks* hooks = find_forward_hooks(impl);
+  if (hooks == nullptr) return impl->forward(std::forward<Args>(args)...);
+  if (hooks->pre_forward) hooks->pre_forward();
+  if (hooks->post_backward_of_inputs && at::GradMode::is_enabled()) {
+    std::vector<at::Tensor> tensors;
+    (detail::collect_tensor_arg(args, tensors), ...);
+    bool any_requires_grad = false;
+    for (const at::Tensor& t : tensors) any_requires_grad |= t.defined() && t.requires_grad();
+    if (any_requires_grad) {
+      if (std::function<void()> callback = hooks->post_backward_of_inputs()) {
+        tensors = after_backward_of(tensors, std::move(callback));
+        // The same arguments with the tensors replaced by their hooked views (left to right).
+        size_t next = 0;
+        std::tuple<std::decay_t<Args>...> substituted{detail::substitute_tensor_arg(args, tensors, next)...};
+        return std::apply([&](auto&... a) { return detail::hooked_forward(impl, hooks, a...); }, substituted);
+      }
+    }
+  }
+  return detail::hooked_forward(impl, hooks, std::forward<Args>(args)...);
+}
 
 // Construction notices. A listener installed on this thread sees every block given to push_block
 // (after it is added to its list) until the listener is removed.
@@ -103,6 +133,9 @@ class ScopedBlockBuiltListener {
 };
 
 void notify_block_built(const std::shared_ptr<torch::nn::Module>& block);
+// Was `module` added to its model with push_block (and is it still alive)? Such blocks are called
+// through fsdp::nn::call by contract, so a size-based wrap policy may choose them.
+bool is_pushed_block(const torch::nn::Module* module);
 
 template <class ModuleHolderT>
 void push_block(torch::nn::ModuleList& list, const ModuleHolderT& block) {

@@ -8,7 +8,12 @@
 //   gradients    4 P / S                 fp32 gradient shards
 //   optimizer    8 P / S (AdamW), 4 P / S (SGD with momentum)
 //   gathered     FULL_SHARD, HYBRID_SHARD: c (2 root + (K + 2) B), plus r B when r != c (the cast
-//                gradient), the runtime's documented peak; SHARD_GRAD_OP: c P + max(c, r) B (every
+//                gradient), the runtime's documented peak. With the token embedding (E parameters)
+//                and the output head (H) as units of their own (embedding_units, the trainer's
+//                default), root shrinks by E + H and: untied, c (2 root + 2 max(B, E, H) + K max(B, H))
+//                (the unit computing holds parameters and gradient; K buffers in flight);
+//                tied (one unit T = E, used first and last, gathered with its gradient through
+//                all of backward), c (2 root + 2 T + (K + 2) B); SHARD_GRAD_OP: c P + max(c, r) B (every
 //                unit stays gathered until its backward); NO_SHARD: (K + 1) 4 B gradients in flight
 //   reduced      K r B / S: reduce-scatter outputs (a unit's reduced gradient shard), up to K of them
 //                in flight before each is added into the gradient shard (not NO_SHARD: it reduces in
@@ -44,6 +49,7 @@ struct PlanInput {
   int64_t micro_batches = 1;          // gradient accumulation steps (each one reduces)
   int64_t seq_len = 2048;             // tokens per sample (language models)
   int max_inflight = 2;               // K
+  bool embedding_units = true;        // token embedding and output head are units of their own
   // Fused attention (libtorch 2.x scaled_dot_product_attention on a GPU: flash or memory-efficient
   // kernels) keeps no [heads, t, t] probabilities; composed attention (libtorch 1.13, this CPU
   // build) keeps them for backward.
@@ -69,6 +75,8 @@ struct CommVolume {  // bytes sent per rank per optimizer step
 struct Plan {
   PlanInput input;
   int64_t parameters = 0, largest_unit_params = 0, root_params = 0, layers = 0;
+  int64_t embedding_params = 0, head_params = 0;  // their own units (head 0 when tied); 0 when in the root
+  bool tied_embedding = false;
   int shard_ranks = 1, replicas = 1;  // S and R
   MemoryBreakdown memory;
   bool fits = true;

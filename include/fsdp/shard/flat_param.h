@@ -118,10 +118,15 @@ class FlatParam {
   void drop_unsharded_grad();
 
   // HybridShard: the ranks that hold this shard in the other replica groups. The reduced gradient
-  // shard is then averaged across them (an all-reduce in finish_reduce_grad) before it is added to
-  // shard_grad, and verify_same_across_ranks covers them too. Call before the first backward.
+  // shard is then averaged across them before it is added to shard_grad: once the reduce-scatter
+  // has completed, reduce_across_replicas_async issues that all-reduce (finish_reduce_grad issues
+  // and waits for it if the caller did not). verify_same_across_ranks covers them too. Call before
+  // the first backward.
   void set_replica_group(comm::ProcessGroupPtr group);
   const comm::ProcessGroupPtr& replica_group() const { return replica_group_; }
+  // Call after the work of reduce_grad_async completed; returns the all-reduce's work (null
+  // without a replica group). Wait for it before finish_reduce_grad.
+  comm::WorkPtr reduce_across_replicas_async();
 
   // Checks (collective) that every rank holds the same values, by a checksum; with
   // broadcast_from_rank0, overwrites them with rank 0's instead. Call while unsharded.
@@ -164,6 +169,7 @@ class FlatParam {
   at::Tensor unsharded_grad_;  // [padded_numel] compute dtype while gradients are being produced
   at::Tensor reduce_input_;    // [padded_numel] reduce dtype: the gradient cast for reduction (if cast)
   at::Tensor reduced_grad_;    // [shard_numel] reduce dtype output of the in-flight reduction
+  comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce of reduced_grad_ across replicas
 };
 
 // A 64-bit hash of a tensor's bytes (FNV-1a), to compare parameters across ranks.

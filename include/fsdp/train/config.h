@@ -56,6 +56,9 @@ struct FsdpConfig {
   std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
   std::string wrap = "block";           // block: each transformer block a unit; root: one unit; min_params
   int64_t min_params = 0;
+  // block and min_params: the token embedding and the output head are units of their own (tied:
+  // one), so they are gathered only while used instead of all step in the root (as torchtitan).
+  bool embedding_units = true;
   bool prefetch = true;                  // gather the next unit while this one computes (both passes)
   int64_t max_inflight = 2;              // unit buffers alive besides the computing one (0: no overlap)
   std::string param_dtype = "float32";   // gather and compute: float32 | bfloat16

@@ -1,4 +1,4 @@
-// fsdp/models/tiny_transformer.h: a small GPT-style transformer: token and position embeddings,
+// tests/common/tiny_transformer.h (a test model, not part of the library): a small GPT-style transformer: token and position embeddings,
 // pre-norm blocks of causal self-attention and a GELU MLP, a final norm and an untied head.
 // Used by the runtime's parity tests and the demo job. Plain libtorch code that knows nothing of
 // sharding; its only concessions to wrapping are the two in fsdp/nn/hooks.h (push_block, call).
@@ -20,6 +20,8 @@ struct TinyConfig {
   int64_t layers = 3;
   int64_t mlp = 4;      // hidden = mlp * dim
   bool freeze_first_block_attention = false;
+  bool freeze_mlp_in_every_block = false;  // fc1 and fc2 frozen in every block (the LoRA case's mix)
+  int64_t repeat_block = -1;               // this block runs twice in a row in forward (-1: none)
 };
 
 struct AttentionMlpBlockImpl : torch::nn::Module {
@@ -59,7 +61,9 @@ struct TinyTransformerImpl : torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Linear head{nullptr};
 
-  explicit TinyTransformerImpl(const TinyConfig& c) {
+  int64_t repeat_block = -1;
+
+  explicit TinyTransformerImpl(const TinyConfig& c) : repeat_block(c.repeat_block) {
     tokens = register_module("tokens", torch::nn::Embedding(c.vocab, c.dim));
     positions = register_parameter("positions", torch::randn({c.seq, c.dim}) * 0.02);
     blocks = register_module("blocks", torch::nn::ModuleList());
@@ -67,6 +71,10 @@ struct TinyTransformerImpl : torch::nn::Module {
       AttentionMlpBlock block(c);
       if (i == 0 && c.freeze_first_block_attention) {
         block->qkv->weight.set_requires_grad(false);
+      }
+      if (c.freeze_mlp_in_every_block) {
+        for (auto& p : block->fc1->parameters()) p.set_requires_grad(false);
+        for (auto& p : block->fc2->parameters()) p.set_requires_grad(false);
       }
       fsdp::nn::push_block(blocks, block);
     }
@@ -80,6 +88,7 @@ struct TinyTransformerImpl : torch::nn::Module {
     for (size_t i = 0; i < blocks->size(); ++i) {
       if (static_cast<int64_t>(i) == skip_block) continue;
       x = fsdp::nn::call(blocks->ptr<AttentionMlpBlockImpl>(i), x);
+      if (static_cast<int64_t>(i) == repeat_block) x = fsdp::nn::call(blocks->ptr<AttentionMlpBlockImpl>(i), x);
     }
     return head(norm(x));
   }

@@ -1,0 +1,57 @@
+// fsdp/runtime/options.h: how fully_shard shards a model (strategy, units, precision, prefetch
+// budget, placement).
+#pragma once
+
+#include <ATen/core/TensorBody.h>
+#include <c10/core/Device.h>
+
+#include <string>
+
+#include "fsdp/runtime/wrap_policy.h"
+
+namespace fsdp::runtime {
+
+// FullShard: parameters gathered for each use and freed after it (ZeRO-3).
+// ShardGradOp: gathered in forward and kept until the end of backward (ZeRO-2).
+// NoShard: replicated, gradients all-reduced (DDP).
+// HybridShard: FullShard inside groups of shard_group_size ranks, replicated across the groups:
+// gathers and reduce-scatters stay inside a group (one node's fast links), and each reduced
+// gradient shard is then all-reduced across the replicas (HSDP).
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
+const char* to_string(ShardingStrategy strategy);
+ShardingStrategy sharding_strategy_from_string(const std::string& name);  // "full_shard", ...
+
+struct MixedPrecision {
+  at::ScalarType param_dtype = at::kFloat;   // gather and compute: float32 or bfloat16
+  at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction: float32 or bfloat16
+};
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  WrapPolicy wrap_policy;
+  // Overwrite every rank's initial parameters and buffers with rank 0's. Off: verify they agree
+  // (checksum).
+  bool sync_module_states = false;
+  MixedPrecision mixed_precision;
+  bool forward_prefetch = true;
+  bool backward_prefetch = true;
+  // K: unit buffers alive besides the computing unit's (prefetched gathers, reductions in flight).
+  // 0: no prefetch, and every reduction is waited for at once.
+  int max_inflight = 2;
+  bool activation_checkpointing = false;  // every unit except the root
+  // Keep freed unsharded buffers for reuse (shard/storage.h), up to the budget's peak:
+  // 2 x root + (K + 2) x largest unit, in fp32 bytes. Off: every free returns memory to the OS.
+  bool cache_buffers = true;
+  // HybridShard only: S, the ranks of one shard group; S divides the world size N and there are
+  // R = N / S replica groups. 0: the ranks of one node (the launcher's local world size).
+  int shard_group_size = 0;
+  // Where shards and gathered buffers live. Parameters built elsewhere (a model is built on the
+  // CPU, block by block) move here as their unit is sharded, so the whole model never sits on the
+  // device unsharded. A CUDA device needs a NCCL process group (comm/nccl_process_group.h).
+  at::Device device = at::kCPU;
+  // Sharded parameters, gradients and optimizer state in host memory, the optimizer step on the CPU
+  // (shard/flat_param.h, set_cpu_offload). For a GPU device; on the CPU it only adds copies.
+  bool cpu_offload = false;
+};
+
+}  // namespace fsdp::runtime
