@@ -70,28 +70,37 @@ stage() {  # stage NAME SECONDS COMMAND...: runs it with a limit, logs to WORK/N
   return "$rc"
 }
 
-# Carried packages (scripts/gpu-deps.sh), unpacked under /tmp when Open MPI is not installed.
+# Carried packages (scripts/gpu-deps.sh), unpacked under /tmp. The image may have Open MPI (then
+# only the libraries it lacks are used: toml++, CLI11, GoogleTest) or not (then all of them).
 CMAKE_EXTRA=()
-if ! command -v mpicxx > /dev/null && ls .gpu-deps/*.deb > /dev/null 2>&1; then
+if ls .gpu-deps/*.deb > /dev/null 2>&1; then
   DEPS=/tmp/fsdp-gpu-deps
   rm -rf "$DEPS" && mkdir -p "$DEPS/bin"
-  for deb in .gpu-deps/*.deb; do dpkg-deb -x "$deb" "$DEPS" || echo "gpu-check: could not unpack $deb"; done
-  # Absolute links (libz.so -> /lib/x86_64-linux-gnu/libz.so.1.2.13) point into the unpacked tree.
+  for deb in .gpu-deps/*.deb; do
+    if command -v mpicxx > /dev/null; then
+      case $(basename "$deb") in libtomlplusplus*|libcli11-dev*|libgtest-dev*) ;; *) continue ;; esac
+    fi
+    dpkg-deb -x "$deb" "$DEPS" || echo "gpu-check: could not unpack $deb"
+  done
   find "$DEPS" -lname '/*' | while read -r link; do
     target=$(readlink "$link")
     [ -e "$DEPS$target" ] && ln -sfn "$DEPS$target" "$link"
   done
-  # Debian installs the commands under .openmpi names (alternatives make the plain ones).
-  ln -sf "$DEPS/usr/bin/mpicxx.openmpi" "$DEPS/bin/mpicxx"
-  ln -sf "$DEPS/usr/bin/mpirun.openmpi" "$DEPS/bin/mpirun"
-  export OPAL_PREFIX="$DEPS/usr"  # Open MPI finds its plugins and help files under the new prefix
-  export PATH="$DEPS/bin:$DEPS/usr/bin:$PATH"
-  export LD_LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu:$DEPS/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"  # CLI11 and zlib are found by include path
-  export LIBRARY_PATH="$DEPS/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
-  CMAKE_EXTRA=(-DMPI_CXX_COMPILER="$DEPS/usr/bin/mpicxx.openmpi" -DZLIB_ROOT="$DEPS/usr")
+  L="$DEPS/usr/lib/x86_64-linux-gnu"
+  CMAKE_EXTRA=(-Dtomlplusplus_DIR="$L/cmake/tomlplusplus" -DGTest_DIR="$L/cmake/GTest" -DCLI11_DIR="$DEPS/usr/share/cmake/CLI11")
+  export LD_LIBRARY_PATH="$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"
+  export LIBRARY_PATH="$L${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  if ! command -v mpicxx > /dev/null; then
+    ln -sf "$DEPS/usr/bin/mpicxx.openmpi" "$DEPS/bin/mpicxx"
+    ln -sf "$DEPS/usr/bin/mpirun.openmpi" "$DEPS/bin/mpirun"
+    export OPAL_PREFIX="$DEPS/usr"
+    export PATH="$DEPS/bin:$DEPS/usr/bin:$PATH"
+    export LD_LIBRARY_PATH="$L/openmpi/lib:$LD_LIBRARY_PATH"
+    CMAKE_EXTRA+=(-DMPI_CXX_COMPILER="$DEPS/usr/bin/mpicxx.openmpi" -DZLIB_ROOT="$DEPS/usr")
+  fi
   DEPS_PREFIX="$DEPS/usr"
-  echo "gpu-check: using the carried packages in $DEPS (Open MPI relocated by OPAL_PREFIX)"
+  echo "gpu-check: carried packages unpacked in $DEPS; mpicxx: $(command -v mpicxx)"
 fi
 
 missing=()

@@ -101,7 +101,7 @@ at::Tensor checkpoint(RecomputeFn run, const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> with_anchor = inputs;
   bool any_requires_grad = false;
   for (const at::Tensor& input : inputs) any_requires_grad |= input.defined() && input.requires_grad();
-  if (!any_requires_grad) with_anchor.push_back(at::empty({0}, at::TensorOptions().requires_grad(true)));
+  if (!any_requires_grad) with_anchor.push_back(at::empty({0}).requires_grad_(true));
   return CheckpointFunction::apply(at::TensorList(with_anchor), recompute)[0];
 }
 

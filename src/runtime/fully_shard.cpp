@@ -113,7 +113,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   for (const auto& item : root_->named_modules("", /*include_self=*/false)) order.emplace(item.value().get(), order.size());
   std::stable_sort(units_.begin(), units_.end(),
                    [&](const auto& a, const auto& b) { return order[a->module().get()] < order[b->module().get()]; });
-  check_parameter_ties(prebuilt);
+  check_parameter_ties();
   auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, groups_, options_);
   root_unit->adopt(this, "");
   units_.push_back(std::move(root_unit));
@@ -149,7 +149,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
 // root), would be flattened twice or used by the root after its unit freed it: wrong values
 // without an error. Units leave out parameters another unit took; any parameter a module reaches
 // that its unit does not hold is such a tie.
-void FsdpState::check_parameter_ties(const std::vector<std::shared_ptr<Unit>>& prebuilt) {
+void FsdpState::check_parameter_ties() {
   std::unordered_map<const void*, std::pair<std::string, std::string>> owner;  // id -> (unit, full name)
   for (const auto& unit : units_) {
     for (shard::FlatParam* flat : unit->flat_params()) {
@@ -180,7 +180,6 @@ void FsdpState::check_parameter_ties(const std::vector<std::shared_ptr<Unit>>& p
       refuse(item.key(), "of the root (in no unit)", found->second);
     }
   }
-  (void)prebuilt;
 }
 
 void FsdpState::prepare_buffers() {
@@ -210,10 +209,8 @@ void FsdpState::prepare_buffers() {
     for (size_t i = 0; i < buffers_.size(); ++i) {
       if (agreed[static_cast<int64_t>(i)][0].item<int64_t>() != -agreed[static_cast<int64_t>(i)][1].item<int64_t>()) {
         std::string name;
-        size_t k = 0;
         for (const auto& item : root_->named_buffers(true)) {
           if (item.value().unsafeGetTensorImpl() == buffers_[i].unsafeGetTensorImpl()) name = item.key();
-          ++k;
         }
         throw std::invalid_argument("fully_shard: buffer '" + name + "' differs across ranks (initialise with the same "
                                     "seed, or set sync_module_states to take rank 0's)");

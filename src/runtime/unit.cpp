@@ -22,7 +22,10 @@ struct Unit::GradReadyHook final : torch::autograd::FunctionPostHook {
 Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_root,
            const std::unordered_set<const void*>& excluded, const ShardingGroups& groups, const FsdpOptions& options)
     : module_(std::move(module)), name_(std::move(name)), is_root_(is_root), strategy_(options.strategy),
-      checkpointed_(options.activation_checkpointing && !is_root), groups_(groups) {
+      // Blocks only (as torchtitan): recomputing an embedding lookup saves nothing, and recomputing
+      // the output head would repeat the step's largest matmul.
+      checkpointed_(options.activation_checkpointing && !is_root && fsdp::nn::is_pushed_block(module_.get())),
+      groups_(groups) {
   // Parameters in first-seen order, tied ones once (their other names become aliases).
   std::vector<std::string> names[2];
   std::vector<at::Tensor> params[2];
@@ -208,13 +211,17 @@ bool Unit::advance_reduce() {
   if (!pending_reduce_->is_completed()) return false;
   pending_reduce_->wait();  // completed: returns at once, or rethrows its failure
   replica_reduce_ = trainable_->reduce_across_replicas_async();
+  state_->count_replica_reduction(/*overlapped=*/true);
   return true;
 }
 
 void Unit::finish_reduce() {
   if (!pending_reduce_) return;
   state_->wait(pending_reduce_);
-  if (trainable_->replica_group() && !replica_reduce_) replica_reduce_ = trainable_->reduce_across_replicas_async();
+  if (trainable_->replica_group() && !replica_reduce_) {
+    replica_reduce_ = trainable_->reduce_across_replicas_async();
+    state_->count_replica_reduction(/*overlapped=*/false);
+  }
   if (replica_reduce_) state_->wait(replica_reduce_);
   pending_reduce_ = nullptr;
   replica_reduce_ = nullptr;

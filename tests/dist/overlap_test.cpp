@@ -11,9 +11,11 @@
 // casts (bf16 copies of the fp32 masters, each rank's share's bf16 gradient cast to fp32 and
 // averaged, AdamW on the masters): see Bf16MatchesAOneProcessReferenceWithTheSameCasts.
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <thread>
 #include <map>
 
 #include "fsdp/comm/process_group.h"
@@ -171,6 +173,57 @@ TEST(Prefetch, ExposedCommunicationIsMeasured) {
   EXPECT_EQ(run.comm.gathers, 2 * (6 * 2 + 1));
   EXPECT_EQ(run.comm.reductions, 2 * 7);
   EXPECT_GT(run.comm.prefetched_gathers, 0);
+}
+
+// HybridShard's all-reduce across replicas is issued as soon as its reduce-scatter has completed,
+// while backward goes on, not on the compute thread when the reduction is finished. Each block's
+// backward here takes at least 30 ms (a sleeping identity), far longer than a reduce-scatter of
+// 11 k floats, so by the next block's hooks the previous reduce-scatter is done.
+struct SlowBackward : torch::autograd::Function<SlowBackward> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return {x.clone()}; }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list grads) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    return grads;
+  }
+};
+
+struct SleepyBlockImpl : torch::nn::Module {
+  torch::nn::Linear linear{nullptr};
+  SleepyBlockImpl() { linear = register_module("linear", torch::nn::Linear(64, 64)); }
+  at::Tensor forward(const at::Tensor& x) { return SlowBackward::apply(torch::tanh(linear(x)))[0]; }
+};
+TORCH_MODULE(SleepyBlock);
+
+struct SleepyModelImpl : torch::nn::Module {
+  torch::nn::ModuleList blocks;
+  SleepyModelImpl() {
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 6; ++i) fsdp::nn::push_block(blocks, SleepyBlock());
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = x;
+    for (size_t i = 0; i < blocks->size(); ++i) y = fsdp::nn::call(blocks->ptr<SleepyBlockImpl>(i), y);
+    return y;
+  }
+};
+
+TEST(HybridShard, ReplicaReductionsOverlapBackward) {
+  auto world = fsdp::comm::init_world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two replica groups";
+  FsdpOptions options;
+  options.strategy = ShardingStrategy::HybridShard;
+  options.shard_group_size = 1;  // R = N replicas of one rank each
+  options.max_inflight = 6;      // no budget pressure: only the schedule decides when they are issued
+  options.wrap_policy.module_types = {"SleepyBlock"};
+  torch::manual_seed(kSeed);
+  auto model = fsdp::runtime::build_fully_sharded<SleepyModelImpl>(world, options, [] { return std::make_shared<SleepyModelImpl>(); });
+  model.forward(torch::randn({4, 64}, at::TensorOptions().requires_grad(true))).sum().backward();
+  const auto stats = model.state().comm_stats();
+  EXPECT_EQ(stats.replica_reductions, 6) << "one per block (the root holds no parameters)";
+  // Each block's reduce-scatter (4,160 floats) is done long before the 30 ms of the next block's
+  // backward are over, so its replica all-reduce is issued at that block's hooks; only the last
+  // block reduced (blocks.0) waits for the end of backward.
+  EXPECT_GE(stats.overlapped_replica_reductions, 4);
 }
 
 // ---------------------------------------------------------------------------------------------

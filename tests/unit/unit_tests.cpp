@@ -142,6 +142,25 @@ struct DropoutBlockImpl : torch::nn::Module {
 TORCH_MODULE(DropoutBlock);
 }  // namespace
 
+// A region whose inputs need no gradient (the first block over a frozen embedding, LoRA's case):
+// the checkpoint adds an anchor that requires grad so its parameters still get their gradients.
+TEST(Checkpoint, InputsWithoutGradientStillGiveParametersTheirs) {
+  torch::manual_seed(5);
+  torch::nn::Linear plain(6, 3), checkpointed(6, 3);
+  {
+    torch::NoGradGuard no_grad;
+    checkpointed->weight.copy_(plain->weight);
+    checkpointed->bias.copy_(plain->bias);
+  }
+  const at::Tensor x = torch::randn({4, 6});  // requires no grad
+  plain(x).pow(2).sum().backward();
+  at::Tensor y = fsdp::nn::checkpoint([&](const std::vector<at::Tensor>& in) { return checkpointed(in[0]); }, {x});
+  y.pow(2).sum().backward();
+  ASSERT_TRUE(checkpointed->weight.grad().defined());
+  EXPECT_TRUE(at::allclose(checkpointed->weight.grad(), plain->weight.grad(), 0, 1e-6));
+  EXPECT_TRUE(at::allclose(checkpointed->bias.grad(), plain->bias.grad(), 0, 1e-6));
+}
+
 TEST(Checkpoint, GradientsAndDropoutMatchThePlainRun) {
   torch::manual_seed(3);
   DropoutBlock plain, checkpointed;

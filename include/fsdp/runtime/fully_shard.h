@@ -32,7 +32,7 @@
 //
 // Mixed precision: gathers and compute in param_dtype (parameters become tensors of that dtype),
 // gradients reduced in reduce_dtype, fp32 shards and optimizer state (see shard/flat_param.h).
-// Activation checkpointing: each unit but the root recomputes its forward in backward
+// Activation checkpointing: each block unit (added with push_block) recomputes its forward in backward
 // (nn/checkpoint.h); its pre-backward gathers the parameters for the recomputation.
 #pragma once
 
@@ -71,6 +71,10 @@ struct CommStats {
   int64_t gathers = 0;             // all-gathers of units issued
   int64_t prefetched_gathers = 0;  // of which issued ahead of the unit's use
   int64_t reductions = 0;          // gradient reductions issued
+  // HybridShard: all-reduces of reduced gradient shards across replicas, and of those the ones
+  // issued while backward still computed (their reduce-scatter done before the reduction was due).
+  int64_t replica_reductions = 0;
+  int64_t overlapped_replica_reductions = 0;
 };
 
 class Unit;               // one FSDP unit (src/runtime/unit.h)
@@ -128,10 +132,14 @@ class FsdpState {
   void wait(const comm::WorkPtr& work);  // counts the blocked time as exposed communication
   void count_gather(bool prefetch);
   void count_reduction() { ++comm_stats_.reductions; }
+  void count_replica_reduction(bool overlapped) {
+    ++comm_stats_.replica_reductions;
+    if (overlapped) ++comm_stats_.overlapped_replica_reductions;
+  }
   PrefetchScheduler& scheduler() { return *scheduler_; }
 
  private:
-  void check_parameter_ties(const std::vector<std::shared_ptr<Unit>>& prebuilt);
+  void check_parameter_ties();
   void end_of_backward();
   void reshard_after_eval();
   // Buffers: moved to the device and made equal at construction; rank 0's broadcast after each

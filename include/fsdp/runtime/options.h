@@ -38,7 +38,7 @@ struct FsdpOptions {
   // K: unit buffers alive besides the computing unit's (prefetched gathers, reductions in flight).
   // 0: no prefetch, and every reduction is waited for at once.
   int max_inflight = 2;
-  bool activation_checkpointing = false;  // every unit except the root
+  bool activation_checkpointing = false;  // every unit that is a block (added with fsdp::nn::push_block)
   // Keep freed unsharded buffers for reuse (shard/storage.h), up to the budget's peak:
   // 2 x root + (K + 2) x largest unit, in fp32 bytes. Off: every free returns memory to the OS.
   bool cache_buffers = true;

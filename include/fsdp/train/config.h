@@ -7,7 +7,7 @@
 //   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, log_every, threads, device,
 //                device_memory_fraction
 //   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
-//   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params, prefetch, max_inflight,
+//   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params, embedding_units, prefetch, max_inflight,
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
