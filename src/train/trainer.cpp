@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <numeric>
 #include <atomic>
 #include <thread>
 
@@ -20,12 +19,14 @@
 #include "fsdp/shard/storage.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/sampler.h"
-#include "fsdp/data/text_corpus.h"
-#include "fsdp/data/tokenizer.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/train/reporting.h"
+#include "evaluation.h"
+#include "loss.h"
+#include "step_metrics.h"
+#include "training_data.h"
 
 namespace fsdp::train {
 
@@ -41,69 +42,6 @@ void request_stop() { g_stop_requested.store(true); }
 bool stop_requested() { return g_stop_requested.load(); }
 
 namespace {
-
-// Everything read from disk before the model is built.
-struct LoadedData {
-  std::unique_ptr<data::Tokenizer> tokenizer;  // language models from text
-  std::unique_ptr<data::Dataset> train, validation;
-  int64_t vocab = 0;
-  std::string description;
-};
-
-LoadedData load_data(const TrainConfig& c) {
-  LoadedData loaded;
-  const auto& d = c.data;
-  if (d.source == "fashion_mnist") {
-    const std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
-    loaded.train = std::make_unique<data::ImageDataset>(data::load_fashion_mnist(dir, "train"));
-    loaded.validation = std::make_unique<data::ImageDataset>(data::load_fashion_mnist(dir, "test"));
-    loaded.description = "Fashion-MNIST (" + dir + "): " + std::to_string(loaded.train->size()) + " training, " +
-                         std::to_string(loaded.validation->size()) + " test images";
-    return loaded;
-  }
-  std::shared_ptr<const data::TokenSource> train_tokens, validation_tokens;
-  if (d.source == "fortunes") {
-    const std::string dir = d.dir.empty() ? data::kFortunesDir : d.dir;
-    loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt);
-    auto split = data::split_documents(data::read_fortunes(dir), d.validation_percent);
-    const int64_t vocab = loaded.tokenizer->vocab_size();
-    train_tokens = std::make_shared<data::TokenBuffer>(data::tokenize_documents(split.train, *loaded.tokenizer), vocab);
-    validation_tokens =
-        std::make_shared<data::TokenBuffer>(data::tokenize_documents(split.validation, *loaded.tokenizer), vocab);
-    loaded.description = "fortunes (" + dir + "), " + loaded.tokenizer->name() + " tokenizer: " +
-                         std::to_string(split.train.size()) + " + " + std::to_string(split.validation.size()) +
-                         " documents, ";
-  } else {
-    train_tokens = std::make_shared<data::TokenFile>(d.train_tokens);
-    validation_tokens = std::make_shared<data::TokenFile>(d.validation_tokens);
-    if (train_tokens->vocab_size() != validation_tokens->vocab_size()) {
-      throw std::runtime_error("token files '" + d.train_tokens + "' and '" + d.validation_tokens +
-                               "' have different vocabularies (" + std::to_string(train_tokens->vocab_size()) + " and " +
-                               std::to_string(validation_tokens->vocab_size()) + ")");
-    }
-    if (d.tokenizer == "byte" && train_tokens->vocab_size() == 256) loaded.tokenizer = data::make_tokenizer("byte");
-    if (d.tokenizer == "gpt2") loaded.tokenizer = data::make_tokenizer("gpt2", d.vocab_json, d.merges_txt);
-    loaded.description = "token files " + d.train_tokens + ", " + d.validation_tokens + ": ";
-  }
-  loaded.vocab = train_tokens->vocab_size();
-  loaded.description += format_count(static_cast<double>(train_tokens->size())) + " training and " +
-                        format_count(static_cast<double>(validation_tokens->size())) + " validation tokens";
-  loaded.train = std::make_unique<data::TokenWindows>(train_tokens, c.seq_len);
-  loaded.validation = std::make_unique<data::TokenWindows>(validation_tokens, c.seq_len);
-  return loaded;
-}
-
-// The model's vocabulary follows the data.
-models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab) {
-  if (c.model_vocab > 0 && c.model_vocab != vocab) {
-    throw std::runtime_error(c.source + ": model.vocab " + std::to_string(c.model_vocab) + " differs from the data's vocabulary of " +
-                             std::to_string(vocab) + " (leave model.vocab out to take the data's)");
-  }
-  models::ModelConfig model = c.model;
-  if (auto* g = std::get_if<models::GptConfig>(&model)) g->vocab = vocab;
-  if (auto* l = std::get_if<models::LlamaConfig>(&model)) l->vocab = vocab;
-  return model;
-}
 
 runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   runtime::FsdpOptions options;
@@ -122,15 +60,6 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
   options.cpu_offload = c.fsdp.cpu_offload;
   return options;
-}
-
-at::Tensor loss_of(const at::Tensor& model_output, const at::Tensor& targets, torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction) {
-  const at::Tensor logits = model_output.to(at::kFloat);  // bf16 compute: the loss in fp32
-  if (logits.dim() == 3) {
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1),
-                                                torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
-  }
-  return torch::nn::functional::cross_entropy(logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
 }
 
 }  // namespace
@@ -179,7 +108,7 @@ class Trainer {
     try {
       validate_for_world(config_, n_);
       data_ = load_data(config_);
-      check_data_sizes();
+      check_data_sizes(data_, config_, n_);
       if (models::is_language_model(config_.model)) model_config_ = resolve_model(config_, data_.vocab);
       else model_config_ = config_.model;
     } catch (const std::exception& e) {
@@ -264,19 +193,6 @@ class Trainer {
     print_header();
   }
 
-  void check_data_sizes() {
-    const int64_t local = config_.global_batch / n_;
-    if (data_.train->size() < config_.global_batch) {
-      throw std::runtime_error("the training data holds " + std::to_string(data_.train->size()) +
-                               " samples, fewer than one global batch of " + std::to_string(config_.global_batch));
-    }
-    if (data_.validation->size() < n_) {
-      throw std::runtime_error("the validation data holds " + std::to_string(data_.validation->size()) +
-                               " samples, fewer than the " + std::to_string(n_) + " ranks");
-    }
-    (void)local;
-  }
-
   void print_header() {
     if (!leader() || !options_.print) return;
     const auto stats = state_->memory_stats();
@@ -317,7 +233,6 @@ class Trainer {
     const double samples_per_step =
         static_cast<double>(config_.global_batch) * (language() ? static_cast<double>(config_.seq_len) : 1.0);
     const double flops_per_step = samples_per_step * models::flops_per_sample(model_config_, config_.seq_len);
-    const char* rate_unit = language() ? "tok/s" : "img/s";
 
     summary.start_step = start_step_;
     summary.evals.push_back(evaluate(start_step_));
@@ -363,74 +278,42 @@ class Trainer {
       // every rank stops at the same step).
       const double communication_now = state_->communication_seconds();
       const double exposed_now = state_->comm_stats().exposed_seconds;
-      const double local_loss = loss_sum.item<double>();
-      at::Tensor mine = at::tensor({local_loss, static_cast<double>(peak_resident_bytes()),
-                                    communication_now - communication_before, stop_requested() ? 1.0 : 0.0,
-                                    exposed_now - exposed_before,
-                                    static_cast<double>(runtime::device_peak_reserved_bytes(device_))},
-                                   at::kDouble);
+      RankStepFacts mine;
+      mine.loss = loss_sum.item<double>();
+      mine.peak_resident_bytes = static_cast<double>(peak_resident_bytes());
+      mine.communication_seconds = communication_now - communication_before;
+      mine.stop_requested = stop_requested();
+      mine.exposed_seconds = exposed_now - exposed_before;
+      mine.device_peak_reserved_bytes = static_cast<double>(runtime::device_peak_reserved_bytes(device_));
       communication_before = communication_now;
       exposed_before = exposed_now;
-      constexpr int64_t kFields = 6;
-      at::Tensor all = at::empty({kFields * n_}, at::kDouble);
-      world_->all_gather(all, mine)->wait();
+      const StepMetrics metrics = gather_step_metrics(world_, mine, device_.is_cpu());
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       training_seconds += seconds;
 
-      auto per_rank = all.view({n_, kFields});
-      const bool stop = per_rank.select(1, 3).max().item<double>() > 0.0;
-      const double loss = per_rank.select(1, 0).mean().item<double>();
-      // On a GPU, the caching allocator's peak reservation (the memory that bounds the model);
-      // on the CPU, the process's peak resident memory.
-      const double peak_memory = per_rank.select(1, device_.is_cpu() ? 1 : 5).max().item<double>();
-      const double communication = per_rank.select(1, 2).max().item<double>();
-      const double exposed = per_rank.select(1, 4).max().item<double>();
+      const bool stop = metrics.stop;
+      const double loss = metrics.loss;
       summary.losses.push_back(loss);
       summary.grad_norms.push_back(norm);
-      const double rate = samples_per_step / seconds;
       step_seconds.push_back(seconds);
-      const double mfu = flops_per_step / seconds / peak_flops_;
       if (!std::isfinite(loss)) {
         throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                                  " (lower optimizer.lr or set train.grad_clip)");
       }
 
-      // Communication the compute thread waited for is exposed; the rest of its busy time ran
-      // while this thread computed (overlapped). On a GPU a wait queues a stream wait and returns
-      // at once, so the host's clock cannot see exposure: it is not reported there.
-      const bool exposure_measured = device_.is_cpu();
-      char exposure[64] = "";
-      if (exposure_measured) std::snprintf(exposure, sizeof(exposure), " (exposed %.3f s)", exposed);
-      char line[320];
-      std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s",
-                    loss, lr, norm, format_count(rate).c_str(), rate_unit, 100.0 * mfu, format_bytes(peak_memory).c_str(),
-                    communication, exposure);
-      progress_->step(step, line, training_seconds);
-      if (leader() && metrics_.is_open()) {
-        nlohmann::json record = {{"step", step + 1},
-                                 {"loss", loss},
-                                 {"lr", lr},
-                                 {"grad_norm", norm},
-                                 {"step_seconds", seconds},
-                                 {language() ? "tokens_per_second" : "images_per_second", rate},
-                                 {"mfu", mfu},
-                                 {"peak_flops", peak_flops_},
-                                 {"peak_resident_bytes_per_rank", std::vector<double>()},
-                                 {"communication_seconds_per_rank", std::vector<double>()},
-                                 {"peak_gathered_bytes", state_->memory_stats().peak_gathered_bytes}};
-        if (!device_.is_cpu()) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
-        for (int r = 0; r < n_; ++r) {
-          record["peak_resident_bytes_per_rank"].push_back(per_rank[r][1].item<double>());
-          if (!device_.is_cpu()) record["peak_device_reserved_bytes_per_rank"].push_back(per_rank[r][5].item<double>());
-          const double busy = per_rank[r][2].item<double>(), waited = per_rank[r][4].item<double>();
-          record["communication_seconds_per_rank"].push_back(busy);
-          if (!exposure_measured) continue;  // (arrays made by their first push_back)
-          record["exposed_communication_seconds_per_rank"].push_back(waited);
-          record["overlapped_communication_seconds_per_rank"].push_back(std::max(0.0, busy - waited));
-          record["compute_seconds_per_rank"].push_back(seconds - waited);
-        }
-        metrics_.write(record.dump());
-      }
+      StepFigures figures;
+      figures.step = step;
+      figures.lr = lr;
+      figures.grad_norm = norm;
+      figures.seconds = seconds;
+      figures.samples_per_step = samples_per_step;
+      figures.flops_per_step = flops_per_step;
+      figures.peak_flops = peak_flops_;
+      figures.language = language();
+      figures.on_cpu = device_.is_cpu();
+      figures.peak_gathered_bytes = state_->memory_stats().peak_gathered_bytes;
+      progress_->step(step, step_line(metrics, figures), training_seconds);
+      if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
       const bool last = step + 1 == config_.steps;
       if (stop) {
         g_stop_requested.store(false);  // handled: a later train() in this process starts afresh
@@ -477,106 +360,19 @@ class Trainer {
     return dir;
   }
 
-  // Validation loss (and accuracy for images) over the same samples every time. Every rank runs
-  // the same number of forwards (the runtime's collectives must match); ranks with fewer real
-  // samples pad with weight-0 copies.
+  ModelInUse model_in_use() { return {model_, config_, world_, device_, language()}; }
+
+  // Validation loss (and accuracy for images), shown and recorded (evaluation.h).
   EvalResult evaluate(int64_t step) {
-    torch::NoGradGuard no_grad;
-    model_.module->eval();
-    const int64_t available = data_.validation->size();
-    int64_t count = language() ? std::min(available, config_.eval.batches * config_.global_batch) : available;
-    if (!language() && config_.eval.max_items > 0) count = std::min(count, config_.eval.max_items);
-    const int64_t chunk = std::max<int64_t>(1, config_.global_batch / n_ / config_.micro_batches);
-    std::vector<int64_t> mine;  // evenly spaced over the validation set, dealt round-robin
-    for (int64_t i = rank_; i < count; i += n_) mine.push_back(i * available / count);
-    const int64_t per_rank = (count + n_ - 1) / n_;
-    const int64_t chunks = (per_rank + chunk - 1) / chunk;
-    double totals[3] = {0.0, 0.0, 0.0};  // loss sum, correct, weight
-    for (int64_t k = 0; k < chunks; ++k) {
-      std::vector<int64_t> part;
-      std::vector<float> weights;
-      for (int64_t j = k * chunk; j < (k + 1) * chunk && j < per_rank; ++j) {
-        const bool real = j < static_cast<int64_t>(mine.size());
-        part.push_back(real ? mine[j] : 0);
-        weights.push_back(real ? 1.0f : 0.0f);
-      }
-      data::Batch batch = data_.validation->get(part);
-      // Losses are reduced on the model's device: only three numbers per chunk reach the host,
-      // not the [b, seq, vocab] logits.
-      at::Tensor logits = model_.forward(batch.inputs.to(device_));
-      at::Tensor targets = batch.targets.to(device_);
-      at::Tensor w = at::tensor(weights).to(device_);
-      const double real = std::accumulate(weights.begin(), weights.end(), 0.0);  // padding samples weigh 0
-      at::Tensor losses = loss_of(logits, targets, torch::kNone);  // [b * seq] or [b]
-      if (language()) {
-        losses = losses.view({static_cast<int64_t>(part.size()), -1});
-        totals[0] += (losses.sum(1) * w).sum().item<double>();
-        totals[2] += real * static_cast<double>(losses.size(1));
-      } else {
-        totals[0] += (losses * w).sum().item<double>();
-        totals[1] += (logits.argmax(1).eq(targets).to(at::kFloat) * w).sum().item<double>();
-        totals[2] += real;
-      }
-    }
-    model_.module->train();
-    at::Tensor sums = at::tensor({totals[0], totals[1], totals[2]}, at::kDouble);
-    if (n_ > 1) world_->all_reduce(sums, comm::ReduceOp::Sum)->wait();
-    EvalResult result;
-    result.step = step;
-    result.loss = sums[0].item<double>() / sums[2].item<double>();
-    char line[160];
-    if (language()) {
-      result.perplexity = std::exp(result.loss);
-      std::snprintf(line, sizeof(line), "eval  step %lld | validation loss %.4f | perplexity %.2f | %lld windows",
-                    static_cast<long long>(step), result.loss, result.perplexity, static_cast<long long>(count));
-    } else {
-      result.accuracy = sums[1].item<double>() / sums[2].item<double>();
-      std::snprintf(line, sizeof(line), "eval  step %lld | test loss %.4f | test accuracy %.2f%% | %lld images",
-                    static_cast<long long>(step), result.loss, 100.0 * result.accuracy, static_cast<long long>(count));
-    }
-    progress_->message(line);
-    if (leader() && metrics_.is_open()) {
-      nlohmann::json record = {{"eval_step", step}, {"validation_loss", result.loss}};
-      if (language()) record["perplexity"] = result.perplexity;
-      if (!language()) record["test_accuracy"] = result.accuracy;
-      metrics_.write(record.dump());
-    }
+    const EvalResult result = run_evaluation(model_in_use(), *data_.validation, step);
+    progress_->message(evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language()));
+    if (leader() && metrics_.is_open()) metrics_.write(evaluation_record(result, language()).dump());
     return result;
   }
 
-  // Sampling with temperature and top-k. Every rank runs the forwards (they are collective);
-  // rank 0 draws each token and broadcasts it, so all ranks extend the same text.
+  // Sampled text (evaluation.h), written to sample.txt.
   std::string generate() {
-    torch::NoGradGuard no_grad;
-    model_.module->eval();
-    const auto& e = config_.eval;
-    std::vector<int32_t> prompt = data_.tokenizer->encode(e.prompt);
-    if (prompt.empty()) {
-      // Start where a document would: after the end-of-document marker.
-      const int32_t end = data_.tokenizer->end_of_text();
-      prompt = end >= 0 ? std::vector<int32_t>{end} : data_.tokenizer->encode("%\n");
-    }
-    std::vector<int64_t> context(prompt.begin(), prompt.end());
-    std::vector<int32_t> generated;
-    auto generator = at::detail::createCPUGenerator(config_.seed + 1);
-    for (int64_t i = 0; i < e.sample_tokens; ++i) {
-      const int64_t t = std::min<int64_t>(static_cast<int64_t>(context.size()), config_.seq_len);
-      at::Tensor ids = at::tensor(std::vector<int64_t>(context.end() - t, context.end()), at::kLong).unsqueeze(0);
-      at::Tensor logits = model_.forward(ids.to(device_)).select(1, t - 1).squeeze(0).to(at::kFloat).cpu() / e.temperature;  // [vocab]
-      at::Tensor next = at::zeros({1}, at::kLong);
-      if (leader()) {
-        const int64_t k = std::min<int64_t>(e.top_k, logits.size(0));
-        auto top = logits.topk(k);
-        at::Tensor probabilities = at::softmax(std::get<0>(top), 0);
-        at::Tensor choice = at::multinomial(probabilities, 1, false, generator);
-        next[0] = std::get<1>(top)[choice.item<int64_t>()].item<int64_t>();
-      }
-      if (n_ > 1) world_->broadcast(next, 0)->wait();
-      context.push_back(next.item<int64_t>());
-      generated.push_back(static_cast<int32_t>(next.item<int64_t>()));
-    }
-    model_.module->train();
-    std::string text = e.prompt + data_.tokenizer->decode(generated);
+    const std::string text = generate_sample(model_in_use(), *data_.tokenizer);
     if (leader() && options_.write_files) std::ofstream(fs::path(config_.output_dir) / "sample.txt") << text;
     return text;
   }

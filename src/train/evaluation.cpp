@@ -1,0 +1,126 @@
+#include "evaluation.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "loss.h"
+
+namespace fsdp::train {
+
+int64_t evaluation_items(const TrainConfig& config, int64_t available, bool language) {
+  int64_t count = language ? std::min(available, config.eval.batches * config.global_batch) : available;
+  if (!language && config.eval.max_items > 0) count = std::min(count, config.eval.max_items);
+  return count;
+}
+
+EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, int64_t step) {
+  torch::NoGradGuard no_grad;
+  m.model.module->eval();
+  const int rank = m.world->rank(), n = m.world->size();
+  const int64_t available = validation.size();
+  const int64_t count = evaluation_items(m.config, available, m.language);
+  const int64_t chunk = std::max<int64_t>(1, m.config.global_batch / n / m.config.micro_batches);
+  std::vector<int64_t> mine;  // evenly spaced over the validation set, dealt round-robin
+  for (int64_t i = rank; i < count; i += n) mine.push_back(i * available / count);
+  const int64_t per_rank = (count + n - 1) / n;
+  const int64_t chunks = (per_rank + chunk - 1) / chunk;
+  double totals[3] = {0.0, 0.0, 0.0};  // loss sum, correct, weight
+  for (int64_t k = 0; k < chunks; ++k) {
+    std::vector<int64_t> part;
+    std::vector<float> weights;
+    for (int64_t j = k * chunk; j < (k + 1) * chunk && j < per_rank; ++j) {
+      const bool real = j < static_cast<int64_t>(mine.size());
+      part.push_back(real ? mine[j] : 0);
+      weights.push_back(real ? 1.0f : 0.0f);
+    }
+    data::Batch batch = validation.get(part);
+    // Losses are reduced on the model's device: only three numbers per chunk reach the host,
+    // not the [b, seq, vocab] logits.
+    at::Tensor logits = m.model.forward(batch.inputs.to(m.device));
+    at::Tensor targets = batch.targets.to(m.device);
+    at::Tensor w = at::tensor(weights).to(m.device);
+    const double real = std::accumulate(weights.begin(), weights.end(), 0.0);  // padding samples weigh 0
+    at::Tensor losses = loss_of(logits, targets, torch::kNone);  // [b * seq] or [b]
+    if (m.language) {
+      losses = losses.view({static_cast<int64_t>(part.size()), -1});
+      totals[0] += (losses.sum(1) * w).sum().item<double>();
+      totals[2] += real * static_cast<double>(losses.size(1));
+    } else {
+      totals[0] += (losses * w).sum().item<double>();
+      totals[1] += (logits.argmax(1).eq(targets).to(at::kFloat) * w).sum().item<double>();
+      totals[2] += real;
+    }
+  }
+  m.model.module->train();
+  at::Tensor sums = at::tensor({totals[0], totals[1], totals[2]}, at::kDouble);
+  if (n > 1) m.world->all_reduce(sums, comm::ReduceOp::Sum)->wait();
+  EvalResult result;
+  result.step = step;
+  result.loss = sums[0].item<double>() / sums[2].item<double>();
+  if (m.language) {
+    result.perplexity = std::exp(result.loss);
+  } else {
+    result.accuracy = sums[1].item<double>() / sums[2].item<double>();
+  }
+  return result;
+}
+
+std::string evaluation_line(const EvalResult& result, int64_t items, bool language) {
+  char line[160];
+  if (language) {
+    std::snprintf(line, sizeof(line), "eval  step %lld | validation loss %.4f | perplexity %.2f | %lld windows",
+                  static_cast<long long>(result.step), result.loss, result.perplexity, static_cast<long long>(items));
+  } else {
+    std::snprintf(line, sizeof(line), "eval  step %lld | test loss %.4f | test accuracy %.2f%% | %lld images",
+                  static_cast<long long>(result.step), result.loss, 100.0 * result.accuracy, static_cast<long long>(items));
+  }
+  return line;
+}
+
+nlohmann::json evaluation_record(const EvalResult& result, bool language) {
+  nlohmann::json record = {{"eval_step", result.step}, {"validation_loss", result.loss}};
+  if (language) record["perplexity"] = result.perplexity;
+  if (!language) record["test_accuracy"] = result.accuracy;
+  return record;
+}
+
+std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer) {
+  torch::NoGradGuard no_grad;
+  m.model.module->eval();
+  const auto& e = m.config.eval;
+  const bool leader = m.world->rank() == 0;
+  std::vector<int32_t> prompt = tokenizer.encode(e.prompt);
+  if (prompt.empty()) {
+    // Start where a document would: after the end-of-document marker.
+    const int32_t end = tokenizer.end_of_text();
+    prompt = end >= 0 ? std::vector<int32_t>{end} : tokenizer.encode("%\n");
+  }
+  std::vector<int64_t> context(prompt.begin(), prompt.end());
+  std::vector<int32_t> generated;
+  auto generator = at::detail::createCPUGenerator(m.config.seed + 1);
+  for (int64_t i = 0; i < e.sample_tokens; ++i) {
+    const int64_t t = std::min<int64_t>(static_cast<int64_t>(context.size()), m.config.seq_len);
+    at::Tensor ids = at::tensor(std::vector<int64_t>(context.end() - t, context.end()), at::kLong).unsqueeze(0);
+    at::Tensor logits = m.model.forward(ids.to(m.device)).select(1, t - 1).squeeze(0).to(at::kFloat).cpu() / e.temperature;  // [vocab]
+    at::Tensor next = at::zeros({1}, at::kLong);
+    if (leader) {
+      const int64_t k = std::min<int64_t>(e.top_k, logits.size(0));
+      auto top = logits.topk(k);
+      at::Tensor probabilities = at::softmax(std::get<0>(top), 0);
+      at::Tensor choice = at::multinomial(probabilities, 1, false, generator);
+      next[0] = std::get<1>(top)[choice.item<int64_t>()].item<int64_t>();
+    }
+    if (m.world->size() > 1) m.world->broadcast(next, 0)->wait();
+    context.push_back(next.item<int64_t>());
+    generated.push_back(static_cast<int32_t>(next.item<int64_t>()));
+  }
+  m.model.module->train();
+  return e.prompt + tokenizer.decode(generated);
+}
+
+}  // namespace fsdp::train

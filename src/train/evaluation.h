@@ -1,0 +1,47 @@
+// Private to train/: what a run does with its model besides training steps: the validation loss
+// (and accuracy, for images) over the same samples every time, and text sampled from a language
+// model. Both are collective: every rank of the group runs the same forwards (the runtime's
+// collectives must match), and every rank gets the same result.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/data/datasets.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/trainer.h"
+
+namespace fsdp::train {
+
+// The sharded model as evaluation and sampling use it.
+struct ModelInUse {
+  models::BuiltModel& model;
+  const TrainConfig& config;
+  const comm::ProcessGroupPtr& world;
+  at::Device device;  // where the shards live: inputs go there
+  bool language;      // a language model (else an image classifier)
+};
+
+// How many validation items an evaluation covers: eval.batches global batches of windows
+// (language models), eval.max_items images or all of them (images); never more than `available`.
+int64_t evaluation_items(const TrainConfig& config, int64_t available, bool language);
+
+// Validation loss (and accuracy for images) after `step` steps, over evaluation_items samples
+// spread evenly over the validation set. Ranks with fewer real samples pad with weight-0 copies.
+// Leaves the model in training mode.
+EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, int64_t step);
+
+// The evaluation's progress line and its metrics.jsonl record.
+std::string evaluation_line(const EvalResult& result, int64_t items, bool language);
+nlohmann::json evaluation_record(const EvalResult& result, bool language);
+
+// eval.prompt followed by eval.sample_tokens tokens, drawn with temperature and top-k by rank 0 and
+// broadcast, so every rank extends (and returns) the same text. Leaves the model in training mode.
+std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer);
+
+}  // namespace fsdp::train

@@ -1,0 +1,81 @@
+#include "step_metrics.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "fsdp/train/reporting.h"
+
+namespace fsdp::train {
+
+namespace {
+constexpr int64_t kFields = 6;  // RankStepFacts, in order
+}  // namespace
+
+StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankStepFacts& mine, bool on_cpu) {
+  const int n = world->size();
+  at::Tensor local = at::tensor({mine.loss, mine.peak_resident_bytes, mine.communication_seconds, mine.stop_requested ? 1.0 : 0.0,
+                                 mine.exposed_seconds, mine.device_peak_reserved_bytes},
+                                at::kDouble);
+  at::Tensor all = at::empty({kFields * n}, at::kDouble);
+  world->all_gather(all, local)->wait();
+  StepMetrics metrics;
+  metrics.per_rank = all.view({n, kFields});
+  metrics.stop = metrics.per_rank.select(1, 3).max().item<double>() > 0.0;
+  metrics.loss = metrics.per_rank.select(1, 0).mean().item<double>();
+  // On a GPU, the caching allocator's peak reservation (the memory that bounds the model);
+  // on the CPU, the process's peak resident memory.
+  metrics.peak_memory = metrics.per_rank.select(1, on_cpu ? 1 : 5).max().item<double>();
+  metrics.communication = metrics.per_rank.select(1, 2).max().item<double>();
+  metrics.exposed = metrics.per_rank.select(1, 4).max().item<double>();
+  return metrics;
+}
+
+namespace {
+// Communication the compute thread waited for is exposed; the rest of its busy time ran while
+// this thread computed (overlapped). On a GPU a wait queues a stream wait and returns at once, so
+// the host's clock cannot see exposure: it is not reported there.
+bool exposure_measured(const StepFigures& figures) { return figures.on_cpu; }
+}  // namespace
+
+std::string step_line(const StepMetrics& metrics, const StepFigures& figures) {
+  char exposure[64] = "";
+  if (exposure_measured(figures)) std::snprintf(exposure, sizeof(exposure), " (exposed %.3f s)", metrics.exposed);
+  char line[320];
+  std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s",
+                metrics.loss, figures.lr, figures.grad_norm, format_count(figures.rate()).c_str(),
+                figures.language ? "tok/s" : "img/s", 100.0 * figures.mfu(), format_bytes(metrics.peak_memory).c_str(),
+                metrics.communication, exposure);
+  return line;
+}
+
+nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figures) {
+  nlohmann::json record = {{"step", figures.step + 1},
+                           {"loss", metrics.loss},
+                           {"lr", figures.lr},
+                           {"grad_norm", figures.grad_norm},
+                           {"step_seconds", figures.seconds},
+                           {figures.language ? "tokens_per_second" : "images_per_second", figures.rate()},
+                           {"mfu", figures.mfu()},
+                           {"peak_flops", figures.peak_flops},
+                           {"peak_resident_bytes_per_rank", std::vector<double>()},
+                           {"communication_seconds_per_rank", std::vector<double>()},
+                           {"peak_gathered_bytes", figures.peak_gathered_bytes}};
+  if (!figures.on_cpu) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
+  const at::Tensor& per_rank = metrics.per_rank;
+  for (int64_t r = 0; r < per_rank.size(0); ++r) {
+    record["peak_resident_bytes_per_rank"].push_back(per_rank[r][1].item<double>());
+    if (!figures.on_cpu) record["peak_device_reserved_bytes_per_rank"].push_back(per_rank[r][5].item<double>());
+    const double busy = per_rank[r][2].item<double>(), waited = per_rank[r][4].item<double>();
+    record["communication_seconds_per_rank"].push_back(busy);
+    if (!exposure_measured(figures)) continue;  // (arrays made by their first push_back)
+    record["exposed_communication_seconds_per_rank"].push_back(waited);
+    record["overlapped_communication_seconds_per_rank"].push_back(std::max(0.0, busy - waited));
+    record["compute_seconds_per_rank"].push_back(figures.seconds - waited);
+  }
+  return record;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,62 @@
+// Private to train/: a training step's metrics. What each rank measured travels in one small
+// all-gather per step (which also carries a stop request, so every rank stops after the same
+// step); from every rank's numbers come the figures the step reports, in two forms: the progress
+// line and the metrics.jsonl record.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/comm/process_group.h"
+
+namespace fsdp::train {
+
+// What this rank measured in the step.
+struct RankStepFacts {
+  double loss = 0.0;                        // its share of the global batch's mean loss
+  double peak_resident_bytes = 0.0;         // the process's peak resident memory
+  double communication_seconds = 0.0;       // busy time of the step's collectives, every group
+  bool stop_requested = false;              // asked to save and stop (SIGTERM, SIGINT)
+  double exposed_seconds = 0.0;             // time this thread waited for collectives
+  double device_peak_reserved_bytes = 0.0;  // on a GPU, the caching allocator's peak reservation
+};
+
+// Every rank's facts and the step's figures from them.
+struct StepMetrics {
+  at::Tensor per_rank;          // [world, 6] fp64, one row of RankStepFacts per rank, in field order
+  bool stop = false;            // some rank was asked to stop
+  double loss = 0.0;            // mean over ranks
+  double peak_memory = 0.0;     // max over ranks: device reservation on a GPU, resident memory on the CPU
+  double communication = 0.0;   // max over ranks, busy seconds
+  double exposed = 0.0;         // max over ranks, seconds waited
+};
+
+// Collective over `world`: one all-gather. on_cpu: the model's device is the host.
+StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankStepFacts& mine, bool on_cpu);
+
+// The step's own figures, besides the gathered ones.
+struct StepFigures {
+  int64_t step = 0;                  // 0-based; shown as step + 1 (the steps done)
+  double lr = 0.0;
+  double grad_norm = 0.0;            // before clipping
+  double seconds = 0.0;              // the step's wall time
+  double samples_per_step = 0.0;     // tokens (language models) or images per global batch
+  double flops_per_step = 0.0;       // the model's FLOPs for one global batch
+  double peak_flops = 1.0;           // all ranks' measured matmul rate: MFU's denominator
+  bool language = true;              // rates in tokens (else images)
+  bool on_cpu = true;                // the model's device is the host
+  int64_t peak_gathered_bytes = 0;   // this rank's FSDP gathered buffers at their peak
+  double rate() const { return samples_per_step / seconds; }
+  double mfu() const { return flops_per_step / seconds / peak_flops; }
+};
+
+// "| loss 2.3456 | lr 1.00e-03 | gnorm 0.812 | 12.3k tok/s | MFU 3.1% | peak mem 1.2 GiB | comm 0.012 s (exposed 0.004 s)"
+std::string step_line(const StepMetrics& metrics, const StepFigures& figures);
+// The metrics.jsonl record: the line's figures and every rank's memory and communication.
+nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figures);
+
+}  // namespace fsdp::train

@@ -1,0 +1,77 @@
+#include "training_data.h"
+
+#include <stdexcept>
+
+#include "fsdp/data/fashion_mnist.h"
+#include "fsdp/data/text_corpus.h"
+#include "fsdp/data/token_file.h"
+#include "fsdp/train/reporting.h"
+
+namespace fsdp::train {
+
+LoadedData load_data(const TrainConfig& c) {
+  LoadedData loaded;
+  const auto& d = c.data;
+  if (d.source == "fashion_mnist") {
+    const std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
+    loaded.train = std::make_unique<data::ImageDataset>(data::load_fashion_mnist(dir, "train"));
+    loaded.validation = std::make_unique<data::ImageDataset>(data::load_fashion_mnist(dir, "test"));
+    loaded.description = "Fashion-MNIST (" + dir + "): " + std::to_string(loaded.train->size()) + " training, " +
+                         std::to_string(loaded.validation->size()) + " test images";
+    return loaded;
+  }
+  std::shared_ptr<const data::TokenSource> train_tokens, validation_tokens;
+  if (d.source == "fortunes") {
+    const std::string dir = d.dir.empty() ? data::kFortunesDir : d.dir;
+    loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt);
+    auto split = data::split_documents(data::read_fortunes(dir), d.validation_percent);
+    const int64_t vocab = loaded.tokenizer->vocab_size();
+    train_tokens = std::make_shared<data::TokenBuffer>(data::tokenize_documents(split.train, *loaded.tokenizer), vocab);
+    validation_tokens =
+        std::make_shared<data::TokenBuffer>(data::tokenize_documents(split.validation, *loaded.tokenizer), vocab);
+    loaded.description = "fortunes (" + dir + "), " + loaded.tokenizer->name() + " tokenizer: " +
+                         std::to_string(split.train.size()) + " + " + std::to_string(split.validation.size()) +
+                         " documents, ";
+  } else {
+    train_tokens = std::make_shared<data::TokenFile>(d.train_tokens);
+    validation_tokens = std::make_shared<data::TokenFile>(d.validation_tokens);
+    if (train_tokens->vocab_size() != validation_tokens->vocab_size()) {
+      throw std::runtime_error("token files '" + d.train_tokens + "' and '" + d.validation_tokens +
+                               "' have different vocabularies (" + std::to_string(train_tokens->vocab_size()) + " and " +
+                               std::to_string(validation_tokens->vocab_size()) + ")");
+    }
+    if (d.tokenizer == "byte" && train_tokens->vocab_size() == 256) loaded.tokenizer = data::make_tokenizer("byte");
+    if (d.tokenizer == "gpt2") loaded.tokenizer = data::make_tokenizer("gpt2", d.vocab_json, d.merges_txt);
+    loaded.description = "token files " + d.train_tokens + ", " + d.validation_tokens + ": ";
+  }
+  loaded.vocab = train_tokens->vocab_size();
+  loaded.description += format_count(static_cast<double>(train_tokens->size())) + " training and " +
+                        format_count(static_cast<double>(validation_tokens->size())) + " validation tokens";
+  loaded.train = std::make_unique<data::TokenWindows>(train_tokens, c.seq_len);
+  loaded.validation = std::make_unique<data::TokenWindows>(validation_tokens, c.seq_len);
+  return loaded;
+}
+
+void check_data_sizes(const LoadedData& data, const TrainConfig& config, int world_size) {
+  if (data.train->size() < config.global_batch) {
+    throw std::runtime_error("the training data holds " + std::to_string(data.train->size()) +
+                             " samples, fewer than one global batch of " + std::to_string(config.global_batch));
+  }
+  if (data.validation->size() < world_size) {
+    throw std::runtime_error("the validation data holds " + std::to_string(data.validation->size()) +
+                             " samples, fewer than the " + std::to_string(world_size) + " ranks");
+  }
+}
+
+models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab) {
+  if (c.model_vocab > 0 && c.model_vocab != vocab) {
+    throw std::runtime_error(c.source + ": model.vocab " + std::to_string(c.model_vocab) + " differs from the data's vocabulary of " +
+                             std::to_string(vocab) + " (leave model.vocab out to take the data's)");
+  }
+  models::ModelConfig model = c.model;
+  if (auto* g = std::get_if<models::GptConfig>(&model)) g->vocab = vocab;
+  if (auto* l = std::get_if<models::LlamaConfig>(&model)) l->vocab = vocab;
+  return model;
+}
+
+}  // namespace fsdp::train

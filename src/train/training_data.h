@@ -1,0 +1,33 @@
+// Private to train/: the data a run trains and evaluates on, read from disk before the model is
+// built (fortunes text, token files or Fashion-MNIST), and the checks that tie it to the config.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fsdp/data/datasets.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/config.h"
+
+namespace fsdp::train {
+
+// Everything read from disk before the model is built.
+struct LoadedData {
+  std::unique_ptr<data::Tokenizer> tokenizer;  // language models from text
+  std::unique_ptr<data::Dataset> train, validation;
+  int64_t vocab = 0;
+  std::string description;  // one line for the run's header
+};
+
+// Reads config.data (throws naming the file or directory that is missing or malformed).
+LoadedData load_data(const TrainConfig& config);
+
+// Throws unless the training data holds one global batch and the validation data a sample per rank.
+void check_data_sizes(const LoadedData& data, const TrainConfig& config, int world_size);
+
+// The model's vocabulary follows the data (throws if model.vocab was set to another).
+models::ModelConfig resolve_model(const TrainConfig& config, int64_t vocab);
+
+}  // namespace fsdp::train
