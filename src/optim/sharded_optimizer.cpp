@@ -204,7 +204,7 @@ double grad_norm(runtime::FsdpState& state) {
   // Over the shard group: its ranks hold one whole gradient between them (under hybrid_shard
   // every replica group holds the same one, so every group computes the same norm).
   const comm::ProcessGroupPtr& group = state.shard_group();
-  // Waited for on the compute thread: booked as exposed communication.
+  // This thread blocks for it: exposed communication, booked as such.
   state.wait(group->all_reduce(sums, comm::ReduceOp::Sum));
   // Replicated gradients are identical on every rank: count them once.
   const double total = sums[0].item<double>() + sums[1].item<double>() / group->size();
@@ -213,6 +213,9 @@ double grad_norm(runtime::FsdpState& state) {
 
 double clip_grad_norm(runtime::FsdpState& state, double max_norm) {
   const double norm = grad_norm(state);
+  // NaN or inf: nothing to scale (min(1, max / NaN) would be 1, max / inf 0, which turns an inf
+  // into NaN and zeroes the rest); the caller skips the step.
+  if (!std::isfinite(norm)) return norm;
   const double coefficient = std::min(1.0, max_norm / (norm + 1e-6));
   if (coefficient < 1.0) {
     for (shard::FlatParam* flat : state.flat_params()) {

@@ -116,10 +116,14 @@ class ShardedSgd final : public ShardedOptimizer {
 
 // Scales every gradient shard so that the global L2 norm (over all ranks' shards) is at most
 // max_norm, as torch::nn::utils::clip_grad_norm_ does on unsharded gradients. Collective.
-// Returns the norm before clipping.
+// Returns the norm before clipping. A norm that is not finite (NaN or inf: some gradient is)
+// leaves every gradient untouched, and the caller must skip the optimizer step (see
+// nonfinite_guard.h): the norm comes from an all-reduce, so every rank sees the same value and
+// takes the same decision.
 double clip_grad_norm(runtime::FsdpState& state, double max_norm);
 
-// The global L2 norm of the gradients, without clipping. Collective.
+// The global L2 norm of the gradients, without clipping. Collective; the time this thread waits
+// for the all-reduce counts as exposed communication (FsdpState::comm_stats).
 double grad_norm(runtime::FsdpState& state);
 
 }  // namespace fsdp::optim
