@@ -235,6 +235,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("train.seq_len", c.seq_len);
   r.get("train.sync_each_micro_batch", c.sync_each_micro_batch);
   r.get("train.grad_clip", c.grad_clip);
+  r.get("train.max_nonfinite_steps", c.max_nonfinite_steps);
   r.get("train.log_every", c.log_every);
   r.get("train.threads", c.threads);
   r.get("train.device", c.device);
@@ -296,6 +297,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(c.micro_batches >= 1, r, "train.micro_batches must be at least 1");
   check(c.seq_len == 0 || c.seq_len >= 2, r, "train.seq_len must be at least 2");
   check(c.log_every >= 1, r, "train.log_every must be at least 1");
+  check(c.max_nonfinite_steps >= 1, r, "train.max_nonfinite_steps must be at least 1");
   if (language) {
     const int64_t model_context = std::visit(
         [](const auto& m) -> int64_t {
@@ -425,6 +427,7 @@ std::string to_toml(const TrainConfig& c) {
                             {"seq_len", c.seq_len},
                             {"sync_each_micro_batch", c.sync_each_micro_batch},
                             {"grad_clip", c.grad_clip},
+                            {"max_nonfinite_steps", c.max_nonfinite_steps},
                             {"log_every", c.log_every},
                             {"threads", c.threads},
                             {"device", c.device},

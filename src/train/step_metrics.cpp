@@ -43,11 +43,17 @@ bool exposure_measured(const StepFigures& figures) { return figures.on_cpu; }
 std::string step_line(const StepMetrics& metrics, const StepFigures& figures) {
   char exposure[64] = "";
   if (exposure_measured(figures)) std::snprintf(exposure, sizeof(exposure), " (exposed %.3f s)", metrics.exposed);
-  char line[320];
-  std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s",
+  char skips[64] = "";
+  if (figures.skipped) {
+    std::snprintf(skips, sizeof(skips), " | skipped (%lld in all)", static_cast<long long>(figures.skipped_steps));
+  } else if (figures.skipped_steps > 0) {
+    std::snprintf(skips, sizeof(skips), " | %lld skipped", static_cast<long long>(figures.skipped_steps));
+  }
+  char line[384];
+  std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s%s",
                 metrics.loss, figures.lr, figures.grad_norm, format_count(figures.rate()).c_str(),
                 figures.language ? "tok/s" : "img/s", 100.0 * figures.mfu(), format_bytes(metrics.peak_memory).c_str(),
-                metrics.communication, exposure);
+                metrics.communication, exposure, skips);
   return line;
 }
 
@@ -62,7 +68,9 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
                            {"peak_flops", figures.peak_flops},
                            {"peak_resident_bytes_per_rank", std::vector<double>()},
                            {"communication_seconds_per_rank", std::vector<double>()},
-                           {"peak_gathered_bytes", figures.peak_gathered_bytes}};
+                           {"peak_gathered_bytes", figures.peak_gathered_bytes},
+                           {"skipped", figures.skipped},
+                           {"skipped_steps", figures.skipped_steps}};
   if (!figures.on_cpu) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
   const at::Tensor& per_rank = metrics.per_rank;
   for (int64_t r = 0; r < per_rank.size(0); ++r) {

@@ -50,13 +50,17 @@ struct StepFigures {
   bool language = true;              // rates in tokens (else images)
   bool on_cpu = true;                // the model's device is the host
   int64_t peak_gathered_bytes = 0;   // this rank's FSDP gathered buffers at their peak
+  bool skipped = false;              // not applied: the gradient norm was not finite
+  int64_t skipped_steps = 0;         // steps skipped so far in this run, this one included
   double rate() const { return samples_per_step / seconds; }
   double mfu() const { return flops_per_step / seconds / peak_flops; }
 };
 
-// "| loss 2.3456 | lr 1.00e-03 | gnorm 0.812 | 12.3k tok/s | MFU 3.1% | peak mem 1.2 GiB | comm 0.012 s (exposed 0.004 s)"
+// "| loss 2.3456 | lr 1.00e-03 | gnorm 0.812 | 12.3k tok/s | MFU 3.1% | peak mem 1.2 GiB | comm 0.012 s (exposed 0.004 s)",
+// then "| skipped (2 in all)" for a skipped step, or "| 2 skipped" once some were.
 std::string step_line(const StepMetrics& metrics, const StepFigures& figures);
-// The metrics.jsonl record: the line's figures and every rank's memory and communication.
+// The metrics.jsonl record: the line's figures ("skipped", "skipped_steps" included) and every
+// rank's memory and communication.
 nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figures);
 
 }  // namespace fsdp::train

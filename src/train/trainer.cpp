@@ -20,6 +20,7 @@
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/optim/lr_schedule.h"
+#include "fsdp/optim/nonfinite_guard.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/train/reporting.h"
@@ -240,6 +241,9 @@ class Trainer {
     double communication_before = state_->communication_seconds();  // every sharding group
     double exposed_before = state_->comm_stats().exposed_seconds;
     double training_seconds = 0.0;
+    // Steps whose gradient norm is NaN or inf are skipped; max_nonfinite_steps of them in a row
+    // stop the run (counts start afresh on resume).
+    optim::NonFiniteStepGuard nonfinite_guard(config_.max_nonfinite_steps);
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
       const double lr = schedule_.lr_at(step);
@@ -269,7 +273,23 @@ class Trainer {
       }
       const double norm = config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip) : optim::grad_norm(*state_);
       trace_memory(rank_, step, "clip");
-      optimizer_->step();
+      // A non-finite norm (the same on every rank: it is all-reduced) means a NaN or inf gradient:
+      // the step is not applied, and its gradients are zeroed at the next step's start as usual.
+      // A skipped step still counts as a step: the schedule, the sampler (its batch is dropped) and
+      // the step number move on, as for PyTorch AMP's GradScaler, whose users call
+      // scheduler.step() whether or not scaler.step() skipped optimizer.step(); the optimizer's
+      // own count (AdamW's bias correction) does not, as its step did not run. Past the limit,
+      // the step is still recorded below, then every rank stops.
+      bool apply = true;
+      std::string nonfinite_stop;
+      try {
+        apply = nonfinite_guard.should_step(norm, step + 1);
+      } catch (const std::runtime_error& e) {
+        apply = false;
+        nonfinite_stop = std::string(e.what()) + " (train.max_nonfinite_steps = " + std::to_string(config_.max_nonfinite_steps) +
+                         "; a lower optimizer.lr may help)";
+      }
+      if (apply) optimizer_->step();
       trace_memory(rank_, step, "optimizer");
       shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
 
@@ -296,10 +316,11 @@ class Trainer {
       summary.losses.push_back(loss);
       summary.grad_norms.push_back(norm);
       step_seconds.push_back(seconds);
-      if (!std::isfinite(loss)) {
+      if (apply && !std::isfinite(loss)) {  // a non-finite loss whose gradients were finite (a skipped step is the guard's)
         throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                                  " (lower optimizer.lr or set train.grad_clip)");
       }
+      summary.skipped_steps = nonfinite_guard.total_skips();
 
       StepFigures figures;
       figures.step = step;
@@ -312,8 +333,12 @@ class Trainer {
       figures.language = language();
       figures.on_cpu = device_.is_cpu();
       figures.peak_gathered_bytes = state_->memory_stats().peak_gathered_bytes;
+      figures.skipped = !apply;
+      figures.skipped_steps = nonfinite_guard.total_skips();
       progress_->step(step, step_line(metrics, figures), training_seconds);
       if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
+      // Every rank reached the same decision from the same norm: they stop together, rank 0 says why.
+      if (!nonfinite_stop.empty()) throw comm::AgreedStop(nonfinite_stop, leader());
       const bool last = step + 1 == config_.steps;
       if (stop) {
         g_stop_requested.store(false);  // handled: a later train() in this process starts afresh

@@ -38,6 +38,7 @@ TEST(Config, DefaultsAndOverrides) {
   EXPECT_EQ(config.fsdp.strategy, "no_shard");  // a bare word is taken as a string
   EXPECT_EQ(std::get<fsdp::models::GptConfig>(config.model).layers, 3);
   EXPECT_EQ(config.data.source, "fortunes");
+  EXPECT_EQ(config.max_nonfinite_steps, 5);
   // The resolved config reads back to the same values.
   auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
   EXPECT_EQ(again.steps, 7);
@@ -65,6 +66,10 @@ TEST(Config, BadInputNamesTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.reduce_dtype=half"}).find("fsdp.reduce_dtype 'half'"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=bfloat16", "fsdp.strategy=no_shard"}).find("needs fsdp.strategy"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.max_nonfinite_steps=0"}).find("train.max_nonfinite_steps must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.max_nonfinite_steps=2.5"}).find("train.max_nonfinite_steps must be an integer"),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=1"}).find("fsdp.activation_checkpointing must be true or false"),
             std::string::npos);

@@ -4,8 +4,8 @@
 //   seed = 1234
 //   [model]      name = "gpt-tiny", and optional size overrides (dim, layers, heads, ...)
 //   [data]       source = "fortunes" | "token_files" | "fashion_mnist", tokenizer, paths, split
-//   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, log_every, threads, device,
-//                device_memory_fraction
+//   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, max_nonfinite_steps,
+//                log_every, threads, device, device_memory_fraction
 //   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
 //   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params, embedding_units, prefetch, max_inflight,
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
@@ -102,6 +102,8 @@ struct TrainConfig {
   int64_t seq_len = 0;             // tokens per window (language models); 0: the model's context
   bool sync_each_micro_batch = true;  // false: accumulate unsharded grads, reduce once per step
   double grad_clip = 1.0;          // global gradient norm (0 = off)
+  // A step whose gradient norm is NaN or inf is skipped; this many such steps in a row stop the run.
+  int64_t max_nonfinite_steps = 5;
   int64_t log_every = 10;          // plain-text log cadence when not on a terminal
   int64_t threads = 0;             // intra-op threads per rank (0 = cores / ranks on this machine)
   std::string device = "cpu";      // "cpu" (MPI) or "cuda" (NCCL; one GPU per rank by local rank; FSDP_CUDA builds)

@@ -29,6 +29,7 @@ struct EvalResult {
 struct TrainSummary {
   std::vector<double> losses;      // training loss of every step (mean over the global batch)
   std::vector<double> grad_norms;  // before clipping
+  int64_t skipped_steps = 0;       // steps not applied, their gradient norm not finite (train.max_nonfinite_steps)
   std::vector<EvalResult> evals;   // at the first step, every eval.every steps, and at the end
   int64_t start_step = 0;          // 0, or the step a resumed run continued from (losses[0] is its step)
   bool preempted = false;          // stopped early by request_stop(), after saving a checkpoint
@@ -65,6 +66,9 @@ void request_stop();
 bool stop_requested();
 
 // Failures shared by every rank, or agreed on, end in comm::AgreedStop (fsdp/comm/agreement.h).
+// So do train.max_nonfinite_steps steps in a row whose gradient norm is NaN or inf (each such step
+// is skipped, not applied, and recorded as "skipped" in metrics.jsonl): every rank sees the same
+// all-reduced norm and stops at the same step; rank 0 reports it.
 using comm::AgreedStop;
 
 // Throws (on every rank, with the same message where the cause is shared) for bad config or data:
