@@ -42,7 +42,11 @@ TEST_P(TrainerRuns, TrainsEvaluatesAndSamples) {
   ASSERT_EQ(summary.evals.size(), 3u);  // before, after step 4, after step 8
   EXPECT_LT(summary.evals.back().loss, summary.evals.front().loss - 0.05) << "8 steps should lower the held-out loss";
   if (model.rfind("vit", 0) == 0) {
-    EXPECT_GE(summary.evals.back().accuracy, 0.0);
+    // Ten balanced classes: chance is 10%, and a model at chance scores 10% +- 1.2% (one standard
+    // deviation) on these 600 test images; this run reaches 19.8% (deterministic at every N and
+    // strategy: same seed, same global batches), from 11.8% before training. 15% is four standard
+    // deviations above chance, and 4.8 points below what the run reaches.
+    EXPECT_GT(summary.evals.back().accuracy, 0.15) << "8 steps should lift test accuracy well above chance (10%)";
     EXPECT_TRUE(summary.sample.empty());
   } else {
     EXPECT_EQ(summary.sample.size(), 24u);  // byte tokenizer: one character per token
