@@ -5,7 +5,7 @@
 function(fsdp_add_executable name)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE fsdp::fsdp)
-  target_precompile_headers(${name} REUSE_FROM fsdp)
+  target_precompile_headers(${name} REUSE_FROM fsdp_core)
 endfunction()
 
 # Launch prefix for multi-rank runs: mpirun with --oversubscribe (CI has 2 cores, tests use up

@@ -343,6 +343,33 @@ void FsdpState::post_root_forward(const std::vector<at::Tensor>& outputs) {
   if (!units_.back()->register_pre_backward_hooks(outputs)) reshard_after_eval();
 }
 
+void FsdpState::explain_forward_failure(const std::string& what) const {
+  if (what.find("data is not allocated") == std::string::npos) return;
+  // The unit that ran without gathering: one that has not run in this forward and holds freed
+  // parameters. The previous forward's order says which comes next; otherwise, model order.
+  std::vector<const Unit*> suspects;
+  const auto& previous = scheduler_->forward_order();
+  for (const Unit* unit : previous) {
+    if (!unit->ran_forward() && std::find(suspects.begin(), suspects.end(), unit) == suspects.end()) suspects.push_back(unit);
+  }
+  for (const auto& unit : units_) {
+    if (!unit->is_root() && !unit->ran_forward() &&
+        std::find(suspects.begin(), suspects.end(), unit.get()) == suspects.end()) {
+      suspects.push_back(unit.get());
+    }
+  }
+  if (suspects.empty()) return;
+  std::string others;
+  for (size_t i = 1; i < suspects.size(); ++i) others += (others.empty() ? "" : ", ") + ("'" + suspects[i]->name() + "'");
+  throw std::logic_error(
+      "fsdp [rank " + std::to_string(group_->rank()) + "]: unit '" + suspects.front()->name() + "' (" +
+      short_type_name(*suspects.front()->module()) +
+      ") computed on its sharded parameters, which are freed between uses: the model called it directly "
+      "(block->forward(x) or block(x)) instead of through fsdp::nn::call(block, x), so they were never gathered" +
+      (others.empty() ? std::string() : " (if not that unit, one of the others that had not run yet: " + others + ")") +
+      ". libtorch said: " + what.substr(0, what.find('\n')));
+}
+
 void FsdpState::reshard_after_eval() {
   for (auto& unit : units_) unit->release_params();
 }

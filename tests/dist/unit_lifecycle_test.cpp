@@ -254,4 +254,37 @@ TEST(WrapPolicy, UnknownModulePathIsRefused) {
   }
 }
 
+// ---- a model that forgets the contract
+
+// Calls block 1 directly (block->forward(x)) instead of through fsdp::nn::call: its parameters are
+// sharded and freed, never gathered. It must fail with an error naming the unit, never compute.
+struct ForgetfulModelImpl : TinyTransformerImpl {
+  using TinyTransformerImpl::TinyTransformerImpl;
+  torch::Tensor forward(torch::Tensor ids) {
+    auto x = tokens(ids) + positions.narrow(0, 0, ids.size(1));
+    x = fsdp::nn::call(blocks->ptr<fsdp::models::AttentionMlpBlockImpl>(0), x);
+    x = blocks->ptr<fsdp::models::AttentionMlpBlockImpl>(1)->forward(x);  // the mistake
+    x = fsdp::nn::call(blocks->ptr<fsdp::models::AttentionMlpBlockImpl>(2), x);
+    return head(norm(x));
+  }
+};
+
+TEST(Contract, AUnitCalledDirectlyIsNamed) {
+  FsdpOptions options;
+  options.wrap_policy.module_types = {"AttentionMlpBlock"};
+  torch::manual_seed(kSeed);
+  auto model = fsdp::runtime::build_fully_sharded<ForgetfulModelImpl>(
+      fsdp::comm::init_world(), options, [] { return std::make_shared<ForgetfulModelImpl>(TinyConfig{}); });
+  at::Tensor ids = batch_of_step(0, 61).narrow(0, 0, 2).narrow(1, 0, 8);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the first forward, and one with a recorded order
+    try {
+      model.forward(ids);
+      FAIL() << "a unit called without fsdp::nn::call computed";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("unit 'blocks.1'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fsdp::nn::call"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace

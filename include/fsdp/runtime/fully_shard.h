@@ -36,6 +36,7 @@
 // (nn/checkpoint.h); its pre-backward gathers the parameters for the recomputation.
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
 #include <deque>
@@ -122,6 +123,10 @@ class FsdpState {
   std::vector<std::string> forward_order() const;
   std::vector<std::string> backward_order() const;
 
+  // Throws std::logic_error naming the unit when `what` (an error from the model's forward) says a
+  // tensor's data was not allocated: a unit run outside fsdp::nn::call, on freed parameters.
+  void explain_forward_failure(const std::string& what) const;
+
   // Step protocol, called by FullyShardedModule::forward around the root's forward.
   void pre_root_forward();
   void post_root_forward(const std::vector<at::Tensor>& outputs);
@@ -168,10 +173,17 @@ class FullyShardedModule {
   FullyShardedModule(std::shared_ptr<ModuleT> module, std::shared_ptr<FsdpState> state)
       : module_(std::move(module)), state_(std::move(state)) {}
 
-  // Runs the root module's forward with the root unit's hooks.
+  // Runs the root module's forward with the root unit's hooks. A unit the model called directly
+  // (not through fsdp::nn::call) computes on freed parameters, which libtorch refuses ("data is
+  // not allocated"): that error is rethrown naming the unit.
   template <class... Args>
   auto forward(Args&&... args) {
-    return fsdp::nn::call(module_, std::forward<Args>(args)...);
+    try {
+      return fsdp::nn::call(module_, std::forward<Args>(args)...);
+    } catch (const c10::Error& e) {
+      state_->explain_forward_failure(e.what());  // throws the clearer error, or returns
+      throw;
+    }
   }
 
   const std::shared_ptr<ModuleT>& module() const { return module_; }
