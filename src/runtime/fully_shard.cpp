@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -223,8 +224,27 @@ void FsdpState::sync_buffers() {
   // BatchNorm updates its running statistics inside its kernel, without bumping their version
   // counters, so a change cannot be seen: every buffer is broadcast after each training forward,
   // as DDP's broadcast_buffers does (BatchNorm statistics are small beside the parameters).
+  // One broadcast per dtype, not per buffer: a ResNet has over a hundred small buffers, and each
+  // collective waited for here blocks the step.
+  if (buffers_.empty()) return;
   torch::NoGradGuard no_grad;
-  for (const at::Tensor& buffer : buffers_) wait(group_->broadcast(buffer.variable_data(), 0));
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const at::Tensor& buffer : buffers_) by_dtype[buffer.scalar_type()].push_back(buffer.variable_data());
+  for (auto& [dtype, group] : by_dtype) {
+    if (group.size() == 1) {
+      wait(group_->broadcast(group.front(), 0));
+      continue;
+    }
+    std::vector<at::Tensor> flat_views;
+    for (const at::Tensor& buffer : group) flat_views.push_back(buffer.reshape(-1));
+    at::Tensor flat = at::cat(flat_views);  // [total numel] of this dtype
+    wait(group_->broadcast(flat, 0));
+    int64_t offset = 0;
+    for (at::Tensor& buffer : group) {
+      buffer.view(-1).copy_(flat.narrow(0, offset, buffer.numel()));
+      offset += buffer.numel();
+    }
+  }
 }
 
 FsdpState::~FsdpState() {
