@@ -4,11 +4,14 @@
 //   fsdp-data encode --output notes.tok notes/*.txt      # any text files, one document each
 //   fsdp-data encode --tokenizer gpt2 --vocab-json vocab.json --merges-txt merges.txt --output x.tok in.txt
 //   fsdp-data inspect data/fortunes/train.tok
+//   fsdp-data tokenize --tokenizer hf --tokenizer-json tokenizer.json --input texts.jsonl --output ids.jsonl
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -20,14 +23,57 @@ namespace {
 
 struct TokenizerArgs {
   std::string kind = "byte";
-  std::string vocab_json, merges_txt;
+  std::string vocab_json, merges_txt, tokenizer_json;
   void add_to(CLI::App& command) {
-    command.add_option("--tokenizer", kind, "byte (vocab 256, built in) or gpt2 (needs --vocab-json, --merges-txt)")
-        ->check(CLI::IsMember({"byte", "gpt2"}));
+    command.add_option("--tokenizer", kind, "byte (vocab 256, built in), gpt2 (needs --vocab-json, --merges-txt) "
+                                            "or hf (needs --tokenizer-json)")
+        ->check(CLI::IsMember({"byte", "gpt2", "hf"}));
     command.add_option("--vocab-json", vocab_json, "GPT-2 BPE vocabulary (token -> id JSON)");
     command.add_option("--merges-txt", merges_txt, "GPT-2 BPE merges, one pair per line");
+    command.add_option("--tokenizer-json", tokenizer_json, "a Hugging Face tokenizer.json (byte-level BPE)");
+  }
+  std::unique_ptr<fsdp::data::Tokenizer> make() const {
+    return fsdp::data::make_tokenizer(kind, vocab_json, merges_txt, tokenizer_json);
   }
 };
+
+// Each line {"text": "..."} -> {"ids": [...]} (and "decoded" with --decode), written beside the
+// output, then renamed into place: never half a file.
+void tokenize_lines(const fsdp::data::Tokenizer& tokenizer, const std::string& input, const std::string& output,
+                    bool decode) {
+  std::ifstream in(input);
+  if (!in) throw std::runtime_error("tokenize: cannot open '" + input + "'");
+  const std::string partial = output + ".partial";
+  std::ofstream out(partial);
+  if (!out) throw std::runtime_error("tokenize: cannot write '" + partial + "'");
+  std::string line;
+  int64_t number = 0, tokens = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.empty()) continue;
+    std::string text;
+    try {
+      text = nlohmann::json::parse(line).at("text").get<std::string>();
+    } catch (const std::exception& e) {
+      throw std::runtime_error("tokenize: " + input + ":" + std::to_string(number) + ": expected {\"text\": ...}: " + e.what());
+    }
+    std::vector<int32_t> ids;
+    try {
+      ids = tokenizer.encode(text);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("tokenize: " + input + ":" + std::to_string(number) + ": " + e.what());
+    }
+    tokens += static_cast<int64_t>(ids.size());
+    nlohmann::json record = {{"ids", ids}};
+    if (decode) record["decoded"] = tokenizer.decode(ids);
+    out << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  out.close();
+  if (!out) throw std::runtime_error("tokenize: writing '" + partial + "' failed");
+  std::filesystem::rename(partial, output);
+  std::printf("%s: %lld texts, %lld tokens (%s tokenizer, vocab %lld)\n", output.c_str(), static_cast<long long>(number),
+              static_cast<long long>(tokens), tokenizer.name().c_str(), static_cast<long long>(tokenizer.vocab_size()));
+}
 
 void write(const std::string& path, const std::vector<int32_t>& tokens, const fsdp::data::Tokenizer& tokenizer,
            size_t documents) {
@@ -69,11 +115,19 @@ int main(int argc, char** argv) {
   inspect->add_option("--show", show, "tokens to decode")->capture_default_str();
   inspect_tokenizer.add_to(*inspect);
 
+  auto* tokenize = app.add_subcommand("tokenize", "encode JSON lines {\"text\": ...} into {\"ids\": [...]} lines");
+  std::string tokenize_input, tokenize_output;
+  bool tokenize_decode = false;
+  TokenizerArgs tokenize_tokenizer;
+  tokenize->add_option("--input", tokenize_input, "JSON lines, each {\"text\": ...}")->required();
+  tokenize->add_option("--output", tokenize_output, "JSON lines, each {\"ids\": [...]}")->required();
+  tokenize->add_flag("--decode", tokenize_decode, "also write \"decoded\": the ids decoded again");
+  tokenize_tokenizer.add_to(*tokenize);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (fortunes->parsed()) {
-      auto tokenizer = fsdp::data::make_tokenizer(fortunes_tokenizer.kind, fortunes_tokenizer.vocab_json,
-                                                  fortunes_tokenizer.merges_txt);
+      auto tokenizer = fortunes_tokenizer.make();
       auto split = fsdp::data::split_documents(fsdp::data::read_fortunes(fortunes_dir), validation_percent);
       auto train = fsdp::data::tokenize_documents(split.train, *tokenizer);
       auto validation = fsdp::data::tokenize_documents(split.validation, *tokenizer);
@@ -81,10 +135,11 @@ int main(int argc, char** argv) {
       write(output_dir + "/train.tok", train, *tokenizer, split.train.size());
       write(output_dir + "/validation.tok", validation, *tokenizer, split.validation.size());
     } else if (encode->parsed()) {
-      auto tokenizer = fsdp::data::make_tokenizer(encode_tokenizer.kind, encode_tokenizer.vocab_json,
-                                                  encode_tokenizer.merges_txt);
+      auto tokenizer = encode_tokenizer.make();
       auto documents = fsdp::data::read_text_files(inputs);
       write(output, fsdp::data::tokenize_documents(documents, *tokenizer), *tokenizer, documents.size());
+    } else if (tokenize->parsed()) {
+      tokenize_lines(*tokenize_tokenizer.make(), tokenize_input, tokenize_output, tokenize_decode);
     } else if (inspect->parsed()) {
       fsdp::data::TokenFile file(inspect_path);
       std::printf("%s: %lld tokens, vocab %lld, %d bytes per token\n", inspect_path.c_str(),
@@ -95,8 +150,7 @@ int main(int argc, char** argv) {
       std::printf("first %lld ids:", static_cast<long long>(n));
       for (int32_t id : ids) std::printf(" %d", id);
       std::printf("\n");
-      auto tokenizer = fsdp::data::make_tokenizer(inspect_tokenizer.kind, inspect_tokenizer.vocab_json,
-                                                  inspect_tokenizer.merges_txt);
+      auto tokenizer = inspect_tokenizer.make();
       if (tokenizer->vocab_size() >= file.vocab_size()) {
         std::printf("decoded (%s): %s\n", tokenizer->name().c_str(), tokenizer->decode(ids).c_str());
       }

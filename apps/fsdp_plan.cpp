@@ -202,9 +202,10 @@ int main(int argc, char** argv) {
   app.add_option("--reduce-dtype", reduce_dtype, "float32 | bfloat16");
   app.add_flag("--activation-checkpointing", checkpointing, "recompute each block in backward");
   app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
-  app.add_flag("--fused-attention", in.fused_attention,
-               "attention keeps no [heads, t, t] probabilities (libtorch 2.x on a GPU); default: composed, as "
-               "libtorch 1.13 on a CPU");
+  bool composed_attention = false;
+  app.add_flag("--composed-attention", composed_attention,
+               "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "
+               "fused (scaled_dot_product_attention, as fsdp.cpp's models)");
   app.add_option("--optimizer", optimizer, "adamw | sgd");
   app.add_option("--micro-batch", micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
@@ -223,6 +224,7 @@ int main(int argc, char** argv) {
   app.add_flag("--compact", compact, "one line per plan");
   app.add_option("--json", json_path, "write the plan here as JSON");
   CLI11_PARSE(app, argc, argv);
+  if (composed_attention) in.fused_attention = false;
 
   fsdp::comm::ProcessGroupPtr world;
   try {

@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """bench/compare: fsdp.cpp against what a user would pick instead, in one run on one machine.
 
-    bash bench/compare.sh                      # builds first; or, with build/ ready:
-    /usr/bin/python3 bench/compare.py --json out/bench/compare.json --plot docs/compare.png
+    bash bench/compare.sh                      # builds first; or, with build/ and .venv/ ready:
+    .venv/bin/python bench/compare.py --json out/bench/compare.json --plot docs/compare.png
 
 The same GPT (default 6 blocks, width 256, 8 heads, byte vocabulary, 128-token windows,
 4.8 M parameters), the same global batch, trained by:
   fsdp N=1,2,4   fsdp-train FULL_SHARD (prefetch on), threads per rank = cores / N (at least 1)
   libtorch 1p    bench/plain_gpt: one process, plain libtorch, no sharding, all cores; once with
                  fsdp-train's malloc settings (freed blocks stay mapped) and once with glibc's defaults
-  pytorch 1p     bench/torch_gpt.py in one process (Python, same kernels: Debian's python3-torch 1.13)
+  pytorch 1p     bench/torch_gpt.py in one process (Python, same kernels: the torch wheel fsdp.cpp
+                 links, from .venv/)
   ddp N=2,4      bench/torch_gpt.py under DistributedDataParallel on gloo, threads = cores / N
-and PyTorch's own FSDP is probed (import, gloo reduce-scatter) and its failure recorded.
+  fsdp2 N=2,4    bench/torch_gpt.py under PyTorch FSDP2 (fully_shard per block and root) on gloo
+  hf ddp/fsdp2   transformers' GPT2LMHeadModel, same configuration, under DDP and FSDP2
+A peer that fails (e.g. a collective gloo lacks) gets a row with its error instead of figures.
 Every configuration runs --rounds times, interleaved (this machine is noisy); per configuration
 the median step over all rounds' steps after the warm-up gives tokens/s, and the largest rank's
 peak resident memory (VmHWM) its memory. Ratios: against the one-process libtorch run (same malloc
-settings as fsdp-train) and against DDP at equal N. Writes a table, JSON and (with gnuplot) a PNG.
+settings as fsdp-train), against DDP and against FSDP2 at equal N (tokens/s and peak memory). Writes a table, JSON and (with gnuplot) a PNG.
 """
 import argparse
 import json
@@ -28,7 +31,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON = os.environ.get("FSDP_TORCH_PYTHON", "/usr/bin/python3")  # Debian's python3-torch lives here
+PYTHON = os.environ.get("FSDP_TORCH_PYTHON", str(ROOT / ".venv/bin/python"))  # scripts/setup.sh's torch wheel
+RUN_TIMEOUT = 900  # seconds for one configuration: a peer that hangs must not stall the table
 
 
 def mpirun(ranks):
@@ -38,15 +42,20 @@ def mpirun(ranks):
     return ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *env_flags]
 
 
-def run(command, log_path):
+def run(command, log_path, allowed=(0,)):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.pop("OMP_NUM_THREADS", None)  # every program sets its own thread count
     with open(log_path, "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    if done.returncode != 0:
+        try:
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                  timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"compare: {' '.join(map(str, command))} ran past {RUN_TIMEOUT} s; log: {log_path}")
+    if done.returncode not in allowed:
         tail = Path(log_path).read_text().splitlines()[-15:]
         sys.exit(f"compare: {' '.join(map(str, command))} failed (exit {done.returncode}); "
                  f"end of {log_path}:\n" + "\n".join(tail))
+    return done.returncode
 
 
 def model_args(a):
@@ -79,8 +88,11 @@ def fsdp_run(a, ranks, work):
 
 def json_run(a, command, name, work):
     out = work / f"{name}.json"
-    run([*command, *model_args(a), "--json", str(out)], work / f"{name}.log")
+    out.unlink(missing_ok=True)
+    run([*command, *model_args(a), "--json", str(out)], work / f"{name}.log", allowed=(0, 3))
     r = json.loads(out.read_text())
+    if "error" in r:  # torch_gpt.py's wrapper failed: its exception goes into the table
+        return {"error": r["error"]}
     peak = r.get("peak_resident_bytes", max(r.get("peak_resident_bytes_per_rank", [0])))
     return {"step_seconds": r["step_seconds"][a.warmup:], "tokens_per_step": r["batch"] * r["seq"],
             "peak_resident_bytes": peak, "losses": r["losses"], "parameters": r["parameters"]}
@@ -92,11 +104,12 @@ def plot(rows, png, work):
         return
     # PyTorch's line starts at its one-process run; libtorch's point uses fsdp-train's malloc settings.
     series = {"fsdp.cpp FULL\\_SHARD": ("fsdp",), "PyTorch (N=1: one process; N>1: DDP on gloo)": ("pytorch", "ddp"),
-              "plain libtorch, one process": ("libtorch",)}
+              "PyTorch FSDP2 on gloo": ("fsdp2",), "plain libtorch, one process": ("libtorch",)}
     files = {}
     for title, families in series.items():
         points = sorted((r["ranks"], r["tokens_per_second"], r["peak_resident_mib"]) for r in rows
-                        if r["family"] in families and not (r["family"] == "libtorch" and r["malloc"] != "fsdp"))
+                        if r["family"] in families and "error" not in r and r["model"] == "ours"
+                        and not (r["family"] == "libtorch" and r["malloc"] != "fsdp"))
         family = families[-1]
         path = work / f"plot_{family}.dat"
         path.write_text("".join(f"{n} {t:.1f} {m:.1f}\n" for n, t, m in points))
@@ -151,65 +164,87 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
 
+    # (family, ranks, variant): variant is the malloc setting for libtorch, the model for the peers.
     configs = [("fsdp", n, None) for n in ranks]
-    configs += [("libtorch", 1, "fsdp"), ("libtorch", 1, "glibc"), ("pytorch", 1, None)]
-    configs += [("ddp", n, None) for n in ranks if n > 1]
+    configs += [("libtorch", 1, "fsdp"), ("libtorch", 1, "glibc"), ("pytorch", 1, "ours")]
+    configs += [(family, n, model) for n in ranks if n > 1 for model in ("ours", "hf") for family in ("ddp", "fsdp2")]
     results = {c: [] for c in configs}
     for round_index in range(a.rounds):
-        for family, n, malloc in configs:
-            name = f"{family}_np{n}" + (f"_{malloc}" if malloc else "") + f"_round{round_index}"
+        for family, n, variant in configs:
+            name = f"{family}_np{n}" + (f"_{variant}" if variant else "") + f"_round{round_index}"
             print(f"round {round_index + 1}/{a.rounds}: {name}", flush=True)
             if family == "fsdp":
                 r = fsdp_run(a, n, work)
             elif family == "libtorch":
-                extra = ["--keep-freed-memory-mapped"] if malloc == "fsdp" else []
+                extra = ["--keep-freed-memory-mapped"] if variant == "fsdp" else []
                 r = json_run(a, [str(ROOT / "build/bench/plain_gpt"), "--threads", str(cores), *extra], name, work)
             else:
-                launcher = mpirun(n) if family == "ddp" else []
-                r = json_run(a, [*launcher, PYTHON, str(ROOT / "bench/torch_gpt.py")], name, work)
-            results[(family, n, malloc)].append(r)
+                launcher = mpirun(n) if n > 1 else []
+                wrapper = ["--wrap", family] if n > 1 else []
+                r = json_run(a, [*launcher, PYTHON, str(ROOT / "bench/torch_gpt.py"), "--model", variant, *wrapper],
+                             name, work)
+            results[(family, n, variant)].append(r)
 
-    probe_path = work / "fsdp_probe.json"
-    run([*mpirun(2), PYTHON, str(ROOT / "bench/torch_gpt.py"), "--probe-fsdp", "--json", str(probe_path)],
-        work / "fsdp_probe.log")
-    probe = json.loads(probe_path.read_text())
-
-    labels = {"fsdp": "fsdp.cpp", "libtorch": "libtorch 1 proc", "pytorch": "pytorch 1 proc", "ddp": "pytorch DDP"}
+    labels = {"fsdp": "fsdp.cpp", "libtorch": "libtorch 1 proc", "pytorch": "pytorch 1 proc", "ddp": "pytorch DDP",
+              "fsdp2": "pytorch FSDP2"}
     rows = []
-    for (family, n, malloc), runs in results.items():
+    for (family, n, variant), runs in results.items():
+        label = f"{labels[family]} N={n}"
+        if family == "libtorch":
+            label += f" ({variant} malloc)"
+        elif family in ("ddp", "fsdp2"):
+            label = ("HF GPT2LMHeadModel " if variant == "hf" else "") + label
+        row = {"label": label, "family": family, "ranks": n, "model": variant if family in ("pytorch", "ddp", "fsdp2")
+               else "ours", "malloc": {"fsdp": "fsdp", "libtorch": variant}.get(family, "glibc"),
+               "threads_per_rank": max(1, cores // n)}
+        errors = [r["error"] for r in runs if "error" in r]
+        if errors:
+            row["error"] = errors[0]
+            rows.append(row)
+            continue
         steps = [s for r in runs for s in r["step_seconds"]]
         median_step = statistics.median(steps)
-        rows.append({
-            "label": f"{labels[family]} N={n}" + (f" ({malloc} malloc)" if family == "libtorch" else ""),
-            "family": family, "ranks": n, "malloc": {"fsdp": "fsdp", "libtorch": malloc}.get(family, "glibc"),
-            "threads_per_rank": max(1, cores // n), "median_step_seconds": median_step,
-            "tokens_per_second": runs[0]["tokens_per_step"] / median_step,
+        row.update({
+            "median_step_seconds": median_step, "tokens_per_second": runs[0]["tokens_per_step"] / median_step,
             "round_tokens_per_second": [r["tokens_per_step"] / statistics.median(r["step_seconds"]) for r in runs],
             "peak_resident_mib": max(r["peak_resident_bytes"] for r in runs) / 2**20,
             "first_loss": runs[0]["losses"][0], "parameters": runs[0].get("parameters"),
         })
+        rows.append(row)
     base = next(r for r in rows if r["family"] == "libtorch" and r["malloc"] == "fsdp")
-    ddp = {r["ranks"]: r for r in rows if r["family"] == "ddp"}
+    peers = {(r["family"], r["ranks"]): r for r in rows if r["family"] in ("ddp", "fsdp2") and r["model"] == "ours"}
     print(f"\nGPT {a.layers}x{a.dim}, {a.heads} heads, seq {a.seq}, global batch {a.batch}, {a.steps} steps "
           f"(median over steps {a.warmup + 1}-{a.steps}) x {a.rounds} rounds, {cores} cores")
-    print(f"{'run':<34} {'thr':>3} {'tokens/s':>9} {'vs 1p':>6} {'vs DDP':>7} {'RSS/rank MiB':>12} {'vs DDP':>7} "
-          f"{'loss@1':>7}")
+    print("ratios: tokens/s and peak resident memory per rank against the peer at the same N (our GPT in PyTorch)")
+    print(f"{'run':<38} {'thr':>3} {'tokens/s':>9} {'vs 1p':>6} {'vs DDP':>7} {'vs FSDP2':>8} {'RSS/rank MiB':>12} "
+          f"{'vs DDP':>7} {'vs FSDP2':>8} {'loss@1':>7}")
+
+    def ratio(r, peer_family, key):
+        peer = peers.get((peer_family, r["ranks"]))
+        if not peer or "error" in peer or "error" in r:
+            return None
+        return r[key] / peer[key]
+
+    def fmt(x, width):
+        return f"{x:>{width - 1}.2f}x" if x is not None else f"{'-':>{width}}"
+
     for r in rows:
+        if "error" in r:
+            print(f"{r['label']:<38} {r['threads_per_rank']:>3} failed: {r['error']}")
+            continue
         r["tokens_vs_libtorch"] = r["tokens_per_second"] / base["tokens_per_second"]
-        same = ddp.get(r["ranks"])
-        r["tokens_vs_ddp"] = r["tokens_per_second"] / same["tokens_per_second"] if same else None
-        r["memory_vs_ddp"] = r["peak_resident_mib"] / same["peak_resident_mib"] if same else None
-        vs_ddp = f"{r['tokens_vs_ddp']:.2f}x" if same else "-"
-        mem_vs = f"{r['memory_vs_ddp']:.2f}x" if same else "-"
-        print(f"{r['label']:<34} {r['threads_per_rank']:>3} {r['tokens_per_second']:>9.0f} "
-              f"{r['tokens_vs_libtorch']:>5.2f}x {vs_ddp:>7} {r['peak_resident_mib']:>12.1f} {mem_vs:>7} "
+        r["tokens_vs_ddp"] = ratio(r, "ddp", "tokens_per_second")
+        r["memory_vs_ddp"] = ratio(r, "ddp", "peak_resident_mib")
+        r["tokens_vs_fsdp2"] = ratio(r, "fsdp2", "tokens_per_second")
+        r["memory_vs_fsdp2"] = ratio(r, "fsdp2", "peak_resident_mib")
+        print(f"{r['label']:<38} {r['threads_per_rank']:>3} {r['tokens_per_second']:>9.0f} "
+              f"{r['tokens_vs_libtorch']:>5.2f}x {fmt(r['tokens_vs_ddp'], 7)} {fmt(r['tokens_vs_fsdp2'], 8)} "
+              f"{r['peak_resident_mib']:>12.1f} {fmt(r['memory_vs_ddp'], 7)} {fmt(r['memory_vs_fsdp2'], 8)} "
               f"{r['first_loss']:>7.4f}")
-    print(f"\nPyTorch FSDP here: import -> {probe['fsdp_import']}")
-    print(f"                   gloo reduce_scatter -> {probe.get('gloo_reduce_scatter')}")
     out = {"model": {"layers": a.layers, "dim": a.dim, "heads": a.heads, "vocab": 256, "seq": a.seq,
                      "parameters": next((r["parameters"] for r in rows if r["parameters"]), None)},
            "global_batch": a.batch, "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "cores": cores,
-           "rows": rows, "pytorch_fsdp_probe": probe, "work_dir": str(work)}
+           "torch_python": PYTHON, "rows": rows, "work_dir": str(work)}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     partial = Path(a.json).with_name(Path(a.json).name + ".partial")
     partial.write_text(json.dumps(out, indent=2) + "\n")

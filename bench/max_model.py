@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/max_model: the largest GPT that trains 3 steps under a per-rank memory cap.
 
-    /usr/bin/python3 bench/max_model.py --json out/bench/max_model.json      # as root (cgroups)
+    .venv/bin/python bench/max_model.py --json out/bench/max_model.json      # as root (cgroups)
 
 GPUs each have their own memory; ranks here share one machine's. Each rank runs in a memory
 cgroup of its own capped at --cap GiB (bench/memory_cap.sh): an emulated device. The model is a
@@ -10,6 +10,8 @@ per step, fp32 AdamW) whose depth is searched: a run passes when every rank exit
 optimizer steps; over the cap the kernel's OOM killer ends a rank (recorded). Configurations:
   fsdp4_capped    fsdp-train FULL_SHARD on 4 ranks, each capped
   ddp4_capped     PyTorch DDP (gloo, bench/torch_gpt.py) on 4 ranks, each capped
+  fsdp2_4_capped  PyTorch FSDP2 (fully_shard per block and root, gloo, bench/torch_gpt.py) on 4
+                  ranks, each capped
   single_capped   one process, plain libtorch (bench/plain_gpt), capped
   fsdp4_uncapped  fsdp-train on 4 ranks with no per-rank cap: the 4 ranks share one cgroup capped at
                   the machine's available memory less --reserve GiB, so that a failure kills a rank,
@@ -29,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = {"fsdp-train": ROOT / "build/apps/fsdp-train", "plain_gpt": ROOT / "build/bench/plain_gpt"}
-PYTHON = os.environ.get("FSDP_TORCH_PYTHON", "/usr/bin/python3")
+PYTHON = os.environ.get("FSDP_TORCH_PYTHON", str(ROOT / ".venv/bin/python"))  # scripts/setup.sh's torch wheel
 GIB = 1 << 30
 
 
@@ -85,8 +87,8 @@ def command_for(config, layers, a, out_dir):
         return command
     model = ["--layers", str(layers), "--dim", str(a.dim), "--heads", str(heads), "--seq", str(a.seq),
              "--batch", str(ranks), "--steps", "3", "--warmup", "0"]
-    if config["runner"] == "ddp":
-        return [PYTHON, str(ROOT / "bench/torch_gpt.py"), *model]
+    if config["runner"] in ("ddp", "fsdp2"):
+        return [PYTHON, str(ROOT / "bench/torch_gpt.py"), "--wrap", config["runner"], *model]
     return [str(BIN["plain_gpt"]), *model]
 
 
@@ -206,7 +208,7 @@ def main():
     parser.add_argument("--step", type=int, default=4, help="layers per step of the search before bisecting")
     parser.add_argument("--reserve", type=float, default=0.75, help="GiB left free in the uncapped run")
     parser.add_argument("--only", default="", help="comma-separated configuration names to run")
-    parser.add_argument("--start-bytes-per-param", default="fsdp4_capped=4.6,ddp4_capped=21,single_capped=17,"
+    parser.add_argument("--start-bytes-per-param", default="fsdp4_capped=4.6,ddp4_capped=21,fsdp2_4_capped=8,single_capped=17,"
                         "fsdp4_uncapped=4.4", help="first guess per configuration: a rank's bytes per model parameter")
     parser.add_argument("--try-layers", default="", help="e.g. fsdp4_capped=24: run only that depth for that "
                         "configuration (no search); a pass shows a lower bound on its largest model")
@@ -229,6 +231,7 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     configs = [
         {"name": "ddp4_capped", "runner": "ddp", "ranks": 4, "capped": True},
+        {"name": "fsdp2_4_capped", "runner": "fsdp2", "ranks": 4, "capped": True},
         {"name": "single_capped", "runner": "plain", "ranks": 1, "capped": True},
         {"name": "fsdp4_capped", "runner": "fsdp", "ranks": 4, "capped": True},
         {"name": "fsdp4_uncapped", "runner": "fsdp", "ranks": 4, "capped": False},
@@ -277,17 +280,18 @@ def main():
     by_name = {r["name"]: r for r in results}
     print(f"\nGPT width {a.dim}, {a.dim // 128} heads, byte vocabulary, {a.seq}-token windows, one per rank, "
           f"fp32 AdamW, 3 steps; per-rank cap {a.cap:g} GiB; machine {total / GIB:.1f} GiB")
-    print(f"{'configuration':<16} {'layers':>6} {'parameters':>12} {'peak/rank GiB':>13} {'vs DDP':>7} {'vs 1 proc':>9}")
+    print(f"{'configuration':<16} {'layers':>6} {'parameters':>12} {'peak/rank GiB':>13} {'vs DDP':>7} {'vs FSDP2':>8} "
+          f"{'vs 1 proc':>9}")
     for r in results:
         passing = [t for t in r["trials"] if t["passed"] and t["layers"] == r["largest_layers"]]
         peak = max(passing[0]["peak_bytes_per_rank"]) / GIB if passing else float("nan")
         r["peak_bytes_per_rank_at_largest"] = passing[0]["peak_bytes_per_rank"] if passing else []
-        for other, key in (("ddp4_capped", "vs_ddp"), ("single_capped", "vs_single")):
+        for other, key in (("ddp4_capped", "vs_ddp"), ("fsdp2_4_capped", "vs_fsdp2"), ("single_capped", "vs_single")):
             o = by_name.get(other)
             r[key] = r["largest_parameters"] / o["largest_parameters"] if o and o["largest_parameters"] else None
         fmt = lambda v: f"{v:.2f}x" if v else "-"
         print(f"{r['name']:<16} {r['largest_layers'] or 0:>6} {r['largest_parameters'] / 1e6:>10.1f} M {peak:>13.2f} "
-              f"{fmt(r['vs_ddp']):>7} {fmt(r['vs_single']):>9}" + ("" if r.get("searched", True) else "  (one trial: at least)"))
+              f"{fmt(r['vs_ddp']):>7} {fmt(r['vs_fsdp2']):>8} {fmt(r['vs_single']):>9}" + ("" if r.get("searched", True) else "  (one trial: at least)"))
     if "fsdp4_uncapped" in by_name:
         r = by_name["fsdp4_uncapped"]
         r["machine_bound_parameters"] = machine_bound

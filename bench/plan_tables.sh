@@ -19,7 +19,7 @@ for strategy in full_shard shard_grad_op; do
   for dtype in float32 bfloat16; do
     for ac in "" --activation-checkpointing; do
       for offload in "" --cpu-offload; do
-        "$plan" --model llama3-70b --ranks 8 --ranks-per-node 8 --memory 80GB --overhead 2GiB --fused-attention --seq 4096 \
+        "$plan" --model llama3-70b --ranks 8 --ranks-per-node 8 --memory 80GB --overhead 2GiB --seq 4096 \
           --strategy "$strategy" --param-dtype "$dtype" $ac $offload --compact
       done
     done
@@ -27,7 +27,7 @@ for strategy in full_shard shard_grad_op; do
 done
 echo
 echo "== Llama 3 70B, 8 x 80 GB, bf16, checkpointing, CPU offload: the full plan"
-"$plan" --model llama3-70b --ranks 8 --ranks-per-node 8 --memory 80GB --overhead 2GiB --fused-attention --seq 4096 \
+"$plan" --model llama3-70b --ranks 8 --ranks-per-node 8 --memory 80GB --overhead 2GiB --seq 4096 \
   --param-dtype bfloat16 --activation-checkpointing --cpu-offload --tflops 400 --bandwidth 150
 echo
 echo "== Llama 3 8B, 64 GPUs (8 per node) of 80 GB, micro-batch 2 x 8192 tokens, bf16 (no_shard: fp32)"
@@ -35,14 +35,14 @@ for strategy in full_shard hybrid_shard no_shard; do
   dtype=bfloat16
   [ "$strategy" != no_shard ] || dtype=float32  # replicated parameters stay fp32 (as the runtime does)
   for ac in "" --activation-checkpointing; do
-    "$plan" --model llama3-8b --ranks 64 --ranks-per-node 8 --memory 80GB --overhead 2GiB --fused-attention --seq 8192 \
+    "$plan" --model llama3-8b --ranks 64 --ranks-per-node 8 --memory 80GB --overhead 2GiB --seq 8192 \
       --micro-batch 2 --strategy "$strategy" --param-dtype "$dtype" $ac --compact
   done
 done
 echo
 for strategy in full_shard hybrid_shard; do
   echo "== Llama 3 8B, 64 GPUs, bf16, checkpointing, $strategy: step time at 400 TFLOP/s, 150 GB/s in a node, 50 across"
-  "$plan" --model llama3-8b --ranks 64 --ranks-per-node 8 --memory 80GB --overhead 2GiB --fused-attention --seq 8192 \
+  "$plan" --model llama3-8b --ranks 64 --ranks-per-node 8 --memory 80GB --overhead 2GiB --seq 8192 \
     --micro-batch 2 --strategy "$strategy" --param-dtype bfloat16 --activation-checkpointing \
     --tflops 400 --bandwidth 150 --inter-node-bandwidth 50
 done

@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
-"""The GPT of src/models/gpt.cpp in PyTorch (Debian's python3-torch 1.13), trained with
-DistributedDataParallel on gloo: bench/compare's DDP baseline.
+"""The GPT of src/models/gpt.cpp in PyTorch 2.x (the torch wheel in .venv/), or Hugging Face
+transformers' GPT2LMHeadModel with the same configuration, trained under DistributedDataParallel
+or FSDP2 (fully_shard) on gloo: bench/compare's PyTorch peers.
 
-    mpirun -np 2 /usr/bin/python3 bench/torch_gpt.py --layers 6 --dim 256 --heads 8 --json out.json
-    /usr/bin/python3 bench/torch_gpt.py ...          # one process, no DDP
-    mpirun -np 2 /usr/bin/python3 bench/torch_gpt.py --probe-fsdp --json probe.json
+    mpirun -np 2 .venv/bin/python bench/torch_gpt.py --layers 6 --dim 256 --heads 8 --json out.json
+    mpirun -np 2 .venv/bin/python bench/torch_gpt.py --wrap fsdp2 --model hf ...
+    .venv/bin/python bench/torch_gpt.py ...          # one process, no wrapper
 
 Launched by mpirun like fsdp-train: the rank and world size come from Open MPI's environment
-(OMPI_COMM_WORLD_RANK/SIZE) and gloo meets on 127.0.0.1:--port. The architecture is the C++
-one, layer for layer: learned positions, pre-norm blocks, GPT-2's tanh GELU, biases everywhere,
-the head tied to the token embedding, attention composed as libtorch 1.13 does it in
-include/fsdp/compat.h (1.13 has no fused scaled_dot_product_attention), the same initialisation.
+(OMPI_COMM_WORLD_RANK/SIZE) and gloo meets on 127.0.0.1:--port. --model ours is the C++ model,
+layer for layer: learned positions, pre-norm blocks, GPT-2's tanh GELU, biases everywhere, the
+head tied to the token embedding, scaled_dot_product_attention as include/fsdp/compat.h calls
+it, the same initialisation. --model hf is transformers' GPT2LMHeadModel (GPT2Config with the
+same layers, width, heads, vocabulary and context, dropout off, sdpa attention): a model nobody
+here wrote. --wrap ddp: DistributedDataParallel; --wrap fsdp2: fully_shard on each block, then
+on the root (embeddings, final norm, tied head), reshard after forward: fsdp.cpp's FULL_SHARD
+with the embedding in the root. Optimizer: AdamW (fsdp-train's settings), gradient clipping 1.0.
 Data: uniformly random byte tokens, one seeded generator per rank. Reported: median tokens/s
 over the steps after --warmup, every rank's peak resident memory (VmHWM), the parameter count.
---probe-fsdp instead checks whether PyTorch's own FSDP can run here (its import, and gloo's
-reduce-scatter, which FSDP needs) and writes what failed.
+If the wrapper fails (it needs collectives gloo may lack), the exception is written to --json
+as {"error": ...} and the exit status is 3, so that the table can show it.
 """
 import argparse
 import json
@@ -41,10 +46,7 @@ class Attention(nn.Module):
         b, t, d = x.shape
         # [b, t, 3 * dim] -> three [b, heads, t, head_dim]
         q, k, v = self.c_attn(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
-        future = torch.ones(t, t, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-        y = torch.matmul(torch.softmax(scores, -1), v)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -113,26 +115,35 @@ def launch(port):
     return rank, world, local_world
 
 
-def probe_fsdp(args, rank, world):
-    """What stops PyTorch's FSDP here: its import, and gloo's reduce-scatter."""
-    result = {"torch_version": torch.__version__, "python_version": sys.version.split()[0]}
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: F401
-        result["fsdp_import"] = "ok"
-    except Exception as e:  # the point is to record whatever it raises
-        result["fsdp_import"] = f"{type(e).__name__}: {e}"
-    if world > 1:
-        try:
-            out = torch.zeros(4)
-            dist.reduce_scatter(out, [torch.ones(4) for _ in range(world)])
-            result["gloo_reduce_scatter"] = "ok"
-        except Exception as e:
-            result["gloo_reduce_scatter"] = f"{type(e).__name__}: {e}".splitlines()[0]
-    if rank == 0:
-        print(json.dumps(result, indent=2))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=2)
+def build_model(args):
+    """(model, blocks): the blocks are the units FSDP2 wraps before the root."""
+    if args.model == "ours":
+        model = Gpt(args.layers, args.dim, args.heads, args.vocab, args.seq)
+        return model, list(model.h)
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(vocab_size=args.vocab, n_positions=args.seq, n_embd=args.dim, n_layer=args.layers,
+                        n_head=args.heads, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=True)
+    config._attn_implementation = "sdpa"
+    model = GPT2LMHeadModel(config)
+    return model, list(model.transformer.h)
+
+
+def logits_of(model, args, ids):
+    return model(ids) if args.model == "ours" else model(input_ids=ids).logits
+
+
+def wrap(model, blocks, args, world):
+    if args.wrap == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    if args.wrap == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        for block in blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    return model
 
 
 def train(args, rank, world, local_world):
@@ -141,10 +152,10 @@ def train(args, rank, world, local_world):
     threads = args.threads or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
     torch.manual_seed(1234)
-    model = Gpt(args.layers, args.dim, args.heads, args.vocab, args.seq)
+    model, blocks = build_model(args)
     parameters = sum(p.numel() for p in model.parameters())
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+    if world > 1 or args.wrap == "fsdp2":
+        model = wrap(model, blocks, args, world)
     # fsdp-train's defaults for the optimizer (configs/gpt-fortunes-tiny.toml), constant rate.
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     generator = torch.Generator().manual_seed(42 + rank)
@@ -154,7 +165,7 @@ def train(args, rank, world, local_world):
         window = torch.randint(0, args.vocab, (local_batch, args.seq + 1), generator=generator)
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        logits = model(window[:, :-1])
+        logits = logits_of(model, args, window[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), window[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -175,7 +186,8 @@ def train(args, rank, world, local_world):
         peaks = torch.cat(gathered)
     median_step = statistics.median(step_seconds[args.warmup:])
     result = {
-        "parameters": parameters, "ranks": world, "threads": threads, "batch": args.batch, "seq": args.seq,
+        "parameters": parameters, "ranks": world, "model": args.model, "wrap": args.wrap if world > 1 else "none",
+        "torch_version": torch.__version__, "threads": threads, "batch": args.batch, "seq": args.seq,
         "steps": args.steps, "warmup": args.warmup, "step_seconds": step_seconds, "losses": losses,
         "median_step_seconds": median_step, "tokens_per_second": args.batch * args.seq / median_step,
         "peak_resident_bytes_per_rank": peaks.tolist(),
@@ -202,7 +214,9 @@ def main():
     parser.add_argument("--threads", type=int, default=0, help="per rank (0: cores / ranks on this node)")
     parser.add_argument("--port", type=int, default=29517, help="gloo's rendezvous port on 127.0.0.1")
     parser.add_argument("--json", help="write the results here (rank 0)")
-    parser.add_argument("--probe-fsdp", action="store_true", help="check whether PyTorch FSDP can run here")
+    parser.add_argument("--model", choices=("ours", "hf"), default="ours",
+                        help="ours: src/models/gpt.cpp in PyTorch; hf: transformers' GPT2LMHeadModel")
+    parser.add_argument("--wrap", choices=("ddp", "fsdp2"), default="ddp", help="with more than one rank")
     args = parser.parse_args()
     for name in ("layers", "dim", "heads", "vocab", "seq", "batch", "steps"):
         if getattr(args, name) <= 0:
@@ -212,10 +226,15 @@ def main():
     if not 0 <= args.warmup < args.steps:
         sys.exit(f"torch_gpt: --warmup {args.warmup} must be in [0, --steps)")
     rank, world, local_world = launch(args.port)
-    if args.probe_fsdp:
-        probe_fsdp(args, rank, world)
-    else:
+    try:
         train(args, rank, world, local_world)
+    except Exception as e:  # recorded for the table: what stops this wrapper here
+        message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        print(f"torch_gpt: rank {rank}: {args.wrap} failed: {message}", file=sys.stderr, flush=True)
+        if rank == 0 and args.json:
+            with open(args.json, "w") as f:
+                json.dump({"error": message, "torch_version": torch.__version__}, f, indent=2)
+        sys.exit(3)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -23,14 +23,16 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fsdpConfig.cmake ${CMAKE_CURRENT_BINAR
         DESTINATION ${FSDP_INSTALL_CMAKEDIR})
 
 # cpack -G DEB (in the build directory): a .deb of the libraries, headers, CMake package and the
-# four programs, installed under /usr, depending on Debian's packages the build used.
+# four programs, installed under /usr, depending on Debian's packages the build used. libtorch is
+# not among them: the programs find the torch wheel they were built against where it was (their
+# RPATH), so the package suits the machine that built it, or one with the same .venv/ path.
 set(CPACK_PACKAGE_NAME fsdp-cpp)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Fully Sharded Data Parallel training in C++ on libtorch")
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "fsdp.cpp developers")
 set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
-    "libtorch-dev (>= 1.13), libopenblas0-pthread, libopenmpi-dev, openmpi-bin, nlohmann-json3-dev, zlib1g-dev, libtomlplusplus-dev, fortunes")
+    "libopenmpi-dev, libpcre2-dev, openmpi-bin, nlohmann-json3-dev, zlib1g-dev, libtomlplusplus-dev, fortunes")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # fsdp-cpp_0.2.0_amd64.deb
 include(CPack)

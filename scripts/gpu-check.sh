@@ -20,7 +20,7 @@
 # Working files (logs, token files, metrics) go to /tmp/fsdp-gpu-check; OUT_DIR receives four:
 # gpu-check.json, report.txt, stages.tsv and gpu-check-logs.tar.gz (logs and metrics, no data),
 # because a device call brings back only a few files.
-# Needs: nvidia-smi, python3 with a CUDA torch >= 2.4 built with the C++11 ABI, cmake >= 3.18,
+# Needs: nvidia-smi, python3 with a CUDA torch >= 2.7 (the first wheels built with the C++11 ABI), cmake >= 3.18,
 # g++, and Open MPI, nlohmann-json, toml++, CLI11, GoogleTest and zlib's headers: installed
 # (scripts/setup.sh on Debian), or as .deb files in .gpu-deps/ (scripts/gpu-deps.sh, run where
 # apt works; carried to the machine), unpacked under /tmp here.
@@ -78,7 +78,7 @@ if ls .gpu-deps/*.deb > /dev/null 2>&1; then
   rm -rf "$DEPS" && mkdir -p "$DEPS/bin"
   for deb in .gpu-deps/*.deb; do
     if command -v mpicxx > /dev/null; then
-      case $(basename "$deb") in libtomlplusplus*|libcli11-dev*|libgtest-dev*) ;; *) continue ;; esac
+      case $(basename "$deb") in libtomlplusplus*|libcli11-dev*|libgtest-dev*|libpcre2*) ;; *) continue ;; esac
     fi
     dpkg-deb -x "$deb" "$DEPS" || echo "gpu-check: could not unpack $deb"
   done

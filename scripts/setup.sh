@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Installs whatever fsdp.cpp needs from Debian's packages (only what is missing), then configures
-# and builds into build/. Idempotent: quiet when everything is already present.
-# Usage: scripts/setup.sh            (sourced or run by scripts/train.sh and scripts/test.sh)
-#        FSDP_EXTRA_PACKAGES="python3-torch gnuplot-nox" scripts/setup.sh   (benchmarks' extras)
+# Installs whatever fsdp.cpp needs (only what is missing): Debian's packages, and libtorch from PyPI's
+# torch wheel (scripts/requirements-torch.txt, pinned) into a virtual environment in .venv/; then
+# configures and builds into build/. Idempotent: quiet when everything is already present.
+# Usage: scripts/setup.sh            (run by scripts/train.sh and scripts/test.sh)
+#        FSDP_EXTRA_PACKAGES="gnuplot-nox" scripts/setup.sh         (benchmarks' extras from Debian)
+#        FSDP_EXTRA_REQUIREMENTS=scripts/requirements-peers.txt scripts/setup.sh   (extras from PyPI)
+#        FSDP_TORCH_REQUIREMENTS=... FSDP_VENV=... FSDP_BUILD_DIR=... scripts/setup.sh  (another libtorch,
+#          environment and build folder: scripts/test-oldest-torch.sh)
+# The first run downloads the torch wheel and its CUDA libraries: 2.6 GB, about a minute here.
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 packages=(
   cmake g++ make pkg-config
-  libtorch-dev libopenblas0-pthread   # without OpenBLAS, Debian's libtorch uses the reference BLAS (~5x slower)
+  python3 python3-venv python3-pip   # the virtual environment that holds the torch wheel
   libopenmpi-dev openmpi-bin
-  libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
+  libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libpcre2-dev
   fortunes dataset-fashion-mnist
 )
 # shellcheck disable=SC2206  # a space-separated list on purpose
@@ -41,10 +46,44 @@ if ((${#missing[@]})); then
   rm -f "$log"
 fi
 
-build_dir="$root_dir/build"
+# libtorch: the pinned torch wheel in .venv/. A stamp lists the hashes of the requirement files
+# installed, so an unchanged environment costs nothing and a changed pin installs again.
+venv=${FSDP_VENV:-$root_dir/.venv}
+requirements=("${FSDP_TORCH_REQUIREMENTS:-$root_dir/scripts/requirements-torch.txt}")
+# shellcheck disable=SC2206  # a space-separated list on purpose
+requirements+=(${FSDP_EXTRA_REQUIREMENTS:-})
+stamp="$venv/.fsdp-requirements"
+[ -x "$venv/bin/python" ] || rm -f "$stamp"
+for file in "${requirements[@]}"; do
+  [ -f "$file" ] || { echo "setup: no requirements file $file" >&2; exit 1; }
+  hash=$(sha256sum "$file" | cut -d' ' -f1)
+  grep -qx "$hash" "$stamp" 2>/dev/null && continue
+  [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+  echo "setup: installing into ${venv#$root_dir/}/ from PyPI: $(grep -v '^#' "$file" | xargs)"
+  start=$SECONDS
+  log=$(mktemp)
+  if ! "$venv/bin/pip" install --disable-pip-version-check -q -r "$file" >"$log" 2>&1; then
+    echo "setup: pip could not install $file into $venv:" >&2
+    tail -n 20 "$log" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  echo "setup: installed in $((SECONDS - start)) s (${venv#$root_dir/}/: $(du -sh "$venv" | cut -f1) on disk)"
+  echo "$hash" >>"$stamp"
+done
+torch_prefix=$("$venv/bin/python" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)') || {
+  echo "setup: the torch in $venv does not import; remove .venv/ and run again" >&2; exit 1; }
+
+build_dir=${FSDP_BUILD_DIR:-$root_dir/build}
+# A build configured against another libtorch (Debian's 1.13, an older pin) starts again.
+if [ -f "$build_dir/CMakeCache.txt" ] && ! grep -q "^Torch_DIR:PATH=$torch_prefix/Torch$" "$build_dir/CMakeCache.txt"; then
+  echo "setup: build/ was configured against another libtorch; configuring again"
+  rm -rf "$build_dir/CMakeCache.txt" "$build_dir/CMakeFiles"
+fi
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   mkdir -p "$build_dir"
-  cmake -S "$root_dir" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release >"$build_dir/configure.log" 2>&1 || {
+  cmake -S "$root_dir" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
+    >"$build_dir/configure.log" 2>&1 || {
     echo "setup: cmake configure failed (log: $build_dir/configure.log):" >&2; tail -n 30 "$build_dir/configure.log" >&2
     rm -f "$build_dir/CMakeCache.txt"; exit 1; }
 fi

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test (unit and multi-rank).
-# Extra arguments go to ctest, e.g. scripts/test.sh -L unit
+# Installs what is missing, builds, compiles and links the CUDA path (scripts/cuda-build-check.sh,
+# where a CUDA toolkit is installed), and runs every test (unit and multi-rank).
+# Extra arguments go to ctest, e.g. scripts/test.sh -L unit; FSDP_CUDA_BUILD_CHECK=skip leaves out
+# the CUDA build.
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bash "$root_dir/scripts/setup.sh"
+# The check scripts compare against Hugging Face's libraries (tokenizers, transformers) from PyPI.
+FSDP_EXTRA_REQUIREMENTS="$root_dir/scripts/requirements-peers.txt" bash "$root_dir/scripts/setup.sh"
+if [ "${FSDP_CUDA_BUILD_CHECK:-auto}" != skip ]; then
+  bash "$root_dir/scripts/cuda-build-check.sh"
+fi
 cd "$root_dir/build"
 ctest --output-on-failure --timeout 600 "$@"

@@ -17,6 +17,17 @@ std::chrono::milliseconds comm_timeout_from_env(std::chrono::milliseconds fallba
   return std::chrono::milliseconds(ms);
 }
 
+CommWait comm_wait_from_env(CommWait fallback) {
+  const char* env = std::getenv("FSDP_COMM_WAIT");
+  if (env == nullptr) return fallback;
+  const std::string value(env);
+  if (value == "spin") return CommWait::kSpin;
+  if (value == "backoff") return CommWait::kBackoff;
+  throw std::runtime_error("FSDP_COMM_WAIT='" + value + "' is neither 'spin' nor 'backoff'");
+}
+
+const char* to_string(CommWait wait) { return wait == CommWait::kSpin ? "spin" : "backoff"; }
+
 const char* to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return "sum";

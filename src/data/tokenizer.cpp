@@ -2,10 +2,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "byte_level_bpe.h"
+#include "unicode_regex.h"
 
 namespace fsdp::data {
 
@@ -27,132 +31,70 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
 
 namespace {
 
-std::string utf8(uint32_t code_point) {
-  std::string out;
-  if (code_point < 0x80) {
-    out.push_back(static_cast<char>(code_point));
-  } else if (code_point < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xE0 | (code_point >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+// GPT-2's pre-tokenisation pattern (its encoder.py), with Unicode classes.
+const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+nlohmann::json read_json(const std::string& path, const std::string& what) {
+  std::ifstream file(path);
+  if (!file) throw std::runtime_error(what + ": cannot open '" + path + "'");
+  try {
+    return nlohmann::json::parse(file);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(what + ": '" + path + "' is not valid JSON: " + e.what());
   }
-  return out;
 }
 
-// Length in bytes of the UTF-8 character starting with `lead` (1 for a stray continuation byte).
-size_t utf8_length(unsigned char lead) {
-  if (lead >= 0xF0) return 4;
-  if (lead >= 0xE0) return 3;
-  if (lead >= 0xC0) return 2;
-  return 1;
+// Cuts `text` at every match of `regex`: the matches and the stretches between them, in order,
+// each a piece (Hugging Face's Split with behaviour Isolated).
+void split_isolated(const UnicodeRegex& regex, const std::string& text, std::vector<std::string>& out) {
+  size_t last = 0;
+  for (const auto& [begin, end] : regex.find_all(text)) {
+    if (begin > last) out.push_back(text.substr(last, begin - last));
+    out.push_back(text.substr(begin, end - begin));
+    last = end;
+  }
+  if (last < text.size()) out.push_back(text.substr(last));
 }
 
-enum class CharClass { Letter, Digit, Space, Other };
-
-CharClass classify(const std::string& text, size_t i) {
-  const unsigned char c = static_cast<unsigned char>(text[i]);
-  if (c >= 0x80) return CharClass::Letter;  // no Unicode tables: non-ASCII counts as a letter
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CharClass::Letter;
-  if (c >= '0' && c <= '9') return CharClass::Digit;
-  if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') return CharClass::Space;
-  return CharClass::Other;
+const UnicodeRegex& gpt2_regex() {
+  static const UnicodeRegex regex(kGpt2Pattern, "gpt2 pre-tokenizer");
+  return regex;
 }
-
-size_t next_char(const std::string& text, size_t i) { return std::min(text.size(), i + utf8_length(text[i])); }
 
 }  // namespace
 
 std::vector<std::string> Gpt2BpeTokenizer::split_words(const std::string& text) {
   std::vector<std::string> words;
-  size_t i = 0;
-  const size_t n = text.size();
-  while (i < n) {
-    // 's 't 're 've 'm 'll 'd
-    if (text[i] == '\'') {
-      static const char* const contractions[] = {"ll", "re", "ve", "s", "t", "m", "d"};
-      bool matched = false;
-      for (const char* suffix : contractions) {
-        const size_t len = std::char_traits<char>::length(suffix);
-        if (text.compare(i + 1, len, suffix) == 0) {
-          words.push_back(text.substr(i, len + 1));
-          i += len + 1;
-          matched = true;
-          break;
-        }
-      }
-      if (matched) continue;
-    }
-    // ' ?' followed by a run of one class (letters, digits, or other non-space characters).
-    size_t start = i;
-    size_t j = i;
-    if (text[j] == ' ' && j + 1 < n && classify(text, j + 1) != CharClass::Space) ++j;
-    const CharClass run = classify(text, j);
-    if (run != CharClass::Space) {
-      while (j < n && classify(text, j) == run) j = next_char(text, j);
-      words.push_back(text.substr(start, j - start));
-      i = j;
-      continue;
-    }
-    // Whitespace: \s+(?!\S) leaves the last space to the following word; \s+ takes a lone one.
-    j = i;
-    while (j < n && classify(text, j) == CharClass::Space) ++j;
-    if (j < n && j - i > 1) --j;
-    words.push_back(text.substr(i, j - i));
-    i = j;
-  }
+  split_isolated(gpt2_regex(), text, words);
   return words;
 }
 
 Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_json_path, const std::string& merges_txt_path) {
-  // GPT-2's byte -> printable character map: printable Latin-1 bytes map to themselves, the other
-  // 68 bytes to code points 256, 257, ... in byte order.
-  int next_extra = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    byte_to_symbol_[b] = utf8(printable ? b : 256 + next_extra++);
-    symbol_to_byte_[byte_to_symbol_[b]] = static_cast<uint8_t>(b);
-  }
-
-  std::ifstream vocab_file(vocab_json_path);
-  if (!vocab_file) throw std::runtime_error("gpt2 tokenizer: cannot open vocabulary '" + vocab_json_path + "'");
-  nlohmann::json vocab;
-  try {
-    vocab_file >> vocab;
-  } catch (const std::exception& e) {
-    throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "' is not valid JSON: " + e.what());
-  }
+  const nlohmann::json vocab = read_json(vocab_json_path, "gpt2 tokenizer");
   if (!vocab.is_object() || vocab.empty()) {
     throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "' must be a JSON object of token -> id");
   }
-  id_to_token_.resize(vocab.size());
+  std::unordered_map<std::string, int32_t> token_to_id;
+  std::vector<bool> seen(vocab.size(), false);
   for (const auto& [token, id] : vocab.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= static_cast<int64_t>(vocab.size())) {
       throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "': token '" + token + "' has id " + id.dump() +
                                ", expected an integer in [0, " + std::to_string(vocab.size()) + ")");
     }
     const int32_t index = id.get<int32_t>();
-    if (!id_to_token_[index].empty()) {
+    if (seen[static_cast<size_t>(index)]) {
       throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "': id " + std::to_string(index) + " appears twice");
     }
-    id_to_token_[index] = token;
-    token_to_id_[token] = index;
+    seen[static_cast<size_t>(index)] = true;
+    token_to_id[token] = index;
   }
-  for (int b = 0; b < 256; ++b) {
-    if (!token_to_id_.count(byte_to_symbol_[b])) {
-      throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "' lacks the token for byte " + std::to_string(b) +
-                               " (a byte-level BPE vocabulary has all 256)");
-    }
-  }
-  if (auto it = token_to_id_.find("<|endoftext|>"); it != token_to_id_.end()) end_of_text_ = it->second;
+  if (auto it = token_to_id.find("<|endoftext|>"); it != token_to_id.end()) end_of_text_ = it->second;
 
   std::ifstream merges_file(merges_txt_path);
   if (!merges_file) throw std::runtime_error("gpt2 tokenizer: cannot open merges '" + merges_txt_path + "'");
+  std::vector<std::string> merges;
   std::string line;
   int line_number = 0;
-  int32_t rank = 0;
   while (std::getline(merges_file, line)) {
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -163,57 +105,20 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_json_path, const std
       throw std::runtime_error("gpt2 tokenizer: " + merges_txt_path + ":" + std::to_string(line_number) +
                                ": expected two symbols separated by one space, got '" + line + "'");
     }
-    merge_rank_.emplace(line, rank++);
+    merges.push_back(line);
   }
+  bpe_ = std::make_unique<ByteLevelBpe>(std::move(token_to_id), merges, /*ignore_merges=*/false,
+                                        "gpt2 tokenizer: '" + vocab_json_path + "'");
 }
 
-std::vector<int32_t> Gpt2BpeTokenizer::encode_word(const std::string& word) const {
-  // Symbols: GPT-2's printable stand-ins for the word's bytes, then merged pairwise by priority.
-  std::vector<std::string> symbols;
-  for (unsigned char b : word) symbols.push_back(byte_to_symbol_[b]);
-  while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = merge_rank_.find(symbols[i] + " " + symbols[i + 1]);
-      if (it != merge_rank_.end() && it->second < best_rank) {
-        best_rank = it->second;
-        best = i;
-      }
-    }
-    if (best_rank == INT32_MAX) break;
-    // Merge every occurrence of the best pair, left to right, as the reference does.
-    const std::string left = symbols[best], right = symbols[best + 1];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < symbols.size(); ++i) {
-      if (i + 1 < symbols.size() && symbols[i] == left && symbols[i + 1] == right) {
-        merged.push_back(left + right);
-        ++i;
-      } else {
-        merged.push_back(symbols[i]);
-      }
-    }
-    symbols.swap(merged);
-  }
-  std::vector<int32_t> ids;
-  for (const auto& symbol : symbols) {
-    auto it = token_to_id_.find(symbol);
-    if (it != token_to_id_.end()) {
-      ids.push_back(it->second);
-    } else {
-      // A merge whose result is not in the vocabulary: fall back to the symbol's bytes.
-      for (size_t i = 0; i < symbol.size(); i += utf8_length(symbol[i])) {
-        ids.push_back(token_to_id_.at(symbol.substr(i, utf8_length(symbol[i]))));
-      }
-    }
-  }
-  return ids;
-}
+Gpt2BpeTokenizer::~Gpt2BpeTokenizer() = default;
+
+int64_t Gpt2BpeTokenizer::vocab_size() const { return bpe_->id_limit(); }
 
 std::vector<int32_t> Gpt2BpeTokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids;
   for (const auto& word : split_words(text)) {
-    auto word_ids = encode_word(word);
+    auto word_ids = bpe_->encode_word(word);
     ids.insert(ids.end(), word_ids.begin(), word_ids.end());
   }
   return ids;
@@ -226,33 +131,199 @@ std::string Gpt2BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
       throw std::out_of_range("gpt2 tokenizer: id " + std::to_string(id) + " outside the vocabulary of " +
                               std::to_string(vocab_size()));
     }
-    const std::string& token = id_to_token_[id];
     if (id == end_of_text_) {
-      text += token;
+      text += bpe_->token(id);
       continue;
     }
-    for (size_t i = 0; i < token.size(); i += utf8_length(token[i])) {
-      auto it = symbol_to_byte_.find(token.substr(i, utf8_length(token[i])));
-      if (it == symbol_to_byte_.end()) {
-        throw std::runtime_error("gpt2 tokenizer: token " + std::to_string(id) + " ('" + token +
-                                 "') is not made of byte symbols");
+    if (!bpe_->token_bytes(id, text)) {
+      throw std::runtime_error("gpt2 tokenizer: token " + std::to_string(id) + " ('" + bpe_->token(id) +
+                               "') is not made of byte symbols");
+    }
+  }
+  return text;
+}
+
+// One Split(Regex) step of a tokenizer.json pre-tokenizer.
+struct HfTokenizer::SplitStep {
+  std::unique_ptr<UnicodeRegex> regex;
+};
+
+HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" + path + "'") {
+  const nlohmann::json root = read_json(path, "hf tokenizer");
+  auto refuse = [&](const std::string& what) {
+    throw std::runtime_error("hf tokenizer: " + source_ + ": " + what +
+                             " is not supported (byte-level BPE only: Llama 3, GPT-2, Qwen2's model)");
+  };
+  try {
+    if (!root.is_object() || !root.contains("model")) throw std::runtime_error("no \"model\"");
+    if (root.contains("normalizer") && !root["normalizer"].is_null()) {
+      refuse("normalizer " + root["normalizer"].value("type", std::string("?")));
+    }
+    // The pre-tokenizer: Split(Regex, Isolated) steps and one ByteLevel (no prefix space).
+    bool byte_level = false;
+    auto add_step = [&](const nlohmann::json& step) {
+      const std::string type = step.at("type").get<std::string>();
+      if (type == "Split") {
+        if (!step.at("pattern").contains("Regex")) refuse("a Split on a plain string");
+        if (step.at("behavior").get<std::string>() != "Isolated") refuse("Split behaviour " + step.at("behavior").dump());
+        if (step.value("invert", false)) refuse("an inverted Split");
+        SplitStep split;
+        split.regex = std::make_unique<UnicodeRegex>(step.at("pattern").at("Regex").get<std::string>(),
+                                                     "hf tokenizer: " + source_ + " pre-tokenizer");
+        splits_.push_back(std::move(split));
+      } else if (type == "ByteLevel") {
+        if (step.value("add_prefix_space", false)) refuse("ByteLevel with add_prefix_space");
+        if (step.value("use_regex", true)) {
+          SplitStep split;
+          split.regex = std::make_unique<UnicodeRegex>(kGpt2Pattern, "hf tokenizer: ByteLevel");
+          splits_.push_back(std::move(split));
+        }
+        byte_level = true;
+      } else {
+        refuse("pre-tokenizer " + type);
       }
-      text.push_back(static_cast<char>(it->second));
+    };
+    const nlohmann::json& pre = root.at("pre_tokenizer");
+    if (pre.at("type").get<std::string>() == "Sequence") {
+      for (const auto& step : pre.at("pretokenizers")) add_step(step);
+    } else {
+      add_step(pre);
+    }
+    if (!byte_level) refuse("a pre-tokenizer without ByteLevel");
+    if (root.at("decoder").at("type").get<std::string>() != "ByteLevel") {
+      refuse("decoder " + root.at("decoder").at("type").get<std::string>());
+    }
+
+    const nlohmann::json& model = root.at("model");
+    if (model.value("type", std::string("BPE")) != "BPE") refuse("model " + model.value("type", std::string("?")));
+    if (model.value("byte_fallback", false)) refuse("BPE byte_fallback");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"}) {
+      if (model.contains(key) && !model[key].is_null()) refuse(std::string("BPE ") + key);
+    }
+    std::unordered_map<std::string, int32_t> vocab;
+    for (const auto& [token, id] : model.at("vocab").items()) vocab[token] = id.get<int32_t>();
+    std::vector<std::string> merges;
+    merges.reserve(model.at("merges").size());
+    for (const auto& merge : model.at("merges")) {
+      // "left right" (older files) or ["left", "right"] (newer ones).
+      merges.push_back(merge.is_string() ? merge.get<std::string>()
+                                         : merge.at(0).get<std::string>() + " " + merge.at(1).get<std::string>());
+    }
+    bpe_ = std::make_unique<ByteLevelBpe>(std::move(vocab), merges, model.value("ignore_merges", false),
+                                          "hf tokenizer: " + source_);
+    vocab_size_ = bpe_->id_limit();
+
+    for (const auto& token : root.value("added_tokens", nlohmann::json::array())) {
+      const std::string content = token.at("content").get<std::string>();
+      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+        if (token.value(flag, false)) refuse("added token " + content + " with " + flag);
+      }
+      const int32_t id = token.at("id").get<int32_t>();
+      added_[content] = id;
+      added_by_id_[id] = content;
+      longest_added_ = std::max(longest_added_, content.size());
+      vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("hf tokenizer: " + source_ + ": unexpected layout: " + e.what());
+  }
+  for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>"}) {
+    if (auto it = added_.find(name); it != added_.end()) {
+      end_of_text_ = it->second;
+      break;
+    }
+  }
+}
+
+HfTokenizer::~HfTokenizer() = default;
+
+int32_t HfTokenizer::token_id(const std::string& token) const {
+  if (auto it = added_.find(token); it != added_.end()) return it->second;
+  return bpe_->id_of(token);
+}
+
+std::vector<std::string> HfTokenizer::pre_tokenize(const std::string& text) const {
+  std::vector<std::string> pieces{text};
+  for (const SplitStep& step : splits_) {
+    std::vector<std::string> next;
+    for (const auto& piece : pieces) split_isolated(*step.regex, piece, next);
+    pieces.swap(next);
+  }
+  return pieces;
+}
+
+std::vector<int32_t> HfTokenizer::encode_plain(const std::string& text) const {
+  std::vector<int32_t> ids;
+  for (const auto& word : pre_tokenize(text)) {
+    auto word_ids = bpe_->encode_word(word);
+    ids.insert(ids.end(), word_ids.begin(), word_ids.end());
+  }
+  return ids;
+}
+
+std::vector<int32_t> HfTokenizer::encode(const std::string& text) const {
+  // Added tokens first: the leftmost occurrence of any, the longest at that position; the text
+  // between them goes through the pre-tokenizer and the model.
+  std::vector<int32_t> ids;
+  size_t plain_start = 0, i = 0;
+  while (i < text.size()) {
+    int32_t found = -1;
+    size_t found_length = 0;
+    if (!added_.empty()) {
+      // Candidates share the first byte: the map's range of keys that start with it.
+      const std::string first(1, text[i]);
+      for (auto it = added_.lower_bound(first); it != added_.end() && it->first[0] == text[i]; ++it) {
+        if (it->first.size() > found_length && text.compare(i, it->first.size(), it->first) == 0) {
+          found = it->second;
+          found_length = it->first.size();
+        }
+      }
+    }
+    if (found < 0) {
+      ++i;
+      continue;
+    }
+    if (i > plain_start) {
+      auto plain = encode_plain(text.substr(plain_start, i - plain_start));
+      ids.insert(ids.end(), plain.begin(), plain.end());
+    }
+    ids.push_back(found);
+    i += found_length;
+    plain_start = i;
+  }
+  if (plain_start < text.size()) {
+    auto plain = encode_plain(text.substr(plain_start));
+    ids.insert(ids.end(), plain.begin(), plain.end());
+  }
+  return ids;
+}
+
+std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string text;
+  for (int32_t id : ids) {
+    if (auto it = added_by_id_.find(id); it != added_by_id_.end()) {
+      text += it->second;
+    } else if (!bpe_->token_bytes(id, text)) {
+      throw std::out_of_range("hf tokenizer: " + source_ + ": id " + std::to_string(id) + " is no token of it");
     }
   }
   return text;
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_json,
-                                          const std::string& merges_txt) {
+                                          const std::string& merges_txt, const std::string& tokenizer_json) {
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
+  if (kind == "hf") {
+    if (tokenizer_json.empty()) throw std::invalid_argument("tokenizer 'hf' needs a tokenizer.json path");
+    return std::make_unique<HfTokenizer>(tokenizer_json);
+  }
   if (kind == "gpt2") {
     if (vocab_json.empty() || merges_txt.empty()) {
       throw std::invalid_argument("tokenizer 'gpt2' needs a vocab.json and a merges.txt path");
     }
     return std::make_unique<Gpt2BpeTokenizer>(vocab_json, merges_txt);
   }
-  throw std::invalid_argument("unknown tokenizer '" + kind + "' (known: byte, gpt2)");
+  throw std::invalid_argument("unknown tokenizer '" + kind + "' (known: byte, gpt2, hf)");
 }
 
 }  // namespace fsdp::data

@@ -55,7 +55,7 @@ ShardedAdamW::ShardedAdamW(const std::vector<at::Tensor>& module_parameters, Ada
     : ShardedAdamW(refuse_module_parameters(module_parameters), std::move(options)) {}
 
 bool ShardedAdamW::step_fused() {
-  if (!compat::kHasFusedAdamW || !options_.fused || slots_.empty() || !slots_.front().flat->shard().is_cuda()) return false;
+  if (!options_.fused || slots_.empty() || !slots_.front().flat->shard().is_cuda()) return false;
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
   if (fused_steps_.empty()) {
     for (const Slot& slot : slots_) fused_steps_.push_back(at::zeros({1}, slot.flat->shard().options()));
@@ -81,8 +81,9 @@ bool ShardedAdamW::step_fused() {
       }
     }
   }
-  return compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, lr_, options_.beta1, options_.beta2,
-                             options_.eps);
+  compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, lr_, options_.beta1, options_.beta2,
+                      options_.eps);
+  return true;
 }
 
 // Same operations, in the same order, as torch::optim::AdamW (libtorch 1.13) on each element.

@@ -56,6 +56,32 @@ TEST(Comm, ReduceScatterSumAndAverage) {
   }
 }
 
+// Buffers large enough for the point-to-point ring paths (FSDP_COMM_WAIT=backoff: all-gather of
+// >= 16384 elements in all; all-reduce sums of >= 16384 per rank that split evenly), and one that
+// does not split evenly (MPI's own all-reduce). Integer-valued, so every sum is exact.
+TEST(Comm, LargeBuffersGatherAndReduceExactly) {
+  auto g = world();
+  const int n = g->size();
+  const int64_t k = 20000;
+  for (auto type : {at::kFloat, at::kDouble, at::kLong}) {
+    at::Tensor output = at::full({k * n}, -1, type);
+    g->all_gather(output, ramp(g->rank(), k, type))->wait();
+    EXPECT_TRUE(output.to(at::kDouble).equal(at::arange(k * n, at::kDouble))) << type;
+  }
+  for (auto type : {at::kFloat, at::kDouble}) {
+    for (const int64_t count : {k * n, k * n + 1}) {
+      at::Tensor t = ramp(g->rank(), count, type);
+      g->all_reduce(t, ReduceOp::Sum)->wait();
+      // sum_r (r * count + i) = count N(N-1)/2 + N i
+      const at::Tensor expected = at::arange(count, at::kDouble) * n + static_cast<double>(count) * n * (n - 1) / 2;
+      EXPECT_TRUE(t.to(at::kDouble).equal(expected)) << type << " count=" << count;
+      t = ramp(g->rank(), count, type);
+      g->all_reduce(t, ReduceOp::Average)->wait();
+      EXPECT_TRUE(at::allclose(t.to(at::kDouble), expected / n, 1e-7, 0)) << type << " count=" << count;
+    }
+  }
+}
+
 TEST(Comm, AllReduceSumAverageMax) {
   auto g = world();
   const int n = g->size();

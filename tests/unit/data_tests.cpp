@@ -37,6 +37,10 @@ class TempDir {
 };
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 std::string expect_throw_message(const std::function<void()>& fn) {
   try {
@@ -91,6 +95,17 @@ TEST(Tokenizer, Gpt2PreTokenisationFollowsThePattern) {
   auto words = Gpt2BpeTokenizer::split_words("Hello world's  end 123!!\n\nok");
   const std::vector<std::string> expected = {"Hello", " world", "'s", " ", " end", " 123", "!!", "\n", "\n", "ok"};
   EXPECT_EQ(words, expected);
+}
+
+// Unicode classes (PCRE2): a no-break space is a space, é a letter, Arabic-Indic digits numbers,
+// the ideographic full stop punctuation. Expected pieces from Python's `regex` module on the
+// same pattern. The old hand-written split counted every non-ASCII character as a letter.
+TEST(Tokenizer, Gpt2PreTokenisationUsesUnicodeClasses) {
+  auto words = Gpt2BpeTokenizer::split_words("He said \u00a0yes caf\u00e9 \u0661\u0662 \u3002!");
+  const std::vector<std::string> expected = {"He", " said", " ", "\u00a0", "yes", " caf\u00e9", " \u0661\u0662",
+                                             " \u3002!"};
+  EXPECT_EQ(words, expected);
+  EXPECT_THROW(Gpt2BpeTokenizer::split_words("bad \xff byte"), std::invalid_argument);
 }
 
 // A tiny byte-level BPE written by the test: 256 byte symbols, three merges and <|endoftext|>.
@@ -153,6 +168,54 @@ TEST(Tokenizer, Gpt2BpeRejectsBadFiles) {
   auto message = expect_throw_message([&] { Gpt2BpeTokenizer t(bpe.dir.file("vocab.json"), bpe.dir.file("bad_merges.txt")); });
   EXPECT_NE(message.find("bad_merges.txt:2"), std::string::npos) << message;
   EXPECT_THROW(make_tokenizer("sentencepiece"), std::invalid_argument);
+}
+
+// The same tiny BPE as a tokenizer.json: Llama 3's layout (a Split then ByteLevel without its
+// own regex), one special token, merges in the newer [left, right] form.
+std::string tiny_tokenizer_json(const std::string& vocab_json, const std::string& extra = "") {
+  return R"({"version": "1.0", "added_tokens": [{"id": 260, "content": "<|eot|>", "single_word": false,
+    "lstrip": false, "rstrip": false, "normalized": false, "special": true}],)" + extra + R"(
+    "normalizer": null,
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+       "behavior": "Isolated", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+    "post_processor": null, "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+    "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true,
+      "vocab": )" + vocab_json + R"(, "merges": [["t", "h"], ["Ġ", "th"], ["Ġth", "e"]]}})";
+}
+
+TEST(Tokenizer, HfTokenizerJsonWithSpecialTokens) {
+  TinyBpe bpe;
+  write_text(bpe.dir.file("tokenizer.json"), tiny_tokenizer_json(read_text(bpe.dir.file("vocab.json"))));
+  HfTokenizer tokenizer(bpe.dir.file("tokenizer.json"));
+  EXPECT_EQ(tokenizer.vocab_size(), 261);
+  EXPECT_EQ(tokenizer.token_id("<|eot|>"), 260);
+  // The special token is matched before the split; " the" is one vocabulary token (ignore_merges).
+  EXPECT_EQ(tokenizer.encode("the<|eot|> the"), (std::vector<int32_t>{256, 'e', 260, 258}));
+  // Llama 3's pattern (digits in threes; a space before digits is a piece of its own), as Python's
+  // `regex` module and Hugging Face's pre_tokenize_str cut it.
+  const std::vector<std::string> pieces = {"The", " ", "123", "4", " caf\u00e9", "!\n"};
+  EXPECT_EQ(tokenizer.pre_tokenize("The 1234 caf\u00e9!\n"), pieces);
+  const std::string text = "Then, <|eot|>the\tend: \xc3\xa9l\xc3\xa8ve 42!\n";
+  EXPECT_EQ(tokenizer.decode(tokenizer.encode(text)), text);
+  EXPECT_THROW(tokenizer.encode("bad \xff byte"), std::invalid_argument);
+}
+
+TEST(Tokenizer, HfTokenizerRefusesWhatItDoesNotSupportByName) {
+  TinyBpe bpe;
+  const std::string vocab = read_text(bpe.dir.file("vocab.json"));
+  std::string nfc = tiny_tokenizer_json(vocab);
+  nfc.replace(nfc.find("\"normalizer\": null"), std::string("\"normalizer\": null").size(), R"("normalizer": {"type": "NFC"})");
+  write_text(bpe.dir.file("nfc.json"), nfc);
+  auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("nfc.json")); });
+  EXPECT_NE(message.find("normalizer NFC is not supported"), std::string::npos) << message;
+  EXPECT_NE(message.find("nfc.json"), std::string::npos) << message;
+  write_text(bpe.dir.file("broken.json"), "{\"model\": {}}");
+  message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("broken.json")); });
+  EXPECT_NE(message.find("broken.json"), std::string::npos) << message;
+  EXPECT_THROW(make_tokenizer("hf"), std::invalid_argument);  // no tokenizer.json given
 }
 
 TEST(Corpus, ReadsFortunesAndSplitsStably) {

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "fsdp/comm/launch.h"
+#include "fsdp/comm/process_group.h"
 #include "fsdp/nn/hooks.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/shard/flat_param.h"
@@ -40,6 +41,24 @@ TEST(Launch, SlurmVariables) {
   setenv("SLURM_NTASKS", "4", 1);  // rank 5 of 4
   EXPECT_THROW(fsdp::comm::launch_info_from_env(), std::runtime_error);
   unsetenv("SLURM_PROCID");
+}
+
+TEST(CommWait, FromTheEnvironmentOrRefusedByName) {
+  using fsdp::comm::CommWait;
+  unsetenv("FSDP_COMM_WAIT");
+  EXPECT_EQ(fsdp::comm::comm_wait_from_env(CommWait::kBackoff), CommWait::kBackoff);
+  setenv("FSDP_COMM_WAIT", "spin", 1);
+  EXPECT_EQ(fsdp::comm::comm_wait_from_env(CommWait::kBackoff), CommWait::kSpin);
+  setenv("FSDP_COMM_WAIT", "backoff", 1);
+  EXPECT_EQ(fsdp::comm::comm_wait_from_env(CommWait::kSpin), CommWait::kBackoff);
+  setenv("FSDP_COMM_WAIT", "sleepy", 1);
+  try {
+    fsdp::comm::comm_wait_from_env(CommWait::kBackoff);
+    ADD_FAILURE() << "FSDP_COMM_WAIT=sleepy was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("FSDP_COMM_WAIT='sleepy'"), std::string::npos) << e.what();
+  }
+  unsetenv("FSDP_COMM_WAIT");
 }
 
 TEST(FlatLayout, PaddingAndSegments) {

@@ -43,10 +43,22 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// How the MPI backend's communication thread waits for a collective in flight.
+//   kSpin:    MPI's blocking calls, which poll the progress engine without pause: the lowest
+//             latency, but the thread holds a core for as long as the collective lasts, taking it
+//             from compute when every core is busy (another process, more threads than cores).
+//   kBackoff: nonblocking calls, tested in a loop that spins briefly and then sleeps between
+//             tests (20 us doubling to 200 us), so a waiting thread leaves the core to others.
+enum class CommWait { kSpin, kBackoff };
+const char* to_string(CommWait wait);
+
 struct ProcessGroupOptions {
   // How long wait() waits before declaring the collective lost and aborting the job.
   // Overridable with FSDP_COMM_TIMEOUT_MS in the environment.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Overridable with FSDP_COMM_WAIT=spin|backoff in the environment. The default is chosen by
+  // measurement (bench/under_load.sh, docs/benchmarks.md).
+  CommWait wait = CommWait::kBackoff;
 };
 
 class ProcessGroup {
@@ -84,6 +96,8 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // FSDP_COMM_TIMEOUT_MS from the environment if set (throws std::runtime_error unless it is a
 // positive number of milliseconds), else `fallback`. Every backend's group constructor applies it.
 std::chrono::milliseconds comm_timeout_from_env(std::chrono::milliseconds fallback);
+// FSDP_COMM_WAIT ("spin" or "backoff") if set, else `fallback`; anything else throws, naming it.
+CommWait comm_wait_from_env(CommWait fallback);
 
 // The job's world group. Rank, size and local rank come from the launcher (mpirun, srun);
 // a process started without one is world size 1. Initialises MPI (MPI_THREAD_MULTIPLE) once;

@@ -5,11 +5,17 @@
 // merges.txt (one "left right" pair per line, in merge priority order) that Hugging Face ships
 // with every GPT-2-family model. Text is split by GPT-2's pre-tokenisation pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// where, without a Unicode database, letters are ASCII letters and every non-ASCII character and
-// digits are 0-9 (exact on ASCII text; other scripts may split differently from the reference).
+// with Unicode's letter, number and space classes (PCRE2).
+// HfTokenizer: a Hugging Face tokenizer.json of the byte-level BPE kind (Llama 3, GPT-2, Qwen2's
+// model): its added and special tokens, matched before anything else; its pre-tokenizer, a
+// Sequence of Split(Regex, Isolated) and ByteLevel steps; the BPE model (ignore_merges); the
+// ByteLevel decoder. Whatever else a file asks for (a normalizer, another model or decoder, a
+// Split behaviour other than Isolated) is refused by name. Checked token for token against Hugging
+// Face's own `tokenizers` library (tests/tokenizer/check_tokenizers.py).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -36,32 +42,63 @@ class ByteTokenizer : public Tokenizer {
   std::string name() const override { return "byte"; }
 };
 
+class ByteLevelBpe;  // src/data/byte_level_bpe.h
+class UnicodeRegex;  // src/data/unicode_regex.h
+
 class Gpt2BpeTokenizer : public Tokenizer {
  public:
   // Throws std::runtime_error naming the file and line on unreadable or malformed input.
   Gpt2BpeTokenizer(const std::string& vocab_json_path, const std::string& merges_txt_path);
+  ~Gpt2BpeTokenizer() override;
   std::vector<int32_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
-  int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
+  int64_t vocab_size() const override;
   std::string name() const override { return "gpt2"; }
   int32_t end_of_text() const override { return end_of_text_; }
 
-  // GPT-2's pre-tokenisation of text into pieces (exposed for tests).
+  // GPT-2's pre-tokenisation of text into pieces (exposed for tests). Text must be valid UTF-8.
   static std::vector<std::string> split_words(const std::string& text);
 
  private:
-  std::vector<int32_t> encode_word(const std::string& word) const;
-
-  std::unordered_map<std::string, int32_t> token_to_id_;
-  std::vector<std::string> id_to_token_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> priority (lower first)
-  std::string byte_to_symbol_[256];                      // GPT-2's printable stand-in per byte (UTF-8)
-  std::unordered_map<std::string, uint8_t> symbol_to_byte_;
+  std::unique_ptr<ByteLevelBpe> bpe_;
   int32_t end_of_text_ = -1;
 };
 
-// kind: "byte" or "gpt2" (which needs vocab_json and merges_txt). Throws on an unknown kind.
+class HfTokenizer : public Tokenizer {
+ public:
+  // Throws std::runtime_error naming the file and the key it cannot read or does not support.
+  explicit HfTokenizer(const std::string& tokenizer_json_path);
+  ~HfTokenizer() override;
+  // Text must be valid UTF-8 (std::invalid_argument names the byte offset otherwise).
+  std::vector<int32_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return vocab_size_; }
+  std::string name() const override { return "hf"; }
+  // <|end_of_text|>, <|endoftext|> or </s>, the first that is an added token; else -1.
+  int32_t end_of_text() const override { return end_of_text_; }
+  // An added (or vocabulary) token's id, -1 when absent: "<|eot_id|>", "<|start_header_id|>".
+  int32_t token_id(const std::string& token) const;
+
+  // The pieces the pre-tokenizer cuts a stretch of text (no added tokens in it) into (tests).
+  std::vector<std::string> pre_tokenize(const std::string& text) const;
+
+ private:
+  struct SplitStep;
+  std::vector<int32_t> encode_plain(const std::string& text) const;
+
+  std::string source_;
+  std::unique_ptr<ByteLevelBpe> bpe_;
+  std::vector<SplitStep> splits_;                       // applied in order
+  std::map<std::string, int32_t> added_;                // content -> id
+  std::unordered_map<int32_t, std::string> added_by_id_;
+  size_t longest_added_ = 0;
+  int64_t vocab_size_ = 0;
+  int32_t end_of_text_ = -1;
+};
+
+// kind: "byte", "gpt2" (which needs vocab_json and merges_txt), or "hf" (which needs
+// tokenizer_json). Throws on an unknown kind.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_json = "",
-                                          const std::string& merges_txt = "");
+                                          const std::string& merges_txt = "", const std::string& tokenizer_json = "");
 
 }  // namespace fsdp::data

@@ -50,10 +50,10 @@ struct PlanInput {
   int64_t seq_len = 2048;             // tokens per sample (language models)
   int max_inflight = 2;               // K
   bool embedding_units = true;        // token embedding and output head are units of their own
-  // Fused attention (libtorch 2.x scaled_dot_product_attention on a GPU: flash or memory-efficient
-  // kernels) keeps no [heads, t, t] probabilities; composed attention (libtorch 1.13, this CPU
-  // build) keeps them for backward.
-  bool fused_attention = false;
+  // Fused attention (scaled_dot_product_attention's flash or memory-efficient kernels, on a GPU and,
+  // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
+  // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.
+  bool fused_attention = true;
   int64_t device_memory_bytes = 0;    // per rank; 0: not checked
   int64_t overhead_bytes = 512LL << 20;   // the process's own memory
   double compute_flops = 0;           // per rank, per second (0: no time estimate)
@@ -93,10 +93,10 @@ Plan make_plan(const PlanInput& input);
 
 // Saved activation bytes of one block for one sample (no checkpointing), and of the logits and
 // loss for one sample: the tensors autograd keeps for backward, in the compute dtype (the loss in
-// fp32). Composed attention keeps the softmax output [heads, t, t] (libtorch 1.13 has no fused
-// attention); a fused kernel keeps only its log-sum-exp [heads, t] in fp32.
+// fp32). Composed attention keeps the softmax output [heads, t, t]; a fused kernel keeps only its
+// log-sum-exp [heads, t] in fp32.
 int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
-                               bool fused_attention = false);
+                               bool fused_attention = true);
 int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes);
 
 // DeepSpeed's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/stage3.py), the

@@ -1,0 +1,127 @@
+#include "byte_level_bpe.h"
+
+#include <climits>
+#include <stdexcept>
+
+namespace fsdp::data {
+
+namespace {
+std::string utf8(uint32_t code_point) {
+  std::string out;
+  if (code_point < 0x80) {
+    out.push_back(static_cast<char>(code_point));
+  } else if (code_point < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xE0 | (code_point >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  }
+  return out;
+}
+}  // namespace
+
+ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::string>& merges,
+                           bool ignore_merges, const std::string& source)
+    : token_to_id_(std::move(vocab)), ignore_merges_(ignore_merges) {
+  // GPT-2's byte -> printable character map: printable Latin-1 bytes map to themselves, the other
+  // 68 bytes to code points 256, 257, ... in byte order.
+  int next_extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    byte_to_symbol_[b] = utf8(printable ? b : 256 + next_extra++);
+    symbol_to_byte_[byte_to_symbol_[b]] = static_cast<uint8_t>(b);
+  }
+  int32_t largest = -1;
+  for (const auto& [token, id] : token_to_id_) largest = std::max(largest, id);
+  id_to_token_.resize(static_cast<size_t>(largest + 1));
+  for (const auto& [token, id] : token_to_id_) id_to_token_[static_cast<size_t>(id)] = token;
+  for (int b = 0; b < 256; ++b) {
+    if (!token_to_id_.count(byte_to_symbol_[b])) {
+      throw std::runtime_error(source + " lacks the token for byte " + std::to_string(b) +
+                               " (a byte-level BPE vocabulary has all 256)");
+    }
+  }
+  int32_t rank = 0;
+  for (const auto& pair : merges) merge_rank_.emplace(pair, rank++);
+}
+
+int32_t ByteLevelBpe::id_of(const std::string& token) const {
+  auto it = token_to_id_.find(token);
+  return it == token_to_id_.end() ? -1 : it->second;
+}
+
+std::vector<int32_t> ByteLevelBpe::encode_word(const std::string& word) const {
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    if (auto it = cache_.find(word); it != cache_.end()) return it->second;
+  }
+  std::vector<int32_t> ids = merge(word);
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  if (cache_.size() > (1u << 20)) cache_.clear();  // bounded: a long corpus of unique words
+  cache_.emplace(word, ids);
+  return ids;
+}
+
+std::vector<int32_t> ByteLevelBpe::merge(const std::string& word) const {
+  std::vector<std::string> symbols;
+  for (unsigned char b : word) symbols.push_back(byte_to_symbol_[b]);
+  if (ignore_merges_) {
+    std::string whole;
+    for (const auto& s : symbols) whole += s;
+    if (auto it = token_to_id_.find(whole); it != token_to_id_.end()) return {it->second};
+  }
+  while (symbols.size() > 1) {
+    int32_t best_rank = INT32_MAX;
+    size_t best = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      auto it = merge_rank_.find(symbols[i] + " " + symbols[i + 1]);
+      if (it != merge_rank_.end() && it->second < best_rank) {
+        best_rank = it->second;
+        best = i;
+      }
+    }
+    if (best_rank == INT32_MAX) break;
+    // Merge every occurrence of the best pair, left to right, as the reference does.
+    const std::string left = symbols[best], right = symbols[best + 1];
+    std::vector<std::string> merged;
+    for (size_t i = 0; i < symbols.size(); ++i) {
+      if (i + 1 < symbols.size() && symbols[i] == left && symbols[i + 1] == right) {
+        merged.push_back(left + right);
+        ++i;
+      } else {
+        merged.push_back(symbols[i]);
+      }
+    }
+    symbols.swap(merged);
+  }
+  std::vector<int32_t> ids;
+  for (const auto& symbol : symbols) {
+    auto it = token_to_id_.find(symbol);
+    if (it != token_to_id_.end()) {
+      ids.push_back(it->second);
+    } else {
+      // A merge whose result is not in the vocabulary: fall back to the symbol's bytes.
+      for (size_t i = 0; i < symbol.size(); i += utf8_length(symbol[i])) {
+        ids.push_back(token_to_id_.at(symbol.substr(i, utf8_length(symbol[i]))));
+      }
+    }
+  }
+  return ids;
+}
+
+bool ByteLevelBpe::token_bytes(int32_t id, std::string& out) const {
+  if (id < 0 || id >= id_limit() || id_to_token_[static_cast<size_t>(id)].empty()) return false;
+  const std::string& token = id_to_token_[static_cast<size_t>(id)];
+  std::string bytes;
+  for (size_t i = 0; i < token.size(); i += utf8_length(token[i])) {
+    auto it = symbol_to_byte_.find(token.substr(i, utf8_length(token[i])));
+    if (it == symbol_to_byte_.end()) return false;
+    bytes.push_back(static_cast<char>(it->second));
+  }
+  out += bytes;
+  return true;
+}
+
+}  // namespace fsdp::data

@@ -1,0 +1,53 @@
+// Byte-level BPE, the model behind GPT-2's, Llama 3's and Qwen2's tokenizers: a word's bytes are
+// written as printable stand-in characters (GPT-2's byte map), then adjacent symbols are merged by
+// the merges' priority until no ranked pair is left; each symbol is a vocabulary token.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace fsdp::data {
+
+class ByteLevelBpe {
+ public:
+  // vocab: token (in stand-in characters) -> id; merges: "left right" in priority order.
+  // ignore_merges: a word that is itself a token is that token, unmerged (Llama 3).
+  // Throws std::runtime_error naming `source` when a byte has no token.
+  ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::string>& merges,
+               bool ignore_merges, const std::string& source);
+
+  // The ids of one pre-tokenised word (raw bytes, not stand-ins). Cached per word; thread-safe.
+  std::vector<int32_t> encode_word(const std::string& word) const;
+  // The raw bytes of a token id, or false when the id is not a byte-level token.
+  bool token_bytes(int32_t id, std::string& out) const;
+  // -1 when absent.
+  int32_t id_of(const std::string& token) const;
+  // One past the largest id.
+  int64_t id_limit() const { return static_cast<int64_t>(id_to_token_.size()); }
+  const std::string& token(int32_t id) const { return id_to_token_.at(static_cast<size_t>(id)); }
+
+ private:
+  std::vector<int32_t> merge(const std::string& word) const;
+
+  std::unordered_map<std::string, int32_t> token_to_id_;
+  std::vector<std::string> id_to_token_;                 // "" for ids the vocabulary skips
+  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> priority (lower first)
+  std::string byte_to_symbol_[256];                      // GPT-2's printable stand-in per byte (UTF-8)
+  std::unordered_map<std::string, uint8_t> symbol_to_byte_;
+  bool ignore_merges_ = false;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+// Length in bytes of the UTF-8 character starting with `lead` (1 for a stray continuation byte).
+inline size_t utf8_length(unsigned char lead) {
+  if (lead >= 0xF0) return 4;
+  if (lead >= 0xE0) return 3;
+  if (lead >= 0xC0) return 2;
+  return 1;
+}
+
+}  // namespace fsdp::data

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""fsdp.cpp's tokenizers against Hugging Face's own `tokenizers` library, token for token.
+
+    .venv/bin/python tests/tokenizer/check_tokenizers.py --fsdp-data build/apps/fsdp-data \\
+        --tokenizers ../shared/data/tokenizers [--fortunes /usr/share/games/fortunes] [--json out.json]
+
+Texts: every fortune of Debian's corpus (files split at lines of '%'; bytes decoded as UTF-8,
+invalid bytes replaced, as a Python user reading them would get), and a list of hard Unicode
+cases below (scripts, combining marks, emoji sequences, unusual spaces, digits of other
+scripts, contractions, special tokens inside text). Tokenizers:
+  llama3  tokenizer.json, fsdp-data --tokenizer hf; reference Tokenizer.from_file(...)
+  gpt2    vocab.json + merges.txt, fsdp-data --tokenizer gpt2; reference BPE.from_file with
+          GPT-2's ByteLevel pre-tokenizer and decoder (add_prefix_space False, as GPT-2's own
+          tokenizer.json)
+Each text is encoded by both (the reference with add_special_tokens=False: nothing added around
+the text), the ids compared, and ours decoded again and compared with the text. Prints counts;
+exits 1 on any mismatch or failed round trip. The aim: 0 of both.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HARD_CASES = [
+    "naïve café, résumé, Ångström, façade",
+    "Привет, мир! Ёжик в тумане.",
+    "Ελληνικά: αβγδε ΑΒΓΔΕ",
+    "日本語のテキストと漢字、カタカナ。",
+    "中文文本：你好，世界！",
+    "한국어 텍스트입니다",
+    "ภาษาไทยไม่มีช่องว่าง",
+    "हिन्दी में पाठ",
+    "العربية ١٢٣٤٥ أرقام",
+    "עברית עם ניקוד: שָׁלוֹם",
+    "emoji 👍🏽 family 👨‍👩‍👧 flags 🇫🇷🇯🇵 keycap 1️⃣",
+    "combining e\u0301 vs é, a\u0308, Z\u0335\u0321a\u0334l\u0336g\u0337o",
+    "zero\u200bwidth\u200cjoiner\u200dhere",
+    "no-break\u00a0space, thin\u2009space, ideographic\u3000space, line\u2028separator",
+    # Unicode spaces after an ASCII one: the two texts of 304 probed where counting every non-ASCII
+    # character as a letter (GPT-2's old hand-written split) changes the ids.
+    "He said \u00a0yes\u00a0 ok",
+    "He said \u2009yes\u2009 ok",
+    "tabs\tand\r\nCRLF\rCR only\n\n\nthree newlines",
+    "  leading and   multiple   spaces   trailing   ",
+    "don't I'LL we've THEY'RE she'd you'M It'S",
+    "numbers 1 12 123 1234 12345 1234567890 3.14159 1,000,000 $100.00 50%",
+    "full-width ＡＢＣ １２３ and circled ①②③ and superscript x² y³",
+    "ligatures ﬁ ﬂ ﬀ and roman Ⅻ",
+    "math ∀x∈ℝ: x²≥0, ∑ᵢ aᵢ, √2 ≈ 1.414",
+    "code: def f(x):\n    return x ** 2  # comment\n\tif (a && b) { c++; }",
+    "<|begin_of_text|>Hello<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi!",
+    "<|endoftext|> between <|endoftext|>texts",
+    "mixed abc123def ABC_def-ghi.jkl/mno",
+    "URL https://example.com/path?query=1&b=2#frag and email a.b@c.de",
+    "\u00ad soft hyphen, \ufeff BOM, \u2060 word joiner",
+    "a" * 300,
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝕞𝕒𝕥𝕙 𝒮𝒸𝓇𝒾𝓅𝓉",
+    "",
+    " ",
+    "\n",
+]
+
+
+def fortunes(directory):
+    texts = []
+    for path in sorted(Path(directory).iterdir()):
+        if not path.is_file() or path.suffix == ".dat" or path.is_symlink():
+            continue
+        content = path.read_bytes().decode("utf-8", errors="replace")
+        for fortune in content.split("\n%\n"):
+            if fortune.strip():
+                texts.append(fortune)
+    return texts
+
+
+def reference(name, root):
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+    if name == "llama3":
+        return Tokenizer.from_file(str(root / "llama3/tokenizer.json"))
+    tokenizer = Tokenizer(BPE.from_file(str(root / "gpt2/vocab.json"), str(root / "gpt2/merges.txt")))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def ours(name, root, fsdp_data, texts, work):
+    inputs, outputs = work / f"{name}_texts.jsonl", work / f"{name}_ids.jsonl"
+    inputs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    if name == "llama3":
+        flags = ["--tokenizer", "hf", "--tokenizer-json", str(root / "llama3/tokenizer.json")]
+    else:
+        flags = ["--tokenizer", "gpt2", "--vocab-json", str(root / "gpt2/vocab.json"),
+                 "--merges-txt", str(root / "gpt2/merges.txt")]
+    done = subprocess.run([fsdp_data, "tokenize", *flags, "--decode", "--input", str(inputs), "--output", str(outputs)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"check_tokenizers: fsdp-data tokenize ({name}) failed:\n{done.stdout}{done.stderr}")
+    # split("\n"), not splitlines(): a decoded text may hold U+2028, which splitlines() breaks at
+    return [json.loads(line) for line in outputs.read_text(encoding="utf-8").split("\n") if line]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fsdp-data", required=True)
+    parser.add_argument("--tokenizers", required=True, help="folder with llama3/ and gpt2/")
+    parser.add_argument("--fortunes", default="/usr/share/games/fortunes")
+    parser.add_argument("--json", default="")
+    parser.add_argument("--show", type=int, default=5, help="mismatches to print per tokenizer")
+    a = parser.parse_args()
+    try:
+        import tokenizers
+    except ImportError:
+        sys.exit("check_tokenizers: Hugging Face's `tokenizers` is not installed in this Python "
+                 "(scripts/test.sh installs scripts/requirements-peers.txt into .venv/)")
+    root = Path(a.tokenizers)
+    texts = fortunes(a.fortunes) + HARD_CASES
+    summary = {"tokenizers_version": tokenizers.__version__, "texts": len(texts),
+               "fortunes": len(texts) - len(HARD_CASES), "hard_cases": len(HARD_CASES), "results": {}}
+    failed = False
+    with tempfile.TemporaryDirectory() as work:
+        for name in ("llama3", "gpt2"):
+            ref = reference(name, root)
+            expected = [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
+            got = ours(name, root, a.fsdp_data, texts, Path(work))
+            mismatches = [i for i, (e, g) in enumerate(zip(expected, got)) if e != g["ids"]]
+            round_trip = [i for i, g in enumerate(got) if g["decoded"] != texts[i]]
+            tokens = sum(len(e) for e in expected)
+            print(f"{name}: {len(texts)} texts ({summary['fortunes']} fortunes + {len(HARD_CASES)} hard cases), "
+                  f"{tokens} reference tokens, {sum(len(g['ids']) for g in got)} ours; "
+                  f"{len(mismatches)} mismatching texts; {len(round_trip)} failed round trips")
+            for i in mismatches[: a.show]:
+                print(f"  text {i}: {texts[i][:80]!r}\n    reference {expected[i][:24]}\n    ours      {got[i]['ids'][:24]}")
+            for i in round_trip[: a.show]:
+                print(f"  round trip {i}: {texts[i][:80]!r} -> {got[i]['decoded'][:80]!r}")
+            summary["results"][name] = {"reference_tokens": tokens, "mismatching_texts": len(mismatches),
+                                        "failed_round_trips": len(round_trip)}
+            failed |= bool(mismatches or round_trip or len(got) != len(texts))
+    if a.json:
+        Path(a.json).write_text(json.dumps(summary, indent=2) + "\n")
+    print("check_tokenizers: " + ("FAILED" if failed else "passed: 0 mismatches, every round trip exact"))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
