@@ -224,6 +224,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("data.tokenizer", d.tokenizer);
   r.get("data.vocab_json", d.vocab_json);
   r.get("data.merges_txt", d.merges_txt);
+  r.get("data.tokenizer_json", d.tokenizer_json);
   r.get("data.validation_percent", d.validation_percent);
   r.get("data.train_tokens", d.train_tokens);
   r.get("data.validation_tokens", d.validation_tokens);
@@ -286,9 +287,12 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
             "' (" + (language ? "language models read fortunes or token_files" : "ViT reads fashion_mnist") + ")");
   check(d.augment == "none" || ((d.augment == "hflip" || d.augment == "shift" || d.augment == "shift+hflip") && !language), r,
         "data.augment '" + d.augment + "' (expected none, or for images hflip, shift or shift+hflip)");
-  check(d.tokenizer == "byte" || d.tokenizer == "gpt2", r, "data.tokenizer '" + d.tokenizer + "' (expected byte or gpt2)");
+  check(d.tokenizer == "byte" || d.tokenizer == "gpt2" || d.tokenizer == "hf", r,
+        "data.tokenizer '" + d.tokenizer + "' (expected byte, gpt2 or hf)");
   check(d.tokenizer != "gpt2" || (!d.vocab_json.empty() && !d.merges_txt.empty()), r,
         "data.tokenizer 'gpt2' needs data.vocab_json and data.merges_txt");
+  check(d.tokenizer != "hf" || !d.tokenizer_json.empty(), r,
+        "data.tokenizer 'hf' needs data.tokenizer_json (a Hugging Face tokenizer.json)");
   check(d.source != "token_files" || (!d.train_tokens.empty() && !d.validation_tokens.empty()), r,
         "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
   check(d.validation_percent >= 1 && d.validation_percent <= 50, r, "data.validation_percent must be in [1, 50]");
@@ -417,6 +421,7 @@ std::string to_toml(const TrainConfig& c) {
                            {"tokenizer", c.data.tokenizer},
                            {"vocab_json", c.data.vocab_json},
                            {"merges_txt", c.data.merges_txt},
+                           {"tokenizer_json", c.data.tokenizer_json},
                            {"validation_percent", c.data.validation_percent},
                            {"train_tokens", c.data.train_tokens},
                            {"validation_tokens", c.data.validation_tokens},

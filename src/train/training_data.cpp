@@ -23,7 +23,7 @@ LoadedData load_data(const TrainConfig& c) {
   std::shared_ptr<const data::TokenSource> train_tokens, validation_tokens;
   if (d.source == "fortunes") {
     const std::string dir = d.dir.empty() ? data::kFortunesDir : d.dir;
-    loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt);
+    loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt, d.tokenizer_json);
     auto split = data::split_documents(data::read_fortunes(dir), d.validation_percent);
     const int64_t vocab = loaded.tokenizer->vocab_size();
     train_tokens = std::make_shared<data::TokenBuffer>(data::tokenize_documents(split.train, *loaded.tokenizer), vocab);
@@ -41,7 +41,9 @@ LoadedData load_data(const TrainConfig& c) {
                                std::to_string(validation_tokens->vocab_size()) + ")");
     }
     if (d.tokenizer == "byte" && train_tokens->vocab_size() == 256) loaded.tokenizer = data::make_tokenizer("byte");
-    if (d.tokenizer == "gpt2") loaded.tokenizer = data::make_tokenizer("gpt2", d.vocab_json, d.merges_txt);
+    if (d.tokenizer == "gpt2" || d.tokenizer == "hf") {
+      loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt, d.tokenizer_json);
+    }
     loaded.description = "token files " + d.train_tokens + ", " + d.validation_tokens + ": ";
   }
   loaded.vocab = train_tokens->vocab_size();

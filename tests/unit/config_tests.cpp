@@ -73,6 +73,10 @@ TEST(Config, BadInputNamesTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=1"}).find("fsdp.activation_checkpointing must be true or false"),
             std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"data.tokenizer=\"hf\""}).find("data.tokenizer 'hf' needs data.tokenizer_json"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"data.tokenizer=\"spm\""}).find("data.tokenizer 'spm' (expected byte, gpt2 or hf)"),
+            std::string::npos);
 
   auto config = parse_train_config("[model]\nname = \"gpt-test\"\n[train]\nglobal_batch = 10\nmicro_batches = 2\n", "b.toml");
   try {

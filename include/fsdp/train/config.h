@@ -35,8 +35,9 @@ class ConfigError : public std::invalid_argument {
 struct DataConfig {
   std::string source = "fortunes";         // fortunes | token_files | fashion_mnist
   std::string dir;                         // fortunes or Fashion-MNIST directory ("" = Debian's)
-  std::string tokenizer = "byte";          // byte | gpt2 (fortunes source)
+  std::string tokenizer = "byte";          // byte | gpt2 | hf (fortunes source)
   std::string vocab_json, merges_txt;      // gpt2 tokenizer files
+  std::string tokenizer_json;              // hf: a Hugging Face tokenizer.json (byte-level BPE)
   int validation_percent = 5;              // fortunes: share of documents held out
   std::string train_tokens, validation_tokens;  // token_files: files made by fsdp-data
   std::string augment = "none";            // images: none | hflip (mirror half) | shift (up to 2 px) | shift+hflip
