@@ -12,6 +12,9 @@ fail() { echo "consumer_test: $*" >&2; exit 1; }
 
 cmake --install "$build" --prefix "$work/prefix" > "$work/install.log" 2>&1 || { cat "$work/install.log"; fail "install failed"; }
 [ -f "$work/prefix/lib/cmake/fsdp/fsdpConfig.cmake" ] || fail "no fsdpConfig.cmake under the prefix"
+# The installed programs find libtorch (the torch wheel is no system library: their RUNPATH).
+"$work/prefix/bin/fsdp-plan" --model gpt2 --ranks 2 --compact > "$work/plan.txt" 2>&1 \
+  || { cat "$work/plan.txt"; fail "the installed fsdp-plan does not run"; }
 cmake -S "$source/examples" -B "$work/examples" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" \
   > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configuring the examples against the installed package failed"; }
 cmake --build "$work/examples" -j2 > "$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; fail "building the examples failed"; }
