@@ -39,11 +39,10 @@ struct TokenizerArgs {
 
 // Each line {"text": "..."} -> {"ids": [...]} (and "decoded" with --decode), written beside the
 // output, then renamed into place: never half a file.
-void tokenize_lines(const fsdp::data::Tokenizer& tokenizer, const std::string& input, const std::string& output,
-                    bool decode) {
+void write_tokenized_lines(const fsdp::data::Tokenizer& tokenizer, const std::string& input, const std::string& output,
+                           const std::string& partial, bool decode) {
   std::ifstream in(input);
   if (!in) throw std::runtime_error("tokenize: cannot open '" + input + "'");
-  const std::string partial = output + ".partial";
   std::ofstream out(partial);
   if (!out) throw std::runtime_error("tokenize: cannot write '" + partial + "'");
   std::string line;
@@ -73,6 +72,18 @@ void tokenize_lines(const fsdp::data::Tokenizer& tokenizer, const std::string& i
   std::filesystem::rename(partial, output);
   std::printf("%s: %lld texts, %lld tokens (%s tokenizer, vocab %lld)\n", output.c_str(), static_cast<long long>(number),
               static_cast<long long>(tokens), tokenizer.name().c_str(), static_cast<long long>(tokenizer.vocab_size()));
+}
+
+void tokenize_lines(const fsdp::data::Tokenizer& tokenizer, const std::string& input, const std::string& output,
+                    bool decode) {
+  const std::string partial = output + ".partial";
+  try {
+    write_tokenized_lines(tokenizer, input, output, partial, decode);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);  // a failed run leaves nothing behind
+    throw;
+  }
 }
 
 void write(const std::string& path, const std::vector<int32_t>& tokens, const fsdp::data::Tokenizer& tokenizer,

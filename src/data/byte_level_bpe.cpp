@@ -64,6 +64,13 @@ std::vector<int32_t> ByteLevelBpe::encode_word(const std::string& word) const {
   return ids;
 }
 
+void ByteLevelBpe::encode_words(const std::vector<std::string>& words, std::vector<int32_t>& ids) const {
+  for (const auto& word : words) {
+    const std::vector<int32_t> word_ids = encode_word(word);
+    ids.insert(ids.end(), word_ids.begin(), word_ids.end());
+  }
+}
+
 std::vector<int32_t> ByteLevelBpe::merge(const std::string& word) const {
   std::vector<std::string> symbols;
   for (unsigned char b : word) symbols.push_back(byte_to_symbol_[b]);

@@ -21,6 +21,8 @@ class ByteLevelBpe {
 
   // The ids of one pre-tokenised word (raw bytes, not stand-ins). Cached per word; thread-safe.
   std::vector<int32_t> encode_word(const std::string& word) const;
+  // The ids of each word in turn, appended to `ids`.
+  void encode_words(const std::vector<std::string>& words, std::vector<int32_t>& ids) const;
   // The raw bytes of a token id, or false when the id is not a byte-level token.
   bool token_bytes(int32_t id, std::string& out) const;
   // -1 when absent.

@@ -117,10 +117,7 @@ int64_t Gpt2BpeTokenizer::vocab_size() const { return bpe_->id_limit(); }
 
 std::vector<int32_t> Gpt2BpeTokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids;
-  for (const auto& word : split_words(text)) {
-    auto word_ids = bpe_->encode_word(word);
-    ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-  }
+  bpe_->encode_words(split_words(text), ids);
   return ids;
 }
 
@@ -221,7 +218,7 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
       const int32_t id = token.at("id").get<int32_t>();
       added_[content] = id;
       added_by_id_[id] = content;
-      longest_added_ = std::max(longest_added_, content.size());
+      if (!content.empty()) starts_added_[static_cast<unsigned char>(content[0])] = true;
       vocab_size_ = std::max<int64_t>(vocab_size_, int64_t{id} + 1);
     }
   } catch (const nlohmann::json::exception& e) {
@@ -252,14 +249,6 @@ std::vector<std::string> HfTokenizer::pre_tokenize(const std::string& text) cons
   return pieces;
 }
 
-std::vector<int32_t> HfTokenizer::encode_plain(const std::string& text) const {
-  std::vector<int32_t> ids;
-  for (const auto& word : pre_tokenize(text)) {
-    auto word_ids = bpe_->encode_word(word);
-    ids.insert(ids.end(), word_ids.begin(), word_ids.end());
-  }
-  return ids;
-}
 
 std::vector<int32_t> HfTokenizer::encode(const std::string& text) const {
   // Added tokens first: the leftmost occurrence of any, the longest at that position; the text
@@ -269,7 +258,7 @@ std::vector<int32_t> HfTokenizer::encode(const std::string& text) const {
   while (i < text.size()) {
     int32_t found = -1;
     size_t found_length = 0;
-    if (!added_.empty()) {
+    if (starts_added_[static_cast<unsigned char>(text[i])]) {
       // Candidates share the first byte: the map's range of keys that start with it.
       const std::string first(1, text[i]);
       for (auto it = added_.lower_bound(first); it != added_.end() && it->first[0] == text[i]; ++it) {
@@ -283,18 +272,12 @@ std::vector<int32_t> HfTokenizer::encode(const std::string& text) const {
       ++i;
       continue;
     }
-    if (i > plain_start) {
-      auto plain = encode_plain(text.substr(plain_start, i - plain_start));
-      ids.insert(ids.end(), plain.begin(), plain.end());
-    }
+    if (i > plain_start) bpe_->encode_words(pre_tokenize(text.substr(plain_start, i - plain_start)), ids);
     ids.push_back(found);
     i += found_length;
     plain_start = i;
   }
-  if (plain_start < text.size()) {
-    auto plain = encode_plain(text.substr(plain_start));
-    ids.insert(ids.end(), plain.begin(), plain.end());
-  }
+  if (plain_start < text.size()) bpe_->encode_words(pre_tokenize(text.substr(plain_start)), ids);
   return ids;
 }
 

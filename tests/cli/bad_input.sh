@@ -56,6 +56,16 @@ expect_failure data-missing-input "input '$work/none.txt' is neither a file nor 
   "$data" encode --output "$work/out" "$work/none.txt"
 printf 'not a token file at all, not even close.......' >"$work/junk.tok"
 expect_failure data-bad-token-file "bad magic" "$data" inspect "$work/junk.tok"
+# fsdp-data tokenize: a bad line is named by file and line, and no output (nor its .partial) is left.
+printf '{"text": "fine"}\n{"txt": 1}\n' >"$work/lines.jsonl"
+expect_failure data-tokenize-bad-line "lines.jsonl:2: expected {\"text\": ...}" \
+  "$data" tokenize --input "$work/lines.jsonl" --output "$work/out"
+if [ -e "$work/out.partial" ]; then
+  echo "FAIL data-tokenize-bad-line: $work/out.partial was left behind"
+  failures=$((failures + 1))
+fi
+expect_failure data-tokenize-hf-needs-file "tokenizer 'hf' needs a tokenizer.json path" \
+  "$data" tokenize --tokenizer hf --input "$work/lines.jsonl" --output "$work/out"
 expect_failure plan-unknown-model "unknown model 'llama-99b'" "$plan" --model llama-99b --ranks 8
 expect_failure plan-group-size "12 ranks are not divisible by the shard group size 8" \
   "$plan" --model llama3-8b --ranks 12 --strategy hybrid_shard --shard-group-size 8

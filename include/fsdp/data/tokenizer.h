@@ -84,14 +84,13 @@ class HfTokenizer : public Tokenizer {
 
  private:
   struct SplitStep;
-  std::vector<int32_t> encode_plain(const std::string& text) const;
 
   std::string source_;
   std::unique_ptr<ByteLevelBpe> bpe_;
   std::vector<SplitStep> splits_;                       // applied in order
   std::map<std::string, int32_t> added_;                // content -> id
   std::unordered_map<int32_t, std::string> added_by_id_;
-  size_t longest_added_ = 0;
+  bool starts_added_[256] = {};                         // bytes an added token begins with
   int64_t vocab_size_ = 0;
   int32_t end_of_text_ = -1;
 };
