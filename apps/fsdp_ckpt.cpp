@@ -4,14 +4,19 @@
 //   fsdp-ckpt inspect runs/gpt-fortunes-tiny/checkpoints/step-00000600
 //   fsdp-ckpt export runs/.../step-00000600 --output gpt.safetensors [--dtype bf16]
 //   fsdp-ckpt export runs/.../step-00000600 --output gpt-hf/ --max-file-size 2GB    # sharded set + index
+//   fsdp-ckpt export runs/.../step-00000600 --hf-dir llama-tuned/   # a directory from_pretrained loads
 //   fsdp-ckpt import gpt.safetensors --config configs/gpt-fortunes-tiny.toml --output imported/
+//   fsdp-ckpt import Llama-3.2-1B/ --output imported/               # a Hugging Face model directory
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
+#include "fsdp/checkpoint/hf_model_dir.h"
 #include "fsdp/checkpoint/hf_weights.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"
 #include "fsdp/comm/process_group.h"
@@ -34,6 +39,16 @@ int64_t vocab_of(const fsdp::train::TrainConfig& config) {
       config.model);
 }
 
+// A TOML basic string holding `text`.
+std::string toml_quote(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
 int64_t parse_size(const std::string& text) {
   size_t used = 0;
   const double value = std::stod(text, &used);
@@ -41,6 +56,39 @@ int64_t parse_size(const std::string& text) {
   const double scale = unit.empty() || unit == "B" ? 1 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : -1;
   if (scale < 0 || value <= 0) throw std::invalid_argument("--max-file-size '" + text + "': expected e.g. 500MB or 5GB");
   return static_cast<int64_t>(value * scale);
+}
+
+namespace fs = std::filesystem;
+
+// A Hugging Face model directory from an exported weight set in `dir`: config.json,
+// generation_config.json and the tokenizer's files (the run's, or its init_from directory's).
+void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::models::ModelConfig& model, const std::string& dir) {
+  const auto& d = config.data;
+  const bool from_hf_dir = fsdp::checkpoint::is_hf_model_dir(config.init_from);
+  const std::string source_config = from_hf_dir ? config.init_from + "/config.json" : "";
+  int64_t bos = -1, eos = -1;
+  std::vector<std::string> files;
+  if (d.tokenizer == "hf") {
+    files = fsdp::checkpoint::tokenizer_files_in(fs::path(d.tokenizer_json).parent_path().string());
+    fsdp::data::HfTokenizer tokenizer(d.tokenizer_json);
+    bos = tokenizer.token_id("<|begin_of_text|>");
+    eos = tokenizer.end_of_text();
+  } else if (d.tokenizer == "gpt2") {
+    files = {d.vocab_json, d.merges_txt};
+    eos = bos = fsdp::data::Gpt2BpeTokenizer(d.vocab_json, d.merges_txt).end_of_text();
+  }
+  if (from_hf_dir) {
+    // Files the tokenizer's own directory lacks (tokenizer_config.json with its chat template, say).
+    for (const auto& file : fsdp::checkpoint::tokenizer_files_in(config.init_from)) {
+      bool have = false;
+      for (const auto& f : files) have = have || fs::path(f).filename() == fs::path(file).filename();
+      if (!have) files.push_back(file);
+    }
+  }
+  fsdp::checkpoint::write_text_file(dir + "/config.json", fsdp::checkpoint::hf_config_text(model, source_config));
+  fsdp::checkpoint::write_text_file(dir + "/generation_config.json",
+                                    fsdp::checkpoint::hf_generation_config_text(source_config, bos, eos));
+  for (const auto& file : files) fs::copy_file(file, fs::path(dir) / fs::path(file).filename(), fs::copy_options::overwrite_existing);
 }
 
 }  // namespace
@@ -56,16 +104,31 @@ int main(int argc, char** argv) {
   auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as safetensors (Hugging Face names)");
   std::string export_dir, export_output, dtype = "fp32", max_file_size;
   exporter->add_option("checkpoint", export_dir, "checkpoint directory")->required();
-  exporter->add_option("--output", export_output, "a .safetensors file, or a directory with --max-file-size")->required();
+  std::string export_hf_dir;
+  auto* output_option = exporter->add_option("--output", export_output, "a .safetensors file, or a directory with --max-file-size");
+  auto* hf_dir_option = exporter->add_option("--hf-dir", export_hf_dir,
+                                             "a Hugging Face model directory (config.json, sharded safetensors + index, "
+                                             "generation_config.json, tokenizer files) that transformers' from_pretrained loads");
+  output_option->excludes(hf_dir_option);
   exporter->add_option("--dtype", dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   exporter->add_option("--max-file-size", max_file_size, "write Hugging Face's sharded set of files of at most this size");
 
   auto* importer = app.add_subcommand("import", "load safetensors weights into a sharded checkpoint (step 0, no optimizer)");
   std::string import_weights_path, import_config, import_output;
   importer->add_option("weights", import_weights_path, "a .safetensors file or a directory with an index")->required();
-  importer->add_option("--config", import_config, "training config naming the model")->required();
+  importer->add_option("--config", import_config,
+                       "training config naming the model (not needed for a Hugging Face directory with config.json)");
   importer->add_option("--output", import_output, "directory to write the checkpoint into")->required();
   CLI11_PARSE(app, argc, argv);
+  if (exporter->parsed() && export_output.empty() && export_hf_dir.empty()) {
+    std::fprintf(stderr, "fsdp-ckpt export: give --output FILE or --hf-dir DIR\n");
+    return 2;
+  }
+  if (importer->parsed() && import_config.empty() && !fsdp::checkpoint::is_hf_model_dir(import_weights_path)) {
+    std::fprintf(stderr, "fsdp-ckpt import: --config is needed: '%s' is not a Hugging Face model directory (no config.json)\n",
+                 import_weights_path.c_str());
+    return 2;
+  }
 
   if (inspect->parsed()) {
     try {
@@ -84,8 +147,14 @@ int main(int argc, char** argv) {
       if (exporter->parsed()) {
         config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(export_dir).config_toml,
                                                  export_dir + "/manifest.json");
-      } else {
+      } else if (!import_config.empty()) {
         config = fsdp::train::load_train_config(import_config);
+      } else {
+        config = fsdp::train::parse_train_config("[model]\ninit_from = " + toml_quote(import_weights_path) + "\n",
+                                                 import_weights_path + "/config.json");
+      }
+      if (!export_hf_dir.empty() && fs::exists(export_hf_dir) && !fs::is_empty(export_hf_dir)) {
+        throw std::runtime_error("--hf-dir '" + export_hf_dir + "' exists and is not empty (choose a new directory)");
       }
     });
     auto sharded = fsdp::train::build_sharded_model(config, vocab_of(config), world);
@@ -94,6 +163,32 @@ int main(int argc, char** argv) {
       fsdp::checkpoint::ExportOptions options;
       options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
       if (!max_file_size.empty()) options.max_file_bytes = parse_size(max_file_size);
+      if (!export_hf_dir.empty()) {
+        // Everything goes to <dir>.partial, renamed into place when complete: no half-written directory.
+        if (options.max_file_bytes == 0) options.max_file_bytes = static_cast<int64_t>(5e9);  // transformers' default shard size
+        const std::string partial = export_hf_dir + ".partial";
+        fsdp::comm::on_every_rank(world, "preparing " + partial, [&] {
+          if (world->rank() == 0) fs::remove_all(partial);
+        });
+        const int64_t bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, partial, options);
+        fsdp::comm::on_every_rank(world, "writing the Hugging Face directory " + export_hf_dir, [&] {
+          if (world->rank() != 0) return;
+          try {
+            write_hf_metadata(config, sharded.config, partial);
+            if (fs::exists(export_hf_dir)) fs::remove(export_hf_dir);  // empty (checked above)
+            fs::rename(partial, export_hf_dir);
+          } catch (...) {
+            std::error_code ignored;
+            fs::remove_all(partial, ignored);
+            throw;
+          }
+        });
+        if (world->rank() == 0) {
+          std::printf("exported %lld bytes of %s weights, config.json and tokenizer files to %s\n", static_cast<long long>(bytes),
+                      dtype.c_str(), export_hf_dir.c_str());
+        }
+        return 0;
+      }
       const int64_t bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, export_output, options);
       if (world->rank() == 0) std::printf("exported %lld bytes of %s weights to %s\n", static_cast<long long>(bytes), dtype.c_str(), export_output.c_str());
     } else {

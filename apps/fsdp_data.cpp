@@ -5,6 +5,8 @@
 //   fsdp-data encode --tokenizer gpt2 --vocab-json vocab.json --merges-txt merges.txt --output x.tok in.txt
 //   fsdp-data inspect data/fortunes/train.tok
 //   fsdp-data tokenize --tokenizer hf --tokenizer-json tokenizer.json --input texts.jsonl --output ids.jsonl
+//   fsdp-data instructions --output data/fortune-chat.jsonl   # an instruction set: a request, a fortune
+//   fsdp-data render --tokenizer hf --tokenizer-json tokenizer.json --input chat.jsonl --output rendered.jsonl
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/data/instructions.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
@@ -86,6 +89,75 @@ void tokenize_lines(const fsdp::data::Tokenizer& tokenizer, const std::string& i
   }
 }
 
+// Writes lines to `output` through `output`.partial, renamed into place when complete; a failure
+// leaves nothing behind.
+template <class WriteLines>
+void write_lines_atomically(const std::string& output, WriteLines&& write_lines) {
+  const std::string partial = output + ".partial";
+  try {
+    std::ofstream out(partial);
+    if (!out) throw std::runtime_error("cannot write '" + partial + "'");
+    write_lines(out);
+    out.close();
+    if (!out) throw std::runtime_error("writing '" + partial + "' failed");
+    std::filesystem::rename(partial, output);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+    throw;
+  }
+}
+
+// An instruction set from the fortunes: a request naming the fortune's file (its topic), and the
+// fortune as the answer. The request's wording varies with a hash of the fortune (deterministic).
+void write_fortune_instructions(const std::string& dir, const std::string& output, const std::string& format,
+                                const std::string& system) {
+  static const char* requests[] = {"Tell me a fortune about %s.", "Give me a %s fortune.", "Share a fortune on the topic of %s.",
+                                   "I would like a fortune about %s, please."};
+  const auto documents = fsdp::data::read_fortunes(dir);
+  write_lines_atomically(output, [&](std::ofstream& out) {
+    for (const auto& document : documents) {
+      const std::string topic = std::filesystem::path(document.source).filename().string();
+      char request[256];
+      std::snprintf(request, sizeof(request), requests[fsdp::data::fnv1a64(document.text) % 4], topic.c_str());
+      std::string answer = document.text;
+      while (!answer.empty() && (answer.back() == '\n' || answer.back() == ' ')) answer.pop_back();
+      nlohmann::json record;
+      if (format == "prompt-completion") {
+        record = {{"prompt", std::string(request)}, {"completion", answer}};
+      } else {
+        record["messages"] = nlohmann::json::array();
+        if (!system.empty()) record["messages"].push_back({{"role", "system"}, {"content", system}});
+        record["messages"].push_back({{"role", "user"}, {"content", std::string(request)}});
+        record["messages"].push_back({{"role", "assistant"}, {"content", answer}});
+      }
+      out << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+  });
+  std::printf("%s: %zu instruction examples (%s) from %s\n", output.c_str(), documents.size(), format.c_str(), dir.c_str());
+}
+
+// Each instruction example rendered in the chat format: {"ids": [...], "trained": [0/1, ...],
+// "prompt_ids": [...]} (prompt_ids: the messages before the last, with the assistant's header),
+// what the trainer sees, for checking against transformers' apply_chat_template.
+void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::string& chat_format, const std::string& input,
+                         const std::string& output) {
+  const auto format = fsdp::data::chat_format_from_name(chat_format, tokenizer);
+  const auto examples = fsdp::data::read_instruction_jsonl(input);
+  write_lines_atomically(output, [&](std::ofstream& out) {
+    for (const auto& example : examples) {
+      const auto rendered = fsdp::data::render_chat(example, format, tokenizer);
+      std::vector<int> trained(rendered.trained.begin(), rendered.trained.end());
+      std::vector<fsdp::data::ChatMessage> before(example.messages.begin(), example.messages.end() - 1);
+      nlohmann::json record = {{"ids", rendered.tokens},
+                               {"trained", trained},
+                               {"prompt_ids", fsdp::data::render_prompt(before, format, tokenizer)}};
+      out << record.dump() << "\n";
+    }
+  });
+  std::printf("%s: %zu examples rendered (%s format)\n", output.c_str(), examples.size(), fsdp::data::chat_format_name(format));
+}
+
 void write(const std::string& path, const std::vector<int32_t>& tokens, const fsdp::data::Tokenizer& tokenizer,
            size_t documents) {
   fsdp::data::write_token_file(path, tokens, tokenizer.vocab_size());
@@ -135,8 +207,34 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--decode", tokenize_decode, "also write \"decoded\": the ids decoded again");
   tokenize_tokenizer.add_to(*tokenize);
 
+  auto* instructions = app.add_subcommand("instructions", "make an instruction set (JSONL) from Debian's fortunes: a request "
+                                                           "naming the fortune's topic, and the fortune as the answer");
+  std::string instructions_dir = fsdp::data::kFortunesDir, instructions_output, instructions_format = "messages", system_prompt;
+  instructions->add_option("--dir", instructions_dir, "fortune files")->capture_default_str();
+  instructions->add_option("--output", instructions_output, "JSONL file to write")->required();
+  instructions->add_option("--format", instructions_format, "messages ({\"messages\": [...]}) or prompt-completion")
+      ->check(CLI::IsMember({"messages", "prompt-completion"}))
+      ->capture_default_str();
+  instructions->add_option("--system", system_prompt, "a system message opening each example (messages format)");
+
+  auto* render = app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
+  std::string render_input, render_output, render_format = "auto";
+  TokenizerArgs render_tokenizer;
+  render->add_option("--input", render_input, "instruction JSONL")->required();
+  render->add_option("--output", render_output, "JSON lines {\"ids\", \"trained\", \"prompt_ids\"}")->required();
+  render->add_option("--chat-format", render_format, "auto, llama3 or plain")->capture_default_str();
+  render_tokenizer.add_to(*render);
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (instructions->parsed()) {
+      write_fortune_instructions(instructions_dir, instructions_output, instructions_format, system_prompt);
+      return 0;
+    }
+    if (render->parsed()) {
+      render_instructions(*render_tokenizer.make(), render_format, render_input, render_output);
+      return 0;
+    }
     if (fortunes->parsed()) {
       auto tokenizer = fortunes_tokenizer.make();
       auto split = fsdp::data::split_documents(fsdp::data::read_fortunes(fortunes_dir), validation_percent);

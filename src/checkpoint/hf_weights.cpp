@@ -26,7 +26,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // The weights a file set offers: tensor name -> file.
 class WeightFiles {
  public:
-  explicit WeightFiles(const std::string& path) {
+  explicit WeightFiles(const std::string& path) : source_(path) {
     std::error_code error;
     if (fs::is_directory(path, error)) {
       const fs::path index = fs::path(path) / "model.safetensors.index.json";
@@ -51,9 +51,11 @@ class WeightFiles {
     add_file(path);
   }
 
+  bool contains(const std::string& tensor) const { return where_.count(tensor) > 0; }
+
   const SafetensorsFile& file_of(const std::string& tensor) const {
     auto it = where_.find(tensor);
-    if (it == where_.end()) throw std::runtime_error("weights '" + description() + "' have no tensor '" + tensor + "'");
+    if (it == where_.end()) throw std::runtime_error("weights '" + source_ + "' have no tensor '" + tensor + "'");
     return *files_.at(it->second);
   }
 
@@ -71,8 +73,7 @@ class WeightFiles {
     if (it == files_.end()) it = files_.emplace(file, std::make_unique<SafetensorsFile>(file)).first;
     return *it->second;
   }
-  std::string description() const { return files_.size() == 1 ? files_.begin()->first : std::to_string(files_.size()) + " files"; }
-
+  std::string source_;  // the file or directory named
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::string> where_;
 };
@@ -196,7 +197,10 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       for (const auto& entry : layout.entries) {
         const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
         if (lo >= hi) continue;
-        const std::string name = hf_name(model, entry.name);
+        std::string name = hf_name(model, entry.name);
+        // GPT2LMHeadModel.save_pretrained prefixes the body with "transformer."; the hub's gpt2
+        // files do not. Both load.
+        if (!weights.contains(name) && weights.contains("transformer." + name)) name = "transformer." + name;
         const bool transposed = hf_transposed(model, entry.name);
         const SafetensorsFile& file = weights.file_of(name);
         const TensorInfo& info = file.info(name);

@@ -24,13 +24,26 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return compat::scaled_dot_product_attention(q, keys, values, causal);
 }
 
-std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta) {
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta, const RopeScaling& scaling) {
   TORCH_CHECK(head_dim % 2 == 0, "rotary_tables: head_dim ", head_dim, " must be even");
-  auto exponents = torch::arange(0, head_dim / 2, torch::kDouble) * (2.0 / static_cast<double>(head_dim));
-  auto inverse_frequency = torch::pow(theta, -exponents);                      // [hd/2] fp64
-  auto angles = torch::outer(torch::arange(t, torch::kDouble), inverse_frequency);  // [t, hd/2]
-  angles = torch::cat({angles, angles}, 1);                                    // [t, hd]
-  return {angles.cos().to(torch::kFloat), angles.sin().to(torch::kFloat)};
+  // fp32 like transformers' _compute_default_rope_parameters: 1 / theta^(arange(0, hd, 2) / hd).
+  auto exponents = torch::arange(0, head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(head_dim);
+  auto inverse_frequency = 1.0 / torch::pow(theta, exponents);  // [hd/2] fp32
+  if (scaling.enabled) {
+    // transformers' _compute_llama3_parameters, step for step.
+    const double old_context = static_cast<double>(scaling.original_context);
+    const double low_freq_wavelength = old_context / scaling.low_freq_factor;
+    const double high_freq_wavelength = old_context / scaling.high_freq_factor;
+    auto wavelength = 2.0 * M_PI / inverse_frequency;
+    auto scaled = torch::where(wavelength > low_freq_wavelength, inverse_frequency / scaling.factor, inverse_frequency);
+    auto smooth = (old_context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
+    auto smoothed = (1.0 - smooth) * scaled / scaling.factor + smooth * scaled;
+    auto medium = (wavelength >= high_freq_wavelength).logical_and(wavelength <= low_freq_wavelength);
+    inverse_frequency = torch::where(medium, smoothed, scaled);
+  }
+  auto angles = torch::outer(torch::arange(t, torch::kFloat), inverse_frequency);  // [t, hd/2] fp32
+  angles = torch::cat({angles, angles}, 1);                                         // [t, hd]
+  return {angles.cos(), angles.sin()};
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -24,6 +24,14 @@ void LlamaConfig::validate() const {
     throw std::invalid_argument("llama: heads " + std::to_string(heads) + " is not a multiple of kv_heads " +
                                 std::to_string(kv_heads));
   }
+  if (rope_scaling.enabled) {
+    if (!(rope_scaling.factor >= 1.0)) throw std::invalid_argument("llama: rope_scaling factor must be at least 1");
+    if (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) || !(rope_scaling.low_freq_factor > 0.0)) {
+      throw std::invalid_argument("llama: rope_scaling needs 0 < low_freq_factor < high_freq_factor");
+    }
+    require_positive("llama", rope_scaling.original_context, "rope_scaling original_max_position_embeddings");
+  }
+  if (!(norm_eps > 0.0)) throw std::invalid_argument("llama: norm_eps must be positive");
   if ((dim / heads) % 2 != 0) throw std::invalid_argument("llama: the head dimension (dim / heads) must be even for rotary embeddings");
 }
 
@@ -102,7 +110,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab).bias(false)));
     lm_head->weight.normal_(0.0, 0.02);
   }
-  std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.dim / c.heads, c.rope_theta);
+  std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.dim / c.heads, c.rope_theta, c.rope_scaling);
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& ids) {

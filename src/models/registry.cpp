@@ -116,6 +116,12 @@ int64_t parameter_count(const ModelConfig& config) {
   return std::visit([](const auto& c) { return c.parameter_count(); }, config);
 }
 
+int64_t vocab_size(const ModelConfig& config) {
+  return std::visit(Overloaded{[](const GptConfig& c) { return c.vocab; }, [](const LlamaConfig& c) { return c.vocab; },
+                               [](const VitConfig&) { return int64_t{0}; }},
+                    config);
+}
+
 double flops_per_sample(const ModelConfig& config, int64_t seq) {
   return std::visit(Overloaded{[&](const GptConfig& c) { return c.flops_per_token(seq); },
                                [&](const LlamaConfig& c) { return c.flops_per_token(seq); },

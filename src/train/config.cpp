@@ -1,9 +1,11 @@
 #include "fsdp/train/config.h"
 
+#include "fsdp/checkpoint/hf_model_dir.h"
 #include "fsdp/comm/nccl_process_group.h"
 
 #include <toml++/toml.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -136,14 +138,57 @@ void check(bool ok, Reader& reader, const std::string& what) {
   if (!ok) reader.fail(what);
 }
 
+// Where the model's shape comes from, in this order: model.family (every field explicit, as a run's
+// resolved config.toml writes it), a Hugging Face directory in model.init_from (its config.json),
+// or model.name from the zoo.
 void read_model(Reader& r, TrainConfig& c) {
   auto name = r.optional<std::string>("model.name");
-  if (!name) r.fail("model.name is required (e.g. \"gpt-tiny\"; see fsdp-train --list-models)");
-  c.model_name = *name;
-  try {
-    c.model = models::model_config(*name);
-  } catch (const std::invalid_argument& e) {
-    r.fail(std::string("model.name: ") + e.what());
+  auto family_key = r.optional<std::string>("model.family");
+  r.get("model.init_from", c.init_from);
+  bool from_hf_dir = false;
+  if (family_key) {
+    if (*family_key == "gpt") {
+      c.model = models::GptConfig{};
+    } else if (*family_key == "llama") {
+      c.model = models::LlamaConfig{};
+    } else if (*family_key == "vit") {
+      c.model = models::VitConfig{};
+    } else {
+      r.fail("model.family '" + *family_key + "' (expected gpt, llama or vit)");
+    }
+    c.model_name = name ? *name : *family_key;
+  } else if (!c.init_from.empty() && checkpoint::is_hf_model_dir(c.init_from)) {
+    try {
+      c.model = checkpoint::read_hf_config(c.init_from);
+    } catch (const std::exception& e) {
+      r.fail(std::string("model.init_from: ") + e.what());
+    }
+    from_hf_dir = true;
+    std::string label = c.init_from;
+    while (label.size() > 1 && label.back() == '/') label.pop_back();
+    c.model_name = name ? *name : label.substr(label.find_last_of('/') + 1);
+    c.model_vocab = std::visit(
+        [](const auto& m) -> int64_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::VitConfig>) {
+            return 0;
+          } else {
+            return m.vocab;
+          }
+        },
+        c.model);
+  } else if (name) {
+    c.model_name = *name;
+    try {
+      c.model = models::model_config(*name);
+    } catch (const std::invalid_argument& e) {
+      r.fail(std::string("model.name: ") + e.what());
+    }
+  } else if (!c.init_from.empty()) {
+    r.fail("model.init_from '" + c.init_from + "' is not a Hugging Face model directory (no config.json there); give "
+           "model.name for weights without one");
+  } else {
+    r.fail("model.name is required (e.g. \"gpt-tiny\"; see fsdp-train --list-models), unless model.init_from names a "
+           "Hugging Face model directory (one with a config.json)");
   }
   // Size overrides: each applies to the families that have the field.
   const std::string family = models::family_name(c.model);
@@ -154,14 +199,31 @@ void read_model(Reader& r, TrainConfig& c) {
   if (auto vocab = r.optional<int64_t>("model.vocab")) {
     if (!models::is_language_model(c.model)) r.fail("model.vocab does not apply to " + family + " models");
     c.model_vocab = *vocab;
+    if (auto* g = std::get_if<models::GptConfig>(&c.model)) g->vocab = *vocab;
+    if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) l->vocab = *vocab;
   }
-  r.get("model.init_from", c.init_from);
   auto dropout = r.optional<double>("model.dropout");
   auto rope_theta = r.optional<double>("model.rope_theta");
   auto qkv_bias = r.optional<bool>("model.qkv_bias");
+  auto norm_eps = r.optional<double>("model.norm_eps");
+  auto tie_embeddings = r.optional<bool>("model.tie_embeddings");
+  auto rope_scaling = r.optional<std::string>("model.rope_scaling");
+  auto rope_factor = r.optional<double>("model.rope_scaling_factor");
+  auto rope_low = r.optional<double>("model.rope_low_freq_factor");
+  auto rope_high = r.optional<double>("model.rope_high_freq_factor");
+  auto rope_original = r.optional<int64_t>("model.rope_original_context");
   auto not_for = [&](const std::string& key) {
     r.fail("model." + key + " does not apply to " + family + " models");
   };
+  if (from_hf_dir) {
+    // The directory's config.json sets the shape; only the longest sequence and dropout may change.
+    for (const auto& [key, value] : ints) {
+      if (key != "context") r.fail("model." + key + " is set by " + c.init_from + "/config.json (leave it out)");
+    }
+    if (rope_theta || qkv_bias || norm_eps || tie_embeddings || rope_scaling || rope_factor || rope_low || rope_high || rope_original) {
+      r.fail("the model's shape and rotary settings are set by " + c.init_from + "/config.json (leave model.* out but context and dropout)");
+    }
+  }
   auto take = [&](const char* key, int64_t& field) {
     auto it = ints.find(key);
     if (it != ints.end()) {
@@ -174,10 +236,23 @@ void read_model(Reader& r, TrainConfig& c) {
     if (dropout) g->dropout = *dropout;
     if (qkv_bias) g->qkv_bias = *qkv_bias;
     if (rope_theta) not_for("rope_theta");
+    if (norm_eps || tie_embeddings || rope_scaling || rope_factor || rope_low || rope_high || rope_original) {
+      r.fail("model.norm_eps, tie_embeddings and rope_* do not apply to gpt models");
+    }
   } else if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) {
     take("context", l->context), take("dim", l->dim), take("heads", l->heads), take("kv_heads", l->kv_heads);
     take("layers", l->layers), take("ffn_hidden", l->ffn_hidden);
     if (rope_theta) l->rope_theta = *rope_theta;
+    if (norm_eps) l->norm_eps = *norm_eps;
+    if (tie_embeddings) l->tie_embeddings = *tie_embeddings;
+    if (rope_scaling) {
+      if (*rope_scaling != "llama3" && *rope_scaling != "none") r.fail("model.rope_scaling '" + *rope_scaling + "' (expected llama3 or none)");
+      l->rope_scaling.enabled = *rope_scaling == "llama3";
+    }
+    if (rope_factor) l->rope_scaling.factor = *rope_factor;
+    if (rope_low) l->rope_scaling.low_freq_factor = *rope_low;
+    if (rope_high) l->rope_scaling.high_freq_factor = *rope_high;
+    if (rope_original) l->rope_scaling.original_context = *rope_original;
     if (dropout) not_for("dropout");
     if (qkv_bias) not_for("qkv_bias");
   } else if (auto* v = std::get_if<models::VitConfig>(&c.model)) {
@@ -186,6 +261,9 @@ void read_model(Reader& r, TrainConfig& c) {
     if (dropout) not_for("dropout");
     if (qkv_bias) not_for("qkv_bias");
     if (rope_theta) not_for("rope_theta");
+    if (norm_eps || tie_embeddings || rope_scaling || rope_factor || rope_low || rope_high || rope_original) {
+      r.fail("model.norm_eps, tie_embeddings and rope_* do not apply to vit models");
+    }
   }
   if (!ints.empty()) not_for(ints.begin()->first);
   try {
@@ -221,6 +299,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   DataConfig& d = c.data;
   r.get("data.source", d.source);
   r.get("data.dir", d.dir);
+  const bool tokenizer_set = r.optional<std::string>("data.tokenizer").has_value();
   r.get("data.tokenizer", d.tokenizer);
   r.get("data.vocab_json", d.vocab_json);
   r.get("data.merges_txt", d.merges_txt);
@@ -229,6 +308,20 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("data.train_tokens", d.train_tokens);
   r.get("data.validation_tokens", d.validation_tokens);
   r.get("data.augment", d.augment);
+  r.get("data.train_jsonl", d.train_jsonl);
+  r.get("data.validation_jsonl", d.validation_jsonl);
+  r.get("data.chat_format", d.chat_format);
+  if (checkpoint::is_hf_model_dir(c.init_from)) {
+    // A Hugging Face directory brings its tokenizer: tokenizer.json, or GPT-2's vocab.json + merges.txt.
+    const std::string dir = c.init_from + "/";
+    if (!tokenizer_set) {
+      if (std::filesystem::exists(dir + "tokenizer.json")) d.tokenizer = "hf";
+      else if (std::filesystem::exists(dir + "vocab.json") && std::filesystem::exists(dir + "merges.txt")) d.tokenizer = "gpt2";
+    }
+    if (d.tokenizer == "hf" && d.tokenizer_json.empty()) d.tokenizer_json = dir + "tokenizer.json";
+    if (d.tokenizer == "gpt2" && d.vocab_json.empty()) d.vocab_json = dir + "vocab.json";
+    if (d.tokenizer == "gpt2" && d.merges_txt.empty()) d.merges_txt = dir + "merges.txt";
+  }
 
   r.get("train.steps", c.steps);
   r.get("train.global_batch", c.global_batch);
@@ -280,11 +373,16 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
 
   // Values that parse but cannot work.
   const bool language = models::is_language_model(c.model);
-  check(d.source == "fortunes" || d.source == "token_files" || d.source == "fashion_mnist", r,
-        "data.source '" + d.source + "' (expected fortunes, token_files or fashion_mnist)");
+  check(d.source == "fortunes" || d.source == "token_files" || d.source == "instructions" || d.source == "fashion_mnist", r,
+        "data.source '" + d.source + "' (expected fortunes, token_files, instructions or fashion_mnist)");
   check(language == (d.source != "fashion_mnist"), r,
         "data.source '" + d.source + "' does not suit the " + models::family_name(c.model) + " model '" + c.model_name +
-            "' (" + (language ? "language models read fortunes or token_files" : "ViT reads fashion_mnist") + ")");
+            "' (" + (language ? "language models read fortunes, token_files or instructions" : "ViT reads fashion_mnist") + ")");
+  check(d.source != "instructions" || !d.train_jsonl.empty(), r,
+        "data.source 'instructions' needs data.train_jsonl (JSONL of {\"messages\": [...]} or {\"prompt\", \"completion\"}; "
+        "fsdp-data instructions makes one from the fortunes)");
+  check(d.chat_format == "auto" || d.chat_format == "llama3" || d.chat_format == "plain", r,
+        "data.chat_format '" + d.chat_format + "' (expected auto, llama3 or plain)");
   check(d.augment == "none" || ((d.augment == "hflip" || d.augment == "shift" || d.augment == "shift+hflip") && !language), r,
         "data.augment '" + d.augment + "' (expected none, or for images hflip, shift or shift+hflip)");
   check(d.tokenizer == "byte" || d.tokenizer == "gpt2" || d.tokenizer == "hf", r,
@@ -386,7 +484,8 @@ std::string checkpoints_dir(const TrainConfig& c) {
 }
 
 std::string to_toml(const TrainConfig& c) {
-  toml::table model{{"name", c.model_name}};
+  // family and every field: the resolved config stands alone (no zoo entry or config.json needed).
+  toml::table model{{"name", c.model_name}, {"family", models::family_name(c.model)}};
   if (!c.init_from.empty()) model.insert("init_from", c.init_from);
   std::visit(
       [&](const auto& m) {
@@ -405,6 +504,15 @@ std::string to_toml(const TrainConfig& c) {
           model.insert("kv_heads", m.kv_heads);
           model.insert("ffn_hidden", m.ffn_hidden);
           model.insert("rope_theta", m.rope_theta);
+          model.insert("norm_eps", m.norm_eps);
+          model.insert("tie_embeddings", m.tie_embeddings);
+          model.insert("rope_scaling", m.rope_scaling.enabled ? "llama3" : "none");
+          if (m.rope_scaling.enabled) {
+            model.insert("rope_scaling_factor", m.rope_scaling.factor);
+            model.insert("rope_low_freq_factor", m.rope_scaling.low_freq_factor);
+            model.insert("rope_high_freq_factor", m.rope_scaling.high_freq_factor);
+            model.insert("rope_original_context", m.rope_scaling.original_context);
+          }
         } else {
           model.insert("patch", m.patch);
           model.insert("mlp_hidden", m.mlp_hidden);
@@ -425,7 +533,10 @@ std::string to_toml(const TrainConfig& c) {
                            {"validation_percent", c.data.validation_percent},
                            {"train_tokens", c.data.train_tokens},
                            {"validation_tokens", c.data.validation_tokens},
-                           {"augment", c.data.augment}}},
+                           {"augment", c.data.augment},
+                           {"train_jsonl", c.data.train_jsonl},
+                           {"validation_jsonl", c.data.validation_jsonl},
+                           {"chat_format", c.data.chat_format}}},
       {"train", toml::table{{"steps", c.steps},
                             {"global_batch", c.global_batch},
                             {"micro_batches", c.micro_batches},

@@ -44,16 +44,18 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
     at::Tensor logits = m.model.forward(batch.inputs.to(m.device));
     at::Tensor targets = batch.targets.to(m.device);
     at::Tensor w = at::tensor(weights).to(m.device);
-    const double real = std::accumulate(weights.begin(), weights.end(), 0.0);  // padding samples weigh 0
     at::Tensor losses = loss_of(logits, targets, torch::kNone);  // [b * seq] or [b]
     if (m.language) {
-      losses = losses.view({static_cast<int64_t>(part.size()), -1});
+      // Token-weighted: the mean over every counted target (not -100) of the evaluated samples.
+      const int64_t rows = static_cast<int64_t>(part.size());
+      losses = losses.view({rows, -1});
+      at::Tensor counted = targets.ne(-100).view({rows, -1}).to(at::kFloat).sum(1);
       totals[0] += (losses.sum(1) * w).sum().item<double>();
-      totals[2] += real * static_cast<double>(losses.size(1));
+      totals[2] += (counted * w).sum().item<double>();
     } else {
       totals[0] += (losses * w).sum().item<double>();
       totals[1] += (logits.argmax(1).eq(targets).to(at::kFloat) * w).sum().item<double>();
-      totals[2] += real;
+      totals[2] += std::accumulate(weights.begin(), weights.end(), 0.0);  // padding samples weigh 0
     }
   }
   m.model.module->train();
@@ -89,16 +91,27 @@ nlohmann::json evaluation_record(const EvalResult& result, bool language) {
   return record;
 }
 
-std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer) {
+std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer, const data::ChatFormat* chat) {
   torch::NoGradGuard no_grad;
   m.model.module->eval();
   const auto& e = m.config.eval;
   const bool leader = m.world->rank() == 0;
-  std::vector<int32_t> prompt = tokenizer.encode(e.prompt);
-  if (prompt.empty()) {
-    // Start where a document would: after the end-of-document marker.
-    const int32_t end = tokenizer.end_of_text();
-    prompt = end >= 0 ? std::vector<int32_t>{end} : tokenizer.encode("%\n");
+  std::vector<int32_t> prompt;
+  int32_t stop = -1;
+  std::string shown_prompt = e.prompt;
+  if (chat != nullptr) {
+    // A user turn in the chat format the model was fine-tuned on; the answer ends with its turn.
+    const std::string request = e.prompt.empty() ? "Tell me a fortune." : e.prompt;
+    prompt = data::render_prompt({{"user", request}}, *chat, tokenizer);
+    stop = data::end_of_turn(*chat, tokenizer);
+    shown_prompt = "user: " + request + "\nassistant: ";
+  } else {
+    prompt = tokenizer.encode(e.prompt);
+    if (prompt.empty()) {
+      // Start where a document would: after the end-of-document marker.
+      const int32_t end = tokenizer.end_of_text();
+      prompt = end >= 0 ? std::vector<int32_t>{end} : tokenizer.encode("%\n");
+    }
   }
   std::vector<int64_t> context(prompt.begin(), prompt.end());
   std::vector<int32_t> generated;
@@ -116,11 +129,13 @@ std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenize
       next[0] = std::get<1>(top)[choice.item<int64_t>()].item<int64_t>();
     }
     if (m.world->size() > 1) m.world->broadcast(next, 0)->wait();
-    context.push_back(next.item<int64_t>());
-    generated.push_back(static_cast<int32_t>(next.item<int64_t>()));
+    const int64_t token = next.item<int64_t>();
+    if (token == stop) break;  // the same on every rank (broadcast)
+    context.push_back(token);
+    generated.push_back(static_cast<int32_t>(token));
   }
   m.model.module->train();
-  return e.prompt + tokenizer.decode(generated);
+  return shown_prompt + tokenizer.decode(generated);
 }
 
 }  // namespace fsdp::train

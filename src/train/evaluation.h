@@ -11,6 +11,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/data/datasets.h"
+#include "fsdp/data/instructions.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/config.h"
@@ -41,7 +42,9 @@ std::string evaluation_line(const EvalResult& result, int64_t items, bool langua
 nlohmann::json evaluation_record(const EvalResult& result, bool language);
 
 // eval.prompt followed by eval.sample_tokens tokens, drawn with temperature and top-k by rank 0 and
-// broadcast, so every rank extends (and returns) the same text. Leaves the model in training mode.
-std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer);
+// broadcast, so every rank extends (and returns) the same text. With `chat`, eval.prompt (or "Tell
+// me a fortune.") is a user turn rendered in that chat format, and the answer stops at the end of
+// its turn: "user: ...\nassistant: ...". Leaves the model in training mode.
+std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer, const data::ChatFormat* chat = nullptr);
 
 }  // namespace fsdp::train

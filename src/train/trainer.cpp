@@ -124,7 +124,7 @@ class Trainer {
 
     // 2. The model, sharded block by block as it is built (same seed on every rank).
     {
-      ShardedModel sharded = build_sharded_model(config_, data_.vocab, world_);
+      ShardedModel sharded = build_sharded_model(config_, language() ? models::vocab_size(model_config_) : 0, world_);
       model_ = sharded.model;
       state_ = sharded.state;
       device_ = state_->flat_params().empty() ? at::Device(at::kCPU) : state_->flat_params().front()->device();
@@ -228,6 +228,7 @@ class Trainer {
   TrainSummary train_loop() {
     TrainSummary summary;
     summary.parameters = parameters_;
+    summary.dropped_examples = data_.dropped_examples;
     data::GlobalBatchSampler sampler(data_.train->size(), config_.global_batch, config_.seed);
     const int64_t local = config_.global_batch / n_;
     const int64_t micro = local / config_.micro_batches;
@@ -251,6 +252,13 @@ class Trainer {
       optimizer_->zero_grad();
       trace_memory(rank_, step, "start");
       const std::vector<int64_t> indices = sampler.indices(step, rank_, n_);
+      // The loss is the mean over the global batch's counted targets (instruction examples count
+      // only their trained tokens, so ranks and micro-batches hold different counts). Every rank
+      // counts the whole global batch itself (no communication), and scales its sum by N / count:
+      // the gradients' average over the N ranks is then the global mean's gradient.
+      int64_t global_targets = 0;
+      for (int64_t index : sampler.indices(step, 0, 1)) global_targets += data_.train->target_count(index);
+      const double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, global_targets));
       // Summed on the model's device and read once after the optimizer: an .item() per micro-batch
       // would make the host wait for each backward on a GPU.
       at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
@@ -264,8 +272,7 @@ class Trainer {
         }
         if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
         state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
-        at::Tensor loss = loss_of(model_.forward(batch.inputs.to(device_)), batch.targets.to(device_), torch::kMean) /
-                          static_cast<double>(config_.micro_batches);
+        at::Tensor loss = loss_of(model_.forward(batch.inputs.to(device_)), batch.targets.to(device_), torch::kSum) * loss_scale;
         trace_memory(rank_, step, "forward");
         loss.backward();
         trace_memory(rank_, step, "backward");
@@ -397,7 +404,8 @@ class Trainer {
 
   // Sampled text (evaluation.h), written to sample.txt.
   std::string generate() {
-    const std::string text = generate_sample(model_in_use(), *data_.tokenizer);
+    const bool chat = config_.data.source == "instructions";
+    const std::string text = generate_sample(model_in_use(), *data_.tokenizer, chat ? &data_.chat_format : nullptr);
     if (leader() && options_.write_files) std::ofstream(fs::path(config_.output_dir) / "sample.txt") << text;
     return text;
   }

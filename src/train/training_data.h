@@ -1,5 +1,5 @@
 // Private to train/: the data a run trains and evaluates on, read from disk before the model is
-// built (fortunes text, token files or Fashion-MNIST), and the checks that tie it to the config.
+// built (fortunes text, token files, instruction JSONL or Fashion-MNIST), and the checks that tie it to the config.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fsdp/data/datasets.h"
+#include "fsdp/data/instructions.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/config.h"
@@ -16,6 +17,8 @@ namespace fsdp::train {
 // Everything read from disk before the model is built.
 struct LoadedData {
   std::unique_ptr<data::Tokenizer> tokenizer;  // language models from text
+  data::ChatFormat chat_format = data::ChatFormat::Plain;  // instructions: how prompts are rendered
+  int64_t dropped_examples = 0;                // instructions: too long for the window (both splits)
   std::unique_ptr<data::Dataset> train, validation;
   int64_t vocab = 0;
   std::string description;  // one line for the run's header

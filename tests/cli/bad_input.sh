@@ -66,6 +66,30 @@ if [ -e "$work/out.partial" ]; then
 fi
 expect_failure data-tokenize-hf-needs-file "tokenizer 'hf' needs a tokenizer.json path" \
   "$data" tokenize --tokenizer hf --input "$work/lines.jsonl" --output "$work/out"
+# Instruction data and Hugging Face directories (issue 19).
+llama_model=$'[model]\nname = "llama-test"\n[train]\nsteps = 2\nglobal_batch = 4\nseq_len = 64'
+printf '{"prompt": "a", "completion": "b"}\n{"messages": [{"role": "user", "content": "x"}\n' >"$work/broken.jsonl"
+expect_failure instructions-malformed-line "broken.jsonl:2: not valid JSON" \
+  "${ranks[@]}" "$train" "$(config broken "$llama_model"$'\n[data]\nsource = "instructions"\ntrain_jsonl = "'"$work/broken.jsonl"'"')"
+printf '{"messages": [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}]}\n' >"$work/role.jsonl"
+expect_failure instructions-unknown-role "role.jsonl:1: message 2 has unknown role 'robot' (expected system, user or assistant)" \
+  "${ranks[@]}" "$train" "$(config role "$llama_model"$'\n[data]\nsource = "instructions"\ntrain_jsonl = "'"$work/role.jsonl"'"')"
+expect_failure instructions-llama3-needs-tokens "chat format llama3 needs a tokenizer with <|start_header_id|>" \
+  "${ranks[@]}" "$train" "$(config fmt "$llama_model"$'\n[data]\nsource = "instructions"\nchat_format = "llama3"\ntrain_jsonl = "'"$work/role.jsonl"'"')"
+mkdir -p "$work/mistral" "$work/yarn" "$work/holes"
+printf '{"model_type": "mistral", "vocab_size": 32000}\n' >"$work/mistral/config.json"
+expect_failure hf-unsupported-family "model_type 'mistral' is not supported (supported: llama, gpt2)" \
+  "${ranks[@]}" "$train" "$(config mistral $'[model]\ninit_from = "'"$work/mistral"'"')"
+printf '{"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}\n' >"$work/yarn/config.json"
+expect_failure hf-unsupported-rope "rope_scaling.rope_type 'yarn' is not supported (supported: default, llama3)" \
+  "${ranks[@]}" "$train" "$(config yarn $'[model]\ninit_from = "'"$work/yarn"'"')"
+# A weight set missing a tensor: the index names the file, the file lacks the tensor.
+sed 's/"yarn", "factor": 4.0/"default"/' "$work/yarn/config.json" >"$work/holes/config.json"
+printf '{"metadata": {}, "weight_map": {}}\n' >"$work/holes/model.safetensors.index.json"
+expect_failure hf-missing-tensor "have no tensor 'model.embed_tokens.weight'" \
+  "${ranks[@]}" "$train" "$(config holes $'[model]\ninit_from = "'"$work/holes"$'"\n[train]\nsteps = 2\nglobal_batch = 4\nseq_len = 16')"
+expect_failure data-instructions-no-fortunes "directory '/nonexistent' not found" \
+  "$data" instructions --dir /nonexistent --output "$work/out"
 expect_failure plan-unknown-model "unknown model 'llama-99b'" "$plan" --model llama-99b --ranks 8
 expect_failure plan-group-size "12 ranks are not divisible by the shard group size 8" \
   "$plan" --model llama3-8b --ranks 12 --strategy hybrid_shard --shard-group-size 8

@@ -5,8 +5,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "fsdp/checkpoint/sharded_checkpoint.h"
+#include "fsdp/data/instructions.h"
+#include "fsdp/data/sampler.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
@@ -216,6 +219,120 @@ TEST(Trainer, DataMissingOnOneRankStopsEveryRank) {
     if (failing_rank) EXPECT_NE(std::string(e.what()).find("/nonexistent/fortunes"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(config.output_dir));
+}
+
+// ---- Fine-tuning on instruction data: the loss is the mean over trained tokens only ----
+
+// Prompt-completion examples from the fortunes (a request, then the fortune), rendered in the plain
+// format with the byte tokenizer: prompts of different lengths, answers of different lengths, so
+// every rank's share of a global batch holds a different number of trained tokens.
+std::string write_fortune_instructions(const fs::path& dir) {
+  fs::create_directories(dir);
+  const std::string path = (dir / "instructions.jsonl").string();
+  std::ofstream out(path);
+  int written = 0;
+  for (const auto& document : fsdp::data::read_fortunes(fsdp::data::kFortunesDir)) {
+    if (document.text.size() > 70) continue;  // fits the 96-token window with its request
+    bool ascii = true;
+    for (unsigned char c : document.text) ascii = ascii && c < 0x80;
+    if (!ascii) continue;  // JSON needs UTF-8; a few fortunes are Latin-1
+    const std::string topic = fs::path(document.source).filename().string();
+    const std::string request = "Tell me a fortune about " + topic + ".\n";
+    auto quote = [](const std::string& s) {
+      std::string q = "\"";
+      for (unsigned char c : s) {
+        if (c == '"' || c == '\\') q += '\\', q += static_cast<char>(c);
+        else if (c < 0x20) { char buffer[8]; std::snprintf(buffer, sizeof(buffer), "\\u%04x", c); q += buffer; }
+        else q += static_cast<char>(c);
+      }
+      return q + "\"";
+    };
+    out << "{\"prompt\": " << quote(request) << ", \"completion\": " << quote(document.text) << "}\n";
+    if (++written == 600) break;
+  }
+  return path;
+}
+
+TrainConfig finetune_config(const std::string& jsonl, const std::string& output_dir) {
+  std::string text = "name = \"finetune-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
+  text += "[data]\nsource = \"instructions\"\ntrain_jsonl = \"" + jsonl + "\"\nvalidation_percent = 10\n";
+  text += "[train]\nsteps = 6\nglobal_batch = 24\nmicro_batches = 2\nsync_each_micro_batch = false\nseq_len = 96\nthreads = 1\n";
+  text += "[optimizer]\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 1\n";
+  text += "[eval]\nevery = 3\nbatches = 1\nsample_tokens = 12\n[checkpoint]\nevery = 6\n";
+  return fsdp::train::parse_train_config(text, "finetune_test");
+}
+
+// Every parameter after training, from the run's last checkpoint, gathered whole over `group`.
+std::vector<at::Tensor> final_parameters(const TrainConfig& config, const fsdp::comm::ProcessGroupPtr& group) {
+  auto sharded = fsdp::train::build_sharded_model(config, 256, group);
+  fsdp::checkpoint::load_checkpoint(fsdp::checkpoint::find_latest_checkpoint(fsdp::train::checkpoints_dir(config)),
+                                    *sharded.state, nullptr);
+  std::vector<at::Tensor> parameters;
+  for (const auto& flat : sharded.state->flat_params()) {
+    for (auto& tensor : flat->gather_full_params()) parameters.push_back(tensor.clone());
+  }
+  return parameters;
+}
+
+// Masked fine-tuning at N ranks equals one process on the same global batches: the loss is the
+// mean over the global batch's trained tokens, exact across ranks and micro-batches whose token
+// counts differ (checked below that they do). Losses, gradient norms, validation losses and every
+// final parameter within 1e-5 (fp32; summation order only, as in parity_test.cpp).
+TEST(Finetune, MaskedLossMatchesASingleRankRun) {
+  auto world = fsdp::comm::init_world();
+  const int n = world->size();
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_finetune_test_" + std::to_string(n));
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    write_fortune_instructions(dir);
+  }
+  world->barrier()->wait();
+  const std::string jsonl = (dir / "instructions.jsonl").string();
+  auto reference_config = finetune_config(jsonl, (dir / ("alone-" + std::to_string(world->rank()))).string());
+  auto sharded_config = finetune_config(jsonl, (dir / "sharded").string());
+
+  // The trained-token counts of each rank's share of the first step differ (else the mean per rank
+  // would equal the global mean, and this test could not tell them apart).
+  {
+    fsdp::data::ByteTokenizer bytes;
+    std::vector<fsdp::data::RenderedExample> rendered;
+    std::vector<fsdp::data::InstructionExample> examples = fsdp::data::read_instruction_jsonl(jsonl);
+    // (The trainer holds 10% out by hash; counting over all examples suffices to show uneven rows.)
+    for (const auto& e : examples) rendered.push_back(fsdp::data::render_chat(e, fsdp::data::ChatFormat::Plain, bytes));
+    fsdp::data::InstructionDataset dataset(std::move(rendered), 96, 0);
+    fsdp::data::GlobalBatchSampler sampler(dataset.size(), 24, 1234);
+    std::set<int64_t> counts;
+    for (int r = 0; r < 4; ++r) {
+      int64_t count = 0;
+      for (int64_t i : sampler.indices(0, r, 4)) count += dataset.target_count(i);
+      counts.insert(count);
+    }
+    EXPECT_GT(counts.size(), 1u) << "the ranks' shares should hold different numbers of trained tokens";
+  }
+
+  auto alone = world->split(world->rank(), 0);
+  auto reference = fsdp::train::train(reference_config, alone, {false, true});
+  auto sharded = fsdp::train::train(sharded_config, world, {false, true});
+  ASSERT_EQ(sharded.losses.size(), 6u);
+  ASSERT_EQ(reference.losses.size(), 6u);
+  for (size_t i = 0; i < reference.losses.size(); ++i) {
+    EXPECT_NEAR(sharded.losses[i], reference.losses[i], 1e-5) << "step " << i + 1;
+    EXPECT_NEAR(sharded.grad_norms[i], reference.grad_norms[i], 1e-5) << "step " << i + 1;
+  }
+  ASSERT_EQ(sharded.evals.size(), reference.evals.size());
+  for (size_t i = 0; i < reference.evals.size(); ++i) EXPECT_NEAR(sharded.evals[i].loss, reference.evals[i].loss, 1e-5) << i;
+  EXPECT_LT(sharded.losses.back(), sharded.losses.front()) << "the masked loss should fall";
+  EXPECT_EQ(sharded.sample, reference.sample);
+  EXPECT_EQ(sharded.sample.rfind("user: Tell me a fortune.\nassistant: ", 0), 0u) << sharded.sample;
+
+  const auto mine = final_parameters(sharded_config, world);
+  const auto theirs = final_parameters(reference_config, alone);
+  ASSERT_EQ(mine.size(), theirs.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < mine.size(); ++i) worst = std::max(worst, (mine[i] - theirs[i]).abs().max().item<double>());
+  EXPECT_LE(worst, 1e-5) << "final parameters";
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace

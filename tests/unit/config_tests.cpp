@@ -1,5 +1,9 @@
 // Training configuration: the shipped configs parse; bad input names the key and the file.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/train/config.h"
@@ -127,6 +131,85 @@ TEST(Config, DeviceOptions) {
   auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
   EXPECT_EQ(again.device, "cpu");
   EXPECT_FALSE(again.fsdp.cpu_offload);
+}
+
+}  // namespace
+
+namespace {
+
+// A Hugging Face directory's config.json gives the model (model.name optional); what the code does
+// not implement is refused naming the key.
+class HfDir {
+ public:
+  explicit HfDir(const std::string& config_json) {
+    path_ = std::filesystem::temp_directory_path() / ("fsdp_hf_config_" + std::to_string(::getpid()) + "_" +
+                                                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(path_);
+    std::ofstream(path_ / "config.json") << config_json;
+  }
+  ~HfDir() { std::filesystem::remove_all(path_); }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+const char* kLlama32 = R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 64, "intermediate_size": 160,
+  "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": true,
+  "hidden_act": "silu", "attention_bias": false, "mlp_bias": false, "torch_dtype": "bfloat16", "bos_token_id": 128000,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}})";
+
+TEST(Config, HuggingFaceDirectoryGivesTheModel) {
+  HfDir dir(kLlama32);
+  auto config = parse_train_config("[model]\ninit_from = \"" + dir.path() + "\"\ncontext = 256\n", "test.toml");
+  const auto& llama = std::get<fsdp::models::LlamaConfig>(config.model);
+  EXPECT_EQ(llama.vocab, 128256);
+  EXPECT_EQ(llama.dim, 64);
+  EXPECT_EQ(llama.ffn_hidden, 160);
+  EXPECT_EQ(llama.layers, 3);
+  EXPECT_EQ(llama.heads, 4);
+  EXPECT_EQ(llama.kv_heads, 2);
+  EXPECT_EQ(llama.context, 256);  // model.context may shorten it
+  EXPECT_DOUBLE_EQ(llama.norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(llama.rope_theta, 500000.0);
+  EXPECT_TRUE(llama.tie_embeddings);
+  EXPECT_TRUE(llama.rope_scaling.enabled);
+  EXPECT_DOUBLE_EQ(llama.rope_scaling.factor, 32.0);
+  EXPECT_EQ(llama.rope_scaling.original_context, 8192);
+  EXPECT_EQ(config.model_vocab, 128256);
+  EXPECT_EQ(config.model_name, std::filesystem::path(dir.path()).filename().string());
+  // The resolved config stands alone: family and every field, read back the same.
+  auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
+  const auto& back = std::get<fsdp::models::LlamaConfig>(again.model);
+  EXPECT_EQ(back.dim, 64);
+  EXPECT_EQ(back.context, 256);
+  EXPECT_TRUE(back.tie_embeddings);
+  EXPECT_TRUE(back.rope_scaling.enabled);
+  EXPECT_DOUBLE_EQ(back.rope_scaling.factor, 32.0);
+  EXPECT_EQ(back.rope_scaling.original_context, 8192);
+  EXPECT_DOUBLE_EQ(back.norm_eps, 1e-5);
+  // Shape keys are the directory's.
+  EXPECT_NE(error_of("[model]\ninit_from = \"" + dir.path() + "\"\ndim = 128\n").find("model.dim is set by"), std::string::npos);
+}
+
+TEST(Config, HuggingFaceDirectoryRefusesWhatIsNotImplemented) {
+  auto error_for = [](std::string json, const std::string& from, const std::string& to) {
+    json.replace(json.find(from), from.size(), to);
+    HfDir dir(json);
+    return error_of("[model]\ninit_from = \"" + dir.path() + "\"\n");
+  };
+  EXPECT_NE(error_for(kLlama32, "\"llama\"", "\"mistral\"").find("model_type 'mistral' is not supported (supported: llama, gpt2)"),
+            std::string::npos);
+  EXPECT_NE(error_for(kLlama32, "\"llama3\"", "\"yarn\"").find("rope_type 'yarn' is not supported"), std::string::npos);
+  EXPECT_NE(error_for(kLlama32, "\"attention_bias\": false", "\"attention_bias\": true").find("attention_bias = true is not supported"),
+            std::string::npos);
+  EXPECT_NE(error_for(kLlama32, "\"silu\"", "\"gelu\"").find("hidden_act = \"gelu\" is not supported"), std::string::npos);
+  EXPECT_NE(error_for(kLlama32, "\"head_dim\": 16", "\"head_dim\": 32").find("head_dim 32 differs"), std::string::npos);
+  EXPECT_NE(error_for(kLlama32, "\"hidden_size\": 64,", "").find("missing key 'hidden_size'"), std::string::npos);
+  EXPECT_NE(error_for(kLlama32, "\"num_hidden_layers\": 3", "\"num_hidden_layers\": \"3\"").find("num_hidden_layers must be an integer"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Data pipeline: token files, tokenizers, corpus split, IDX images, the global batch sampler.
+// Data pipeline: token files, tokenizers, corpus split, IDX images, the global batch sampler,
+// instruction data.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <zlib.h>
@@ -10,10 +11,12 @@
 
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/fashion_mnist.h"
+#include "fsdp/data/instructions.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/models/registry.h"
 
 namespace {
 
@@ -369,3 +372,122 @@ TEST(Images, ShiftMovesByAtMostTwoPixelsDeterministically) {
 }
 
 }  // namespace
+
+// ---- Instruction data (data/instructions.h) ----
+
+namespace instruction_tests {
+
+using namespace fsdp::data;
+
+std::string write_lines(const TempDir& dir, const std::string& name, const std::string& text) {
+  write_text(dir.file(name), text);
+  return dir.file(name);
+}
+
+std::string error_reading(const std::string& path) {
+  try {
+    read_instruction_jsonl(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an error reading " << path;
+  return "";
+}
+
+TEST(Instructions, ReadsBothFormsAndNamesTheBadLine) {
+  TempDir dir;
+  const std::string good = write_lines(dir, "good.jsonl",
+                                       "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"},"
+                                       " {\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"prompt\": \"p\", \"completion\": \"c\"}\n");
+  auto examples = read_instruction_jsonl(good);
+  ASSERT_EQ(examples.size(), 2u);
+  EXPECT_EQ(examples[0].messages.size(), 3u);
+  EXPECT_EQ(examples[1].line, 3);  // the blank line counts
+  EXPECT_EQ(examples[1].messages[0].role, "user");
+  EXPECT_EQ(examples[1].messages[1].role, "assistant");
+  EXPECT_EQ(examples[1].messages[1].content, "c");
+  const std::string first = "{\"prompt\": \"p\", \"completion\": \"c\"}\n";
+  EXPECT_NE(error_reading(write_lines(dir, "a.jsonl", first + "{\"prompt\": \n")).find("a.jsonl:2: not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(error_reading(write_lines(dir, "b.jsonl", first + first +
+                                                                 "{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n"))
+                .find("b.jsonl:3: message 1 has unknown role 'bot'"),
+            std::string::npos);
+  EXPECT_NE(error_reading(write_lines(dir, "c.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n"))
+                .find("c.jsonl:1: no assistant message"),
+            std::string::npos);
+  EXPECT_NE(error_reading(write_lines(dir, "d.jsonl", "{\"prompt\": \"p\", \"completion\": 3}\n"))
+                .find("d.jsonl:1: the example's \"completion\" must be a string"),
+            std::string::npos);
+  EXPECT_NE(error_reading(write_lines(dir, "e.jsonl", "{\"text\": \"p\"}\n")).find("e.jsonl:1: expected {\"messages\""),
+            std::string::npos);
+  EXPECT_NE(error_reading(write_lines(dir, "f.jsonl", "\n")).find("holds no examples"), std::string::npos);
+}
+
+// Plain format with the byte tokenizer (no end-of-text token): the contents back to back, only
+// the assistant's bytes trained.
+TEST(Instructions, PlainFormatTrainsOnlyTheAnswer) {
+  ByteTokenizer bytes;
+  InstructionExample example{{{"user", "ab"}, {"assistant", "cde"}, {"user", "f"}, {"assistant", "g"}}, 0};
+  EXPECT_EQ(chat_format_from_name("auto", bytes), ChatFormat::Plain);
+  EXPECT_THROW(chat_format_from_name("llama3", bytes), std::invalid_argument);
+  auto rendered = render_chat(example, ChatFormat::Plain, bytes);
+  EXPECT_EQ(bytes.decode(rendered.tokens), "abcdefg");
+  EXPECT_EQ(rendered.trained, (std::vector<uint8_t>{0, 0, 1, 1, 1, 0, 1}));
+}
+
+// Rows: inputs are the tokens, targets the next token where it is trained (else -100), padding
+// after; examples longer than seq + 1 are dropped and counted.
+TEST(Instructions, DatasetShiftsMasksPadsAndDropsLongExamples) {
+  ByteTokenizer bytes;
+  std::vector<RenderedExample> rendered;
+  rendered.push_back(render_chat({{{"user", "ab"}, {"assistant", "cd"}}, 0}, ChatFormat::Plain, bytes));         // 4 tokens
+  rendered.push_back(render_chat({{{"user", "abcdef"}, {"assistant", "ghij"}}, 0}, ChatFormat::Plain, bytes));   // 10: too long
+  rendered.push_back(render_chat({{{"user", "xyz"}, {"assistant", "w"}}, 0}, ChatFormat::Plain, bytes));         // 4 tokens
+  InstructionDataset dataset(std::move(rendered), /*seq=*/6, /*pad_id=*/0);
+  EXPECT_EQ(dataset.size(), 2);
+  EXPECT_EQ(dataset.dropped(), 1);
+  EXPECT_EQ(dataset.target_count(0), 2);  // predicting c and d
+  EXPECT_EQ(dataset.target_count(1), 1);  // predicting w
+  auto batch = dataset.get({1, 0});
+  auto row = [](const at::Tensor& t, int64_t i) {
+    auto r = t[i].contiguous();
+    return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+  };
+  EXPECT_EQ(row(batch.inputs, 0), (std::vector<int64_t>{'x', 'y', 'z', 0, 0, 0}));
+  EXPECT_EQ(row(batch.targets, 0), (std::vector<int64_t>{-100, -100, 'w', -100, -100, -100}));
+  EXPECT_EQ(row(batch.inputs, 1), (std::vector<int64_t>{'a', 'b', 'c', 0, 0, 0}));
+  EXPECT_EQ(row(batch.targets, 1), (std::vector<int64_t>{-100, 'c', 'd', -100, -100, -100}));
+}
+
+// An example's loss does not change with its neighbours in the batch: each example is a row of its
+// own (causal attention never reaches the padding after it, nor another row). Same model, same
+// example, alone and beside two others of different lengths: the same summed loss (1e-6).
+TEST(Instructions, AnExamplesLossDoesNotDependOnItsNeighbours) {
+  ByteTokenizer bytes;
+  std::vector<RenderedExample> rendered;
+  for (const auto& [prompt, answer] : std::vector<std::pair<std::string, std::string>>{
+           {"What is FSDP?", "Sharding."}, {"Hi", "Hello there, friend"}, {"A long question here?", "Yes"}}) {
+    rendered.push_back(render_chat({{{"user", prompt}, {"assistant", answer}}, 0}, ChatFormat::Plain, bytes));
+  }
+  InstructionDataset dataset(std::move(rendered), /*seq=*/40, /*pad_id=*/0);
+  ASSERT_EQ(dataset.size(), 3);
+  torch::manual_seed(0);
+  auto config = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
+  fsdp::models::Llama model(config);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto summed_loss_of_first = [&](const std::vector<int64_t>& indices) {
+    auto batch = dataset.get(indices);
+    auto logits = model->forward(batch.inputs);
+    auto losses = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape(-1),
+                                                       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    return losses.view({static_cast<int64_t>(indices.size()), -1})[0].sum().item<double>();
+  };
+  const double alone = summed_loss_of_first({0});
+  EXPECT_GT(alone, 1.0);
+  EXPECT_NEAR(summed_loss_of_first({0, 1, 2}), alone, 1e-6);
+  EXPECT_NEAR(summed_loss_of_first({0, 2}), alone, 1e-6);
+}
+
+}  // namespace instruction_tests

@@ -13,7 +13,7 @@ namespace fsdp::data {
 
 struct Batch {
   at::Tensor inputs;   // token ids [b, seq] int64, or images [b, 1, 28, 28] fp32
-  at::Tensor targets;  // next tokens [b, seq] int64, or labels [b] int64
+  at::Tensor targets;  // next tokens [b, seq] int64 (-100: not trained), or labels [b] int64
 };
 
 class Dataset {
@@ -21,6 +21,9 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
   virtual Batch get(const std::vector<int64_t>& indices) const = 0;
+  // Targets of sample `index` the loss counts (those not -100): the loss of a global batch is the
+  // mean over its counted targets, whatever rank or micro-batch holds them.
+  virtual int64_t target_count(int64_t index) const = 0;
 };
 
 // Sample i: tokens [i * seq, i * seq + seq] of the source (seq + 1 tokens: inputs are the first
@@ -30,6 +33,7 @@ class TokenWindows final : public Dataset {
   TokenWindows(std::shared_ptr<const TokenSource> tokens, int64_t seq);
   int64_t size() const override;
   Batch get(const std::vector<int64_t>& indices) const override;
+  int64_t target_count(int64_t) const override { return seq_; }
   const TokenSource& tokens() const { return *tokens_; }
 
  private:
@@ -42,6 +46,7 @@ class ImageDataset final : public Dataset {
   explicit ImageDataset(ImageSet set) : set_(std::move(set)) {}
   int64_t size() const override { return set_.images.size(0); }
   Batch get(const std::vector<int64_t>& indices) const override;
+  int64_t target_count(int64_t) const override { return 1; }
 
  private:
   ImageSet set_;

@@ -15,9 +15,23 @@ namespace fsdp::models {
 // multi-head attention).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
 
+// Llama 3.1's frequency scaling for long contexts (Hugging Face's rope_scaling with rope_type
+// "llama3"): wavelengths longer than original_context / low_freq_factor are stretched by `factor`,
+// those shorter than original_context / high_freq_factor kept, and the band between blended
+// smoothly. Off (factor 1) unless enabled.
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_context = 8192;
+};
+
 // Rotary embedding tables for positions [0, t): cos and sin, each [t, head_dim] fp32, where
-// column c holds position * theta^(-2 (c mod head_dim/2) / head_dim).
-std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta);
+// column c holds position * f(c mod head_dim/2), f(i) = theta^(-2i / head_dim), rescaled by
+// `scaling` where enabled. The frequencies are computed in fp32, as Hugging Face computes them, so
+// published weights see the same angles.
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta, const RopeScaling& scaling = {});
 // x [b, heads, t, head_dim]: rotates pairs (c, c + head_dim/2) by the table's angles.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 

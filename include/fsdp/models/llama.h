@@ -6,7 +6,7 @@
 //
 // Initialisation: weights normal(0, 0.02) (Hugging Face's initializer_range), the residual
 // projections (o_proj, down_proj) normal(0, 0.02 / sqrt(2 * layers)) as in GPT-2, norms ones.
-// Rope scaling of Llama 3.1+ for contexts beyond 8k is not implemented.
+// Rotary frequencies take Llama 3.1's long-context scaling (rope_scaling) where a config asks for it.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -29,6 +29,7 @@ struct LlamaConfig {
   double norm_eps = 1e-5;
   double rope_theta = 500000.0;
   bool tie_embeddings = false;
+  RopeScaling rope_scaling;  // Llama 3.1 and 3.2: factor 32 (3.2) or 8 (3.1) over 8192 positions
 
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;

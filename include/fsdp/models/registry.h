@@ -30,6 +30,7 @@ ModelConfig model_config(const std::string& name);
 const char* family_name(const ModelConfig& config);  // "gpt", "llama", "vit"
 bool is_language_model(const ModelConfig& config);
 int64_t parameter_count(const ModelConfig& config);
+int64_t vocab_size(const ModelConfig& config);  // language models' vocabulary; 0 for ViT
 // Training FLOPs per sample position: per token (language models, at sequence length seq) or per
 // image (ViT, seq ignored).
 double flops_per_sample(const ModelConfig& config, int64_t seq);

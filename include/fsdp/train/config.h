@@ -2,8 +2,12 @@
 //
 //   name = "gpt-fortunes-tiny"        # run name (output_dir defaults to runs/<name>)
 //   seed = 1234
-//   [model]      name = "gpt-tiny", and optional size overrides (dim, layers, heads, ...)
-//   [data]       source = "fortunes" | "token_files" | "fashion_mnist", tokenizer, paths, split
+//   [model]      name = "gpt-tiny", and optional size overrides (dim, layers, heads, ...); or
+//                init_from = a Hugging Face model directory, whose config.json gives the shape
+//                (name optional); or family = "gpt" | "llama" | "vit" with every field (as a
+//                run's resolved config.toml has it)
+//   [data]       source = "fortunes" | "token_files" | "instructions" | "fashion_mnist", tokenizer,
+//                paths, split, chat_format
 //   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, max_nonfinite_steps,
 //                log_every, threads, device, device_memory_fraction
 //   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
@@ -11,7 +15,7 @@
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
-// Every key is optional except model.name; configs/*.toml show them all. Unknown keys, values of
+// Every key is optional except model.name (or init_from, or family); configs/*.toml show them all. Unknown keys, values of
 // the wrong type and impossible values are errors that name the key and the file.
 // Overrides use the same dotted keys: `--set train.steps=50 --set optimizer.lr=1e-3`; the value is
 // read as TOML (a bare word that is not TOML is taken as a string).
@@ -33,7 +37,7 @@ class ConfigError : public std::invalid_argument {
 };
 
 struct DataConfig {
-  std::string source = "fortunes";         // fortunes | token_files | fashion_mnist
+  std::string source = "fortunes";         // fortunes | token_files | instructions | fashion_mnist
   std::string dir;                         // fortunes or Fashion-MNIST directory ("" = Debian's)
   std::string tokenizer = "byte";          // byte | gpt2 | hf (fortunes source)
   std::string vocab_json, merges_txt;      // gpt2 tokenizer files
@@ -41,6 +45,10 @@ struct DataConfig {
   int validation_percent = 5;              // fortunes: share of documents held out
   std::string train_tokens, validation_tokens;  // token_files: files made by fsdp-data
   std::string augment = "none";            // images: none | hflip (mirror half) | shift (up to 2 px) | shift+hflip
+  // instructions: JSONL of {"messages": [{"role", "content"}, ...]} or {"prompt", "completion"}
+  // (data/instructions.h); without validation_jsonl, validation_percent of the examples are held out.
+  std::string train_jsonl, validation_jsonl;
+  std::string chat_format = "auto";        // auto (llama3 when the tokenizer has its header tokens) | llama3 | plain
 };
 
 struct OptimizerConfig {
@@ -92,9 +100,12 @@ struct TrainConfig {
   std::string output_dir;   // default runs/<name>
   std::string model_name;
   models::ModelConfig model;
-  int64_t model_vocab = 0;  // model.vocab: 0 = the data's; otherwise it must equal the data's
-  // model.init_from: initial weights (fine-tuning): a safetensors file or directory under Hugging
-  // Face names (fsdp-ckpt export writes them), or a checkpoint directory. "" = random init.
+  // model.vocab: 0 = the data's; otherwise at least the data's (a Hugging Face model's embedding
+  // may have more rows than its tokenizer has tokens).
+  int64_t model_vocab = 0;
+  // model.init_from: initial weights (fine-tuning): a Hugging Face model directory (config.json,
+  // safetensors, tokenizer; fsdp-ckpt export --hf-dir writes one), a safetensors file or directory
+  // under Hugging Face names, or a checkpoint directory. "" = random init.
   std::string init_from;
   DataConfig data;
   int64_t steps = 100;

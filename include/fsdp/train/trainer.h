@@ -27,7 +27,9 @@ struct EvalResult {
 };
 
 struct TrainSummary {
-  std::vector<double> losses;      // training loss of every step (mean over the global batch)
+  // Training loss of every step: the mean over the global batch's counted targets (every token of a
+  // window; an instruction example's trained tokens), whatever rank or micro-batch holds them.
+  std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
   int64_t skipped_steps = 0;       // steps not applied, their gradient norm not finite (train.max_nonfinite_steps)
   std::vector<EvalResult> evals;   // at the first step, every eval.every steps, and at the end
@@ -38,6 +40,7 @@ struct TrainSummary {
   int64_t parameters = 0;
   double seconds = 0.0;            // wall time of the training steps
   double samples_per_second = 0.0; // tokens/s (language models) or images/s, median over steps after the first
+  int64_t dropped_examples = 0;    // instructions: examples longer than the window, left out
 };
 
 struct TrainerOptions {

@@ -1,0 +1,86 @@
+// fsdp/data/instructions.h: instruction data for fine-tuning, as torchtune and TRL read it.
+//
+// JSONL, one example per line, either
+//   {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
+//   {"prompt": "...", "completion": "..."}      (a user turn and the assistant's answer)
+// rendered into tokens with the family's chat format:
+//   llama3  <|begin_of_text|> then per message
+//           <|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>
+//           (the chat template of Llama 3's tokenizer_config.json)
+//   plain   the contents back to back, then the end-of-text token where the vocabulary has one
+//           (GPT-2: prompt + completion + <|endoftext|>)
+// Only the assistant's tokens are trained: its content and the token that ends its turn
+// (<|eot_id|>, or end-of-text); headers, system and user turns are context.
+//
+// Each example is one row of the batch, padded to the window: rows never attend to each other, so
+// an example's loss does not depend on its neighbours. Targets are -100 (ignored by the loss)
+// wherever no trained token is predicted, padding included.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/data/datasets.h"
+#include "fsdp/data/tokenizer.h"
+
+namespace fsdp::data {
+
+constexpr int64_t kIgnoredTarget = -100;  // cross-entropy's ignore_index
+
+struct ChatMessage {
+  std::string role;  // system | user | assistant
+  std::string content;
+};
+
+struct InstructionExample {
+  std::vector<ChatMessage> messages;
+  int64_t line = 0;  // 1-based line of the file it came from (0: not from a file)
+};
+
+// Reads a JSONL file of examples (blank lines skipped). Throws std::runtime_error naming the file
+// and line: not JSON, neither form, an unknown role, a non-string content, no assistant turn.
+std::vector<InstructionExample> read_instruction_jsonl(const std::string& path);
+// One line's example (line numbers for messages only).
+InstructionExample parse_instruction_line(const std::string& text, const std::string& where);
+
+enum class ChatFormat { Llama3, Plain };
+// "llama3", "plain", or "auto": llama3 when the tokenizer has <|start_header_id|>, else plain.
+// Throws std::invalid_argument for another name, or llama3 on a tokenizer without its tokens.
+ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& tokenizer);
+const char* chat_format_name(ChatFormat format);
+
+struct RenderedExample {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> trained;  // per token: 1 where the model is trained to produce it
+};
+
+RenderedExample render_chat(const InstructionExample& example, ChatFormat format, const Tokenizer& tokenizer);
+// The prompt a model answers in the chat format: the messages, then the assistant's header (llama3),
+// as Llama 3's chat template renders it with add_generation_prompt.
+std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format, const Tokenizer& tokenizer);
+// The token that ends an assistant turn: <|eot_id|> (llama3) or end-of-text (plain; -1 if none).
+int32_t end_of_turn(ChatFormat format, const Tokenizer& tokenizer);
+
+// Rendered examples, one per row of seq tokens. Examples longer than seq + 1 tokens are dropped
+// (and counted); those with no trained token in the window likewise.
+class InstructionDataset final : public Dataset {
+ public:
+  InstructionDataset(std::vector<RenderedExample> examples, int64_t seq, int32_t pad_id);
+  int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
+  // inputs [b, seq] int64 (padding: pad_id), targets [b, seq] int64 (kIgnoredTarget where untrained).
+  Batch get(const std::vector<int64_t>& indices) const override;
+  int64_t target_count(int64_t index) const override;
+  int64_t dropped() const { return dropped_; }
+  int64_t trained_tokens() const { return trained_tokens_; }
+
+ private:
+  std::vector<RenderedExample> examples_;
+  std::vector<int64_t> counts_;  // trained targets per example
+  int64_t seq_;
+  int32_t pad_id_;
+  int64_t dropped_ = 0;
+  int64_t trained_tokens_ = 0;
+};
+
+}  // namespace fsdp::data

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Make a small Hugging Face model directory with transformers' own save_pretrained (random
+weights), standing in for a downloaded model where none can be downloaded: the loading code that
+reads it is the real one, only the weights are small and random.
+
+  python scripts/make_hf_model.py --family llama --out runs/hf/llama-tiny --tokenizer-dir ../shared/data/tokenizers/llama3
+  python scripts/make_hf_model.py --family gpt2 --out /tmp/gpt2-tiny --dtype float16 --max-shard-size 200KB
+
+Llama: 2 layers, hidden 64, 4 heads over 2 key/value heads (grouped-query attention), SwiGLU 128,
+rms_norm_eps 1e-5, rope_theta 500000 with Llama 3.1's rope scaling (rope_type llama3) over an
+original context of 16 (so it acts within short test sequences). With --tokenizer-dir, the
+tokenizer's files are copied in and the vocabulary is the tokenizer's (Llama 3: 128,256).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+
+def make(family, out, vocab=512, dtype="float32", max_shard_size=None, tie=False, rope_scaling=True,
+         tokenizer_dir=None, seed=0, layers=2, hidden=64, context=256):
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    if tokenizer_dir:
+        vocab = tokenizer_vocab(tokenizer_dir, vocab)
+    if family == "llama":
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 16} if rope_scaling else None
+        config = transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, rms_norm_eps=1e-5,
+            rope_theta=500000.0, rope_scaling=scaling, tie_word_embeddings=tie,
+            bos_token_id=128000 if vocab > 128000 else 1, eos_token_id=128001 if vocab > 128001 else 2)
+        model = transformers.LlamaForCausalLM(config)
+    elif family == "gpt2":
+        end = 50256 if vocab > 50256 else vocab - 1
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=context,
+                                         bos_token_id=end, eos_token_id=end)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        raise SystemExit(f"unknown family {family}")
+    with torch.no_grad():  # larger than the default init, so logits differ visibly between positions
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+            elif name.endswith("weight"):  # norm scales
+                p.uniform_(0.5, 1.5)
+            else:  # biases
+                p.normal_(0.0, 0.1)
+    model = model.to(getattr(torch, dtype))
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out, safe_serialization=True, **kwargs)
+    if tokenizer_dir:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+            if os.path.exists(os.path.join(tokenizer_dir, name)):
+                shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(out, name))
+    return out
+
+
+def tokenizer_vocab(tokenizer_dir, fallback):
+    path = os.path.join(tokenizer_dir, "tokenizer.json")
+    if os.path.exists(path):
+        data = json.load(open(path))
+        ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
+        return max(ids) + 1
+    path = os.path.join(tokenizer_dir, "vocab.json")
+    if os.path.exists(path):
+        return max(json.load(open(path)).values()) + 1
+    return fallback
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", choices=["llama", "gpt2"], required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--max-shard-size", default=None, help="e.g. 200KB: a sharded set with an index")
+    parser.add_argument("--tie", action="store_true", help="tie the output head to the embedding (Llama)")
+    parser.add_argument("--no-rope-scaling", action="store_true")
+    parser.add_argument("--tokenizer-dir", default=None)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--context", type=int, default=256)
+    args = parser.parse_args()
+    if os.path.exists(args.out) and os.listdir(args.out):
+        print(f"{args.out} exists; leaving it", file=sys.stderr)
+        return
+    make(args.family, args.out, args.vocab, args.dtype, args.max_shard_size, args.tie, not args.no_rope_scaling,
+         args.tokenizer_dir, layers=args.layers, hidden=args.hidden, context=args.context)
+    print(f"{args.out}: a {args.family} model directory (random weights, {args.dtype})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Hugging Face model directories in and out, checked against transformers itself.
+
+1. Logits. transformers makes small model directories (save_pretrained, random weights; see
+   scripts/make_hf_model.py): Llama with Llama 3.1's rope scaling, untied in fp32 as one file and
+   tied in bf16 as a sharded set with an index; GPT-2 in fp32 and in fp16 as a sharded set.
+   fsdp_hf_logits loads each the way fsdp-train loads model.init_from (config.json; each rank reads
+   its slice) at 2 ranks (3 for one case), and its logits must equal transformers' forward of the
+   same directory, loaded in fp32, within 1e-4 (max |difference|). The check can see what it guards
+   against: the same Llama without its rope scaling differs from transformers' by far more.
+2. Export. fsdp-ckpt import (2 ranks) then fsdp-ckpt export --hf-dir (3 ranks) gives a directory
+   that transformers' from_pretrained loads, with every tensor equal to the original's and the same
+   logits (1e-5), the tokenizer files copied, and the rope scaling in its config.
+3. Fine-tuning (needs the real Llama 3 tokenizer): configs/llama-finetune-fortunes.toml on a
+   transformers-made Llama directory and fsdp-data's fortune instructions, 2 ranks, 12 steps: the
+   masked validation loss falls, the sample is a chat turn, and the exported directory gives
+   transformers the logits fsdp.cpp computes from it (1e-4).
+4. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
+   transformers' apply_chat_template with Llama 3's tokenizer_config.json template, token for token,
+   on hand-written conversations and on the instruction set fsdp-data makes from the fortunes; the
+   trained tokens are the assistant's contents and their <|eot_id|>.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+import make_hf_model  # noqa: E402
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+LOGIT_TOLERANCE = 1e-4
+EXPORT_TOLERANCE = 1e-5
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def mpirun(args, ranks, command):
+    full = [args.mpiexec, "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] + command
+    result = subprocess.run(full, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:])
+        raise SystemExit(f"failed: {' '.join(full)}")
+    return result.stdout
+
+
+def hf_logits(model_dir, ids):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def our_logits(args, model_dir, ids, ranks, work):
+    ids_path, out_path = os.path.join(work, "ids.safetensors"), os.path.join(work, "logits.safetensors")
+    save_file({"ids": ids.contiguous()}, ids_path)
+    mpirun(args, ranks, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path, out_path])
+    return load_file(out_path)["logits"]
+
+
+def check_models(args, work):
+    torch.manual_seed(1)
+    cases = [
+        # name, family, dtype, max shard size, tied, ranks
+        ("llama-rope-scaled-untied-fp32", "llama", "float32", None, False, 2),
+        ("llama-rope-scaled-tied-bf16-sharded", "llama", "bfloat16", "40KB", True, 3),
+        ("gpt2-fp32", "gpt2", "float32", None, True, 2),
+        ("gpt2-fp16-sharded", "gpt2", "float16", "40KB", True, 2),
+    ]
+    dirs = {}
+    for name, family, dtype, shard, tied, ranks in cases:
+        model_dir = os.path.join(work, name)
+        make_hf_model.make(family, model_dir, vocab=512, dtype=dtype, max_shard_size=shard, tie=tied)
+        dirs[name] = model_dir
+        sharded = os.path.exists(os.path.join(model_dir, "model.safetensors.index.json"))
+        check(sharded == (shard is not None), f"{name}: {'a sharded set with an index' if sharded else 'one file'}")
+        ids = torch.randint(0, 512, (2, 48))
+        reference = hf_logits(model_dir, ids)
+        ours = our_logits(args, model_dir, ids, ranks, work)
+        error = (ours - reference).abs().max().item()
+        check(ours.shape == reference.shape and error < LOGIT_TOLERANCE,
+              f"{name}: logits {list(ours.shape)} at {ranks} ranks within {LOGIT_TOLERANCE:g} of transformers' "
+              f"(max |diff| {error:.2e}, logits' scale {reference.abs().max().item():.1f})")
+    # The check sees the error it guards against: without its rope scaling the model is another.
+    name = "llama-rope-scaled-untied-fp32"
+    config = json.load(open(os.path.join(dirs[name], "config.json")))
+    unscaled = os.path.join(work, "llama-unscaled")
+    os.makedirs(unscaled)
+    for file in os.listdir(dirs[name]):
+        if file != "config.json":
+            os.symlink(os.path.join(dirs[name], file), os.path.join(unscaled, file))
+    config.pop("rope_scaling", None)
+    if isinstance(config.get("rope_parameters"), dict):
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_parameters"]["rope_theta"]}
+    json.dump(config, open(os.path.join(unscaled, "config.json"), "w"))
+    ids = torch.randint(0, 512, (2, 48))
+    difference = (hf_logits(unscaled, ids) - hf_logits(dirs[name], ids)).abs().max().item()
+    check(difference > 100 * LOGIT_TOLERANCE, f"rope scaling matters here: without it the logits move by {difference:.2e}")
+    return dirs
+
+
+def check_export(args, work, tokenizers):
+    fsdp_ckpt = os.path.join(args.build_dir, "apps", "fsdp-ckpt")
+    llama3 = os.path.join(tokenizers, "llama3") if tokenizers else None
+    has_tokenizer = llama3 and os.path.exists(os.path.join(llama3, "tokenizer.json"))
+    cases = [("llama-export", "llama", llama3 if has_tokenizer else None), ("gpt2-export", "gpt2", None)]
+    for name, family, tokenizer_dir in cases:
+        source = os.path.join(work, name)
+        make_hf_model.make(family, source, vocab=512, tokenizer_dir=tokenizer_dir, tie=False)
+        checkpoint = os.path.join(work, name + "-checkpoint")
+        out = mpirun(args, 2, [fsdp_ckpt, "import", source, "--output", checkpoint])
+        step_dir = out.strip().split(" into ")[-1].split(" (")[0]
+        exported = os.path.join(work, name + "-exported")
+        mpirun(args, 3, [fsdp_ckpt, "export", step_dir, "--hf-dir", exported, "--max-file-size", "100KB"])
+        files = sorted(os.listdir(exported))
+        check("model.safetensors.index.json" in files and "config.json" in files and "generation_config.json" in files,
+              f"{name}: exported {', '.join(files[:6])}{' ...' if len(files) > 6 else ''}")
+        check(not os.path.exists(exported + ".partial"), f"{name}: no .partial directory left")
+        original = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+        mismatched = [k for k, v in loaded.state_dict().items() if k in original and not torch.equal(v, original[k])]
+        check(not mismatched, f"{name}: from_pretrained(exported) has every tensor equal to the original's "
+                              f"({len(original)} tensors; mismatched: {mismatched[:3]})")
+        ids = torch.randint(0, 512, (2, 40))
+        error = (hf_logits(exported, ids) - hf_logits(source, ids)).abs().max().item()
+        check(error < EXPORT_TOLERANCE, f"{name}: exported logits within {EXPORT_TOLERANCE:g} of the original's ({error:.2e})")
+        if family == "llama":
+            rope = loaded.config.rope_parameters if hasattr(loaded.config, "rope_parameters") else loaded.config.rope_scaling
+            check(rope.get("rope_type") == "llama3" and rope.get("factor") == 8.0,
+                  f"{name}: the exported config keeps the llama3 rope scaling ({rope})")
+        if tokenizer_dir:
+            ours = transformers.AutoTokenizer.from_pretrained(exported)
+            theirs = transformers.AutoTokenizer.from_pretrained(source)
+            text = "Fortunes: 'Tis a gift to be simple. \u00e9\u00e8 \U0001F600"
+            check(ours.encode(text) == theirs.encode(text) and ours.chat_template == theirs.chat_template,
+                  f"{name}: the tokenizer files (with the chat template) came along")
+
+
+def check_chat_format(args, work, tokenizers):
+    llama3 = os.path.join(tokenizers, "llama3")
+    if not os.path.exists(os.path.join(llama3, "tokenizer.json")):
+        print(f"skip chat format: no {llama3}/tokenizer.json")
+        return
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama3)
+    fsdp_data = os.path.join(args.build_dir, "apps", "fsdp-data")
+    conversations = [
+        [{"role": "user", "content": "Tell me a fortune."}, {"role": "assistant", "content": "You will write C++."}],
+        [{"role": "system", "content": "  You are terse.\n"}, {"role": "user", "content": "Why?\n\n"},
+         {"role": "assistant", "content": "\tBecause.  "}, {"role": "user", "content": "Really? caf\u00e9 \u4e16\u754c"},
+         {"role": "assistant", "content": "1234567 tokens, 'tis so.\r\n"}],
+        [{"role": "user", "content": "<|eot_id|> inside text"}, {"role": "assistant", "content": "\U0001F600\u200d!"}],
+    ]
+    hand = os.path.join(work, "chat.jsonl")
+    with open(hand, "w") as f:
+        for messages in conversations:
+            f.write(json.dumps({"messages": messages}) + "\n")
+        f.write(json.dumps({"prompt": "Say hi.", "completion": "Hi!"}) + "\n")
+    conversations.append([{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}])
+    fortunes = os.path.join(work, "fortune-chat.jsonl")
+    subprocess.run([fsdp_data, "instructions", "--output", fortunes], check=True, capture_output=True)
+    for messages_file in (hand, fortunes):
+        rendered_file = messages_file + ".rendered"
+        subprocess.run([fsdp_data, "render", "--tokenizer", "hf", "--tokenizer-json", os.path.join(llama3, "tokenizer.json"),
+                        "--input", messages_file, "--output", rendered_file], check=True, capture_output=True)
+        examples = conversations if messages_file == hand else [json.loads(l)["messages"] for l in open(messages_file)]
+        rendered = [json.loads(l) for l in open(rendered_file)]
+        header = tokenizer.encode("<|start_header_id|>assistant<|end_header_id|>\n\n", add_special_tokens=False)
+        mismatches = mask_errors = tokens = 0
+        eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
+        for messages, ours in zip(examples, rendered):
+            # Llama 3's template always ends with the assistant's header (a generation prompt).
+            theirs = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False))
+            tokens += len(theirs)
+            if ours["ids"] + header != theirs:
+                mismatches += 1
+            theirs_prompt = list(tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=False))
+            if ours["prompt_ids"] != theirs_prompt:
+                mismatches += 1
+            trained = [t for t, m in zip(ours["ids"], ours["trained"]) if m]
+            expected = []
+            for m in messages:
+                if m["role"] == "assistant":
+                    expected += tokenizer.encode(m["content"].strip(), add_special_tokens=False) + [eot]
+            if trained != expected:
+                mask_errors += 1
+        check(len(rendered) == len(examples) and mismatches == 0,
+              f"chat format ({os.path.basename(messages_file)}): {len(examples)} conversations, {tokens} tokens, "
+              f"{mismatches} differ from apply_chat_template")
+        check(mask_errors == 0, f"chat format ({os.path.basename(messages_file)}): trained tokens are the assistant's "
+                                f"contents and <|eot_id|> ({mask_errors} examples otherwise)")
+
+
+def check_finetune(args, work, tokenizers):
+    llama3 = os.path.join(tokenizers, "llama3")
+    if not os.path.exists(os.path.join(llama3, "tokenizer.json")):
+        print(f"skip fine-tuning: no {llama3}/tokenizer.json")
+        return
+    root = os.path.join(HERE, "..", "..")
+    model_dir = os.path.join(work, "llama3-finetune-base")
+    make_hf_model.make("llama", model_dir, tokenizer_dir=llama3, tie=True, hidden=64, layers=2, context=512)
+    data = os.path.join(work, "fortune-chat.jsonl")
+    subprocess.run([os.path.join(args.build_dir, "apps", "fsdp-data"), "instructions", "--output", data], check=True,
+                   capture_output=True)
+    out = os.path.join(work, "finetune-run")
+    sets = [f'model.init_from="{model_dir}"', f'data.train_jsonl="{data}"', f'output_dir="{out}"', "train.steps=12",
+            "eval.every=12", "checkpoint.every=12", "eval.sample_tokens=8", "optimizer.warmup_steps=2", "optimizer.lr=3e-3"]
+    command = [os.path.join(args.build_dir, "apps", "fsdp-train"), os.path.join(root, "configs", "llama-finetune-fortunes.toml"),
+               "--progress", "lines"]
+    for s in sets:
+        command += ["--set", s]
+    log = mpirun(args, 2, command)
+    dropped = [l for l in log.splitlines() if "data: instructions" in l]
+    print("     " + (dropped[0].strip() if dropped else "(no data line)"))
+    records = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    evals = [r["validation_loss"] for r in records if "eval_step" in r]
+    check(len(evals) == 2 and evals[1] < evals[0] - 0.1,
+          f"fine-tuning: the masked validation loss falls over 12 steps ({' -> '.join(f'{e:.3f}' for e in evals)})")
+    sample = open(os.path.join(out, "sample.txt")).read()
+    check(sample.startswith("user: Tell me a fortune about computers.\nassistant: "), f"fine-tuning: the sample is a chat turn ({sample[:60]!r}...)")
+    exported = os.path.join(work, "finetuned-hf")
+    checkpoint = sorted(os.listdir(os.path.join(out, "checkpoints")))[-1]
+    mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-ckpt"), "export", os.path.join(out, "checkpoints", checkpoint),
+                     "--hf-dir", exported])
+    ids = torch.randint(0, 128256, (2, 32))
+    reference = hf_logits(exported, ids)
+    ours = our_logits(args, exported, ids, 2, work)
+    error = (ours - reference).abs().max().item()
+    check(error < LOGIT_TOLERANCE, f"fine-tuned export: transformers' logits within {LOGIT_TOLERANCE:g} of fsdp.cpp's ({error:.2e})")
+    base = hf_logits(model_dir, ids)
+    check((base - reference).abs().max().item() > 1e-2, "fine-tuned export: differs from the base model (training changed it)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build-dir", required=True)
+    parser.add_argument("--mpiexec", default="mpirun")
+    parser.add_argument("--tokenizers", default=None, help="folder with llama3/tokenizer.json (../shared/data/tokenizers)")
+    parser.add_argument("--only", choices=["models", "export", "finetune", "chat"], default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="fsdp_hf_") as work:
+        if args.only in (None, "models"):
+            check_models(args, work)
+        if args.only in (None, "export"):
+            check_export(args, work, args.tokenizers)
+        if args.only in (None, "finetune") and args.tokenizers:
+            check_finetune(args, work, args.tokenizers)
+        if args.only in (None, "chat") and args.tokenizers:
+            check_chat_format(args, work, args.tokenizers)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

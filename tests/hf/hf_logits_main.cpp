@@ -1,0 +1,47 @@
+// fsdp_hf_logits MODEL IDS OUT: the logits of a model loaded the way fsdp-train loads
+// model.init_from (config.json, then each rank reading its slice of the safetensors), at whatever
+// rank count mpirun gives, for token ids read from IDS (a safetensors file with "ids" [b, t] int64).
+// Rank 0 writes OUT with "logits" [b, t, vocab] fp32. tests/hf/check_hf_models.py compares them
+// with transformers' own forward.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+
+#include "fsdp/checkpoint/hf_weights.h"
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/comm/agreement.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/trainer.h"
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: fsdp_hf_logits MODEL_DIR IDS.safetensors OUT.safetensors\n");
+    return 2;
+  }
+  const std::string model_dir = argv[1], ids_path = argv[2], out_path = argv[3];
+  auto world = fsdp::comm::init_world();
+  try {
+    fsdp::train::TrainConfig config;
+    fsdp::comm::on_every_rank(world, "reading the model's config", [&] {
+      config = fsdp::train::parse_train_config("[model]\ninit_from = \"" + model_dir + "\"\n", model_dir + "/config.json");
+    });
+    auto sharded = fsdp::train::build_sharded_model(config, fsdp::models::vocab_size(config.model), world);
+    fsdp::checkpoint::import_weights(*sharded.state, sharded.config, model_dir);
+    torch::NoGradGuard no_grad;
+    sharded.model.module->eval();
+    const at::Tensor ids = fsdp::checkpoint::SafetensorsFile(ids_path).read("ids").to(at::kLong);
+    const at::Tensor logits = sharded.model.forward(ids).to(at::kFloat).contiguous();
+    if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits}});
+    world->barrier()->wait();
+    return 0;
+  } catch (const fsdp::comm::AgreedStop& e) {
+    if (e.should_report()) std::fprintf(stderr, "fsdp_hf_logits: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp_hf_logits: error: %s\n", e.what());
+    if (world->size() > 1) world->abort(e.what());
+    return 1;
+  }
+}
