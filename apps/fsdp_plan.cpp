@@ -16,6 +16,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/plan/memory_plan.h"
 #include "fsdp/train/config.h"
+#include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
 
 namespace {
@@ -233,21 +234,12 @@ int main(int argc, char** argv) {
     if (!config_path.empty()) {
       if (!model_name.empty()) overrides.push_back("model.name=\"" + model_name + "\"");
       const fsdp::train::TrainConfig c = fsdp::train::load_train_config(config_path, overrides);
-      in.model = c.model;
-      in.model_name = c.model_name;
-      in.strategy = c.fsdp.strategy;
-      in.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
-      in.param_dtype = c.fsdp.param_dtype;
-      in.reduce_dtype = c.fsdp.reduce_dtype;
-      in.activation_checkpointing = c.fsdp.activation_checkpointing;
-      in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
-      in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != "root";
-      in.optimizer = c.optimizer.name;
-      in.seq_len = c.seq_len;
-      in.micro_batches = c.micro_batches;
-      in.ranks = ranks > 0 ? ranks : (world ? world->size() : 1);
-      fsdp::train::validate_for_world(c, in.ranks);
-      in.micro_batch = c.global_batch / (static_cast<int64_t>(in.ranks) * c.micro_batches);
+      const int n = ranks > 0 ? ranks : (world ? world->size() : 1);
+      const PlanInput flags = in;  // what the command line set before the config was read
+      in = fsdp::train::plan_input(c, n);
+      in.ranks_per_node = flags.ranks_per_node;
+      in.cpu_offload = in.cpu_offload || flags.cpu_offload;
+      in.fused_attention = flags.fused_attention;
     } else {
       if (model_name.empty()) throw std::invalid_argument("give --model NAME or a config file (--help)");
       if (!overrides.empty()) throw std::invalid_argument("--set needs a config file");

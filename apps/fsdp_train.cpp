@@ -51,9 +51,11 @@ int main(int argc, char** argv) {
       "Launch with mpirun -np N (or srun); without a launcher it runs as one rank.\n\n"
       "  mpirun -np 2 fsdp-train configs/gpt-fortunes-tiny.toml\n"
       "  mpirun -np 2 fsdp-train configs/gpt-fortunes-tiny.toml --set train.steps=50 --set optimizer.lr=1e-3\n\n"
-      "Writes config.toml, metrics.jsonl (one JSON object per step and evaluation) and sample.txt\n"
-      "into output_dir (default runs/<name>), and checkpoints every checkpoint.every steps. SIGTERM or\n"
-      "SIGINT: every rank saves a checkpoint at the end of the step and exits; --resume latest continues."};
+      "Writes config.toml, metrics.jsonl (one JSON object per step and evaluation), report.html\n"
+      "(rewritten every train.report_every steps) and sample.txt into output_dir (default runs/<name>),\n"
+      "and checkpoints every checkpoint.every steps. SIGTERM or SIGINT: every rank saves a checkpoint at\n"
+      "the end of the step and exits; --resume latest continues. Exit status: 0 done, 1 error, 2 bad\n"
+      "command line, 3 stopped by a missed target (targets.stop = true)."};
   std::string config_path;
   std::vector<std::string> overrides;
   int64_t steps = 0;
@@ -117,7 +119,12 @@ int main(int argc, char** argv) {
     options.progress = progress == "bar"     ? fsdp::train::ProgressStyle::Bar
                        : progress == "lines" ? fsdp::train::ProgressStyle::Lines
                                              : fsdp::train::ProgressStyle::Auto;
-    fsdp::train::train(config, world, options);
+    const fsdp::train::TrainSummary summary = fsdp::train::train(config, world, options);
+    if (summary.stopped_by_target) {
+      // A run that ended early on purpose: distinguishable from success (0) and failure (1).
+      if (rank == 0) std::fprintf(stderr, "fsdp-train: stopped: %s (targets.stop = true)\n", summary.missed_targets.front().c_str());
+      return 3;
+    }
     return 0;
   } catch (const fsdp::comm::AgreedStop& e) {
     if (e.should_report()) std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());

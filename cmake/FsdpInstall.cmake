@@ -23,7 +23,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fsdpConfig.cmake ${CMAKE_CURRENT_BINAR
         DESTINATION ${FSDP_INSTALL_CMAKEDIR})
 
 # cpack -G DEB (in the build directory): a .deb of the libraries, headers, CMake package and the
-# four programs, installed under /usr, depending on Debian's packages the build used. libtorch is
+# five programs, installed under /usr, depending on Debian's packages the build used. libtorch is
 # not among them: the programs find the torch wheel they were built against where it was (their
 # RPATH), so the package suits the machine that built it, or one with the same .venv/ path.
 set(CPACK_PACKAGE_NAME fsdp-cpp)

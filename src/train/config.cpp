@@ -2,6 +2,7 @@
 
 #include "fsdp/checkpoint/hf_model_dir.h"
 #include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/plan/memory_plan.h"
 
 #include <toml++/toml.h>
 
@@ -38,7 +39,7 @@ class Reader {
       const std::string section_name(section.str());
       if (const toml::table* table = node.as_table()) {
         if (!known_sections().count(section_name)) {
-          fail("unknown section [" + section_name + "] (known: model, data, train, optimizer, fsdp, eval, checkpoint)");
+          fail("unknown section [" + section_name + "] (known: model, data, train, optimizer, fsdp, eval, checkpoint, targets)");
         }
         for (const auto& [key, value] : *table) {
           const std::string path = section_name + "." + std::string(key.str());
@@ -54,7 +55,7 @@ class Reader {
 
  private:
   static const std::set<std::string>& known_sections() {
-    static const std::set<std::string> sections = {"model", "data", "train", "optimizer", "fsdp", "eval", "checkpoint"};
+    static const std::set<std::string> sections = {"model", "data", "train", "optimizer", "fsdp", "eval", "checkpoint", "targets"};
     return sections;
   }
 
@@ -369,7 +370,29 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("checkpoint.every", c.checkpoint.every);
   r.get("checkpoint.keep", c.checkpoint.keep);
   r.get("checkpoint.dir", c.checkpoint.dir);
+  r.get("train.report_every", c.report_every);
+  TargetsConfig& t = c.targets;
+  r.get("targets.min_tokens_per_second", t.min_tokens_per_second);
+  r.get("targets.max_step_seconds", t.max_step_seconds);
+  if (auto memory = r.optional<std::string>("targets.max_memory_per_rank")) {
+    try {
+      t.max_memory_per_rank = plan::parse_bytes(*memory);
+    } catch (const std::exception& e) {
+      r.fail(std::string("targets.max_memory_per_rank: ") + e.what());
+    }
+  }
+  r.get("targets.max_validation_loss", t.max_validation_loss);
+  r.get("targets.max_validation_loss_step", t.max_validation_loss_step);
+  r.get("targets.price_per_device_hour", t.price_per_device_hour);
+  r.get("targets.max_cost", t.max_cost);
+  r.get("targets.stop", t.stop);
   r.reject_unknown();
+  check(t.min_tokens_per_second >= 0 && t.max_step_seconds >= 0 && t.max_validation_loss >= 0 && t.max_cost >= 0 &&
+            t.price_per_device_hour >= 0,
+        r, "[targets] values must not be negative");
+  check(t.max_cost == 0 || t.price_per_device_hour > 0, r, "targets.max_cost needs targets.price_per_device_hour");
+  check(t.max_validation_loss_step == 0 || t.max_validation_loss > 0, r,
+        "targets.max_validation_loss_step needs targets.max_validation_loss");
 
   // Values that parse but cannot work.
   const bool language = models::is_language_model(c.model);
@@ -577,6 +600,21 @@ std::string to_toml(const TrainConfig& c) {
                            {"top_k", c.eval.top_k}}},
       {"checkpoint", toml::table{{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}, {"dir", c.checkpoint.dir}}},
   };
+  root["train"].as_table()->insert("report_every", c.report_every);
+  if (c.targets.any()) {
+    const TargetsConfig& t = c.targets;
+    toml::table targets{{"stop", t.stop}};
+    if (t.min_tokens_per_second > 0) targets.insert("min_tokens_per_second", t.min_tokens_per_second);
+    if (t.max_step_seconds > 0) targets.insert("max_step_seconds", t.max_step_seconds);
+    if (t.max_memory_per_rank > 0) targets.insert("max_memory_per_rank", std::to_string(t.max_memory_per_rank) + "B");
+    if (t.max_validation_loss > 0) {
+      targets.insert("max_validation_loss", t.max_validation_loss);
+      targets.insert("max_validation_loss_step", t.max_validation_loss_step);
+    }
+    if (t.price_per_device_hour > 0) targets.insert("price_per_device_hour", t.price_per_device_hour);
+    if (t.max_cost > 0) targets.insert("max_cost", t.max_cost);
+    root.insert("targets", targets);
+  }
   std::ostringstream out;
   out << root << "\n";
   return out.str();

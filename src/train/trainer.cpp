@@ -23,10 +23,13 @@
 #include "fsdp/optim/nonfinite_guard.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
+#include "fsdp/report/run_report.h"
 #include "evaluation.h"
 #include "loss.h"
 #include "step_metrics.h"
+#include "targets.h"
 #include "training_data.h"
 
 namespace fsdp::train {
@@ -104,6 +107,7 @@ class Trainer {
   bool leader() const { return rank_ == 0; }
 
   void prepare() {
+    baseline_resident_bytes_ = peak_resident_bytes();
     // 1. Everything that can be wrong with the config or the data, checked on every rank first.
     std::string error;
     try {
@@ -192,6 +196,7 @@ class Trainer {
     }
     progress_ = std::make_unique<Progress>(config_.steps, config_.log_every, leader() && options_.print, options_.progress);
     print_header();
+    record_run_start();
   }
 
   void print_header() {
@@ -245,6 +250,7 @@ class Trainer {
     // Steps whose gradient norm is NaN or inf are skipped; max_nonfinite_steps of them in a row
     // stop the run (counts start afresh on resume).
     optim::NonFiniteStepGuard nonfinite_guard(config_.max_nonfinite_steps);
+    TargetMonitor targets(config_.targets, n_, language());
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
       const double lr = schedule_.lr_at(step);
@@ -353,15 +359,31 @@ class Trainer {
         summary.preempted = true;
         progress_->message("stopped on request after step " + std::to_string(step + 1) + "; checkpoint " +
                            summary.last_checkpoint + " (continue with --resume latest)");
+        write_live_report();
         break;
       }
       if (config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last)) {
         summary.last_checkpoint = save(step + 1);
       }
-      if (last || (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0)) summary.evals.push_back(evaluate(step + 1));
+      std::vector<TargetMiss> misses = targets.after_step(step + 1, figures.rate(), seconds, metrics.peak_memory, training_seconds);
+      if (last || (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0)) {
+        summary.evals.push_back(evaluate(step + 1));
+        for (auto& miss : targets.after_evaluation(step + 1, summary.evals.back().loss, last)) misses.push_back(std::move(miss));
+      }
+      for (const auto& miss : misses) record_missed_target(miss, summary);
+      if (!misses.empty() && config_.targets.stop && !last) {
+        // Every rank saw the same figures (gathered per step, evaluations all-reduced): all stop here.
+        summary.last_checkpoint = save(step + 1);
+        summary.stopped_by_target = true;
+        progress_->message("stopping after step " + std::to_string(step + 1) + " (targets.stop = true); checkpoint " +
+                           summary.last_checkpoint);
+        write_live_report();
+        break;
+      }
+      if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report();
     }
     summary.seconds = training_seconds;
-    if (summary.preempted) return summary;
+    if (summary.preempted || summary.stopped_by_target) return summary;
     if (step_seconds.size() > 1) {
       std::vector<double> rest(step_seconds.begin() + 1, step_seconds.end());
       std::nth_element(rest.begin(), rest.begin() + rest.size() / 2, rest.end());
@@ -371,7 +393,60 @@ class Trainer {
     }
     if (language() && config_.eval.sample_tokens > 0 && data_.tokenizer) summary.sample = generate();
     print_footer(summary);
+    write_live_report();
     return summary;
+  }
+
+  // One line, a metrics.jsonl record (the report marks it), and the summary's list.
+  void record_missed_target(const TargetMiss& miss, TrainSummary& summary) {
+    progress_->message(miss.message);
+    summary.missed_targets.push_back(miss.message);
+    if (leader() && metrics_.is_open()) {
+      metrics_.write(nlohmann::json{{"target_missed", miss.key}, {"step", miss.step}, {"value", miss.value}, {"limit", miss.limit},
+                                    {"message", miss.message}}
+                         .dump());
+    }
+  }
+
+  // <output_dir>/report.html from metrics.jsonl, rewritten atomically (rank 0), so a browser tab
+  // shows the run as it goes. A failure here never stops training: one line says why.
+  void write_live_report() {
+    if (!leader() || !options_.write_files || !metrics_.is_open()) return;
+    try {
+      report::write_report({config_.output_dir}, (fs::path(config_.output_dir) / "report.html").string());
+    } catch (const std::exception& e) {
+      progress_->message(std::string("report.html not written: ") + e.what());
+    }
+  }
+
+  // The first record of every start (and resume): what the report needs besides the steps.
+  void record_run_start() {
+    if (!leader() || !metrics_.is_open()) return;
+    TrainConfig resolved = config_;
+    resolved.model = model_config_;
+    nlohmann::json record = {{"run_start", start_step_}, {"name", config_.name},       {"world_size", n_},
+                             {"language", language()},  {"resumed_from", resumed_from_}, {"config", to_toml(resolved)}};
+    try {
+      plan::PlanInput input = plan_input(resolved, n_);
+      // On the CPU the process's own memory is what it held before the data and the model came
+      // (libtorch, MPI): measured, rather than fsdp-plan's default for a GPU process.
+      if (device_.is_cpu() && baseline_resident_bytes_ > 0) input.overhead_bytes = baseline_resident_bytes_;
+      const plan::Plan plan = plan::make_plan(input);
+      // On the CPU the process holds everything fsdp-plan counts (offloaded shards included).
+      const double predicted = static_cast<double>(plan.memory.device_total() + (device_.is_cpu() ? plan.memory.host_total : 0));
+      record["predicted_peak_bytes_per_rank"] = predicted;
+    } catch (const std::exception&) {
+      // No prediction for this configuration: the report says so.
+    }
+    const TargetsConfig& t = config_.targets;
+    nlohmann::json targets = nlohmann::json::object();
+    if (t.min_tokens_per_second > 0) targets["min_tokens_per_second"] = t.min_tokens_per_second;
+    if (t.max_step_seconds > 0) targets["max_step_seconds"] = t.max_step_seconds;
+    if (t.max_memory_per_rank > 0) targets["max_memory_per_rank"] = t.max_memory_per_rank;
+    if (t.max_validation_loss > 0) targets["max_validation_loss"] = t.max_validation_loss;
+    if (t.max_cost > 0) targets["max_cost"] = t.max_cost;
+    record["targets"] = targets;
+    metrics_.write(record.dump());
   }
 
   // A checkpoint of the state after `steps` steps; rank 0 then keeps only the newest ones.
@@ -442,6 +517,7 @@ class Trainer {
   std::unique_ptr<optim::ShardedOptimizer> optimizer_;
   optim::WarmupCosineSchedule schedule_{1e-3, 1e-4, 0, 1};
   int64_t parameters_ = 0;
+  int64_t baseline_resident_bytes_ = 0;  // this process before data and model (the plan's overhead on a CPU)
   int64_t start_step_ = 0;
   std::string resumed_from_;
   double peak_flops_ = 1.0;

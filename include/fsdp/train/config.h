@@ -15,6 +15,8 @@
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
+//   [targets]    min_tokens_per_second, max_step_seconds, max_memory_per_rank ("8GiB"),
+//                max_validation_loss (+ max_validation_loss_step), price_per_device_hour + max_cost, stop
 // Every key is optional except model.name (or init_from, or family); configs/*.toml show them all. Unknown keys, values of
 // the wrong type and impossible values are errors that name the key and the file.
 // Overrides use the same dotted keys: `--set train.steps=50 --set optimizer.lr=1e-3`; the value is
@@ -93,6 +95,23 @@ struct CheckpointConfig {
   std::string dir;       // "" = <output_dir>/checkpoints
 };
 
+// Targets set before the run and checked as it goes ([targets]; 0 or "" = not set). A missed
+// target prints one line, is recorded in metrics.jsonl and marked in the report; with stop = true
+// the run then saves a checkpoint and ends.
+struct TargetsConfig {
+  double min_tokens_per_second = 0;   // median of the last 10 steps (images/s for image models)
+  double max_step_seconds = 0;        // median of the last 10 steps
+  int64_t max_memory_per_rank = 0;    // bytes ("8GiB" in the file): the largest rank's peak
+  double max_validation_loss = 0;     // by step max_validation_loss_step (the first evaluation at or after it)
+  int64_t max_validation_loss_step = 0;
+  double price_per_device_hour = 0;   // cost = elapsed hours x ranks x this price
+  double max_cost = 0;
+  bool stop = false;
+  bool any() const {
+    return min_tokens_per_second > 0 || max_step_seconds > 0 || max_memory_per_rank > 0 || max_validation_loss > 0 || max_cost > 0;
+  }
+};
+
 struct TrainConfig {
   std::string source;       // where it was read from, for messages
   std::string name = "run";
@@ -124,6 +143,8 @@ struct TrainConfig {
   FsdpConfig fsdp;
   EvalConfig eval;
   CheckpointConfig checkpoint;
+  TargetsConfig targets;
+  int64_t report_every = 50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
 
 // Reads and checks a config. Throws ConfigError naming the file or override and the key.

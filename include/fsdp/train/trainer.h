@@ -41,6 +41,8 @@ struct TrainSummary {
   double seconds = 0.0;            // wall time of the training steps
   double samples_per_second = 0.0; // tokens/s (language models) or images/s, median over steps after the first
   int64_t dropped_examples = 0;    // instructions: examples longer than the window, left out
+  std::vector<std::string> missed_targets;  // [targets] missed, one line each, in order
+  bool stopped_by_target = false;  // targets.stop: ended early after a miss, with a checkpoint
 };
 
 struct TrainerOptions {

@@ -1,0 +1,26 @@
+#include "fsdp/train/planning.h"
+
+namespace fsdp::train {
+
+plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
+  validate_for_world(c, ranks);
+  plan::PlanInput in;
+  in.model = c.model;
+  in.model_name = c.model_name;
+  in.strategy = c.fsdp.strategy;
+  in.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
+  in.param_dtype = c.fsdp.param_dtype;
+  in.reduce_dtype = c.fsdp.reduce_dtype;
+  in.activation_checkpointing = c.fsdp.activation_checkpointing;
+  in.cpu_offload = c.fsdp.cpu_offload;
+  in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
+  in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != "root";
+  in.optimizer = c.optimizer.name;
+  in.seq_len = c.seq_len;
+  in.micro_batches = c.micro_batches;
+  in.ranks = ranks;
+  in.micro_batch = c.global_batch / (static_cast<int64_t>(ranks) * c.micro_batches);
+  return in;
+}
+
+}  // namespace fsdp::train
