@@ -15,6 +15,17 @@ cmake --install "$build" --prefix "$work/prefix" > "$work/install.log" 2>&1 || {
 # The installed programs find libtorch (the torch wheel is no system library: their RUNPATH).
 "$work/prefix/bin/fsdp-plan" --model gpt2 --ranks 2 --compact > "$work/plan.txt" 2>&1 \
   || { cat "$work/plan.txt"; fail "the installed fsdp-plan does not run"; }
+# pkg-config, for a build without CMake: a program using the zoo, compiled and linked from its flags.
+cat > "$work/pc.cpp" <<'CPP'
+#include <cstdio>
+#include "fsdp/models/registry.h"
+int main() { std::printf("%lld\n", static_cast<long long>(fsdp::models::parameter_count(fsdp::models::model_config("gpt2")))); }
+CPP
+pc_flags=$(PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig" pkg-config --cflags --libs fsdp) || fail "pkg-config does not know fsdp"
+# shellcheck disable=SC2086  # the flags are a list
+g++ -O1 "$work/pc.cpp" -o "$work/pc" $pc_flags > "$work/pc.log" 2>&1 || { cat "$work/pc.log"; fail "building with pkg-config's flags failed"; }
+[ "$("$work/pc")" = 124439808 ] || fail "the pkg-config-built program printed '$("$work/pc")', not GPT-2's 124439808 parameters"
+echo "pkg-config: a program built from \`pkg-config --cflags --libs fsdp\` runs"
 cmake -S "$source/examples" -B "$work/examples" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" \
   > "$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configuring the examples against the installed package failed"; }
 cmake --build "$work/examples" -j2 > "$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; fail "building the examples failed"; }
