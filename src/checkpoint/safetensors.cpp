@@ -56,7 +56,10 @@ void pread_exact(int fd, void* out, size_t bytes, int64_t offset, const std::str
 
 int64_t TensorInfo::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    // A crafted shape can overflow (2^32 x 2^32 wraps to 0): -1, which no size check accepts.
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
+  }
   return n;
 }
 
@@ -184,11 +187,18 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY);
   if (fd_ < 0) throw std::runtime_error("safetensors '" + path_ + "': cannot open: " + errno_text());
-  auto fail = [&](const std::string& why) {
-    ::close(fd_);
+  // A constructor that throws runs no destructor: whatever refuses the file, the descriptor closes.
+  try {
+    read_header();
+  } catch (...) {
+    if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
-    throw std::runtime_error("safetensors '" + path_ + "': " + why);
-  };
+    throw;
+  }
+}
+
+void SafetensorsFile::read_header() {
+  auto fail = [&](const std::string& why) { throw std::runtime_error("safetensors '" + path_ + "': " + why); };
   struct stat st {};
   if (::fstat(fd_, &st) != 0) fail("cannot stat: " + errno_text());
   file_bytes_ = st.st_size;
@@ -230,7 +240,10 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
       for (int64_t d : info.shape) {
         if (d < 0) fail("tensor '" + name + "': negative dimension");
       }
-      const int64_t expected = info.numel() * static_cast<int64_t>(c10::elementSize(info.dtype));
+      int64_t expected = 0;
+      if (info.numel() < 0 || __builtin_mul_overflow(info.numel(), static_cast<int64_t>(c10::elementSize(info.dtype)), &expected)) {
+        fail("tensor '" + name + "': its shape has too many elements");
+      }
       if (info.begin < 0 || info.end < info.begin || info.end - info.begin != expected) {
         fail("tensor '" + name + "': data_offsets [" + std::to_string(info.begin) + ", " + std::to_string(info.end) +
              ") do not hold its " + std::to_string(expected) + " bytes");

@@ -108,6 +108,85 @@ std::vector<std::string> all_gather_text(const comm::ProcessGroupPtr& group, con
   return texts;
 }
 
+// Every key the loaders read, with its type, checked before any is used (a manifest edited by
+// hand or damaged must be refused, naming the key, not read as undefined behaviour).
+void validate_manifest(const json& m, const std::string& dir, int version) {
+  auto fail = [&](const std::string& what) {
+    throw std::runtime_error("checkpoint '" + dir + "': manifest.json: " + what);
+  };
+  auto integer = [&](const json& object, const char* key, const std::string& where, int64_t least) {
+    if (!object.is_object() || !object.contains(key) || !object.at(key).is_number_integer()) {
+      fail(where + "'" + key + "' is missing or not an integer");
+    }
+    if (object.at(key).get<int64_t>() < least) fail(where + "'" + key + "' must be at least " + std::to_string(least));
+  };
+  auto text = [&](const json& object, const char* key, const std::string& where) {
+    if (!object.contains(key) || !object.at(key).is_string()) fail(where + "'" + key + "' is missing or not a string");
+  };
+  auto shape = [&](const json& object, const std::string& where) {
+    if (!object.contains("shape") || !object.at("shape").is_array()) fail(where + "'shape' is missing or not an array");
+    for (const auto& d : object.at("shape")) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where + "'shape' holds " + d.dump() + ", not a size");
+    }
+  };
+  integer(m, "step", "", 0);
+  integer(m, "world_size", "", 1);
+  if (!m.contains("flat_params") || !m.at("flat_params").is_array()) fail("'flat_params' is missing or not an array");
+  for (size_t i = 0; i < m.at("flat_params").size(); ++i) {
+    const json& flat = m.at("flat_params")[i];
+    const std::string where = "flat_params[" + std::to_string(i) + "].";
+    if (!flat.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
+    text(flat, "unit", where);
+    integer(flat, "numel", where, 0);
+    if (!flat.contains("trainable") || !flat.at("trainable").is_boolean()) fail(where + "'trainable' is missing or not a boolean");
+    if (!flat.contains("entries") || !flat.at("entries").is_array()) fail(where + "'entries' is missing or not an array");
+    for (size_t j = 0; j < flat.at("entries").size(); ++j) {
+      const json& entry = flat.at("entries")[j];
+      const std::string at = where + "entries[" + std::to_string(j) + "].";
+      if (!entry.is_object()) fail(at.substr(0, at.size() - 1) + " is not an object");
+      text(entry, "name", at);
+      shape(entry, at);
+      integer(entry, "offset", at, 0);
+    }
+  }
+  if (!m.contains("files") || !m.at("files").is_array()) fail("'files' is missing or not an array");
+  for (size_t r = 0; r < m.at("files").size(); ++r) {
+    const json& file = m.at("files")[r];
+    const std::string where = "files[" + std::to_string(r) + "].";
+    if (!file.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
+    text(file, "file", where);
+    integer(file, "bytes", where, 0);
+    integer(file, "crc32", where, 0);
+    if (version >= 2 && (!file.contains("tensors") || !file.at("tensors").is_object())) fail(where + "'tensors' is missing or not an object");
+    if (version >= 2) {
+      for (const auto& [name, crc] : file.at("tensors").items()) {
+        if (!crc.is_number_unsigned()) fail(where + "tensors['" + name + "'] is not a crc32");
+      }
+    }
+  }
+  if (m.contains("buffers")) {
+    if (!m.at("buffers").is_array()) fail("'buffers' is not an array");
+    for (size_t i = 0; i < m.at("buffers").size(); ++i) {
+      const json& buffer = m.at("buffers")[i];
+      const std::string where = "buffers[" + std::to_string(i) + "].";
+      if (!buffer.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
+      text(buffer, "name", where);
+      text(buffer, "dtype", where);
+      shape(buffer, where);
+    }
+  }
+  for (const char* key : {"model", "config_toml", "optimizer"}) {
+    if (m.contains(key) && !m.at(key).is_string()) fail(std::string("'") + key + "' is not a string");
+  }
+  if (m.contains("optimizer_steps")) integer(m, "optimizer_steps", "", 0);
+  if (m.contains("optimizer_state")) {
+    if (!m.at("optimizer_state").is_array()) fail("'optimizer_state' is not an array");
+    for (const auto& name : m.at("optimizer_state")) {
+      if (!name.is_string()) fail("'optimizer_state' holds " + name.dump() + ", not a name");
+    }
+  }
+}
+
 json read_manifest(const std::string& dir) {
   const fs::path path = fs::path(dir) / "manifest.json";
   std::ifstream in(path);
@@ -120,12 +199,18 @@ json read_manifest(const std::string& dir) {
   } catch (const std::exception& e) {
     throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not valid JSON: " + e.what());
   }
-  if (manifest.value("format", "") != kFormat) throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not a " + std::string(kFormat));
-  const int version = manifest.value("version", 0);
+  if (!manifest.is_object() || !manifest.contains("format") || manifest.at("format") != kFormat) {
+    throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not a " + std::string(kFormat));
+  }
+  if (!manifest.contains("version") || !manifest.at("version").is_number_integer()) {
+    throw std::runtime_error("checkpoint '" + dir + "': manifest.json: 'version' is missing or not an integer");
+  }
+  const int version = manifest.at("version").get<int>();
   if (version < kOldestReadableVersion || version > kCheckpointFormatVersion) {
     throw std::runtime_error("checkpoint '" + dir + "': format version " + std::to_string(version) + ", this build reads versions " +
                              std::to_string(kOldestReadableVersion) + " to " + std::to_string(kCheckpointFormatVersion));
   }
+  validate_manifest(manifest, dir, version);
   return manifest;
 }
 
@@ -144,16 +229,16 @@ void check_layout(const std::string& dir, const json& saved, const std::vector<s
   }
   for (size_t i = 0; i < flats.size(); ++i) {
     const auto& entries = flats[i]->layout().entries;
-    const json& s = saved[i]["entries"];
+    const json& s = saved.at(i).at("entries");
     if (s.size() != entries.size()) {
       throw std::runtime_error("checkpoint '" + dir + "': unit '" + flats[i]->unit_name() + "' holds " +
                                std::to_string(s.size()) + " parameters in the checkpoint but " +
                                std::to_string(entries.size()) + " in this model (a checkpoint of another model)");
     }
     for (size_t j = 0; j < entries.size(); ++j) {
-      const auto shape = s[j]["shape"].get<std::vector<int64_t>>();
-      const auto name = s[j]["name"].get<std::string>();
-      if (name != entries[j].name || shape != entries[j].shape || s[j]["offset"].get<int64_t>() != entries[j].offset) {
+      const auto shape = s.at(j).at("shape").get<std::vector<int64_t>>();
+      const auto name = s.at(j).at("name").get<std::string>();
+      if (name != entries[j].name || shape != entries[j].shape || s.at(j).at("offset").get<int64_t>() != entries[j].offset) {
         throw std::runtime_error("checkpoint '" + dir + "' was saved from another model: it holds " + name + " " +
                                  shape_text(shape) + " where this model has " + entries[j].name + " " +
                                  shape_text(entries[j].shape));

@@ -128,9 +128,12 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     fail("vocabulary size " + std::to_string(header.vocab) + " does not fit " + std::to_string(header.token_bytes) +
          "-byte tokens");
   }
-  const size_t expected = kHeaderBytes + header.count * header.token_bytes;
-  if (file_bytes != expected) {
-    fail("header says " + std::to_string(header.count) + " tokens (" + std::to_string(expected) + " bytes) but the file has " +
+  // Compared by division first: count * token_bytes can wrap around 64 bits to the file's size.
+  const uint64_t room = (file_bytes - kHeaderBytes) / header.token_bytes;
+  const size_t expected = header.count <= room ? kHeaderBytes + header.count * header.token_bytes : 0;
+  if (header.count > room || file_bytes != expected) {
+    fail("header says " + std::to_string(header.count) + " tokens (" +
+         (header.count > room ? std::string("more than the file can hold") : std::to_string(expected) + " bytes") + ") but the file has " +
          std::to_string(file_bytes) + " bytes (truncated or corrupt)");
   }
   count_ = static_cast<int64_t>(header.count);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 
 #include "fsdp/checkpoint/hf_weights.h"
@@ -320,6 +321,52 @@ TEST(Checkpoint, RefusesCorruptAndForeignCheckpointsOnEveryRank) {
   world->barrier()->wait();
   fsdp::checkpoint::load_checkpoint(dir, *fresh.sharded.state, fresh.optimizer.get());
   EXPECT_TRUE(torch::equal(everything(fresh), before)) << "the restored checkpoint must hold the saved model";
+}
+
+// A manifest edited by hand or damaged (issue 21's review: a missing key was undefined behaviour,
+// world_size 0 a division by zero): refused on every rank with the manifest named, nothing loaded.
+TEST(Checkpoint, RefusesMalformedManifestsOnEveryRank) {
+  auto world = fsdp::comm::init_world();
+  const std::string root = test_dir(world, "manifest");
+  fresh_dir(world, root);
+  ModelUnderTest s = make("llama-test", world, 5);
+  const std::string dir = fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
+  const std::string manifest_path = dir + "/manifest.json";
+  nlohmann::json original;
+  std::ifstream(manifest_path) >> original;
+  const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> damages = {
+      {"entries", [](nlohmann::json& m) { m["flat_params"][0].erase("entries"); }},
+      {"world_size", [](nlohmann::json& m) {
+         m["world_size"] = 0;
+         m["files"] = nlohmann::json::array();
+       }},
+      {"flat_params", [](nlohmann::json& m) { m["flat_params"] = "none"; }},
+      {"step", [](nlohmann::json& m) { m.erase("step"); }},
+  };
+  ModelUnderTest fresh = make("llama-test", world, 6);
+  const at::Tensor fresh_before = everything(fresh);
+  for (const auto& [key, damage] : damages) {
+    world->barrier()->wait();
+    if (world->rank() == 0) {
+      nlohmann::json damaged = original;
+      damage(damaged);
+      std::ofstream(manifest_path) << damaged.dump();
+    }
+    world->barrier()->wait();
+    try {
+      fsdp::checkpoint::load_checkpoint(dir, *fresh.sharded.state, fresh.optimizer.get());
+      ADD_FAILURE() << "a manifest without a valid '" << key << "' was accepted";
+    } catch (const fsdp::comm::AgreedStop& e) {
+      if (e.should_report()) {
+        EXPECT_NE(std::string(e.what()).find("manifest"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_TRUE(torch::equal(everything(fresh), fresh_before)) << key << ": nothing may be loaded";
+  }
+  world->barrier()->wait();
+  if (world->rank() == 0) std::ofstream(manifest_path) << original.dump();
+  world->barrier()->wait();
 }
 
 // Each rank checks only the tensors it reads, each against its own crc32: a corrupt byte in a

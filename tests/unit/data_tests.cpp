@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -85,6 +86,21 @@ TEST(TokenFile, RejectsBadFilesWithTheirName) {
   EXPECT_NE(expect_throw_message([&] { TokenFile f(dir.file("missing.tok")); }).find("cannot open"), std::string::npos);
   EXPECT_THROW(write_token_file(dir.file("bad.tok"), {1, 300}, 256), std::invalid_argument);
   EXPECT_FALSE(fs::exists(dir.file("bad.tok")));
+}
+
+// A crafted header whose token count times the token size wraps around 64 bits to the file's
+// size (issue 21's review: a 40-byte file then passed the size check, and reads ran past the
+// mapping): refused naming the count.
+TEST(TokenFile, RefusesACountThatWrapsAround) {
+  TempDir dir;
+  write_token_file(dir.file("small.tok"), {1, 2}, 70000);  // 4-byte tokens: 32 + 8 bytes
+  std::string bytes = read_text(dir.file("small.tok"));
+  ASSERT_EQ(bytes.size(), 40u);
+  const uint64_t count = (uint64_t{1} << 62) + 2;  // x 4 bytes = 2^64 + 8 = 8 (mod 2^64)
+  std::memcpy(&bytes[24], &count, 8);
+  write_text(dir.file("crafted.tok"), bytes);
+  auto message = expect_throw_message([&] { TokenFile f(dir.file("crafted.tok")); });
+  EXPECT_NE(message.find("4611686018427387906 tokens"), std::string::npos) << message;
 }
 
 TEST(Tokenizer, ByteRoundTrip) {

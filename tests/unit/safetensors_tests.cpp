@@ -132,3 +132,32 @@ TEST(Safetensors, UnfinishedWriterLeavesNothing) {
 }
 
 }  // namespace
+
+namespace {
+
+int open_descriptors() {
+  int count = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/fd")) ++count;
+  return count;
+}
+
+// Crafted headers (issue 21's review): an element count that overflows int64 must not pass as 0
+// bytes, and a refused file must not leak its descriptor, whichever check refuses it.
+TEST(Safetensors, RefusesOverflowingShapesAndLeaksNothing) {
+  const std::string path = temp_path("crafted.safetensors");
+  // 2^32 x 2^32 elements: the product wraps to 0 in 64 bits, matching data_offsets [0, 0].
+  write_raw(path, R"({"huge": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", "");
+  EXPECT_NE(error_of(path).find("too many elements"), std::string::npos) << error_of(path);
+  const int before = open_descriptors();
+  for (const char* header : {R"({"x": {"dtype": "Q8", "shape": [1], "data_offsets": [0, 1]}})",            // unknown dtype
+                             R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})",           // wrong size
+                             R"({"x": {"dtype": "F32", "shape": "two", "data_offsets": [0, 4]}})",         // malformed
+                             R"({"huge": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})"}) {
+    write_raw(path, header, std::string(8, '\0'));
+    EXPECT_NE(error_of(path), "no error") << header;
+  }
+  EXPECT_EQ(open_descriptors(), before) << "a refused file left its descriptor open";
+  fs::remove(path);
+}
+
+}  // namespace

@@ -24,7 +24,7 @@ struct TensorInfo {
   std::vector<int64_t> shape;
   int64_t begin = 0;  // data offsets, bytes from the start of the data section
   int64_t end = 0;
-  int64_t numel() const;
+  int64_t numel() const;  // -1 when the shape's product overflows int64 (a crafted header)
 };
 
 const char* safetensors_dtype_name(at::ScalarType dtype);
@@ -97,6 +97,8 @@ class SafetensorsFile {
   int64_t file_bytes() const { return file_bytes_; }
 
  private:
+  void read_header();  // the constructor's checks; throws (the constructor closes the file then)
+
   std::string path_;
   int fd_ = -1;
   int64_t data_start_ = 0;
