@@ -62,17 +62,22 @@ namespace fs = std::filesystem;
 
 // A Hugging Face model directory from an exported weight set in `dir`: config.json,
 // generation_config.json and the tokenizer's files (the run's, or its init_from directory's).
-void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::models::ModelConfig& model, const std::string& dir) {
+void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::models::ModelConfig& model, const std::string& dir,
+                       const std::string& dtype) {
   const auto& d = config.data;
   const bool from_hf_dir = fsdp::checkpoint::is_hf_model_dir(config.init_from);
   const std::string source_config = from_hf_dir ? config.init_from + "/config.json" : "";
   int64_t bos = -1, eos = -1;
   std::vector<std::string> files;
+  std::vector<int64_t> extra_eos;
   if (d.tokenizer == "hf") {
     files = fsdp::checkpoint::tokenizer_files_in(fs::path(d.tokenizer_json).parent_path().string());
     fsdp::data::HfTokenizer tokenizer(d.tokenizer_json);
     bos = tokenizer.token_id("<|begin_of_text|>");
     eos = tokenizer.end_of_text();
+    // Fine-tuned on Llama 3's chat format: generation must also stop where an answer ends.
+    const int32_t end_of_turn = tokenizer.token_id("<|eot_id|>");
+    if (d.source == "instructions" && d.chat_format != "plain" && end_of_turn >= 0) extra_eos.push_back(end_of_turn);
   } else if (d.tokenizer == "gpt2") {
     files = {d.vocab_json, d.merges_txt};
     eos = bos = fsdp::data::Gpt2BpeTokenizer(d.vocab_json, d.merges_txt).end_of_text();
@@ -85,9 +90,9 @@ void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::model
       if (!have) files.push_back(file);
     }
   }
-  fsdp::checkpoint::write_text_file(dir + "/config.json", fsdp::checkpoint::hf_config_text(model, source_config));
+  fsdp::checkpoint::write_text_file(dir + "/config.json", fsdp::checkpoint::hf_config_text(model, source_config, dtype));
   fsdp::checkpoint::write_text_file(dir + "/generation_config.json",
-                                    fsdp::checkpoint::hf_generation_config_text(source_config, bos, eos));
+                                    fsdp::checkpoint::hf_generation_config_text(source_config, bos, eos, extra_eos));
   for (const auto& file : files) fs::copy_file(file, fs::path(dir) / fs::path(file).filename(), fs::copy_options::overwrite_existing);
 }
 
@@ -120,6 +125,7 @@ int main(int argc, char** argv) {
                        "training config naming the model (not needed for a Hugging Face directory with config.json)");
   importer->add_option("--output", import_output, "directory to write the checkpoint into")->required();
   CLI11_PARSE(app, argc, argv);
+  while (export_hf_dir.size() > 1 && export_hf_dir.back() == '/') export_hf_dir.pop_back();  // DIR/ is DIR
   if (exporter->parsed() && export_output.empty() && export_hf_dir.empty()) {
     std::fprintf(stderr, "fsdp-ckpt export: give --output FILE or --hf-dir DIR\n");
     return 2;
@@ -174,7 +180,7 @@ int main(int argc, char** argv) {
         fsdp::comm::on_every_rank(world, "writing the Hugging Face directory " + export_hf_dir, [&] {
           if (world->rank() != 0) return;
           try {
-            write_hf_metadata(config, sharded.config, partial);
+            write_hf_metadata(config, sharded.config, partial, dtype == "bf16" ? "bfloat16" : "float32");
             if (fs::exists(export_hf_dir)) fs::remove(export_hf_dir);  // empty (checked above)
             fs::rename(partial, export_hf_dir);
           } catch (...) {

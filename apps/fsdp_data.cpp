@@ -228,6 +228,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (instructions->parsed()) {
+      if (!system_prompt.empty() && instructions_format != "messages") {
+        throw std::invalid_argument("instructions: --system needs --format messages (prompt-completion has no system turn)");
+      }
       write_fortune_instructions(instructions_dir, instructions_output, instructions_format, system_prompt);
       return 0;
     }

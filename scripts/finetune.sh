@@ -34,9 +34,10 @@ mpi_env=()
 if [ "$(id -u)" = 0 ]; then mpi_env=(-x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1); fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 output=runs/llama-finetune-fortunes
+rm -rf "$output/checkpoints"   # the export below takes this run's last checkpoint, not an older run's
 mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" build/apps/fsdp-train configs/llama-finetune-fortunes.toml \
   --set "model.init_from=\"$model_dir\"" --set "data.train_jsonl=\"$data\"" "$@"
-latest=$(ls -d "$output"/checkpoints/step-* | sort | tail -1)
+latest=$(ls -d "$output"/checkpoints/step-[0-9]* | grep -v '\.partial$' | sort | tail -1)
 rm -rf "$output/hf"
 mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" build/apps/fsdp-ckpt export "$latest" --hf-dir "$output/hf"
 echo "fine-tuned model: $output/hf (transformers: AutoModelForCausalLM.from_pretrained(\"$output/hf\"))"

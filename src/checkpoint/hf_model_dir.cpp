@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -191,7 +192,7 @@ nlohmann::json read_source_config(const std::string& path) {
 
 }  // namespace
 
-std::string hf_config_text(const models::ModelConfig& model, const std::string& source_config) {
+std::string hf_config_text(const models::ModelConfig& model, const std::string& source_config, const std::string& torch_dtype) {
   const nlohmann::json source = read_source_config(source_config);
   nlohmann::json out = nlohmann::json::object();
   // Keys that describe the tokenizer's ids, not the network: kept from the model's origin.
@@ -246,11 +247,12 @@ std::string hf_config_text(const models::ModelConfig& model, const std::string& 
   } else {
     throw std::invalid_argument(std::string("hf_config_json: no Hugging Face config for ") + models::family_name(model) + " models");
   }
-  out["torch_dtype"] = "float32";
+  out["torch_dtype"] = torch_dtype;
   return out.dump(2) + "\n";
 }
 
-std::string hf_generation_config_text(const std::string& source_config, int64_t bos_token_id, int64_t eos_token_id) {
+std::string hf_generation_config_text(const std::string& source_config, int64_t bos_token_id, int64_t eos_token_id,
+                                      const std::vector<int64_t>& extra_eos) {
   const nlohmann::json source = read_source_config(source_config);
   nlohmann::json out = {{"_from_model_config", true}};
   if (source.is_object() && source.contains("bos_token_id")) {
@@ -262,6 +264,17 @@ std::string hf_generation_config_text(const std::string& source_config, int64_t 
     out["eos_token_id"] = source.at("eos_token_id");
   } else if (eos_token_id >= 0) {
     out["eos_token_id"] = eos_token_id;
+  }
+  if (!extra_eos.empty()) {
+    nlohmann::json ids = nlohmann::json::array();
+    if (out.contains("eos_token_id")) {
+      if (out["eos_token_id"].is_array()) ids = out["eos_token_id"];
+      else ids.push_back(out["eos_token_id"]);
+    }
+    for (int64_t id : extra_eos) {
+      if (std::find(ids.begin(), ids.end(), nlohmann::json(id)) == ids.end()) ids.push_back(id);
+    }
+    out["eos_token_id"] = ids;
   }
   return out.dump(2) + "\n";
 }

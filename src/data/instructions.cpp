@@ -11,14 +11,41 @@ namespace fsdp::data {
 
 namespace {
 
-// Jinja's `trim` (Python's str.strip()) for the whitespace of ASCII: what Llama 3's template does
-// to each message's content.
+// Jinja's `trim` (Python's str.strip()): what Llama 3's template does to each message's content.
+// Python strips every character str.isspace() accepts: ASCII's whitespace and separators
+// (\t \n \v \f \r, 0x1c-0x1f, space) and Unicode's (U+0085, U+00A0, U+1680, U+2000-U+200A,
+// U+2028, U+2029, U+202F, U+205F, U+3000).
+bool is_python_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+// The code point starting at text[i] and its length in bytes (invalid UTF-8: the byte itself).
+std::pair<uint32_t, size_t> code_point_at(const std::string& text, size_t i) {
+  const auto b = static_cast<unsigned char>(text[i]);
+  const size_t length = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 1;
+  if (length == 1 || i + length > text.size()) return {b, 1};
+  uint32_t c = b & (0xff >> (length + 1));
+  for (size_t k = 1; k < length; ++k) c = (c << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3f);
+  return {c, length};
+}
+
 std::string trim(const std::string& text) {
-  const char* space = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
-  const size_t first = text.find_first_not_of(space);
-  if (first == std::string::npos) return "";
-  const size_t last = text.find_last_not_of(space);
-  return text.substr(first, last - first + 1);
+  size_t first = 0;
+  while (first < text.size()) {
+    const auto [c, length] = code_point_at(text, first);
+    if (!is_python_space(c)) break;
+    first += length;
+  }
+  size_t last = text.size();  // one past the last kept byte
+  while (last > first) {
+    size_t start = last - 1;  // back to the start of the last code point
+    while (start > first && (static_cast<unsigned char>(text[start]) & 0xc0) == 0x80) --start;
+    const auto [c, length] = code_point_at(text, start);
+    if (start + length != last || !is_python_space(c)) break;
+    last = start;
+  }
+  return text.substr(first, last - first);
 }
 
 int32_t required_token(const Tokenizer& tokenizer, const std::string& token) {

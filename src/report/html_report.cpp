@@ -58,12 +58,17 @@ std::vector<Marker> markers_of(const RunData& run) {
   return markers;
 }
 
+// At most this many points per series: a long run's page stays small and quick to rewrite.
+constexpr size_t kMaxPoints = 1500;
+
 template <class Get>
 Series series_of(const RunData& run, const std::string& name, const char* colour, Get get, bool dashed = false) {
   Series s{name, colour, {}, dashed};
-  for (const auto& p : run.steps) {
-    const double y = get(p);
-    if (std::isfinite(y)) s.points.push_back({static_cast<double>(p.step), y});
+  const size_t stride = (run.steps.size() + kMaxPoints - 1) / kMaxPoints;
+  for (size_t i = 0; i < run.steps.size(); ++i) {
+    if (i % stride != 0 && i + 1 != run.steps.size()) continue;  // every stride-th step, and the last
+    const double y = get(run.steps[i]);
+    if (std::isfinite(y)) s.points.push_back({static_cast<double>(run.steps[i].step), y});
   }
   return s;
 }
@@ -231,6 +236,12 @@ std::vector<std::string> write_report(const std::vector<std::string>& run_dirs, 
     runs.push_back(read_run(dir));
     warnings.insert(warnings.end(), runs.back().warnings.begin(), runs.back().warnings.end());
   }
+  // Runs of one config share a name: tell them apart by their directories.
+  for (auto& run : runs) {
+    int same = 0;
+    for (const auto& other : runs) same += other.name == run.name;
+    if (same > 1) run.name += " (" + run.dir + ")";
+  }
   const std::string html = render_html(runs);
   const std::string temporary = output + ".tmp." + std::to_string(::getpid());
   {
@@ -243,7 +254,12 @@ std::vector<std::string> write_report(const std::vector<std::string>& run_dirs, 
       throw std::runtime_error("cannot write report '" + output + "'");
     }
   }
-  std::filesystem::rename(temporary, output);
+  std::error_code error;
+  std::filesystem::rename(temporary, output, error);
+  if (error) {
+    std::filesystem::remove(temporary, error);
+    throw std::runtime_error("cannot write report '" + output + "': " + error.message());
+  }
   return warnings;
 }
 

@@ -103,6 +103,15 @@ RunData read_run(const std::string& dir) {
         run.name = r.value("name", run.name);
         run.predicted_peak_bytes = number_or(r, "predicted_peak_bytes_per_rank", run.predicted_peak_bytes);
         if (r.contains("config") && r.at("config").is_string()) run.config_toml = r.at("config").get<std::string>();
+        // A resume discards what the first run did after its checkpoint: so do its markers.
+        if (start > 0) {
+          run.events.erase(std::remove_if(run.events.begin(), run.events.end(),
+                                          [&](const RunEvent& e) { return e.step > start && e.kind != RunEvent::Kind::Restart; }),
+                           run.events.end());
+          for (auto& t : run.targets) {
+            if (t.missed && t.step > start) t = {t.key, t.limit, false, 0, ""};
+          }
+        }
         const std::string resumed = r.value("resumed_from", std::string());
         if (!resumed.empty()) run.events.push_back({RunEvent::Kind::Restart, start, "resumed at step " + std::to_string(start) + " from " + resumed});
         if (r.contains("targets") && r.at("targets").is_object()) {

@@ -194,10 +194,12 @@ void read_model(Reader& r, TrainConfig& c) {
   // Size overrides: each applies to the families that have the field.
   const std::string family = models::family_name(c.model);
   std::map<std::string, int64_t> ints;
-  for (const char* key : {"context", "dim", "heads", "kv_heads", "layers", "ffn_hidden", "mlp_hidden", "patch"}) {
+  for (const char* key : {"context", "dim", "heads", "kv_heads", "layers", "ffn_hidden", "mlp_hidden", "patch", "image_size",
+                          "channels", "classes"}) {
     if (auto v = r.optional<int64_t>(std::string("model.") + key)) ints[key] = *v;
   }
-  if (auto vocab = r.optional<int64_t>("model.vocab")) {
+  const auto vocab = r.optional<int64_t>("model.vocab");
+  if (vocab) {
     if (!models::is_language_model(c.model)) r.fail("model.vocab does not apply to " + family + " models");
     c.model_vocab = *vocab;
     if (auto* g = std::get_if<models::GptConfig>(&c.model)) g->vocab = *vocab;
@@ -217,10 +219,13 @@ void read_model(Reader& r, TrainConfig& c) {
     r.fail("model." + key + " does not apply to " + family + " models");
   };
   if (from_hf_dir) {
-    // The directory's config.json sets the shape; only the longest sequence and dropout may change.
+    // The directory's config.json sets the shape; only dropout and (Llama: no learned positions)
+    // the longest sequence may change.
+    const bool llama = std::holds_alternative<models::LlamaConfig>(c.model);
     for (const auto& [key, value] : ints) {
-      if (key != "context") r.fail("model." + key + " is set by " + c.init_from + "/config.json (leave it out)");
+      if (key != "context" || !llama) r.fail("model." + key + " is set by " + c.init_from + "/config.json (leave it out)");
     }
+    if (vocab) r.fail("model.vocab is set by " + c.init_from + "/config.json (leave it out)");
     if (rope_theta || qkv_bias || norm_eps || tie_embeddings || rope_scaling || rope_factor || rope_low || rope_high || rope_original) {
       r.fail("the model's shape and rotary settings are set by " + c.init_from + "/config.json (leave model.* out but context and dropout)");
     }
@@ -258,7 +263,7 @@ void read_model(Reader& r, TrainConfig& c) {
     if (qkv_bias) not_for("qkv_bias");
   } else if (auto* v = std::get_if<models::VitConfig>(&c.model)) {
     take("dim", v->dim), take("heads", v->heads), take("layers", v->layers), take("mlp_hidden", v->mlp_hidden);
-    take("patch", v->patch);
+    take("patch", v->patch), take("image_size", v->image_size), take("channels", v->channels), take("classes", v->classes);
     if (dropout) not_for("dropout");
     if (qkv_bias) not_for("qkv_bias");
     if (rope_theta) not_for("rope_theta");
@@ -404,6 +409,9 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(d.source != "instructions" || !d.train_jsonl.empty(), r,
         "data.source 'instructions' needs data.train_jsonl (JSONL of {\"messages\": [...]} or {\"prompt\", \"completion\"}; "
         "fsdp-data instructions makes one from the fortunes)");
+  check(d.source != "instructions" || c.seq_len > 0, r,
+        "data.source 'instructions' needs train.seq_len: each example is a row padded to it (the model's context, "
+        "often 8k to 128k tokens, would mostly be padding)");
   check(d.chat_format == "auto" || d.chat_format == "llama3" || d.chat_format == "plain", r,
         "data.chat_format '" + d.chat_format + "' (expected auto, llama3 or plain)");
   check(d.augment == "none" || ((d.augment == "hflip" || d.augment == "shift" || d.augment == "shift+hflip") && !language), r,
@@ -539,6 +547,9 @@ std::string to_toml(const TrainConfig& c) {
         } else {
           model.insert("patch", m.patch);
           model.insert("mlp_hidden", m.mlp_hidden);
+          model.insert("image_size", m.image_size);
+          model.insert("channels", m.channels);
+          model.insert("classes", m.classes);
         }
       },
       c.model);

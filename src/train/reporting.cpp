@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include <algorithm>
 #include <atomic>
@@ -196,7 +198,24 @@ void Progress::message(const std::string& line) {
   std::fflush(stdout);
 }
 
-MetricsLog::MetricsLog(const std::string& path, bool append) : out_(path, append ? std::ios::app : std::ios::trunc) {
+namespace {
+// A run killed mid-write leaves half a line at the end; a resumed run appending after it would bury
+// it mid-file. Cut the file back to its last complete line first.
+void drop_partial_last_line(const std::string& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  if (error || size == 0) return;
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  if (text.empty() || text.back() == '\n') return;
+  const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+  std::filesystem::resize_file(path, keep, error);
+}
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, bool append) {
+  if (append) drop_partial_last_line(path);
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) throw std::runtime_error("cannot create metrics file '" + path + "'");
 }
 

@@ -11,13 +11,13 @@
 namespace fsdp::train {
 
 namespace {
-constexpr int64_t kFields = 6;  // RankStepFacts, in order
+constexpr int64_t kFields = 7;  // RankStepFacts, in order
 }  // namespace
 
 StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankStepFacts& mine, bool on_cpu) {
   const int n = world->size();
   at::Tensor local = at::tensor({mine.loss, mine.peak_resident_bytes, mine.communication_seconds, mine.stop_requested ? 1.0 : 0.0,
-                                 mine.exposed_seconds, mine.device_peak_reserved_bytes},
+                                 mine.exposed_seconds, mine.device_peak_reserved_bytes, mine.step_seconds},
                                 at::kDouble);
   at::Tensor all = at::empty({kFields * n}, at::kDouble);
   world->all_gather(all, local)->wait();
@@ -30,6 +30,7 @@ StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankSt
   metrics.peak_memory = metrics.per_rank.select(1, on_cpu ? 1 : 5).max().item<double>();
   metrics.communication = metrics.per_rank.select(1, 2).max().item<double>();
   metrics.exposed = metrics.per_rank.select(1, 4).max().item<double>();
+  metrics.step_seconds = metrics.per_rank.select(1, 6).max().item<double>();
   return metrics;
 }
 

@@ -23,6 +23,7 @@ struct RankStepFacts {
   bool stop_requested = false;              // asked to save and stop (SIGTERM, SIGINT)
   double exposed_seconds = 0.0;             // time this thread waited for collectives
   double device_peak_reserved_bytes = 0.0;  // on a GPU, the caching allocator's peak reservation
+  double step_seconds = 0.0;                // the step's time on this rank's clock, up to this gather
 };
 
 // Every rank's facts and the step's figures from them.
@@ -33,6 +34,7 @@ struct StepMetrics {
   double peak_memory = 0.0;     // max over ranks: device reservation on a GPU, resident memory on the CPU
   double communication = 0.0;   // max over ranks, busy seconds
   double exposed = 0.0;         // max over ranks, seconds waited
+  double step_seconds = 0.0;    // max over ranks: what every rank agrees the step took (targets judge it)
 };
 
 // Collective over `world`: one all-gather. on_cpu: the model's device is the host.

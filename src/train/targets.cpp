@@ -65,7 +65,7 @@ std::vector<TargetMiss> TargetMonitor::after_evaluation(int64_t step, double val
   std::vector<TargetMiss> out;
   if (targets_.max_validation_loss <= 0 || loss_checked_) return out;
   const int64_t by = targets_.max_validation_loss_step;
-  if (!((by > 0 && step >= by) || (by == 0 && last))) return out;
+  if (!((by > 0 && step >= by) || last)) return out;  // a step past the run's end: judged at its end
   loss_checked_ = true;
   if (validation_loss > targets_.max_validation_loss) {
     char what[256];

@@ -1,6 +1,7 @@
 // Private to train/: the run's [targets] (config.h, TargetsConfig) checked as it goes. Each target
-// is reported once, when first missed; every rank feeds the same figures (all-gathered per step,
-// or an evaluation's all-reduced loss), so every rank reaches the same verdict at the same step.
+// is reported once, when first missed. The trainer feeds every rank the same figures (the step
+// time and peak memory agreed through the per-step all-gather, the all-reduced validation loss),
+// so every rank reaches the same verdict at the same step.
 #pragma once
 
 #include <cstdint>

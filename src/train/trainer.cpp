@@ -251,6 +251,9 @@ class Trainer {
     // stop the run (counts start afresh on resume).
     optim::NonFiniteStepGuard nonfinite_guard(config_.max_nonfinite_steps);
     TargetMonitor targets(config_.targets, n_, language());
+    double agreed_training_seconds = 0.0;  // sum of the agreed step times (the cost target's clock)
+    bool stopped_early = false;            // targets.stop before the last step
+    int64_t last_saved_step = -1;
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
       const double lr = schedule_.lr_at(step);
@@ -318,6 +321,7 @@ class Trainer {
       mine.stop_requested = stop_requested();
       mine.exposed_seconds = exposed_now - exposed_before;
       mine.device_peak_reserved_bytes = static_cast<double>(runtime::device_peak_reserved_bytes(device_));
+      mine.step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
       communication_before = communication_now;
       exposed_before = exposed_now;
       const StepMetrics metrics = gather_step_metrics(world_, mine, device_.is_cpu());
@@ -364,26 +368,34 @@ class Trainer {
       }
       if (config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last)) {
         summary.last_checkpoint = save(step + 1);
+        last_saved_step = step + 1;
       }
-      std::vector<TargetMiss> misses = targets.after_step(step + 1, figures.rate(), seconds, metrics.peak_memory, training_seconds);
+      // Targets judge figures every rank holds alike (all-gathered, or all-reduced evaluations), so
+      // every rank reaches the same verdict at the same step: the agreed step time (the slowest
+      // rank's, up to the gather), the largest rank's peak memory, the training time so far.
+      agreed_training_seconds += metrics.step_seconds;
+      std::vector<TargetMiss> misses =
+          targets.after_step(step + 1, samples_per_step / metrics.step_seconds, metrics.step_seconds, metrics.peak_memory, agreed_training_seconds);
       if (last || (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0)) {
         summary.evals.push_back(evaluate(step + 1));
         for (auto& miss : targets.after_evaluation(step + 1, summary.evals.back().loss, last)) misses.push_back(std::move(miss));
       }
       for (const auto& miss : misses) record_missed_target(miss, summary);
-      if (!misses.empty() && config_.targets.stop && !last) {
-        // Every rank saw the same figures (gathered per step, evaluations all-reduced): all stop here.
-        summary.last_checkpoint = save(step + 1);
+      if (!misses.empty() && config_.targets.stop) {
+        // Every rank saw the same figures: all stop here, with a checkpoint (exit status 3).
         summary.stopped_by_target = true;
+        if (last) continue;  // the run ends here anyway: finish it (sample, footer, report)
+        if (last_saved_step != step + 1) summary.last_checkpoint = save(step + 1);
         progress_->message("stopping after step " + std::to_string(step + 1) + " (targets.stop = true); checkpoint " +
                            summary.last_checkpoint);
+        stopped_early = true;
         write_live_report();
         break;
       }
       if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report();
     }
     summary.seconds = training_seconds;
-    if (summary.preempted || summary.stopped_by_target) return summary;
+    if (summary.preempted || stopped_early) return summary;
     if (step_seconds.size() > 1) {
       std::vector<double> rest(step_seconds.begin() + 1, step_seconds.end());
       std::nth_element(rest.begin(), rest.begin() + rest.size() / 2, rest.end());
@@ -446,7 +458,7 @@ class Trainer {
     if (t.max_validation_loss > 0) targets["max_validation_loss"] = t.max_validation_loss;
     if (t.max_cost > 0) targets["max_cost"] = t.max_cost;
     record["targets"] = targets;
-    metrics_.write(record.dump());
+    metrics_.write(record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));  // paths need not be UTF-8
   }
 
   // A checkpoint of the state after `steps` steps; rank 0 then keeps only the newest ones.

@@ -160,6 +160,8 @@ def check_chat_format(args, work, tokenizers):
          {"role": "assistant", "content": "\tBecause.  "}, {"role": "user", "content": "Really? caf\u00e9 \u4e16\u754c"},
          {"role": "assistant", "content": "1234567 tokens, 'tis so.\r\n"}],
         [{"role": "user", "content": "<|eot_id|> inside text"}, {"role": "assistant", "content": "\U0001F600\u200d!"}],
+        # Unicode spaces at the edges: the template's trim (Python's str.strip()) removes them too.
+        [{"role": "user", "content": "\u00a0\u3000wide spaces\u2028"}, {"role": "assistant", "content": "\u0085ok\u00a0\u202f"}],
     ]
     hand = os.path.join(work, "chat.jsonl")
     with open(hand, "w") as f:

@@ -194,6 +194,26 @@ TEST(Config, HuggingFaceDirectoryGivesTheModel) {
   EXPECT_NE(error_of("[model]\ninit_from = \"" + dir.path() + "\"\ndim = 128\n").find("model.dim is set by"), std::string::npos);
 }
 
+// A run's resolved config.toml (family and every field) reads back as the same model, for every
+// family (the review found ViT's image size and classes lost).
+TEST(Config, ResolvedConfigsReadBackAsTheSameModel) {
+  for (const char* name : {"gpt-test", "llama-test", "vit-fmnist"}) {
+    auto config = parse_train_config(std::string("[model]\nname = \"") + name + "\"\n" +
+                                         (std::string(name).rfind("vit", 0) == 0 ? "[data]\nsource = \"fashion_mnist\"\n" : ""),
+                                     "test.toml");
+    auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
+    EXPECT_EQ(fsdp::models::parameter_count(again.model), fsdp::models::parameter_count(config.model)) << name;
+    EXPECT_EQ(fsdp::models::family_name(again.model), std::string(fsdp::models::family_name(config.model))) << name;
+    if (const auto* vit = std::get_if<fsdp::models::VitConfig>(&config.model)) {
+      const auto& back = std::get<fsdp::models::VitConfig>(again.model);
+      EXPECT_EQ(back.image_size, vit->image_size);
+      EXPECT_EQ(back.channels, vit->channels);
+      EXPECT_EQ(back.classes, vit->classes);
+      EXPECT_EQ(back.patch, vit->patch);
+    }
+  }
+}
+
 TEST(Config, HuggingFaceDirectoryRefusesWhatIsNotImplemented) {
   auto error_for = [](std::string json, const std::string& from, const std::string& to) {
     json.replace(json.find(from), from.size(), to);

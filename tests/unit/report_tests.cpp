@@ -44,8 +44,10 @@ TEST(Report, ReadsStepsEventsTargetsAndAResume) {
   metrics += "{\"eval_step\": 0, \"validation_loss\": 5.5, \"perplexity\": 245}\n";
   for (int s = 1; s <= 4; ++s) metrics += step(s, 5.0 - 0.1 * s);
   metrics += "{\"checkpoint_step\": 2, \"path\": \"x\", \"seconds\": 0.1}\n";
-  metrics += "{\"target_missed\": \"min_tokens_per_second\", \"step\": 4, \"value\": 1000, \"limit\": 5000, \"message\": \"too slow\"}\n";
-  // Resumed from step 2: steps 3 and 4 are recorded again and replace the first run's.
+  metrics += "{\"target_missed\": \"min_tokens_per_second\", \"step\": 2, \"value\": 1000, \"limit\": 5000, \"message\": \"too slow\"}\n";
+  metrics += "{\"target_missed\": \"max_memory_per_rank\", \"step\": 4, \"value\": 2e9, \"limit\": 1e9, \"message\": \"too big\"}\n";
+  // Resumed from step 2: steps 3 and 4 are recorded again and replace the first run's; what the
+  // first run marked after step 2 (its skipped step 3, its memory miss at step 4) is discarded.
   metrics += "{\"run_start\": 2, \"name\": \"demo\", \"world_size\": 2, \"resumed_from\": \"ckpt/step-00000002\"}\n";
   for (int s = 3; s <= 5; ++s) metrics += step(s, 4.0 - 0.1 * s);
   RunDir dir(metrics);
@@ -58,10 +60,10 @@ TEST(Report, ReadsStepsEventsTargetsAndAResume) {
   EXPECT_DOUBLE_EQ(run.predicted_peak_bytes, 1.2e8);
   ASSERT_EQ(run.targets.size(), 2u);  // by key: max_memory_per_rank, min_tokens_per_second
   EXPECT_EQ(run.targets[0].key, "max_memory_per_rank");
-  EXPECT_FALSE(run.targets[0].missed);
+  EXPECT_FALSE(run.targets[0].missed);  // missed at step 4, in the part the resume discarded
   EXPECT_EQ(run.targets[1].key, "min_tokens_per_second");
   EXPECT_TRUE(run.targets[1].missed);
-  EXPECT_EQ(run.targets[1].step, 4);
+  EXPECT_EQ(run.targets[1].step, 2);
   int skipped = 0, checkpoints = 0, restarts = 0, missed = 0;
   for (const auto& e : run.events) {
     skipped += e.kind == fsdp::report::RunEvent::Kind::Skipped;
@@ -69,7 +71,7 @@ TEST(Report, ReadsStepsEventsTargetsAndAResume) {
     restarts += e.kind == fsdp::report::RunEvent::Kind::Restart;
     missed += e.kind == fsdp::report::RunEvent::Kind::TargetMissed;
   }
-  EXPECT_EQ(skipped, 2);  // step 3 skipped in both runs
+  EXPECT_EQ(skipped, 1);  // step 3 skipped in both runs; the first run's was discarded
   EXPECT_EQ(checkpoints, 1);
   EXPECT_EQ(restarts, 1);
   EXPECT_EQ(missed, 1);
@@ -129,6 +131,13 @@ TEST(Targets, EachMissIsReportedOnceWhereItHappens) {
   ASSERT_EQ(misses.size(), 1u);
   EXPECT_EQ(misses[0].key, "max_validation_loss");
   EXPECT_TRUE(monitor.after_evaluation(20, 3.0, true).empty());
+
+  fsdp::train::TargetsConfig late;
+  late.max_validation_loss = 2.0;
+  late.max_validation_loss_step = 1000;  // past the run's end: judged at its last evaluation
+  fsdp::train::TargetMonitor past_end(late, 1, true);
+  EXPECT_TRUE(past_end.after_evaluation(10, 3.0, false).empty());
+  EXPECT_EQ(past_end.after_evaluation(20, 3.0, true).size(), 1u);
 
   fsdp::train::TargetsConfig met;
   met.max_validation_loss = 2.0;  // no step: judged at the end

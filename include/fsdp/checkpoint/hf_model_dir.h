@@ -6,7 +6,7 @@
 //   tokenizer.json, tokenizer_config.json, special_tokens_map.json   (or GPT-2's vocab.json and
 //                                    merges.txt)
 //
-// Supported families: "llama" (LlamaForCausalLM: Llama 2, 3, 3.1, 3.2, including rope_scaling of
+// Supported families: "llama" (LlamaForCausalLM: Llama 3, 3.1, 3.2, including rope_scaling of
 // rope_type "llama3", tied or untied head, grouped-query attention) and "gpt2" (GPT2LMHeadModel).
 // Whatever changes the computation and is not implemented here (another model_type, biases on the
 // Llama projections, another activation, another rope_scaling type, a head_dim other than
@@ -31,10 +31,13 @@ models::ModelConfig read_hf_config(const std::string& dir_or_file);
 // The text of a config.json that transformers' from_pretrained reads back as the same model.
 // `source_config`, the config.json the model came from ("" or a missing file: none), lends the
 // keys that describe the tokenizer rather than the network (bos/eos/pad ids).
-std::string hf_config_text(const models::ModelConfig& model, const std::string& source_config = "");
+// torch_dtype names the weights' dtype ("float32" or "bfloat16").
+std::string hf_config_text(const models::ModelConfig& model, const std::string& source_config = "",
+                           const std::string& torch_dtype = "float32");
 // generation_config.json: bos and eos ids from `source_config` where it has them, else these
-// (negative: left out).
-std::string hf_generation_config_text(const std::string& source_config, int64_t bos_token_id, int64_t eos_token_id);
+// (negative: left out); `extra_eos` (the chat format's end of turn) join eos_token_id as a list.
+std::string hf_generation_config_text(const std::string& source_config, int64_t bos_token_id, int64_t eos_token_id,
+                                      const std::vector<int64_t>& extra_eos = {});
 
 // The tokenizer files that exist in `dir` (tokenizer.json, tokenizer_config.json,
 // special_tokens_map.json, vocab.json, merges.txt), as full paths.
