@@ -91,6 +91,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+bool is_adapter(const std::string& name) { return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos; }
+
 std::string hf_name(const models::ModelConfig& model, const std::string& name) {
   if (std::holds_alternative<models::LlamaConfig>(model) && name.rfind("lm_head", 0) != 0) return "model." + name;
   return name;
@@ -193,10 +195,13 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
     for (size_t f = 0; f < flats.size(); ++f) {
       const auto& layout = flats[f]->layout();
       const auto [begin, end] = held_range(*flats[f]);
-      at::Tensor out = at::zeros({end - begin}, at::kFloat);
+      // Starts from the current values: parameters the weights do not hold (LoRA adapters, which a
+      // base model never has) keep theirs.
+      at::Tensor out = flats[f]->shard().narrow(0, 0, end - begin).to(at::kFloat).clone();
       for (const auto& entry : layout.entries) {
         const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
         if (lo >= hi) continue;
+        if (is_adapter(entry.name)) continue;
         std::string name = hf_name(model, entry.name);
         // GPT2LMHeadModel.save_pretrained prefixes the body with "transformer."; the hub's gpt2
         // files do not. Both load.

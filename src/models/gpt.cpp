@@ -19,6 +19,7 @@ void GptConfig::validate() const {
   if (dim % heads != 0) {
     throw std::invalid_argument("gpt: dim " + std::to_string(dim) + " is not divisible by heads " + std::to_string(heads));
   }
+  lora.validate("gpt", {"c_attn", "c_proj", "c_fc"});
   if (dropout < 0.0 || dropout >= 1.0) throw std::invalid_argument("gpt: dropout must be in [0, 1)");
 }
 
@@ -38,8 +39,8 @@ double GptConfig::flops_per_token(int64_t seq) const {
 }
 
 GptAttentionImpl::GptAttentionImpl(const GptConfig& c) : heads(c.heads) {
-  c_attn = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(c.dim, 3 * c.dim).bias(c.qkv_bias)));
-  c_proj = register_module("c_proj", torch::nn::Linear(c.dim, c.dim));
+  c_attn = register_module("c_attn", AdaptedLinear(c.dim, 3 * c.dim, c.qkv_bias));
+  c_proj = register_module("c_proj", AdaptedLinear(c.dim, c.dim, /*bias=*/true));
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
 }
 
@@ -52,8 +53,8 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x) {
 }
 
 GptMlpImpl::GptMlpImpl(const GptConfig& c) {
-  c_fc = register_module("c_fc", torch::nn::Linear(c.dim, 4 * c.dim));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * c.dim, c.dim));
+  c_fc = register_module("c_fc", AdaptedLinear(c.dim, 4 * c.dim, /*bias=*/true));
+  c_proj = register_module("c_proj", AdaptedLinear(4 * c.dim, c.dim, /*bias=*/true));
   dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
 }
 
@@ -74,6 +75,7 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) {
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   attn->c_proj->weight.normal_(0.0, residual_std);
   mlp->c_proj->weight.normal_(0.0, residual_std);
+  apply_lora(*this, c.lora);  // after the base's draws; before the block is announced (and sharded)
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
@@ -92,6 +94,12 @@ GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   torch::NoGradGuard no_grad;
   wte->weight.normal_(0.0, 0.02);
   wpe->weight.normal_(0.0, 0.02);
+  if (c.lora.enabled()) {
+    // The embeddings and the final norm are base too: frozen (the blocks froze theirs).
+    for (auto* m : std::initializer_list<torch::nn::Module*>{wte.get(), wpe.get(), ln_f.get()}) {
+      for (auto& p : m->parameters()) p.set_requires_grad(false);
+    }
+  }
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& ids) {

@@ -64,6 +64,73 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return normed.to(x.scalar_type()) * weight.to(x.scalar_type());
 }
 
+bool LoraSpec::targets_layer(const std::string& name) const {
+  for (const auto& target : targets) {
+    if (name == target) return true;
+  }
+  return false;
+}
+
+void LoraSpec::validate(const char* family, const std::vector<std::string>& layers) const {
+  if (rank == 0 && targets.empty()) return;
+  if (rank <= 0) throw std::invalid_argument(std::string(family) + ": lora rank must be positive, got " + std::to_string(rank));
+  if (targets.empty()) throw std::invalid_argument(std::string(family) + ": lora needs target layers");
+  if (!(alpha > 0.0)) throw std::invalid_argument(std::string(family) + ": lora alpha must be positive");
+  if (!(dropout >= 0.0 && dropout < 1.0)) throw std::invalid_argument(std::string(family) + ": lora dropout must be in [0, 1)");
+  for (const auto& target : targets) {
+    bool known = false;
+    for (const auto& layer : layers) known = known || layer == target;
+    if (!known) {
+      std::string names;
+      for (const auto& layer : layers) names += (names.empty() ? "" : ", ") + layer;
+      throw std::invalid_argument(std::string(family) + ": lora target '" + target + "' matches no layer (its linear layers: " +
+                                  names + ")");
+    }
+  }
+}
+
+AdaptedLinearImpl::AdaptedLinearImpl(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out}));
+  // torch::nn::Linear's reset_parameters, draw for draw, so a model's initial values do not change.
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (with_bias) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+void AdaptedLinearImpl::add_adapter(const LoraSpec& spec) {
+  const int64_t in = weight.size(1), out = weight.size(0);
+  lora_dropout = register_module("lora_dropout", torch::nn::Dropout(spec.dropout));
+  lora_A = register_module("lora_A", torch::nn::Linear(torch::nn::LinearOptions(in, spec.rank).bias(false)));
+  lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(spec.rank, out).bias(false)));
+  torch::NoGradGuard no_grad;
+  lora_B->weight.zero_();
+  lora_scale = spec.alpha / static_cast<double>(spec.rank);
+}
+
+at::Tensor AdaptedLinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = at::linear(x, weight, bias);
+  if (lora_A.is_empty()) return y;
+  return y + lora_B(lora_A(lora_dropout(x))) * lora_scale;
+}
+
+void apply_lora(torch::nn::Module& module, const LoraSpec& spec) {
+  if (!spec.enabled()) return;
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    auto* linear = item.value()->as<AdaptedLinear>();
+    if (linear == nullptr) continue;
+    const std::string& path = item.key();
+    const std::string name = path.substr(path.find_last_of('.') == std::string::npos ? 0 : path.find_last_of('.') + 1);
+    if (spec.targets_layer(name)) linear->add_adapter(spec);
+  }
+  for (auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (item.key().find("lora_") == std::string::npos) item.value().set_requires_grad(false);
+  }
+}
+
 void require_positive(const char* family, int64_t value, const char* field) {
   if (value <= 0) {
     throw std::invalid_argument(std::string(family) + ": " + field + " must be positive, got " + std::to_string(value));
@@ -89,6 +156,9 @@ void init_normal(torch::nn::Module& module, double std) {
     if (auto* linear = child->as<torch::nn::Linear>()) {
       linear->weight.normal_(0.0, std);
       if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* adapted = child->as<AdaptedLinear>()) {
+      adapted->weight.normal_(0.0, std);
+      if (adapted->bias.defined()) adapted->bias.zero_();
     } else if (auto* embedding = child->as<torch::nn::Embedding>()) {
       embedding->weight.normal_(0.0, std);
     } else if (auto* tokens = child->as<TokenEmbedding>()) {

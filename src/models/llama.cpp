@@ -32,6 +32,7 @@ void LlamaConfig::validate() const {
     require_positive("llama", rope_scaling.original_context, "rope_scaling original_max_position_embeddings");
   }
   if (!(norm_eps > 0.0)) throw std::invalid_argument("llama: norm_eps must be positive");
+  lora.validate("llama", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
   if ((dim / heads) % 2 != 0) throw std::invalid_argument("llama: the head dimension (dim / heads) must be even for rotary embeddings");
 }
 
@@ -54,7 +55,7 @@ double LlamaConfig::flops_per_token(int64_t seq) const {
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
     : heads(c.heads), kv_heads(c.kv_heads), head_dim(c.dim / c.heads) {
-  auto linear = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  auto linear = [](int64_t in, int64_t out) { return AdaptedLinear(in, out, /*bias=*/false); };
   q_proj = register_module("q_proj", linear(c.dim, heads * head_dim));
   k_proj = register_module("k_proj", linear(c.dim, kv_heads * head_dim));
   v_proj = register_module("v_proj", linear(c.dim, kv_heads * head_dim));
@@ -73,7 +74,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
 }
 
 LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) {
-  auto linear = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  auto linear = [](int64_t in, int64_t out) { return AdaptedLinear(in, out, /*bias=*/false); };
   gate_proj = register_module("gate_proj", linear(c.dim, c.ffn_hidden));
   up_proj = register_module("up_proj", linear(c.dim, c.ffn_hidden));
   down_proj = register_module("down_proj", linear(c.ffn_hidden, c.dim));
@@ -91,6 +92,7 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   self_attn->o_proj->weight.normal_(0.0, residual_std);
   mlp->down_proj->weight.normal_(0.0, residual_std);
+  apply_lora(*this, c.lora);  // after the base's draws; before the block is announced (and sharded)
 }
 
 at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -109,6 +111,12 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
   if (!c.tie_embeddings) {
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab).bias(false)));
     lm_head->weight.normal_(0.0, 0.02);
+  }
+  if (c.lora.enabled()) {
+    // The embedding, final norm and head are base too: frozen (the blocks froze theirs).
+    for (auto& p : embed_tokens->parameters()) p.set_requires_grad(false);
+    for (auto& p : norm->parameters()) p.set_requires_grad(false);
+    if (!lm_head.is_empty()) lm_head->weight.set_requires_grad(false);
   }
   std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.dim / c.heads, c.rope_theta, c.rope_scaling);
 }

@@ -78,6 +78,17 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
 
 bool FlatParam::is_unsharded() const { return storage_is_allocated(unsharded_); }
 
+void FlatParam::set_storage_dtype(at::ScalarType dtype) {
+  if (dtype == shard_.scalar_type()) return;
+  if (trainable_) throw std::invalid_argument("fully_shard: only frozen parameters may be stored in another dtype");
+  if (replicate_) throw std::invalid_argument("fully_shard: frozen parameters in another dtype need a sharding strategy (not no_shard)");
+  if (dtype != at::kFloat && dtype != at::kBFloat16) {
+    throw std::invalid_argument(std::string("fully_shard: frozen parameters are stored in float32 or bfloat16, not ") + c10::toString(dtype));
+  }
+  torch::NoGradGuard no_grad;
+  shard_ = shard_.to(dtype);
+}
+
 void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
   for (at::ScalarType dtype : {compute, reduce}) {
     if (dtype != at::kFloat && dtype != at::kBFloat16) {
@@ -131,7 +142,7 @@ comm::WorkPtr FlatParam::unshard_async() {
   if (replicate_ || is_unsharded()) return nullptr;
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
-  if (compute_dtype_ == at::kFloat && !offload_) return group_->all_gather(unsharded_, shard_);
+  if (compute_dtype_ == shard_.scalar_type() && !offload_) return group_->all_gather(unsharded_, shard_);
   // [shard_numel] compute dtype on the compute device, freed after the gather. Offloaded: a copy from
   // pinned host memory, asynchronous on the caller's stream (the gather is ordered after it).
   at::Tensor input = empty_from_cache(layout_.shard_numel, compute_dtype_, compute_device_);
@@ -245,8 +256,8 @@ void FlatParam::set_cpu_offload(bool on) {
   torch::NoGradGuard no_grad;
   // Pinned (page-locked) host memory lets copies to and from a GPU run asynchronously.
   const bool pin = on && !compute_device_.is_cpu();
-  at::Tensor moved = pin ? at::empty({layout_.shard_numel}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true))
-                         : empty_buffer(layout_.shard_numel, at::kFloat, on ? at::Device(at::kCPU) : compute_device_);
+  at::Tensor moved = pin ? at::empty({layout_.shard_numel}, at::TensorOptions().dtype(shard_.scalar_type()).pinned_memory(true))
+                         : empty_buffer(layout_.shard_numel, shard_.scalar_type(), on ? at::Device(at::kCPU) : compute_device_);
   moved.copy_(shard_);
   shard_ = moved;
   offload_ = on;

@@ -39,7 +39,7 @@ class Reader {
       const std::string section_name(section.str());
       if (const toml::table* table = node.as_table()) {
         if (!known_sections().count(section_name)) {
-          fail("unknown section [" + section_name + "] (known: model, data, train, optimizer, fsdp, eval, checkpoint, targets)");
+          fail("unknown section [" + section_name + "] (known: model, data, train, optimizer, fsdp, eval, checkpoint, targets, lora)");
         }
         for (const auto& [key, value] : *table) {
           const std::string path = section_name + "." + std::string(key.str());
@@ -55,7 +55,7 @@ class Reader {
 
  private:
   static const std::set<std::string>& known_sections() {
-    static const std::set<std::string> sections = {"model", "data", "train", "optimizer", "fsdp", "eval", "checkpoint", "targets"};
+    static const std::set<std::string> sections = {"model", "data", "train", "optimizer", "fsdp", "eval", "checkpoint", "targets", "lora"};
     return sections;
   }
 
@@ -279,6 +279,43 @@ void read_model(Reader& r, TrainConfig& c) {
   }
 }
 
+// [lora]: adapters on the named linear layers of a frozen base (models/layers.h, LoraSpec).
+void read_lora(Reader& r, TrainConfig& c) {
+  auto rank = r.optional<int64_t>("lora.rank");
+  auto alpha = r.optional<double>("lora.alpha");
+  auto dropout = r.optional<double>("lora.dropout");
+  auto targets = r.optional<std::string>("lora.targets");
+  r.get("lora.base_dtype", c.lora_base_dtype);
+  if (!rank && !alpha && !dropout && !targets) return;
+  models::LoraSpec spec;
+  if (!rank) r.fail("[lora] needs lora.rank (e.g. 8)");
+  if (*rank == 0) r.fail("lora.rank must be positive, got 0");
+  spec.rank = *rank;
+  if (alpha) spec.alpha = *alpha;
+  if (dropout) spec.dropout = *dropout;
+  if (!targets) r.fail("[lora] needs lora.targets, e.g. \"q_proj k_proj v_proj o_proj\" (Llama) or \"c_attn\" (GPT-2)");
+  std::string name;
+  for (char ch : *targets + " ") {
+    if (ch == ' ' || ch == ',') {
+      if (!name.empty()) spec.targets.push_back(name);
+      name.clear();
+    } else {
+      name += ch;
+    }
+  }
+  if (auto* g = std::get_if<models::GptConfig>(&c.model)) g->lora = spec;
+  else if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) l->lora = spec;
+  else r.fail("[lora] applies to the gpt and llama families, not " + std::string(models::family_name(c.model)));
+  try {
+    models::validate(c.model);
+  } catch (const std::invalid_argument& e) {
+    r.fail(std::string("[lora] ") + e.what());
+  }
+  if (c.lora_base_dtype != "bfloat16" && c.lora_base_dtype != "float32") {
+    r.fail("lora.base_dtype '" + c.lora_base_dtype + "' (expected bfloat16 or float32)");
+  }
+}
+
 }  // namespace
 
 TrainConfig parse_train_config(const std::string& toml_text, const std::string& source_name,
@@ -376,6 +413,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("checkpoint.keep", c.checkpoint.keep);
   r.get("checkpoint.dir", c.checkpoint.dir);
   r.get("train.report_every", c.report_every);
+  read_lora(r, c);
   TargetsConfig& t = c.targets;
   r.get("targets.min_tokens_per_second", t.min_tokens_per_second);
   r.get("targets.max_step_seconds", t.max_step_seconds);
@@ -612,6 +650,15 @@ std::string to_toml(const TrainConfig& c) {
       {"checkpoint", toml::table{{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}, {"dir", c.checkpoint.dir}}},
   };
   root["train"].as_table()->insert("report_every", c.report_every);
+  const models::LoraSpec* lora = nullptr;
+  if (const auto* g = std::get_if<models::GptConfig>(&c.model)) lora = &g->lora;
+  if (const auto* l = std::get_if<models::LlamaConfig>(&c.model)) lora = &l->lora;
+  if (lora != nullptr && lora->enabled()) {
+    std::string targets;
+    for (const auto& t : lora->targets) targets += (targets.empty() ? "" : " ") + t;
+    root.insert("lora", toml::table{{"rank", lora->rank}, {"alpha", lora->alpha}, {"dropout", lora->dropout},
+                                    {"targets", targets}, {"base_dtype", c.lora_base_dtype}});
+  }
   if (c.targets.any()) {
     const TargetsConfig& t = c.targets;
     toml::table targets{{"stop", t.stop}};

@@ -63,6 +63,13 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.activation_checkpointing = c.fsdp.activation_checkpointing;
   options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
   options.cpu_offload = c.fsdp.cpu_offload;
+  // A LoRA base is frozen: its shards may be kept in bf16 (gathered in the compute dtype).
+  const bool lora = [&] {
+    if (const auto* g = std::get_if<models::GptConfig>(&c.model)) return g->lora.enabled();
+    if (const auto* l = std::get_if<models::LlamaConfig>(&c.model)) return l->lora.enabled();
+    return false;
+  }();
+  if (lora && c.lora_base_dtype == "bfloat16") options.frozen_dtype = at::kBFloat16;
   return options;
 }
 

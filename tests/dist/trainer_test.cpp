@@ -10,6 +10,7 @@
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/data/instructions.h"
 #include "fsdp/data/sampler.h"
+#include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
@@ -331,6 +332,104 @@ TEST(Finetune, MaskedLossMatchesASingleRankRun) {
   double worst = 0.0;
   for (size_t i = 0; i < mine.size(); ++i) worst = std::max(worst, (mine[i] - theirs[i]).abs().max().item<double>());
   EXPECT_LE(worst, 1e-5) << "final parameters";
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(dir);
+}
+
+// ---- LoRA: adapters trained over a frozen bf16 base, sharded ----
+
+TrainConfig lora_config(const std::string& jsonl, const std::string& output_dir) {
+  std::string text = "name = \"lora-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
+  text += "[data]\nsource = \"instructions\"\ntrain_jsonl = \"" + jsonl + "\"\nvalidation_percent = 10\n";
+  text += "[train]\nsteps = 6\nglobal_batch = 24\nmicro_batches = 2\nsync_each_micro_batch = false\nseq_len = 96\nthreads = 1\n";
+  text += "[optimizer]\nlr = 1e-2\nmin_lr = 1e-3\nwarmup_steps = 1\nweight_decay = 0.0\n";
+  text += "[eval]\nevery = 3\nbatches = 1\nsample_tokens = 8\n[checkpoint]\nevery = 6\n";
+  text += "[lora]\nrank = 4\nalpha = 8\ntargets = \"q_proj v_proj o_proj gate_proj\"\nbase_dtype = \"bfloat16\"\n";
+  return fsdp::train::parse_train_config(text, "lora_test");
+}
+
+// LoRA at N ranks equals one process from the same initialisation: losses, gradient norms,
+// validation losses and every final parameter (adapters and the bf16 base) within 1e-5. The base
+// never changes, the adapters do, and the loss falls.
+TEST(Lora, MatchesASingleRankRunAndLeavesTheBaseAlone) {
+  auto world = fsdp::comm::init_world();
+  const int n = world->size();
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_lora_test_" + std::to_string(n));
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    write_fortune_instructions(dir);
+  }
+  world->barrier()->wait();
+  const std::string jsonl = (dir / "instructions.jsonl").string();
+  auto reference_config = lora_config(jsonl, (dir / ("alone-" + std::to_string(world->rank()))).string());
+  auto sharded_config = lora_config(jsonl, (dir / "sharded").string());
+  auto alone = world->split(world->rank(), 0);
+  // The base as built (the same seed everywhere), before any step.
+  auto initial = fsdp::train::build_sharded_model(sharded_config, 256, world);
+  std::vector<at::Tensor> initial_params;
+  std::vector<bool> trainable;
+  for (const auto& flat : initial.state->flat_params()) {
+    for (auto& tensor : flat->gather_full_params()) {
+      initial_params.push_back(tensor.clone());
+      trainable.push_back(flat->trainable());
+    }
+  }
+  auto reference = fsdp::train::train(reference_config, alone, {false, true});
+  auto sharded = fsdp::train::train(sharded_config, world, {false, true});
+  ASSERT_EQ(sharded.losses.size(), 6u);
+  for (size_t i = 0; i < reference.losses.size(); ++i) {
+    EXPECT_NEAR(sharded.losses[i], reference.losses[i], 1e-5) << "step " << i + 1;
+    EXPECT_NEAR(sharded.grad_norms[i], reference.grad_norms[i], 1e-5) << "step " << i + 1;
+  }
+  for (size_t i = 0; i < reference.evals.size(); ++i) EXPECT_NEAR(sharded.evals[i].loss, reference.evals[i].loss, 1e-5) << i;
+  EXPECT_LT(sharded.losses.back(), sharded.losses.front() - 0.1) << "training the adapters should lower the loss";
+  const auto mine = final_parameters(sharded_config, world);
+  const auto theirs = final_parameters(reference_config, alone);
+  ASSERT_EQ(mine.size(), theirs.size());
+  ASSERT_EQ(mine.size(), initial_params.size());
+  double worst = 0.0, base_moved = 0.0, adapters_moved = 0.0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    worst = std::max(worst, (mine[i].to(at::kFloat) - theirs[i].to(at::kFloat)).abs().max().item<double>());
+    const double moved = (mine[i].to(at::kFloat) - initial_params[i].to(at::kFloat)).abs().max().item<double>();
+    (trainable[i] ? adapters_moved : base_moved) = std::max(trainable[i] ? adapters_moved : base_moved, moved);
+  }
+  EXPECT_LE(worst, 1e-5) << "final parameters";
+  EXPECT_EQ(base_moved, 0.0) << "the frozen base must not change";
+  EXPECT_GT(adapters_moved, 1e-3) << "the adapters must train";
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(dir);
+}
+
+// The base holds no gradient and no optimizer state, and its shards are bf16 (the runtime's own
+// accounting): AdamW's state is exactly two fp32 values per trainable shard element.
+TEST(Lora, TheBaseHasNoGradientsNorOptimizerState) {
+  auto world = fsdp::comm::init_world();
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_lora_state_" + std::to_string(world->size()));
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    write_fortune_instructions(dir);
+  }
+  world->barrier()->wait();
+  auto config = lora_config((dir / "instructions.jsonl").string(), (dir / "out").string());
+  auto sharded = fsdp::train::build_sharded_model(config, 256, world);
+  fsdp::optim::ShardedAdamW optimizer(*sharded.state, {1e-3});
+  auto ids = torch::randint(0, 256, {2, 16});
+  auto logits = sharded.model.forward(ids);
+  logits.pow(2).mean().backward();
+  optimizer.step();
+  int64_t trainable_elements = 0, frozen_flats = 0;
+  for (const auto& flat : sharded.state->flat_params()) {
+    if (flat->trainable()) {
+      trainable_elements += flat->shard().numel();
+      EXPECT_EQ(flat->shard().scalar_type(), at::kFloat) << flat->unit_name();
+    } else {
+      ++frozen_flats;
+      EXPECT_FALSE(flat->shard_grad().defined()) << flat->unit_name() << ": a frozen base must hold no gradient";
+      EXPECT_EQ(flat->shard().scalar_type(), at::kBFloat16) << flat->unit_name() << ": base_dtype bfloat16";
+    }
+  }
+  EXPECT_GT(frozen_flats, 0);
+  EXPECT_EQ(optimizer.state_bytes(), 2 * 4 * trainable_elements) << "AdamW state for the adapters only";
   world->barrier()->wait();
   if (world->rank() == 0) fs::remove_all(dir);
 }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 
 #include "fsdp/models/layers.h"
 #include "fsdp/models/registry.h"
@@ -161,6 +162,69 @@ TEST(Models, GptInitialisationFollowsGpt2) {
   EXPECT_NEAR(block->mlp->c_proj->weight.std().item<double>(), 0.02 / std::sqrt(12.0), 0.0005);
   EXPECT_EQ(block->attn->c_attn->bias.abs().max().item<double>(), 0.0);
   EXPECT_NEAR(model->wte->weight.std().item<double>(), 0.02, 0.001);
+}
+
+}  // namespace
+
+namespace {
+
+// LoRA (models/layers.h): adapters on the targeted layers only, PEFT's names and shapes, B = 0 so
+// the model starts equal to its base, everything but the adapters frozen; bad specs refused.
+TEST(Lora, AdaptersStartAtTheBaseAndFreezeIt) {
+  auto base_config = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
+  auto lora_config = base_config;
+  lora_config.lora.rank = 4;
+  lora_config.lora.alpha = 8;
+  lora_config.lora.targets = {"q_proj", "v_proj", "down_proj"};
+  torch::manual_seed(0);
+  fsdp::models::Llama base(base_config);
+  torch::manual_seed(1);
+  fsdp::models::Llama lora(lora_config);
+  auto base_params = base->named_parameters();
+  int adapters = 0, trainable = 0;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : lora->named_parameters()) {
+      if (item.key().find("lora_") != std::string::npos) {
+        ++adapters;
+        EXPECT_TRUE(item.value().requires_grad()) << item.key();
+        continue;
+      }
+      EXPECT_FALSE(item.value().requires_grad()) << item.key() << " is base: frozen";
+      item.value().copy_(base_params[item.key()]);  // the base's weights, as init_from loads them
+    }
+  }
+  for (auto& p : lora->parameters()) trainable += p.requires_grad();
+  EXPECT_EQ(adapters, 2 * 3 * static_cast<int>(base_config.layers));
+  EXPECT_EQ(trainable, adapters);
+  auto params = lora->named_parameters();
+  EXPECT_EQ(params["layers.0.self_attn.q_proj.lora_A.weight"].sizes(), (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(params["layers.0.self_attn.q_proj.lora_B.weight"].sizes(), (std::vector<int64_t>{32, 4}));
+  EXPECT_EQ(params["layers.1.mlp.down_proj.lora_B.weight"].abs().max().item<double>(), 0.0);
+  EXPECT_FALSE(params.contains("layers.0.self_attn.k_proj.lora_A.weight"));
+  torch::manual_seed(2);
+  auto ids = torch::randint(0, base_config.vocab, {2, 16});
+  EXPECT_TRUE(torch::equal(lora->forward(ids), base->forward(ids))) << "B = 0: the model starts equal to its base";
+  // Trained adapters move the output; the update is (alpha / rank) B A.
+  {
+    torch::NoGradGuard no_grad;
+    params["layers.0.self_attn.q_proj.lora_B.weight"].normal_(0.0, 0.1);
+  }
+  EXPECT_FALSE(torch::equal(lora->forward(ids), base->forward(ids)));
+
+  auto refused = [&](std::function<void(fsdp::models::LoraSpec&)> edit) {
+    auto config = lora_config;
+    edit(config.lora);
+    try {
+      config.validate();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(refused([](auto& l) { l.targets = {"qkv_proj"}; }).find("lora target 'qkv_proj' matches no layer"), std::string::npos);
+  EXPECT_NE(refused([](auto& l) { l.rank = -2; }).find("lora rank must be positive"), std::string::npos);
+  EXPECT_NE(refused([](auto& l) { l.targets.clear(); }).find("needs target layers"), std::string::npos);
 }
 
 }  // namespace

@@ -18,6 +18,8 @@ namespace fsdp::checkpoint {
 // Our parameter name -> the Hugging Face name, and whether HF stores the matrix transposed.
 std::string hf_name(const models::ModelConfig& model, const std::string& name);
 bool hf_transposed(const models::ModelConfig& model, const std::string& name);
+// A LoRA adapter's parameter (".lora_A." or ".lora_B." in its name): not part of a base's weights.
+bool is_adapter(const std::string& name);
 
 struct ExportOptions {
   at::ScalarType dtype = at::kFloat;  // kFloat or kBFloat16

@@ -28,6 +28,7 @@ struct GptConfig {
   int64_t layers = 12;
   double dropout = 0.0;    // after attention, MLP and embeddings (0: off, as in fine-tuning)
   bool qkv_bias = true;    // GPT-2 has biases on every Linear
+  LoraSpec lora;           // adapters on c_attn, c_proj (attention's and the MLP's), c_fc
 
   void validate() const;   // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;
@@ -40,7 +41,7 @@ struct GptConfig {
 struct GptAttentionImpl : torch::nn::Module {
   explicit GptAttentionImpl(const GptConfig& config);
   at::Tensor forward(const at::Tensor& x);  // [b, t, dim] -> [b, t, dim]
-  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  AdaptedLinear c_attn{nullptr}, c_proj{nullptr};
   torch::nn::Dropout resid_dropout{nullptr};
   int64_t heads;
 };
@@ -49,7 +50,7 @@ TORCH_MODULE(GptAttention);
 struct GptMlpImpl : torch::nn::Module {
   explicit GptMlpImpl(const GptConfig& config);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  AdaptedLinear c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
 };
 TORCH_MODULE(GptMlp);

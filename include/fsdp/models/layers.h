@@ -5,7 +5,12 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
+
+#include <string>
+#include <vector>
 
 namespace fsdp::models {
 
@@ -57,6 +62,40 @@ struct TokenEmbeddingImpl : torch::nn::Module {
   at::Tensor weight;  // [vocab, dim]
 };
 TORCH_MODULE(TokenEmbedding);
+
+// Low-rank adapters (LoRA, Hu et al. 2021) as PEFT defines them: a targeted linear layer computes
+//   y = x W^T + b + (alpha / rank) * B(A(dropout(x)))
+// with A [rank, in] drawn as nn.Linear draws its weight (kaiming-uniform) and B [out, rank] zeros,
+// so a model starts equal to its base. With adapters, everything else (the base) is frozen.
+struct LoraSpec {
+  int64_t rank = 0;  // 0: no adapters
+  double alpha = 16.0;
+  double dropout = 0.0;
+  std::vector<std::string> targets;  // linear layers by name: q_proj, v_proj (Llama), c_attn (GPT-2), ...
+  bool enabled() const { return rank > 0; }
+  bool targets_layer(const std::string& name) const;
+  // Throws std::invalid_argument for rank <= 0 with targets, no targets, or a target none of
+  // `layers` (the family's linear layers) is called.
+  void validate(const char* family, const std::vector<std::string>& layers) const;
+};
+
+// A linear layer with parameters "weight" [out, in] and "bias" [out] (as torch::nn::Linear, same
+// initial draws) that can take LoRA adapters: submodules "lora_A" and "lora_B" (PEFT's names).
+struct AdaptedLinearImpl : torch::nn::Module {
+  AdaptedLinearImpl(int64_t in, int64_t out, bool bias);
+  // Adds lora_A and lora_B (the caller freezes the base).
+  void add_adapter(const LoraSpec& spec);
+  at::Tensor forward(const at::Tensor& x);  // [..., in] -> [..., out]
+  at::Tensor weight, bias;                  // bias undefined without one
+  torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
+  torch::nn::Dropout lora_dropout{nullptr};
+  double lora_scale = 0.0;                  // alpha / rank
+};
+TORCH_MODULE(AdaptedLinear);
+
+// Adds adapters to every AdaptedLinear of `module` (recursively) whose name spec targets, then
+// freezes every parameter of `module` that is not an adapter's. Does nothing when !spec.enabled().
+void apply_lora(torch::nn::Module& module, const LoraSpec& spec);
 
 // Config checks shared by the model families: throws std::invalid_argument("<family>: <field> must
 // be positive, got <value>").

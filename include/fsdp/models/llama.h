@@ -30,6 +30,7 @@ struct LlamaConfig {
   double rope_theta = 500000.0;
   bool tie_embeddings = false;
   RopeScaling rope_scaling;  // Llama 3.1 and 3.2: factor 32 (3.2) or 8 (3.1) over 8192 positions
+  LoraSpec lora;             // adapters on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
 
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;
@@ -41,7 +42,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const LlamaConfig& config);
   // x [b, t, dim]; cos, sin [t, head_dim] -> [b, t, dim]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  AdaptedLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t heads, kv_heads, head_dim;
 };
 TORCH_MODULE(LlamaAttention);
@@ -49,7 +50,7 @@ TORCH_MODULE(LlamaAttention);
 struct LlamaMlpImpl : torch::nn::Module {
   explicit LlamaMlpImpl(const LlamaConfig& config);
   at::Tensor forward(const at::Tensor& x);  // down(silu(gate(x)) * up(x))
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  AdaptedLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(LlamaMlp);
 

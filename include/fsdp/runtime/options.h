@@ -52,6 +52,9 @@ struct FsdpOptions {
   // Sharded parameters, gradients and optimizer state in host memory, the optimizer step on the CPU
   // (shard/flat_param.h, set_cpu_offload). For a GPU device; on the CPU it only adds copies.
   bool cpu_offload = false;
+  // Storage dtype of frozen parameters' shards (a LoRA base: bf16 halves it); gathered in the
+  // compute dtype. Trainable shards stay fp32 (the master weights).
+  at::ScalarType frozen_dtype = at::kFloat;
 };
 
 }  // namespace fsdp::runtime

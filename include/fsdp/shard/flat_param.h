@@ -80,6 +80,9 @@ class FlatParam {
   // while resharded. Not for replicated (NO_SHARD) parameters.
   void set_precision(at::ScalarType compute, at::ScalarType reduce);
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // Keeps this (frozen) FlatParam's shard in `dtype` (bf16 for a LoRA base): gathers cast it to the
+  // compute dtype. Throws for a trainable one (its shard is the fp32 master) and under no_shard.
+  void set_storage_dtype(at::ScalarType dtype);
   // Where the gathered buffers live and compute runs: the parameters' device (CPU, or this rank's
   // GPU). The shard, its gradient and the optimizer state live there too, unless offloaded.
   at::Device device() const { return compute_device_; }

@@ -15,6 +15,7 @@
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
+//   [lora]       rank, alpha, dropout, targets = "q_proj v_proj", base_dtype = "bfloat16" | "float32"
 //   [targets]    min_tokens_per_second, max_step_seconds, max_memory_per_rank ("8GiB"),
 //                max_validation_loss (+ max_validation_loss_step), price_per_device_hour + max_cost, stop
 // Every key is optional except model.name (or init_from, or family); configs/*.toml show them all. Unknown keys, values of
@@ -144,6 +145,9 @@ struct TrainConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   TargetsConfig targets;
+  // [lora] rank, alpha, dropout, targets ("q_proj v_proj"): the adapters go into the model's
+  // config (LoraSpec); the frozen base's shards are kept in base_dtype.
+  std::string lora_base_dtype = "bfloat16";
   int64_t report_every = 50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
 
