@@ -5,6 +5,8 @@
 //   fsdp-ckpt export runs/.../step-00000600 --output gpt.safetensors [--dtype bf16]
 //   fsdp-ckpt export runs/.../step-00000600 --output gpt-hf/ --max-file-size 2GB    # sharded set + index
 //   fsdp-ckpt export runs/.../step-00000600 --hf-dir llama-tuned/   # a directory from_pretrained loads
+//   fsdp-ckpt export runs/.../step-00000600 --peft-dir adapter/     # LoRA: the adapters, PEFT's format
+//   fsdp-ckpt export runs/.../step-00000600 --hf-dir merged/ --merge  # LoRA: adapters merged into the weights
 //   fsdp-ckpt import gpt.safetensors --config configs/gpt-fortunes-tiny.toml --output imported/
 //   fsdp-ckpt import Llama-3.2-1B/ --output imported/               # a Hugging Face model directory
 #include <CLI/CLI.hpp>
@@ -115,6 +117,13 @@ int main(int argc, char** argv) {
                                              "a Hugging Face model directory (config.json, sharded safetensors + index, "
                                              "generation_config.json, tokenizer files) that transformers' from_pretrained loads");
   output_option->excludes(hf_dir_option);
+  std::string export_peft_dir;
+  bool merge = false;
+  auto* peft_option = exporter->add_option("--peft-dir", export_peft_dir,
+                                           "LoRA: the adapters alone in PEFT's format (adapter_model.safetensors, "
+                                           "adapter_config.json), for peft's PeftModel.from_pretrained");
+  peft_option->excludes(output_option)->excludes(hf_dir_option);
+  exporter->add_flag("--merge", merge, "LoRA: write the weights with the adapters merged in, W + (alpha / r) B A");
   exporter->add_option("--dtype", dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   exporter->add_option("--max-file-size", max_file_size, "write Hugging Face's sharded set of files of at most this size");
 
@@ -126,8 +135,8 @@ int main(int argc, char** argv) {
   importer->add_option("--output", import_output, "directory to write the checkpoint into")->required();
   CLI11_PARSE(app, argc, argv);
   while (export_hf_dir.size() > 1 && export_hf_dir.back() == '/') export_hf_dir.pop_back();  // DIR/ is DIR
-  if (exporter->parsed() && export_output.empty() && export_hf_dir.empty()) {
-    std::fprintf(stderr, "fsdp-ckpt export: give --output FILE or --hf-dir DIR\n");
+  if (exporter->parsed() && export_output.empty() && export_hf_dir.empty() && export_peft_dir.empty()) {
+    std::fprintf(stderr, "fsdp-ckpt export: give --output FILE, --hf-dir DIR or --peft-dir DIR\n");
     return 2;
   }
   if (importer->parsed() && import_config.empty() && !fsdp::checkpoint::is_hf_model_dir(import_weights_path)) {
@@ -166,8 +175,17 @@ int main(int argc, char** argv) {
     auto sharded = fsdp::train::build_sharded_model(config, vocab_of(config), world);
     if (exporter->parsed()) {
       fsdp::checkpoint::load_checkpoint(export_dir, *sharded.state, nullptr);
+      if (!export_peft_dir.empty()) {
+        const std::string base = config.init_from.empty() ? config.model_name : config.init_from;
+        const int64_t bytes = fsdp::checkpoint::export_peft_adapter(*sharded.state, sharded.config, export_peft_dir, base);
+        if (world->rank() == 0) {
+          std::printf("exported %lld bytes of LoRA adapters (PEFT format) to %s\n", static_cast<long long>(bytes), export_peft_dir.c_str());
+        }
+        return 0;
+      }
       fsdp::checkpoint::ExportOptions options;
       options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+      options.merge_lora = merge;
       if (!max_file_size.empty()) options.max_file_bytes = parse_size(max_file_size);
       if (!export_hf_dir.empty()) {
         // Everything goes to <dir>.partial, renamed into place when complete: no half-written directory.

@@ -91,6 +91,59 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+const models::LoraSpec* lora_of(const models::ModelConfig& model) {
+  if (const auto* g = std::get_if<models::GptConfig>(&model)) return &g->lora;
+  if (const auto* l = std::get_if<models::LlamaConfig>(&model)) return &l->lora;
+  return nullptr;
+}
+
+std::string peft_name(const models::ModelConfig& model, const std::string& name) {
+  // PEFT wraps the model: base_model.model.<the causal LM's own name>; GPT2LMHeadModel keeps its
+  // body under "transformer.".
+  const bool gpt = std::holds_alternative<models::GptConfig>(model);
+  return "base_model.model." + std::string(gpt ? "transformer." : "") + hf_name(model, name);
+}
+
+int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir,
+                            const std::string& base_model_name) {
+  const models::LoraSpec* lora = lora_of(model);
+  if (lora == nullptr || !lora->enabled()) throw std::invalid_argument("export_peft_adapter: the model has no LoRA adapters");
+  const comm::ProcessGroupPtr& group = state.group();
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (auto* flat : state.flat_params()) {
+    if (!flat->trainable()) continue;
+    std::vector<at::Tensor> full = flat->gather_full_params();  // collective
+    for (size_t e = 0; e < full.size(); ++e) {
+      const std::string& name = flat->layout().entries[e].name;
+      if (is_adapter(name)) tensors.emplace_back(peft_name(model, name), full[e].to(at::kFloat).contiguous());
+    }
+  }
+  int64_t bytes = 0;
+  comm::on_every_rank(group, "writing the PEFT adapter to '" + dir + "'", [&] {
+    if (group->rank() != 0) return;
+    fs::create_directories(dir);
+    write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+    const bool gpt = std::holds_alternative<models::GptConfig>(model);
+    nlohmann::json config = {{"peft_type", "LORA"},
+                             {"task_type", "CAUSAL_LM"},
+                             {"r", lora->rank},
+                             {"lora_alpha", lora->alpha},
+                             {"lora_dropout", lora->dropout},
+                             {"target_modules", lora->targets},
+                             {"bias", "none"},
+                             {"fan_in_fan_out", gpt},  // GPT-2's Conv1D stores its weights transposed
+                             {"base_model_name_or_path", base_model_name},
+                             {"inference_mode", true},
+                             {"init_lora_weights", true},
+                             {"modules_to_save", nullptr}};
+    const std::string path = (fs::path(dir) / "adapter_config.json").string();
+    std::ofstream(path + ".tmp") << config.dump(2) << "\n";
+    fs::rename(path + ".tmp", path);
+    for (const auto& [name, t] : tensors) bytes += t.numel() * 4;
+  });
+  return bytes;
+}
+
 bool is_adapter(const std::string& name) { return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos; }
 
 std::string hf_name(const models::ModelConfig& model, const std::string& name) {
@@ -112,6 +165,30 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
     throw std::invalid_argument("export_weights: dtype must be fp32 or bf16");
   }
   const int64_t element = options.dtype == at::kFloat ? 4 : 2;
+  const models::LoraSpec* lora = lora_of(model);
+  if (lora != nullptr && lora->enabled() && !options.merge_lora) {
+    throw std::invalid_argument("export_weights: the model has LoRA adapters: merge them into the weights (--merge), "
+                                "or export the adapters alone (--peft-dir)");
+  }
+  // Merging: the adapters first (small: rank x (in + out) per layer), by base weight name.
+  std::map<std::string, at::Tensor> adapter_deltas;  // "layers.0.self_attn.q_proj.weight" -> scale B A [out, in] fp32
+  if (lora != nullptr && lora->enabled()) {
+    std::map<std::string, at::Tensor> adapters;
+    for (auto* flat : state.flat_params()) {
+      if (!flat->trainable()) continue;
+      std::vector<at::Tensor> full = flat->gather_full_params();  // collective
+      for (size_t e = 0; e < full.size(); ++e) {
+        if (is_adapter(flat->layout().entries[e].name)) adapters[flat->layout().entries[e].name] = full[e].to(at::kFloat);
+      }
+    }
+    const double scale = lora->alpha / static_cast<double>(lora->rank);
+    for (const auto& [name, a] : adapters) {
+      const size_t at_a = name.find(".lora_A.weight");
+      if (at_a == std::string::npos) continue;
+      const std::string layer = name.substr(0, at_a);
+      adapter_deltas[layer + ".weight"] = at::matmul(adapters.at(layer + ".lora_B.weight"), a) * scale;
+    }
+  }
   // Declarations from the layouts alone: every file's header is known before any gather.
   struct Planned {
     size_t flat, entry;
@@ -124,6 +201,7 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
   for (size_t f = 0; f < flats.size(); ++f) {
     for (size_t e = 0; e < flats[f]->layout().entries.size(); ++e) {
       const auto& entry = flats[f]->layout().entries[e];
+      if (is_adapter(entry.name)) continue;  // merged into their layers' weights
       Planned p{f, e, {}, 0};
       p.info.name = hf_name(model, entry.name);
       p.info.dtype = options.dtype;
@@ -160,13 +238,19 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
   });
   int64_t written = 0;
   for (size_t f = 0; f < flats.size(); ++f) {
+    bool holds_exported = false;
+    for (const auto& p : plan) holds_exported = holds_exported || p.flat == f;
+    if (!holds_exported) continue;  // adapters only: already merged (every rank skips it alike)
     std::vector<at::Tensor> full = flats[f]->gather_full_params();  // collective; one unit at a time
     comm::on_every_rank(group, "writing exported weights", [&] {
       if (!writer_rank) return;
       for (const auto& p : plan) {
         if (p.flat != f) continue;
         at::Tensor tensor = full[p.entry];
-        if (hf_transposed(model, flats[f]->layout().entries[p.entry].name)) tensor = tensor.t().contiguous();
+        const std::string& name = flats[f]->layout().entries[p.entry].name;
+        auto delta = adapter_deltas.find(name);
+        if (delta != adapter_deltas.end()) tensor = tensor.to(at::kFloat) + delta->second;  // W + (alpha / r) B A
+        if (hf_transposed(model, name)) tensor = tensor.t().contiguous();
         writers[p.file]->write(p.info.name, tensor.to(options.dtype));
         written += p.info.end - p.info.begin;
       }

@@ -15,7 +15,11 @@
    transformers-made Llama directory and fsdp-data's fortune instructions, 2 ranks, 12 steps: the
    masked validation loss falls, the sample is a chat turn, and the exported directory gives
    transformers the logits fsdp.cpp computes from it (1e-4).
-4. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
+4. LoRA (needs peft): fsdp-train fine-tunes adapters over a transformers-made bf16 Llama (2 ranks);
+   peft loads the adapter fsdp-ckpt exports (--peft-dir) onto the same base and its logits equal
+   fsdp.cpp's for the trained checkpoint within 1e-4; fsdp-ckpt's merged export (--merge) equals
+   peft's merge_and_unload within 1e-5, tensor by tensor.
+5. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
    transformers' apply_chat_template with Llama 3's tokenizer_config.json template, token for token,
    on hand-written conversations and on the instruction set fsdp-data makes from the fortunes; the
    trained tokens are the assistant's contents and their <|eot_id|>.
@@ -243,12 +247,87 @@ def check_finetune(args, work, tokenizers):
     check((base - reference).abs().max().item() > 1e-2, "fine-tuned export: differs from the base model (training changed it)")
 
 
+def check_lora(args, work):
+    try:
+        import peft
+    except ImportError:
+        print("skip LoRA: no peft (scripts/requirements-peers.txt installs it)")
+        return
+    base = os.path.join(work, "lora-base")
+    make_hf_model.make("llama", base, vocab=512, dtype="bfloat16", tie=False)
+    data = os.path.join(work, "lora-chat.jsonl")
+    subprocess.run([os.path.join(args.build_dir, "apps", "fsdp-data"), "instructions", "--format", "prompt-completion",
+                    "--output", data], check=True, capture_output=True)
+    out = os.path.join(work, "lora-run")
+    config = os.path.join(work, "lora.toml")
+    with open(config, "w") as f:
+        f.write(f"""name = "lora-check"
+output_dir = "{out}"
+[model]
+init_from = "{base}"
+[data]
+source = "instructions"
+tokenizer = "byte"
+chat_format = "plain"
+train_jsonl = "{data}"
+validation_percent = 2
+[train]
+steps = 10
+global_batch = 8
+seq_len = 128
+threads = 1
+[optimizer]
+lr = 1e-2
+warmup_steps = 1
+weight_decay = 0.0
+[eval]
+every = 10
+batches = 1
+sample_tokens = 0
+[checkpoint]
+every = 10
+[lora]
+rank = 4
+alpha = 8
+targets = "q_proj v_proj o_proj down_proj"
+""")
+    mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
+    checkpoint = os.path.join(out, "checkpoints", sorted(os.listdir(os.path.join(out, "checkpoints")))[-1])
+    fsdp_ckpt = os.path.join(args.build_dir, "apps", "fsdp-ckpt")
+    adapter, merged = os.path.join(work, "lora-adapter"), os.path.join(work, "lora-merged")
+    mpirun(args, 2, [fsdp_ckpt, "export", checkpoint, "--peft-dir", adapter])
+    mpirun(args, 3, [fsdp_ckpt, "export", checkpoint, "--hf-dir", merged, "--merge"])
+    adapter_config = json.load(open(os.path.join(adapter, "adapter_config.json")))
+    check(adapter_config["r"] == 4 and sorted(adapter_config["target_modules"]) == ["down_proj", "o_proj", "q_proj", "v_proj"],
+          f"adapter_config.json: r {adapter_config['r']}, targets {adapter_config['target_modules']}")
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    base_model.eval()
+    ids = torch.randint(0, 256, (2, 40))
+    with torch.no_grad():
+        base_logits = base_model(ids).logits
+    model = peft.PeftModel.from_pretrained(base_model, adapter)
+    model.eval()
+    with torch.no_grad():
+        peft_logits = model(ids).logits
+    ours = our_logits(args, checkpoint, ids, 2, work)
+    error = (ours - peft_logits).abs().max().item()
+    moved = (peft_logits - base_logits).abs().max().item()
+    check(moved > 1e-3, f"LoRA: the trained adapter changes the logits (by up to {moved:.2e})")
+    check(error < LOGIT_TOLERANCE, f"LoRA: peft with fsdp.cpp's adapter gives fsdp.cpp's logits within {LOGIT_TOLERANCE:g} "
+                                   f"({error:.2e}, 2 ranks)")
+    theirs = model.merge_and_unload().state_dict()
+    mine = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).state_dict()
+    worst = max((mine[k] - theirs[k]).abs().max().item() for k in theirs)
+    check(set(mine) == set(theirs) and worst < EXPORT_TOLERANCE,
+          f"LoRA: the --merge export equals peft's merge_and_unload ({len(theirs)} tensors, largest difference {worst:.2e})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build-dir", required=True)
     parser.add_argument("--mpiexec", default="mpirun")
     parser.add_argument("--tokenizers", default=None, help="folder with llama3/tokenizer.json (../shared/data/tokenizers)")
-    parser.add_argument("--only", choices=["models", "export", "finetune", "chat"], default=None)
+    parser.add_argument("--only", choices=["models", "export", "finetune", "lora", "chat"], default=None)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -259,6 +338,8 @@ def main():
             check_export(args, work, args.tokenizers)
         if args.only in (None, "finetune") and args.tokenizers:
             check_finetune(args, work, args.tokenizers)
+        if args.only in (None, "lora"):
+            check_lora(args, work)
         if args.only in (None, "chat") and args.tokenizers:
             check_chat_format(args, work, args.tokenizers)
     if failures:

@@ -1,6 +1,6 @@
 // fsdp_hf_logits MODEL IDS OUT: the logits of a model loaded the way fsdp-train loads
-// model.init_from (config.json, then each rank reading its slice of the safetensors), at whatever
-// rank count mpirun gives, for token ids read from IDS (a safetensors file with "ids" [b, t] int64).
+// model.init_from (config.json, then each rank reading its slice of the safetensors), or of a
+// checkpoint fsdp-train saved (a LoRA run's: base and adapters), at whatever rank count mpirun gives, for token ids read from IDS (a safetensors file with "ids" [b, t] int64).
 // Rank 0 writes OUT with "logits" [b, t, vocab] fp32. tests/hf/check_hf_models.py compares them
 // with transformers' own forward.
 #include <torch/torch.h>
@@ -10,6 +10,7 @@
 
 #include "fsdp/checkpoint/hf_weights.h"
 #include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/train/config.h"
@@ -24,11 +25,20 @@ int main(int argc, char** argv) {
   auto world = fsdp::comm::init_world();
   try {
     fsdp::train::TrainConfig config;
+    const bool checkpoint = fsdp::checkpoint::is_checkpoint_dir(model_dir);
     fsdp::comm::on_every_rank(world, "reading the model's config", [&] {
-      config = fsdp::train::parse_train_config("[model]\ninit_from = \"" + model_dir + "\"\n", model_dir + "/config.json");
+      if (checkpoint) {
+        config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(model_dir).config_toml, model_dir + "/manifest.json");
+      } else {
+        config = fsdp::train::parse_train_config("[model]\ninit_from = \"" + model_dir + "\"\n", model_dir + "/config.json");
+      }
     });
     auto sharded = fsdp::train::build_sharded_model(config, fsdp::models::vocab_size(config.model), world);
-    fsdp::checkpoint::import_weights(*sharded.state, sharded.config, model_dir);
+    if (checkpoint) {
+      fsdp::checkpoint::load_checkpoint(model_dir, *sharded.state, nullptr);
+    } else {
+      fsdp::checkpoint::import_weights(*sharded.state, sharded.config, model_dir);
+    }
     torch::NoGradGuard no_grad;
     sharded.model.module->eval();
     const at::Tensor ids = fsdp::checkpoint::SafetensorsFile(ids_path).read("ids").to(at::kLong);
