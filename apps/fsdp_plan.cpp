@@ -76,7 +76,7 @@ nlohmann::json to_json(const Plan& p) {
   const auto& in = p.input;
   const auto& m = p.memory;
   nlohmann::json out = {
-      {"model", in.model_name}, {"parameters", p.parameters}, {"layers", p.layers},
+      {"model", in.model_name}, {"parameters", p.parameters}, {"adapter_parameters", p.adapter_params}, {"layers", p.layers},
       {"largest_unit_params", p.largest_unit_params}, {"root_params", p.root_params},
       {"embedding_params", p.embedding_params}, {"head_params", p.head_params}, {"tied_embedding", p.tied_embedding}, {"ranks", in.ranks},
       {"ranks_per_node", in.ranks_per_node}, {"strategy", in.strategy}, {"shard_ranks", p.shard_ranks},
@@ -112,12 +112,17 @@ void print_plan(const Plan& p, bool compact) {
       in.device_memory_bytes <= 0 ? "no device memory given"
       : p.fits                    ? "fits, headroom " + format_bytes(static_cast<double>(p.headroom_bytes))
                                   : "DOES NOT FIT, short by " + format_bytes(static_cast<double>(-p.headroom_bytes));
+  const std::string mode = p.adapter_params > 0 ? "LoRA(" + std::to_string(p.adapter_params / 1000000) + "M)" : "full";
   if (compact) {
-    std::printf("%-13s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(),
+    std::printf("%-13s %-10s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(), mode.c_str(),
                 in.ranks, in.strategy.c_str(), p.shard_ranks, in.param_dtype.c_str(), in.activation_checkpointing,
                 in.cpu_offload, static_cast<long long>(in.micro_batch),
                 format_bytes(static_cast<double>(m.device_total())).c_str(), verdict.c_str());
     return;
+  }
+  if (p.adapter_params > 0) {
+    std::printf("LoRA: %.1f M adapter parameters (trainable, fp32, AdamW) over a frozen %s base (no gradients, no optimizer state)\n",
+                p.adapter_params / 1e6, in.lora_base_dtype.c_str());
   }
   std::printf("fsdp-plan: %s, %.3f B parameters (%lld blocks, largest unit %.1f M, embedding %.1f M and head %.1f M "
               "as units%s, %.1f M in the root)\n",
@@ -134,8 +139,11 @@ void print_plan(const Plan& p, bool compact) {
               static_cast<long long>(in.micro_batches), in.max_inflight, in.fused_attention ? "fused" : "composed");
   const char* where = in.cpu_offload ? "host" : "device";
   std::printf("per rank\n");
-  std::printf("  %-28s %12s  (%s)\n", "parameters (fp32 shards)", format_bytes(static_cast<double>(m.parameters)).c_str(), where);
-  std::printf("  %-28s %12s  (%s)\n", "gradients (fp32 shards)", format_bytes(static_cast<double>(m.gradients)).c_str(), where);
+  const std::string parameters_label =
+      p.adapter_params > 0 ? "parameters (" + in.lora_base_dtype.substr(0, 4) + " base, fp32 adapters)" : "parameters (fp32 shards)";
+  std::printf("  %-28s %12s  (%s)\n", parameters_label.c_str(), format_bytes(static_cast<double>(m.parameters)).c_str(), where);
+  std::printf("  %-28s %12s  (%s)\n", p.adapter_params > 0 ? "gradients (adapters only)" : "gradients (fp32 shards)",
+              format_bytes(static_cast<double>(m.gradients)).c_str(), where);
   std::printf("  %-28s %12s  (%s)\n", "optimizer state", format_bytes(static_cast<double>(m.optimizer)).c_str(), where);
   std::printf("  %-28s %12s\n", "gathered buffers (peak)", format_bytes(static_cast<double>(m.gathered)).c_str());
   std::printf("  %-28s %12s\n", "reduced gradients in flight", format_bytes(static_cast<double>(m.reduced)).c_str());
@@ -208,6 +216,12 @@ int main(int argc, char** argv) {
                "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "
                "fused (scaled_dot_product_attention, as fsdp.cpp's models)");
   app.add_option("--optimizer", optimizer, "adamw | sgd");
+  int64_t lora_rank = 0;
+  std::string lora_targets, lora_base_dtype;
+  app.add_option("--lora-rank", lora_rank, "LoRA: adapters of this rank over a frozen base")->check(CLI::PositiveNumber);
+  app.add_option("--lora-targets", lora_targets,
+                 "LoRA: the adapted layers, e.g. \"q_proj v_proj\" (default: every linear layer of the blocks)");
+  app.add_option("--lora-base-dtype", lora_base_dtype, "LoRA: bfloat16 (default) or float32 storage of the frozen base");
   app.add_option("--micro-batch", micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "tokens per sample")->check(CLI::PositiveNumber);
@@ -260,6 +274,29 @@ int main(int argc, char** argv) {
     if (seq > 0) in.seq_len = seq;
     if (max_inflight >= 0) in.max_inflight = max_inflight;
     if (embeddings_in_root) in.embedding_units = false;
+    if (lora_rank > 0) {
+      fsdp::models::LoraSpec spec;
+      spec.rank = lora_rank;
+      std::string name;
+      for (char ch : lora_targets + " ") {
+        if (ch == ' ' || ch == ',') {
+          if (!name.empty()) spec.targets.push_back(name);
+          name.clear();
+        } else {
+          name += ch;
+        }
+      }
+      const bool gpt = std::holds_alternative<fsdp::models::GptConfig>(in.model);
+      if (spec.targets.empty()) {
+        spec.targets = gpt ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
+                           : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      }
+      if (auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) g->lora = spec;
+      else if (auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) l->lora = spec;
+      else throw std::invalid_argument("--lora-rank applies to gpt and llama models");
+      fsdp::models::validate(in.model);
+    }
+    if (!lora_base_dtype.empty()) in.lora_base_dtype = lora_base_dtype;
     if (!memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(memory);
     if (!overhead.empty()) in.overhead_bytes = fsdp::plan::parse_bytes(overhead);
     in.compute_flops = tflops * 1e12;

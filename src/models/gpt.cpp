@@ -33,6 +33,15 @@ int64_t GptConfig::parameter_count() const {
   return vocab * dim + context * dim + layers * block + 2 * dim;  // tied head adds nothing
 }
 
+int64_t GptConfig::lora_parameter_count() const {
+  if (!lora.enabled()) return 0;
+  int64_t per_layer = 0;
+  if (lora.targets_layer("c_attn")) per_layer += lora.rank * (dim + 3 * dim);
+  if (lora.targets_layer("c_proj")) per_layer += lora.rank * (dim + dim) + lora.rank * (4 * dim + dim);  // attention's, MLP's
+  if (lora.targets_layer("c_fc")) per_layer += lora.rank * (dim + 4 * dim);
+  return layers * per_layer;
+}
+
 double GptConfig::flops_per_token(int64_t seq) const {
   const double matmul_weights = static_cast<double>(layers) * 12.0 * dim * dim + static_cast<double>(vocab) * dim;
   return 6.0 * matmul_weights + 12.0 * layers * seq * dim;

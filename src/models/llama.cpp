@@ -46,6 +46,18 @@ int64_t LlamaConfig::parameter_count() const {
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
 }
 
+int64_t LlamaConfig::lora_parameter_count() const {
+  if (!lora.enabled()) return 0;
+  const int64_t kv = kv_heads * (dim / heads);
+  int64_t per_layer = 0;
+  auto add = [&](const char* name, int64_t in, int64_t out) {
+    if (lora.targets_layer(name)) per_layer += lora.rank * (in + out);
+  };
+  add("q_proj", dim, dim), add("k_proj", dim, kv), add("v_proj", dim, kv), add("o_proj", dim, dim);
+  add("gate_proj", dim, ffn_hidden), add("up_proj", dim, ffn_hidden), add("down_proj", ffn_hidden, dim);
+  return layers * per_layer;
+}
+
 double LlamaConfig::flops_per_token(int64_t seq) const {
   const double head_dim = static_cast<double>(dim / heads);
   const double per_block = 2.0 * dim * dim + 2.0 * dim * kv_heads * head_dim + 3.0 * dim * ffn_hidden;

@@ -171,6 +171,40 @@ Plan make_plan(const PlanInput& in) {
   }
   // Each pending reduction holds its output shard until it is added into the gradient shard.
   if (s != "no_shard") mem.reduced = k * r * largest_unit_shard;
+  const models::LoraSpec* lora = std::visit(
+      [](const auto& m) -> const models::LoraSpec* {
+        if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::VitConfig>) {
+          return nullptr;
+        } else {
+          return &m.lora;
+        }
+      },
+      in.model);
+  if (lora != nullptr && lora->enabled()) {
+    if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32") {
+      throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16 or float32)");
+    }
+    const int64_t adapters = std::visit(
+        [](const auto& m) -> int64_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::VitConfig>) {
+            return 0;
+          } else {
+            return m.lora_parameter_count();
+          }
+        },
+        in.model);
+    plan.adapter_params = adapters;
+    const int64_t base_bytes = in.lora_base_dtype == "bfloat16" ? 2 : 4;
+    const int64_t adapter_shard = (adapters + shard - 1) / shard;
+    const int64_t per_layer_adapters = layers > 0 ? (adapters + layers - 1) / layers : adapters;
+    mem.parameters = base_bytes * shard_numel + 4 * adapter_shard;
+    mem.gradients = 4 * adapter_shard;
+    mem.optimizer = in.optimizer == "adamw" ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard) : 4 * adapter_shard;
+    if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
+    // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
+    if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
+    if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
+  }
   const int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention);
   const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
                                std::visit([](const auto& m) { return m.dim; }, in.model);
@@ -197,10 +231,11 @@ Plan make_plan(const PlanInput& in) {
   } else if (s == "shard_grad_op") {
     comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
   }
+  const int64_t reduced_params = plan.adapter_params > 0 ? plan.adapter_params : p;  // LoRA: the adapters alone
   if (s == "no_shard") {
-    comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * p * (n - 1) / n);
+    comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * reduced_params * (n - 1) / n);
   } else {
-    comm.reduce_scatter = static_cast<int64_t>(m * r * p * in_group);
+    comm.reduce_scatter = static_cast<int64_t>(m * r * reduced_params * in_group);
     if (plan.replicas > 1) {
       comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * shard_numel * (plan.replicas - 1) / plan.replicas);
     }

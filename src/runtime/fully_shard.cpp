@@ -291,7 +291,7 @@ MemoryStats FsdpState::memory_stats() const {
   MemoryStats stats;
   for (const auto& unit : units_) {
     for (shard::FlatParam* flat : unit->flat_params()) {
-      stats.sharded_param_bytes += flat->layout().shard_numel * 4;
+      stats.sharded_param_bytes += flat->layout().shard_numel * static_cast<int64_t>(flat->shard().element_size());  // a bf16 frozen base: 2
       if (flat->trainable()) stats.sharded_grad_bytes += flat->layout().shard_numel * 4;
     }
     if (unit->is_root()) {

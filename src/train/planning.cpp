@@ -19,6 +19,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.seq_len = c.seq_len;
   in.micro_batches = c.micro_batches;
   in.ranks = ranks;
+  in.lora_base_dtype = c.lora_base_dtype;
   in.micro_batch = c.global_batch / (static_cast<int64_t>(ranks) * c.micro_batches);
   return in;
 }

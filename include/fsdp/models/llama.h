@@ -33,7 +33,8 @@ struct LlamaConfig {
   LoraSpec lora;             // adapters on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
 
   void validate() const;  // throws std::invalid_argument naming the bad field
-  int64_t parameter_count() const;
+  int64_t parameter_count() const;       // the base (adapters not included)
+  int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer
   // Training FLOPs per token at sequence length seq (see GptConfig::flops_per_token).
   double flops_per_token(int64_t seq) const;
 };

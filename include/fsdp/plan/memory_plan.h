@@ -3,7 +3,10 @@
 // and the runtime's own rules (what a unit gathers, when it frees, what the optimizer keeps).
 //
 // Memory per rank, in bytes (P parameters, S ranks sharing one copy, c and r the compute and
-// reduce dtypes' sizes, K = max_inflight, B = the largest unit, root = parameters in no unit):
+// reduce dtypes' sizes, K = max_inflight, B = the largest unit, root = parameters in no unit).
+// With LoRA (A adapter parameters, base dtype b bytes): parameters b P / S + 4 A / S; gradients
+// 4 A / S; optimizer 8 A / S; gathered as below without the frozen base's gradient buffers (one
+// copy of the computing unit and of the root, not two); reductions of the adapters only.
 //   parameters   4 P / S                 fp32 master shards (NO_SHARD: S = 1)
 //   gradients    4 P / S                 fp32 gradient shards
 //   optimizer    8 P / S (AdamW), 4 P / S (SGD with momentum)
@@ -54,6 +57,9 @@ struct PlanInput {
   // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
   // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.
   bool fused_attention = true;
+  // LoRA (the model's LoraSpec enabled): the base frozen, its shards in this dtype, no gradient or
+  // optimizer state for it; the adapters fp32 with AdamW. "bfloat16" | "float32".
+  std::string lora_base_dtype = "bfloat16";
   int64_t device_memory_bytes = 0;    // per rank; 0: not checked
   int64_t overhead_bytes = 512LL << 20;   // the process's own memory
   double compute_flops = 0;           // per rank, per second (0: no time estimate)
@@ -75,6 +81,7 @@ struct CommVolume {  // bytes sent per rank per optimizer step
 struct Plan {
   PlanInput input;
   int64_t parameters = 0, largest_unit_params = 0, root_params = 0, layers = 0;
+  int64_t adapter_params = 0;         // LoRA: trainable adapters (the rest is the frozen base)
   int64_t embedding_params = 0, head_params = 0;  // their own units (head 0 when tied); 0 when in the root
   bool tied_embedding = false;
   int shard_ranks = 1, replicas = 1;  // S and R

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# LoRA against a full fine-tune: peak resident memory per rank at N = 2 (fsdp-train's own
+# measurement, metrics.jsonl), for the same Llama, batch and sequence, side by side in one run;
+# fsdp-plan's prediction for each beside it. Prints a table and writes JSON.
+#   bash bench/lora_memory.sh [OUT.json]      (build/ made by scripts/setup.sh)
+# The model: a 302 M-parameter Llama (12 layers, width 1536, 12 heads over 4 key/value heads, SwiGLU
+# 4096, byte vocabulary), random weights, 3 steps of 4 x 128 tokens per rank; LoRA rank 16 on every
+# linear layer of the blocks, the base stored in bf16; both compute in bf16 (fsdp.param_dtype), as LoRA
+# runs do.
+set -euo pipefail
+root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out_json=${1:-$root_dir/runs/bench/lora_memory.json}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$(dirname "$out_json")"
+common=$'[model]\nname = "llama-small"\ndim = 1536\nlayers = 12\nheads = 12\nkv_heads = 4\nffn_hidden = 4096\ncontext = 128
+[data]\nsource = "fortunes"\n[train]\nsteps = 3\nglobal_batch = 8\nseq_len = 128\nthreads = 1\nreport_every = 0
+[eval]\nevery = 0\nbatches = 1\nsample_tokens = 0\n[optimizer]\nwarmup_steps = 0\n[fsdp]\nparam_dtype = "bfloat16"'
+lora=$'\n[lora]\nrank = 16\nalpha = 32\ntargets = "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"\nbase_dtype = "bfloat16"'
+for mode in full lora; do
+  body=$common
+  [ "$mode" = lora ] && body+=$lora
+  printf 'name = "%s"\noutput_dir = "%s"\n%s\n' "$mode" "$work/$mode" "$body" > "$work/$mode.toml"
+  mpirun --oversubscribe --bind-to none -np 2 "$root_dir/build/apps/fsdp-train" "$work/$mode.toml" --progress lines > "$work/$mode.log" 2>&1 \
+    || { cat "$work/$mode.log"; exit 1; }
+  "$root_dir/build/apps/fsdp-plan" "$work/$mode.toml" --ranks 2 --json "$work/$mode.plan.json" --compact > /dev/null
+done
+python3 - "$work" "$out_json" <<'PY'
+import json, sys, datetime
+work, out = sys.argv[1], sys.argv[2]
+rows = {}
+for mode in ("full", "lora"):
+    records = [json.loads(l) for l in open(f"{work}/{mode}/metrics.jsonl")]
+    steps = [r for r in records if "peak_resident_bytes_per_rank" in r]
+    start = next(r for r in records if "run_start" in r)
+    plan = json.load(open(f"{work}/{mode}.plan.json"))
+    rows[mode] = {"peak_resident_bytes_per_rank": max(max(r["peak_resident_bytes_per_rank"]) for r in steps),
+                  "predicted_bytes_per_rank": start.get("predicted_peak_bytes_per_rank"),
+                  "plan_parameters": plan["parameters"], "plan_adapter_parameters": plan.get("adapter_parameters", 0),
+                  "median_step_seconds": sorted(r["step_seconds"] for r in steps)[len(steps) // 2],
+                  "last_loss": steps[-1]["loss"]}
+ratio = rows["lora"]["peak_resident_bytes_per_rank"] / rows["full"]["peak_resident_bytes_per_rank"]
+gib = 2 ** 30
+print(f"{'':6} {'parameters':>12} {'trainable':>12} {'peak per rank':>14} {'fsdp-plan':>10} {'step s':>7}")
+for mode, r in rows.items():
+    trainable = r["plan_adapter_parameters"] or r["plan_parameters"]
+    print(f"{mode:6} {r['plan_parameters'] / 1e6:10.1f} M {trainable / 1e6:10.1f} M {r['peak_resident_bytes_per_rank'] / gib:11.2f} GiB "
+          f"{(r['predicted_bytes_per_rank'] or 0) / gib:7.2f} GiB {r['median_step_seconds']:7.2f}")
+print(f"LoRA / full peak resident memory per rank: {ratio:.2f}x (aim <= 0.4x)")
+json.dump({"date": datetime.date.today().isoformat(), "ranks": 2, "rows": rows, "lora_over_full": ratio}, open(out, "w"), indent=2)
+print(f"wrote {out}")
+PY
