@@ -277,15 +277,7 @@ int main(int argc, char** argv) {
     if (lora_rank > 0) {
       fsdp::models::LoraSpec spec;
       spec.rank = lora_rank;
-      std::string name;
-      for (char ch : lora_targets + " ") {
-        if (ch == ' ' || ch == ',') {
-          if (!name.empty()) spec.targets.push_back(name);
-          name.clear();
-        } else {
-          name += ch;
-        }
-      }
+      spec.targets = fsdp::models::LoraSpec::parse_targets(lora_targets);
       const bool gpt = std::holds_alternative<fsdp::models::GptConfig>(in.model);
       if (spec.targets.empty()) {
         spec.targets = gpt ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 
+#include "fsdp/checkpoint/hf_model_dir.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
@@ -136,9 +137,7 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
                              {"inference_mode", true},
                              {"init_lora_weights", true},
                              {"modules_to_save", nullptr}};
-    const std::string path = (fs::path(dir) / "adapter_config.json").string();
-    std::ofstream(path + ".tmp") << config.dump(2) << "\n";
-    fs::rename(path + ".tmp", path);
+    write_text_file((fs::path(dir) / "adapter_config.json").string(), config.dump(2) + "\n");
     for (const auto& [name, t] : tensors) bytes += t.numel() * 4;
   });
   return bytes;

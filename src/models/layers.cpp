@@ -71,6 +71,20 @@ bool LoraSpec::targets_layer(const std::string& name) const {
   return false;
 }
 
+std::vector<std::string> LoraSpec::parse_targets(const std::string& text) {
+  std::vector<std::string> names;
+  std::string name;
+  for (char ch : text + " ") {
+    if (ch == ' ' || ch == ',') {
+      if (!name.empty()) names.push_back(name);
+      name.clear();
+    } else {
+      name += ch;
+    }
+  }
+  return names;
+}
+
 void LoraSpec::validate(const char* family, const std::vector<std::string>& layers) const {
   if (rank == 0 && targets.empty()) return;
   if (rank <= 0) throw std::invalid_argument(std::string(family) + ": lora rank must be positive, got " + std::to_string(rank));

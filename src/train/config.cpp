@@ -294,15 +294,7 @@ void read_lora(Reader& r, TrainConfig& c) {
   if (alpha) spec.alpha = *alpha;
   if (dropout) spec.dropout = *dropout;
   if (!targets) r.fail("[lora] needs lora.targets, e.g. \"q_proj k_proj v_proj o_proj\" (Llama) or \"c_attn\" (GPT-2)");
-  std::string name;
-  for (char ch : *targets + " ") {
-    if (ch == ' ' || ch == ',') {
-      if (!name.empty()) spec.targets.push_back(name);
-      name.clear();
-    } else {
-      name += ch;
-    }
-  }
+  spec.targets = models::LoraSpec::parse_targets(*targets);
   if (auto* g = std::get_if<models::GptConfig>(&c.model)) g->lora = spec;
   else if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) l->lora = spec;
   else r.fail("[lora] applies to the gpt and llama families, not " + std::string(models::family_name(c.model)));

@@ -74,6 +74,8 @@ struct LoraSpec {
   std::vector<std::string> targets;  // linear layers by name: q_proj, v_proj (Llama), c_attn (GPT-2), ...
   bool enabled() const { return rank > 0; }
   bool targets_layer(const std::string& name) const;
+  // "q_proj v_proj" or "q_proj,v_proj" -> {"q_proj", "v_proj"} (config files and fsdp-plan's flag).
+  static std::vector<std::string> parse_targets(const std::string& text);
   // Throws std::invalid_argument for rank <= 0 with targets, no targets, or a target none of
   // `layers` (the family's linear layers) is called.
   void validate(const char* family, const std::vector<std::string>& layers) const;
