@@ -18,6 +18,7 @@
 
 #include "fsdp/checkpoint/hf_model_dir.h"
 #include "fsdp/checkpoint/hf_weights.h"
+#include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"

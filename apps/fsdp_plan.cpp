@@ -84,7 +84,7 @@ nlohmann::json to_json(const Plan& p) {
       {"activation_checkpointing", in.activation_checkpointing}, {"cpu_offload", in.cpu_offload},
       {"fused_attention", in.fused_attention},
       {"optimizer", in.optimizer}, {"micro_batch", in.micro_batch}, {"micro_batches", in.micro_batches},
-      {"seq_len", in.seq_len}, {"max_inflight", in.max_inflight},
+      {"seq_len", in.seq_len}, {"loss_chunk_tokens", in.loss_chunk_tokens}, {"max_inflight", in.max_inflight},
       {"memory_bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                         {"gathered", m.gathered}, {"reduced", m.reduced}, {"activations", m.activations}, {"overhead", m.overhead},
                         {"device_total", m.device_total()}, {"host_total", m.host_total}}},
@@ -225,6 +225,10 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "tokens per sample")->check(CLI::PositiveNumber);
+  int64_t loss_chunk = -1;
+  app.add_option("--loss-chunk", loss_chunk,
+                 "language models: the head and loss this many tokens at a time (train.loss_chunk_tokens; "
+                 "default 2048, or the config's; 0: whole logits)")->check(CLI::NonNegativeNumber);
   bool embeddings_in_root = false;
   app.add_flag("--embeddings-in-root", embeddings_in_root,
                "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
@@ -262,7 +266,9 @@ int main(int argc, char** argv) {
       in.ranks = ranks > 0 ? ranks : (world ? world->size() : 1);
       if (const auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) in.seq_len = std::min<int64_t>(g->context, 1024);
       if (const auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) in.seq_len = std::min<int64_t>(l->context, 4096);
+      in.loss_chunk_tokens = fsdp::train::TrainConfig{}.loss_chunk_tokens;  // as fsdp-train by default
     }
+    if (loss_chunk >= 0) in.loss_chunk_tokens = loss_chunk;
     if (!strategy.empty()) in.strategy = strategy;
     if (shard_group_size > 0) in.shard_group_size = shard_group_size;
     if (!param_dtype.empty()) in.param_dtype = param_dtype;

@@ -92,57 +92,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-const models::LoraSpec* lora_of(const models::ModelConfig& model) {
-  if (const auto* g = std::get_if<models::GptConfig>(&model)) return &g->lora;
-  if (const auto* l = std::get_if<models::LlamaConfig>(&model)) return &l->lora;
-  return nullptr;
-}
-
-std::string peft_name(const models::ModelConfig& model, const std::string& name) {
-  // PEFT wraps the model: base_model.model.<the causal LM's own name>; GPT2LMHeadModel keeps its
-  // body under "transformer.".
-  const bool gpt = std::holds_alternative<models::GptConfig>(model);
-  return "base_model.model." + std::string(gpt ? "transformer." : "") + hf_name(model, name);
-}
-
-int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir,
-                            const std::string& base_model_name) {
-  const models::LoraSpec* lora = lora_of(model);
-  if (lora == nullptr || !lora->enabled()) throw std::invalid_argument("export_peft_adapter: the model has no LoRA adapters");
-  const comm::ProcessGroupPtr& group = state.group();
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (auto* flat : state.flat_params()) {
-    if (!flat->trainable()) continue;
-    std::vector<at::Tensor> full = flat->gather_full_params();  // collective
-    for (size_t e = 0; e < full.size(); ++e) {
-      const std::string& name = flat->layout().entries[e].name;
-      if (is_adapter(name)) tensors.emplace_back(peft_name(model, name), full[e].to(at::kFloat).contiguous());
-    }
-  }
-  int64_t bytes = 0;
-  comm::on_every_rank(group, "writing the PEFT adapter to '" + dir + "'", [&] {
-    if (group->rank() != 0) return;
-    fs::create_directories(dir);
-    write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
-    const bool gpt = std::holds_alternative<models::GptConfig>(model);
-    nlohmann::json config = {{"peft_type", "LORA"},
-                             {"task_type", "CAUSAL_LM"},
-                             {"r", lora->rank},
-                             {"lora_alpha", lora->alpha},
-                             {"lora_dropout", lora->dropout},
-                             {"target_modules", lora->targets},
-                             {"bias", "none"},
-                             {"fan_in_fan_out", gpt},  // GPT-2's Conv1D stores its weights transposed
-                             {"base_model_name_or_path", base_model_name},
-                             {"inference_mode", true},
-                             {"init_lora_weights", true},
-                             {"modules_to_save", nullptr}};
-    write_text_file((fs::path(dir) / "adapter_config.json").string(), config.dump(2) + "\n");
-    for (const auto& [name, t] : tensors) bytes += t.numel() * 4;
-  });
-  return bytes;
-}
-
 bool is_adapter(const std::string& name) { return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos; }
 
 std::string hf_name(const models::ModelConfig& model, const std::string& name) {
@@ -164,7 +113,7 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
     throw std::invalid_argument("export_weights: dtype must be fp32 or bf16");
   }
   const int64_t element = options.dtype == at::kFloat ? 4 : 2;
-  const models::LoraSpec* lora = lora_of(model);
+  const models::LoraSpec* lora = models::lora_spec(model);
   if (lora != nullptr && lora->enabled() && !options.merge_lora) {
     throw std::invalid_argument("export_weights: the model has LoRA adapters: merge them into the weights (--merge), "
                                 "or export the adapters alone (--peft-dir)");

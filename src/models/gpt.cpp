@@ -112,14 +112,21 @@ GptImpl::GptImpl(const GptConfig& c) : config_(c) {
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& ids) {
+  return fsdp::nn::call(wte, hidden_states(ids));  // tied head: logits = ln_f(x) wte^T
+}
+
+at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) {
+  return fsdp::nn::call(wte, hidden_states(ids), targets, chunk_rows);
+}
+
+at::Tensor GptImpl::hidden_states(const at::Tensor& ids) {
   const int64_t t = ids.size(1);
   TORCH_CHECK(t <= config_.context, "gpt: sequence of ", t, " tokens exceeds the context of ", config_.context);
   auto positions = torch::arange(t, ids.options().dtype(torch::kLong));
   // wte is called through fsdp::nn::call for both its uses, so it may be a unit of its own.
   auto x = drop(fsdp::nn::call(wte, ids) + wpe(positions));
   for (size_t i = 0; i < h->size(); ++i) x = fsdp::nn::call(h->ptr<GptBlockImpl>(i), x);
-  // Tied head: logits = ln_f(x) wte^T.
-  return fsdp::nn::call(wte, ln_f(x));
+  return ln_f(x);
 }
 
 }  // namespace fsdp::models

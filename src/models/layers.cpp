@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fsdp/compat.h"
+#include "fsdp/models/linear_cross_entropy.h"
 
 namespace fsdp::models {
 
@@ -160,6 +161,22 @@ TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim) {
 at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& ids_or_hidden) {
   if (!at::isFloatingType(ids_or_hidden.scalar_type())) return at::embedding(weight, ids_or_hidden);
   return torch::matmul(ids_or_hidden, weight.t());
+}
+
+at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
+  return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunk_rows);
+}
+
+LmHeadImpl::LmHeadImpl(int64_t dim, int64_t vocab) {
+  weight = register_parameter("weight", torch::empty({vocab, dim}));
+  // torch::nn::Linear's draw (kaiming-uniform, a = sqrt(5)), so the random stream after it is unchanged.
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+}
+
+at::Tensor LmHeadImpl::forward(const at::Tensor& hidden) { return torch::matmul(hidden, weight.t()); }
+
+at::Tensor LmHeadImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
+  return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunk_rows);
 }
 
 void init_normal(torch::nn::Module& module, double std) {

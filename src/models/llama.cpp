@@ -121,7 +121,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
   torch::NoGradGuard no_grad;
   embed_tokens->weight.normal_(0.0, 0.02);
   if (!c.tie_embeddings) {
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab).bias(false)));
+    lm_head = register_module("lm_head", LmHead(c.dim, c.vocab));
     lm_head->weight.normal_(0.0, 0.02);
   }
   if (c.lora.enabled()) {
@@ -134,6 +134,17 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
+  const at::Tensor x = hidden_states(ids);
+  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x) : fsdp::nn::call(lm_head, x);
+}
+
+at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) {
+  const at::Tensor x = hidden_states(ids);
+  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x, targets, chunk_rows)
+                            : fsdp::nn::call(lm_head, x, targets, chunk_rows);
+}
+
+at::Tensor LlamaImpl::hidden_states(const at::Tensor& ids) {
   const int64_t t = ids.size(1);
   TORCH_CHECK(t <= config_.context, "llama: sequence of ", t, " tokens exceeds the context of ", config_.context);
   if (rope_cos_.device() != ids.device()) {
@@ -145,8 +156,7 @@ at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
   // Embedding and head are called through fsdp::nn::call, so each may be a unit of its own.
   auto x = fsdp::nn::call(embed_tokens, ids);
   for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin);
-  x = norm(x);
-  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x) : fsdp::nn::call(lm_head, x);
+  return norm(x);
 }
 
 }  // namespace fsdp::models

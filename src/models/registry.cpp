@@ -104,6 +104,12 @@ ModelConfig model_config(const std::string& name) {
   return it->second;
 }
 
+const LoraSpec* lora_spec(const ModelConfig& config) {
+  if (const auto* g = std::get_if<GptConfig>(&config)) return &g->lora;
+  if (const auto* l = std::get_if<LlamaConfig>(&config)) return &l->lora;
+  return nullptr;
+}
+
 const char* family_name(const ModelConfig& config) {
   return std::visit(Overloaded{[](const GptConfig&) { return "gpt"; }, [](const LlamaConfig&) { return "llama"; },
                                [](const VitConfig&) { return "vit"; }},
@@ -156,7 +162,13 @@ BuiltModel build_model(const ModelConfig& config) {
         using Impl = std::conditional_t<std::is_same_v<Config, GptConfig>, GptImpl,
                                         std::conditional_t<std::is_same_v<Config, LlamaConfig>, LlamaImpl, VitImpl>>;
         auto module = std::make_shared<Impl>(c);
-        return {module, [module](const at::Tensor& input) { return fsdp::nn::call(module, input); }};
+        BuiltModel built{module, [module](const at::Tensor& input) { return fsdp::nn::call(module, input); }, {}};
+        if constexpr (!std::is_same_v<Config, VitConfig>) {
+          built.loss_sum = [module](const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) {
+            return fsdp::nn::call(module, ids, targets, chunk_rows);
+          };
+        }
+        return built;
       },
       config);
 }

@@ -65,17 +65,22 @@ int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len
       model);
 }
 
-int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c) {
-  const int64_t t = tokens_per_sample(model, seq_len);
+int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, int64_t samples,
+                              int64_t loss_chunk_tokens) {
+  const int64_t t = samples * tokens_per_sample(model, seq_len);
   return std::visit(
       [&](const auto& m) -> int64_t {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, models::VitConfig>) {
-          return c * 2 * m.dim + 16 * m.classes;
+          return samples * (c * 2 * m.dim + 16 * m.classes);
         } else {
           // Final norm (2 d), the logits in the compute dtype, their fp32 copy when that is bf16,
           // log-softmax's output and the logits' gradient (fp32): the loss is computed in fp32.
-          return t * (2 * c * m.dim + c * m.vocab + (c == 4 ? 0 : 4 * m.vocab) + 8 * m.vocab);
+          const int64_t logits_per_token = c * m.vocab + (c == 4 ? 0 : 4 * m.vocab) + 8 * m.vocab;
+          if (loss_chunk_tokens <= 0) return t * (2 * c * m.dim + logits_per_token);
+          // Chunked: the norm's output and a log-sum-exp per token; one chunk's logits, their fp32
+          // copy and gradient (models/linear_cross_entropy.h).
+          return t * (2 * c * m.dim + 4) + std::min(t, loss_chunk_tokens) * logits_per_token;
         }
       },
       model);
@@ -171,15 +176,7 @@ Plan make_plan(const PlanInput& in) {
   }
   // Each pending reduction holds its output shard until it is added into the gradient shard.
   if (s != "no_shard") mem.reduced = k * r * largest_unit_shard;
-  const models::LoraSpec* lora = std::visit(
-      [](const auto& m) -> const models::LoraSpec* {
-        if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::VitConfig>) {
-          return nullptr;
-        } else {
-          return &m.lora;
-        }
-      },
-      in.model);
+  const models::LoraSpec* lora = models::lora_spec(in.model);
   if (lora != nullptr && lora->enabled()) {
     if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32") {
       throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16 or float32)");
@@ -211,7 +208,7 @@ Plan make_plan(const PlanInput& in) {
   // Backward of the last block holds its activations' gradients beside everything saved: one
   // block more (with checkpointing, the block being recomputed and its gradients).
   const int64_t blocks = in.activation_checkpointing ? layers * block_inputs + 2 * per_block : (layers + 1) * per_block;
-  mem.activations = in.micro_batch * (blocks + head_activation_bytes(in.model, in.seq_len, c));
+  mem.activations = in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
   mem.overhead = in.overhead_bytes;
   const int64_t device = mem.device_total();
   if (in.device_memory_bytes > 0) {

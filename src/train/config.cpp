@@ -1,11 +1,13 @@
 #include "fsdp/train/config.h"
 
 #include "fsdp/checkpoint/hf_model_dir.h"
+#include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/plan/memory_plan.h"
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -286,10 +288,44 @@ void read_lora(Reader& r, TrainConfig& c) {
   auto dropout = r.optional<double>("lora.dropout");
   auto targets = r.optional<std::string>("lora.targets");
   r.get("lora.base_dtype", c.lora_base_dtype);
+  r.get("lora.init_adapter", c.lora_init_adapter);
+  if (!c.lora_init_adapter.empty()) {
+    // A PEFT adapter to continue: its settings fill the keys left out, and must equal those given.
+    checkpoint::PeftAdapterConfig adapter;
+    try {
+      adapter = checkpoint::read_peft_adapter_config(c.lora_init_adapter);
+    } catch (const std::exception& e) {
+      r.fail(std::string("lora.init_adapter: ") + e.what());
+    }
+    auto conflict = [&](const std::string& key, const std::string& ours, const std::string& theirs) {
+      r.fail("lora." + key + " is " + ours + " but the adapter in lora.init_adapter ('" + c.lora_init_adapter +
+             "') has " + theirs + " (leave lora." + key + " out to take the adapter's)");
+    };
+    if (rank && *rank != adapter.rank) conflict("rank", std::to_string(*rank), "r = " + std::to_string(adapter.rank));
+    if (alpha && *alpha != adapter.alpha) conflict("alpha", std::to_string(*alpha), "lora_alpha = " + std::to_string(adapter.alpha));
+    if (targets) {
+      auto ours = models::LoraSpec::parse_targets(*targets), theirs = adapter.targets;
+      std::sort(ours.begin(), ours.end());
+      std::sort(theirs.begin(), theirs.end());
+      if (ours != theirs) {
+        std::string listed;
+        for (const auto& t : adapter.targets) listed += (listed.empty() ? "" : " ") + t;
+        conflict("targets", "\"" + *targets + "\"", "target_modules \"" + listed + "\"");
+      }
+    }
+    if (!rank) rank = adapter.rank;
+    if (!alpha) alpha = adapter.alpha;
+    if (!dropout) dropout = adapter.dropout;
+    if (!targets) {
+      std::string listed;
+      for (const auto& t : adapter.targets) listed += (listed.empty() ? "" : " ") + t;
+      targets = listed;
+    }
+  }
   if (!rank && !alpha && !dropout && !targets) return;
   models::LoraSpec spec;
   if (!rank) r.fail("[lora] needs lora.rank (e.g. 8)");
-  if (*rank == 0) r.fail("lora.rank must be positive, got 0");
+  if (*rank <= 0) r.fail("lora.rank must be positive, got " + std::to_string(*rank));
   spec.rank = *rank;
   if (alpha) spec.alpha = *alpha;
   if (dropout) spec.dropout = *dropout;
@@ -405,6 +441,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("checkpoint.keep", c.checkpoint.keep);
   r.get("checkpoint.dir", c.checkpoint.dir);
   r.get("train.report_every", c.report_every);
+  r.get("train.loss_chunk_tokens", c.loss_chunk_tokens);
   read_lora(r, c);
   TargetsConfig& t = c.targets;
   r.get("targets.min_tokens_per_second", t.min_tokens_per_second);
@@ -460,6 +497,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(c.micro_batches >= 1, r, "train.micro_batches must be at least 1");
   check(c.seq_len == 0 || c.seq_len >= 2, r, "train.seq_len must be at least 2");
   check(c.log_every >= 1, r, "train.log_every must be at least 1");
+  check(c.loss_chunk_tokens >= 0, r, "train.loss_chunk_tokens must be 0 (off) or positive");
   check(c.max_nonfinite_steps >= 1, r, "train.max_nonfinite_steps must be at least 1");
   if (language) {
     const int64_t model_context = std::visit(
@@ -642,9 +680,8 @@ std::string to_toml(const TrainConfig& c) {
       {"checkpoint", toml::table{{"every", c.checkpoint.every}, {"keep", c.checkpoint.keep}, {"dir", c.checkpoint.dir}}},
   };
   root["train"].as_table()->insert("report_every", c.report_every);
-  const models::LoraSpec* lora = nullptr;
-  if (const auto* g = std::get_if<models::GptConfig>(&c.model)) lora = &g->lora;
-  if (const auto* l = std::get_if<models::LlamaConfig>(&c.model)) lora = &l->lora;
+  root["train"].as_table()->insert("loss_chunk_tokens", c.loss_chunk_tokens);
+  const models::LoraSpec* lora = models::lora_spec(c.model);
   if (lora != nullptr && lora->enabled()) {
     std::string targets;
     for (const auto& t : lora->targets) targets += (targets.empty() ? "" : " ") + t;

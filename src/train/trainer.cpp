@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fsdp/checkpoint/hf_weights.h"
+#include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
@@ -64,12 +65,8 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
   options.cpu_offload = c.fsdp.cpu_offload;
   // A LoRA base is frozen: its shards may be kept in bf16 (gathered in the compute dtype).
-  const bool lora = [&] {
-    if (const auto* g = std::get_if<models::GptConfig>(&c.model)) return g->lora.enabled();
-    if (const auto* l = std::get_if<models::LlamaConfig>(&c.model)) return l->lora.enabled();
-    return false;
-  }();
-  if (lora && c.lora_base_dtype == "bfloat16") options.frozen_dtype = at::kBFloat16;
+  const models::LoraSpec* lora = models::lora_spec(c.model);
+  if (lora != nullptr && lora->enabled() && c.lora_base_dtype == "bfloat16") options.frozen_dtype = at::kBFloat16;
   return options;
 }
 
@@ -149,6 +146,10 @@ class Trainer {
       } else {
         checkpoint::import_weights(*state_, model_config_, config_.init_from);
       }
+    }
+    if (!config_.lora_init_adapter.empty() && options_.resume.empty()) {
+      // Continuing a LoRA fine-tune: the adapters from PEFT's directory (the base is init_from's).
+      checkpoint::import_peft_adapter(*state_, model_config_, config_.lora_init_adapter);
     }
 
     const auto& o = config_.optimizer;
@@ -288,7 +289,13 @@ class Trainer {
         }
         if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
         state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
-        at::Tensor loss = loss_of(model_.forward(batch.inputs.to(device_)), batch.targets.to(device_), torch::kSum) * loss_scale;
+        const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
+        // Language models: the head fused with the loss a chunk of tokens at a time (no [tokens,
+        // vocab] logits) unless train.loss_chunk_tokens is 0.
+        at::Tensor loss = (model_.loss_sum && config_.loss_chunk_tokens > 0
+                               ? model_.loss_sum(inputs, targets, config_.loss_chunk_tokens)
+                               : loss_of(model_.forward(inputs), targets, torch::kSum)) *
+                          loss_scale;
         trace_memory(rank_, step, "forward");
         loss.backward();
         trace_memory(rank_, step, "backward");

@@ -18,7 +18,10 @@
 4. LoRA (needs peft): fsdp-train fine-tunes adapters over a transformers-made bf16 Llama (2 ranks);
    peft loads the adapter fsdp-ckpt exports (--peft-dir) onto the same base and its logits equal
    fsdp.cpp's for the trained checkpoint within 1e-4; fsdp-ckpt's merged export (--merge) equals
-   peft's merge_and_unload within 1e-5, tensor by tensor.
+   peft's merge_and_unload within 1e-5, tensor by tensor. Import: peft's own adapters (lora_B drawn,
+   not zero; Llama and GPT-2) load through lora.init_adapter's path at 3 ranks with peft's logits
+   within 1e-4; a run continued from the exported adapter (lr 1e-12, 1 step) gives it back within
+   1e-6; an adapter made for another base (hidden 64 onto 96) is refused naming both shapes.
 5. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
    transformers' apply_chat_template with Llama 3's tokenizer_config.json template, token for token,
    on hand-written conversations and on the instruction set fsdp-data makes from the fortunes; the
@@ -50,9 +53,11 @@ def check(ok, what):
         failures.append(what)
 
 
-def mpirun(args, ranks, command):
+def mpirun(args, ranks, command, expect_failure=False):
     full = [args.mpiexec, "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] + command
     result = subprocess.run(full, capture_output=True, text=True, timeout=300)
+    if expect_failure:
+        return result
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:])
         raise SystemExit(f"failed: {' '.join(full)}")
@@ -66,10 +71,11 @@ def hf_logits(model_dir, ids):
         return model(ids).logits
 
 
-def our_logits(args, model_dir, ids, ranks, work):
+def our_logits(args, model_dir, ids, ranks, work, adapter=None):
     ids_path, out_path = os.path.join(work, "ids.safetensors"), os.path.join(work, "logits.safetensors")
     save_file({"ids": ids.contiguous()}, ids_path)
-    mpirun(args, ranks, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path, out_path])
+    mpirun(args, ranks, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path, out_path] +
+           ([adapter] if adapter else []))
     return load_file(out_path)["logits"]
 
 
@@ -292,6 +298,7 @@ alpha = 8
 targets = "q_proj v_proj o_proj down_proj"
 """)
     mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
+    config_text = open(config).read()
     checkpoint = os.path.join(out, "checkpoints", sorted(os.listdir(os.path.join(out, "checkpoints")))[-1])
     fsdp_ckpt = os.path.join(args.build_dir, "apps", "fsdp-ckpt")
     adapter, merged = os.path.join(work, "lora-adapter"), os.path.join(work, "lora-merged")
@@ -320,6 +327,77 @@ targets = "q_proj v_proj o_proj down_proj"
     worst = max((mine[k] - theirs[k]).abs().max().item() for k in theirs)
     check(set(mine) == set(theirs) and worst < EXPORT_TOLERANCE,
           f"LoRA: the --merge export equals peft's merge_and_unload ({len(theirs)} tensors, largest difference {worst:.2e})")
+    check_lora_continue(args, work, config_text, adapter)
+    check_lora_import(args, work, peft)
+
+
+def peft_adapter(peft, base, out, targets, seed):
+    """peft's own adapter over `base`, saved with save_pretrained: lora_B drawn (not zero), so it
+    changes the logits. Returns the PEFT model, in eval mode."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False,
+                             fan_in_fan_out="gpt2" in base, task_type="CAUSAL_LM")
+    model = peft.get_peft_model(model, config)
+    model.save_pretrained(out)
+    model.eval()
+    return model
+
+
+def check_lora_import(args, work, peft):
+    """A PEFT adapter loads (lora.init_adapter) onto the base it was made for, and training goes on
+    from it; one made for another base is refused with both shapes named."""
+    ids = torch.randint(0, 256, (2, 40))
+    for family, targets in (("llama", ["q_proj", "k_proj", "gate_proj"]), ("gpt2", ["c_attn", "c_fc"])):
+        base, adapter = os.path.join(work, f"import-{family}"), os.path.join(work, f"import-{family}-adapter")
+        # bf16 weights: fsdp.cpp keeps a LoRA base in bf16 (lora.base_dtype), exact for these.
+        make_hf_model.make(family, base, vocab=512, dtype="bfloat16")
+        model = peft_adapter(peft, base, adapter, targets, seed=3)
+        with torch.no_grad():
+            theirs = model(ids).logits
+            with model.disable_adapter():
+                moved = (model(ids).logits - theirs).abs().max().item()
+        ours = our_logits(args, base, ids, 3, work, adapter=adapter)
+        error = (ours - theirs).abs().max().item()
+        check(moved > 1e-3 and error < LOGIT_TOLERANCE,
+              f"LoRA import ({family}, {'/'.join(targets)}): peft's own adapter loaded by fsdp.cpp (3 ranks) gives peft's "
+              f"logits within {LOGIT_TOLERANCE:g} ({error:.2e}; the adapter moves them by {moved:.2e})")
+    # Another base: the Llama adapter (hidden 64) onto a Llama of hidden 96.
+    other = os.path.join(work, "import-other")
+    make_hf_model.make("llama", other, vocab=512, dtype="bfloat16", hidden=96)
+    ids_path = os.path.join(work, "ids.safetensors")
+    save_file({"ids": ids.contiguous()}, ids_path)
+    result = mpirun(args, 2, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), other, ids_path,
+                              os.path.join(work, "other.safetensors"), os.path.join(work, "import-llama-adapter")],
+                    expect_failure=True)
+    message = result.stderr + result.stdout
+    named = "has shape [4, 64], this model's layer needs [4, 96]" in message and "another base model" in message
+    check(result.returncode != 0 and named,
+          "LoRA import: an adapter for another base is refused, shapes named: " +
+          next((line.strip() for line in message.splitlines() if "has shape" in line), "(no such message)")[:200])
+    return ids
+
+
+def check_lora_continue(args, work, config_text, adapter):
+    """Training continues from an exported adapter: a run with lora.init_adapter and a learning rate of
+    1e-12 exports it again unchanged (1e-6), where adapters not loaded (B = 0) would differ by ~0.1."""
+    out = os.path.join(work, "lora-continue")
+    config = os.path.join(work, "lora-continue.toml")
+    text = config_text.replace(os.path.join(work, "lora-run"), out).replace("steps = 10", "steps = 1")
+    text = text.replace("lr = 1e-2", "lr = 1e-12\nmin_lr = 0.0").replace("every = 10", "every = 1")
+    text = text.replace("[lora]\nrank = 4\nalpha = 8\n", f"[lora]\ninit_adapter = \"{adapter}\"\n")
+    with open(config, "w") as f:
+        f.write(text)
+    mpirun(args, 4, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
+    checkpoint = os.path.join(out, "checkpoints", sorted(os.listdir(os.path.join(out, "checkpoints")))[-1])
+    again = os.path.join(work, "lora-continue-adapter")
+    mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-ckpt"), "export", checkpoint, "--peft-dir", again])
+    before = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    after = load_file(os.path.join(again, "adapter_model.safetensors"))
+    worst = max((after[k] - before[k]).abs().max().item() for k in before)
+    check(set(before) == set(after) and worst < 1e-6,
+          f"LoRA continue: lora.init_adapter -> 1 step at lr 1e-12 (4 ranks) -> --peft-dir gives the adapter back "
+          f"({len(before)} tensors, largest difference {worst:.1e})")
 
 
 def main():

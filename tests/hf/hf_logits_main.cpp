@@ -1,6 +1,8 @@
-// fsdp_hf_logits MODEL IDS OUT: the logits of a model loaded the way fsdp-train loads
-// model.init_from (config.json, then each rank reading its slice of the safetensors), or of a
-// checkpoint fsdp-train saved (a LoRA run's: base and adapters), at whatever rank count mpirun gives, for token ids read from IDS (a safetensors file with "ids" [b, t] int64).
+// fsdp_hf_logits MODEL IDS OUT [ADAPTER]: the logits of a model loaded the way fsdp-train loads
+// model.init_from (config.json, then each rank reading its slice of the safetensors), with a PEFT
+// adapter the way lora.init_adapter loads it, or of a checkpoint fsdp-train saved (a LoRA run's:
+// base and adapters), at whatever rank count mpirun gives, for token ids read from IDS (a
+// safetensors file with "ids" [b, t] int64).
 // Rank 0 writes OUT with "logits" [b, t, vocab] fp32. tests/hf/check_hf_models.py compares them
 // with transformers' own forward.
 #include <torch/torch.h>
@@ -9,6 +11,7 @@
 #include <string>
 
 #include "fsdp/checkpoint/hf_weights.h"
+#include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"
@@ -17,11 +20,12 @@
 #include "fsdp/train/trainer.h"
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: fsdp_hf_logits MODEL_DIR IDS.safetensors OUT.safetensors\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: fsdp_hf_logits MODEL_DIR IDS.safetensors OUT.safetensors [PEFT_ADAPTER_DIR]\n");
     return 2;
   }
   const std::string model_dir = argv[1], ids_path = argv[2], out_path = argv[3];
+  const std::string adapter_dir = argc == 5 ? argv[4] : "";
   auto world = fsdp::comm::init_world();
   try {
     fsdp::train::TrainConfig config;
@@ -30,7 +34,9 @@ int main(int argc, char** argv) {
       if (checkpoint) {
         config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(model_dir).config_toml, model_dir + "/manifest.json");
       } else {
-        config = fsdp::train::parse_train_config("[model]\ninit_from = \"" + model_dir + "\"\n", model_dir + "/config.json");
+        std::string text = "[model]\ninit_from = \"" + model_dir + "\"\n";
+        if (!adapter_dir.empty()) text += "[lora]\ninit_adapter = \"" + adapter_dir + "\"\n";
+        config = fsdp::train::parse_train_config(text, model_dir + "/config.json");
       }
     });
     auto sharded = fsdp::train::build_sharded_model(config, fsdp::models::vocab_size(config.model), world);
@@ -38,6 +44,7 @@ int main(int argc, char** argv) {
       fsdp::checkpoint::load_checkpoint(model_dir, *sharded.state, nullptr);
     } else {
       fsdp::checkpoint::import_weights(*sharded.state, sharded.config, model_dir);
+      if (!adapter_dir.empty()) fsdp::checkpoint::import_peft_adapter(*sharded.state, sharded.config, adapter_dir);
     }
     torch::NoGradGuard no_grad;
     sharded.model.module->eval();

@@ -194,6 +194,35 @@ TEST(Config, HuggingFaceDirectoryGivesTheModel) {
   EXPECT_NE(error_of("[model]\ninit_from = \"" + dir.path() + "\"\ndim = 128\n").find("model.dim is set by"), std::string::npos);
 }
 
+// lora.init_adapter: the PEFT adapter's r, lora_alpha, lora_dropout and target_modules fill the
+// [lora] keys left out; a key given otherwise, or a directory that is no adapter, is refused by name.
+TEST(Config, PeftAdapterFillsAndMustAgreeWithLora) {
+  HfDir dir(kLlama32);
+  const std::string adapter = dir.path() + "/adapter";
+  std::filesystem::create_directories(adapter);
+  std::ofstream(adapter + "/adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05, "bias": "none",
+             "target_modules": ["v_proj", "q_proj"], "task_type": "CAUSAL_LM"})";
+  const std::string base = "[model]\ninit_from = \"" + dir.path() + "\"\n[lora]\ninit_adapter = \"" + adapter + "\"\n";
+  auto config = parse_train_config(base, "test.toml");
+  const auto& lora = std::get<fsdp::models::LlamaConfig>(config.model).lora;
+  EXPECT_EQ(lora.rank, 4);
+  EXPECT_DOUBLE_EQ(lora.alpha, 8.0);
+  EXPECT_DOUBLE_EQ(lora.dropout, 0.05);
+  EXPECT_EQ(lora.targets, (std::vector<std::string>{"v_proj", "q_proj"}));
+  EXPECT_EQ(config.lora_init_adapter, adapter);
+  // The same settings spelled out agree (targets in any order).
+  EXPECT_NO_THROW(parse_train_config(base + "rank = 4\nalpha = 8.0\ntargets = \"q_proj v_proj\"\n", "test.toml"));
+  EXPECT_NE(error_of(base + "rank = 8\n").find("lora.rank is 8 but the adapter"), std::string::npos);
+  EXPECT_NE(error_of(base + "targets = \"q_proj\"\n").find("target_modules \"v_proj q_proj\""), std::string::npos);
+  const std::string missing = "[model]\ninit_from = \"" + dir.path() + "\"\n[lora]\ninit_adapter = \"" + dir.path() + "/none\"\n";
+  EXPECT_NE(error_of(missing).find("cannot read adapter_config.json"), std::string::npos);
+  std::ofstream(adapter + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 0, "target_modules": ["q_proj"]})";
+  EXPECT_NE(error_of(base).find("r must be positive, got 0"), std::string::npos);
+  std::ofstream(adapter + "/adapter_config.json") << R"({"peft_type": "PREFIX_TUNING", "num_virtual_tokens": 20})";
+  EXPECT_NE(error_of(base).find("only LORA adapters load"), std::string::npos);
+}
+
 // A run's resolved config.toml (family and every field) reads back as the same model, for every
 // family (the review found ViT's image size and classes lost).
 TEST(Config, ResolvedConfigsReadBackAsTheSameModel) {

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "fsdp/models/layers.h"
+#include "fsdp/models/linear_cross_entropy.h"
 #include "fsdp/models/registry.h"
 
 namespace {
@@ -170,6 +171,65 @@ namespace {
 
 // LoRA (models/layers.h): adapters on the targeted layers only, PEFT's names and shapes, B = 0 so
 // the model starts equal to its base, everything but the adapters frozen; bad specs refused.
+// The chunked head + cross-entropy equals the composed one (linear, to fp32, cross_entropy with
+// reduction sum and ignore_index -100): loss, d hidden and d weight, in fp32 (tolerance 1e-5
+// relative) and bf16 (1e-2: chunked accumulation of the weight's gradient rounds differently), for
+// chunk sizes that divide the rows, do not, and exceed them. A wrong sign, a missed ignored row or
+// a lost chunk moves these by far more.
+TEST(LinearCrossEntropy, EqualsTheComposedHeadAndLoss) {
+  torch::manual_seed(0);
+  const int64_t n = 37, dim = 24, vocab = 101;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+    const at::Tensor hidden0 = torch::randn({n, dim}).to(dtype), weight0 = (torch::randn({vocab, dim}) * 0.3).to(dtype);
+    at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
+    targets.index_put_({torch::arange(0, n, 5)}, -100);  // every 5th row not counted
+    auto composed_h = hidden0.clone().set_requires_grad(true), composed_w = weight0.clone().set_requires_grad(true);
+    const at::Tensor reference = torch::nn::functional::cross_entropy(
+        torch::matmul(composed_h, composed_w.t()).to(at::kFloat), targets,
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(-100));
+    (reference * 0.7).backward();
+    for (int64_t chunk : {1, 8, 37, 1000}) {
+      auto h = hidden0.clone().set_requires_grad(true), w = weight0.clone().set_requires_grad(true);
+      const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets, chunk);
+      (loss * 0.7).backward();
+      EXPECT_EQ(loss.scalar_type(), at::kFloat);
+      EXPECT_NEAR(loss.item<double>(), reference.item<double>(), tol * std::abs(reference.item<double>())) << "chunk " << chunk;
+      auto relative = [](const at::Tensor& a, const at::Tensor& b) {
+        return ((a.to(at::kFloat) - b.to(at::kFloat)).abs().max() / b.to(at::kFloat).abs().max()).item<double>();
+      };
+      EXPECT_LT(relative(h.grad(), composed_h.grad()), tol) << "d hidden, chunk " << chunk;
+      EXPECT_LT(relative(w.grad(), composed_w.grad()), tol) << "d weight, chunk " << chunk;
+      EXPECT_EQ(h.grad().scalar_type(), dtype);
+    }
+  }
+  EXPECT_THROW(fsdp::models::linear_cross_entropy_sum(torch::randn({4, 3}), torch::randn({5, 3}), torch::zeros({4}, at::kLong), 0),
+               std::invalid_argument);
+}
+
+// The models' loss path (ids, targets -> summed loss through the chunked head) equals their logits
+// path followed by the composed loss, tied (GPT, Llama 3.2 style) and untied (Llama).
+TEST(LinearCrossEntropy, ModelsLossPathEqualsLogitsPath) {
+  for (const char* name : {"gpt-test", "llama-test"}) {
+    for (bool tie : {false, true}) {
+      auto config = model_config(name);
+      if (auto* l = std::get_if<fsdp::models::LlamaConfig>(&config)) l->tie_embeddings = tie;
+      else if (!tie) continue;  // GPT is always tied
+      torch::manual_seed(1);
+      auto built = fsdp::models::build_model(config);
+      built.module->eval();  // no dropout: both paths see the same network
+      const int64_t vocab = fsdp::models::vocab_size(config);
+      const at::Tensor ids = torch::randint(0, vocab, {2, 9}, at::kLong), targets = torch::randint(0, vocab, {2, 9}, at::kLong);
+      const at::Tensor logits = built.forward(ids);
+      const double composed = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}).to(at::kFloat), targets.reshape(-1),
+                                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+      ASSERT_TRUE(static_cast<bool>(built.loss_sum));
+      EXPECT_NEAR(built.loss_sum(ids, targets, 4).item<double>(), composed, 1e-5 * composed) << name << (tie ? " tied" : "");
+    }
+  }
+  EXPECT_FALSE(static_cast<bool>(fsdp::models::build_model(model_config("vit-fmnist")).loss_sum));
+}
+
 TEST(Lora, AdaptersStartAtTheBaseAndFreezeIt) {
   auto base_config = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
   auto lora_config = base_config;

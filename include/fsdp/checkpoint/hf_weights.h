@@ -24,7 +24,7 @@ bool is_adapter(const std::string& name);
 struct ExportOptions {
   at::ScalarType dtype = at::kFloat;  // kFloat or kBFloat16
   // A model with LoRA adapters: write W + (alpha / r) B A for each adapted weight, and no adapters
-  // (PEFT's merge_and_unload). Without it such a model is refused (export_peft_adapter writes them).
+  // (PEFT's merge_and_unload). Without it such a model is refused (export_peft_adapter, in peft_adapter.h, writes them).
   bool merge_lora = false;
   // 0: one file `path`. Otherwise `path` is a directory receiving Hugging Face's sharded set:
   // model-00001-of-0000N.safetensors files of at most this many bytes (a larger tensor gets a file
@@ -36,14 +36,6 @@ struct ExportOptions {
 // rank 0 streams it to disk. Returns the bytes of tensor data written (on rank 0).
 int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path,
                        const ExportOptions& options = {});
-
-// Collective. The LoRA adapters alone in PEFT's format, in directory `dir`: adapter_model.safetensors
-// (base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight, ...; fp32) and
-// adapter_config.json (r, lora_alpha, target_modules, lora_dropout, bias "none", task_type
-// CAUSAL_LM, base_model_name_or_path). peft's PeftModel.from_pretrained loads it onto the base.
-// Returns the bytes of tensor data written (on rank 0).
-int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir,
-                            const std::string& base_model_name);
 
 // Collective. Loads weights (a .safetensors file, or a directory with model.safetensors.index.json
 // or a single model.safetensors) into the sharded model: each rank reads only the elements of its

@@ -68,8 +68,11 @@ TORCH_MODULE(GptBlock);
 
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& config);
-  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] fp32.
+  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] in the compute dtype.
   at::Tensor forward(const at::Tensor& ids);
+  // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
+  // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows);
   const GptConfig& config() const { return config_; }
 
   TokenEmbedding wte{nullptr};  // also the tied output head
@@ -79,6 +82,7 @@ struct GptImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:
+  at::Tensor hidden_states(const at::Tensor& ids);  // ids [b, t] -> ln_f's output [b, t, dim]
   GptConfig config_;
 };
 TORCH_MODULE(Gpt);

@@ -67,16 +67,21 @@ TORCH_MODULE(LlamaBlock);
 
 struct LlamaImpl : torch::nn::Module {
   explicit LlamaImpl(const LlamaConfig& config);
-  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] fp32.
+  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] in the compute dtype.
   at::Tensor forward(const at::Tensor& ids);
+  // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
+  // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows);
   const LlamaConfig& config() const { return config_; }
 
   TokenEmbedding embed_tokens{nullptr};  // also the output head when tied
   torch::nn::ModuleList layers;
   RMSNorm norm{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // absent (nullptr) when tied
+  LmHead lm_head{nullptr};  // absent (nullptr) when tied
 
  private:
+  at::Tensor hidden_states(const at::Tensor& ids);  // ids [b, t] -> the final norm's output [b, t, dim]
+
   LlamaConfig config_;
   at::Tensor rope_cos_, rope_sin_;  // [context, head_dim] fp32, computed once; not parameters
 };

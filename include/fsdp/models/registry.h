@@ -28,6 +28,8 @@ std::vector<std::string> model_names();
 ModelConfig model_config(const std::string& name);
 
 const char* family_name(const ModelConfig& config);  // "gpt", "llama", "vit"
+// The model's LoRA settings (rank 0: none); nullptr for a family without adapters (ViT).
+const LoraSpec* lora_spec(const ModelConfig& config);
 bool is_language_model(const ModelConfig& config);
 int64_t parameter_count(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);  // language models' vocabulary; 0 for ViT
@@ -49,6 +51,9 @@ void validate(const ModelConfig& config);
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;
   std::function<at::Tensor(const at::Tensor&)> forward;
+  // Language models: (ids, targets [b, t], chunk_rows) -> the summed token loss (fp32 scalar),
+  // the head and cross-entropy fused a chunk of tokens at a time. Empty for ViT.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)> loss_sum;
 };
 BuiltModel build_model(const ModelConfig& config);
 

@@ -51,6 +51,7 @@ struct PlanInput {
   int64_t micro_batch = 1;            // samples per rank per forward
   int64_t micro_batches = 1;          // gradient accumulation steps (each one reduces)
   int64_t seq_len = 2048;             // tokens per sample (language models)
+  int64_t loss_chunk_tokens = 0;      // language models: the head and loss this many tokens at a time (0: all)
   int max_inflight = 2;               // K
   bool embedding_units = true;        // token embedding and output head are units of their own
   // Fused attention (scaled_dot_product_attention's flash or memory-efficient kernels, on a GPU and,
@@ -99,12 +100,14 @@ struct Plan {
 Plan make_plan(const PlanInput& input);
 
 // Saved activation bytes of one block for one sample (no checkpointing), and of the logits and
-// loss for one sample: the tensors autograd keeps for backward, in the compute dtype (the loss in
-// fp32). Composed attention keeps the softmax output [heads, t, t]; a fused kernel keeps only its
-// log-sum-exp [heads, t] in fp32.
+// loss for a micro-batch of `samples`: the tensors autograd keeps for backward, in the compute dtype
+// (the loss in fp32). Composed attention keeps the softmax output [heads, t, t]; a fused kernel
+// keeps only its log-sum-exp [heads, t] in fp32. A chunked loss (loss_chunk_tokens > 0) holds one
+// chunk's logits at a time and a log-sum-exp per token instead of every token's logits.
 int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
                                bool fused_attention = true);
-int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes);
+int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
+                              int64_t samples = 1, int64_t loss_chunk_tokens = 0);
 
 // DeepSpeed's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/stage3.py), the
 // "all live" variant's inner formula: per-GPU and per-node CPU bytes of model states for ZeRO-3

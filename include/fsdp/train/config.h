@@ -15,7 +15,8 @@
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
-//   [lora]       rank, alpha, dropout, targets = "q_proj v_proj", base_dtype = "bfloat16" | "float32"
+//   [lora]       rank, alpha, dropout, targets = "q_proj v_proj", base_dtype = "bfloat16" | "float32",
+//                init_adapter = "PEFT adapter directory" (continue training it)
 //   [targets]    min_tokens_per_second, max_step_seconds, max_memory_per_rank ("8GiB"),
 //                max_validation_loss (+ max_validation_loss_step), price_per_device_hour + max_cost, stop
 // Every key is optional except model.name (or init_from, or family); configs/*.toml show them all. Unknown keys, values of
@@ -148,6 +149,14 @@ struct TrainConfig {
   // [lora] rank, alpha, dropout, targets ("q_proj v_proj"): the adapters go into the model's
   // config (LoraSpec); the frozen base's shards are kept in base_dtype.
   std::string lora_base_dtype = "bfloat16";
+  // lora.init_adapter: a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  // whose lora_A/lora_B start the adapters, to continue training one. Its r, lora_alpha,
+  // lora_dropout and target_modules fill the [lora] keys left out (and must equal those given).
+  std::string lora_init_adapter;
+  // train.loss_chunk_tokens: language models compute the head and the loss this many tokens at a
+  // time (models/linear_cross_entropy.h), never holding [tokens, vocab] logits; 0: the composed
+  // head (logits, then cross-entropy).
+  int64_t loss_chunk_tokens = 2048;
   int64_t report_every = 50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
 

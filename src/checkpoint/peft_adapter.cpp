@@ -1,0 +1,174 @@
+#include "fsdp/checkpoint/peft_adapter.h"
+
+#include <ATen/ATen.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "fsdp/checkpoint/hf_model_dir.h"
+#include "fsdp/checkpoint/hf_weights.h"
+#include "fsdp/checkpoint/safetensors.h"
+#include "flat_ranges.h"
+#include "fsdp/comm/agreement.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+}  // namespace
+
+bool is_peft_adapter_dir(const std::string& dir) {
+  std::error_code error;
+  return fs::is_regular_file(fs::path(dir) / kConfigFile, error);
+}
+
+PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kConfigFile).string();
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("PEFT adapter '" + dir + "': cannot read " + kConfigFile + " (is it an adapter directory?)");
+  nlohmann::json json;
+  try {
+    in >> json;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("'" + path + "' is not valid JSON: " + e.what());
+  }
+  auto fail = [&](const std::string& what) { throw std::runtime_error("'" + path + "': " + what); };
+  if (!json.is_object()) fail("expected a JSON object");
+  try {
+    PeftAdapterConfig config;
+    const std::string type = json.value("peft_type", std::string("LORA"));
+    if (type != "LORA") fail("peft_type is '" + type + "'; only LORA adapters load");
+    if (!json.contains("r")) fail("no 'r' (the adapters' rank)");
+    config.rank = json.at("r").get<int64_t>();
+    if (config.rank <= 0) fail("r must be positive, got " + std::to_string(config.rank));
+    config.alpha = json.contains("lora_alpha") ? json.at("lora_alpha").get<double>() : 8.0;  // peft's default
+    config.dropout = json.contains("lora_dropout") ? json.at("lora_dropout").get<double>() : 0.0;
+    const std::string bias = json.value("bias", std::string("none"));
+    if (bias != "none") fail("bias is '" + bias + "'; only adapters without trained biases (\"none\") load");
+    if (!json.contains("target_modules") || !json.at("target_modules").is_array()) {
+      fail("target_modules must be a list of layer names (e.g. [\"q_proj\", \"v_proj\"])");
+    }
+    for (const auto& name : json.at("target_modules")) config.targets.push_back(name.get<std::string>());
+    if (config.targets.empty()) fail("target_modules is empty");
+    if (json.contains("base_model_name_or_path") && json.at("base_model_name_or_path").is_string()) {
+      config.base_model = json.at("base_model_name_or_path").get<std::string>();
+    }
+    return config;
+  } catch (const nlohmann::json::exception& e) {
+    fail(std::string("a key has the wrong type: ") + e.what());
+  }
+  return {};
+}
+
+std::string peft_tensor_name(const models::ModelConfig& model, const std::string& name) {
+  // PEFT wraps the model: base_model.model.<the causal LM's own name>; GPT2LMHeadModel keeps its
+  // body under "transformer.".
+  const bool gpt = std::holds_alternative<models::GptConfig>(model);
+  return "base_model.model." + std::string(gpt ? "transformer." : "") + hf_name(model, name);
+}
+
+int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir,
+                            const std::string& base_model_name) {
+  const models::LoraSpec* lora = models::lora_spec(model);
+  if (lora == nullptr || !lora->enabled()) throw std::invalid_argument("export_peft_adapter: the model has no LoRA adapters");
+  const comm::ProcessGroupPtr& group = state.group();
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (auto* flat : state.flat_params()) {
+    if (!flat->trainable()) continue;
+    std::vector<at::Tensor> full = flat->gather_full_params();  // collective
+    for (size_t e = 0; e < full.size(); ++e) {
+      const std::string& name = flat->layout().entries[e].name;
+      if (is_adapter(name)) tensors.emplace_back(peft_tensor_name(model, name), full[e].to(at::kFloat).contiguous());
+    }
+  }
+  int64_t bytes = 0;
+  comm::on_every_rank(group, "writing the PEFT adapter to '" + dir + "'", [&] {
+    if (group->rank() != 0) return;
+    fs::create_directories(dir);
+    write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}});
+    const bool gpt = std::holds_alternative<models::GptConfig>(model);
+    nlohmann::json config = {{"peft_type", "LORA"},
+                             {"task_type", "CAUSAL_LM"},
+                             {"r", lora->rank},
+                             {"lora_alpha", lora->alpha},
+                             {"lora_dropout", lora->dropout},
+                             {"target_modules", lora->targets},
+                             {"bias", "none"},
+                             {"fan_in_fan_out", gpt},  // GPT-2's Conv1D stores its weights transposed
+                             {"base_model_name_or_path", base_model_name},
+                             {"inference_mode", true},
+                             {"init_lora_weights", true},
+                             {"modules_to_save", nullptr}};
+    write_text_file((fs::path(dir) / kConfigFile).string(), config.dump(2) + "\n");
+    for (const auto& [name, t] : tensors) bytes += t.numel() * 4;
+  });
+  return bytes;
+}
+
+void import_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir) {
+  const models::LoraSpec* lora = models::lora_spec(model);
+  if (lora == nullptr || !lora->enabled()) throw std::invalid_argument("import_peft_adapter: the model has no LoRA adapters");
+  const comm::ProcessGroupPtr& group = state.group();
+  const auto flats = state.flat_params();
+  std::vector<at::Tensor> loaded(flats.size());  // per trainable FlatParam: its held range, fp32
+  comm::on_every_rank(group, "loading the PEFT adapter from '" + dir + "'", [&] {
+    const std::string path = (fs::path(dir) / kWeightsFile).string();
+    const SafetensorsFile file(path);
+    std::set<std::string> used;
+    for (size_t f = 0; f < flats.size(); ++f) {
+      if (!flats[f]->trainable()) continue;
+      const auto& layout = flats[f]->layout();
+      const auto [begin, end] = held_range(*flats[f]);
+      at::Tensor out = flats[f]->shard().narrow(0, 0, end - begin).to(at::kFloat).clone();
+      for (const auto& entry : layout.entries) {
+        if (!is_adapter(entry.name)) continue;
+        const std::string name = peft_tensor_name(model, entry.name);
+        if (!file.contains(name)) {
+          throw std::runtime_error("PEFT adapter '" + path + "' has no tensor '" + name + "' (its target_modules or " +
+                                   "layer count differ from this model's)");
+        }
+        used.insert(name);
+        const TensorInfo& info = file.info(name);
+        if (info.shape != entry.shape) {
+          throw std::runtime_error("PEFT adapter '" + path + "': tensor '" + name + "' has shape " + shape_text(info.shape) +
+                                   ", this model's layer needs " + shape_text(entry.shape) +
+                                   " (an adapter for another base model, or another rank r)");
+        }
+        if (info.dtype != at::kFloat && info.dtype != at::kBFloat16 && info.dtype != at::kHalf) {
+          throw std::runtime_error("PEFT adapter '" + path + "': tensor '" + name + "' has dtype " +
+                                   safetensors_dtype_name(info.dtype) + " (expected F32, BF16 or F16)");
+        }
+        const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
+        if (lo >= hi) continue;
+        out.narrow(0, lo - begin, hi - lo).copy_(file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat));
+      }
+      loaded[f] = out;
+    }
+    for (const auto& info : file.tensors()) {
+      const bool adapter = info.name.find(".lora_A.") != std::string::npos || info.name.find(".lora_B.") != std::string::npos;
+      if (adapter && !used.count(info.name)) {
+        throw std::runtime_error("PEFT adapter '" + path + "' holds '" + info.name + "', a layer this model does not adapt " +
+                                 "(lora.targets must cover the adapter's target_modules)");
+      }
+    }
+  });
+  for (size_t f = 0; f < flats.size(); ++f) {
+    if (loaded[f].defined()) flats[f]->shard().narrow(0, 0, loaded[f].numel()).copy_(loaded[f]);
+  }
+}
+
+}  // namespace fsdp::checkpoint

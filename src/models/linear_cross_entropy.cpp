@@ -1,0 +1,82 @@
+#include "fsdp/models/linear_cross_entropy.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace fsdp::models {
+
+namespace {
+
+constexpr int64_t kIgnored = -100;
+
+// One chunk's fp32 logits [rows, vocab]: computed in the compute dtype, as the composed head is.
+at::Tensor chunk_logits(const at::Tensor& hidden_chunk, const at::Tensor& weight) {
+  return at::matmul(hidden_chunk, weight.t()).to(at::kFloat);
+}
+
+struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& targets, int64_t chunk_rows) {
+    const int64_t n = hidden.size(0);
+    at::Tensor lse = at::empty({n}, hidden.options().dtype(at::kFloat));  // [n] fp32, kept for backward
+    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    for (int64_t start = 0; start < n; start += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, n - start);
+      const at::Tensor z = chunk_logits(hidden.narrow(0, start, rows), weight);  // [rows, vocab] fp32
+      const at::Tensor t = targets.narrow(0, start, rows);
+      const at::Tensor counted = t.ne(kIgnored);
+      const at::Tensor chunk_lse = at::logsumexp(z, 1);
+      lse.narrow(0, start, rows).copy_(chunk_lse);
+      const at::Tensor picked = z.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);
+      total += at::where(counted, chunk_lse - picked, at::zeros_like(picked)).sum();
+    }
+    ctx->save_for_backward({hidden, weight, targets, lse});
+    ctx->saved_data["chunk_rows"] = chunk_rows;
+    return total;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3];
+    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const at::Tensor g = grad_outputs[0].to(at::kFloat);  // scalar
+    const bool need_hidden = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
+    const int64_t n = hidden.size(0);
+    at::Tensor grad_hidden = need_hidden ? at::empty_like(hidden) : at::Tensor();
+    at::Tensor grad_weight = need_weight ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    for (int64_t start = 0; start < n && (need_hidden || need_weight); start += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, n - start);
+      const at::Tensor h = hidden.narrow(0, start, rows);
+      const at::Tensor t = targets.narrow(0, start, rows);
+      // d loss / d z = softmax(z) - onehot(target) for counted rows, 0 for the others; times g.
+      at::Tensor dz = (chunk_logits(h, weight) - lse.narrow(0, start, rows).unsqueeze(1)).exp_();  // [rows, vocab] fp32
+      const at::Tensor counted = t.ne(kIgnored);
+      dz.scatter_add_(1, t.clamp_min(0).unsqueeze(1), at::full({rows, 1}, -1.0f, dz.options()));
+      dz.mul_((counted.to(at::kFloat) * g).unsqueeze(1));
+      const at::Tensor dz_compute = dz.to(hidden.scalar_type());
+      if (need_hidden) grad_hidden.narrow(0, start, rows).copy_(at::matmul(dz_compute, weight));
+      if (need_weight) grad_weight.add_(at::matmul(dz_compute.t(), h).to(at::kFloat));
+    }
+    if (need_weight) grad_weight = grad_weight.to(weight.scalar_type());
+    return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                    int64_t chunk_rows) {
+  if (chunk_rows <= 0) throw std::invalid_argument("linear_cross_entropy_sum: chunk_rows must be positive, got " + std::to_string(chunk_rows));
+  if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1)) {
+    throw std::invalid_argument("linear_cross_entropy_sum: hidden [n, dim] and weight [vocab, dim] expected");
+  }
+  if (targets.dim() != 1 || targets.size(0) != hidden.size(0)) {
+    throw std::invalid_argument("linear_cross_entropy_sum: targets [n] expected, one per row of hidden");
+  }
+  return LinearCrossEntropy::apply(hidden, weight, targets.to(at::kLong), chunk_rows);
+}
+
+}  // namespace fsdp::models
