@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
   int64_t loss_chunk = -1;
   app.add_option("--loss-chunk", loss_chunk,
                  "language models: the head and loss this many tokens at a time (train.loss_chunk_tokens; "
-                 "default 2048, or the config's; 0: whole logits)")->check(CLI::NonNegativeNumber);
+                 "default 1024, or the config's; 0: whole logits)")->check(CLI::NonNegativeNumber);
   bool embeddings_in_root = false;
   app.add_flag("--embeddings-in-root", embeddings_in_root,
                "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");

@@ -5,7 +5,7 @@
 # step time, side by side in one run, with fsdp-plan's prediction for each. Prints a table, writes JSON.
 #   bash bench/chunked_loss_memory.sh [OUT.json]      (build/ made by scripts/setup.sh)
 # The model: a Llama with Llama 3's vocabulary (128,256, untied; 4 layers, width 512, 8 heads over
-# 2 key/value heads, SwiGLU 1536: 139 M parameters, 131 M of them embedding and head), random
+# 2 key/value heads, SwiGLU 1536: 143 M parameters, 131 M of them embedding and head), random
 # weights, the byte tokenizer's fortunes, 3 steps of 4 x 512 tokens per rank, AdamW, in fp32 and in
 # bf16 compute. The chunk: 512 tokens.
 set -euo pipefail

@@ -14,7 +14,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$(dirname "$out_json")"
-common=$'[model]\nname = "llama-small"\ndim = 1536\nlayers = 12\nheads = 12\nkv_heads = 4\nffn_hidden = 4096\ncontext = 128
+# Another Llama shape: DIM, LAYERS, HEADS, KV_HEADS, FFN in the environment (e.g. the largest that fits
+# the full fine-tune here: DIM=2048 LAYERS=22 HEADS=16 KV_HEADS=4 FFN=5632, 1.0 B parameters).
+shape="dim = ${DIM:-1536}\nlayers = ${LAYERS:-12}\nheads = ${HEADS:-12}\nkv_heads = ${KV_HEADS:-4}\nffn_hidden = ${FFN:-4096}"
+common=$'[model]\nname = "llama-small"\n'"$(printf "$shape")"$'\ncontext = 128
 [data]\nsource = "fortunes"\n[train]\nsteps = 3\nglobal_batch = 8\nseq_len = 128\nthreads = 1\nreport_every = 0
 [eval]\nevery = 0\nbatches = 1\nsample_tokens = 0\n[optimizer]\nwarmup_steps = 0\n[fsdp]\nparam_dtype = "bfloat16"'
 lora=$'\n[lora]\nrank = 16\nalpha = 32\ntargets = "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"\nbase_dtype = "bfloat16"'

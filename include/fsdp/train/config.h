@@ -156,7 +156,7 @@ struct TrainConfig {
   // train.loss_chunk_tokens: language models compute the head and the loss this many tokens at a
   // time (models/linear_cross_entropy.h), never holding [tokens, vocab] logits; 0: the composed
   // head (logits, then cross-entropy).
-  int64_t loss_chunk_tokens = 2048;
+  int64_t loss_chunk_tokens = 1024;
   int64_t report_every = 50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
 
