@@ -172,21 +172,58 @@ void ring_all_gather(const void* input, void* output, int count, MPI_Datatype ty
   }
 }
 
+// Ends the job from this process: MPI_Abort asks the launcher to end every rank. Across hosts the
+// launcher may be unable to reach a host whose link is down, and MPI_Abort need not return then (a
+// run on 2026-11-30 sat in it for 142 s, until the link came back), so a timer ends this process
+// kAbortGrace later whatever MPI_Abort does. The launcher's own exit is its keepalive's business
+// (README, "Across hosts").
+constexpr std::chrono::seconds kAbortGrace{5};
+
+[[noreturn]] void abort_world(int code) {
+  std::thread([code] {
+    std::this_thread::sleep_for(kAbortGrace);
+    std::fprintf(stderr, "fsdp: MPI_Abort did not end this process within %lld s; exiting\n",
+                 static_cast<long long>(kAbortGrace.count()));
+    std::fflush(stderr);
+    std::_Exit(code);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+// The ranks a collective on `comm` waits for besides this one, as world ranks: "1", "0 2 3", or
+// the first eight and a count.
+std::string peers_of(MPI_Comm comm, int rank, int size) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks, world_ranks;
+  for (int r = 0; r < size; ++r) if (r != rank) ranks.push_back(r);
+  world_ranks.resize(ranks.size());
+  MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(), world, world_ranks.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  std::string text;
+  for (size_t i = 0; i < world_ranks.size() && i < 8; ++i) text += (i ? " " : "") + std::to_string(world_ranks[i]);
+  if (world_ranks.size() > 8) text += " ... (" + std::to_string(world_ranks.size()) + " ranks)";
+  return text.empty() ? "none" : text;
+}
+
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string description, std::string who, std::chrono::milliseconds timeout)
-      : description_(std::move(description)), who_(std::move(who)), timeout_(timeout) {}
+  MpiWork(std::string description, std::string who, std::string peers, std::chrono::milliseconds timeout)
+      : description_(std::move(description)), who_(std::move(who)), peers_(std::move(peers)), timeout_(timeout) {}
 
   void wait() override {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_cv_.wait_for(lock, timeout_, [this] { return done_; })) {
       std::fprintf(stderr,
-                   "%s: %s did not complete within %lld ms: another rank probably never joined it "
-                   "(it failed, or took another code path). Aborting every rank.\n",
-                   who_.c_str(), description_.c_str(), static_cast<long long>(timeout_.count()));
+                   "%s: %s did not complete within %lld ms, waiting for world rank(s) %s: one of them "
+                   "probably never joined it (it failed, its host or link is down, or it took another "
+                   "code path). Aborting every rank.\n",
+                   who_.c_str(), description_.c_str(), static_cast<long long>(timeout_.count()), peers_.c_str());
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 3);
-      std::abort();
+      abort_world(3);
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -211,6 +248,7 @@ class MpiWork final : public Work {
  private:
   std::string description_;
   std::string who_;
+  std::string peers_;  // the ranks waited for (peers_of)
   std::chrono::milliseconds timeout_;
   std::mutex mutex_;
   std::condition_variable done_cv_;
@@ -236,6 +274,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     who_ = "[fsdp rank " + std::to_string(world_rank) + ", group " + name_ + " rank " + std::to_string(rank_) +
            "/" + std::to_string(size_) + "]";
+    peers_ = peers_of(comm_, rank_, size_);
     thread_ = std::thread([this] { run(); });
   }
 
@@ -396,8 +435,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   [[noreturn]] void abort(const std::string& why) override {
     std::fprintf(stderr, "%s aborting the job: %s\n", who_.c_str(), why.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();
+    abort_world(1);
   }
 
  private:
@@ -420,7 +458,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   };
 
   WorkPtr enqueue(const std::string& what, std::function<void()> body) {
-    auto work = std::make_shared<MpiWork>(what, who_, options_.timeout);
+    auto work = std::make_shared<MpiWork>(what, who_, peers_, options_.timeout);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) throw std::runtime_error(who_ + " " + what + ": the process group is shut down");
@@ -459,6 +497,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   int rank_ = 0;
   int size_ = 1;
   std::string who_;
+  std::string peers_;  // every other member of the group, as world ranks (peers_of)
   std::mutex mutex_;
   std::condition_variable queue_cv_;
   std::deque<Task> queue_;

@@ -34,5 +34,6 @@ netns_mpirun() {
   ip netns exec fsdp-h0 unshare --uts sh -c 'hostname fsdp-h0; exec "$@"' sh \
     mpirun --allow-run-as-root --host fsdp-h0:1,fsdp-h1:1 --mca plm_rsh_agent "$NETNS_DIR/netns_rsh.sh" \
     --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
+    --mca oob_tcp_keepalive_time "${NETNS_KEEPALIVE_S:-300}" --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
     --bind-to none -x OMP_NUM_THREADS -x FSDP_COMM_TIMEOUT_MS -x PATH -x LD_LIBRARY_PATH "$@"
 }
