@@ -4,7 +4,7 @@
 #   bash tests/multihost/check_multihost.sh BUILD_DIR [--report OUT.md]
 # 1. equal:    20 steps of the main job's model at 2 ranks, one per host, against the same on one
 #              host (shared memory): the same losses, printed to 9 digits, and the same checkpoint
-#              (every slice's crc32 in the manifests).
+#              (each rank file's crc32 in the manifests).
 # 2. link cut: mid-run the link goes down (and stays down). Every fsdp-train process must exit
 #              within FSDP_COMM_TIMEOUT_MS + 15 s, with a message naming the operation and the rank.
 # 3. SIGKILL:  mid-run the rank on the second host is killed. The same.
@@ -60,7 +60,7 @@ a=$(losses "$work/one-host"); b=$(losses "$work/two-hosts")
 check $([ $rc = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && echo 0 || echo 1) \
   "2 hosts (TCP) give one host's losses bit for bit over 20 steps (last: ${b##* }; exit $rc)"
 check $([ -n "$(crcs "$work/one-host")" ] && [ "$(crcs "$work/one-host")" = "$(crcs "$work/two-hosts")" ] && echo 0 || echo 1) \
-  "2 hosts write the same checkpoint as one host (every slice's crc32)"
+  "2 hosts write the same checkpoint as one host (each rank file's crc32 in the manifest)"
 
 # 2 and 3: a fault mid-run; how long until every fsdp-train process, then every launcher process
 # (mpirun, orted), is gone.
