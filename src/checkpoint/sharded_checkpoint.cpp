@@ -18,6 +18,7 @@
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "flat_ranges.h"
+#include "manifest.h"
 #include "fsdp/comm/agreement.h"
 
 namespace fsdp::checkpoint {
@@ -27,9 +28,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kFormat = "fsdp.cpp sharded checkpoint";
 // Version 1 recorded one crc32 per rank file only: its files are checked whole when opened.
-constexpr int kOldestReadableVersion = 1;
 // Rank 0's file stores module buffers under this prefix: "buffer.bn.running_mean".
 constexpr const char* kBufferPrefix = "buffer.";
 
@@ -108,110 +107,15 @@ std::vector<std::string> all_gather_text(const comm::ProcessGroupPtr& group, con
   return texts;
 }
 
-// Every key the loaders read, with its type, checked before any is used (a manifest edited by
-// hand or damaged must be refused, naming the key, not read as undefined behaviour).
-void validate_manifest(const json& m, const std::string& dir, int version) {
-  auto fail = [&](const std::string& what) {
-    throw std::runtime_error("checkpoint '" + dir + "': manifest.json: " + what);
-  };
-  auto integer = [&](const json& object, const char* key, const std::string& where, int64_t least) {
-    if (!object.is_object() || !object.contains(key) || !object.at(key).is_number_integer()) {
-      fail(where + "'" + key + "' is missing or not an integer");
-    }
-    if (object.at(key).get<int64_t>() < least) fail(where + "'" + key + "' must be at least " + std::to_string(least));
-  };
-  auto text = [&](const json& object, const char* key, const std::string& where) {
-    if (!object.contains(key) || !object.at(key).is_string()) fail(where + "'" + key + "' is missing or not a string");
-  };
-  auto shape = [&](const json& object, const std::string& where) {
-    if (!object.contains("shape") || !object.at("shape").is_array()) fail(where + "'shape' is missing or not an array");
-    for (const auto& d : object.at("shape")) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where + "'shape' holds " + d.dump() + ", not a size");
-    }
-  };
-  integer(m, "step", "", 0);
-  integer(m, "world_size", "", 1);
-  if (!m.contains("flat_params") || !m.at("flat_params").is_array()) fail("'flat_params' is missing or not an array");
-  for (size_t i = 0; i < m.at("flat_params").size(); ++i) {
-    const json& flat = m.at("flat_params")[i];
-    const std::string where = "flat_params[" + std::to_string(i) + "].";
-    if (!flat.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
-    text(flat, "unit", where);
-    integer(flat, "numel", where, 0);
-    if (!flat.contains("trainable") || !flat.at("trainable").is_boolean()) fail(where + "'trainable' is missing or not a boolean");
-    if (!flat.contains("entries") || !flat.at("entries").is_array()) fail(where + "'entries' is missing or not an array");
-    for (size_t j = 0; j < flat.at("entries").size(); ++j) {
-      const json& entry = flat.at("entries")[j];
-      const std::string at = where + "entries[" + std::to_string(j) + "].";
-      if (!entry.is_object()) fail(at.substr(0, at.size() - 1) + " is not an object");
-      text(entry, "name", at);
-      shape(entry, at);
-      integer(entry, "offset", at, 0);
-    }
-  }
-  if (!m.contains("files") || !m.at("files").is_array()) fail("'files' is missing or not an array");
-  for (size_t r = 0; r < m.at("files").size(); ++r) {
-    const json& file = m.at("files")[r];
-    const std::string where = "files[" + std::to_string(r) + "].";
-    if (!file.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
-    text(file, "file", where);
-    integer(file, "bytes", where, 0);
-    integer(file, "crc32", where, 0);
-    if (version >= 2 && (!file.contains("tensors") || !file.at("tensors").is_object())) fail(where + "'tensors' is missing or not an object");
-    if (version >= 2) {
-      for (const auto& [name, crc] : file.at("tensors").items()) {
-        if (!crc.is_number_unsigned()) fail(where + "tensors['" + name + "'] is not a crc32");
-      }
-    }
-  }
-  if (m.contains("buffers")) {
-    if (!m.at("buffers").is_array()) fail("'buffers' is not an array");
-    for (size_t i = 0; i < m.at("buffers").size(); ++i) {
-      const json& buffer = m.at("buffers")[i];
-      const std::string where = "buffers[" + std::to_string(i) + "].";
-      if (!buffer.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
-      text(buffer, "name", where);
-      text(buffer, "dtype", where);
-      shape(buffer, where);
-    }
-  }
-  for (const char* key : {"model", "config_toml", "optimizer"}) {
-    if (m.contains(key) && !m.at(key).is_string()) fail(std::string("'") + key + "' is not a string");
-  }
-  if (m.contains("optimizer_steps")) integer(m, "optimizer_steps", "", 0);
-  if (m.contains("optimizer_state")) {
-    if (!m.at("optimizer_state").is_array()) fail("'optimizer_state' is not an array");
-    for (const auto& name : m.at("optimizer_state")) {
-      if (!name.is_string()) fail("'optimizer_state' holds " + name.dump() + ", not a name");
-    }
-  }
-}
-
 json read_manifest(const std::string& dir) {
   const fs::path path = fs::path(dir) / "manifest.json";
   std::ifstream in(path);
   if (!in) {
     throw std::runtime_error("checkpoint '" + dir + "': no manifest.json (not a checkpoint, or one whose save never finished)");
   }
-  json manifest;
-  try {
-    in >> manifest;
-  } catch (const std::exception& e) {
-    throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not valid JSON: " + e.what());
-  }
-  if (!manifest.is_object() || !manifest.contains("format") || manifest.at("format") != kFormat) {
-    throw std::runtime_error("checkpoint '" + dir + "': manifest.json is not a " + std::string(kFormat));
-  }
-  if (!manifest.contains("version") || !manifest.at("version").is_number_integer()) {
-    throw std::runtime_error("checkpoint '" + dir + "': manifest.json: 'version' is missing or not an integer");
-  }
-  const int version = manifest.at("version").get<int>();
-  if (version < kOldestReadableVersion || version > kCheckpointFormatVersion) {
-    throw std::runtime_error("checkpoint '" + dir + "': format version " + std::to_string(version) + ", this build reads versions " +
-                             std::to_string(kOldestReadableVersion) + " to " + std::to_string(kCheckpointFormatVersion));
-  }
-  validate_manifest(manifest, dir, version);
-  return manifest;
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_manifest(text.str(), dir);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -357,7 +261,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
       files.push_back({{"rank", r}, {"file", rank_file_name(r, world)}, {"bytes", facts.at("bytes")},
                        {"crc32", facts.at("crc32")}, {"tensors", facts.at("tensors")}});
     }
-    json manifest = {{"format", kFormat},
+    json manifest = {{"format", kManifestFormat},
                      {"version", kCheckpointFormatVersion},
                      {"step", info.step},
                      {"world_size", world},
@@ -539,17 +443,39 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
   return info;
 }
 
-std::string find_latest_checkpoint(const std::string& checkpoints_dir) {
+namespace {
+// The step of a published checkpoint directory's name ("step-00000012" -> 12), or -1.
+int64_t published_step(const fs::directory_entry& entry) {
+  const std::string name = entry.path().filename().string();
+  if (!entry.is_directory() || name.rfind("step-", 0) != 0 || name.find(".partial") != std::string::npos) return -1;
+  if (name.size() <= 5 || name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
+  if (!fs::exists(entry.path() / "manifest.json")) return -1;
+  return std::stoll(name.substr(5));
+}
+}  // namespace
+
+std::string find_latest_checkpoint(const std::string& checkpoints_dir, int64_t max_step) {
   std::error_code error;
   if (!fs::is_directory(checkpoints_dir, error)) return "";
-  std::string best;
+  int64_t best = -1;
+  std::string best_path;
   for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step-", 0) != 0 || name.find(".partial") != std::string::npos) continue;
-    if (!fs::exists(entry.path() / "manifest.json")) continue;
-    if (name > best) best = name;  // zero-padded step numbers sort as numbers
+    const int64_t step = published_step(entry);
+    if (step < 0 || (max_step >= 0 && step > max_step) || step <= best) continue;
+    best = step;
+    best_path = entry.path().string();
   }
-  return best.empty() ? "" : (fs::path(checkpoints_dir) / best).string();
+  return best_path;
+}
+
+void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step) {
+  std::error_code error;
+  if (!fs::is_directory(checkpoints_dir, error)) return;
+  std::vector<fs::path> later;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+    if (published_step(entry) > step) later.push_back(entry.path());
+  }
+  for (const auto& path : later) fs::remove_all(path, error);
 }
 
 void prune_checkpoints(const std::string& checkpoints_dir, int keep) {

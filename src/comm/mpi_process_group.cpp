@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/process_group.h"
 
@@ -209,20 +210,86 @@ std::string peers_of(MPI_Comm comm, int rank, int size) {
   return text.empty() ? "none" : text;
 }
 
+// A duplicate of MPI_COMM_WORLD used only when a wait times out: there the ranks exchange where each
+// one waits, on a communicator no collective of theirs can be stuck in. MPI_COMM_NULL until init_world.
+MPI_Comm g_watchdog = MPI_COMM_NULL;
+// How long a timed-out rank waits for the others' positions before it gives up.
+constexpr std::chrono::seconds kPositionsGrace{3};
+// When some rank could not answer (its host or the link is down), how long the rank waits for the
+// launcher to end the job before aborting itself. MPI_Abort makes the launcher send to every host;
+// on a dead link that data is retransmitted for many minutes, and while it is, TCP keepalive (how
+// Open MPI's daemons notice a dead link: README, "Across hosts") stays silent: the launcher would
+// outlive the job. Left alone, the launcher notices within its keepalive time and ends every rank.
+constexpr std::chrono::seconds kLauncherGrace{4};
+
+struct Positions {
+  std::string lines;     // to print after the timeout's message
+  bool every_rank = false;  // every rank answered
+};
+
+// Called by the first wait of this process that times out: every rank that times out (they all do
+// when ranks took different code paths) says which collective it waits in, so each message shows
+// both sides. Returns the lines to print; a rank that does not answer within kPositionsGrace (dead,
+// or computing rather than waiting) is named as such.
+Positions positions_at_timeout(const std::string& mine) {
+  if (g_watchdog == MPI_COMM_NULL) return {};
+  constexpr int kSlot = 256;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(g_watchdog, &rank);
+  MPI_Comm_size(g_watchdog, &size);
+  if (size < 2) return {"", true};
+  std::vector<char> slot(kSlot, '\0'), all(static_cast<size_t>(kSlot) * size, '\0');
+  std::memcpy(slot.data(), mine.data(), std::min<size_t>(mine.size(), kSlot - 1));
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (MPI_Iallgather(slot.data(), kSlot, MPI_CHAR, all.data(), kSlot, MPI_CHAR, g_watchdog, &request) != MPI_SUCCESS) return {};
+  const auto deadline = Clock::now() + kPositionsGrace;
+  int done = 0;
+  while (!done && Clock::now() < deadline) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!done) {
+    return {"  The other ranks did not say where they wait within " + std::to_string(kPositionsGrace.count()) +
+                " s (dead, unreachable, or computing rather than waiting in a collective); leaving the launcher " +
+                std::to_string(kLauncherGrace.count()) + " s to end the job before aborting.\n",
+            false};
+  }
+  std::string lines = "  Where every rank waits (the first that differ took another code path):\n";
+  for (int r = 0; r < size; ++r) {
+    const char* text = all.data() + static_cast<size_t>(r) * kSlot;
+    lines += "    rank " + std::to_string(r) + ": " + std::string(text, strnlen(text, kSlot)) + "\n";
+  }
+  return {lines, true};
+}
+
+std::atomic<bool> g_timed_out{false};  // the first timeout reports; later ones on other groups only abort
+
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string description, std::string who, std::string peers, std::chrono::milliseconds timeout)
-      : description_(std::move(description)), who_(std::move(who)), peers_(std::move(peers)), timeout_(timeout) {}
+  MpiWork(std::string description, std::string who, std::string peers, std::string place, std::chrono::milliseconds timeout)
+      : description_(std::move(description)), who_(std::move(who)), peers_(std::move(peers)), place_(std::move(place)),
+        timeout_(timeout) {}
 
   void wait() override {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_cv_.wait_for(lock, timeout_, [this] { return done_; })) {
+      if (g_timed_out.exchange(true)) {  // another wait of this process is reporting, then aborts
+        std::this_thread::sleep_for(kPositionsGrace + kLauncherGrace + std::chrono::seconds(5));
+        abort_world(3);
+      }
+      // The line first (a launcher may end this process while the positions are exchanged), then
+      // where every rank waits.
       std::fprintf(stderr,
                    "%s: %s did not complete within %lld ms, waiting for world rank(s) %s: one of them "
                    "probably never joined it (it failed, its host or link is down, or it took another "
-                   "code path). Aborting every rank.\n",
-                   who_.c_str(), description_.c_str(), static_cast<long long>(timeout_.count()), peers_.c_str());
+                   "code path). Here it was %s. Aborting every rank.\n",
+                   who_.c_str(), description_.c_str(), static_cast<long long>(timeout_.count()), peers_.c_str(),
+                   place_.c_str());
       std::fflush(stderr);
+      const Positions positions = positions_at_timeout(place_ + ": " + description_);
+      std::fprintf(stderr, "%s", positions.lines.c_str());
+      std::fflush(stderr);
+      if (!positions.every_rank) std::this_thread::sleep_for(kLauncherGrace);
       abort_world(3);
     }
     if (error_) std::rethrow_exception(error_);
@@ -249,6 +316,7 @@ class MpiWork final : public Work {
   std::string description_;
   std::string who_;
   std::string peers_;  // the ranks waited for (peers_of)
+  std::string place_;  // its place in this rank's step (record_collective)
   std::chrono::milliseconds timeout_;
   std::mutex mutex_;
   std::condition_variable done_cv_;
@@ -458,7 +526,9 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   };
 
   WorkPtr enqueue(const std::string& what, std::function<void()> body) {
-    auto work = std::make_shared<MpiWork>(what, who_, peers_, options_.timeout);
+    // A split's color differs between ranks by design: it is fingerprinted without it.
+    const std::string place = record_collective(what.rfind("split(", 0) == 0 ? "split" : what);
+    auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) throw std::runtime_error(who_ + " " + what + ": the process group is shut down");
@@ -551,6 +621,7 @@ ProcessGroupPtr init_world(const ProcessGroupOptions& options) {
   } catch (const std::runtime_error& e) {
     throw std::runtime_error(std::string("init_world: ") + e.what());
   }
+  if (g_watchdog == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &g_watchdog);
   world = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "world", resolved);
   g_world = world;
   return world;

@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/launch.h"
 
 namespace fsdp::comm {
@@ -232,7 +233,8 @@ class NcclProcessGroup final : public ProcessGroup {
   template <class Launch>
   WorkPtr enqueue(const std::string& what, std::vector<at::Tensor> tensors, Launch&& launch) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-    auto work = std::make_shared<NcclWork>(who_ + " " + what, device_index_, std::move(tensors));
+    auto work = std::make_shared<NcclWork>(who_ + " " + what + " [" + record_collective(what) + "]", device_index_,
+                                           std::move(tensors));
     // The collective reads what the caller's stream wrote: order it after that stream's queued work.
     c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
     check_cuda(cudaEventRecord(work->start_event(), caller.stream()), "cudaEventRecord", work->description());

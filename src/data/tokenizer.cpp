@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <climits>
 #include <fstream>
 #include <sstream>
@@ -198,7 +199,15 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
       if (model.contains(key) && !model[key].is_null()) refuse(std::string("BPE ") + key);
     }
     std::unordered_map<std::string, int32_t> vocab;
-    for (const auto& [token, id] : model.at("vocab").items()) vocab[token] = id.get<int32_t>();
+    for (const auto& [token, id] : model.at("vocab").items()) {
+      // Read as 64 bits: get<int32_t> would wrap a crafted 2^32 + 5 to a valid-looking 5.
+      const int64_t wide = id.get<int64_t>();
+      vocab[token] = wide < 0 || wide > std::numeric_limits<int32_t>::max() ? -1 : static_cast<int32_t>(wide);
+      if (vocab[token] < 0) {
+        throw std::runtime_error("hf tokenizer: " + source_ + ": token '" + token + "' has id " + id.dump() +
+                                 ", expected an id in [0, " + std::to_string(model.at("vocab").size()) + ")");
+      }
+    }
     std::vector<std::string> merges;
     merges.reserve(model.at("merges").size());
     for (const auto& merge : model.at("merges")) {
@@ -215,7 +224,15 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
       for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
         if (token.value(flag, false)) refuse("added token " + content + " with " + flag);
       }
-      const int32_t id = token.at("id").get<int32_t>();
+      // Added tokens extend the vocabulary (Llama 3's 256 after 128000) or name some of its tokens
+      // (GPT-2's <|endoftext|>): at most one new id per added token.
+      const int64_t wide = token.at("id").get<int64_t>();
+      const int64_t limit = bpe_->id_limit() + static_cast<int64_t>(root.at("added_tokens").size());
+      if (wide < 0 || wide >= limit) {
+        throw std::runtime_error("hf tokenizer: " + source_ + ": added token '" + content + "' has id " + std::to_string(wide) +
+                                 ", expected an id in [0, " + std::to_string(limit) + ") (the vocabulary plus the added tokens)");
+      }
+      const auto id = static_cast<int32_t>(wide);
       added_[content] = id;
       added_by_id_[id] = content;
       if (!content.empty()) starts_added_[static_cast<unsigned char>(content[0])] = true;

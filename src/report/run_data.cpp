@@ -49,7 +49,10 @@ void add_step(RunData& run, const nlohmann::json& r) {
     for (const auto& v : r.at(memory_key)) p.peak_memory_per_rank.push_back(v.is_number() ? v.get<double>() : 0);
   }
   p.skipped = r.value("skipped", false);
-  if (p.skipped) run.events.push_back({RunEvent::Kind::Skipped, p.step, "step " + std::to_string(p.step) + " skipped (non-finite gradients)"});
+  if (p.skipped) {
+    run.events.push_back({RunEvent::Kind::Skipped, p.step,
+                          "step " + std::to_string(p.step) + " skipped (" + r.value("skip_reason", std::string("non-finite")) + ")"});
+  }
   // A resumed run appends: its steps replace any the first run recorded past its checkpoint.
   while (!run.steps.empty() && run.steps.back().step >= p.step) run.steps.pop_back();
   run.steps.push_back(std::move(p));
@@ -121,6 +124,13 @@ RunData read_run(const std::string& dir) {
             run.targets.push_back({key, limit.get<double>(), false, 0, ""});
           }
         }
+      } else if (r.contains("rollback_to")) {
+        // A rollback ([guard]) discards the steps after its checkpoint, as a resume does.
+        const int64_t to = r.at("rollback_to").get<int64_t>();
+        run.events.erase(std::remove_if(run.events.begin(), run.events.end(),
+                                        [&](const RunEvent& e) { return e.step > to && e.kind == RunEvent::Kind::Checkpoint; }),
+                         run.events.end());
+        run.events.push_back({RunEvent::Kind::Restart, to, r.value("message", "rolled back to step " + std::to_string(to))});
       } else if (r.contains("eval_step")) {
         EvalPoint e{r.at("eval_step").get<int64_t>(), number_or(r, "validation_loss", 0), number_or(r, "test_accuracy", -1)};
         while (!run.evals.empty() && run.evals.back().step >= e.step) run.evals.pop_back();

@@ -6,9 +6,15 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/shard/storage.h"
 
 namespace fsdp::shard {
+
+namespace {
+// How this buffer's collectives are labelled in the step's collective record (comm/collective_log.h).
+std::string unit_label(const std::string& unit_name) { return "unit '" + unit_name + "'"; }
+}  // namespace
 
 FlatLayout FlatLayout::make(std::vector<FlatEntry> entries, int num_shards) {
   FlatLayout layout;
@@ -142,6 +148,7 @@ comm::WorkPtr FlatParam::unshard_async() {
   if (replicate_ || is_unsharded()) return nullptr;
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
+  const comm::CollectiveLabel label(unit_label(unit_name_));
   if (compute_dtype_ == shard_.scalar_type() && !offload_) return group_->all_gather(unsharded_, shard_);
   // [shard_numel] compute dtype on the compute device, freed after the gather. Offloaded: a copy from
   // pinned host memory, asynchronous on the caller's stream (the gather is ordered after it).
@@ -189,6 +196,7 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
       unsharded_grad_.narrow(0, entry.offset, entry.numel).add_(grad.reshape(-1));
     }
   }
+  const comm::CollectiveLabel label(unit_label(unit_name_));
   if (replicate_) {
     return group_->all_reduce(unsharded_grad_, comm::ReduceOp::Average);
   }
@@ -209,6 +217,7 @@ comm::WorkPtr FlatParam::reduce_across_replicas_async() {
     throw std::logic_error("FlatParam '" + unit_name_ + "': reduce_across_replicas_async without a reduced gradient");
   }
   // On the replica group's own communication thread, while the shard group reduces the next unit.
+  const comm::CollectiveLabel label(unit_label(unit_name_));
   if (!replica_reduce_) replica_reduce_ = replica_group_->all_reduce(reduced_grad_, comm::ReduceOp::Average);
   return replica_reduce_;
 }

@@ -4,6 +4,7 @@
 #include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/plan/memory_plan.h"
+#include "toml_screen.h"
 
 #include <toml++/toml.h>
 
@@ -41,7 +42,7 @@ class Reader {
       const std::string section_name(section.str());
       if (const toml::table* table = node.as_table()) {
         if (!known_sections().count(section_name)) {
-          fail("unknown section [" + section_name + "] (known: model, data, train, optimizer, fsdp, eval, checkpoint, targets, lora)");
+          fail("unknown section [" + section_name + "] (known: model, data, train, optimizer, fsdp, eval, checkpoint, targets, guard, lora)");
         }
         for (const auto& [key, value] : *table) {
           const std::string path = section_name + "." + std::string(key.str());
@@ -57,7 +58,7 @@ class Reader {
 
  private:
   static const std::set<std::string>& known_sections() {
-    static const std::set<std::string> sections = {"model", "data", "train", "optimizer", "fsdp", "eval", "checkpoint", "targets", "lora"};
+    static const std::set<std::string> sections = {"model", "data", "train", "optimizer", "fsdp", "eval", "checkpoint", "targets", "guard", "lora"};
     return sections;
   }
 
@@ -113,10 +114,14 @@ void apply_override(toml::table& root, const std::string& assignment) {
   const std::string key = assignment.substr(0, equals), text = assignment.substr(equals + 1);
   toml::table parsed;
   bool is_toml = true;
-  try {
-    parsed = toml::parse("value = " + text);
-  } catch (const toml::parse_error&) {
-    is_toml = false;
+  if (!non_ascii_outside_strings(text).empty()) {
+    is_toml = false;  // text toml++ must not see (toml_screen.h) is not TOML either: a string
+  } else {
+    try {
+      parsed = toml::parse("value = " + text);
+    } catch (const toml::parse_error&) {
+      is_toml = false;
+    }
   }
   std::vector<std::string> parts;
   std::stringstream stream(key);
@@ -349,6 +354,9 @@ void read_lora(Reader& r, TrainConfig& c) {
 TrainConfig parse_train_config(const std::string& toml_text, const std::string& source_name,
                                const std::vector<std::string>& overrides) {
   toml::table root;
+  if (const std::string where = non_ascii_outside_strings(toml_text); !where.empty()) {
+    throw ConfigError(source_name + ":" + where);
+  }
   try {
     root = toml::parse(toml_text, source_name);
   } catch (const toml::parse_error& e) {
@@ -401,6 +409,10 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("train.sync_each_micro_batch", c.sync_each_micro_batch);
   r.get("train.grad_clip", c.grad_clip);
   r.get("train.max_nonfinite_steps", c.max_nonfinite_steps);
+  r.get("guard.spike_zscore", c.guard.spike_zscore);
+  r.get("guard.window", c.guard.window);
+  r.get("guard.rollback_after", c.guard.rollback_after);
+  r.get("guard.max_rollbacks", c.guard.max_rollbacks);
   r.get("train.log_every", c.log_every);
   r.get("train.threads", c.threads);
   r.get("train.device", c.device);
@@ -499,6 +511,12 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   check(c.log_every >= 1, r, "train.log_every must be at least 1");
   check(c.loss_chunk_tokens >= 0, r, "train.loss_chunk_tokens must be 0 (off) or positive");
   check(c.max_nonfinite_steps >= 1, r, "train.max_nonfinite_steps must be at least 1");
+  check(c.guard.spike_zscore >= 0, r, "guard.spike_zscore must be 0 (off) or positive");
+  check(c.guard.window >= 2, r, "guard.window must be at least 2 (a standard deviation needs two losses)");
+  check(c.guard.rollback_after >= 0, r, "guard.rollback_after must be 0 (never) or positive");
+  check(c.guard.max_rollbacks >= 1, r, "guard.max_rollbacks must be at least 1");
+  check(c.guard.rollback_after == 0 || c.checkpoint.every > 0, r,
+        "guard.rollback_after needs checkpoints to roll back to: set checkpoint.every");
   if (language) {
     const int64_t model_context = std::visit(
         [](const auto& m) -> int64_t {
@@ -687,6 +705,12 @@ std::string to_toml(const TrainConfig& c) {
     for (const auto& t : lora->targets) targets += (targets.empty() ? "" : " ") + t;
     root.insert("lora", toml::table{{"rank", lora->rank}, {"alpha", lora->alpha}, {"dropout", lora->dropout},
                                     {"targets", targets}, {"base_dtype", c.lora_base_dtype}});
+  }
+  if (c.guard.any()) {
+    root.insert("guard", toml::table{{"spike_zscore", c.guard.spike_zscore},
+                                     {"window", c.guard.window},
+                                     {"rollback_after", c.guard.rollback_after},
+                                     {"max_rollbacks", c.guard.max_rollbacks}});
   }
   if (c.targets.any()) {
     const TargetsConfig& t = c.targets;

@@ -11,13 +11,16 @@
 namespace fsdp::train {
 
 namespace {
-constexpr int64_t kFields = 7;  // RankStepFacts, in order
+constexpr int64_t kFields = 10;  // RankStepFacts, in order (the fingerprint as three doubles)
 }  // namespace
 
 StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankStepFacts& mine, bool on_cpu) {
   const int n = world->size();
+  double fingerprint[3];
+  comm::fingerprint_to_doubles(mine.collectives, fingerprint);
   at::Tensor local = at::tensor({mine.loss, mine.peak_resident_bytes, mine.communication_seconds, mine.stop_requested ? 1.0 : 0.0,
-                                 mine.exposed_seconds, mine.device_peak_reserved_bytes, mine.step_seconds},
+                                 mine.exposed_seconds, mine.device_peak_reserved_bytes, mine.step_seconds, fingerprint[0],
+                                 fingerprint[1], fingerprint[2]},
                                 at::kDouble);
   at::Tensor all = at::empty({kFields * n}, at::kDouble);
   world->all_gather(all, local)->wait();
@@ -31,6 +34,8 @@ StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankSt
   metrics.communication = metrics.per_rank.select(1, 2).max().item<double>();
   metrics.exposed = metrics.per_rank.select(1, 4).max().item<double>();
   metrics.step_seconds = metrics.per_rank.select(1, 6).max().item<double>();
+  const double* rows = all.data_ptr<double>();
+  for (int r = 0; r < n; ++r) metrics.collectives.push_back(comm::fingerprint_from_doubles(rows + r * kFields + 7));
   return metrics;
 }
 
@@ -44,13 +49,14 @@ bool exposure_measured(const StepFigures& figures) { return figures.on_cpu; }
 std::string step_line(const StepMetrics& metrics, const StepFigures& figures) {
   char exposure[64] = "";
   if (exposure_measured(figures)) std::snprintf(exposure, sizeof(exposure), " (exposed %.3f s)", metrics.exposed);
-  char skips[64] = "";
+  char skips[96] = "";
   if (figures.skipped) {
-    std::snprintf(skips, sizeof(skips), " | skipped (%lld in all)", static_cast<long long>(figures.skipped_steps));
+    std::snprintf(skips, sizeof(skips), " | skipped: %s (%lld in all)", figures.skip_reason.c_str(),
+                  static_cast<long long>(figures.skipped_steps));
   } else if (figures.skipped_steps > 0) {
     std::snprintf(skips, sizeof(skips), " | %lld skipped", static_cast<long long>(figures.skipped_steps));
   }
-  char line[384];
+  char line[416];
   std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s%s",
                 metrics.loss, figures.lr, figures.grad_norm, format_count(figures.rate()).c_str(),
                 figures.language ? "tok/s" : "img/s", 100.0 * figures.mfu(), format_bytes(metrics.peak_memory).c_str(),
@@ -72,6 +78,8 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
                            {"peak_gathered_bytes", figures.peak_gathered_bytes},
                            {"skipped", figures.skipped},
                            {"skipped_steps", figures.skipped_steps}};
+  if (figures.skipped) record["skip_reason"] = figures.skip_reason;
+  if (figures.loss_zscore != 0.0) record["loss_zscore"] = figures.loss_zscore;
   if (!figures.on_cpu) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
   const at::Tensor& per_rank = metrics.per_rank;
   for (int64_t r = 0; r < per_rank.size(0); ++r) {

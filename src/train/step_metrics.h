@@ -1,6 +1,6 @@
 // Private to train/: a training step's metrics. What each rank measured travels in one small
 // all-gather per step (which also carries a stop request, so every rank stops after the same
-// step); from every rank's numbers come the figures the step reports, in two forms: the progress
+// step, and the fingerprint of the step's collectives, compared there); from every rank's numbers come the figures the step reports, in two forms: the progress
 // line and the metrics.jsonl record.
 #pragma once
 
@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/process_group.h"
 
 namespace fsdp::train {
@@ -24,11 +26,13 @@ struct RankStepFacts {
   double exposed_seconds = 0.0;             // time this thread waited for collectives
   double device_peak_reserved_bytes = 0.0;  // on a GPU, the caching allocator's peak reservation
   double step_seconds = 0.0;                // the step's time on this rank's clock, up to this gather
+  comm::CollectiveFingerprint collectives;  // the step's collectives so far (comm/collective_log.h)
 };
 
 // Every rank's facts and the step's figures from them.
 struct StepMetrics {
-  at::Tensor per_rank;          // [world, 6] fp64, one row of RankStepFacts per rank, in field order
+  at::Tensor per_rank;          // [world, 10] fp64, one row of RankStepFacts per rank, in field order
+  std::vector<comm::CollectiveFingerprint> collectives;  // [world] each rank's step fingerprint
   bool stop = false;            // some rank was asked to stop
   double loss = 0.0;            // mean over ranks
   double peak_memory = 0.0;     // max over ranks: device reservation on a GPU, resident memory on the CPU
@@ -52,7 +56,9 @@ struct StepFigures {
   bool language = true;              // rates in tokens (else images)
   bool on_cpu = true;                // the model's device is the host
   int64_t peak_gathered_bytes = 0;   // this rank's FSDP gathered buffers at their peak
-  bool skipped = false;              // not applied: the gradient norm was not finite
+  bool skipped = false;              // not applied: see skip_reason
+  std::string skip_reason;           // "non-finite", "loss spike", "batch skipped after a rollback"
+  double loss_zscore = 0.0;          // [guard] spike_zscore on: the loss against the recent window (0 otherwise)
   int64_t skipped_steps = 0;         // steps skipped so far in this run, this one included
   double rate() const { return samples_per_step / seconds; }
   double mfu() const { return flops_per_step / seconds / peak_flops; }

@@ -8,12 +8,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <atomic>
 #include <thread>
 
 #include "fsdp/checkpoint/hf_weights.h"
 #include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/runtime/device_memory.h"
@@ -29,6 +32,8 @@
 #include "fsdp/report/run_report.h"
 #include "evaluation.h"
 #include "loss.h"
+#include "loss_spike.h"
+#include "rollback.h"
 #include "step_metrics.h"
 #include "targets.h"
 #include "training_data.h"
@@ -181,6 +186,10 @@ class Trainer {
       });
       start_step_ = info.step;
       resumed_from_ = path;
+      // Batches an earlier rollback skipped stay skipped.
+      comm::on_every_rank(world_, "reading the batches a rollback skipped", [&] {
+        skipped_batches_ = read_skipped_batches((fs::path(config_.output_dir) / "skipped_batches.json").string());
+      });
     }
 
     // 3. The matmul rate MFU is measured against: every rank at once, as during training.
@@ -201,6 +210,7 @@ class Trainer {
       resolved.model = model_config_;
       std::ofstream(fs::path(config_.output_dir) / "config.toml") << to_toml(resolved);
       metrics_ = MetricsLog((fs::path(config_.output_dir) / "metrics.jsonl").string(), /*append=*/start_step_ > 0);
+      if (resumed_from_.empty()) fs::remove(fs::path(config_.output_dir) / "skipped_batches.json");  // a new run trains every batch
     }
     progress_ = std::make_unique<Progress>(config_.steps, config_.log_every, leader() && options_.print, options_.progress);
     print_header();
@@ -258,12 +268,18 @@ class Trainer {
     // Steps whose gradient norm is NaN or inf are skipped; max_nonfinite_steps of them in a row
     // stop the run (counts start afresh on resume).
     optim::NonFiniteStepGuard nonfinite_guard(config_.max_nonfinite_steps);
+    // [guard]: loss spikes are skipped like non-finite steps; rollback_after skips in a row roll the
+    // run back to the last checkpoint before them, and their batches are skipped from then on.
+    LossSpikeDetector spikes(config_.guard.spike_zscore, config_.guard.window);
+    const std::map<int64_t, double> loss_faults = loss_faults_from_env();
+    int64_t skips_in_a_row = 0, first_skip_in_row = -1, rollbacks = 0;
     TargetMonitor targets(config_.targets, n_, language());
     double agreed_training_seconds = 0.0;  // sum of the agreed step times (the cost target's clock)
     bool stopped_early = false;            // targets.stop before the last step
     int64_t last_saved_step = -1;
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
+      comm::begin_collective_step(step + 1);  // the step's collectives are fingerprinted from here
       const double lr = schedule_.lr_at(step);
       optimizer_->set_lr(lr);
       optimizer_->zero_grad();
@@ -275,11 +291,14 @@ class Trainer {
       // the gradients' average over the N ranks is then the global mean's gradient.
       int64_t global_targets = 0;
       for (int64_t index : sampler.indices(step, 0, 1)) global_targets += data_.train->target_count(index);
-      const double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, global_targets));
+      double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, global_targets));
+      if (const auto fault = loss_faults.find(step + 1); fault != loss_faults.end()) loss_scale *= fault->second;
+      // A batch a rollback skips is not trained: the step moves the schedule and nothing else.
+      const bool batch_skipped = skipped_batches_.count(step) > 0;
       // Summed on the model's device and read once after the optimizer: an .item() per micro-batch
       // would make the host wait for each backward on a GPU.
       at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-      for (int64_t m = 0; m < config_.micro_batches; ++m) {
+      for (int64_t m = 0; m < (batch_skipped ? 0 : config_.micro_batches); ++m) {
         std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
         data::Batch batch = data_.train->get(part);
         const std::string& augment = config_.data.augment;
@@ -301,7 +320,9 @@ class Trainer {
         trace_memory(rank_, step, "backward");
         loss_sum += loss.detach();
       }
-      const double norm = config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip) : optim::grad_norm(*state_);
+      const double norm = batch_skipped            ? 0.0
+                          : config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip)
+                                                  : optim::grad_norm(*state_);
       trace_memory(rank_, step, "clip");
       // A non-finite norm (the same on every rank: it is all-reduced) means a NaN or inf gradient:
       // the step is not applied, and its gradients are zeroed at the next step's start as usual.
@@ -310,14 +331,31 @@ class Trainer {
       // scheduler.step() whether or not scaler.step() skipped optimizer.step(); the optimizer's
       // own count (AdamW's bias correction) does not, as its step did not run. Past the limit,
       // the step is still recorded below, then every rank stops.
-      bool apply = true;
+      bool apply = !batch_skipped;
       std::string nonfinite_stop;
+      // The spike guard judges the step's loss before it is applied: one small all-reduce.
+      const double agreed_loss = config_.guard.spike_zscore > 0 && !batch_skipped ? all_ranks_loss(loss_sum) : 0.0;
       try {
-        apply = nonfinite_guard.should_step(norm, step + 1);
+        // With the spike guard on, a non-finite loss is skipped as a non-finite norm is.
+        if (!batch_skipped) apply = nonfinite_guard.should_step(std::isfinite(agreed_loss) ? norm : agreed_loss, step + 1);
       } catch (const std::runtime_error& e) {
         apply = false;
         nonfinite_stop = std::string(e.what()) + " (train.max_nonfinite_steps = " + std::to_string(config_.max_nonfinite_steps) +
                          "; a lower optimizer.lr may help)";
+      }
+      const double zscore = apply ? spikes.zscore(agreed_loss) : 0.0;
+      const bool spike = apply && spikes.is_spike(agreed_loss);
+      if (spike) {
+        apply = false;
+        ++spike_skips_;
+      }
+      if (apply && config_.guard.spike_zscore > 0) spikes.record(step, agreed_loss);
+      if (!batch_skipped) {
+        if (apply) {
+          skips_in_a_row = 0;
+        } else if (skips_in_a_row++ == 0) {
+          first_skip_in_row = step;
+        }
       }
       if (apply) optimizer_->step();
       trace_memory(rank_, step, "optimizer");
@@ -336,9 +374,13 @@ class Trainer {
       mine.exposed_seconds = exposed_now - exposed_before;
       mine.device_peak_reserved_bytes = static_cast<double>(runtime::device_peak_reserved_bytes(device_));
       mine.step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      mine.collectives = comm::collective_fingerprint();
       communication_before = communication_now;
       exposed_before = exposed_now;
       const StepMetrics metrics = gather_step_metrics(world_, mine, device_.is_cpu());
+      // Ranks whose collectives differed (a silent wrong pairing, or one about to hang) stop here,
+      // before a checkpoint could keep the damage, naming the first collective that differed.
+      comm::check_collectives_agree(world_, metrics.collectives);
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       training_seconds += seconds;
 
@@ -351,7 +393,7 @@ class Trainer {
         throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                                  " (lower optimizer.lr or set train.grad_clip)");
       }
-      summary.skipped_steps = nonfinite_guard.total_skips();
+      summary.skipped_steps = nonfinite_guard.total_skips() + spike_skips_;
 
       StepFigures figures;
       figures.step = step;
@@ -365,9 +407,20 @@ class Trainer {
       figures.on_cpu = device_.is_cpu();
       figures.peak_gathered_bytes = state_->memory_stats().peak_gathered_bytes;
       figures.skipped = !apply;
-      figures.skipped_steps = nonfinite_guard.total_skips();
+      figures.skipped_steps = nonfinite_guard.total_skips() + spike_skips_;
+      figures.skip_reason = batch_skipped ? "batch skipped after a rollback" : spike ? "loss spike" : apply ? "" : "non-finite";
+      figures.loss_zscore = zscore;
       progress_->step(step, step_line(metrics, figures), training_seconds);
       if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
+      if (config_.guard.rollback_after > 0 && skips_in_a_row >= config_.guard.rollback_after) {
+        // Back to the last checkpoint before the skipped steps; their batches are skipped from now on.
+        const int64_t to = roll_back(first_skip_in_row, step, ++rollbacks, summary, step_seconds);
+        nonfinite_guard = optim::NonFiniteStepGuard(config_.max_nonfinite_steps);
+        spikes.forget_from(to);
+        skips_in_a_row = 0;
+        step = to - 1;  // the loop's ++step continues at the checkpoint's step
+        continue;
+      }
       // Every rank reached the same decision from the same norm: they stop together, rank 0 says why.
       if (!nonfinite_stop.empty()) throw comm::AgreedStop(nonfinite_stop, leader());
       const bool last = step + 1 == config_.steps;
@@ -424,6 +477,63 @@ class Trainer {
   }
 
   // One line, a metrics.jsonl record (the report marks it), and the summary's list.
+  // The global batch's mean loss, all ranks' shares summed (loss_sum: this rank's share, a scalar on
+  // the model's device). Every rank gets the same value.
+  double all_ranks_loss(const at::Tensor& loss_sum) {
+    at::Tensor total = loss_sum.to(at::kCPU).reshape({1}).clone();
+    if (n_ > 1) world_->all_reduce(total, comm::ReduceOp::Sum)->wait();
+    return total.item<double>() / static_cast<double>(n_);
+  }
+
+  // Rolls back after the skipped steps [first_skipped, last_skipped] (0-based): loads the newest
+  // checkpoint at or before first_skipped (parameters, optimizer state, RNG), removes the later
+  // ones, and adds those steps to the skipped batches. Returns the checkpoint's step. Collective.
+  int64_t roll_back(int64_t first_skipped, int64_t last_skipped, int64_t rollback, TrainSummary& summary,
+                    std::vector<double>& step_seconds) {
+    const std::string dir = checkpoints_dir(config_);
+    const std::string steps = "steps " + std::to_string(first_skipped + 1) + "-" + std::to_string(last_skipped + 1);
+    std::string path;
+    comm::on_every_rank(world_, "finding a checkpoint to roll back to", [&] {
+      if (rollback > config_.guard.max_rollbacks) {
+        throw std::runtime_error("guard: " + steps + " were skipped in a row again after " +
+                                 std::to_string(config_.guard.max_rollbacks) +
+                                 " rollbacks (guard.max_rollbacks); the run does not recover by rolling back "
+                                 "(a lower optimizer.lr or another data mix may help)");
+      }
+      path = checkpoint::find_latest_checkpoint(dir, first_skipped);
+      if (path.empty()) {
+        throw std::runtime_error("guard: " + steps + " were skipped in a row (guard.rollback_after = " +
+                                 std::to_string(config_.guard.rollback_after) + "), and no checkpoint at or before step " +
+                                 std::to_string(first_skipped) + " is under '" + dir + "' to roll back to");
+      }
+    });
+    const checkpoint::CheckpointInfo info = checkpoint::load_checkpoint(path, *state_, optimizer_.get());
+    for (int64_t s = first_skipped; s <= last_skipped; ++s) skipped_batches_.insert(s);
+    comm::on_every_rank(world_, "recording the rollback", [&] {
+      if (!leader() || !options_.write_files) return;
+      checkpoint::remove_checkpoints_after(dir, info.step);
+      save_skipped_batches((fs::path(config_.output_dir) / "skipped_batches.json").string(), skipped_batches_);
+    });
+    // The discarded steps leave the summary, as a resume from that checkpoint would.
+    const size_t kept = static_cast<size_t>(std::max<int64_t>(0, info.step - start_step_));
+    if (summary.losses.size() > kept) summary.losses.resize(kept);
+    if (summary.grad_norms.size() > kept) summary.grad_norms.resize(kept);
+    if (step_seconds.size() > kept) step_seconds.resize(kept);
+    ++summary.rollbacks;
+    const std::string message = "guard: " + steps + " skipped in a row; rolled back to " + path + " (step " +
+                                std::to_string(info.step) + "), their batches skipped from now on (rollback " +
+                                std::to_string(rollback) + " of at most " + std::to_string(config_.guard.max_rollbacks) + ")";
+    progress_->message(message);
+    if (leader() && metrics_.is_open()) {
+      std::vector<int64_t> skipped;
+      for (int64_t s = first_skipped; s <= last_skipped; ++s) skipped.push_back(s + 1);
+      metrics_.write(nlohmann::json{{"rollback_to", info.step}, {"from_step", last_skipped + 1}, {"checkpoint", path},
+                                    {"skipped_batch_steps", skipped}, {"message", message}}
+                         .dump());
+    }
+    return info.step;
+  }
+
   void record_missed_target(const TargetMiss& miss, TrainSummary& summary) {
     progress_->message(miss.message);
     summary.missed_targets.push_back(miss.message);
@@ -546,6 +656,8 @@ class Trainer {
   int64_t baseline_resident_bytes_ = 0;  // this process before data and model (the plan's overhead on a CPU)
   int64_t start_step_ = 0;
   std::string resumed_from_;
+  std::set<int64_t> skipped_batches_;  // 0-based steps whose batches a rollback skips (rollback.h)
+  int64_t spike_skips_ = 0;            // steps skipped as loss spikes in this run
   double peak_flops_ = 1.0;
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;

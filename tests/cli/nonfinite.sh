@@ -40,7 +40,7 @@ expected="step 4: gradient norm nan, not finite for 3 steps in a row (the limit)
 count=$(grep -cF -- "$expected" "$work/log")
 [ "$count" -eq 1 ] || fail "expected '$expected' once, got it $count times"
 [ "$(grep -c 'error' "$work/log")" -eq 1 ] || fail "expected exactly one error line"
-grep -q 'step 2/20 .*| skipped (1 in all)' "$work/log" || fail "the progress line of step 2 does not show the skip"
+grep -q 'step 2/20 .*| skipped: non-finite (1 in all)' "$work/log" || fail "the progress line of step 2 does not show the skip"
 echo "ok   stopped with one line, non-zero exit on both ranks: $(grep -F -- "$expected" "$work/log")"
 
 metrics="$work/run/metrics.jsonl"

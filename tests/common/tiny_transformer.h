@@ -22,6 +22,7 @@ struct TinyConfig {
   bool freeze_first_block_attention = false;
   bool freeze_mlp_in_every_block = false;  // fc1 and fc2 frozen in every block (the LoRA case's mix)
   int64_t repeat_block = -1;               // this block runs twice in a row in forward (-1: none)
+  bool reverse_blocks = false;             // blocks run last to first (a rank-dependent code path)
 };
 
 struct AttentionMlpBlockImpl : torch::nn::Module {
@@ -62,8 +63,9 @@ struct TinyTransformerImpl : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 
   int64_t repeat_block = -1;
+  bool reverse_blocks = false;
 
-  explicit TinyTransformerImpl(const TinyConfig& c) : repeat_block(c.repeat_block) {
+  explicit TinyTransformerImpl(const TinyConfig& c) : repeat_block(c.repeat_block), reverse_blocks(c.reverse_blocks) {
     tokens = register_module("tokens", torch::nn::Embedding(c.vocab, c.dim));
     positions = register_parameter("positions", torch::randn({c.seq, c.dim}) * 0.02);
     blocks = register_module("blocks", torch::nn::ModuleList());
@@ -85,7 +87,8 @@ struct TinyTransformerImpl : torch::nn::Module {
   // ids [batch, seq] int64 -> logits [batch, seq, vocab] fp32. skip_block: a block left unused.
   torch::Tensor forward(torch::Tensor ids, int64_t skip_block = -1) {
     auto x = tokens(ids) + positions.narrow(0, 0, ids.size(1));
-    for (size_t i = 0; i < blocks->size(); ++i) {
+    for (size_t k = 0; k < blocks->size(); ++k) {
+      const size_t i = reverse_blocks ? blocks->size() - 1 - k : k;
       if (static_cast<int64_t>(i) == skip_block) continue;
       x = fsdp::nn::call(blocks->ptr<AttentionMlpBlockImpl>(i), x);
       if (static_cast<int64_t>(i) == repeat_block) x = fsdp::nn::call(blocks->ptr<AttentionMlpBlockImpl>(i), x);

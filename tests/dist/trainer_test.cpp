@@ -5,7 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/data/instructions.h"
@@ -220,6 +223,111 @@ TEST(Trainer, DataMissingOnOneRankStopsEveryRank) {
     if (failing_rank) EXPECT_NE(std::string(e.what()).find("/nonexistent/fortunes"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(config.output_dir));
+}
+
+// ---- [guard]: loss spikes, rollback and skipped batches ----
+
+// The bytes of every file of a checkpoint's data (rank files), by name: equal bytes, equal state.
+std::map<std::string, std::string> checkpoint_data(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    files[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return files;
+}
+
+// Injected bad batches (FSDP_TEST_LOSS_FAULTS): step 10's loss x 1e4 (a spike: skipped by its
+// z-score), then step 11's NaN (skipped as non-finite). Two skips in a row (rollback_after = 2) roll
+// the run back to its step-8 checkpoint; steps 10 and 11's batches are then skipped. The run must
+// end bit for bit where a run that merely skipped steps 10 and 11 ends (parameters, optimizer state
+// and RNG restored exactly; a skipped batch changes nothing), with every event in metrics.jsonl.
+// Were the optimizer state not restored, step 9 would be applied twice; were the batches not
+// skipped, the faults would fire again and the run would stop after guard.max_rollbacks.
+TEST(Guard, ASpikeThenANanRollBackAndSkipTheirBatches) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("gpt-test", "full_shard");
+  config.steps = 14;
+  config.eval.every = 0;
+  config.checkpoint.every = 4;
+  const std::string base = (fs::temp_directory_path() / ("fsdp_guard_test_" + std::to_string(world->size()))).string();
+  if (world->rank() == 0) fs::remove_all(base);
+  world->barrier()->wait();
+
+  auto skipping = config;  // the reference: steps 10 and 11 skipped as non-finite, no guard
+  skipping.output_dir = base + "/skipping";
+  setenv("FSDP_TEST_LOSS_FAULTS", "10:nan,11:nan", 1);
+  auto reference = fsdp::train::train(skipping, world, {false, true});
+  EXPECT_EQ(reference.skipped_steps, 2);
+
+  auto guarded = config;
+  guarded.output_dir = base + "/guarded";
+  guarded.guard.spike_zscore = 3.0;
+  guarded.guard.window = 4;
+  guarded.guard.rollback_after = 2;
+  setenv("FSDP_TEST_LOSS_FAULTS", "10:1e4,11:nan", 1);
+  auto rolled = fsdp::train::train(guarded, world, {false, true});
+  unsetenv("FSDP_TEST_LOSS_FAULTS");
+
+  EXPECT_EQ(rolled.rollbacks, 1);
+  ASSERT_EQ(rolled.losses.size(), 14u);
+  ASSERT_EQ(reference.losses.size(), 14u);
+  for (size_t i = 0; i < 14; ++i) {
+    if (i == 9 || i == 10) continue;  // skipped: NaN in the reference, batches not trained after the rollback
+    EXPECT_EQ(rolled.losses[i], reference.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_EQ(rolled.evals.back().loss, reference.evals.back().loss);
+  const auto mine = checkpoint_data(guarded.output_dir + "/checkpoints/step-00000014");
+  ASSERT_FALSE(mine.empty());
+  EXPECT_TRUE(mine == checkpoint_data(skipping.output_dir + "/checkpoints/step-00000014"))
+      << "the final parameters and optimizer state differ from the run that skipped steps 10 and 11";
+
+  if (world->rank() == 0) {
+    std::ifstream metrics(guarded.output_dir + "/metrics.jsonl");
+    std::vector<nlohmann::json> records;
+    for (std::string line; std::getline(metrics, line);) records.push_back(nlohmann::json::parse(line));
+    std::vector<std::string> events;  // "spike 10", "non-finite 11", "rollback 8", "batch 10", "batch 11"
+    for (const auto& r : records) {
+      if (r.contains("rollback_to")) {
+        events.push_back("rollback " + std::to_string(r["rollback_to"].get<int>()));
+        EXPECT_EQ(r["skipped_batch_steps"], nlohmann::json({10, 11}));
+      } else if (r.contains("step") && r.value("skipped", false)) {
+        const std::string reason = r["skip_reason"];
+        events.push_back((reason == "loss spike" ? "spike " : reason == "non-finite" ? "non-finite " : "batch ") +
+                         std::to_string(r["step"].get<int>()));
+        if (reason == "loss spike") EXPECT_GT(r["loss_zscore"].get<double>(), 3.0);
+      }
+    }
+    EXPECT_EQ(events, (std::vector<std::string>{"spike 10", "non-finite 11", "rollback 8", "batch 10", "batch 11"}));
+    std::ifstream skipped(guarded.output_dir + "/skipped_batches.json");
+    EXPECT_EQ(nlohmann::json::parse(skipped)["skipped_batch_steps"], nlohmann::json({10, 11}));
+  }
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(base);
+}
+
+// Rolling back needs a checkpoint before the skipped steps: without one every rank stops saying so.
+TEST(Guard, NoCheckpointBeforeTheSkippedStepsStopsEveryRank) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("gpt-test", "full_shard");
+  config.checkpoint.every = 4;
+  config.guard.rollback_after = 1;
+  config.output_dir = (fs::temp_directory_path() / ("fsdp_guard_none_" + std::to_string(world->size()))).string();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+  world->barrier()->wait();
+  setenv("FSDP_TEST_LOSS_FAULTS", "2:nan", 1);
+  try {
+    fsdp::train::train(config, world, {false, true});
+    FAIL() << "expected every rank to stop";
+  } catch (const fsdp::train::AgreedStop& e) {
+    if (e.should_report()) {
+      EXPECT_NE(std::string(e.what()).find("no checkpoint at or before step 1"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("FSDP_TEST_LOSS_FAULTS");
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
 }
 
 // ---- Fine-tuning on instruction data: the loss is the mean over trained tokens only ----

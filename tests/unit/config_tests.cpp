@@ -34,6 +34,47 @@ TEST(Config, ShippedConfigsParse) {
   }
 }
 
+// Found by fuzzing (tests/fuzz/regressions/fuzz_config/): Debian's toml++ 3.3.0 reaches
+// TOML_UNREACHABLE (undefined behaviour) when it meets some non-ASCII code points where it expects
+// whitespace (U+FE7F; U+00E9 at a line's start). TOML allows non-ASCII only inside strings and
+// comments, so the reader refuses it elsewhere before toml++ sees it, naming line and column.
+TEST(Config, NonAsciiOutsideStringsAndCommentsIsRefusedBeforeParsing) {
+  auto message = error_of(std::string(kMinimal) + "[train]\nsteps =\xef\xb9\xbf 3\n");
+  EXPECT_NE(message.find("test.toml:4:8: a non-ASCII character outside a string or comment"), std::string::npos) << message;
+  message = error_of("\xc3\xa9 = 1\n");
+  EXPECT_NE(message.find("test.toml:1:1: a non-ASCII"), std::string::npos) << message;
+  // An override's value that is not TOML is a string (as always): no undefined behaviour either.
+  EXPECT_EQ(parse_train_config(kMinimal, "test.toml", {"name=\xef\xb9\xbf x"}).name, "\xef\xb9\xbf x");
+  // Inside strings (all four kinds) and comments it is text like any other.
+  auto config = parse_train_config(
+      "# caf\xc3\xa9 \xef\xb9\xbf\n"
+      "name = \"caf\xc3\xa9 \\\" \xef\xb9\xbf\"\n"
+      "output_dir = \"\"\"o\xc3\xa9\"\"\"\n"
+      "[model]\nname = \"gpt-test\"  # \xc3\xa9\n"
+      "[eval]\nprompt = \'\'\'\n\xef\xb9\xbf \'\' \'\'\'\n"
+      "[data]\ndir = \'d\xc3\xa9\'\n",
+      "test.toml");
+  EXPECT_EQ(config.name, "caf\xc3\xa9 \" \xef\xb9\xbf");
+  EXPECT_EQ(config.output_dir, "o\xc3\xa9");
+  EXPECT_EQ(config.eval.prompt, "\xef\xb9\xbf '' ");
+  EXPECT_EQ(config.data.dir, "d\xc3\xa9");
+}
+
+TEST(Config, GuardKeysAreCheckedAndWrittenBack) {
+  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nrollback_after = 2\n").find("guard.rollback_after needs checkpoints"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nwindow = 1\n").find("guard.window must be at least 2"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nspike_zscore = -1\n").find("guard.spike_zscore"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nrollback = 2\n").find("unknown key 'guard.rollback'"), std::string::npos);
+  auto config = parse_train_config(std::string(kMinimal) + "[checkpoint]\nevery = 5\n[guard]\nspike_zscore = 6.5\nrollback_after = 3\n",
+                                   "test.toml");
+  auto again = parse_train_config(fsdp::train::to_toml(config), "again.toml");
+  EXPECT_EQ(again.guard.spike_zscore, 6.5);
+  EXPECT_EQ(again.guard.window, 50);
+  EXPECT_EQ(again.guard.rollback_after, 3);
+  EXPECT_EQ(again.guard.max_rollbacks, 3);
+}
+
 TEST(Config, DefaultsAndOverrides) {
   auto config = parse_train_config(kMinimal, "test.toml",
                                    {"train.steps=7", "optimizer.lr=0.01", "fsdp.strategy=no_shard", "model.layers=3"});

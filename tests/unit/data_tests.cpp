@@ -1,6 +1,7 @@
 // Data pipeline: token files, tokenizers, corpus split, IDX images, the global batch sampler,
 // instruction data.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -235,6 +236,29 @@ TEST(Tokenizer, HfTokenizerRefusesWhatItDoesNotSupportByName) {
   message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("broken.json")); });
   EXPECT_NE(message.find("broken.json"), std::string::npos) << message;
   EXPECT_THROW(make_tokenizer("hf"), std::invalid_argument);  // no tokenizer.json given
+}
+
+// Found by fuzzing (tests/fuzz/regressions/fuzz_tokenizer_json/): a vocabulary id below 0 or past
+// the vocabulary indexed a vector out of its bounds; an added token's id of 2^31 - 1 made a
+// vocabulary of 2^31 rows. Each is refused naming the token and the id.
+TEST(Tokenizer, HfTokenizerRefusesIdsOutsideTheVocabulary) {
+  TinyBpe bpe;
+  nlohmann::json vocab = nlohmann::json::parse(read_text(bpe.dir.file("vocab.json")));
+  const std::string token = vocab.begin().key();
+  const size_t size = vocab.size();
+  for (int64_t id : {int64_t{-5}, static_cast<int64_t>(size), int64_t{1000000000}}) {
+    nlohmann::json bad = vocab;
+    bad[token] = id;
+    write_text(bpe.dir.file("bad_id.json"), tiny_tokenizer_json(bad.dump()));
+    const auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("bad_id.json")); });
+    EXPECT_NE(message.find("has id " + std::to_string(id)), std::string::npos) << message;
+    EXPECT_NE(message.find("bad_id.json"), std::string::npos) << message;
+  }
+  std::string added = tiny_tokenizer_json(vocab.dump());
+  added.replace(added.find("\"id\": 260"), std::string("\"id\": 260").size(), "\"id\": 2147483647");
+  write_text(bpe.dir.file("bad_added.json"), added);
+  const auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("bad_added.json")); });
+  EXPECT_NE(message.find("added token '<|eot|>' has id 2147483647"), std::string::npos) << message;
 }
 
 TEST(Corpus, ReadsFortunesAndSplitsStably) {

@@ -65,7 +65,10 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
                                optim::ShardedOptimizer* optimizer);
 
 // The newest published checkpoint under checkpoints_dir ("" if none); `partial` ones are ignored.
-std::string find_latest_checkpoint(const std::string& checkpoints_dir);
+// max_step >= 0: the newest at or before that step (a rollback's target).
+std::string find_latest_checkpoint(const std::string& checkpoints_dir, int64_t max_step = -1);
+// Removes published checkpoints after `step` (a rollback discards the steps after its target).
+void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step);
 // Removes published checkpoints beyond the newest `keep`, and leftover *.partial directories.
 void prune_checkpoints(const std::string& checkpoints_dir, int keep);
 

@@ -114,6 +114,21 @@ struct TargetsConfig {
   }
 };
 
+// Guardrails against bad batches ([guard]). A step whose loss spikes is skipped on every rank like
+// a non-finite one; after rollback_after skipped steps in a row the run goes back to the last
+// checkpoint saved before them and skips their batches (as large runs have done by hand).
+struct GuardConfig {
+  // Skip a step whose loss is more than this many standard deviations above the mean of the last
+  // `window` applied steps' losses (judged once the window is full). 0: off.
+  double spike_zscore = 0;
+  int64_t window = 50;
+  // Skipped steps in a row (non-finite or spikes) that roll the run back (0: never; needs
+  // checkpoint.every). Below train.max_nonfinite_steps to act before that stops the run.
+  int64_t rollback_after = 0;
+  int64_t max_rollbacks = 3;  // rollbacks in one run before it stops
+  bool any() const { return spike_zscore > 0 || rollback_after > 0; }
+};
+
 struct TrainConfig {
   std::string source;       // where it was read from, for messages
   std::string name = "run";
@@ -146,6 +161,7 @@ struct TrainConfig {
   EvalConfig eval;
   CheckpointConfig checkpoint;
   TargetsConfig targets;
+  GuardConfig guard;
   // [lora] rank, alpha, dropout, targets ("q_proj v_proj"): the adapters go into the model's
   // config (LoraSpec); the frozen base's shards are kept in base_dtype.
   std::string lora_base_dtype = "bfloat16";

@@ -31,7 +31,8 @@ struct TrainSummary {
   // window; an instruction example's trained tokens), whatever rank or micro-batch holds them.
   std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
-  int64_t skipped_steps = 0;       // steps not applied, their gradient norm not finite (train.max_nonfinite_steps)
+  int64_t skipped_steps = 0;       // steps not applied: a non-finite gradient norm (train.max_nonfinite_steps) or loss spike ([guard])
+  int64_t rollbacks = 0;           // [guard] rollback_after: rollbacks to an earlier checkpoint
   std::vector<EvalResult> evals;   // at the first step, every eval.every steps, and at the end
   int64_t start_step = 0;          // 0, or the step a resumed run continued from (losses[0] is its step)
   bool preempted = false;          // stopped early by request_stop(), after saving a checkpoint

@@ -1,0 +1,22 @@
+// Instruction data (JSONL lines: messages, or prompt and completion): one line parsed, then rendered
+// in both chat formats with the byte tokenizer. Bad input must throw, never crash.
+#include <stdexcept>
+#include <string>
+
+#include "fsdp/data/instructions.h"
+#include "fsdp/data/tokenizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const auto tokenizer = fsdp::data::make_tokenizer("byte");
+  try {
+    const auto example = fsdp::data::parse_instruction_line(std::string(reinterpret_cast<const char*>(data), size), "fuzz:1");
+    for (const char* format : {"plain", "llama3"}) {
+      try {
+        (void)fsdp::data::render_chat(example, fsdp::data::chat_format_from_name(format, *tokenizer), *tokenizer);
+      } catch (const std::exception&) {
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
