@@ -30,51 +30,44 @@ void validate_manifest(const json& m, const std::string& dir, int version) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail(where + "'shape' holds " + d.dump() + ", not a size");
     }
   };
+  // check(element, "key[i].") for every element of the array object[key], each an object.
+  auto each_object = [&](const json& object, const char* key, const std::string& where, auto&& check) {
+    if (!object.contains(key) || !object.at(key).is_array()) fail(where + "'" + key + "' is missing or not an array");
+    for (size_t i = 0; i < object.at(key).size(); ++i) {
+      const json& element = object.at(key)[i];
+      const std::string at = where + key + "[" + std::to_string(i) + "]";
+      if (!element.is_object()) fail(at + " is not an object");
+      check(element, at + ".");
+    }
+  };
   integer(m, "step", "", 0);
   integer(m, "world_size", "", 1);
-  if (!m.contains("flat_params") || !m.at("flat_params").is_array()) fail("'flat_params' is missing or not an array");
-  for (size_t i = 0; i < m.at("flat_params").size(); ++i) {
-    const json& flat = m.at("flat_params")[i];
-    const std::string where = "flat_params[" + std::to_string(i) + "].";
-    if (!flat.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
+  each_object(m, "flat_params", "", [&](const json& flat, const std::string& where) {
     text(flat, "unit", where);
     integer(flat, "numel", where, 0);
     if (!flat.contains("trainable") || !flat.at("trainable").is_boolean()) fail(where + "'trainable' is missing or not a boolean");
-    if (!flat.contains("entries") || !flat.at("entries").is_array()) fail(where + "'entries' is missing or not an array");
-    for (size_t j = 0; j < flat.at("entries").size(); ++j) {
-      const json& entry = flat.at("entries")[j];
-      const std::string at = where + "entries[" + std::to_string(j) + "].";
-      if (!entry.is_object()) fail(at.substr(0, at.size() - 1) + " is not an object");
+    each_object(flat, "entries", where, [&](const json& entry, const std::string& at) {
       text(entry, "name", at);
       shape(entry, at);
       integer(entry, "offset", at, 0);
-    }
-  }
-  if (!m.contains("files") || !m.at("files").is_array()) fail("'files' is missing or not an array");
-  for (size_t r = 0; r < m.at("files").size(); ++r) {
-    const json& file = m.at("files")[r];
-    const std::string where = "files[" + std::to_string(r) + "].";
-    if (!file.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
+    });
+  });
+  each_object(m, "files", "", [&](const json& file, const std::string& where) {
     text(file, "file", where);
     integer(file, "bytes", where, 0);
     integer(file, "crc32", where, 0);
-    if (version >= 2 && (!file.contains("tensors") || !file.at("tensors").is_object())) fail(where + "'tensors' is missing or not an object");
-    if (version >= 2) {
-      for (const auto& [name, crc] : file.at("tensors").items()) {
-        if (!crc.is_number_unsigned()) fail(where + "tensors['" + name + "'] is not a crc32");
-      }
+    if (version < 2) return;
+    if (!file.contains("tensors") || !file.at("tensors").is_object()) fail(where + "'tensors' is missing or not an object");
+    for (const auto& [name, crc] : file.at("tensors").items()) {
+      if (!crc.is_number_unsigned()) fail(where + "tensors['" + name + "'] is not a crc32");
     }
-  }
+  });
   if (m.contains("buffers")) {
-    if (!m.at("buffers").is_array()) fail("'buffers' is not an array");
-    for (size_t i = 0; i < m.at("buffers").size(); ++i) {
-      const json& buffer = m.at("buffers")[i];
-      const std::string where = "buffers[" + std::to_string(i) + "].";
-      if (!buffer.is_object()) fail(where.substr(0, where.size() - 1) + " is not an object");
+    each_object(m, "buffers", "", [&](const json& buffer, const std::string& where) {
       text(buffer, "name", where);
       text(buffer, "dtype", where);
       shape(buffer, where);
-    }
+    });
   }
   for (const char* key : {"model", "config_toml", "optimizer"}) {
     if (m.contains(key) && !m.at(key).is_string()) fail(std::string("'") + key + "' is not a string");

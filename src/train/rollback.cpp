@@ -2,12 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "fsdp/checkpoint/hf_model_dir.h"
 
 namespace fsdp::train {
 
@@ -28,13 +28,7 @@ std::set<int64_t> read_skipped_batches(const std::string& path) {
 void save_skipped_batches(const std::string& path, const std::set<int64_t>& steps) {
   nlohmann::json printed = nlohmann::json::array();
   for (int64_t step : steps) printed.push_back(step + 1);
-  const std::string temporary = path + ".partial";
-  {
-    std::ofstream out(temporary);
-    out << nlohmann::json{{"skipped_batch_steps", printed}}.dump() << "\n";
-    if (!out.flush()) throw std::runtime_error("cannot write '" + temporary + "'");
-  }
-  std::filesystem::rename(temporary, path);
+  checkpoint::write_text_file(path, nlohmann::json{{"skipped_batch_steps", printed}}.dump() + "\n");
 }
 
 std::map<int64_t, double> loss_faults_from_env() {

@@ -188,7 +188,7 @@ class Trainer {
       resumed_from_ = path;
       // Batches an earlier rollback skipped stay skipped.
       comm::on_every_rank(world_, "reading the batches a rollback skipped", [&] {
-        skipped_batches_ = read_skipped_batches((fs::path(config_.output_dir) / "skipped_batches.json").string());
+        skipped_batches_ = read_skipped_batches(skipped_batches_path());
       });
     }
 
@@ -210,7 +210,7 @@ class Trainer {
       resolved.model = model_config_;
       std::ofstream(fs::path(config_.output_dir) / "config.toml") << to_toml(resolved);
       metrics_ = MetricsLog((fs::path(config_.output_dir) / "metrics.jsonl").string(), /*append=*/start_step_ > 0);
-      if (resumed_from_.empty()) fs::remove(fs::path(config_.output_dir) / "skipped_batches.json");  // a new run trains every batch
+      if (resumed_from_.empty()) fs::remove(skipped_batches_path());  // a new run trains every batch
     }
     progress_ = std::make_unique<Progress>(config_.steps, config_.log_every, leader() && options_.print, options_.progress);
     print_header();
@@ -476,7 +476,9 @@ class Trainer {
     return summary;
   }
 
-  // One line, a metrics.jsonl record (the report marks it), and the summary's list.
+  // Where a rollback keeps the steps whose batches are skipped (rollback.h).
+  std::string skipped_batches_path() const { return (fs::path(config_.output_dir) / "skipped_batches.json").string(); }
+
   // The global batch's mean loss, all ranks' shares summed (loss_sum: this rank's share, a scalar on
   // the model's device). Every rank gets the same value.
   double all_ranks_loss(const at::Tensor& loss_sum) {
@@ -512,7 +514,7 @@ class Trainer {
     comm::on_every_rank(world_, "recording the rollback", [&] {
       if (!leader() || !options_.write_files) return;
       checkpoint::remove_checkpoints_after(dir, info.step);
-      save_skipped_batches((fs::path(config_.output_dir) / "skipped_batches.json").string(), skipped_batches_);
+      save_skipped_batches(skipped_batches_path(), skipped_batches_);
     });
     // The discarded steps leave the summary, as a resume from that checkpoint would.
     const size_t kept = static_cast<size_t>(std::max<int64_t>(0, info.step - start_step_));
@@ -534,6 +536,7 @@ class Trainer {
     return info.step;
   }
 
+  // One line, a metrics.jsonl record (the report marks it), and the summary's list.
   void record_missed_target(const TargetMiss& miss, TrainSummary& summary) {
     progress_->message(miss.message);
     summary.missed_targets.push_back(miss.message);
