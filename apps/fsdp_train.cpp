@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   std::string output_dir;
   bool print_config = false, show_models = false;
   std::string progress = "auto";
-  std::string resume;
+  std::string resume, profile_steps;
   app.add_option("config", config_path, "TOML training configuration (see configs/)");
   app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=50 (repeatable)");
   app.add_option("--steps", steps, "shorthand for --set train.steps=N")->check(CLI::PositiveNumber);
@@ -74,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume,
                  "continue from a checkpoint: its directory, or 'latest' (newest under checkpoint.dir); the\n"
                  "checkpoint may come from another number of ranks");
+  app.add_option("--profile-steps", profile_steps,
+                 "A:B: record steps A to B (1-based) with libtorch's profiler into a Chrome trace per rank,\n"
+                 "<output_dir>/profile/trace-rank<R>.json (open in ui.perfetto.dev); A alone: one step");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
   app.add_flag("--list-models", show_models, "list the model zoo with parameter counts and exit");
   CLI11_PARSE(app, argc, argv);
@@ -101,10 +104,18 @@ int main(int argc, char** argv) {
   try {
     // Every rank reads the config; they agree on success before anything else happens.
     fsdp::train::TrainConfig config;
+    fsdp::train::TrainerOptions options;
     std::string error;
     try {
       config = fsdp::train::load_train_config(config_path, overrides);
       fsdp::train::validate_for_world(config, world->size());
+      if (!profile_steps.empty()) {
+        std::tie(options.profile_first, options.profile_last) = fsdp::train::parse_profile_steps(profile_steps);
+        if (options.profile_last > config.steps) {
+          throw std::invalid_argument("--profile-steps " + profile_steps + ": the run has " + std::to_string(config.steps) +
+                                      " steps (train.steps)");
+        }
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -113,7 +124,6 @@ int main(int argc, char** argv) {
       if (rank == 0) std::printf("%s", fsdp::train::to_toml(config).c_str());
       return 0;
     }
-    fsdp::train::TrainerOptions options;
     options.resume = resume;
     install_stop_handlers();
     options.progress = progress == "bar"     ? fsdp::train::ProgressStyle::Bar

@@ -3,10 +3,12 @@
 
     python3 bench/gpu_check_report.py --dir out/gpu-check [--cap-fraction 0.113]
 
-Reads DIR/stages.tsv (stage, exit code, seconds), DIR/fsdp_<model>/metrics.jsonl (fsdp-train's
-per-step records) and DIR/torch_<model>.json (bench/torch_fsdp2.py). fsdp.cpp's figures are
+Reads DIR/stages.tsv (stage, exit code, seconds), DIR/fsdp_<run>/metrics.jsonl (fsdp-train's
+per-step records) and DIR/torch_<peer>.json (bench/torch_fsdp2.py). fsdp.cpp's figures are
 medians over the steps after the first three; MFU is against the bf16 matmul peak fsdp-train
-measured on that GPU before training (peak_flops). Writes DIR/gpu-check.json.
+measured on that GPU before training (peak_flops). One row per (fsdp.cpp run, peer): tokens/s
+of both, their ratio (> 1: fsdp.cpp is faster), peak memory reserved of both, and the issue's aim
+for that row where it sets one. Writes DIR/gpu-check.json.
 """
 import argparse
 import json
@@ -14,8 +16,17 @@ import os
 import statistics
 from pathlib import Path
 
-MODELS = ("gpt2", "llama1b")
-AIMS = {"tokens_per_second_ratio": 1.0, "llama1b_mfu": 0.45}
+# (fsdp.cpp run, peer, the peer in words, aim for tokens/s ours / theirs or None)
+ROWS = (
+    ("llama1b", "hf_llama1b_compiled", "HF + FSDP2 + compile", 1.05),
+    ("llama1b", "hf_llama1b", "HF + FSDP2 eager", None),
+    ("llama1b", "llama1b", "own FSDP2 model", None),
+    ("llama1b_ac", "hf_llama1b_ac", "HF + FSDP2 + AC", 1.05),
+    ("gpt2", "hf_gpt2_compiled", "HF + FSDP2 + compile", 1.5),
+    ("gpt2", "hf_gpt2", "HF + FSDP2 eager", None),
+    ("gpt2", "gpt2", "own FSDP2 model", None),
+)
+AIMS = {"llama1b_mfu": 0.60}
 
 
 def fsdp_run(directory):
@@ -50,25 +61,32 @@ def main():
             name, rc, seconds = line.split("\t")
             # "skipped": the script's time budget ran out before the stage could start.
             stages[name] = {"exit": int(rc) if rc.lstrip("-").isdigit() else rc, "seconds": int(seconds)}
-    report = {"stages": stages, "models": {}, "aims": AIMS}
+    report = {"stages": stages, "runs": {}, "peers": {}, "rows": [], "aims": AIMS}
     gib = 2.0 ** 30
-    print(f"{'model':<10} {'fsdp.cpp tok/s':>15} {'FSDP2 tok/s':>12} {'ratio':>6} {'MFU':>6} "
-          f"{'fsdp.cpp peak':>14} {'FSDP2 peak':>11}")
-    for model in MODELS:
-        ours = fsdp_run(d / f"fsdp_{model}")
-        theirs_path = d / f"torch_{model}.json"
-        theirs = json.loads(theirs_path.read_text()) if theirs_path.exists() else None
-        row = {"fsdp_cpp": ours, "pytorch_fsdp2": theirs}
+    cell = lambda v, f: f.format(v) if v is not None else "-"  # noqa: E731
+    print(f"{'fsdp.cpp run':<12} {'tok/s':>8} {'MFU':>6} {'peak':>9}   {'peer':<22} {'tok/s':>8} {'peak':>9} {'ratio':>6} {'aim':>6}")
+    for run, peer, words, aim in ROWS:
+        ours = report["runs"].setdefault(run, fsdp_run(d / f"fsdp_{run}"))
+        if peer not in report["peers"]:
+            path = d / f"torch_{peer}.json"
+            report["peers"][peer] = json.loads(path.read_text()) if path.exists() else None
+        theirs = report["peers"][peer]
+        row = {"run": run, "peer": peer, "peer_description": words, "aim_ratio": aim}
         if ours and theirs:
             row["tokens_per_second_ratio"] = ours["tokens_per_second"] / theirs["tokens_per_second"]
             row["peak_memory_ratio"] = ours["peak_reserved_bytes"] / theirs["peak_reserved_bytes"]
-        report["models"][model] = row
-        cell = lambda v, f: f.format(v) if v is not None else "-"  # noqa: E731
-        print(f"{model:<10} {cell(ours and ours['tokens_per_second'], '{:15.0f}'):>15} "
-              f"{cell(theirs and theirs['tokens_per_second'], '{:12.0f}'):>12} "
-              f"{cell(row.get('tokens_per_second_ratio'), '{:6.2f}'):>6} {cell(ours and ours['mfu'] * 100, '{:5.1f}%'):>6} "
-              f"{cell(ours and ours['peak_reserved_bytes'] / gib, '{:10.1f} GiB'):>14} "
-              f"{cell(theirs and theirs['peak_reserved_bytes'] / gib, '{:7.1f} GiB'):>11}")
+            row["meets_aim"] = None if aim is None else row["tokens_per_second_ratio"] >= aim
+        report["rows"].append(row)
+        print(f"{run:<12} {cell(ours and ours['tokens_per_second'], '{:8.0f}'):>8} "
+              f"{cell(ours and ours['mfu'] * 100, '{:5.1f}%'):>6} "
+              f"{cell(ours and ours['peak_reserved_bytes'] / gib, '{:5.1f} GiB'):>9}   {words:<22} "
+              f"{cell(theirs and theirs['tokens_per_second'], '{:8.0f}'):>8} "
+              f"{cell(theirs and theirs['peak_reserved_bytes'] / gib, '{:5.1f} GiB'):>9} "
+              f"{cell(row.get('tokens_per_second_ratio'), '{:6.2f}'):>6} {cell(aim, '{:6.2f}'):>6}")
+    llama = report["runs"].get("llama1b")
+    if llama:
+        report["llama1b_mfu"] = llama["mfu"]
+        print(f"llama1b MFU {llama['mfu'] * 100:.1f}% (aim {AIMS['llama1b_mfu'] * 100:.0f}%)")
     offload = fsdp_run(d / "fsdp_llama1b_offload")
     report["offload"] = {"run": offload, "cap_fraction": a.cap_fraction,
                          "trained": bool(offload and stages.get("fsdp_llama1b_offload", {}).get("exit") == 0)}

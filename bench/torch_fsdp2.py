@@ -3,20 +3,33 @@
 
     python3 bench/torch_fsdp2.py --model gpt --layers 12 --dim 768 --heads 12 --vocab 50304 \\
         --batch 8 --seq 1024 --steps 20 --json out.json
+    python3 bench/torch_fsdp2.py --model hf-llama --layers 16 --dim 2048 --heads 32 --kv-heads 8 \\
+        --ffn 8192 --vocab 128256 --tie --batch 4 --seq 2048 --compile --profile-steps 6:7 --trace t.json
 
-Needs a CUDA PyTorch >= 2.4 (torch.distributed fully_shard). World size from torchrun or mpirun
-(RANK/WORLD_SIZE or OMPI_COMM_WORLD_*), NCCL meeting on 127.0.0.1:--port; one GPU per rank.
-The models are the C++ ones layer for layer (src/models/gpt.cpp, llama.cpp): GPT with learned
-positions, tanh GELU, biases, tied head; Llama with RMSNorm in fp32, rotary embeddings, SwiGLU,
-grouped-query attention, untied head unless --tie. Attention is scaled_dot_product_attention, as
-fsdp.cpp's compat header uses on libtorch 2.x. Each block is a fully_shard unit and the root one
-more, as fsdp.cpp wraps them; bf16 parameters with fp32 gradient reduction (MixedPrecisionPolicy)
-and fused AdamW, as fsdp-train with param_dtype bfloat16. Eager mode, no torch.compile.
+Needs PyTorch >= 2.4 (torch.distributed fully_shard); --model hf-* needs transformers. World size
+from torchrun or mpirun (RANK/WORLD_SIZE or OMPI_COMM_WORLD_*), meeting on 127.0.0.1:--port; one
+GPU per rank, NCCL (--device cpu: gloo, for trying the script on a machine without a GPU).
+Models:
+- gpt, llama: this script's own, the C++ ones layer for layer (src/models/gpt.cpp, llama.cpp):
+  GPT with learned positions, tanh GELU, biases, tied head; Llama with RMSNorm in fp32, rotary
+  embeddings, SwiGLU, grouped-query attention, untied head unless --tie. Initialised as GPT-2 and
+  the C++ models are: normal(0, 0.02) weights and embeddings, zero biases, the residual
+  projections at 0.02 / sqrt(2 layers) (a loss of ~ln(vocab) at the start, as fsdp-train's).
+- hf-gpt2, hf-llama: Hugging Face transformers' GPT2LMHeadModel and LlamaForCausalLM of the same
+  shapes (AutoModelForCausalLM.from_config, attn_implementation="sdpa", their own init).
+Attention is scaled_dot_product_attention throughout. Each block is a fully_shard unit and the
+root one more, as fsdp.cpp wraps them; bf16 parameters with fp32 gradient reduction
+(MixedPrecisionPolicy) and fused AdamW, as fsdp-train with param_dtype bfloat16. --compile calls
+torch.compile on each block before sharding it (FSDP2's recommended use); --checkpointing wraps each
+block in activation checkpointing. Loss: cross-entropy of the fp32 logits.
 Data: uniformly random tokens (the cost of a step does not depend on their values).
 Reported: median tokens/s over the steps after --warmup, peak GPU memory (allocated and
-reserved by the caching allocator), the parameter count.
+reserved by the caching allocator), the parameter count. --profile-steps A:B writes a Chrome trace
+of steps A to B (counted from 1, warm-up included) with torch.profiler, as fsdp-train's
+--profile-steps does, for comparing op by op.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -125,9 +138,52 @@ class Llama(nn.Module):
         return x @ self.embed_tokens.weight.t() if self.lm_head is None else self.lm_head(x)
 
 
+def init_as_gpt2(model, layers):
+    """GPT-2's initialisation, as the C++ models draw theirs: weights and embeddings from
+    normal(0, 0.02), biases zero, norms one, residual projections normal(0, 0.02 / sqrt(2 layers))."""
+    residual_std = 0.02 / math.sqrt(2 * layers)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if name.endswith(("attn_proj", "mlp_proj", "o_proj", "down_proj")) else 0.02
+                module.weight.normal_(0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+
+
+def build_hf(a, device):
+    """transformers' own model of the same shapes, with its own initialisation."""
+    try:
+        import transformers
+    except ImportError as e:
+        sys.exit(f"torch_fsdp2: --model {a.model} needs transformers: {e}")
+    if a.model == "hf-gpt2":
+        config = transformers.GPT2Config(vocab_size=a.vocab, n_positions=a.seq, n_embd=a.dim, n_layer=a.layers,
+                                         n_head=a.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                         use_cache=False)
+    else:
+        config = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.dim, intermediate_size=a.ffn,
+                                          num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                          num_key_value_heads=a.kv_heads, max_position_embeddings=a.seq,
+                                          rope_theta=a.rope_theta, rms_norm_eps=1e-5, tie_word_embeddings=a.tie,
+                                          use_cache=False)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    blocks = model.transformer.h if a.model == "hf-gpt2" else model.model.layers
+    return model, blocks
+
+
+def parse_steps(text):
+    first, _, last = text.partition(":")
+    first, last = int(first), int(last or first)
+    if not 1 <= first <= last:
+        raise argparse.ArgumentTypeError(f"--profile-steps {text}: expected A:B with 1 <= A <= B")
+    return first, last
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["gpt", "llama"], required=True)
+    p.add_argument("--model", choices=["gpt", "llama", "hf-gpt2", "hf-llama"], required=True)
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--dim", type=int, required=True)
     p.add_argument("--heads", type=int, required=True)
@@ -143,6 +199,11 @@ def main():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--json", default="")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block before sharding it")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing on each block")
+    p.add_argument("--profile-steps", type=parse_steps, default=None, help="A:B: a Chrome trace of steps A to B")
+    p.add_argument("--trace", default="", help="the trace's path (default: --json's with .trace.json)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     a = p.parse_args()
     a.kv_heads = a.kv_heads or a.heads
     a.ffn = a.ffn or 4 * a.dim
@@ -159,44 +220,76 @@ def main():
     local = int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
     if a.batch % world:
         sys.exit(f"torch_fsdp2: --batch {a.batch} is not divisible by the {world} ranks")
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world)
-    torch.backends.cuda.matmul.allow_tf32 = False  # libtorch's default, which fsdp-train keeps (bf16 matmuls either way)
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(local)
+        torch.backends.cuda.matmul.allow_tf32 = False  # libtorch's default, which fsdp-train keeps (bf16 matmuls either way)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank,
+                            world_size=world)
 
     torch.manual_seed(1234)
-    with torch.device("cuda"):
-        model = Gpt(a) if a.model == "gpt" else Llama(a)
+    if a.model.startswith("hf-"):
+        model, blocks = build_hf(a, a.device)
+    else:
+        with torch.device(a.device):
+            model = Gpt(a) if a.model == "gpt" else Llama(a)
+        init_as_gpt2(model, a.layers)
+        blocks = model.blocks
     parameters = sum(p.numel() for p in model.parameters())
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.blocks:
+    for index, block in enumerate(blocks):
+        if a.checkpointing:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+            block = checkpoint_wrapper(block)
+            blocks[index] = block
+        if a.compile:
+            block.compile()
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1, fused=cuda)
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    profiler = None
+    trace = a.trace or (a.json[:-5] if a.json.endswith(".json") else a.json or "torch_fsdp2") + ".trace.json"
 
     local_batch = a.batch // world
-    generator = torch.Generator(device="cuda").manual_seed(rank)
+    generator = torch.Generator(device=a.device).manual_seed(rank)
     times = []
     for step in range(a.warmup + a.steps):
-        ids = torch.randint(0, a.vocab, (local_batch, a.seq + 1), device="cuda", generator=generator)
-        torch.cuda.synchronize()
+        if a.profile_steps and step + 1 == a.profile_steps[0]:
+            activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+            profiler.__enter__()
+        ids = torch.randint(0, a.vocab, (local_batch, a.seq + 1), device=a.device, generator=generator)
+        synchronize()
         start = time.perf_counter()
-        logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), ids[:, 1:].reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = loss.item()  # a host sync per step, as fsdp-train's loss print
-        torch.cuda.synchronize()
+        with torch.profiler.record_function(f"ProfilerStep#{step + 1}") if profiler else contextlib.nullcontext():
+            logits = model(ids[:, :-1])
+            if not torch.is_tensor(logits):
+                logits = logits.logits  # transformers' CausalLMOutput
+            loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), ids[:, 1:].reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = loss.item()  # a host sync per step, as fsdp-train's loss print
+            synchronize()
         if step >= a.warmup:
             times.append(time.perf_counter() - start)
+        if profiler and step + 1 == a.profile_steps[1]:
+            profiler.__exit__(None, None, None)
+            profiler.export_chrome_trace(trace + ".partial")
+            os.replace(trace + ".partial", trace)
+            profiler = None
+            if rank == 0:
+                print(f"torch_fsdp2: profile of steps {a.profile_steps[0]}-{a.profile_steps[1]} written: {trace}")
     step_seconds = statistics.median(times)
     result = {
         "implementation": "pytorch-fsdp2", "torch_version": torch.__version__, "model": a.model,
         "parameters": parameters, "world_size": world, "batch": a.batch, "seq": a.seq,
         "tokens_per_second": a.batch * a.seq / step_seconds, "median_step_seconds": step_seconds,
-        "peak_allocated_bytes": torch.cuda.max_memory_allocated(), "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
-        "final_loss": loss_value, "steps": a.steps,
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else -1,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else -1,
+        "final_loss": loss_value, "steps": a.steps, "compiled": a.compile, "checkpointing": a.checkpointing,
     }
     if rank == 0:
         print(json.dumps(result, indent=2))

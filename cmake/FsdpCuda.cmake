@@ -22,5 +22,24 @@ if(FSDP_CUDA)
   target_link_libraries(fsdp_core PUBLIC ${FSDP_NCCL_LIBRARY} CUDA::cudart)
   target_compile_definitions(fsdp_core PUBLIC FSDP_WITH_CUDA=1)
   message(STATUS "fsdp.cpp: CUDA path ON (libtorch ${Torch_VERSION}, NCCL ${FSDP_NCCL_LIBRARY})")
+
+  # fsdp.cpp's own kernels (src/models/fused_kernels.cu: SwiGLU, rotary) need a CUDA compiler;
+  # without one the build goes on and CUDA tensors take the composed path
+  # (fsdp::models::fused_kernels_compiled() says which). An object library of their own
+  # (cmake/cuda_kernels/): nvcc sees neither libtorch's headers and flags nor the C++ targets'
+  # precompiled header and warning flags.
+  set(FSDP_CUDA_ARCHITECTURES "80;90" CACHE STRING "GPU architectures of fsdp.cpp's kernels (80: A100, 90: H100/H200)")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    add_subdirectory(${PROJECT_SOURCE_DIR}/cmake/cuda_kernels ${PROJECT_BINARY_DIR}/cuda_kernels)
+    target_sources(fsdp_zoo PRIVATE $<TARGET_OBJECTS:fsdp_cuda_kernels>)
+    target_compile_definitions(fsdp_zoo PRIVATE FSDP_HAVE_CUDA_KERNELS=1)
+    message(STATUS "fsdp.cpp: fused CUDA kernels ON (${CMAKE_CUDA_COMPILER}, architectures ${FSDP_CUDA_ARCHITECTURES})")
+  else()
+    message(WARNING "fsdp.cpp: no CUDA compiler (nvcc): the fused SwiGLU and rotary kernels are left out; "
+                    "CUDA tensors take the composed path")
+  endif()
 endif()
 

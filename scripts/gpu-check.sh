@@ -4,23 +4,30 @@
 #   bash scripts/gpu-check.sh [OUT_DIR]        # default: $OUT if set, else out/gpu-check
 #
 #  1. builds fsdp.cpp with -DFSDP_CUDA=ON against the machine's PyTorch (its CUDA libtorch 2.x,
-#     torch.utils.cmake_prefix_path) and NCCL (NCCL_ROOT, the nvidia-nccl wheel, or CUDA's own);
+#     torch.utils.cmake_prefix_path) and NCCL (NCCL_ROOT, the nvidia-nccl wheel, or CUDA's own),
+#     with fsdp.cpp's fused kernels where nvcc is found;
 #  2. runs the parity tests on the GPU (FSDP_TEST_DEVICE=cuda: NCCL, TF32 off, fp32 against the
-#     single-process CPU reference; CPU offload too);
+#     single-process CPU reference; CPU offload too) and the fused operations' tests (FusedOps.*:
+#     each kernel against its composed reference, forward and backward, fp32 and bf16);
 #  3. trains GPT-2 124M (vocab 50257, 1024 tokens) and Llama 3.2 1B (16 x 2048, vocab 128256,
 #     2048 tokens) in bf16 with fsdp-train for a fixed number of steps on random-token files:
 #     tokens/s, MFU against the bf16 matmul peak it measures first, peak GPU memory reserved;
-#  4. the same models, batch and sequence with PyTorch's FSDP2 (bench/torch_fsdp2.py);
-#  5. the 1B Llama again with CPU offload and the GPU capped (caching-allocator fraction) below
+#  4. the same models, batch and sequence under PyTorch's FSDP2 (bench/torch_fsdp2.py): Hugging Face
+#     transformers' models compiled per block and eager, and the script's own models;
+#  5. the 1B Llama with activation checkpointing at 8 x 2048, against transformers' with it;
+#  6. the 1B Llama again with CPU offload and the GPU capped (caching-allocator fraction) below
 #     its sharded state: it must still train;
-#  6. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
+#  7. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
+# Profiles: fsdp-train --profile-steps and torch_fsdp2.py --profile-steps record steps 6-7 of the
+# 1B Llama, ours and the compiled peer's, as Chrome traces (OUT_DIR/traces.tar.gz).
 # Each stage has its own time limit inside one overall budget (FSDP_GPU_CHECK_BUDGET seconds,
-# default 450, for a device call of at most 8 minutes); a failed or skipped stage is reported and
-# the rest still run. The report is written on any exit.
-# Working files (logs, token files, metrics) go to /tmp/fsdp-gpu-check; OUT_DIR receives four:
-# gpu-check.json, report.txt, stages.tsv and gpu-check-logs.tar.gz (logs and metrics, no data),
-# because a device call brings back only a few files.
-# Needs: nvidia-smi, python3 with a CUDA torch >= 2.7 (the first wheels built with the C++11 ABI), cmake >= 3.18,
+# default 450, for a device call of at most 8 minutes); stages run most important first, a failed
+# or skipped stage is reported and the rest still run. The report is written on any exit.
+# Working files (logs, token files, metrics) go to /tmp/fsdp-gpu-check; OUT_DIR receives five:
+# gpu-check.json, report.txt, stages.tsv, gpu-check-logs.tar.gz (logs and metrics, no data) and
+# traces.tar.gz, because a device call brings back only a few files.
+# Needs: nvidia-smi, python3 with a CUDA torch >= 2.7 (the first wheels built with the C++11 ABI)
+# and transformers (for the Hugging Face peers), cmake >= 3.18,
 # g++, and Open MPI, nlohmann-json, toml++, CLI11, GoogleTest and zlib's headers: installed
 # (scripts/setup.sh on Debian), or as .deb files in .gpu-deps/ (scripts/gpu-deps.sh, run where
 # apt works; carried to the machine), unpacked under /tmp here.
@@ -49,7 +56,8 @@ finish() {  # on any exit: the table and JSON, then the few files OUT_DIR takes 
   python3 "$ROOT/bench/gpu_check_report.py" --dir "$WORK" --cap-fraction "$FRACTION" 2>&1 | tee "$WORK/report.txt"
   cp "$WORK/report.txt" "$WORK/stages.tsv" "$OUT_DIR/" 2> /dev/null
   [ -e "$WORK/gpu-check.json" ] && cp "$WORK/gpu-check.json" "$OUT_DIR/"
-  tar -C "$WORK" --exclude=./data -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
+  tar -C "$WORK" --exclude=./data --exclude='*.trace.json' --exclude='./*/profile' -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
+  (cd "$WORK" && find . -name '*.trace.json' -o -name 'trace-rank*.json' | tar -czf "$OUT_DIR/traces.tar.gz" -T -) 2> /dev/null
 }
 trap finish EXIT
 
@@ -131,12 +139,15 @@ if [ -z "${NCCL_ROOT:-}" ]; then
 fi
 stage build 300 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=OFF \
     -DCMAKE_PREFIX_PATH='$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}' ${CMAKE_EXTRA[*]} && \
-    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests" || exit 1
+    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests" || exit 1
+grep -h "fused CUDA kernels\|no CUDA compiler" "$WORK/build.log" | head -2
 
 # 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')  # not nvidia-smi -L: it lists MIG slices too
 stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_DEVICE=cuda \
   "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
+# The fused kernels against their composed references (a GPU that libtorch cannot see fails here).
+stage kernels 60 env FSDP_TEST_DEVICE=cuda "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.*'
 
 # Random-token files for the real vocabularies (fsdp-train's token-file format, uint32 tokens).
 python3 - "$WORK/data" << 'EOF'
@@ -153,7 +164,7 @@ for vocab in (50257, 128256):
 EOF
 
 # The two models: name, vocab, global batch, sequence (the same shapes go to bench/torch_fsdp2.py).
-train() {  # train LABEL MODEL VOCAB BATCH SEQ [extra --set ...]
+train() {  # train LABEL MODEL VOCAB BATCH SEQ [extra fsdp-train arguments]
   local label=$1 model=$2 vocab=$3 batch=$4 seq=$5; shift 5
   stage "fsdp_$label" 150 mpirun --oversubscribe --bind-to none -np "$GPUS" "$BUILD/apps/fsdp-train" \
     configs/gpt-fortunes-tiny.toml --progress lines \
@@ -165,18 +176,31 @@ train() {  # train LABEL MODEL VOCAB BATCH SEQ [extra --set ...]
     --set 'optimizer.lr=3e-4' --set 'optimizer.min_lr=3e-5' \
     --set 'eval.every=0' --set 'eval.batches=1' --set 'eval.sample_tokens=0' --set 'checkpoint.every=0' "$@"
 }
-torch_fsdp2() {  # torch_fsdp2 LABEL BATCH SEQ MODEL-ARGS...
+PORT=29533
+torch_fsdp2() {  # torch_fsdp2 LABEL BATCH SEQ MODEL-ARGS... (3 warm-up steps + STEPS - 3 timed: fsdp-train's count)
   local label=$1 batch=$2 seq=$3; shift 3
+  PORT=$((PORT + 1))  # a fresh rendezvous port per stage: a killed stage may hold the last one
   stage "torch_$label" 150 mpirun --oversubscribe --bind-to none -np "$GPUS" python3 bench/torch_fsdp2.py \
-    --batch $((batch * GPUS)) --seq "$seq" --steps "$STEPS" --warmup 3 --json "$WORK/torch_$label.json" "$@"
+    --batch $((batch * GPUS)) --seq "$seq" --steps $((STEPS - 3)) --warmup 3 --port "$PORT" --json "$WORK/torch_$label.json" "$@"
 }
+GPT2=(--layers 12 --dim 768 --heads 12 --vocab 50257)
+LLAMA1B=(--layers 16 --dim 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --tie)
+PROFILE=6:7  # steps 6 and 7 of 12: past the warm-up and compilation, before the end
+# Most important first: the budget may not reach the last stages (they are then reported as skipped).
+train llama1b llama3-1b 128256 4 2048 --profile-steps "$PROFILE"
+torch_fsdp2 hf_llama1b_compiled 4 2048 --model hf-llama "${LLAMA1B[@]}" --compile --profile-steps "$PROFILE" \
+  --trace "$WORK/torch_hf_llama1b_compiled.trace.json"
 train gpt2 gpt2 50257 8 1024
-torch_fsdp2 gpt2 8 1024 --model gpt --layers 12 --dim 768 --heads 12 --vocab 50257
-train llama1b llama3-1b 128256 4 2048
-torch_fsdp2 llama1b 4 2048 --model llama --layers 16 --dim 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 128256 --tie
-# 5. CPU offload under a cap: 1.24 B parameters x 16 bytes of fp32 shard state = 19.8 GB per GPU
-#    at N = 1; the cap (a fraction of total memory, computed here) leaves the device 16 GiB, less
-#    than that. One 2048-token sequence per step: its logits (2048 x 128256) fit beside the units.
+torch_fsdp2 hf_gpt2_compiled 8 1024 --model hf-gpt2 "${GPT2[@]}" --compile
+torch_fsdp2 hf_llama1b 4 2048 --model hf-llama "${LLAMA1B[@]}"
+torch_fsdp2 llama1b 4 2048 --model llama "${LLAMA1B[@]}"
+train llama1b_ac llama3-1b 128256 8 2048 --set 'fsdp.activation_checkpointing=true'
+torch_fsdp2 hf_llama1b_ac 8 2048 --model hf-llama "${LLAMA1B[@]}" --checkpointing
+torch_fsdp2 gpt2 8 1024 --model gpt "${GPT2[@]}"
+torch_fsdp2 hf_gpt2 8 1024 --model hf-gpt2 "${GPT2[@]}"
+# CPU offload under a cap: 1.24 B parameters x 16 bytes of fp32 shard state = 19.8 GB per GPU
+# at N = 1; the cap (a fraction of total memory, computed here) leaves the device 16 GiB, less
+# than that. One 2048-token sequence per step: its logits (2048 x 128256) fit beside the units.
 FRACTION=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 |
   awk -v gpus="$GPUS" '{ f = 16.0 * 1024 / $1; if (f > 1) f = 1; printf "%.3f", f }')
 STEPS=4 train llama1b_offload llama3-1b 128256 1 2048 --set 'fsdp.cpu_offload=true' \

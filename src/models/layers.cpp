@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fsdp/compat.h"
+#include "fsdp/models/fused_ops.h"
 #include "fsdp/models/linear_cross_entropy.h"
 
 namespace fsdp::models {
@@ -47,23 +48,11 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, dou
   return {angles.cos(), angles.sin()};
 }
 
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  auto first = x.narrow(-1, 0, half), second = x.narrow(-1, half, half);
-  auto rotated_half = torch::cat({-second, first}, -1);
-  return x * cos.to(x.scalar_type()) + rotated_half * sin.to(x.scalar_type());
-}
-
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  // Normalise in fp32 even when x is bf16, as the reference implementations do.
-  auto x32 = x.to(torch::kFloat);
-  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return normed.to(x.scalar_type()) * weight.to(x.scalar_type());
-}
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
 
 bool LoraSpec::targets_layer(const std::string& name) const {
   for (const auto& target : targets) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "fsdp/models/fused_ops.h"
 #include "fsdp/nn/hooks.h"
 
 namespace fsdp::models {
@@ -76,11 +77,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
-  auto q = q_proj(x).view({b, t, heads, head_dim}).transpose(1, 2);     // [b, heads, t, hd]
-  auto k = k_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);  // [b, kv_heads, t, hd]
+  // Rotated in the projections' own layout [b, t, heads, hd] (one pass, no copy), then viewed as
+  // [b, heads, t, hd] for attention.
+  auto q = rotary(q_proj(x).view({b, t, heads, head_dim}), cos, sin).transpose(1, 2);     // [b, heads, t, hd]
+  auto k = rotary(k_proj(x).view({b, t, kv_heads, head_dim}), cos, sin).transpose(1, 2);  // [b, kv_heads, t, hd]
   auto v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
   auto y = attention(q, k, v, /*causal=*/true);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
@@ -92,7 +93,7 @@ LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) {
   down_proj = register_module("down_proj", linear(c.ffn_hidden, c.dim));
 }
 
-at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) { return down_proj(swiglu(gate_proj(x), up_proj(x))); }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {
   input_layernorm = register_module("input_layernorm", RMSNorm(c.dim, c.norm_eps));

@@ -90,7 +90,7 @@ bool ShardedAdamW::step_fused() {
 void ShardedAdamW::step() {
   torch::NoGradGuard no_grad;
   ++step_count_;
-  for (const Slot& slot : slots_) slot.flat->wait_for_offloaded_grad();
+  for (const Slot& slot : slots_) slot.flat->wait_for_shard_grad();
   if (step_fused()) return;
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(step_count_));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(step_count_));
@@ -135,7 +135,7 @@ ShardedSgd::ShardedSgd(runtime::FsdpState& state, SgdOptions options)
 void ShardedSgd::step() {
   torch::NoGradGuard no_grad;
   ++step_count_;
-  for (const Slot& slot : slots_) slot.flat->wait_for_offloaded_grad();
+  for (const Slot& slot : slots_) slot.flat->wait_for_shard_grad();
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor& p = slots_[i].flat->shard();
     at::Tensor d_p = slots_[i].flat->shard_grad();
@@ -185,7 +185,7 @@ double grad_norm(runtime::FsdpState& state) {
   at::Tensor sums = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (shard::FlatParam* flat : state.flat_params()) {
     if (!flat->trainable() || !flat->shard_grad().defined()) continue;
-    flat->wait_for_offloaded_grad();
+    flat->wait_for_shard_grad();
     const at::Tensor& grad = flat->shard_grad();
     at::Tensor sum = sums[flat->replicated() ? 1 : 0];  // a view: accumulated on the gradient's device, no host sync
     if (grad.is_cuda()) {

@@ -48,11 +48,12 @@ int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len
         // Composed attention keeps the probabilities; a fused kernel its log-sum-exp.
         const int64_t softmax = fused_attention ? 4 * m.heads * t : c * m.heads * t * t;
         if constexpr (std::is_same_v<M, models::LlamaConfig>) {
-          // RMSNorm keeps its fp32 input and output (2 d, twice), q/k before and after rotary,
-          // keys and values repeated to every query head, the attention output, the SwiGLU's gate,
-          // SiLU(gate), up and their product (4 ffn).
+          // RMSNorm keeps its fp32 input and output (2 d, twice), q and k after rotary (the fused
+          // rotary keeps only its tables), keys and values repeated to every query head, the
+          // attention output, the SwiGLU's gate and up (its closed-form backward needs no SiLU(gate))
+          // and their product (3 ffn).
           const int64_t kv = m.kv_heads * (m.dim / m.heads);
-          return c * t * (10 * m.dim + 2 * kv + 4 * m.ffn_hidden) + softmax;
+          return c * t * (9 * m.dim + kv + 3 * m.ffn_hidden) + softmax;
         } else {
           // GPT and ViT blocks: two LayerNorm inputs and outputs (4 d), qkv (3 d), contiguous
           // copies of q, k and v that the batched matmuls save (3 d), the attention output (d), the

@@ -1,5 +1,6 @@
 #include "unit.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -124,6 +125,8 @@ void Unit::adopt(FsdpState* state, const std::string& path) {
   fsdp::nn::set_forward_hooks(module_.get(), std::move(hooks));
 }
 
+std::string Unit::trace_name() const { return is_root_ ? "<root>" : name_; }
+
 void Unit::release_hooks() { fsdp::nn::clear_forward_hooks(module_.get()); }
 
 void Unit::pre_forward() {
@@ -176,6 +179,7 @@ void Unit::post_backward() {
   if (post_backward_done_) return;
   post_backward_done_ = true;
   if (trainable_ && state_->requires_gradient_sync()) {
+    RECORD_USER_SCOPE("fsdp::reduce_scatter " + trace_name());  // marks the unit in --profile-steps traces
     prepare_grads();  // a unit unused in this step reduces zeros, so every rank joins
     pending_reduce_ = trainable_->reduce_grad_async();
     replica_reduce_ = nullptr;
@@ -218,6 +222,7 @@ bool Unit::advance_reduce() {
 
 void Unit::finish_reduce() {
   if (!pending_reduce_) return;
+  RECORD_USER_SCOPE("fsdp::wait_reduce " + trace_name());
   state_->wait(pending_reduce_);
   if (trainable_->replica_group() && !replica_reduce_) {
     replica_reduce_ = trainable_->reduce_across_replicas_async();
@@ -266,6 +271,7 @@ void Unit::on_grad_ready() {
 }
 
 bool Unit::issue_gather(bool prefetch) {
+  RECORD_USER_SCOPE(std::string(prefetch ? "fsdp::prefetch " : "fsdp::gather ") + trace_name());
   bool issued = false;
   for (shard::FlatParam* flat : flat_params()) {
     if (auto work = flat->unshard_async()) {
@@ -281,6 +287,8 @@ bool Unit::issue_gather(bool prefetch) {
 }
 
 void Unit::wait_gather() {
+  if (pending_gathers_.empty()) return;
+  RECORD_USER_SCOPE("fsdp::wait_gather " + trace_name());
   for (auto& work : pending_gathers_) state_->wait(work);
   pending_gathers_.clear();
 }

@@ -31,6 +31,7 @@ class Unit {
        const std::unordered_set<const void*>& excluded, const ShardingGroups& groups, const FsdpOptions& options);
 
   const std::string& name() const { return name_; }
+  std::string trace_name() const;  // in profiler traces: the name, or "<root>"
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
   const ShardingGroups& groups() const { return groups_; }
   bool is_root() const { return is_root_; }

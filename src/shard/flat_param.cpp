@@ -234,7 +234,7 @@ void FlatParam::finish_reduce_grad() {
   }
   if (offload_) {
     if (shard_grad_.defined() && !shard_grad_zeroed_) {
-      wait_for_offloaded_grad();
+      wait_for_shard_grad();
       shard_grad_.add_(reduced.to(at::kCPU));  // accumulating (micro-batches with sync): waits for the copy
     } else {
       // The step's first gradient overwrites the buffer: asynchronous into pinned memory (fp32 <- reduce dtype).
@@ -243,11 +243,14 @@ void FlatParam::finish_reduce_grad() {
       shard_grad_zeroed_ = false;
       host_copy_pending_ = !compute_device_.is_cpu();
     }
-  } else if (shard_grad_.defined()) {
-    shard_grad_.add_(reduced);  // fp32 += reduce dtype
+  } else if (shard_grad_.defined() && !shard_grad_zeroed_) {
+    shard_grad_.add_(reduced);  // accumulating (micro-batches with sync): fp32 += reduce dtype
   } else {
-    shard_grad_ = empty_buffer(layout_.shard_numel, at::kFloat, device());
+    // The step's first gradient overwrites the buffer: one copy, where zeroing it at the step's
+    // start and adding would be two more passes over the fp32 shard.
+    if (!shard_grad_.defined()) shard_grad_ = empty_buffer(layout_.shard_numel, at::kFloat, device());
     shard_grad_.copy_(reduced);  // fp32 <- reduce dtype
+    shard_grad_zeroed_ = false;
   }
   if (reduced_grad_.defined()) free_storage(reduced_grad_, cache_buffers_);
   reduced_grad_ = at::Tensor();
@@ -272,12 +275,12 @@ void FlatParam::set_cpu_offload(bool on) {
   offload_ = on;
 }
 
-void FlatParam::wait_for_offloaded_grad() {
+void FlatParam::wait_for_shard_grad() {
   if (host_copy_pending_) {
     shard::synchronize_current_stream(compute_device_);
     host_copy_pending_ = false;
   }
-  if (shard_grad_zeroed_) {  // zeroed lazily, and no gradient came since: zeros it is
+  if (shard_grad_zeroed_) {  // zeroed lazily, and no reduction wrote it since: zeros it is
     shard_grad_.zero_();
     shard_grad_zeroed_ = false;
   }
@@ -285,12 +288,8 @@ void FlatParam::wait_for_offloaded_grad() {
 
 void FlatParam::zero_shard_grad() {
   if (!shard_grad_.defined()) return;
-  if (!offload_) {
-    shard_grad_.zero_();
-    return;
-  }
-  // Offloaded: the next reduction overwrites it (asynchronously) instead of adding to zeros,
-  // which would wait for its copy. A pending copy must land before the buffer is reused.
+  // Not written here: the step's first reduction overwrites the buffer (asynchronously when
+  // offloaded) instead of adding to zeros. A pending copy must land before the buffer is reused.
   if (host_copy_pending_) {
     shard::synchronize_current_stream(compute_device_);
     host_copy_pending_ = false;

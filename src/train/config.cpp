@@ -454,6 +454,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   r.get("checkpoint.dir", c.checkpoint.dir);
   r.get("train.report_every", c.report_every);
   r.get("train.loss_chunk_tokens", c.loss_chunk_tokens);
+  r.get("train.fused_ops", c.fused_ops);
   read_lora(r, c);
   TargetsConfig& t = c.targets;
   r.get("targets.min_tokens_per_second", t.min_tokens_per_second);
@@ -699,6 +700,7 @@ std::string to_toml(const TrainConfig& c) {
   };
   root["train"].as_table()->insert("report_every", c.report_every);
   root["train"].as_table()->insert("loss_chunk_tokens", c.loss_chunk_tokens);
+  root["train"].as_table()->insert("fused_ops", c.fused_ops);
   const models::LoraSpec* lora = models::lora_spec(c.model);
   if (lora != nullptr && lora->enabled()) {
     std::string targets;

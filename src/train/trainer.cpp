@@ -23,6 +23,7 @@
 #include "fsdp/shard/storage.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/sampler.h"
+#include "fsdp/models/fused_ops.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/nonfinite_guard.h"
 #include "fsdp/optim/sharded_optimizer.h"
@@ -35,6 +36,7 @@
 #include "loss_spike.h"
 #include "rollback.h"
 #include "step_metrics.h"
+#include "step_profiler.h"
 #include "targets.h"
 #include "training_data.h"
 
@@ -277,9 +279,12 @@ class Trainer {
     double agreed_training_seconds = 0.0;  // sum of the agreed step times (the cost target's clock)
     bool stopped_early = false;            // targets.stop before the last step
     int64_t last_saved_step = -1;
+    StepProfiler profiler(options_.profile_first, options_.profile_last,
+                          config_.output_dir + "/profile/trace-rank" + std::to_string(rank_) + ".json", device_);
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
       comm::begin_collective_step(step + 1);  // the step's collectives are fingerprinted from here
+      profiler.begin_step(step + 1);
       const double lr = schedule_.lr_at(step);
       optimizer_->set_lr(lr);
       optimizer_->zero_grad();
@@ -360,6 +365,9 @@ class Trainer {
       if (apply) optimizer_->step();
       trace_memory(rank_, step, "optimizer");
       shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
+      const std::string trace = profiler.end_step(step + 1);
+      if (!trace.empty()) progress_->message("  profile of steps " + std::to_string(options_.profile_first) + "-" +
+                                             std::to_string(options_.profile_last) + " written: " + trace + " (and the other ranks')");
 
       // One small all-gather per step: every rank's loss, peak memory, communication time (busy,
       // and exposed: the time this thread waited for it), and whether it was asked to stop (so
@@ -669,6 +677,7 @@ class Trainer {
 }  // namespace
 
 TrainSummary train(const TrainConfig& config, const comm::ProcessGroupPtr& world, const TrainerOptions& options) {
+  models::set_fused_ops(config.fused_ops);
   Trainer trainer(config, world, options);
   return trainer.run();
 }

@@ -237,7 +237,7 @@ RunResult run_fsdp(const RunConfig& run) {
     if (step == 0) {
       for (fsdp::shard::FlatParam* flat : state->flat_params()) {
         if (!flat->trainable()) continue;
-        flat->wait_for_offloaded_grad();
+        flat->wait_for_shard_grad();
         const at::Tensor grad = flat->shard_grad().cpu();
         for (const auto& segment : flat->layout().segments_of_shard(flat->shard_index())) {
           result.first_grad_pieces.emplace_back(flat->layout().entries[segment.entry].name, segment.entry_offset,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 
+#include "fsdp/models/fused_ops.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/models/linear_cross_entropy.h"
 #include "fsdp/models/registry.h"
@@ -104,18 +105,18 @@ TEST(Layers, RotaryMatchesSlowDirectImplementation) {
   torch::manual_seed(4);
   const int64_t t = 7, d = 8;
   const double theta = 10000.0;
-  auto x = torch::randn({1, 2, t, d});
+  auto x = torch::randn({1, t, 2, d});  // [b, t, heads, hd]
   auto [cos, sin] = fsdp::models::rotary_tables(t, d, theta);
-  auto fast = fsdp::models::apply_rotary(x, cos, sin).to(at::kDouble);
+  auto fast = fsdp::models::rotary(x, cos, sin).to(at::kDouble);
   auto xd = x.to(at::kDouble);
   auto slow = at::zeros_like(xd);
   for (int64_t h = 0; h < 2; ++h) {
     for (int64_t p = 0; p < t; ++p) {
       for (int64_t c = 0; c < d / 2; ++c) {
         const double angle = p * std::pow(theta, -2.0 * c / d);
-        const double a = xd[0][h][p][c].item<double>(), b = xd[0][h][p][c + d / 2].item<double>();
-        slow[0][h][p][c] = a * std::cos(angle) - b * std::sin(angle);
-        slow[0][h][p][c + d / 2] = b * std::cos(angle) + a * std::sin(angle);
+        const double a = xd[0][p][h][c].item<double>(), b = xd[0][p][h][c + d / 2].item<double>();
+        slow[0][p][h][c] = a * std::cos(angle) - b * std::sin(angle);
+        slow[0][p][h][c + d / 2] = b * std::cos(angle) + a * std::sin(angle);
       }
     }
   }
@@ -123,7 +124,7 @@ TEST(Layers, RotaryMatchesSlowDirectImplementation) {
   // What rotary embeddings are for: q.k depends on positions only through their difference.
   auto q = torch::randn({1, 1, 1, d}), k = torch::randn({1, 1, 1, d});
   auto at_position = [&](const at::Tensor& v, int64_t p) {
-    return fsdp::models::apply_rotary(v, cos.narrow(0, p, 1), sin.narrow(0, p, 1));
+    return fsdp::models::rotary(v, cos.narrow(0, p, 1), sin.narrow(0, p, 1));
   };
   auto dot_1_3 = (at_position(q, 3) * at_position(k, 1)).sum().item<double>();
   auto dot_4_6 = (at_position(q, 6) * at_position(k, 4)).sum().item<double>();

@@ -37,10 +37,10 @@ struct RopeScaling {
 // `scaling` where enabled. The frequencies are computed in fp32, as Hugging Face computes them, so
 // published weights see the same angles.
 std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta, const RopeScaling& scaling = {});
-// x [b, heads, t, head_dim]: rotates pairs (c, c + head_dim/2) by the table's angles.
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// Applying them: fsdp::models::rotary (fused_ops.h).
 
-// Root-mean-square norm with a learned scale (Llama): x / sqrt(mean(x^2) + eps) * weight.
+// Root-mean-square norm with a learned scale (Llama): x / sqrt(mean(x^2) + eps) * weight
+// (fsdp::models::rms_norm, fused_ops.h: one kernel each way on a GPU).
 struct RMSNormImpl : torch::nn::Module {
   RMSNormImpl(int64_t dim, double eps);
   at::Tensor forward(const at::Tensor& x);

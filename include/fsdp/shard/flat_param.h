@@ -72,7 +72,7 @@ class FlatParam {
   int shard_index() const { return replicate_ ? 0 : group_->rank(); }
 
   at::Tensor& shard() { return shard_; }
-  at::Tensor& shard_grad() { return shard_grad_; }
+  at::Tensor& shard_grad() { return shard_grad_; }  // [shard_numel] fp32; read after wait_for_shard_grad()
   const at::Tensor& unsharded() const { return unsharded_; }
 
   // Mixed precision: gather and compute in `compute` (the parameters become tensors of that dtype;
@@ -92,12 +92,13 @@ class FlatParam {
   // first copies the shard to the device (on the caller's stream, ordered before the gather); a
   // reduced gradient is copied back, asynchronously when it is the step's first (accumulating
   // into an existing one waits for the copy). Call once, while resharded, before any backward;
-  // not for replicated (NO_SHARD) parameters. Before reading shard_grad on the host, call
-  // wait_for_offloaded_grad.
+  // not for replicated (NO_SHARD) parameters.
   void set_cpu_offload(bool on);
   bool cpu_offload() const { return offload_; }
-  void wait_for_offloaded_grad();
-  // The optimizer's zero_grad for this shard (offloaded: marked, and overwritten by the next reduction).
+  // Before reading shard_grad (the optimizer, the norm): lands an offloaded gradient's copy, and
+  // writes the zeros of a gradient zero_shard_grad marked and no reduction has overwritten since.
+  void wait_for_shard_grad();
+  // The optimizer's zero_grad for this shard: marked, not written; the next reduction overwrites it.
   void zero_shard_grad();
   at::ScalarType reduce_dtype() const { return reduce_dtype_; }
 
@@ -164,7 +165,7 @@ class FlatParam {
   bool cache_buffers_ = false;
   bool offload_ = false;
   bool host_copy_pending_ = false;  // an asynchronous device-to-host copy into shard_grad_ is queued
-  bool shard_grad_zeroed_ = false;  // offloaded: shard_grad_ counts as zeros until the next reduction
+  bool shard_grad_zeroed_ = false;  // shard_grad_ counts as zeros until the next reduction overwrites it
   at::Device compute_device_ = at::kCPU;
   at::Tensor unsharded_;       // [padded_numel] compute dtype
   at::Tensor shard_;           // [shard_numel] fp32 on the compute device, or the host if offloaded (replicated: same tensor as unsharded_)

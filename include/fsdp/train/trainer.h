@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/comm/agreement.h"
@@ -54,7 +55,14 @@ struct TrainerOptions {
   // Continue from a checkpoint: a checkpoint directory, or "latest" (the newest under
   // checkpoint.dir). The loss trajectory then equals the uninterrupted run's (same N, fp32).
   std::string resume;
+  // fsdp-train --profile-steps A:B: steps A to B (1-based, both included) are recorded by libtorch's
+  // profiler into a Chrome trace per rank, <output_dir>/profile/trace-rank<R>.json. 0: off.
+  int64_t profile_first = 0, profile_last = 0;
 };
+
+// --profile-steps: "A:B" (1 <= A <= B) or "A" (one step) -> {A, B}; throws std::invalid_argument
+// naming the text.
+std::pair<int64_t, int64_t> parse_profile_steps(const std::string& text);
 
 // The model of a config, built and sharded block by block over `group` (same seed on every rank),
 // with the vocabulary given (language models). What train() trains and fsdp-ckpt converts.

@@ -1,0 +1,43 @@
+// fsdp/models/fused_ops.h: the elementwise and normalisation steps of a Llama block as fused
+// operations, each with its composed libtorch reference (what the models computed before, and
+// what the tests compare against).
+//
+// On a CUDA tensor each is one kernel forward and one backward, saving only its inputs for
+// backward: RMSNorm is libtorch's own fused kernel (at::_fused_rms_norm, libtorch >= 2.8);
+// SwiGLU and rotary are fsdp.cpp's (src/models/fused_kernels.cu), compiled where the build has
+// a CUDA compiler (FSDP_CUDA=ON); fused_kernels_compiled() says whether they were. On the CPU the
+// forward computes exactly the reference's operations (same values, bit for bit); the backward
+// is the closed form the CUDA kernels compute, in fp32, which saves the reference's
+// intermediates (silu(gate), the rotated copy) from being kept for backward.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace fsdp::models {
+
+// x [..., dim] any floating dtype, weight [dim] -> x / sqrt(mean(x^2) + eps) * weight, in x's
+// dtype; the statistics in fp32.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// gate, up: same shape and dtype -> silu(gate) * up (Llama's MLP; silu(g) = g * sigmoid(g)).
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
+
+// Rotary position embedding in Hugging Face's rotate-half layout, on the projection's own layout:
+// x [b, t, heads, head_dim] (contiguous: q_proj(x).view(b, t, heads, head_dim)), cos and sin
+// [t, head_dim] fp32 (rotary_tables) -> [b, t, heads, head_dim], pairs (c, c + head_dim/2) of
+// each position's row rotated by its angles.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor rotary_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Process-wide switch (default on; fsdp-train sets it from train.fused_ops): off, rms_norm, swiglu
+// and rotary compute their references, for comparisons. Set it before building a model.
+void set_fused_ops(bool enabled);
+bool fused_ops_enabled();
+
+// Whether this build holds fsdp.cpp's CUDA kernels (SwiGLU, rotary); without them CUDA tensors
+// take the reference path.
+bool fused_kernels_compiled();
+
+}  // namespace fsdp::models

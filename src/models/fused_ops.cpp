@@ -1,0 +1,188 @@
+#include "fsdp/models/fused_ops.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+
+#include "fsdp/compat.h"
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "fused_kernels.h"
+#endif
+
+namespace fsdp::models {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // Normalise in fp32 even when x is bf16, as the reference implementations do.
+  auto x32 = x.to(at::kFloat);
+  auto normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return normed.to(x.scalar_type()) * weight.to(x.scalar_type());
+}
+
+namespace {
+std::atomic<bool> g_fused_ops{true};
+}  // namespace
+
+void set_fused_ops(bool enabled) { g_fused_ops.store(enabled); }
+bool fused_ops_enabled() { return g_fused_ops.load(); }
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // The CPU keeps the reference, whose values published checkpoints were checked against; the
+  // fused kernel rounds once where the reference rounds twice (bf16: at most one unit apart).
+  if (!x.is_cuda() || !fused_ops_enabled()) return rms_norm_reference(x, weight, eps);
+  return compat::rms_norm(x, weight.to(x.scalar_type()), eps);
+}
+
+at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
+
+at::Tensor rotary_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  // cos, sin [t, hd] -> [t, 1, hd]: broadcast over the heads of x [b, t, heads, hd].
+  const int64_t half = x.size(-1) / 2;
+  auto rotated_half = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.unsqueeze(1).to(x.scalar_type()) + rotated_half * sin.unsqueeze(1).to(x.scalar_type());
+}
+
+bool fused_kernels_compiled() {
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+// CUDA tensors of a dtype the kernels take, contiguous: the kernels' path.
+bool kernel_path(std::initializer_list<at::Tensor> tensors) {
+  for (const at::Tensor& tensor : tensors) {
+    if (!tensor.is_cuda() || !tensor.is_contiguous()) return false;
+  }
+  const at::ScalarType dtype = tensors.begin()->scalar_type();
+  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+}
+
+kernels::Dtype kernel_dtype(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kBFloat16: return kernels::Dtype::BFloat16;
+    case at::kHalf: return kernels::Dtype::Float16;
+    default: return kernels::Dtype::Float32;
+  }
+}
+
+void* current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+#endif
+
+// SwiGLU that keeps gate and up (not silu(gate) as well) for a backward in closed form.
+struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    if (kernel_path({gate, up})) {
+      const c10::cuda::CUDAGuard device(gate.device());
+      at::Tensor out = at::empty_like(gate);
+      kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), kernel_dtype(gate),
+                              current_stream());
+      return out;
+    }
+#endif
+    return swiglu_reference(gate, up);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1];
+    at::Tensor grad_out = grads[0];
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    grad_out = grad_out.contiguous();
+    if (kernel_path({gate, up, grad_out}) && grad_out.scalar_type() == gate.scalar_type()) {
+      const c10::cuda::CUDAGuard device(gate.device());
+      at::Tensor grad_gate = at::empty_like(gate), grad_up = at::empty_like(up);
+      kernels::swiglu_backward(grad_out.data_ptr(), gate.data_ptr(), up.data_ptr(), grad_gate.data_ptr(),
+                               grad_up.data_ptr(), gate.numel(), kernel_dtype(gate), current_stream());
+      return {grad_gate, grad_up};
+    }
+#endif
+    // The kernel's closed form, in fp32: d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g).
+    const at::Tensor g = gate.to(at::kFloat), u = up.to(at::kFloat), dy = grad_out.to(at::kFloat);
+    const at::Tensor s = at::sigmoid(g);
+    const at::Tensor grad_gate = dy * u * s * (1.0 + g * (1.0 - s));
+    const at::Tensor grad_up = dy * g * s;
+    return {grad_gate.to(gate.scalar_type()), grad_up.to(up.scalar_type())};
+  }
+};
+
+// The transpose of the rotation (rotation by minus the angles): the backward of rotary.
+at::Tensor rotate_back(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin) {
+  // dx[c] = dy[c] cos[c] + dy[c+h] sin[c+h];  dx[c+h] = dy[c+h] cos[c+h] - dy[c] sin[c]
+  const int64_t half = grad.size(-1) / 2;
+  const at::Tensor g = grad.to(at::kFloat);
+  const at::Tensor scaled = g * sin.unsqueeze(1);  // [b, t, heads, hd] fp32
+  const at::Tensor swapped = at::cat({scaled.narrow(-1, half, half), -scaled.narrow(-1, 0, half)}, -1);
+  return (g * cos.unsqueeze(1) + swapped).to(grad.scalar_type());
+}
+
+// Rotary that keeps only the tables for backward (the rotation is linear in x).
+struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    if (kernel_path({x}) && cos.is_cuda() && cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+        sin.scalar_type() == at::kFloat) {
+      const c10::cuda::CUDAGuard device(x.device());
+      at::Tensor out = at::empty_like(x);
+      kernels::rotary(x.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), out.data_ptr(), x.size(0), x.size(1),
+                      x.size(2), x.size(3), /*inverse=*/false, kernel_dtype(x), current_stream());
+      return out;
+    }
+#endif
+    return rotary_reference(x, cos, sin);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &cos = saved[0], &sin = saved[1];
+    at::Tensor grad_out = grads[0];
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    grad_out = grad_out.contiguous();
+    if (kernel_path({grad_out}) && cos.is_cuda() && cos.is_contiguous() && sin.is_contiguous() &&
+        cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat) {
+      const c10::cuda::CUDAGuard device(grad_out.device());
+      at::Tensor grad_x = at::empty_like(grad_out);
+      kernels::rotary(grad_out.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), grad_x.data_ptr(),
+                      grad_out.size(0), grad_out.size(1), grad_out.size(2), grad_out.size(3), /*inverse=*/true,
+                      kernel_dtype(grad_out), current_stream());
+      return {grad_x, at::Tensor(), at::Tensor()};
+    }
+#endif
+    return {rotate_back(grad_out, cos, sin), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(), "swiglu: gate ", gate.sizes(), " ",
+              gate.scalar_type(), " and up ", up.sizes(), " ", up.scalar_type(), " must have one shape and dtype");
+  if (!fused_ops_enabled()) return swiglu_reference(gate, up);
+  return SwigluFunction::apply(gate, up);
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 4 && x.size(-1) % 2 == 0, "rotary: x must be [b, t, heads, head_dim] with an even head_dim, got ",
+              x.sizes());
+  TORCH_CHECK(cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3) && sin.sizes() == cos.sizes(),
+              "rotary: cos and sin must be [t, head_dim] = [", x.size(1), ", ", x.size(3), "], got ", cos.sizes(), " and ",
+              sin.sizes());
+  TORCH_CHECK(!cos.requires_grad() && !sin.requires_grad(), "rotary: the tables are constants (no gradient)");
+  if (!fused_ops_enabled()) return rotary_reference(x, cos, sin);
+  return RotaryFunction::apply(x.contiguous(), cos, sin);
+}
+
+}  // namespace fsdp::models

@@ -1,0 +1,165 @@
+// The fused operations (fsdp/models/fused_ops.h) against their composed references, forward and
+// backward, on the CPU and, where this build and machine have one, the GPU (scripts/gpu-check.sh
+// runs these with FSDP_TEST_DEVICE=cuda, where a missing GPU is a failure, not a skip).
+//
+// Criterion: the truth is the composed reference evaluated in fp64 (autograd for the gradients).
+// A fused result may be off by at most twice the error of the composed reference in the same
+// dtype, plus 1e-6 of the largest value (fp32 reduction orders): no less accurate than what it
+// replaces. A wrong closed-form backward (say without the 1 + g (1 - s) of silu') is off by O(1).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "fsdp/models/fused_ops.h"
+#include "fsdp/models/layers.h"
+
+namespace {
+
+using fsdp::models::rotary_tables;
+
+std::vector<at::Device> devices() {
+  std::vector<at::Device> out{at::kCPU};
+  const char* wanted = std::getenv("FSDP_TEST_DEVICE");
+  if ((wanted != nullptr && std::string(wanted) == "cuda") || torch::cuda::is_available()) out.emplace_back(at::kCUDA);
+  return out;
+}
+
+// Skips CUDA where it cannot run, unless FSDP_TEST_DEVICE=cuda asked for it.
+bool usable(const at::Device& device) {
+  if (device.is_cpu()) return true;
+  if (!torch::cuda::is_available()) {
+    ADD_FAILURE() << "FSDP_TEST_DEVICE=cuda, but libtorch sees no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
+
+// |fused - truth| <= 2 |reference - truth| + 1e-6 max|truth|, elementwise maximum over the tensor.
+void expect_as_accurate(const at::Tensor& fused, const at::Tensor& reference, const at::Tensor& truth, const std::string& what) {
+  const at::Tensor t = truth.to(at::kCPU, at::kDouble);
+  const double fused_error = max_abs(fused.to(at::kCPU, at::kDouble) - t);
+  const double reference_error = max_abs(reference.to(at::kCPU, at::kDouble) - t);
+  const double bound = 2 * reference_error + 1e-6 * max_abs(t);
+  EXPECT_LE(fused_error, bound) << what << ": fused error " << fused_error << ", composed reference's " << reference_error;
+}
+
+struct Case {
+  at::Device device;
+  at::ScalarType dtype;
+  std::string name() const { return std::string(device.is_cuda() ? "cuda " : "cpu ") + c10::toString(dtype); }
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const at::Device& device : devices()) {
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) out.push_back({device, dtype});
+  }
+  return out;
+}
+
+TEST(FusedOps, SwigluMatchesTheComposedReference) {
+  for (const Case& c : cases()) {
+    if (!usable(c.device)) continue;
+    SCOPED_TRACE(c.name());
+    torch::manual_seed(1);
+    // Odd sizes: no kernel may assume a multiple of its block. Gates up to +-6 cover silu's bend.
+    const at::Tensor gate64 = torch::randn({3, 5, 37}, at::kDouble) * 3, up64 = torch::randn({3, 5, 37}, at::kDouble);
+    const at::Tensor grad64 = torch::randn({3, 5, 37}, at::kDouble);
+    const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+    const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
+
+    at::Tensor g64 = gate64.clone().requires_grad_(true), u64 = up64.clone().requires_grad_(true);
+    const at::Tensor truth = fsdp::models::swiglu_reference(g64, u64);
+    truth.backward(grad64);
+
+    at::Tensor gf = leaf(gate64), uf = leaf(up64), gr = leaf(gate64), ur = leaf(up64);
+    const at::Tensor fused = fsdp::models::swiglu(gf, uf), reference = fsdp::models::swiglu_reference(gr, ur);
+    fused.backward(grad64.to(opts));
+    reference.backward(grad64.to(opts));
+    ASSERT_EQ(fused.scalar_type(), c.dtype);
+    if (c.device.is_cpu()) EXPECT_TRUE(torch::equal(fused, reference)) << "the CPU forward is the reference's";
+    expect_as_accurate(fused, reference, truth, "forward");
+    expect_as_accurate(gf.grad(), gr.grad(), g64.grad(), "gradient of gate");
+    expect_as_accurate(uf.grad(), ur.grad(), u64.grad(), "gradient of up");
+  }
+}
+
+TEST(FusedOps, RotaryMatchesTheComposedReference) {
+  for (const Case& c : cases()) {
+    if (!usable(c.device)) continue;
+    SCOPED_TRACE(c.name());
+    torch::manual_seed(2);
+    const int64_t b = 2, t = 7, heads = 3, hd = 10;
+    auto [cos, sin] = rotary_tables(t, hd, 500000.0);  // [t, hd] fp32
+    const at::Tensor x64 = torch::randn({b, t, heads, hd}, at::kDouble), grad64 = torch::randn({b, t, heads, hd}, at::kDouble);
+    const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+
+    at::Tensor xt = x64.clone().requires_grad_(true);
+    const at::Tensor truth = fsdp::models::rotary_reference(xt, cos.to(at::kDouble), sin.to(at::kDouble));
+    truth.backward(grad64);
+
+    const at::Tensor cos_d = cos.to(c.device), sin_d = sin.to(c.device);
+    at::Tensor xf = x64.to(opts).detach().requires_grad_(true), xr = x64.to(opts).detach().requires_grad_(true);
+    const at::Tensor fused = fsdp::models::rotary(xf, cos_d, sin_d);
+    const at::Tensor reference = fsdp::models::rotary_reference(xr, cos_d, sin_d);
+    fused.backward(grad64.to(opts));
+    reference.backward(grad64.to(opts));
+    if (c.device.is_cpu()) EXPECT_TRUE(torch::equal(fused, reference)) << "the CPU forward is the reference's";
+    expect_as_accurate(fused, reference, truth, "forward");
+    expect_as_accurate(xf.grad(), xr.grad(), xt.grad(), "gradient of x");
+
+    // A strided input (the [b, heads, t, hd] view of a contiguous [b, t, heads, hd] tensor, seen
+    // back through its transpose) gives the same values as its contiguous copy.
+    const at::Tensor strided = x64.to(opts).transpose(1, 2).contiguous().transpose(1, 2);
+    ASSERT_FALSE(strided.is_contiguous());
+    EXPECT_TRUE(torch::equal(fsdp::models::rotary(strided, cos_d, sin_d), fsdp::models::rotary(x64.to(opts), cos_d, sin_d)));
+  }
+}
+
+TEST(FusedOps, RmsNormMatchesTheComposedReference) {
+  for (const Case& c : cases()) {
+    if (!usable(c.device)) continue;
+    SCOPED_TRACE(c.name());
+    torch::manual_seed(3);
+    const int64_t dim = 67;
+    const at::Tensor x64 = torch::randn({4, 9, dim}, at::kDouble) * 2, w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble);
+    const at::Tensor grad64 = torch::randn({4, 9, dim}, at::kDouble);
+    const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+
+    at::Tensor xt = x64.clone().requires_grad_(true), wt = w64.clone().requires_grad_(true);
+    // The truth in fp64 throughout (the reference would compute its statistics in fp32).
+    const at::Tensor truth = xt * at::rsqrt(xt.pow(2).mean(-1, true) + 1e-5) * wt;
+    truth.backward(grad64);
+
+    // The weight as FSDP's mixed precision gathers it: in the compute dtype.
+    at::Tensor xf = x64.to(opts).detach().requires_grad_(true), wf = w64.to(opts).detach().requires_grad_(true);
+    at::Tensor xr = x64.to(opts).detach().requires_grad_(true), wr = w64.to(opts).detach().requires_grad_(true);
+    const at::Tensor fused = fsdp::models::rms_norm(xf, wf, 1e-5);
+    const at::Tensor reference = fsdp::models::rms_norm_reference(xr, wr, 1e-5);
+    fused.backward(grad64.to(opts));
+    reference.backward(grad64.to(opts));
+    ASSERT_EQ(fused.scalar_type(), c.dtype);
+    if (c.device.is_cpu()) EXPECT_TRUE(torch::equal(fused, reference)) << "the CPU forward is the reference's";
+    expect_as_accurate(fused, reference, truth, "forward");
+    expect_as_accurate(xf.grad(), xr.grad(), xt.grad(), "gradient of x");
+    expect_as_accurate(wf.grad(), wr.grad(), wt.grad(), "gradient of the weight");
+  }
+}
+
+// Where a GPU runs these, say whether fsdp.cpp's own kernels were tested or the composed fallback.
+TEST(FusedOps, ReportsWhetherTheCudaKernelsWereBuilt) {
+  for (const at::Device& device : devices()) {
+    if (!device.is_cuda() || !usable(device)) continue;
+    RecordProperty("fused_kernels_compiled", fsdp::models::fused_kernels_compiled() ? "yes" : "no");
+    if (!fsdp::models::fused_kernels_compiled()) {
+      GTEST_SKIP() << "this build has no fused CUDA kernels (no nvcc at configure time): CUDA tensors took the composed path";
+    }
+  }
+}
+
+}  // namespace
