@@ -7,7 +7,7 @@ Reads DIR/stages.tsv (stage, exit code, seconds), DIR/fsdp_<run>/metrics.jsonl (
 per-step records) and DIR/torch_<peer>.json (bench/torch_fsdp2.py). fsdp.cpp's figures are
 medians over the steps after the first three; MFU is against the bf16 matmul peak fsdp-train
 measured on that GPU before training (peak_flops). One row per (fsdp.cpp run, peer): tokens/s
-of both, their ratio (> 1: fsdp.cpp is faster), peak memory reserved of both, and the issue's aim
+of both, their ratio (> 1: fsdp.cpp is faster; the last row: fused ops against composed), peak memory reserved of both, and the issue's aim
 for that row where it sets one. Writes DIR/gpu-check.json.
 """
 import argparse
@@ -25,6 +25,7 @@ ROWS = (
     ("gpt2", "hf_gpt2_compiled", "HF + FSDP2 + compile", 1.5),
     ("gpt2", "hf_gpt2", "HF + FSDP2 eager", None),
     ("gpt2", "gpt2", "own FSDP2 model", None),
+    ("llama1b", "fsdp:llama1b_composed", "fsdp.cpp, composed ops", None),
 )
 AIMS = {"llama1b_mfu": 0.60}
 
@@ -68,8 +69,11 @@ def main():
     for run, peer, words, aim in ROWS:
         ours = report["runs"].setdefault(run, fsdp_run(d / f"fsdp_{run}"))
         if peer not in report["peers"]:
-            path = d / f"torch_{peer}.json"
-            report["peers"][peer] = json.loads(path.read_text()) if path.exists() else None
+            if peer.startswith("fsdp:"):  # another fsdp-train run (train.fused_ops = false)
+                report["peers"][peer] = fsdp_run(d / f"fsdp_{peer[5:]}")
+            else:
+                path = d / f"torch_{peer}.json"
+                report["peers"][peer] = json.loads(path.read_text()) if path.exists() else None
         theirs = report["peers"][peer]
         row = {"run": run, "peer": peer, "peer_description": words, "aim_ratio": aim}
         if ours and theirs:
