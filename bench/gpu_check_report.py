@@ -40,10 +40,11 @@ def fsdp_run(directory):
             records.append(json.loads(line))
         except json.JSONDecodeError:  # the last line of a stage killed mid-write
             continue
-    steps = [r for r in records if "step" in r]
+    steps = [r for r in records if "step" in r and "tokens_per_second" in r]
     if not steps:
         return None
-    settled = steps[3:] or steps
+    # After the first three; steps the profiler recorded (--profile-steps) are slower and left out.
+    settled = [r for r in steps[3:] if not r.get("profiled")] or steps
     reserved = [max(r.get("peak_device_reserved_bytes_per_rank", [-1])) for r in steps]
     return {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in settled),
             "mfu": statistics.median(r["mfu"] for r in settled), "peak_flops": steps[0]["peak_flops"],

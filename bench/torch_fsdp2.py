@@ -250,6 +250,8 @@ def main():
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     profiler = None
     trace = a.trace or (a.json[:-5] if a.json.endswith(".json") else a.json or "torch_fsdp2") + ".trace.json"
+    if world > 1:  # one trace per rank, as fsdp-train writes them
+        trace = (trace[:-11] if trace.endswith(".trace.json") else trace) + f"-rank{rank}.trace.json"
 
     local_batch = a.batch // world
     generator = torch.Generator(device=a.device).manual_seed(rank)
@@ -273,7 +275,7 @@ def main():
             optimizer.zero_grad(set_to_none=True)
             loss_value = loss.item()  # a host sync per step, as fsdp-train's loss print
             synchronize()
-        if step >= a.warmup:
+        if step >= a.warmup and not profiler:  # profiled steps are slower: left out, as the report leaves out fsdp-train's
             times.append(time.perf_counter() - start)
         if profiler and step + 1 == a.profile_steps[1]:
             profiler.__exit__(None, None, None)

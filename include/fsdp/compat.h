@@ -33,14 +33,4 @@ inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorL
                     /*weight_decay=*/0.0, eps, /*amsgrad=*/false, /*maximize=*/false);
 }
 
-// x [..., dim] -> x * rsqrt(mean(x^2) + eps) * weight (weight in x's dtype): libtorch's fused
-// RMSNorm kernels (one forward, one backward) on CUDA from 2.8 on; the composite at::rms_norm
-// (the same arithmetic in several kernels) before that and on other devices.
-inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
-  if (x.is_cuda()) return std::get<0>(at::_fused_rms_norm(x, {x.size(-1)}, weight, eps));
-#endif
-  return at::rms_norm(x, {x.size(-1)}, weight, eps);
-}
-
 }  // namespace fsdp::compat

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <utility>
 
-#include "fsdp/compat.h"
 
 #ifdef FSDP_HAVE_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -38,7 +37,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // The CPU keeps the reference, whose values published checkpoints were checked against; the
   // fused kernel rounds once where the reference rounds twice (bf16: at most one unit apart).
   if (!x.is_cuda() || !fused_ops_enabled()) return rms_norm_reference(x, weight, eps);
-  return compat::rms_norm(x, weight.to(x.scalar_type()), eps);
+  // at::rms_norm takes libtorch's fused CUDA kernels (one forward, one backward) where the
+  // version has them, and composes the same arithmetic where it does not; the weight must be in
+  // x's dtype for the fused path.
+  return at::rms_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), eps);
 }
 
 at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
@@ -60,16 +62,19 @@ bool fused_kernels_compiled() {
 
 namespace {
 
+// CUDA tensors take fsdp.cpp's kernels where this build has them and the dtype is one they take;
+// otherwise the composed reference (never the host's chunked backward: a launch per 64 K elements).
+bool cuda_kernels_take(const at::Tensor& x) {
 #ifdef FSDP_HAVE_CUDA_KERNELS
-// CUDA tensors of a dtype the kernels take, contiguous: the kernels' path.
-bool kernel_path(std::initializer_list<at::Tensor> tensors) {
-  for (const at::Tensor& tensor : tensors) {
-    if (!tensor.is_cuda() || !tensor.is_contiguous()) return false;
-  }
-  const at::ScalarType dtype = tensors.begin()->scalar_type();
+  const at::ScalarType dtype = x.scalar_type();
   return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+#else
+  (void)x;
+  return false;
+#endif
 }
 
+#ifdef FSDP_HAVE_CUDA_KERNELS
 kernels::Dtype kernel_dtype(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
     case at::kBFloat16: return kernels::Dtype::BFloat16;
@@ -81,18 +86,19 @@ kernels::Dtype kernel_dtype(const at::Tensor& tensor) {
 void* current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 #endif
 
-// The kernel's closed form, in fp32, a cache-sized chunk at a time: fp32 temporaries of the whole
+// The kernel's closed form, in fp32 (fp64 for fp64), a cache-sized chunk at a time: fp32 temporaries of the whole
 // [tokens, ffn] tensors would outweigh the activation the fused op saves (in bf16, 4x over).
 //   d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g)
 std::pair<at::Tensor, at::Tensor> swiglu_backward_host(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up) {
   constexpr int64_t kChunk = 1 << 16;  // elements: 256 KiB per fp32 temporary
+  const at::ScalarType math = at::promote_types(gate.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
   const at::Tensor g_all = gate.contiguous().view(-1), u_all = up.contiguous().view(-1);
   const at::Tensor dy_all = grad_out.contiguous().view(-1);
   at::Tensor grad_gate = at::empty_like(g_all), grad_up = at::empty_like(u_all);
   for (int64_t offset = 0; offset < g_all.numel(); offset += kChunk) {
     const int64_t n = std::min(kChunk, g_all.numel() - offset);
-    const at::Tensor g = g_all.narrow(0, offset, n).to(at::kFloat), u = u_all.narrow(0, offset, n).to(at::kFloat);
-    const at::Tensor dy = dy_all.narrow(0, offset, n).to(at::kFloat);
+    const at::Tensor g = g_all.narrow(0, offset, n).to(math), u = u_all.narrow(0, offset, n).to(math);
+    const at::Tensor dy = dy_all.narrow(0, offset, n).to(math);
     const at::Tensor s = at::sigmoid(g);
     const at::Tensor dy_s = dy * s;
     grad_gate.narrow(0, offset, n).copy_(dy_s * u * (1.0 + g * (1.0 - s)));
@@ -106,7 +112,7 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
 #ifdef FSDP_HAVE_CUDA_KERNELS
-    if (kernel_path({gate, up})) {
+    if (gate.is_cuda()) {  // contiguous, one dtype the kernels take: swiglu() saw to it
       const c10::cuda::CUDAGuard device(gate.device());
       at::Tensor out = at::empty_like(gate);
       kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), kernel_dtype(gate),
@@ -120,13 +126,13 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1];
-    at::Tensor grad_out = grads[0];
+    const at::Tensor& grad_out = grads[0];
 #ifdef FSDP_HAVE_CUDA_KERNELS
-    grad_out = grad_out.contiguous();
-    if (kernel_path({gate, up, grad_out}) && grad_out.scalar_type() == gate.scalar_type()) {
+    if (gate.is_cuda()) {
+      const at::Tensor dy = grad_out.to(gate.scalar_type()).contiguous();
       const c10::cuda::CUDAGuard device(gate.device());
       at::Tensor grad_gate = at::empty_like(gate), grad_up = at::empty_like(up);
-      kernels::swiglu_backward(grad_out.data_ptr(), gate.data_ptr(), up.data_ptr(), grad_gate.data_ptr(),
+      kernels::swiglu_backward(dy.data_ptr(), gate.data_ptr(), up.data_ptr(), grad_gate.data_ptr(),
                                grad_up.data_ptr(), gate.numel(), kernel_dtype(gate), current_stream());
       return {grad_gate, grad_up};
     }
@@ -136,7 +142,7 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
   }
 };
 
-// The transpose of the rotation (rotation by minus the angles): the backward of rotary, in fp32,
+// The transpose of the rotation (rotation by minus the angles): the backward of rotary, in fp32 (or fp64),
 // one sequence of the batch at a time (bounded temporaries, as above).
 //   dx[c] = dy[c] cos[c] + dy[c+h] sin[c+h];  dx[c+h] = dy[c+h] cos[c+h] - dy[c] sin[c]
 at::Tensor rotate_back(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin) {
@@ -144,7 +150,7 @@ at::Tensor rotate_back(const at::Tensor& grad, const at::Tensor& cos, const at::
   const at::Tensor cos_t = cos.unsqueeze(1), sin_t = sin.unsqueeze(1);  // [t, 1, hd]: over the heads
   at::Tensor grad_x = at::empty_like(grad, at::MemoryFormat::Contiguous);
   for (int64_t b = 0; b < grad.size(0); ++b) {
-    const at::Tensor g = grad[b].to(at::kFloat);  // [t, heads, hd]
+    const at::Tensor g = grad[b].to(at::promote_types(grad.scalar_type(), at::kFloat));  // [t, heads, hd]
     const at::Tensor scaled = g * sin_t;
     const at::Tensor swapped = at::cat({scaled.narrow(-1, half, half), -scaled.narrow(-1, 0, half)}, -1);
     grad_x[b].copy_(g * cos_t + swapped);
@@ -157,8 +163,7 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
 #ifdef FSDP_HAVE_CUDA_KERNELS
-    if (kernel_path({x}) && cos.is_cuda() && cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
-        sin.scalar_type() == at::kFloat) {
+    if (x.is_cuda()) {  // x and the fp32 tables contiguous on one device: rotary() saw to it
       const c10::cuda::CUDAGuard device(x.device());
       at::Tensor out = at::empty_like(x);
       kernels::rotary(x.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), out.data_ptr(), x.size(0), x.size(1),
@@ -172,11 +177,10 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &cos = saved[0], &sin = saved[1];
-    at::Tensor grad_out = grads[0];
+    const at::Tensor& grad = grads[0];
 #ifdef FSDP_HAVE_CUDA_KERNELS
-    grad_out = grad_out.contiguous();
-    if (kernel_path({grad_out}) && cos.is_cuda() && cos.is_contiguous() && sin.is_contiguous() &&
-        cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat) {
+    if (grad.is_cuda()) {
+      const at::Tensor grad_out = grad.contiguous();
       const c10::cuda::CUDAGuard device(grad_out.device());
       at::Tensor grad_x = at::empty_like(grad_out);
       kernels::rotary(grad_out.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), grad_x.data_ptr(),
@@ -185,7 +189,7 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
       return {grad_x, at::Tensor(), at::Tensor()};
     }
 #endif
-    return {rotate_back(grad_out, cos, sin), at::Tensor(), at::Tensor()};
+    return {rotate_back(grad, cos, sin), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -194,7 +198,9 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(), "swiglu: gate ", gate.sizes(), " ",
               gate.scalar_type(), " and up ", up.sizes(), " ", up.scalar_type(), " must have one shape and dtype");
-  if (!fused_ops_enabled()) return swiglu_reference(gate, up);
+  TORCH_CHECK(gate.device() == up.device(), "swiglu: gate on ", gate.device(), " and up on ", up.device());
+  if (!fused_ops_enabled() || (gate.is_cuda() && !cuda_kernels_take(gate))) return swiglu_reference(gate, up);
+  if (gate.is_cuda()) return SwigluFunction::apply(gate.contiguous(), up.contiguous());
   return SwigluFunction::apply(gate, up);
 }
 
@@ -205,8 +211,16 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
               "rotary: cos and sin must be [t, head_dim] = [", x.size(1), ", ", x.size(3), "], got ", cos.sizes(), " and ",
               sin.sizes());
   TORCH_CHECK(!cos.requires_grad() && !sin.requires_grad(), "rotary: the tables are constants (no gradient)");
+  TORCH_CHECK(cos.device() == x.device() && sin.device() == x.device(), "rotary: x on ", x.device(), ", the tables on ",
+              cos.device(), " and ", sin.device());
   if (!fused_ops_enabled()) return rotary_reference(x, cos, sin);
-  return RotaryFunction::apply(x.contiguous(), cos, sin);
+  if (x.is_cuda()) {
+    if (!cuda_kernels_take(x) || cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat) {
+      return rotary_reference(x, cos, sin);
+    }
+    return RotaryFunction::apply(x.contiguous(), cos.contiguous(), sin.contiguous());
+  }
+  return RotaryFunction::apply(x, cos, sin);
 }
 
 }  // namespace fsdp::models

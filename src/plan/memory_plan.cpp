@@ -40,7 +40,8 @@ int64_t MemoryBreakdown::device_total() const {
   return (host_total > 0 ? 0 : states) + gathered + reduced + activations + overhead;
 }
 
-int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, bool fused_attention) {
+int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, bool fused_attention,
+                               bool fused_ops) {
   const int64_t t = tokens_per_sample(model, seq_len);
   return std::visit(
       [&](const auto& m) -> int64_t {
@@ -48,12 +49,12 @@ int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len
         // Composed attention keeps the probabilities; a fused kernel its log-sum-exp.
         const int64_t softmax = fused_attention ? 4 * m.heads * t : c * m.heads * t * t;
         if constexpr (std::is_same_v<M, models::LlamaConfig>) {
-          // RMSNorm keeps its fp32 input and output (2 d, twice), q and k after rotary (the fused
-          // rotary keeps only its tables), keys and values repeated to every query head, the
-          // attention output, the SwiGLU's gate and up (its closed-form backward needs no SiLU(gate))
-          // and their product (3 ffn).
+          // RMSNorm keeps its fp32 input and output (2 d, twice), q and k after rotary (rotary
+          // keeps only its tables), keys and values repeated to every query head, the attention
+          // output, the SwiGLU's gate and up (the fused op's closed-form backward needs no
+          // SiLU(gate); the composed one keeps it too) and their product (3 or 4 ffn).
           const int64_t kv = m.kv_heads * (m.dim / m.heads);
-          return c * t * (9 * m.dim + kv + 3 * m.ffn_hidden) + softmax;
+          return c * t * (9 * m.dim + kv + (fused_ops ? 3 : 4) * m.ffn_hidden) + softmax;
         } else {
           // GPT and ViT blocks: two LayerNorm inputs and outputs (4 d), qkv (3 d), contiguous
           // copies of q, k and v that the batched matmuls save (3 d), the attention output (d), the
@@ -203,7 +204,7 @@ Plan make_plan(const PlanInput& in) {
     if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
     if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
   }
-  const int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention);
+  const int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
   const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
                                std::visit([](const auto& m) { return m.dim; }, in.model);
   // Backward of the last block holds its activations' gradients beside everything saved: one

@@ -179,7 +179,7 @@ void Unit::post_backward() {
   if (post_backward_done_) return;
   post_backward_done_ = true;
   if (trainable_ && state_->requires_gradient_sync()) {
-    RECORD_USER_SCOPE("fsdp::reduce_scatter " + trace_name());  // marks the unit in --profile-steps traces
+    RECORD_USER_SCOPE("fsdp::reduce_grad " + trace_name());  // marks the unit in --profile-steps traces (reduce-scatter, or all-reduce unsharded)
     prepare_grads();  // a unit unused in this step reduces zeros, so every rank joins
     pending_reduce_ = trainable_->reduce_grad_async();
     replica_reduce_ = nullptr;

@@ -18,6 +18,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.optimizer = c.optimizer.name;
   in.seq_len = c.seq_len;
   in.loss_chunk_tokens = c.loss_chunk_tokens;
+  in.fused_ops = c.fused_ops;
   in.micro_batches = c.micro_batches;
   in.ranks = ranks;
   in.lora_base_dtype = c.lora_base_dtype;

@@ -80,6 +80,7 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
                            {"skipped_steps", figures.skipped_steps}};
   if (figures.skipped) record["skip_reason"] = figures.skip_reason;
   if (figures.loss_zscore != 0.0) record["loss_zscore"] = figures.loss_zscore;
+  if (figures.profiled) record["profiled"] = true;
   if (!figures.on_cpu) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
   const at::Tensor& per_rank = metrics.per_rank;
   for (int64_t r = 0; r < per_rank.size(0); ++r) {

@@ -59,6 +59,7 @@ struct StepFigures {
   bool skipped = false;              // not applied: see skip_reason
   std::string skip_reason;           // "non-finite", "loss spike", "batch skipped after a rollback"
   double loss_zscore = 0.0;          // [guard] spike_zscore on: the loss against the recent window (0 otherwise)
+  bool profiled = false;             // --profile-steps: recorded by the profiler (slower; comparisons leave it out)
   int64_t skipped_steps = 0;         // steps skipped so far in this run, this one included
   double rate() const { return samples_per_step / seconds; }
   double mfu() const { return flops_per_step / seconds / peak_flops; }

@@ -279,12 +279,23 @@ class Trainer {
     double agreed_training_seconds = 0.0;  // sum of the agreed step times (the cost target's clock)
     bool stopped_early = false;            // targets.stop before the last step
     int64_t last_saved_step = -1;
-    StepProfiler profiler(options_.profile_first, options_.profile_last,
+    // A resumed run profiles what is left of the range (none of it: said, not an error).
+    int64_t profile_first = options_.profile_first;
+    if (profile_first > 0 && profile_first <= start_step_) {
+      profile_first = options_.profile_last > start_step_ ? start_step_ + 1 : 0;
+      if (profile_first == 0) {
+        progress_->message("  --profile-steps " + std::to_string(options_.profile_first) + ":" +
+                           std::to_string(options_.profile_last) + ": the run resumes after step " +
+                           std::to_string(start_step_) + ", so nothing is profiled");
+      }
+    }
+    StepProfiler profiler(profile_first, options_.profile_last,
                           config_.output_dir + "/profile/trace-rank" + std::to_string(rank_) + ".json", device_);
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
       comm::begin_collective_step(step + 1);  // the step's collectives are fingerprinted from here
       profiler.begin_step(step + 1);
+      const bool profiled = profiler.active();
       const double lr = schedule_.lr_at(step);
       optimizer_->set_lr(lr);
       optimizer_->zero_grad();
@@ -366,7 +377,7 @@ class Trainer {
       trace_memory(rank_, step, "optimizer");
       shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
       const std::string trace = profiler.end_step(step + 1);
-      if (!trace.empty()) progress_->message("  profile of steps " + std::to_string(options_.profile_first) + "-" +
+      if (!trace.empty()) progress_->message("  profile of steps " + std::to_string(profile_first) + "-" +
                                              std::to_string(options_.profile_last) + " written: " + trace + " (and the other ranks')");
 
       // One small all-gather per step: every rank's loss, peak memory, communication time (busy,
@@ -418,6 +429,7 @@ class Trainer {
       figures.skipped_steps = nonfinite_guard.total_skips() + spike_skips_;
       figures.skip_reason = batch_skipped ? "batch skipped after a rollback" : spike ? "loss spike" : apply ? "" : "non-finite";
       figures.loss_zscore = zscore;
+      figures.profiled = profiled;
       progress_->step(step, step_line(metrics, figures), training_seconds);
       if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
       if (config_.guard.rollback_after > 0 && skips_in_a_row >= config_.guard.rollback_after) {

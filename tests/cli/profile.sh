@@ -38,7 +38,7 @@ events = json.load(open(sys.argv[1]))["traceEvents"]
 names = {e.get("name", "") for e in events}
 steps = sorted(n for n in names if n.startswith("ProfilerStep#"))
 assert steps == ["ProfilerStep#2", "ProfilerStep#3"], f"profiled steps {steps}, expected #2 and #3"
-for wanted in ("fsdp::gather h.0", "fsdp::prefetch h.1", "fsdp::reduce_scatter h.0", "fsdp::wait_reduce <root>"):
+for wanted in ("fsdp::gather h.0", "fsdp::prefetch h.1", "fsdp::reduce_grad h.0", "fsdp::wait_reduce <root>"):
     assert wanted in names, f"no '{wanted}' event among {len(names)} names"
 assert any(n.startswith("aten::") for n in names), "no libtorch operator in the trace"
 print(f"{sys.argv[1]}: {len(events)} events, {steps}")

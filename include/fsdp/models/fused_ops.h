@@ -2,13 +2,15 @@
 // operations, each with its composed libtorch reference (what the models computed before, and
 // what the tests compare against).
 //
-// On a CUDA tensor each is one kernel forward and one backward, saving only its inputs for
-// backward: RMSNorm is libtorch's own fused kernel (at::_fused_rms_norm, libtorch >= 2.8);
+// On a CUDA tensor each is one kernel forward and one backward, keeping only its inputs for
+// backward: RMSNorm is libtorch's own (at::rms_norm, whose CUDA kernels are fused in the
+// libtorch versions that have them, 2.11 among them);
 // SwiGLU and rotary are fsdp.cpp's (src/models/fused_kernels.cu), compiled where the build has
-// a CUDA compiler (FSDP_CUDA=ON); fused_kernels_compiled() says whether they were. On the CPU the
+// a CUDA compiler (FSDP_CUDA=ON); fused_kernels_compiled() says whether they were (without them,
+// or for a dtype they do not take, CUDA tensors compute the composed reference). On the CPU the
 // forward computes exactly the reference's operations (same values, bit for bit); the backward
-// is the closed form the CUDA kernels compute, in fp32, which saves the reference's
-// intermediates (silu(gate), the rotated copy) from being kept for backward.
+// is the closed form the CUDA kernels compute, in fp32 (fp64 for fp64), so SwiGLU keeps its two
+// inputs and not silu(gate) as well; rotary keeps only its tables (as the composed one does).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -58,6 +58,8 @@ struct PlanInput {
   // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
   // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.
   bool fused_attention = true;
+  // train.fused_ops: Llama's SwiGLU keeps its two inputs, not SiLU(gate) as well (models/fused_ops.h).
+  bool fused_ops = true;
   // LoRA (the model's LoraSpec enabled): the base frozen, its shards in this dtype, no gradient or
   // optimizer state for it; the adapters fp32 with AdamW. "bfloat16" | "float32".
   std::string lora_base_dtype = "bfloat16";
@@ -105,7 +107,7 @@ Plan make_plan(const PlanInput& input);
 // keeps only its log-sum-exp [heads, t] in fp32. A chunked loss (loss_chunk_tokens > 0) holds one
 // chunk's logits at a time and a log-sum-exp per token instead of every token's logits.
 int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
-                               bool fused_attention = true);
+                               bool fused_attention = true, bool fused_ops = true);
 int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
                               int64_t samples = 1, int64_t loss_chunk_tokens = 0);
 
