@@ -19,7 +19,8 @@
 #     its sharded state: it must still train;
 #  7. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
 # Profiles: fsdp-train --profile-steps and torch_fsdp2.py --profile-steps record steps 6-7 of the
-# 1B Llama, ours and the compiled peer's, as Chrome traces (OUT_DIR/traces.tar.gz).
+# 1B Llama, ours and the compiled peer's, as Chrome traces (OUT_DIR/traces.tar.gz), compared op
+# class by op class (bench/compare_traces.py: OUT_DIR/trace-comparison.txt).
 # Each stage has its own time limit inside one overall budget (FSDP_GPU_CHECK_BUDGET seconds,
 # default 450, for a device call of at most 8 minutes); stages run most important first, a failed
 # or skipped stage is reported and the rest still run. The report is written on any exit.
@@ -54,6 +55,16 @@ CHECKPOINTS=/tmp/fsdp-gpu-check-checkpoints  # a stage stopped by its limit save
 finish() {  # on any exit: the table and JSON, then the few files OUT_DIR takes back
   rm -rf "$CHECKPOINTS"
   python3 "$ROOT/bench/gpu_check_report.py" --dir "$WORK" --cap-fraction "$FRACTION" 2>&1 | tee "$WORK/report.txt"
+  # The 1B Llama's two profiles, op class by op class (bench/compare_traces.py).
+  local ours="$WORK/fsdp_llama1b/profile/trace-rank0.json" theirs
+  for theirs in "$WORK/torch_hf_llama1b_compiled.trace.json" "$WORK/torch_hf_llama1b_compiled-rank0.trace.json" ""; do
+    [ -f "$theirs" ] && break
+  done
+  if [ -f "$ours" ] && [ -n "$theirs" ]; then
+    python3 "$ROOT/bench/compare_traces.py" "$ours" "$theirs" --json "$WORK/trace-comparison.json" > "$WORK/trace-comparison.txt" 2>&1
+    cp "$WORK/trace-comparison.txt" "$OUT_DIR/" 2> /dev/null
+    head -n 12 "$WORK/trace-comparison.txt"
+  fi
   cp "$WORK/report.txt" "$WORK/stages.tsv" "$OUT_DIR/" 2> /dev/null
   [ -e "$WORK/gpu-check.json" ] && cp "$WORK/gpu-check.json" "$OUT_DIR/"
   tar -C "$WORK" --exclude=./data --exclude='*.trace.json' --exclude='./*/profile' -czf "$OUT_DIR/gpu-check-logs.tar.gz" . 2> /dev/null
