@@ -8,7 +8,7 @@
 # 8 heads over 2 key/value heads, SwiGLU 2048: 25 M parameters), random weights, the fortunes,
 # 3 steps of 2 x 1024 tokens per rank, AdamW, fp32 and bf16 compute. On the CPU the fused forward
 # computes the reference's values; what differs is the backward (closed form, in fp32) and what is
-# kept for it: SwiGLU keeps gate and up (not silu(gate) too), rotary keeps nothing of q and k.
+# kept for it: SwiGLU keeps gate and up, not silu(gate) too (rotary keeps only its tables either way).
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out_json=${1:-$root_dir/runs/bench/fused_ops_memory.json}
