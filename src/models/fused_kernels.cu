@@ -1,5 +1,6 @@
-// CUDA kernels behind fsdp/models/fused_ops.h (launchers: fused_kernels.h). Elementwise, memory
-// bound: one grid-stride loop each, fp32 arithmetic, one rounding on store.
+// CUDA kernels behind fsdp/models/fused_ops.h (launchers: fused_kernels.h). Memory bound:
+// elementwise ones are one grid-stride loop each; the norms take one block per row (a block-wide
+// sum for the row's statistics). fp32 arithmetic, one rounding on store.
 #include "fused_kernels.h"
 
 #include <cuda_bf16.h>
@@ -66,7 +67,73 @@ __global__ void rotary_kernel(const T* x, const float* cos, const float* sin, T*
   }
 }
 
+// The sum of v over the block, returned to every thread. blockDim.x is a multiple of 32 (at most
+// 1024). Safe to call repeatedly: the first barrier keeps a new call's writes behind the last
+// call's reads.
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[32];
+  __shared__ float total;
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? warp_sums[lane] : 0.0f;
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) total = v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// One block per row (striding over rows); thread k takes columns k, k + blockDim.x, ... in both
+// passes, so it reads back only the sums it stored itself.
+template <typename T>
+__global__ void add_rms_norm_forward_kernel(const T* x, const T* delta, const T* weight, T* sum, T* normed, float* rstd,
+                                            int64_t rows, int64_t dim, float eps) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * dim;
+    float squares = 0.0f;
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+      store(sum, base + c, load(x, base + c) + load(delta, base + c));
+      const float h = load(sum, base + c);  // as stored (rounded): the residual the norm sees
+      squares += h * h;
+    }
+    const float r = rsqrtf(block_sum(squares) / static_cast<float>(dim) + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+      store(normed, base + c, load(sum, base + c) * r * load(weight, c));
+    }
+  }
+}
+
+template <typename T>
+__global__ void add_rms_norm_backward_kernel(const T* grad_normed, const T* grad_sum, const T* sum, const T* weight,
+                                             const float* rstd, T* grad_sum_out, float* weight_partials, int64_t rows,
+                                             int64_t dim) {
+  float* partial = weight_partials == nullptr ? nullptr : weight_partials + blockIdx.x * dim;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * dim;
+    const float r = rstd[row];
+    float dot = 0.0f;  // sum over the row of g hat
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+      dot += load(grad_normed, base + c) * load(weight, c) * (load(sum, base + c) * r);
+    }
+    const float mean_dot = block_sum(dot) / static_cast<float>(dim);
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+      const float dy = load(grad_normed, base + c), hat = load(sum, base + c) * r;
+      float grad = r * (dy * load(weight, c) - hat * mean_dot);
+      if (grad_sum != nullptr) grad += load(grad_sum, base + c);
+      store(grad_sum_out, base + c, grad);
+      if (partial != nullptr) partial[c] += dy * hat;  // column c is this thread's alone in this block
+    }
+  }
+}
+
 constexpr int kThreads = 256;
+constexpr int kNormThreads = 256;      // per row: 8 columns per thread at dim 2048
+constexpr int kNormBackwardBlocks = 1024;  // the weight partials: [1024, dim] fp32 at most (8 MiB at dim 2048)
 
 int blocks_for(int64_t work) {
   // Enough blocks to fill any current GPU several times over; the grid-stride loops take the rest.
@@ -90,6 +157,36 @@ void by_dtype(Dtype dtype, Launch&& launch) {
 }
 
 }  // namespace
+
+int rms_norm_backward_blocks(int64_t rows) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(rows, kNormBackwardBlocks)));
+}
+
+void add_rms_norm_forward(const void* x, const void* delta, const void* weight, void* sum, void* normed, float* rstd,
+                          int64_t rows, int64_t dim, float eps, Dtype dtype, void* stream) {
+  if (rows == 0 || dim == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>(rows, 65536));
+  by_dtype(dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    add_rms_norm_forward_kernel<T><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<const T*>(weight), static_cast<T*>(sum),
+        static_cast<T*>(normed), rstd, rows, dim, eps);
+  });
+  check_launch("add_rms_norm_forward");
+}
+
+void add_rms_norm_backward(const void* grad_normed, const void* grad_sum, const void* sum, const void* weight,
+                           const float* rstd, void* grad_sum_out, float* weight_partials, int64_t rows, int64_t dim,
+                           int blocks, Dtype dtype, void* stream) {
+  if (rows == 0 || dim == 0) return;
+  by_dtype(dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    add_rms_norm_backward_kernel<T><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(grad_normed), static_cast<const T*>(grad_sum), static_cast<const T*>(sum),
+        static_cast<const T*>(weight), rstd, static_cast<T*>(grad_sum_out), weight_partials, rows, dim);
+  });
+  check_launch("add_rms_norm_backward");
+}
 
 void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Dtype dtype, void* stream) {
   if (n == 0) return;

@@ -26,4 +26,21 @@ void swiglu_backward(const void* grad_out, const void* gate, const void* up, voi
 void rotary(const void* x, const float* cos, const float* sin, void* out, int64_t outer, int64_t t, int64_t inner,
             int64_t head_dim, bool inverse, Dtype dtype, void* stream);
 
+// The residual add and RMSNorm after it, one block per row of [rows, dim] (x, delta, weight, sum,
+// normed in one dtype; rstd [rows] fp32):
+//   sum = x + delta (rounded to the dtype: the norm sees the stored residual),
+//   rstd = 1 / sqrt(mean(sum^2) + eps),  normed = sum rstd weight.
+void add_rms_norm_forward(const void* x, const void* delta, const void* weight, void* sum, void* normed, float* rstd,
+                          int64_t rows, int64_t dim, float eps, Dtype dtype, void* stream);
+// Its backward, one block per row, `blocks` blocks striding over the rows: with hat = sum rstd and
+// g = grad_normed weight,
+//   grad_sum_out = rstd (g - hat mean(g hat)) + grad_sum   (grad_sum may be null: no gradient reached the sum);
+//   weight_partials [blocks, dim] fp32, zeroed by the caller (or null: no weight gradient): row b
+//   accumulates sum of grad_normed hat over block b's rows; the caller sums the rows.
+void add_rms_norm_backward(const void* grad_normed, const void* grad_sum, const void* sum, const void* weight,
+                           const float* rstd, void* grad_sum_out, float* weight_partials, int64_t rows, int64_t dim,
+                           int blocks, Dtype dtype, void* stream);
+// The number of blocks add_rms_norm_backward should take for `rows` rows (the weight partials' rows).
+int rms_norm_backward_blocks(int64_t rows);
+
 }  // namespace fsdp::models::kernels

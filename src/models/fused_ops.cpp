@@ -33,14 +33,10 @@ std::atomic<bool> g_fused_ops{true};
 void set_fused_ops(bool enabled) { g_fused_ops.store(enabled); }
 bool fused_ops_enabled() { return g_fused_ops.load(); }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  // The CPU keeps the reference, whose values published checkpoints were checked against; the
-  // fused kernel rounds once where the reference rounds twice (bf16: at most one unit apart).
-  if (!x.is_cuda() || !fused_ops_enabled()) return rms_norm_reference(x, weight, eps);
-  // at::rms_norm takes libtorch's fused CUDA kernels (one forward, one backward) where the
-  // version has them, and composes the same arithmetic where it does not; the weight must be in
-  // x's dtype for the fused path.
-  return at::rms_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), eps);
+AddRmsNorm add_rms_norm_reference(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  at::Tensor sum = x + delta;
+  at::Tensor normed = rms_norm_reference(sum, weight, eps);
+  return {sum, normed};
 }
 
 at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
@@ -193,6 +189,124 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
   }
 };
 
+// RMSNorm's forward as rms_norm_reference computes it (the same operations, so the same values bit
+// for bit), with the 1/rms per row its closed-form backward needs: h [..., dim] ->
+// normed in h's dtype, rstd [..., 1] fp32.
+struct HostNormForward {
+  at::Tensor normed, rstd;
+};
+HostNormForward rms_norm_host_forward(const at::Tensor& h, const at::Tensor& weight, double eps) {
+  const at::Tensor h32 = h.to(at::kFloat);
+  at::Tensor rstd = at::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return {(h32 * rstd).to(h.scalar_type()) * weight.to(h.scalar_type()), rstd};
+}
+
+// RMSNorm's backward in closed form, in fp32 (fp64 for fp64), a chunk of rows at a time (bounded
+// temporaries, as above). With hat = h rstd and g = dy w, per row:
+//   dh = rstd (g - hat mean(g hat)) (+ the gradient that reaches h itself, grad_sum, when h is also
+//   an output: the residual stream);   dw = sum over rows of dy hat.
+// grad_normed or grad_sum may be undefined (no gradient reached that output). Returns {dh in h's
+// dtype, dw in weight's dtype (undefined unless need_weight_grad)}.
+std::pair<at::Tensor, at::Tensor> rms_norm_backward_host(const at::Tensor& grad_normed, const at::Tensor& grad_sum,
+                                                         const at::Tensor& h, const at::Tensor& weight,
+                                                         const at::Tensor& rstd, bool need_weight_grad) {
+  const int64_t dim = h.size(-1), rows = dim == 0 ? 0 : h.numel() / dim;
+  const at::ScalarType math = at::promote_types(h.scalar_type(), at::kFloat);
+  const at::Tensor h_rows = h.reshape({rows, dim}), rstd_rows = rstd.reshape({rows, 1});
+  const at::Tensor dy_rows = grad_normed.defined() ? grad_normed.reshape({rows, dim}) : at::Tensor();
+  const at::Tensor dsum_rows = grad_sum.defined() ? grad_sum.reshape({rows, dim}) : at::Tensor();
+  const at::Tensor w = weight.to(math);
+  at::Tensor grad_h = at::empty({rows, dim}, h.options());
+  at::Tensor grad_w = need_weight_grad ? at::zeros({dim}, w.options()) : at::Tensor();
+  constexpr int64_t kChunk = 1 << 16;  // elements per chunk: 256 KiB per fp32 temporary
+  const int64_t chunk_rows = std::max<int64_t>(1, kChunk / std::max<int64_t>(dim, 1));
+  for (int64_t row = 0; row < rows; row += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - row);
+    at::Tensor grad = at::zeros({n, dim}, w.options());
+    if (dy_rows.defined()) {
+      const at::Tensor hat = h_rows.narrow(0, row, n).to(math) * rstd_rows.narrow(0, row, n).to(math);
+      const at::Tensor dy = dy_rows.narrow(0, row, n).to(math);
+      const at::Tensor g = dy * w;
+      grad = rstd_rows.narrow(0, row, n).to(math) * (g - hat * (g * hat).mean(-1, /*keepdim=*/true));
+      if (need_weight_grad) grad_w += (dy * hat).sum(0);
+    }
+    if (dsum_rows.defined()) grad += dsum_rows.narrow(0, row, n).to(math);
+    grad_h.narrow(0, row, n).copy_(grad);
+  }
+  return {grad_h.view(h.sizes()), need_weight_grad ? grad_w.to(weight.scalar_type()) : at::Tensor()};
+}
+
+// RMSNorm on the CPU that keeps its input and 1/rms per row (the reference keeps an fp32 copy of
+// the input and the normalised output as well).
+struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    HostNormForward out = rms_norm_host_forward(x, weight, eps);
+    ctx->save_for_backward({x, weight, out.rstd});
+    return out.normed;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight] =
+        rms_norm_backward_host(grads[0], at::Tensor(), saved[0], saved[1], saved[2], ctx->needs_input_grad(1));
+    return {grad_x, grad_weight, at::Tensor()};
+  }
+};
+
+// h = x + delta and RMSNorm(h) in one pass, keeping h (an output: the residual stream, alive
+// anyway), the weight and 1/rms per row. On CUDA: one kernel forward, one backward (plus the sum
+// of the weight gradient's per-block partial rows). The gradient of h reaches x and delta alike.
+struct AddRmsNormFunction : torch::autograd::Function<AddRmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& delta,
+                               const at::Tensor& weight, double eps) {
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    if (x.is_cuda()) {  // x, delta and weight contiguous, in one dtype the kernels take: add_rms_norm() saw to it
+      const c10::cuda::CUDAGuard device(x.device());
+      const int64_t dim = x.size(-1), rows = dim == 0 ? 0 : x.numel() / dim;
+      at::Tensor sum = at::empty_like(x), normed = at::empty_like(x);
+      at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+      kernels::add_rms_norm_forward(x.data_ptr(), delta.data_ptr(), weight.data_ptr(), sum.data_ptr(),
+                                    normed.data_ptr(), rstd.data_ptr<float>(), rows, dim, static_cast<float>(eps),
+                                    kernel_dtype(x), current_stream());
+      ctx->save_for_backward({sum, weight, rstd});
+      return {sum, normed};
+    }
+#endif
+    at::Tensor sum = x + delta;
+    HostNormForward out = rms_norm_host_forward(sum, weight, eps);
+    ctx->save_for_backward({sum, weight, out.rstd});
+    return {sum, out.normed};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &sum = saved[0], &weight = saved[1], &rstd = saved[2];
+    const at::Tensor &grad_sum = grads[0], &grad_normed = grads[1];
+    const bool need_weight_grad = ctx->needs_input_grad(2);
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    if (sum.is_cuda() && grad_normed.defined()) {
+      const c10::cuda::CUDAGuard device(sum.device());
+      const int64_t dim = sum.size(-1), rows = dim == 0 ? 0 : sum.numel() / dim;
+      const at::Tensor dy = grad_normed.to(sum.scalar_type()).contiguous();
+      const at::Tensor dsum = grad_sum.defined() ? grad_sum.to(sum.scalar_type()).contiguous() : at::Tensor();
+      const int blocks = kernels::rms_norm_backward_blocks(rows);
+      // [blocks, dim] fp32: block b's sum of dy hat over the rows it took; summed over blocks below.
+      at::Tensor weight_partials =
+          need_weight_grad ? at::zeros({blocks, dim}, sum.options().dtype(at::kFloat)) : at::Tensor();
+      at::Tensor grad_h = at::empty_like(sum);
+      kernels::add_rms_norm_backward(dy.data_ptr(), dsum.defined() ? dsum.data_ptr() : nullptr, sum.data_ptr(),
+                                     weight.data_ptr(), rstd.data_ptr<float>(), grad_h.data_ptr(),
+                                     need_weight_grad ? weight_partials.data_ptr<float>() : nullptr, rows, dim,
+                                     blocks, kernel_dtype(sum), current_stream());
+      at::Tensor grad_weight = need_weight_grad ? weight_partials.sum(0).to(weight.scalar_type()) : at::Tensor();
+      return {grad_h, grad_h, grad_weight, at::Tensor()};
+    }
+#endif
+    auto [grad_h, grad_weight] = rms_norm_backward_host(grad_normed, grad_sum, sum, weight, rstd, need_weight_grad);
+    return {grad_h, grad_h, grad_weight, at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
@@ -202,6 +316,35 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   if (!fused_ops_enabled() || (gate.is_cuda() && !cuda_kernels_take(gate))) return swiglu_reference(gate, up);
   if (gate.is_cuda()) return SwigluFunction::apply(gate.contiguous(), up.contiguous());
   return SwigluFunction::apply(gate, up);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(weight.dim() == 1 && x.dim() >= 1 && weight.size(0) == x.size(-1), "rms_norm: weight ", weight.sizes(),
+              " must be [dim] for x ", x.sizes());
+  if (!fused_ops_enabled()) return rms_norm_reference(x, weight, eps);
+  // at::rms_norm takes libtorch's fused CUDA kernels (one forward, one backward) where the
+  // version has them, and composes the same arithmetic where it does not; the weight must be in
+  // x's dtype for the fused path. Its rounding differs from the reference's (once, not twice).
+  if (x.is_cuda()) return at::rms_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), eps);
+  // The CPU computes the reference's forward (the values published checkpoints were checked
+  // against) and the closed-form backward.
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+AddRmsNorm add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type(), "add_rms_norm: x ", x.sizes(), " ",
+              x.scalar_type(), " and delta ", delta.sizes(), " ", delta.scalar_type(), " must have one shape and dtype");
+  TORCH_CHECK(weight.dim() == 1 && x.dim() >= 1 && weight.size(0) == x.size(-1), "add_rms_norm: weight ",
+              weight.sizes(), " must be [dim] for x ", x.sizes());
+  TORCH_CHECK(x.device() == delta.device() && x.device() == weight.device(), "add_rms_norm: x on ", x.device(),
+              ", delta on ", delta.device(), ", weight on ", weight.device());
+  if (!fused_ops_enabled() || (x.is_cuda() && !cuda_kernels_take(x))) return add_rms_norm_reference(x, delta, weight, eps);
+  // CUDA kernels take one dtype for all three (the weight's cast is autograd's, outside the kernel).
+  const bool cuda = x.is_cuda();
+  const variable_list out =
+      cuda ? AddRmsNormFunction::apply(x.contiguous(), delta.contiguous(), weight.to(x.scalar_type()).contiguous(), eps)
+           : AddRmsNormFunction::apply(x, delta, weight, eps);
+  return {out[0], out[1]};
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

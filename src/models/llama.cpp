@@ -109,8 +109,10 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {
 }
 
 at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  auto h = x + self_attn->forward(input_layernorm(x), cos, sin);
-  return h + mlp(post_attention_layernorm(h));
+  // The residual add and the post-attention norm in one pass (fused_ops.h): h and its norm.
+  auto [h, normed] = add_rms_norm(x, self_attn->forward(input_layernorm(x), cos, sin), post_attention_layernorm->weight,
+                                  post_attention_layernorm->eps);
+  return h + mlp(normed);
 }
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {

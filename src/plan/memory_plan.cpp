@@ -49,12 +49,14 @@ int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len
         // Composed attention keeps the probabilities; a fused kernel its log-sum-exp.
         const int64_t softmax = fused_attention ? 4 * m.heads * t : c * m.heads * t * t;
         if constexpr (std::is_same_v<M, models::LlamaConfig>) {
-          // RMSNorm keeps its fp32 input and output (2 d, twice), q and k after rotary (rotary
-          // keeps only its tables), keys and values repeated to every query head, the attention
-          // output, the SwiGLU's gate and up (the fused op's closed-form backward needs no
-          // SiLU(gate); the composed one keeps it too) and their product (3 or 4 ffn).
+          // Each RMSNorm keeps its input and output (composed: an fp32 copy of the input and the
+          // normalised output, 2 d; fused: the input and 1/rms per row, 1 d), q and k after
+          // rotary (rotary keeps only its tables), keys and values repeated to every query head,
+          // the attention output, the SwiGLU's gate and up (the fused op's closed-form backward
+          // needs no SiLU(gate); the composed one keeps it too) and their product (3 or 4 ffn).
           const int64_t kv = m.kv_heads * (m.dim / m.heads);
-          return c * t * (9 * m.dim + kv + (fused_ops ? 3 : 4) * m.ffn_hidden) + softmax;
+          const int64_t norms = fused_ops ? 2 : 4;
+          return c * t * ((5 + norms) * m.dim + kv + (fused_ops ? 3 : 4) * m.ffn_hidden) + softmax;
         } else {
           // GPT and ViT blocks: two LayerNorm inputs and outputs (4 d), qkv (3 d), contiguous
           // copies of q, k and v that the batched matmuls save (3 d), the attention output (d), the

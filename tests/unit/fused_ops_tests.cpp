@@ -151,6 +151,75 @@ TEST(FusedOps, RmsNormMatchesTheComposedReference) {
   }
 }
 
+TEST(FusedOps, AddRmsNormMatchesTheComposedReference) {
+  for (const Case& c : cases()) {
+    if (!usable(c.device)) continue;
+    SCOPED_TRACE(c.name());
+    torch::manual_seed(4);
+    // Rows more than the CUDA backward's 1024 blocks (blocks take several rows: the weight
+    // partials accumulate), an odd dim below and above one block's 256 threads.
+    for (const int64_t dim : {67, 300}) {
+      SCOPED_TRACE("dim " + std::to_string(dim));
+      const at::Tensor x64 = torch::randn({3, 401, dim}, at::kDouble) * 2, delta64 = torch::randn({3, 401, dim}, at::kDouble);
+      const at::Tensor w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble);
+      const at::Tensor grad_sum64 = torch::randn({3, 401, dim}, at::kDouble), grad_normed64 = torch::randn({3, 401, dim}, at::kDouble);
+      const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+      const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
+
+      at::Tensor xt = x64.clone().requires_grad_(true), dt = delta64.clone().requires_grad_(true);
+      at::Tensor wt = w64.clone().requires_grad_(true);
+      const at::Tensor sum_truth = xt + dt;
+      const at::Tensor normed_truth = sum_truth * at::rsqrt(sum_truth.pow(2).mean(-1, true) + 1e-5) * wt;
+      torch::autograd::backward({sum_truth, normed_truth}, {grad_sum64, grad_normed64});
+
+      at::Tensor xf = leaf(x64), df = leaf(delta64), wf = leaf(w64), xr = leaf(x64), dr = leaf(delta64), wr = leaf(w64);
+      const auto fused = fsdp::models::add_rms_norm(xf, df, wf, 1e-5);
+      const auto reference = fsdp::models::add_rms_norm_reference(xr, dr, wr, 1e-5);
+      torch::autograd::backward({fused.sum, fused.normed}, {grad_sum64.to(opts), grad_normed64.to(opts)});
+      torch::autograd::backward({reference.sum, reference.normed}, {grad_sum64.to(opts), grad_normed64.to(opts)});
+      ASSERT_EQ(fused.normed.scalar_type(), c.dtype);
+      if (c.device.is_cpu()) {
+        EXPECT_TRUE(torch::equal(fused.sum, reference.sum) && torch::equal(fused.normed, reference.normed))
+            << "the CPU forward is the reference's";
+      }
+      expect_as_accurate(fused.sum, reference.sum, sum_truth, "sum");
+      expect_as_accurate(fused.normed, reference.normed, normed_truth, "normed");
+      expect_as_accurate(xf.grad(), xr.grad(), xt.grad(), "gradient of x");
+      expect_as_accurate(df.grad(), dr.grad(), dt.grad(), "gradient of delta");
+      expect_as_accurate(wf.grad(), wr.grad(), wt.grad(), "gradient of the weight");
+    }
+  }
+}
+
+// Only the normalised output used (no gradient reaches the sum), and a frozen weight (LoRA's base):
+// the input's gradient is the norm's alone and the weight gets none.
+TEST(FusedOps, AddRmsNormWithoutTheSumsGradientOrTheWeights) {
+  for (const Case& c : cases()) {
+    if (!usable(c.device)) continue;
+    SCOPED_TRACE(c.name());
+    torch::manual_seed(5);
+    const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+    const at::Tensor x = torch::randn({5, 33}, opts), delta = torch::randn({5, 33}, opts), w = torch::rand({33}, opts) + 0.5;
+    const at::Tensor grad = torch::randn({5, 33}, opts);
+    at::Tensor xf = x.clone().requires_grad_(true), xr = x.clone().requires_grad_(true);
+    const auto fused = fsdp::models::add_rms_norm(xf, delta, w, 1e-6);
+    fused.normed.backward(grad);
+    fsdp::models::add_rms_norm_reference(xr, delta, w, 1e-6).normed.backward(grad);
+    EXPECT_FALSE(w.grad().defined());
+    const at::Tensor truth_x = x.to(at::kDouble).requires_grad_(true);
+    const at::Tensor sum = truth_x + delta.to(at::kDouble);
+    (sum * at::rsqrt(sum.pow(2).mean(-1, true) + 1e-6) * w.to(at::kDouble)).backward(grad.to(at::kDouble));
+    expect_as_accurate(xf.grad(), xr.grad(), truth_x.grad(), "gradient of x");
+  }
+}
+
+TEST(FusedOps, AddRmsNormRejectsMismatchedInputs) {
+  const at::Tensor x = torch::randn({2, 8}), w = torch::ones({8});
+  EXPECT_THROW(fsdp::models::add_rms_norm(x, torch::randn({2, 7}), w, 1e-5), c10::Error);
+  EXPECT_THROW(fsdp::models::add_rms_norm(x, torch::randn({2, 8}, at::kDouble), w, 1e-5), c10::Error);
+  EXPECT_THROW(fsdp::models::add_rms_norm(x, torch::randn({2, 8}), torch::ones({7}), 1e-5), c10::Error);
+}
+
 // Where a GPU runs these, say whether fsdp.cpp's own kernels were tested or the composed fallback.
 TEST(FusedOps, ReportsWhetherTheCudaKernelsWereBuilt) {
   for (const at::Device& device : devices()) {

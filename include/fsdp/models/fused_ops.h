@@ -5,12 +5,14 @@
 // On a CUDA tensor each is one kernel forward and one backward, keeping only its inputs for
 // backward: RMSNorm is libtorch's own (at::rms_norm, whose CUDA kernels are fused in the
 // libtorch versions that have them, 2.11 among them);
-// SwiGLU and rotary are fsdp.cpp's (src/models/fused_kernels.cu), compiled where the build has
-// a CUDA compiler (FSDP_CUDA=ON); fused_kernels_compiled() says whether they were (without them,
-// or for a dtype they do not take, CUDA tensors compute the composed reference). On the CPU the
-// forward computes exactly the reference's operations (same values, bit for bit); the backward
-// is the closed form the CUDA kernels compute, in fp32 (fp64 for fp64), so SwiGLU keeps its two
-// inputs and not silu(gate) as well; rotary keeps only its tables (as the composed one does).
+// SwiGLU, rotary and the residual add + RMSNorm are fsdp.cpp's (src/models/fused_kernels.cu),
+// compiled where the build has a CUDA compiler (FSDP_CUDA=ON); fused_kernels_compiled() says
+// whether they were (without them, or for a dtype they do not take, CUDA tensors compute the
+// composed reference). On the CPU the forward computes exactly the reference's operations (same
+// values, bit for bit); the backward is the closed form the CUDA kernels compute, in fp32 (fp64
+// for fp64), so SwiGLU keeps its two inputs and not silu(gate) as well; rotary keeps only its
+// tables (as the composed one does); the norms keep their input and one fp32 1/rms per row, not
+// the reference's fp32 copy of the input and its normalised output.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,6 +23,16 @@ namespace fsdp::models {
 // dtype; the statistics in fp32.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// The residual add and the norm after it (a Llama block's post-attention norm) in one pass:
+// x, delta [..., dim] one dtype, weight [dim] -> {h = x + delta, rms_norm(h, weight, eps)}, both
+// in x's dtype. The sum h is the block's residual stream (its caller adds the MLP's output to it).
+struct AddRmsNorm {
+  at::Tensor sum;     // h = x + delta
+  at::Tensor normed;  // rms_norm(h, weight, eps)
+};
+AddRmsNorm add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
+AddRmsNorm add_rms_norm_reference(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
 
 // gate, up: same shape and dtype -> silu(gate) * up (Llama's MLP; silu(g) = g * sigmoid(g)).
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
@@ -33,12 +45,12 @@ at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor rotary_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// Process-wide switch (default on; fsdp-train sets it from train.fused_ops): off, rms_norm, swiglu
-// and rotary compute their references, for comparisons. Set it before building a model.
+// Process-wide switch (default on; fsdp-train sets it from train.fused_ops): off, every operation
+// here computes its reference, for comparisons. Set it before building a model.
 void set_fused_ops(bool enabled);
 bool fused_ops_enabled();
 
-// Whether this build holds fsdp.cpp's CUDA kernels (SwiGLU, rotary); without them CUDA tensors
+// Whether this build holds fsdp.cpp's CUDA kernels (SwiGLU, rotary, add + RMSNorm); without them CUDA tensors
 // take the reference path.
 bool fused_kernels_compiled();
 

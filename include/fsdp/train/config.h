@@ -173,9 +173,9 @@ struct TrainConfig {
   // time (models/linear_cross_entropy.h), never holding [tokens, vocab] logits; 0: the composed
   // head (logits, then cross-entropy).
   int64_t loss_chunk_tokens = 1024;
-  // train.fused_ops: Llama's RMSNorm, rotary and SwiGLU as fused operations (models/fused_ops.h:
-  // one kernel each way on a GPU, fewer saved activations everywhere); false: the composed
-  // references, for comparison.
+  // train.fused_ops: Llama's RMSNorm, rotary, SwiGLU and residual add + RMSNorm as fused
+  // operations (models/fused_ops.h: one kernel each way on a GPU, fewer saved activations
+  // everywhere); false: the composed references, for comparison.
   bool fused_ops = true;
   int64_t report_every = 50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
