@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Llama's RMSNorm, rotary and SwiGLU as fused operations (train.fused_ops, models/fused_ops.h)
+# Llama's RMSNorm, rotary, SwiGLU and add + RMSNorm as fused operations (train.fused_ops, models/fused_ops.h)
 # against their composed references (train.fused_ops = false) on the CPU: peak resident memory per
 # rank at N = 2 (fsdp-train's own measurement, metrics.jsonl), median step time and losses, side by
 # side in one run (fused and composed alternate, two rounds). Prints a table, writes JSON.
@@ -8,7 +8,8 @@
 # 8 heads over 2 key/value heads, SwiGLU 2048: 25 M parameters), random weights, the fortunes,
 # 3 steps of 2 x 1024 tokens per rank, AdamW, fp32 and bf16 compute. On the CPU the fused forward
 # computes the reference's values; what differs is the backward (closed form, in fp32) and what is
-# kept for it: SwiGLU keeps gate and up, not silu(gate) too (rotary keeps only its tables either way).
+# kept for it: SwiGLU keeps gate and up, not silu(gate) too; each norm its input and 1/rms per row, not
+# an fp32 copy of its input and its output (rotary keeps only its tables either way).
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out_json=${1:-$root_dir/runs/bench/fused_ops_memory.json}

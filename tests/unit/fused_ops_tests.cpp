@@ -213,6 +213,43 @@ TEST(FusedOps, AddRmsNormWithoutTheSumsGradientOrTheWeights) {
   }
 }
 
+// What add_rms_norm() hands the kernels after its casts and copies: a strided x (a transposed
+// view), an fp32 weight with half-precision inputs (the weight's cast is autograd's), and fp16,
+// the kernels' third dtype.
+TEST(FusedOps, AddRmsNormTakesStridedInputsAndAnFp32Weight) {
+  for (const at::Device& device : devices()) {
+    if (!usable(device)) continue;
+    for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      SCOPED_TRACE(std::string(device.is_cuda() ? "cuda " : "cpu ") + c10::toString(dtype));
+      torch::manual_seed(6);
+      const int64_t rows = 45, dim = 70;
+      const at::Tensor x64 = torch::randn({dim, rows}, at::kDouble).t(), delta64 = torch::randn({rows, dim}, at::kDouble);
+      const at::Tensor w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble), grad64 = torch::randn({rows, dim}, at::kDouble);
+      const auto opts = at::TensorOptions().device(device).dtype(dtype);
+      const auto strided = [&](const at::Tensor& t) { return t.t().contiguous().t().to(opts).detach().requires_grad_(true); };
+      const auto weight = [&] { return w64.to(device, at::kFloat).detach().requires_grad_(true); };
+
+      at::Tensor xt = x64.clone().requires_grad_(true), wt = w64.clone().requires_grad_(true);
+      const at::Tensor sum_truth = xt + delta64;
+      const at::Tensor truth = sum_truth * at::rsqrt(sum_truth.pow(2).mean(-1, true) + 1e-5) * wt;
+      truth.backward(grad64);
+
+      at::Tensor xf = strided(x64), xr = strided(x64), wf = weight(), wr = weight();
+      ASSERT_FALSE(xf.is_contiguous());
+      const at::Tensor delta = delta64.to(opts);
+      const auto fused = fsdp::models::add_rms_norm(xf, delta, wf, 1e-5);
+      const auto reference = fsdp::models::add_rms_norm_reference(xr, delta, wr, 1e-5);
+      fused.normed.backward(grad64.to(opts));
+      reference.normed.backward(grad64.to(opts));
+      EXPECT_TRUE(torch::equal(fused.sum, reference.sum)) << "x + delta, rounded once, in either";
+      ASSERT_EQ(wf.grad().scalar_type(), at::kFloat);
+      expect_as_accurate(fused.normed, reference.normed, truth, "normed");
+      expect_as_accurate(xf.grad(), xr.grad(), xt.grad(), "gradient of x");
+      expect_as_accurate(wf.grad(), wr.grad(), wt.grad(), "gradient of the weight");
+    }
+  }
+}
+
 TEST(FusedOps, AddRmsNormRejectsMismatchedInputs) {
   const at::Tensor x = torch::randn({2, 8}), w = torch::ones({8});
   EXPECT_THROW(fsdp::models::add_rms_norm(x, torch::randn({2, 7}), w, 1e-5), c10::Error);
