@@ -16,7 +16,8 @@
 #     transformers' models compiled per block and eager, and the script's own models;
 #  5. the 1B Llama with activation checkpointing at 8 x 2048, against transformers' with it;
 #  6. the 1B Llama again with CPU offload and the GPU capped (caching-allocator fraction) below
-#     its sharded state: it must still train;
+#     its sharded state: it must still train; then, where budget is left, compute-sanitizer's
+#     racecheck on the add + RMSNorm kernels;
 #  7. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
 # Profiles: fsdp-train --profile-steps and torch_fsdp2.py --profile-steps record steps 6-7 of the
 # 1B Llama, ours and the compiled peer's, as Chrome traces (OUT_DIR/traces.tar.gz), compared op
@@ -217,4 +218,14 @@ FRACTION=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | h
   awk -v gpus="$GPUS" '{ f = 16.0 * 1024 / $1; if (f > 1) f = 1; printf "%.3f", f }')
 STEPS=4 train llama1b_offload llama3-1b 128256 1 2048 --set 'fsdp.cpu_offload=true' \
   --set "train.device_memory_fraction=$FRACTION"
+# Last, where budget is left: a race in the norms' block-wide sums (fused_kernels.cu) would show in
+# the kernel tests only by chance; racecheck looks for one directly, on the smallest add + RMSNorm
+# test (forward and backward kernels), where the image has the CUDA toolkit's compute-sanitizer.
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
+if [ -n "$SANITIZER" ]; then
+  stage kernels_racecheck 60 env FSDP_TEST_DEVICE=cuda "$SANITIZER" --tool racecheck --error-exitcode 1 \
+    "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.AddRmsNormTakesStridedInputsAndAnFp32Weight'
+else
+  echo "== kernels_racecheck: no compute-sanitizer on this machine (not run)"
+fi
 # (the report is written by finish, on exit)
