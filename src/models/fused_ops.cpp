@@ -19,16 +19,28 @@ namespace fsdp::models {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  // Normalise in fp32 even when x is bf16, as the reference implementations do.
-  auto x32 = x.to(at::kFloat);
-  auto normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return normed.to(x.scalar_type()) * weight.to(x.scalar_type());
+namespace {
+
+std::atomic<bool> g_fused_ops{true};
+
+// RMSNorm's composed arithmetic, with the 1/rms per row a closed-form backward needs: h [..., dim]
+// -> normed in h's dtype, rstd [..., 1] fp32. Normalised in fp32 even when h is bf16, as the
+// reference implementations do. The reference is its normed output (under autograd); the fused
+// CPU forward calls it without a graph, so the two agree bit for bit.
+struct NormWithStatistics {
+  at::Tensor normed, rstd;
+};
+NormWithStatistics rms_norm_with_statistics(const at::Tensor& h, const at::Tensor& weight, double eps) {
+  const at::Tensor h32 = h.to(at::kFloat);
+  at::Tensor rstd = at::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return {(h32 * rstd).to(h.scalar_type()) * weight.to(h.scalar_type()), rstd};
 }
 
-namespace {
-std::atomic<bool> g_fused_ops{true};
 }  // namespace
+
+at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return rms_norm_with_statistics(x, weight, eps).normed;
+}
 
 void set_fused_ops(bool enabled) { g_fused_ops.store(enabled); }
 bool fused_ops_enabled() { return g_fused_ops.load(); }
@@ -189,18 +201,6 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
   }
 };
 
-// RMSNorm's forward as rms_norm_reference computes it (the same operations, so the same values bit
-// for bit), with the 1/rms per row its closed-form backward needs: h [..., dim] ->
-// normed in h's dtype, rstd [..., 1] fp32.
-struct HostNormForward {
-  at::Tensor normed, rstd;
-};
-HostNormForward rms_norm_host_forward(const at::Tensor& h, const at::Tensor& weight, double eps) {
-  const at::Tensor h32 = h.to(at::kFloat);
-  at::Tensor rstd = at::rsqrt(h32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return {(h32 * rstd).to(h.scalar_type()) * weight.to(h.scalar_type()), rstd};
-}
-
 // RMSNorm's backward in closed form, in fp32 (fp64 for fp64), a chunk of rows at a time (bounded
 // temporaries, as above). With hat = h rstd and g = dy w, per row:
 //   dh = rstd (g - hat mean(g hat)) (+ the gradient that reaches h itself, grad_sum, when h is also
@@ -222,16 +222,24 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward_host(const at::Tensor& grad_
   const int64_t chunk_rows = std::max<int64_t>(1, kChunk / std::max<int64_t>(dim, 1));
   for (int64_t row = 0; row < rows; row += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - row);
-    at::Tensor grad = at::zeros({n, dim}, w.options());
+    at::Tensor grad;  // [n, dim] in math
     if (dy_rows.defined()) {
-      const at::Tensor hat = h_rows.narrow(0, row, n).to(math) * rstd_rows.narrow(0, row, n).to(math);
+      const at::Tensor r = rstd_rows.narrow(0, row, n).to(math);
+      const at::Tensor hat = h_rows.narrow(0, row, n).to(math) * r;
       const at::Tensor dy = dy_rows.narrow(0, row, n).to(math);
       const at::Tensor g = dy * w;
-      grad = rstd_rows.narrow(0, row, n).to(math) * (g - hat * (g * hat).mean(-1, /*keepdim=*/true));
+      grad = r * (g - hat * (g * hat).mean(-1, /*keepdim=*/true));
       if (need_weight_grad) grad_w += (dy * hat).sum(0);
     }
-    if (dsum_rows.defined()) grad += dsum_rows.narrow(0, row, n).to(math);
-    grad_h.narrow(0, row, n).copy_(grad);
+    if (dsum_rows.defined()) {
+      const at::Tensor dsum = dsum_rows.narrow(0, row, n).to(math);
+      grad = grad.defined() ? grad + dsum : dsum;
+    }
+    if (grad.defined()) {
+      grad_h.narrow(0, row, n).copy_(grad);
+    } else {
+      grad_h.narrow(0, row, n).zero_();
+    }
   }
   return {grad_h.view(h.sizes()), need_weight_grad ? grad_w.to(weight.scalar_type()) : at::Tensor()};
 }
@@ -240,7 +248,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward_host(const at::Tensor& grad_
 // the input and the normalised output as well).
 struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
-    HostNormForward out = rms_norm_host_forward(x, weight, eps);
+    NormWithStatistics out = rms_norm_with_statistics(x, weight, eps);
     ctx->save_for_backward({x, weight, out.rstd});
     return out.normed;
   }
@@ -273,7 +281,7 @@ struct AddRmsNormFunction : torch::autograd::Function<AddRmsNormFunction> {
     }
 #endif
     at::Tensor sum = x + delta;
-    HostNormForward out = rms_norm_host_forward(sum, weight, eps);
+    NormWithStatistics out = rms_norm_with_statistics(sum, weight, eps);
     ctx->save_for_backward({sum, weight, out.rstd});
     return {sum, out.normed};
   }
