@@ -7,6 +7,7 @@
 //   fsdp-data tokenize --tokenizer hf --tokenizer-json tokenizer.json --input texts.jsonl --output ids.jsonl
 //   fsdp-data instructions --output data/fortune-chat.jsonl   # an instruction set: a request, a fortune
 //   fsdp-data render --tokenizer hf --tokenizer-json tokenizer.json --input chat.jsonl --output rendered.jsonl
+//   fsdp-data train-tokenizer --output-dir runs/tokenizer --vocab-size 4096   # byte-level BPE on the fortunes
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/data/bpe_training.h"
 #include "fsdp/data/instructions.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
@@ -158,6 +160,45 @@ void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::stri
   std::printf("%s: %zu examples rendered (%s format)\n", output.c_str(), examples.size(), fsdp::data::chat_format_name(format));
 }
 
+// A byte-level BPE tokenizer trained on the fortunes' training split (or on text files), written as
+// a Hugging Face directory's tokenizer files: DIR/tokenizer.json and DIR/tokenizer_config.json,
+// into DIR.partial first and renamed into place.
+void train_tokenizer(const std::string& output_dir, const std::vector<std::string>& inputs, const std::string& fortunes_dir,
+                     int64_t vocab_size) {
+  std::vector<std::string> texts;
+  std::string source;
+  if (inputs.empty()) {
+    // The training split only: a model validated on the held-out fortunes must not have had its
+    // tokenizer fitted to them.
+    for (const auto& document : fsdp::data::split_documents(fsdp::data::read_fortunes(fortunes_dir), 5).train) {
+      texts.push_back(document.text);
+    }
+    source = "the fortunes' training split (" + fortunes_dir + ")";
+  } else {
+    for (const auto& document : fsdp::data::read_text_files(inputs)) texts.push_back(document.text);
+    source = std::to_string(inputs.size()) + " input(s)";
+  }
+  fsdp::data::BpeTrainingOptions options;
+  options.vocab_size = vocab_size;
+  const fsdp::data::TrainedBpe trained = fsdp::data::train_byte_level_bpe(texts, options);
+  const std::filesystem::path dir(output_dir), partial(output_dir + ".partial");
+  std::filesystem::remove_all(partial);
+  std::filesystem::create_directories(partial);
+  for (const auto& [name, text] : {std::pair<std::string, std::string>{"tokenizer.json", trained.tokenizer_json},
+                                   {"tokenizer_config.json", trained.tokenizer_config_json}}) {
+    std::ofstream out(partial / name);
+    out << text;
+    out.close();
+    if (!out) throw std::runtime_error("train-tokenizer: writing '" + (partial / name).string() + "' failed");
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::rename(partial, dir);
+  std::printf("%s: byte-level BPE, vocab %lld (%lld merges, %d special tokens) from %zu documents of %s, %lld distinct words\n",
+              (dir / "tokenizer.json").string().c_str(), static_cast<long long>(trained.vocab_size),
+              static_cast<long long>(trained.merges), static_cast<int>(options.special_tokens.size()), texts.size(),
+              source.c_str(), static_cast<long long>(trained.words));
+}
+
 void write(const std::string& path, const std::vector<int32_t>& tokens, const fsdp::data::Tokenizer& tokenizer,
            size_t documents) {
   fsdp::data::write_token_file(path, tokens, tokenizer.vocab_size());
@@ -225,8 +266,24 @@ int main(int argc, char** argv) {
   render->add_option("--chat-format", render_format, "auto, llama3 or plain")->capture_default_str();
   render_tokenizer.add_to(*render);
 
+  auto* train_bpe = app.add_subcommand("train-tokenizer", "train a byte-level BPE tokenizer (Hugging Face tokenizer.json, "
+                                                         "Llama 3's layout and chat tokens) on the fortunes or on text files");
+  std::string train_bpe_dir, train_bpe_fortunes = fsdp::data::kFortunesDir;
+  std::vector<std::string> train_bpe_inputs;
+  int64_t train_bpe_vocab = 4096;
+  train_bpe->add_option("inputs", train_bpe_inputs, "text files or directories (default: the fortunes' training split)");
+  train_bpe->add_option("--output-dir", train_bpe_dir, "where tokenizer.json and tokenizer_config.json go")->required();
+  train_bpe->add_option("--vocab-size", train_bpe_vocab, "tokens in all: 256 bytes, merges, 5 special tokens")
+      ->check(CLI::Range(int64_t{261}, int64_t{1} << 24))
+      ->capture_default_str();
+  train_bpe->add_option("--dir", train_bpe_fortunes, "fortune files (without inputs)")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (train_bpe->parsed()) {
+      train_tokenizer(train_bpe_dir, train_bpe_inputs, train_bpe_fortunes, train_bpe_vocab);
+      return 0;
+    }
     if (instructions->parsed()) {
       if (!system_prompt.empty() && instructions_format != "messages") {
         throw std::invalid_argument("instructions: --system needs --format messages (prompt-completion has no system turn)");

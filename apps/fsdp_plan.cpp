@@ -136,7 +136,8 @@ void print_plan(const Plan& p, bool compact) {
               in.optimizer.c_str());
   std::printf("  micro-batch %lld x %lld tokens, %lld micro-batch(es) per step, max_inflight %d, %s attention\n",
               static_cast<long long>(in.micro_batch), static_cast<long long>(in.seq_len),
-              static_cast<long long>(in.micro_batches), in.max_inflight, in.fused_attention ? "fused" : "composed");
+              static_cast<long long>(in.micro_batches), in.max_inflight,
+              in.fused_attention ? (in.attention_fp32 ? "fused (in fp32)" : "fused") : "composed");
   const char* where = in.cpu_offload ? "host" : "device";
   std::printf("per rank\n");
   const std::string parameters_label =
@@ -257,7 +258,7 @@ int main(int argc, char** argv) {
       in = fsdp::train::plan_input(c, n);
       in.ranks_per_node = flags.ranks_per_node;
       in.cpu_offload = in.cpu_offload || flags.cpu_offload;
-      in.fused_attention = flags.fused_attention;
+      if (composed_attention) in.fused_attention = false;  // else the config's train.attention decides
     } else {
       if (model_name.empty()) throw std::invalid_argument("give --model NAME or a config file (--help)");
       if (!overrides.empty()) throw std::invalid_argument("--set needs a config file");

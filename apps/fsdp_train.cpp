@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   int64_t steps = 0;
   std::string output_dir;
-  bool print_config = false, show_models = false;
+  bool print_config = false, show_models = false, show_keys = false;
   std::string progress = "auto";
   std::string resume, profile_steps;
   app.add_option("config", config_path, "TOML training configuration (see configs/)");
@@ -79,11 +79,16 @@ int main(int argc, char** argv) {
                  "<output_dir>/profile/trace-rank<R>.json (open in ui.perfetto.dev); A alone: one step");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
   app.add_flag("--list-models", show_models, "list the model zoo with parameter counts and exit");
+  app.add_flag("--list-keys", show_keys, "list every config key with its type, help and default, and exit");
   CLI11_PARSE(app, argc, argv);
   // First-touch page faults cost more than the arithmetic they precede on small VMs: reuse memory.
   fsdp::shard::keep_freed_host_memory_mapped();
   if (show_models) {
     list_models();
+    return 0;
+  }
+  if (show_keys) {
+    std::printf("%s", fsdp::train::list_config_keys().c_str());
     return 0;
   }
   if (config_path.empty()) {

@@ -3,7 +3,7 @@
 # linear_cross_entropy.h) against the composed head (logits [tokens, vocab], then cross-entropy):
 # peak resident memory per rank at N = 2 (fsdp-train's own measurement, metrics.jsonl), loss and
 # step time, side by side in one run, with fsdp-plan's prediction for each. Prints a table, writes JSON.
-#   bash bench/chunked_loss_memory.sh [OUT.json]      (build/ made by scripts/setup.sh)
+#   bash bench/chunked_loss_memory.sh [OUT.json]      (build/ made by scripts/setup.sh; BUILD=dir for another)
 # The model: a Llama with Llama 3's vocabulary (128,256, untied; 4 layers, width 512, 8 heads over
 # 2 key/value heads, SwiGLU 1536: 143 M parameters, 131 M of them embedding and head), random
 # weights, the byte tokenizer's fortunes, 3 steps of 4 x 512 tokens per rank, AdamW, in fp32 and in
@@ -18,12 +18,12 @@ mkdir -p "$(dirname "$out_json")"
 common=$'[model]\nname = "llama-small"\nvocab = 128256\ndim = 512\nlayers = 4\nheads = 8\nkv_heads = 2\nffn_hidden = 1536\ncontext = 512
 [data]\nsource = "fortunes"\n[train]\nsteps = 3\nglobal_batch = 8\nseq_len = 512\nthreads = 1\nreport_every = 0
 [eval]\nevery = 0\nbatches = 1\nsample_tokens = 0\n[optimizer]\nwarmup_steps = 0'
-runs="fp32-composed fp32-chunked bf16-composed bf16-chunked"
+runs=${RUNS:-"fp32-composed fp32-chunked bf16-composed bf16-chunked"}  # RUNS="fp32-chunked" for a subset
 for run in $runs; do
   [[ $run == *chunked ]] && body=${common/report_every = 0/report_every = 0$'\n'loss_chunk_tokens = 512} || body=${common/report_every = 0/report_every = 0$'\n'loss_chunk_tokens = 0}
   [[ $run == bf16* ]] && body+=$'\n[fsdp]\nparam_dtype = "bfloat16"'
   printf 'name = "%s"\noutput_dir = "%s"\n%s\n' "$run" "$work/$run" "$body" > "$work/$run.toml"
-  mpirun --oversubscribe --bind-to none -np 2 "$root_dir/build/apps/fsdp-train" "$work/$run.toml" --progress lines > "$work/$run.log" 2>&1 \
+  mpirun --oversubscribe --bind-to none -np 2 "${BUILD:-$root_dir/build}/apps/fsdp-train" "$work/$run.toml" --progress lines > "$work/$run.log" 2>&1 \
     || { cat "$work/$run.log"; exit 1; }
 done
 python3 - "$work" "$out_json" $runs <<'PY'
@@ -45,6 +45,8 @@ for run, r in rows.items():
           f"{r['median_step_seconds']:7.2f}  {' '.join(f'{x:.6f}' for x in r['losses'])}")
 ratios = {}
 for dtype in ("fp32", "bf16"):
+    if f"{dtype}-chunked" not in rows or f"{dtype}-composed" not in rows:
+        continue
     a, b = rows[f"{dtype}-chunked"], rows[f"{dtype}-composed"]
     ratios[dtype] = a["peak_resident_bytes_per_rank"] / b["peak_resident_bytes_per_rank"]
     worst = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))

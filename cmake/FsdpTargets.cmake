@@ -6,6 +6,9 @@ function(fsdp_add_executable name)
   add_executable(${name} ${ARGN})
   target_link_libraries(${name} PRIVATE fsdp::fsdp)
   target_precompile_headers(${name} REUSE_FROM fsdp_core)
+  if(FSDP_UNITY_BUILD)
+    set_target_properties(${name} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${FSDP_UNITY_BATCH})
+  endif()
 endfunction()
 
 # Launch prefix for multi-rank runs: mpirun with --oversubscribe (CI has 2 cores, tests use up

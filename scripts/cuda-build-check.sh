@@ -48,9 +48,9 @@ jobs=$(( $(nproc) < 2 ? 1 : 2 ))
 # builds on a GPU machine are not rebuilt here: their sources hold no CUDA-only code (nothing
 # branches on FSDP_WITH_CUDA), the CPU build compiles them against the same headers, and they link
 # what fsdp-train links. That saves about 4 of this check's 9 minutes in CI.
-if ! cmake --build "$build_dir" -j"$jobs" --target fsdp-train >"$build_dir/build.log" 2>&1; then
-  echo "cuda-build-check: the CUDA path does not build; the errors (full log in $build_dir/build.log):" >&2
-  grep -E -A3 'error|Error' "$build_dir/build.log" | head -n 60 >&2 || tail -n 40 "$build_dir/build.log" >&2
+if ! bash "$root_dir/scripts/build-progress.sh" "$build_dir/build.log" "the CUDA path of fsdp-train (compile and link only, nothing runs)" \
+    "about 4 minutes on 2 cores from scratch" -- cmake --build "$build_dir" -j"$jobs" --target fsdp-train; then
+  echo "cuda-build-check: the CUDA path does not build (above)" >&2
   exit 1
 fi
 echo "cuda-build-check: CUDA path compiled and linked in $((SECONDS - start)) s ($build_dir: fsdp-train; not run)"

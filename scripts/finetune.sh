@@ -1,43 +1,64 @@
 #!/usr/bin/env bash
-# The fine-tuning job, from a Hugging Face model directory in to one out: instruction data from
-# Debian's fortunes (fsdp-data instructions), fsdp-train on 2 ranks with
-# configs/llama-finetune-fortunes.toml (masked loss, Llama 3's chat format), then fsdp-ckpt export
-# --hf-dir of the last checkpoint, which transformers' from_pretrained loads.
-#   bash scripts/finetune.sh                                   # a stand-in model made here
-#   FSDP_MODEL_DIR=~/models/Llama-3.2-1B-Instruct bash scripts/finetune.sh --set train.steps=200
-# Without FSDP_MODEL_DIR the model is a small random Llama with Llama 3's real tokenizer, made by
-# transformers (scripts/make_hf_model.py; transformers comes from scripts/requirements-peers.txt):
-# weights cannot be downloaded here. The C++ run path uses no Python either way.
+# The fine-tuning job, from a Hugging Face model directory in to one out, on nothing but a clone of
+# this repository and Debian's fortunes:
+#   1. fsdp-data train-tokenizer: a byte-level BPE tokenizer (vocab 4096, Llama 3's chat tokens)
+#      trained on the fortunes, as a Hugging Face tokenizer.json;
+#   2. fsdp-train configs/llama-fortunes-pretrain.toml: a small Llama pretrained on the fortunes with
+#      it, exported by fsdp-ckpt export --hf-dir: the "pretrained model" a user would download;
+#   3. fsdp-data instructions: requests ("Tell me a fortune about love.") with fortunes as answers;
+#   4. fsdp-train configs/llama-finetune-fortunes.toml: that directory fine-tuned on them in Llama 3's
+#      chat format (the loss over the answers only), then exported again, for transformers'
+#      from_pretrained. The run's sample is the model's answer to a request.
+#   bash scripts/finetune.sh                                        # steps 1-4
+#   bash scripts/finetune.sh --set train.steps=200                  # overrides go to step 4
+#   FSDP_MODEL_DIR=~/models/Llama-3.2-1B-Instruct bash scripts/finetune.sh   # your model: step 3-4
+# Steps 1-2 run once (runs/tokenizers/fortunes-bpe, runs/llama-fortunes-pretrain/hf are kept);
+# FSDP_PRETRAIN_STEPS sets step 2's length (400). Python is used nowhere.
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root_dir"
-model_dir=${FSDP_MODEL_DIR:-}
-if [ -z "$model_dir" ]; then
-  FSDP_EXTRA_REQUIREMENTS="$root_dir/scripts/requirements-peers.txt" bash scripts/setup.sh
-  model_dir=runs/hf/llama3-tiny
-  tokenizers=${FSDP_TOKENIZERS_DIR:-$root_dir/../shared/data/tokenizers}
-  if [ ! -f "$model_dir/config.json" ]; then
-    [ -f "$tokenizers/llama3/tokenizer.json" ] || { echo "finetune: no $tokenizers/llama3/tokenizer.json (set FSDP_TOKENIZERS_DIR or FSDP_MODEL_DIR)" >&2; exit 1; }
-    .venv/bin/python scripts/make_hf_model.py --family llama --out "$model_dir" --tokenizer-dir "$tokenizers/llama3" \
-      --hidden 128 --layers 4 --tie --context 2048
-  fi
-else
-  bash scripts/setup.sh
-fi
-data=runs/data/fortune-chat.jsonl
-if [ ! -f "$data" ]; then
-  mkdir -p "$(dirname "$data")"
-  build/apps/fsdp-data instructions --output "$data"
-fi
+FSDP_BUILD_TARGETS="fsdp-train fsdp-data fsdp-ckpt" bash scripts/setup.sh
 ranks=${FSDP_RANKS:-2}
 mpi_env=()
 if [ "$(id -u)" = 0 ]; then mpi_env=(-x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1); fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run() { mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" "$@"; }
+# The newest published checkpoint of a run directory.
+latest_checkpoint() { ls -d "$1"/checkpoints/step-[0-9]* | grep -v '\.partial$' | sort | tail -1; }
+
+model_dir=${FSDP_MODEL_DIR:-}
+if [ -z "$model_dir" ]; then
+  tokenizer=runs/tokenizers/fortunes-bpe
+  if [ ! -f "$tokenizer/tokenizer.json" ]; then
+    echo "finetune: 1. a tokenizer for the fortunes"
+    build/apps/fsdp-data train-tokenizer --output-dir "$tokenizer" --vocab-size 4096
+  fi
+  pretrain=runs/llama-fortunes-pretrain
+  model_dir=$pretrain/hf
+  if [ ! -f "$model_dir/config.json" ]; then
+    echo "finetune: 2. pretraining a small Llama on the fortunes (the stand-in for a downloaded model)"
+    rm -rf "$pretrain/checkpoints"
+    run build/apps/fsdp-train configs/llama-fortunes-pretrain.toml --set "data.tokenizer_json=\"$tokenizer/tokenizer.json\"" \
+      --set "train.steps=${FSDP_PRETRAIN_STEPS:-400}" --set "checkpoint.every=${FSDP_PRETRAIN_STEPS:-400}" \
+      --set "optimizer.warmup_steps=$(( ${FSDP_PRETRAIN_STEPS:-400} < 20 ? 1 : 20 ))" --progress lines
+    rm -rf "$model_dir"
+    run build/apps/fsdp-ckpt export "$(latest_checkpoint "$pretrain")" --hf-dir "$model_dir"
+  else
+    echo "finetune: 1-2. reusing $model_dir (remove it to pretrain again)"
+  fi
+fi
+
+data=runs/data/fortune-chat.jsonl
+if [ ! -f "$data" ]; then
+  echo "finetune: 3. instructions from the fortunes"
+  mkdir -p "$(dirname "$data")"
+  build/apps/fsdp-data instructions --output "$data"
+fi
+echo "finetune: 4. fine-tuning $model_dir to answer with fortunes"
 output=runs/llama-finetune-fortunes
 rm -rf "$output/checkpoints"   # the export below takes this run's last checkpoint, not an older run's
-mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" build/apps/fsdp-train configs/llama-finetune-fortunes.toml \
+run build/apps/fsdp-train configs/llama-finetune-fortunes.toml \
   --set "model.init_from=\"$model_dir\"" --set "data.train_jsonl=\"$data\"" "$@"
-latest=$(ls -d "$output"/checkpoints/step-[0-9]* | grep -v '\.partial$' | sort | tail -1)
 rm -rf "$output/hf"
-mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" build/apps/fsdp-ckpt export "$latest" --hf-dir "$output/hf"
+run build/apps/fsdp-ckpt export "$(latest_checkpoint "$output")" --hf-dir "$output/hf"
 echo "fine-tuned model: $output/hf (transformers: AutoModelForCausalLM.from_pretrained(\"$output/hf\"))"

@@ -19,7 +19,8 @@ import sys
 
 
 def make(family, out, vocab=512, dtype="float32", max_shard_size=None, tie=False, rope_scaling=True,
-         tokenizer_dir=None, seed=0, layers=2, hidden=64, context=256):
+         tokenizer_dir=None, seed=0, layers=2, hidden=64, context=256, **extra_config):
+    """extra_config: more config keys for the family's config class (GPT-2's n_inner, ...)."""
     import torch
     import transformers
 
@@ -33,12 +34,12 @@ def make(family, out, vocab=512, dtype="float32", max_shard_size=None, tie=False
             vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, rms_norm_eps=1e-5,
             rope_theta=500000.0, rope_scaling=scaling, tie_word_embeddings=tie,
-            bos_token_id=128000 if vocab > 128000 else 1, eos_token_id=128001 if vocab > 128001 else 2)
+            bos_token_id=128000 if vocab > 128000 else 1, eos_token_id=128001 if vocab > 128001 else 2, **extra_config)
         model = transformers.LlamaForCausalLM(config)
     elif family == "gpt2":
         end = 50256 if vocab > 50256 else vocab - 1
         config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=context,
-                                         bos_token_id=end, eos_token_id=end)
+                                         bos_token_id=end, eos_token_id=end, **extra_config)
         model = transformers.GPT2LMHeadModel(config)
     else:
         raise SystemExit(f"unknown family {family}")

@@ -2,7 +2,8 @@
 # Installs whatever fsdp.cpp needs (only what is missing): Debian's packages, and libtorch from PyPI's
 # torch wheel (scripts/requirements-torch.txt, pinned) into a virtual environment in .venv/; then
 # configures and builds into build/. Idempotent: quiet when everything is already present.
-# Usage: scripts/setup.sh            (run by scripts/train.sh and scripts/test.sh)
+# Usage: scripts/setup.sh            (run by scripts/train.sh and scripts/test.sh: everything)
+#        FSDP_BUILD_TARGETS="fsdp-train" scripts/setup.sh                 (those targets only: the main job)
 #        FSDP_EXTRA_PACKAGES="gnuplot-nox" scripts/setup.sh         (benchmarks' extras from Debian)
 #        FSDP_EXTRA_REQUIREMENTS=scripts/requirements-peers.txt scripts/setup.sh   (extras from PyPI)
 #        FSDP_TORCH_REQUIREMENTS=... FSDP_VENV=... FSDP_BUILD_DIR=... scripts/setup.sh  (another libtorch,
@@ -89,9 +90,16 @@ if [ ! -f "$build_dir/CMakeCache.txt" ]; then
 fi
 jobs=$(( $(nproc) < 2 ? 1 : 2 ))
 # Memory per compiler process with libtorch headers is ~1.5 GiB: 2 jobs is safe on small machines.
-build_log="$build_dir/build.log"
-if ! cmake --build "$build_dir" -j"$jobs" >"$build_log" 2>&1; then
-  echo "setup: build failed; the errors (full log in $build_log):" >&2
-  grep -E -A3 'error|Error' "$build_log" | head -n 60 >&2 || tail -n 40 "$build_log" >&2
-  exit 1
+# The build shows its progress (scripts/build-progress.sh); the whole output goes to build/build.log.
+targets=${FSDP_BUILD_TARGETS:-all}
+if [ "$targets" = all ]; then
+  what="fsdp.cpp: libraries, programs, tests, benchmarks"
+  estimate="about 8 minutes on 2 cores from scratch"
+else
+  what="$targets and the libraries they need"
+  estimate="about 3 minutes on 2 cores from scratch for fsdp-train, 4 with fsdp-data and fsdp-ckpt"
 fi
+target_args=()
+for t in $targets; do target_args+=(--target "$t"); done
+bash "$root_dir/scripts/build-progress.sh" "$build_dir/build.log" "$what" "$estimate" -- \
+  cmake --build "$build_dir" -j"$jobs" "${target_args[@]}" || exit 1

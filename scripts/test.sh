@@ -14,4 +14,8 @@ if [ "${FSDP_CUDA_BUILD_CHECK:-auto}" != skip ]; then
   bash "$root_dir/scripts/cuda-build-check.sh"
 fi
 cd "$root_dir/build"
-ctest --output-on-failure --timeout 600 "$@"
+# Two tests at a time on two cores (at most 4): many wait on processes starting, Python importing
+# or ranks pairing (docs/testing.md); a -j among the arguments overrides it. Tests that must run
+# alone say so (RUN_SERIAL, tests/CMakeLists.txt).
+jobs=$(nproc); [ "$jobs" -gt 4 ] && jobs=4
+ctest --output-on-failure --timeout 600 -j "$jobs" "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the main job: fsdp-train on 2 ranks with
+# Installs what is missing, builds fsdp-train, and runs the main job: fsdp-train on 2 ranks with
 # configs/gpt-fortunes-tiny.toml (a tiny GPT-2 learning to write fortunes).
 #   bash scripts/train.sh                                   # the main job
 #   bash scripts/train.sh configs/vit-fashion-mnist.toml    # another config
@@ -7,7 +7,8 @@
 #   FSDP_RANKS=4 bash scripts/train.sh                      # another rank count
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bash "$root_dir/scripts/setup.sh"
+# The main job needs fsdp-train alone: the tests, benchmarks and other programs build with scripts/test.sh.
+FSDP_BUILD_TARGETS=fsdp-train bash "$root_dir/scripts/setup.sh"
 config="$root_dir/configs/gpt-fortunes-tiny.toml"
 if [ $# -gt 0 ] && [[ "$1" == *.toml ]]; then
   config=$1

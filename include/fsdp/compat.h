@@ -3,7 +3,7 @@
 // Supported: libtorch 2.7 and newer, the first PyPI `torch` wheels built with the C++11 ABI (which
 // Debian's C++ libraries, toml++ and GoogleTest, need). scripts/setup.sh pins the version CI builds
 // against; scripts/test-oldest-torch.sh builds and tests the oldest. Debian's libtorch 1.13 was
-// dropped on 2026-12-01 (README, "Requirements"): it lacked the fused attention and AdamW kernels
+// dropped on 2026-12-01 (docs/building.md): it lacked the fused attention and AdamW kernels
 // below and kept PyTorch's own FSDP out of the comparisons. Between 2.7 and the pinned version no
 // API fsdp.cpp uses differs; when one does, its two spellings go here, behind TORCH_VERSION_*.
 #pragma once

@@ -123,13 +123,12 @@ models::GptConfig read_gpt2(const ConfigReader& r) {
   c.context = r.integer_or("n_positions", 1024);
   c.dropout = 0.0;  // fine-tuning; attn_pdrop and friends are pretraining's (model.dropout sets it)
   c.qkv_bias = true;
-  if (r.has("n_inner") && r.integer("n_inner") != 4 * c.dim) {
-    r.fail("n_inner " + std::to_string(r.integer("n_inner")) + " is not supported (the GPT-2 MLP here is 4 x n_embd wide)");
-  }
+  // n_inner null (or absent) is 4 x n_embd, as transformers reads it.
+  c.mlp_hidden = r.integer_or("n_inner", 0);
+  if (c.mlp_hidden < 0) r.fail("n_inner must be positive or null, got " + std::to_string(c.mlp_hidden));
   r.require_value("activation_function", "gelu_new", "the GPT-2 MLP here uses GELU's tanh approximation");
-  if (std::abs(r.number_or("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12) {
-    r.fail("layer_norm_epsilon " + std::to_string(r.number_or("layer_norm_epsilon", 1e-5)) + " is not supported (GPT-2's is 1e-5)");
-  }
+  c.norm_eps = r.number_or("layer_norm_epsilon", 1e-5);
+  if (!(c.norm_eps > 0.0)) r.fail("layer_norm_epsilon must be positive, got " + std::to_string(c.norm_eps));
   r.require_value("scale_attn_weights", true, "attention scores here are scaled by 1/sqrt(head_dim)");
   r.require_value("scale_attn_by_inverse_layer_idx", false, "not implemented");
   r.require_value("add_cross_attention", false, "a decoder-only GPT-2 here");
@@ -236,9 +235,10 @@ std::string hf_config_text(const models::ModelConfig& model, const std::string& 
     out["n_layer"] = g->layers;
     out["n_head"] = g->heads;
     out["n_positions"] = g->context;
-    out["n_inner"] = nullptr;
+    if (g->mlp_hidden > 0) out["n_inner"] = g->mlp_hidden;
+    else out["n_inner"] = nullptr;
     out["activation_function"] = "gelu_new";
-    out["layer_norm_epsilon"] = 1e-5;
+    out["layer_norm_epsilon"] = g->norm_eps;
     out["attn_pdrop"] = g->dropout;
     out["embd_pdrop"] = g->dropout;
     out["resid_pdrop"] = g->dropout;

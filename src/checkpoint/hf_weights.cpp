@@ -13,6 +13,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
+#include "shape_text.h"
 
 namespace fsdp::checkpoint {
 
@@ -53,6 +54,12 @@ class WeightFiles {
   }
 
   bool contains(const std::string& tensor) const { return where_.count(tensor) > 0; }
+  // Every tensor's declaration, across the files.
+  std::vector<TensorInfo> tensors() const {
+    std::vector<TensorInfo> out;
+    for (const auto& [name, file] : where_) out.push_back(files_.at(file)->info(name));
+    return out;
+  }
 
   const SafetensorsFile& file_of(const std::string& tensor) const {
     auto it = where_.find(tensor);
@@ -84,12 +91,6 @@ std::vector<int64_t> stored_shape(const std::vector<int64_t>& shape, bool transp
   return {shape[1], shape[0]};
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 }  // namespace
 
 bool is_adapter(const std::string& name) { return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos; }
@@ -118,25 +119,29 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
     throw std::invalid_argument("export_weights: the model has LoRA adapters: merge them into the weights (--merge), "
                                 "or export the adapters alone (--peft-dir)");
   }
-  // Merging: the adapters first (small: rank x (in + out) per layer), by base weight name.
-  std::map<std::string, at::Tensor> adapter_deltas;  // "layers.0.self_attn.q_proj.weight" -> scale B A [out, in] fp32
+  // Merging: the adapters first (small: rank x (in + out) per layer), by name. Each layer's
+  // full-size delta scale B A is computed on the writing rank just before its weight is written,
+  // so no rank ever holds more than one (Llama 3 8B's seven projections x 32 layers would be 28 GB).
+  std::map<std::string, at::Tensor> adapters;  // "layers.0.self_attn.q_proj.lora_A.weight" -> [r, in] fp32
   if (lora != nullptr && lora->enabled()) {
-    std::map<std::string, at::Tensor> adapters;
     for (auto* flat : state.flat_params()) {
       if (!flat->trainable()) continue;
       std::vector<at::Tensor> full = flat->gather_full_params();  // collective
       for (size_t e = 0; e < full.size(); ++e) {
-        if (is_adapter(flat->layout().entries[e].name)) adapters[flat->layout().entries[e].name] = full[e].to(at::kFloat);
+        if (is_adapter(flat->layout().entries[e].name) && writer_rank) {
+          adapters[flat->layout().entries[e].name] = full[e].to(at::kFloat);
+        }
       }
     }
-    const double scale = lora->alpha / static_cast<double>(lora->rank);
-    for (const auto& [name, a] : adapters) {
-      const size_t at_a = name.find(".lora_A.weight");
-      if (at_a == std::string::npos) continue;
-      const std::string layer = name.substr(0, at_a);
-      adapter_deltas[layer + ".weight"] = at::matmul(adapters.at(layer + ".lora_B.weight"), a) * scale;
-    }
   }
+  // W + scale B A for an adapted weight `name` ("layers.0.self_attn.q_proj.weight"), else W as it is.
+  auto merged = [&](const std::string& name, const at::Tensor& weight) {
+    const std::string layer = name.substr(0, name.size() - std::string(".weight").size());
+    auto a = adapters.find(layer + ".lora_A.weight");
+    if (!ends_with(name, ".weight") || a == adapters.end()) return weight;
+    const at::Tensor& b = adapters.at(layer + ".lora_B.weight");
+    return weight.to(at::kFloat) + at::matmul(b, a->second) * lora->scale();  // [out, in] fp32, this layer's only
+  };
   // Declarations from the layouts alone: every file's header is known before any gather.
   struct Planned {
     size_t flat, entry;
@@ -194,10 +199,8 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
       if (!writer_rank) return;
       for (const auto& p : plan) {
         if (p.flat != f) continue;
-        at::Tensor tensor = full[p.entry];
         const std::string& name = flats[f]->layout().entries[p.entry].name;
-        auto delta = adapter_deltas.find(name);
-        if (delta != adapter_deltas.end()) tensor = tensor.to(at::kFloat) + delta->second;  // W + (alpha / r) B A
+        at::Tensor tensor = merged(name, full[p.entry]);
         if (hf_transposed(model, name)) tensor = tensor.t().contiguous();
         writers[p.file]->write(p.info.name, tensor.to(options.dtype));
         written += p.info.end - p.info.begin;
@@ -216,6 +219,17 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
     }
   });
   return written;
+}
+
+at::ScalarType stored_weights_dtype(const std::string& path) {
+  const WeightFiles weights(path);
+  bool any_float = false, all_bf16 = true;
+  for (const auto& info : weights.tensors()) {
+    if (!at::isFloatingType(info.dtype)) continue;
+    any_float = true;
+    all_bf16 = all_bf16 && info.dtype == at::kBFloat16;
+  }
+  return any_float && all_bf16 ? at::kBFloat16 : at::kFloat;
 }
 
 void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path) {

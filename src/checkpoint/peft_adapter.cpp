@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <set>
 
 #include "fsdp/checkpoint/hf_model_dir.h"
@@ -13,6 +14,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
+#include "shape_text.h"
 
 namespace fsdp::checkpoint {
 
@@ -22,12 +24,6 @@ namespace {
 
 constexpr const char* kConfigFile = "adapter_config.json";
 constexpr const char* kWeightsFile = "adapter_model.safetensors";
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
 
 }  // namespace
 
@@ -57,13 +53,49 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
     if (config.rank <= 0) fail("r must be positive, got " + std::to_string(config.rank));
     config.alpha = json.contains("lora_alpha") ? json.at("lora_alpha").get<double>() : 8.0;  // peft's default
     config.dropout = json.contains("lora_dropout") ? json.at("lora_dropout").get<double>() : 0.0;
+    config.rslora = json.contains("use_rslora") && !json.at("use_rslora").is_null() && json.at("use_rslora").get<bool>();
     const std::string bias = json.value("bias", std::string("none"));
     if (bias != "none") fail("bias is '" + bias + "'; only adapters without trained biases (\"none\") load");
-    if (!json.contains("target_modules") || !json.at("target_modules").is_array()) {
-      fail("target_modules must be a list of layer names (e.g. [\"q_proj\", \"v_proj\"])");
+    const auto& targets = json.contains("target_modules") ? json.at("target_modules") : nlohmann::json();
+    if (targets.is_string()) {
+      const std::string text = targets.get<std::string>();
+      if (text != models::LoraSpec::kAllLinear) {
+        fail("target_modules is the string \"" + text + "\", which PEFT reads as a regular expression over module " +
+             "paths; fsdp.cpp takes a list of layer names or \"all-linear\"");
+      }
+      config.targets = {text};
+    } else if (targets.is_array()) {
+      // PEFT matches an entry against a module's whole path or its last components, and saves
+      // "all-linear" expanded into paths ("model.layers.0.self_attn.q_proj", ...): each entry
+      // names the layer its last component names. (A list that adapts some layers of a name and
+      // not others loads only as far as the file holds every layer's tensors: import refuses the
+      // first one missing, by name.)
+      for (const auto& entry : targets) {
+        const std::string path = entry.get<std::string>();
+        const std::string name = path.substr(path.find_last_of('.') == std::string::npos ? 0 : path.find_last_of('.') + 1);
+        if (std::find(config.targets.begin(), config.targets.end(), name) == config.targets.end()) config.targets.push_back(name);
+      }
+    } else {
+      fail("target_modules must be a list of layer names (e.g. [\"q_proj\", \"v_proj\"]) or \"all-linear\"");
     }
-    for (const auto& name : json.at("target_modules")) config.targets.push_back(name.get<std::string>());
     if (config.targets.empty()) fail("target_modules is empty");
+    // Keys read above, keys that change nothing about what the trained adapter computes (where
+    // the model came from, how its adapters were initialised before training), and the rest.
+    static const std::set<std::string> read = {"peft_type", "r", "lora_alpha", "lora_dropout", "use_rslora", "bias",
+                                               "target_modules", "base_model_name_or_path"};
+    static const std::set<std::string> harmless = {
+        "task_type", "revision", "inference_mode", "init_lora_weights", "fan_in_fan_out", "auto_mapping", "peft_version",
+        "megatron_config", "megatron_core", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
+        "qalora_group_size", "ensure_weight_tying"};
+    for (const auto& [key, value] : json.items()) {
+      if (read.count(key) || harmless.count(key)) continue;
+      const bool unset = value.is_null() || (value.is_boolean() && !value.get<bool>()) ||
+                         ((value.is_object() || value.is_array() || value.is_string()) && value.empty());
+      if (unset) continue;
+      fail(key + " = " + value.dump() + " changes what the adapter computes, and fsdp.cpp does not implement it " +
+           "(use_dora, modules_to_save, rank_pattern, alpha_pattern, layers_to_transform and the like are refused " +
+           "rather than loaded as a plain LoRA adapter)");
+    }
     if (json.contains("base_model_name_or_path") && json.at("base_model_name_or_path").is_string()) {
       config.base_model = json.at("base_model_name_or_path").get<std::string>();
     }
@@ -106,7 +138,9 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
                              {"r", lora->rank},
                              {"lora_alpha", lora->alpha},
                              {"lora_dropout", lora->dropout},
-                             {"target_modules", lora->targets},
+                             {"use_rslora", lora->rslora},
+                             {"target_modules", lora->target_layers(gpt ? models::GptConfig::linear_layers()
+                                                                        : models::LlamaConfig::linear_layers())},
                              {"bias", "none"},
                              {"fan_in_fan_out", gpt},  // GPT-2's Conv1D stores its weights transposed
                              {"base_model_name_or_path", base_model_name},
@@ -159,11 +193,13 @@ void import_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& m
       loaded[f] = out;
     }
     for (const auto& info : file.tensors()) {
+      if (used.count(info.name)) continue;
       const bool adapter = info.name.find(".lora_A.") != std::string::npos || info.name.find(".lora_B.") != std::string::npos;
-      if (adapter && !used.count(info.name)) {
-        throw std::runtime_error("PEFT adapter '" + path + "' holds '" + info.name + "', a layer this model does not adapt " +
-                                 "(lora.targets must cover the adapter's target_modules)");
-      }
+      throw std::runtime_error("PEFT adapter '" + path + "' holds '" + info.name + "', " +
+                               (adapter ? "a layer this model does not adapt (lora.targets must cover the adapter's "
+                                          "target_modules)"
+                                        : "which fsdp.cpp would not use (a DoRA magnitude, a layer trained in full "
+                                          "through modules_to_save, ...): refused rather than dropped"));
     }
   });
   for (size_t f = 0; f < flats.size(); ++f) {

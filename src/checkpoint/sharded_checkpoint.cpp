@@ -20,6 +20,7 @@
 #include "flat_ranges.h"
 #include "manifest.h"
 #include "fsdp/comm/agreement.h"
+#include "shape_text.h"
 
 namespace fsdp::checkpoint {
 
@@ -116,12 +117,6 @@ json read_manifest(const std::string& dir) {
   std::stringstream text;
   text << in.rdbuf();
   return parse_manifest(text.str(), dir);
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
 }
 
 // The checkpoint's layout must be the model's: same FlatParams, same parameters, shapes, offsets.
@@ -267,6 +262,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
                      {"world_size", world},
                      {"model", info.model_name},
                      {"config_toml", info.config_toml},
+                     {"trainer_state", info.trainer_state},
                      {"optimizer", optimizer ? optimizer->name() : ""},
                      {"optimizer_state", optimizer ? optimizer->state_names() : std::vector<std::string>{}},
                      {"optimizer_steps", optimizer ? optimizer->step_count() : 0},
@@ -308,6 +304,7 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
     info.step = manifest.at("step").get<int64_t>();
     info.model_name = manifest.value("model", "");
     info.config_toml = manifest.value("config_toml", "");
+    info.trainer_state = manifest.value("trainer_state", "");
     const int saved_world = manifest.at("world_size").get<int>();
     const int version = manifest.at("version").get<int>();
     check_layout(checkpoint_dir, manifest.at("flat_params"), flats);
@@ -478,7 +475,7 @@ void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step) 
   for (const auto& path : later) fs::remove_all(path, error);
 }
 
-void prune_checkpoints(const std::string& checkpoints_dir, int keep) {
+void prune_checkpoints(const std::string& checkpoints_dir, int keep, int64_t keep_at_or_before) {
   std::error_code error;
   if (!fs::is_directory(checkpoints_dir, error)) return;
   std::vector<fs::path> published;
@@ -492,7 +489,12 @@ void prune_checkpoints(const std::string& checkpoints_dir, int keep) {
     }
   }
   std::sort(published.begin(), published.end());
-  for (size_t i = 0; keep > 0 && i + keep < published.size(); ++i) fs::remove_all(published[i], error);
+  const std::string kept_for_rollback =
+      keep_at_or_before >= 0 ? find_latest_checkpoint(checkpoints_dir, keep_at_or_before) : std::string();
+  for (size_t i = 0; keep > 0 && i + keep < published.size(); ++i) {
+    if (!kept_for_rollback.empty() && fs::path(kept_for_rollback) == published[i]) continue;
+    fs::remove_all(published[i], error);
+  }
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) {
@@ -501,6 +503,7 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) {
   info.step = manifest.at("step").get<int64_t>();
   info.model_name = manifest.value("model", "");
   info.config_toml = manifest.value("config_toml", "");
+  info.trainer_state = manifest.value("trainer_state", "");
   return info;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "fsdp/comm/agreement.h"
@@ -26,12 +27,23 @@ uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
   return hash;
 }
 
-struct StepLog {
-  std::mutex mutex;
-  int64_t step = 0;  // 0: before the first step (construction, loading)
-  CollectiveFingerprint fingerprint{0, kFnvOffset};
+// One communicator's records in this step, in issue order.
+struct ChannelLog {
+  int64_t count = 0;
+  uint64_t hash = kFnvOffset;          // FNV-1a over the records' own hashes
   std::vector<uint64_t> hashes;        // [kept] each record's own hash
   std::vector<std::string> records;    // [kept] "unit 'blocks.1': all_gather(4096 x 2 Float)"
+};
+
+struct StepLog {
+  std::mutex mutex;
+  int64_t step = 0;    // 0: before the first step (construction, loading)
+  int64_t count = 0;   // every channel's records (a record's place in messages)
+  size_t kept = 0;     // records kept in full, every channel
+  std::map<std::string, ChannelLog> channels;  // by channel name: the order fingerprints combine in
+  // Each channel's count when collective_fingerprint was last called: what the ranks compared
+  // (the comparison's own collectives come after).
+  std::map<std::string, int64_t> fingerprinted;
 };
 
 StepLog& step_log() {
@@ -43,21 +55,36 @@ thread_local std::string current_label;
 
 std::string describe(const std::string& what) { return current_label.empty() ? what : current_label + ": " + what; }
 
+// The channels' fingerprints in name order, so that how they interleaved does not matter.
+CollectiveFingerprint combine(const std::map<std::string, ChannelLog>& channels) {
+  CollectiveFingerprint combined{0, kFnvOffset};
+  for (const auto& [name, channel] : channels) {
+    combined.count += channel.count;
+    combined.hash = fnv1a(combined.hash, name.data(), name.size() + 1);  // with its terminating NUL
+    combined.hash = fnv1a(combined.hash, &channel.count, sizeof(channel.count));
+    combined.hash = fnv1a(combined.hash, &channel.hash, sizeof(channel.hash));
+  }
+  return combined;
+}
+
 }  // namespace
 
 CollectiveLabel::CollectiveLabel(std::string label) : previous_(std::move(current_label)) { current_label = std::move(label); }
 CollectiveLabel::~CollectiveLabel() { current_label = std::move(previous_); }
 
-std::string record_collective(const std::string& what) {
+std::string record_collective(const std::string& channel, const std::string& what) {
   const std::string text = describe(what);
   const uint64_t own = fnv1a(kFnvOffset, text.data(), text.size());
   StepLog& log = step_log();
   std::lock_guard<std::mutex> lock(log.mutex);
-  log.fingerprint.hash = fnv1a(log.fingerprint.hash, &own, sizeof(own));
-  const int64_t index = ++log.fingerprint.count;
-  if (log.records.size() < kKeptRecords) {
-    log.hashes.push_back(own);
-    log.records.push_back(text);
+  ChannelLog& chain = log.channels[channel];
+  chain.hash = fnv1a(chain.hash, &own, sizeof(own));
+  ++chain.count;
+  const int64_t index = ++log.count;
+  if (log.kept < kKeptRecords) {
+    chain.hashes.push_back(own);
+    chain.records.push_back(text);
+    ++log.kept;
   }
   return (current_label.empty() ? std::string() : current_label + ", ") + "collective " + std::to_string(index) +
          (log.step > 0 ? " of step " + std::to_string(log.step) : " before the first step") + " on this rank";
@@ -67,15 +94,18 @@ void begin_collective_step(int64_t step) {
   StepLog& log = step_log();
   std::lock_guard<std::mutex> lock(log.mutex);
   log.step = step;
-  log.fingerprint = CollectiveFingerprint{0, kFnvOffset};
-  log.hashes.clear();
-  log.records.clear();
+  log.count = 0;
+  log.kept = 0;
+  log.channels.clear();
+  log.fingerprinted.clear();
 }
 
 CollectiveFingerprint collective_fingerprint() {
   StepLog& log = step_log();
   std::lock_guard<std::mutex> lock(log.mutex);
-  return log.fingerprint;
+  log.fingerprinted.clear();
+  for (const auto& [name, channel] : log.channels) log.fingerprinted[name] = channel.count;
+  return combine(log.channels);
 }
 
 void fingerprint_to_doubles(const CollectiveFingerprint& fingerprint, double out[3]) {
@@ -93,22 +123,30 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
   const int n = world->size(), rank = world->rank();
   if (std::all_of(every_rank.begin(), every_rank.end(), [&](const auto& f) { return f == every_rank.front(); })) return;
 
-  // This rank's records up to the fingerprint it contributed (the caller's gather came after).
-  const int64_t mine = every_rank[static_cast<size_t>(rank)].count;
+  // This rank's records up to the fingerprint it contributed (the caller's gather came after), the
+  // channels one after another in name order; each record's hash covers its channel too.
   std::vector<uint64_t> hashes;
-  std::vector<std::string> records;
+  std::vector<std::string> records;  // "unit 'blocks.1': all_gather(4096 x 2 Float) [world/split#1, its 3rd]"
   int64_t step = 0;
   {
     StepLog& log = step_log();
     std::lock_guard<std::mutex> lock(log.mutex);
-    const size_t kept = std::min(log.hashes.size(), static_cast<size_t>(mine));
-    hashes.assign(log.hashes.begin(), log.hashes.begin() + static_cast<std::ptrdiff_t>(kept));
-    records.assign(log.records.begin(), log.records.begin() + static_cast<std::ptrdiff_t>(kept));
     step = log.step;
+    for (const auto& [name, count] : log.fingerprinted) {
+      const ChannelLog& channel = log.channels.at(name);
+      const uint64_t channel_hash = fnv1a(kFnvOffset, name.data(), name.size());
+      const size_t kept = std::min(channel.hashes.size(), static_cast<size_t>(count));
+      for (size_t i = 0; i < kept; ++i) {
+        hashes.push_back(fnv1a(channel_hash, &channel.hashes[i], sizeof(uint64_t)));
+        records.push_back(channel.records[i] + " [group " + name + ", collective " + std::to_string(i + 1) + " there]");
+      }
+    }
   }
-  int64_t longest = 0;
-  for (const auto& f : every_rank) longest = std::max(longest, std::min<int64_t>(f.count, kKeptRecords));
-  // [n, longest] int64: every rank's record hashes (bit patterns), 0 past its own count.
+  // Every rank's record count, then the records' hashes (bit patterns, 0 past a rank's count).
+  at::Tensor lengths = at::empty({n}, at::kLong);
+  world->all_gather(lengths, at::tensor({static_cast<int64_t>(hashes.size())}, at::kLong))->wait();
+  const auto* length_of = lengths.data_ptr<int64_t>();
+  const int64_t longest = *std::max_element(length_of, length_of + n);
   at::Tensor local = at::zeros({std::max<int64_t>(longest, 1)}, at::kLong);
   std::memcpy(local.data_ptr<int64_t>(), hashes.data(), hashes.size() * sizeof(uint64_t));
   at::Tensor all = at::empty({n * local.numel()}, at::kLong);
@@ -118,8 +156,8 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
   int64_t first = -1;  // the first index where some rank differs from rank 0 (or has no record)
   for (int64_t i = 0; i < longest && first < 0; ++i) {
     for (int r = 0; r < n; ++r) {
-      const bool present = i < every_rank[static_cast<size_t>(r)].count, present0 = i < every_rank[0].count;
-      if (present != present0 || table[r * width + i] != table[i]) {
+      const bool present = i < length_of[r], present0 = i < length_of[0];
+      if (present != present0 || (present && table[r * width + i] != table[i])) {
         first = i;
         break;
       }
@@ -133,7 +171,8 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
   } else if (first < static_cast<int64_t>(records.size())) {
     text = records[static_cast<size_t>(first)];
   } else {
-    text = "nothing: its step had " + std::to_string(mine) + " collective" + (mine == 1 ? "" : "s");
+    text = "nothing: its step had " + std::to_string(records.size()) + " collective" + (records.size() == 1 ? "" : "s") +
+           " in all";
   }
   at::Tensor slot = at::zeros({kDescriptionBytes / 8}, at::kLong);
   std::memcpy(slot.data_ptr(), text.data(), std::min<size_t>(text.size(), kDescriptionBytes - 1));
@@ -144,9 +183,9 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
     const char* start = chars + r * kDescriptionBytes;
     return std::string(start, strnlen(start, kDescriptionBytes));
   };
-  const std::string which = first < 0 ? "past " + std::to_string(kKeptRecords) : std::to_string(first + 1);
-  std::string message = "ranks issued different collectives in step " + std::to_string(step) + ": collective " + which +
-                        " was, on rank 0: " + description_of(0);
+  std::string message = "ranks issued different collectives in step " + std::to_string(step) +
+                        (first < 0 ? " past the first " + std::to_string(kKeptRecords) : "") + ": on rank 0: " +
+                        description_of(0);
   int listed = 0;
   for (int r = 1; r < n && listed < 4; ++r) {
     const std::string other = description_of(r);
@@ -154,8 +193,8 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
     message += "; on rank " + std::to_string(r) + ": " + other;
     ++listed;
   }
-  message += ". Every rank must run the same collectives in the same order (a model or loop whose control flow "
-             "depends on the rank, or on data that differs between ranks, breaks this)";
+  message += ". Every rank must run the same collectives in the same order on each group (a model or loop whose "
+             "control flow depends on the rank, or on data that differs between ranks, breaks this)";
   throw AgreedStop(message, rank == 0);
 }
 

@@ -177,7 +177,7 @@ void ring_all_gather(const void* input, void* output, int count, MPI_Datatype ty
 // launcher may be unable to reach a host whose link is down, and MPI_Abort need not return then (a
 // run on 2026-11-30 sat in it for 142 s, until the link came back), so a timer ends this process
 // kAbortGrace later whatever MPI_Abort does. The launcher's own exit is its keepalive's business
-// (README, "Across hosts").
+// (docs/across-hosts.md).
 constexpr std::chrono::seconds kAbortGrace{5};
 
 [[noreturn]] void abort_world(int code) {
@@ -218,7 +218,7 @@ constexpr std::chrono::seconds kPositionsGrace{3};
 // When some rank could not answer (its host or the link is down), how long the rank waits for the
 // launcher to end the job before aborting itself. MPI_Abort makes the launcher send to every host;
 // on a dead link that data is retransmitted for many minutes, and while it is, TCP keepalive (how
-// Open MPI's daemons notice a dead link: README, "Across hosts") stays silent: the launcher would
+// Open MPI's daemons notice a dead link: docs/across-hosts.md) stays silent: the launcher would
 // outlive the job. Left alone, the launcher notices within its keepalive time and ends every rank.
 constexpr std::chrono::seconds kLauncherGrace{4};
 
@@ -333,8 +333,8 @@ bool mpi_finalized() {
 
 class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_from_this<MpiProcessGroup> {
  public:
-  MpiProcessGroup(MPI_Comm comm, std::string name, ProcessGroupOptions options)
-      : comm_(comm), name_(std::move(name)), options_(options) {
+  MpiProcessGroup(MPI_Comm comm, std::string name, std::string channel, ProcessGroupOptions options)
+      : comm_(comm), name_(std::move(name)), channel_(std::move(channel)), options_(options) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -364,6 +364,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return name_; }
+  std::string channel() const override { return channel_; }
   double communication_seconds() const override { return busy_nanoseconds_.load() * 1e-9; }
 
   WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) override {
@@ -495,9 +496,12 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
       check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, new_comm.get()), "MPI_Comm_split",
                 who_ + " " + what);
     })->wait();
+    // Every member calls split in the same order, so the k-th split has the same channel on every
+    // rank, whatever its color.
+    const std::string channel = channel_ + "/split#" + std::to_string(++splits_);
     if (*new_comm == MPI_COMM_NULL) return nullptr;
     return std::make_shared<MpiProcessGroup>(*new_comm, name_ + "/split(color=" + std::to_string(color) + ")",
-                                             options_);
+                                             channel, options_);
   }
 
   [[noreturn]] void abort(const std::string& why) override {
@@ -527,7 +531,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
 
   WorkPtr enqueue(const std::string& what, std::function<void()> body) {
     // A split's color differs between ranks by design: it is fingerprinted without it.
-    const std::string place = record_collective(what.rfind("split(", 0) == 0 ? "split" : what);
+    const std::string place = record_collective(channel_, what.rfind("split(", 0) == 0 ? "split" : what);
     auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -563,6 +567,8 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
 
   MPI_Comm comm_;
   std::string name_;
+  std::string channel_;  // the same on every rank for the same role (ProcessGroup::channel)
+  int splits_ = 0;       // splits made from this group so far (names the next one's channel)
   ProcessGroupOptions options_;
   int rank_ = 0;
   int size_ = 1;
@@ -622,7 +628,7 @@ ProcessGroupPtr init_world(const ProcessGroupOptions& options) {
     throw std::runtime_error(std::string("init_world: ") + e.what());
   }
   if (g_watchdog == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &g_watchdog);
-  world = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "world", resolved);
+  world = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "world", "world", resolved);
   g_world = world;
   return world;
 }

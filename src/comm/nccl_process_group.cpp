@@ -142,6 +142,7 @@ class NcclProcessGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return bootstrap_->name() + "/nccl"; }
+  std::string channel() const override { return bootstrap_->channel() + "/nccl"; }
   at::DeviceType device_type() const override { return at::kCUDA; }
   double communication_seconds() const override { return busy_nanoseconds_.load() * 1e-9; }
 
@@ -233,7 +234,7 @@ class NcclProcessGroup final : public ProcessGroup {
   template <class Launch>
   WorkPtr enqueue(const std::string& what, std::vector<at::Tensor> tensors, Launch&& launch) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-    auto work = std::make_shared<NcclWork>(who_ + " " + what + " [" + record_collective(what) + "]", device_index_,
+    auto work = std::make_shared<NcclWork>(who_ + " " + what + " [" + record_collective(channel(), what) + "]", device_index_,
                                            std::move(tensors));
     // The collective reads what the caller's stream wrote: order it after that stream's queued work.
     c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));

@@ -1,6 +1,7 @@
 #include "byte_level_bpe.h"
 
 #include <climits>
+#include <vector>
 #include <stdexcept>
 
 namespace fsdp::data {
@@ -22,15 +23,24 @@ std::string utf8(uint32_t code_point) {
 }
 }  // namespace
 
+const std::string& byte_level_symbol(uint8_t byte) {
+  static const std::vector<std::string> symbols = [] {
+    std::vector<std::string> table(256);
+    int next_extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      table[static_cast<size_t>(b)] = utf8(printable ? b : 256 + next_extra++);
+    }
+    return table;
+  }();
+  return symbols[byte];
+}
+
 ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::string>& merges,
                            bool ignore_merges, const std::string& source)
     : token_to_id_(std::move(vocab)), ignore_merges_(ignore_merges) {
-  // GPT-2's byte -> printable character map: printable Latin-1 bytes map to themselves, the other
-  // 68 bytes to code points 256, 257, ... in byte order.
-  int next_extra = 0;
   for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    byte_to_symbol_[b] = utf8(printable ? b : 256 + next_extra++);
+    byte_to_symbol_[b] = byte_level_symbol(static_cast<uint8_t>(b));
     symbol_to_byte_[byte_to_symbol_[b]] = static_cast<uint8_t>(b);
   }
   // Ids index id_to_token_: each must lie in [0, vocabulary size) (the layout every BPE file has),

@@ -11,6 +11,10 @@
 
 namespace fsdp::data {
 
+// GPT-2's printable stand-in for a byte (UTF-8): printable Latin-1 bytes stand for themselves, the
+// other 68 bytes for code points 256, 257, ... in byte order.
+const std::string& byte_level_symbol(uint8_t byte);
+
 class ByteLevelBpe {
  public:
   // vocab: token (in stand-in characters) -> id; merges: "left right" in priority order.

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "byte_level_bpe.h"
+#include "utf8_repair.h"
 #include "unicode_regex.h"
 
 namespace fsdp::data {
@@ -27,7 +28,7 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
     if (id < 0 || id > 255) throw std::out_of_range("byte tokenizer: id " + std::to_string(id) + " is not a byte");
     text.push_back(static_cast<char>(id));
   }
-  return text;
+  return replace_invalid_utf8(text);
 }
 
 namespace {
@@ -138,7 +139,7 @@ std::string Gpt2BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
                                "') is not made of byte symbols");
     }
   }
-  return text;
+  return replace_invalid_utf8(text);
 }
 
 // One Split(Regex) step of a tokenizer.json pre-tokenizer.
@@ -307,7 +308,7 @@ std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
       throw std::out_of_range("hf tokenizer: " + source_ + ": id " + std::to_string(id) + " is no token of it");
     }
   }
-  return text;
+  return replace_invalid_utf8(text);
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_json,

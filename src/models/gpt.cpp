@@ -19,31 +19,40 @@ void GptConfig::validate() const {
   if (dim % heads != 0) {
     throw std::invalid_argument("gpt: dim " + std::to_string(dim) + " is not divisible by heads " + std::to_string(heads));
   }
-  lora.validate("gpt", {"c_attn", "c_proj", "c_fc"});
+  if (!(norm_eps > 0.0)) throw std::invalid_argument("gpt: norm_eps must be positive");
+  lora.validate("gpt", linear_layers());
   if (dropout < 0.0 || dropout >= 1.0) throw std::invalid_argument("gpt: dropout must be in [0, 1)");
+}
+
+const std::vector<std::string>& GptConfig::linear_layers() {
+  static const std::vector<std::string> names = {"c_attn", "c_proj", "c_fc"};
+  return names;
 }
 
 int64_t GptConfig::parameter_count() const {
   const int64_t bias = qkv_bias ? 3 * dim : 0;
+  const int64_t m = mlp_width();
   const int64_t block = 2 * (2 * dim)                // ln_1, ln_2 (weight and bias)
                         + dim * 3 * dim + bias       // c_attn
                         + dim * dim + dim            // attn.c_proj
-                        + dim * 4 * dim + 4 * dim    // mlp.c_fc
-                        + 4 * dim * dim + dim;       // mlp.c_proj
+                        + dim * m + m                // mlp.c_fc
+                        + m * dim + dim;             // mlp.c_proj
   return vocab * dim + context * dim + layers * block + 2 * dim;  // tied head adds nothing
 }
 
 int64_t GptConfig::lora_parameter_count() const {
   if (!lora.enabled()) return 0;
+  const int64_t m = mlp_width();
   int64_t per_layer = 0;
   if (lora.targets_layer("c_attn")) per_layer += lora.rank * (dim + 3 * dim);
-  if (lora.targets_layer("c_proj")) per_layer += lora.rank * (dim + dim) + lora.rank * (4 * dim + dim);  // attention's, MLP's
-  if (lora.targets_layer("c_fc")) per_layer += lora.rank * (dim + 4 * dim);
+  if (lora.targets_layer("c_proj")) per_layer += lora.rank * (dim + dim) + lora.rank * (m + dim);  // attention's, MLP's
+  if (lora.targets_layer("c_fc")) per_layer += lora.rank * (dim + m);
   return layers * per_layer;
 }
 
 double GptConfig::flops_per_token(int64_t seq) const {
-  const double matmul_weights = static_cast<double>(layers) * 12.0 * dim * dim + static_cast<double>(vocab) * dim;
+  const double matmul_weights =
+      static_cast<double>(layers) * (4.0 * dim * dim + 2.0 * dim * mlp_width()) + static_cast<double>(vocab) * dim;
   return 6.0 * matmul_weights + 12.0 * layers * seq * dim;
 }
 
@@ -62,8 +71,8 @@ at::Tensor GptAttentionImpl::forward(const at::Tensor& x) {
 }
 
 GptMlpImpl::GptMlpImpl(const GptConfig& c) {
-  c_fc = register_module("c_fc", AdaptedLinear(c.dim, 4 * c.dim, /*bias=*/true));
-  c_proj = register_module("c_proj", AdaptedLinear(4 * c.dim, c.dim, /*bias=*/true));
+  c_fc = register_module("c_fc", AdaptedLinear(c.dim, c.mlp_width(), /*bias=*/true));
+  c_proj = register_module("c_proj", AdaptedLinear(c.mlp_width(), c.dim, /*bias=*/true));
   dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
 }
 
@@ -73,9 +82,9 @@ at::Tensor GptMlpImpl::forward(const at::Tensor& x) {
 }
 
 GptBlockImpl::GptBlockImpl(const GptConfig& c) {
-  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(1e-5)));
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
   attn = register_module("attn", GptAttention(c));
-  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(1e-5)));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
   mlp = register_module("mlp", GptMlp(c));
   init_normal(*this, 0.02);
   // Residual projections: each block adds two contributions to the residual stream, so their
@@ -99,7 +108,7 @@ GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) fsdp::nn::push_block(h, GptBlock(c));
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(1e-5)));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(c.norm_eps)));
   torch::NoGradGuard no_grad;
   wte->weight.normal_(0.0, 0.02);
   wpe->weight.normal_(0.0, 0.02);

@@ -7,24 +7,11 @@
 #include <string>
 
 #include "fsdp/compat.h"
+#include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/linear_cross_entropy.h"
 
 namespace fsdp::models {
-
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [b, heads, t, hd]");
-  const int64_t heads = q.size(1), kv_heads = k.size(1);
-  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " query heads are not a multiple of ",
-              kv_heads, " key/value heads");
-  at::Tensor keys = k, values = v;
-  if (kv_heads != heads) {
-    // [b, kv, t, hd] -> [b, kv * group, t, hd]: query head h reads key/value head h / group.
-    keys = k.repeat_interleave(heads / kv_heads, 1);
-    values = v.repeat_interleave(heads / kv_heads, 1);
-  }
-  return compat::scaled_dot_product_attention(q, keys, values, causal);
-}
 
 std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta, const RopeScaling& scaling) {
   TORCH_CHECK(head_dim % 2 == 0, "rotary_tables: head_dim ", head_dim, " must be even");
@@ -55,10 +42,19 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
 
 bool LoraSpec::targets_layer(const std::string& name) const {
+  if (all_linear()) return true;  // every AdaptedLinear is one of the family's linear layers
   for (const auto& target : targets) {
     if (name == target) return true;
   }
   return false;
+}
+
+double LoraSpec::scale() const {
+  return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+}
+
+std::vector<std::string> LoraSpec::target_layers(const std::vector<std::string>& layers) const {
+  return all_linear() ? layers : targets;
 }
 
 std::vector<std::string> LoraSpec::parse_targets(const std::string& text) {
@@ -81,7 +77,11 @@ void LoraSpec::validate(const char* family, const std::vector<std::string>& laye
   if (targets.empty()) throw std::invalid_argument(std::string(family) + ": lora needs target layers");
   if (!(alpha > 0.0)) throw std::invalid_argument(std::string(family) + ": lora alpha must be positive");
   if (!(dropout >= 0.0 && dropout < 1.0)) throw std::invalid_argument(std::string(family) + ": lora dropout must be in [0, 1)");
+  if (all_linear()) return;
   for (const auto& target : targets) {
+    if (target == kAllLinear) {
+      throw std::invalid_argument(std::string(family) + ": lora target 'all-linear' means every linear layer: give it alone");
+    }
     bool known = false;
     for (const auto& layer : layers) known = known || layer == target;
     if (!known) {
@@ -112,13 +112,13 @@ void AdaptedLinearImpl::add_adapter(const LoraSpec& spec) {
   lora_B = register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(spec.rank, out).bias(false)));
   torch::NoGradGuard no_grad;
   lora_B->weight.zero_();
-  lora_scale = spec.alpha / static_cast<double>(spec.rank);
+  lora_scale = spec.scale();
 }
 
 at::Tensor AdaptedLinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = at::linear(x, weight, bias);
+  at::Tensor y = models::linear(x, weight, bias);
   if (lora_A.is_empty()) return y;
-  return y + lora_B(lora_A(lora_dropout(x))) * lora_scale;
+  return y + models::linear(models::linear(lora_dropout(x), lora_A->weight), lora_B->weight) * lora_scale;
 }
 
 void apply_lora(torch::nn::Module& module, const LoraSpec& spec) {
@@ -149,7 +149,7 @@ TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim) {
 
 at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& ids_or_hidden) {
   if (!at::isFloatingType(ids_or_hidden.scalar_type())) return at::embedding(weight, ids_or_hidden);
-  return torch::matmul(ids_or_hidden, weight.t());
+  return models::linear(ids_or_hidden, weight);
 }
 
 at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
@@ -162,7 +162,7 @@ LmHeadImpl::LmHeadImpl(int64_t dim, int64_t vocab) {
   torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
 }
 
-at::Tensor LmHeadImpl::forward(const at::Tensor& hidden) { return torch::matmul(hidden, weight.t()); }
+at::Tensor LmHeadImpl::forward(const at::Tensor& hidden) { return models::linear(hidden, weight); }
 
 at::Tensor LmHeadImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
   return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunk_rows);

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "fsdp/models/bf16_matmul.h"
+
 namespace fsdp::models {
 
 namespace {
@@ -13,7 +15,7 @@ constexpr int64_t kIgnored = -100;
 
 // One chunk's fp32 logits [rows, vocab]: computed in the compute dtype, as the composed head is.
 at::Tensor chunk_logits(const at::Tensor& hidden_chunk, const at::Tensor& weight) {
-  return at::matmul(hidden_chunk, weight.t()).to(at::kFloat);
+  return matmul_in_compute_dtype(hidden_chunk, weight.t()).to(at::kFloat);
 }
 
 struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
@@ -22,9 +24,10 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const int64_t n = hidden.size(0);
     at::Tensor lse = at::empty({n}, hidden.options().dtype(at::kFloat));  // [n] fp32, kept for backward
     at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
+    const at::Tensor w = matmul_operand(weight);  // widened once for all chunks, where it is widened
     for (int64_t start = 0; start < n; start += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - start);
-      const at::Tensor z = chunk_logits(hidden.narrow(0, start, rows), weight);  // [rows, vocab] fp32
+      const at::Tensor z = chunk_logits(hidden.narrow(0, start, rows), w);  // [rows, vocab] fp32
       const at::Tensor t = targets.narrow(0, start, rows);
       const at::Tensor counted = t.ne(kIgnored);
       const at::Tensor chunk_lse = at::logsumexp(z, 1);
@@ -45,22 +48,31 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const at::Tensor g = grad_outputs[0].to(at::kFloat);  // scalar
     const bool need_hidden = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
     const int64_t n = hidden.size(0);
+    const at::Tensor w = matmul_operand(weight);  // as in forward
     at::Tensor grad_hidden = need_hidden ? at::empty_like(hidden) : at::Tensor();
-    at::Tensor grad_weight = need_weight ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    // [vocab, dim], accumulated in place chunk by chunk (addmm_: no [vocab, dim] temporary per
+    // chunk): in the weight's own dtype when it is fp32 or wider (returned as it is), else in fp32
+    // (bf16 sums of many chunks would round each time), cast once at the end.
+    const bool accumulate_in_weight_dtype = c10::elementSize(weight.scalar_type()) >= 4;
+    at::Tensor grad_weight;
+    if (need_weight) grad_weight = at::zeros(weight.sizes(), weight.options().dtype(accumulate_in_weight_dtype ? weight.scalar_type() : at::kFloat));
     for (int64_t start = 0; start < n && (need_hidden || need_weight); start += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - start);
       const at::Tensor h = hidden.narrow(0, start, rows);
       const at::Tensor t = targets.narrow(0, start, rows);
       // d loss / d z = softmax(z) - onehot(target) for counted rows, 0 for the others; times g.
-      at::Tensor dz = (chunk_logits(h, weight) - lse.narrow(0, start, rows).unsqueeze(1)).exp_();  // [rows, vocab] fp32
+      at::Tensor dz = (chunk_logits(h, w) - lse.narrow(0, start, rows).unsqueeze(1)).exp_();  // [rows, vocab] fp32
       const at::Tensor counted = t.ne(kIgnored);
       dz.scatter_add_(1, t.clamp_min(0).unsqueeze(1), at::full({rows, 1}, -1.0f, dz.options()));
       dz.mul_((counted.to(at::kFloat) * g).unsqueeze(1));
       const at::Tensor dz_compute = dz.to(hidden.scalar_type());
-      if (need_hidden) grad_hidden.narrow(0, start, rows).copy_(at::matmul(dz_compute, weight));
-      if (need_weight) grad_weight.add_(at::matmul(dz_compute.t(), h).to(at::kFloat));
+      if (need_hidden) grad_hidden.narrow(0, start, rows).copy_(matmul_in_compute_dtype(dz_compute, w));
+      if (need_weight) {
+        if (accumulate_in_weight_dtype) grad_weight.addmm_(dz_compute.t(), h);
+        else grad_weight.addmm_(dz.t(), h.to(at::kFloat));  // fp32 operands: dz is fp32 already, h [rows, dim] small
+      }
     }
-    if (need_weight) grad_weight = grad_weight.to(weight.scalar_type());
+    if (need_weight && grad_weight.scalar_type() != weight.scalar_type()) grad_weight = grad_weight.to(weight.scalar_type());
     return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
   }
 };
@@ -75,6 +87,21 @@ at::Tensor linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& 
   }
   if (targets.dim() != 1 || targets.size(0) != hidden.size(0)) {
     throw std::invalid_argument("linear_cross_entropy_sum: targets [n] expected, one per row of hidden");
+  }
+  // As cross_entropy refuses them (a negative target would otherwise be clamped to class 0 and
+  // trained on). On the host this costs a pass over n integers; a device tensor is checked on the
+  // device, without waiting for it (the step fails at its next synchronisation).
+  const int64_t vocab = weight.size(0);
+  const at::Tensor invalid = targets.ne(kIgnored).logical_and(targets.lt(0).logical_or(targets.ge(vocab)));
+  if (targets.device().is_cpu()) {
+    if (invalid.any().item<bool>()) {
+      const int64_t index = invalid.nonzero()[0][0].item<int64_t>();
+      throw std::invalid_argument("linear_cross_entropy_sum: target " + std::to_string(targets[index].item<int64_t>()) +
+                                  " at row " + std::to_string(index) + " is out of bounds (classes [0, " +
+                                  std::to_string(vocab) + "), or " + std::to_string(kIgnored) + " for a row not counted)");
+    }
+  } else {
+    at::_assert_async(invalid.logical_not().all(), "linear_cross_entropy_sum: a target is out of bounds");
   }
   return LinearCrossEntropy::apply(hidden, weight, targets.to(at::kLong), chunk_rows);
 }

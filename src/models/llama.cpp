@@ -33,7 +33,7 @@ void LlamaConfig::validate() const {
     require_positive("llama", rope_scaling.original_context, "rope_scaling original_max_position_embeddings");
   }
   if (!(norm_eps > 0.0)) throw std::invalid_argument("llama: norm_eps must be positive");
-  lora.validate("llama", {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  lora.validate("llama", linear_layers());
   if ((dim / heads) % 2 != 0) throw std::invalid_argument("llama: the head dimension (dim / heads) must be even for rotary embeddings");
 }
 
@@ -45,6 +45,11 @@ int64_t LlamaConfig::parameter_count() const {
                         + dim * dim                              // o_proj
                         + 3 * dim * ffn_hidden;                  // gate, up, down
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
+}
+
+const std::vector<std::string>& LlamaConfig::linear_layers() {
+  static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return names;
 }
 
 int64_t LlamaConfig::lora_parameter_count() const {

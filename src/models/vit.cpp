@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/nn/hooks.h"
 
@@ -51,9 +52,9 @@ VitAttentionImpl::VitAttentionImpl(const VitConfig& c) : heads(c.heads) {
 
 at::Tensor VitAttentionImpl::forward(const at::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-  auto q_k_v = qkv(x).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
+  auto q_k_v = models::linear(x, qkv->weight, qkv->bias).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
   auto y = attention(q_k_v[0], q_k_v[1], q_k_v[2], /*causal=*/false);
-  return proj(y.transpose(1, 2).reshape({b, t, d}));
+  return models::linear(y.transpose(1, 2).reshape({b, t, d}), proj->weight, proj->bias);
 }
 
 VitMlpImpl::VitMlpImpl(const VitConfig& c) {
@@ -61,7 +62,9 @@ VitMlpImpl::VitMlpImpl(const VitConfig& c) {
   fc2 = register_module("fc2", torch::nn::Linear(c.mlp_hidden, c.dim));
 }
 
-at::Tensor VitMlpImpl::forward(const at::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
+at::Tensor VitMlpImpl::forward(const at::Tensor& x) {
+  return models::linear(torch::gelu(models::linear(x, fc1->weight, fc1->bias)), fc2->weight, fc2->bias);
+}
 
 VitBlockImpl::VitBlockImpl(const VitConfig& c) {
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim}).eps(1e-6)));
@@ -107,7 +110,7 @@ at::Tensor VitImpl::forward(const at::Tensor& images) {
   auto patches = patch_embed(images.to(patch_embed->weight.scalar_type())).flatten(2).transpose(1, 2);  // [b, patches, dim]
   auto x = torch::cat({cls_token.expand({b, 1, config_.dim}), patches}, 1) + pos_embed;
   for (size_t i = 0; i < blocks->size(); ++i) x = fsdp::nn::call(blocks->ptr<VitBlockImpl>(i), x);
-  return head(norm(x).select(1, 0));
+  return models::linear(norm(x).select(1, 0), head->weight, head->bias);
 }
 
 }  // namespace fsdp::models

@@ -61,8 +61,8 @@ int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len
           // GPT and ViT blocks: two LayerNorm inputs and outputs (4 d), qkv (3 d), contiguous
           // copies of q, k and v that the batched matmuls save (3 d), the attention output (d), the
           // MLP's hidden before and after GELU (2 ffn).
-          int64_t ffn = 4 * m.dim;
-          if constexpr (std::is_same_v<M, models::VitConfig>) ffn = m.mlp_hidden;
+          int64_t ffn = m.mlp_hidden;
+          if constexpr (std::is_same_v<M, models::GptConfig>) ffn = m.mlp_width();
           return c * t * (11 * m.dim + 2 * ffn) + softmax;
         }
       },
@@ -206,7 +206,13 @@ Plan make_plan(const PlanInput& in) {
     if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
     if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
   }
-  const int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
+  int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
+  if (in.attention_fp32 && c < 4) {
+    // Attention in fp32 (models/attention.h, FusedFp32) keeps fp32 copies of q, k, v and its output
+    // besides the compute-dtype tensors the block keeps anyway: 4 x (heads x head_dim) x 4 bytes a token.
+    const int64_t width = std::visit([](const auto& m) { return m.dim; }, in.model);
+    per_block += 4 * 4 * tokens_per_sample(in.model, in.seq_len) * width;
+  }
   const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
                                std::visit([](const auto& m) { return m.dim; }, in.model);
   // Backward of the last block holds its activations' gradients beside everything saved: one
@@ -294,7 +300,7 @@ int64_t largest_module_params(const models::ModelConfig& model) {
         if constexpr (std::is_same_v<M, models::LlamaConfig>) {
           return std::max(m.vocab * m.dim, m.dim * m.ffn_hidden);
         } else if constexpr (std::is_same_v<M, models::GptConfig>) {
-          return std::max(m.vocab * m.dim, m.dim * 4 * m.dim + 4 * m.dim);
+          return std::max(m.vocab * m.dim, m.dim * m.mlp_width() + m.mlp_width());
         } else {
           return std::max(m.dim * m.mlp_hidden + m.mlp_hidden, m.dim * m.classes + m.classes);
         }

@@ -337,9 +337,10 @@ void FsdpState::wait(const comm::WorkPtr& work) {
   comm_stats_.exposed_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void FsdpState::count_gather(bool prefetch) {
+void FsdpState::count_gather(bool prefetch, int64_t bytes) {
   ++comm_stats_.gathers;
   if (prefetch) ++comm_stats_.prefetched_gathers;
+  comm_stats_.gathered_bytes += bytes;
 }
 
 void FsdpState::pre_root_forward() {

@@ -273,14 +273,16 @@ void Unit::on_grad_ready() {
 bool Unit::issue_gather(bool prefetch) {
   RECORD_USER_SCOPE(std::string(prefetch ? "fsdp::prefetch " : "fsdp::gather ") + trace_name());
   bool issued = false;
+  int64_t bytes = 0;
   for (shard::FlatParam* flat : flat_params()) {
     if (auto work = flat->unshard_async()) {
       pending_gathers_.push_back(std::move(work));
       issued = true;
+      bytes += flat->gather_wire_bytes();
     }
   }
   if (issued) {
-    state_->count_gather(prefetch);
+    state_->count_gather(prefetch, bytes);
     state_->on_memory_changed();
   }
   return issued;

@@ -122,16 +122,27 @@ void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
 
 namespace {
 
-// Keeps the gather's input (the shard cast to the compute dtype) alive until the gather is done,
-// then frees it (into the buffer cache when caching: the next unit's gather reuses it).
-class WorkKeepingInput final : public comm::Work {
+// Keeps the gather's staging buffers alive until the gather is done, then frees them (into the
+// buffer cache when caching: the next unit's gather reuses them). `input`: the shard copied or
+// cast for sending, if it is not the shard itself. `wire_output`: where the gather landed when it
+// travelled in a narrower dtype than the compute dtype (a bf16 LoRA base under fp32 compute);
+// wait() converts it into `unsharded` once, through variable_data() so that the parameters'
+// version counter (autograd's saved views) does not move.
+class GatherWork final : public comm::Work {
  public:
-  WorkKeepingInput(comm::WorkPtr inner, at::Tensor input, bool cache)
-      : inner_(std::move(inner)), input_(std::move(input)), cache_(cache) {}
+  GatherWork(comm::WorkPtr inner, at::Tensor input, at::Tensor wire_output, at::Tensor unsharded, bool cache)
+      : inner_(std::move(inner)), input_(std::move(input)), wire_output_(std::move(wire_output)),
+        unsharded_(std::move(unsharded)), cache_(cache) {}
   void wait() override {
     inner_->wait();
     if (input_.defined()) free_storage(input_, cache_);
     input_ = at::Tensor();
+    if (wire_output_.defined()) {
+      torch::NoGradGuard no_grad;
+      unsharded_.variable_data().copy_(wire_output_);
+      free_storage(wire_output_, cache_);
+      wire_output_ = at::Tensor();
+    }
   }
   bool is_completed() override { return inner_->is_completed(); }
   double busy_seconds() const override { return inner_->busy_seconds(); }
@@ -139,22 +150,39 @@ class WorkKeepingInput final : public comm::Work {
  private:
   comm::WorkPtr inner_;
   at::Tensor input_;
+  at::Tensor wire_output_;
+  at::Tensor unsharded_;
   bool cache_;
 };
 
 }  // namespace
+
+at::ScalarType FlatParam::wire_dtype() const {
+  // The narrower of the stored and the computed dtype: a bf16 base travels as bf16 even when fp32
+  // compute widens it afterwards; an fp32 master travels as bf16 under bf16 compute.
+  const at::ScalarType stored = shard_.scalar_type();
+  return c10::elementSize(stored) < c10::elementSize(compute_dtype_) ? stored : compute_dtype_;
+}
 
 comm::WorkPtr FlatParam::unshard_async() {
   if (replicate_ || is_unsharded()) return nullptr;
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
   const comm::CollectiveLabel label(unit_label(unit_name_));
-  if (compute_dtype_ == shard_.scalar_type() && !offload_) return group_->all_gather(unsharded_, shard_);
-  // [shard_numel] compute dtype on the compute device, freed after the gather. Offloaded: a copy from
+  const at::ScalarType wire = wire_dtype();
+  if (wire == shard_.scalar_type() && wire == compute_dtype_ && !offload_) return group_->all_gather(unsharded_, shard_);
+  // [shard_numel] wire dtype on the compute device, freed after the gather. Offloaded: a copy from
   // pinned host memory, asynchronous on the caller's stream (the gather is ordered after it).
-  at::Tensor input = empty_from_cache(layout_.shard_numel, compute_dtype_, compute_device_);
-  input.copy_(shard_, /*non_blocking=*/offload_);
-  return std::make_shared<WorkKeepingInput>(group_->all_gather(unsharded_, input), input, cache_buffers_);
+  at::Tensor input;
+  if (wire != shard_.scalar_type() || offload_) {
+    input = empty_from_cache(layout_.shard_numel, wire, compute_device_);
+    input.copy_(shard_, /*non_blocking=*/offload_);
+  }
+  // [padded_numel] wire dtype: where a narrower gather lands before widening into unsharded_.
+  at::Tensor wire_output;
+  if (wire != compute_dtype_) wire_output = empty_from_cache(layout_.padded_numel, wire, compute_device_);
+  comm::WorkPtr work = group_->all_gather(wire_output.defined() ? wire_output : unsharded_, input.defined() ? input : shard_);
+  return std::make_shared<GatherWork>(std::move(work), input, wire_output, unsharded_, cache_buffers_);
 }
 
 int64_t FlatParam::gathered_bytes() const {

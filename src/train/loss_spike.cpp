@@ -1,6 +1,9 @@
 #include "loss_spike.h"
 
 #include <cmath>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
 
 namespace fsdp::train {
 
@@ -22,8 +25,24 @@ void LossSpikeDetector::record(int64_t step, double loss) {
   while (static_cast<int64_t>(recent_.size()) > window_) recent_.pop_front();
 }
 
-void LossSpikeDetector::forget_from(int64_t step) {
-  while (!recent_.empty() && recent_.back().first >= step) recent_.pop_back();
+std::string LossSpikeDetector::state() const {
+  nlohmann::json window = nlohmann::json::array();
+  for (const auto& [step, loss] : recent_) window.push_back({step, loss});
+  return nlohmann::json{{"loss_window", window}}.dump();
+}
+
+void LossSpikeDetector::restore(const std::string& state) {
+  recent_.clear();
+  if (state.empty()) return;
+  try {
+    const nlohmann::json parsed = nlohmann::json::parse(state);  // (kept: the loop reads inside it)
+    for (const auto& entry : parsed.at("loss_window")) {
+      recent_.emplace_back(entry.at(0).get<int64_t>(), entry.at(1).get<double>());
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("the checkpoint's trainer_state has no readable loss_window: ") + e.what());
+  }
+  while (static_cast<int64_t>(recent_.size()) > window_) recent_.pop_front();
 }
 
 }  // namespace fsdp::train

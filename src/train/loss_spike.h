@@ -21,7 +21,13 @@ class LossSpikeDetector {
   bool is_spike(double loss) const { return zscore_ > 0 && zscore(loss) > zscore_; }
 
   void record(int64_t step, double loss);  // an applied step's loss
-  void forget_from(int64_t step);          // a rollback to `step`: its steps and later ones are gone
+
+  // The window as JSON text ({"loss_window": [[step, loss], ...]}), kept in every checkpoint
+  // (CheckpointInfo::trainer_state) so that a resumed or rolled-back run judges its first steps
+  // against the same window as an uninterrupted one. restore("") empties it (an older checkpoint);
+  // anything else unreadable throws std::runtime_error naming what.
+  std::string state() const;
+  void restore(const std::string& state);
 
  private:
   double zscore_;

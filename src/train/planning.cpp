@@ -1,5 +1,7 @@
 #include "fsdp/train/planning.h"
 
+#include "fsdp/train/sharded_model.h"
+
 namespace fsdp::train {
 
 plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
@@ -16,9 +18,14 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
   in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != "root";
   in.optimizer = c.optimizer.name;
-  in.seq_len = c.seq_len;
+  // A language model's seq_len is resolved by now (0 -> its context); ViT has none (0): its tokens
+  // are its patches and class token (plan::tokens_per_sample), and the planner needs only a positive value.
+  in.seq_len = c.seq_len > 0 ? c.seq_len : 1;
   in.loss_chunk_tokens = c.loss_chunk_tokens;
   in.fused_ops = c.fused_ops;
+  const models::AttentionPath attention = attention_path_for(c);
+  in.fused_attention = attention != models::AttentionPath::Math;
+  in.attention_fp32 = attention == models::AttentionPath::FusedFp32 && c.fsdp.param_dtype != "float32";
   in.micro_batches = c.micro_batches;
   in.ranks = ranks;
   in.lora_base_dtype = c.lora_base_dtype;

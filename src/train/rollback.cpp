@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "fsdp/checkpoint/hf_model_dir.h"
+#include "fsdp/comm/agreement.h"
 
 namespace fsdp::train {
 
@@ -48,6 +49,36 @@ std::map<int64_t, double> loss_faults_from_env() {
     }
   }
   return faults;
+}
+
+RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_skipped, int64_t last_skipped, int64_t rollback) {
+  const TrainConfig& config = target.config;
+  const std::string dir = checkpoints_dir(config);
+  const std::string steps = "steps " + std::to_string(first_skipped + 1) + "-" + std::to_string(last_skipped + 1);
+  RolledBack back;
+  comm::on_every_rank(target.world, "finding a checkpoint to roll back to", [&] {
+    if (rollback > config.guard.max_rollbacks) {
+      throw std::runtime_error("guard: " + steps + " were skipped in a row again after " +
+                               std::to_string(config.guard.max_rollbacks) +
+                               " rollbacks (guard.max_rollbacks); the run does not recover by rolling back "
+                               "(a lower optimizer.lr or another data mix may help)");
+    }
+    back.path = checkpoint::find_latest_checkpoint(dir, first_skipped);
+    if (back.path.empty()) {
+      throw std::runtime_error("guard: " + steps + " were skipped in a row (guard.rollback_after = " +
+                               std::to_string(config.guard.rollback_after) + "), and no checkpoint at or before step " +
+                               std::to_string(first_skipped) + " is under '" + dir + "' to roll back to");
+    }
+  });
+  back.info = checkpoint::load_checkpoint(back.path, target.state, target.optimizer);
+  comm::on_every_rank(target.world, "restoring the loss-spike window", [&] { target.spikes.restore(back.info.trainer_state); });
+  for (int64_t s = first_skipped; s <= last_skipped; ++s) target.skipped_batches.insert(s);
+  comm::on_every_rank(target.world, "recording the rollback", [&] {
+    if (!target.writes_files) return;
+    checkpoint::remove_checkpoints_after(dir, back.info.step);
+    save_skipped_batches(target.skipped_batches_path, target.skipped_batches);
+  });
+  return back;
 }
 
 }  // namespace fsdp::train

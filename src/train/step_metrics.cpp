@@ -76,6 +76,7 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
                            {"peak_resident_bytes_per_rank", std::vector<double>()},
                            {"communication_seconds_per_rank", std::vector<double>()},
                            {"peak_gathered_bytes", figures.peak_gathered_bytes},
+                           {"gathered_wire_bytes", figures.gathered_wire_bytes},
                            {"skipped", figures.skipped},
                            {"skipped_steps", figures.skipped_steps}};
   if (figures.skipped) record["skip_reason"] = figures.skip_reason;

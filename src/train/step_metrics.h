@@ -56,6 +56,7 @@ struct StepFigures {
   bool language = true;              // rates in tokens (else images)
   bool on_cpu = true;                // the model's device is the host
   int64_t peak_gathered_bytes = 0;   // this rank's FSDP gathered buffers at their peak
+  int64_t gathered_wire_bytes = 0;   // bytes this step's parameter all-gathers delivered to this rank
   bool skipped = false;              // not applied: see skip_reason
   std::string skip_reason;           // "non-finite", "loss spike", "batch skipped after a rollback"
   double loss_zscore = 0.0;          // [guard] spike_zscore on: the loss against the recent window (0 otherwise)

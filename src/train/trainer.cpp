@@ -19,6 +19,7 @@
 #include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/device_memory.h"
 #include "fsdp/shard/storage.h"
 #include "fsdp/data/datasets.h"
@@ -36,6 +37,7 @@
 #include "loss_spike.h"
 #include "rollback.h"
 #include "step_metrics.h"
+#include "step_guard.h"
 #include "step_profiler.h"
 #include "targets.h"
 #include "training_data.h"
@@ -52,54 +54,6 @@ static_assert(std::atomic<bool>::is_always_lock_free, "request_stop must be asyn
 
 void request_stop() { g_stop_requested.store(true); }
 bool stop_requested() { return g_stop_requested.load(); }
-
-namespace {
-
-runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
-  runtime::FsdpOptions options;
-  options.strategy = runtime::sharding_strategy_from_string(c.fsdp.strategy);
-  if (c.fsdp.wrap == "block") options.wrap_policy.module_types = {models::block_type_name(c.model)};
-  if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
-  if (c.fsdp.wrap != "root" && c.fsdp.embedding_units) {
-    options.wrap_policy.module_paths = models::embedding_and_head_paths(c.model);
-  }
-  options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
-  options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
-  auto dtype = [](const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; };
-  options.mixed_precision.param_dtype = dtype(c.fsdp.param_dtype);
-  options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
-  options.activation_checkpointing = c.fsdp.activation_checkpointing;
-  options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
-  options.cpu_offload = c.fsdp.cpu_offload;
-  // A LoRA base is frozen: its shards may be kept in bf16 (gathered in the compute dtype).
-  const models::LoraSpec* lora = models::lora_spec(c.model);
-  if (lora != nullptr && lora->enabled() && c.lora_base_dtype == "bfloat16") options.frozen_dtype = at::kBFloat16;
-  return options;
-}
-
-}  // namespace
-
-ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group) {
-  ShardedModel sharded;
-  sharded.config = config.model;
-  if (auto* g = std::get_if<models::GptConfig>(&sharded.config)) g->vocab = vocab;
-  if (auto* l = std::get_if<models::LlamaConfig>(&sharded.config)) l->vocab = vocab;
-  TrainConfig resolved = config;
-  resolved.model = sharded.config;
-  runtime::FsdpOptions options = fsdp_options(resolved);
-  comm::ProcessGroupPtr fsdp_group = group;
-  if (config.device == "cuda") {
-    // One GPU per rank; NCCL over the same ranks, bootstrapped through `group` (host tensors still go there).
-    const int device_index = comm::local_device_index();
-    fsdp_group = comm::make_nccl_group(group, device_index);
-    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
-  }
-  torch::manual_seed(config.seed);  // the model is built on the CPU, the same on every rank, whatever the device
-  runtime::BuildListener listener(fsdp_group, options);
-  sharded.model = models::build_model(sharded.config);
-  sharded.state = runtime::make_fsdp_state(sharded.model.module, fsdp_group, options, listener.take_units());
-  return sharded;
-}
 
 namespace {
 
@@ -123,6 +77,7 @@ class Trainer {
     std::string error;
     try {
       validate_for_world(config_, n_);
+      config_.lora_base_dtype = resolved_lora_base_dtype(config_);  // "auto": the weights' own dtype
       data_ = load_data(config_);
       check_data_sizes(data_, config_, n_);
       if (models::is_language_model(config_.model)) model_config_ = resolve_model(config_, data_.vocab);
@@ -180,6 +135,7 @@ class Trainer {
         }
       });
       const checkpoint::CheckpointInfo info = checkpoint::load_checkpoint(path, *state_, optimizer_.get());
+      comm::on_every_rank(world_, "restoring the loss-spike window", [&] { guard_.spikes().restore(info.trainer_state); });
       comm::on_every_rank(world_, "checking the checkpoint's step", [&] {
         if (info.step >= config_.steps) {
           throw std::runtime_error("checkpoint '" + path + "' is at step " + std::to_string(info.step) +
@@ -246,6 +202,27 @@ class Trainer {
                   config_.micro_batches == 1 ? "" : "es", options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
     progress_->message(line);
     if (!resumed_from_.empty()) progress_->message("  resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
+    const at::ScalarType compute = fsdp_options(config_).mixed_precision.param_dtype;
+    progress_->message(std::string("  attention: ") + models::to_string(models::attention_path(compute)) + " for " +
+                       c10::toString(compute) + " compute (train.attention = " + config_.attention + ")");
+    if (compute == at::kBFloat16) {
+      const bool without_instructions = config_.device == "cpu" && !runtime::cpu_has_bf16_instructions();
+      const bool native = models::bf16_matmul() == models::Bf16Matmul::Native;
+      progress_->message(std::string("  bf16 matmuls: ") + (native ? "native bf16 GEMMs" : "fp32 GEMMs on bf16 operands") +
+                         (without_instructions ? " (this CPU has no bf16 instructions: AVX512-BF16, AMX)" : "") +
+                         " (train.bf16_matmul = " + config_.bf16_matmul + ")");
+      if (native && without_instructions) {
+        progress_->message("  note: without bf16 instructions libtorch's bf16 GEMM widens element by element: 6-14x slower "
+                           "than fp32 GEMMs on the AVX2 VM measured (docs/benchmarks.md); train.bf16_matmul = \"auto\" avoids it");
+      }
+    }
+    if (config_.optimizer.warmup_steps > config_.steps) {
+      // Accepted, as PyTorch schedulers and torchtitan accept it (a quick --set train.steps=2 trial).
+      std::snprintf(line, sizeof(line), "  note: optimizer.warmup_steps %lld exceeds train.steps %lld: the run ends still warming "
+                    "up, at %.3g of its peak learning rate", static_cast<long long>(config_.optimizer.warmup_steps),
+                    static_cast<long long>(config_.steps), schedule_.lr_at(config_.steps - 1) / config_.optimizer.lr);
+      progress_->message(line);
+    }
   }
 
   bool language() const { return models::is_language_model(model_config_); }
@@ -267,14 +244,11 @@ class Trainer {
     double communication_before = state_->communication_seconds();  // every sharding group
     double exposed_before = state_->comm_stats().exposed_seconds;
     double training_seconds = 0.0;
-    // Steps whose gradient norm is NaN or inf are skipped; max_nonfinite_steps of them in a row
-    // stop the run (counts start afresh on resume).
-    optim::NonFiniteStepGuard nonfinite_guard(config_.max_nonfinite_steps);
-    // [guard]: loss spikes are skipped like non-finite steps; rollback_after skips in a row roll the
-    // run back to the last checkpoint before them, and their batches are skipped from then on.
-    LossSpikeDetector spikes(config_.guard.spike_zscore, config_.guard.window);
+    // Non-finite steps, loss spikes and set-aside batches are skipped (step_guard.h); a streak of
+    // them rolls the run back (guard.rollback_after). Counts start afresh on resume; the spike
+    // window comes from the checkpoint.
     const std::map<int64_t, double> loss_faults = loss_faults_from_env();
-    int64_t skips_in_a_row = 0, first_skip_in_row = -1, rollbacks = 0;
+    int64_t rollbacks = 0;
     TargetMonitor targets(config_.targets, n_, language());
     double agreed_training_seconds = 0.0;  // sum of the agreed step times (the cost target's clock)
     bool stopped_early = false;            // targets.stop before the last step
@@ -294,6 +268,7 @@ class Trainer {
     for (int64_t step = start_step_; step < config_.steps; ++step) {
       const auto start = Clock::now();
       comm::begin_collective_step(step + 1);  // the step's collectives are fingerprinted from here
+      const int64_t gathered_bytes_before = state_->comm_stats().gathered_bytes;  // (evaluations' gathers are not the step's)
       profiler.begin_step(step + 1);
       const bool profiled = profiler.active();
       const double lr = schedule_.lr_at(step);
@@ -340,39 +315,10 @@ class Trainer {
                           : config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip)
                                                   : optim::grad_norm(*state_);
       trace_memory(rank_, step, "clip");
-      // A non-finite norm (the same on every rank: it is all-reduced) means a NaN or inf gradient:
-      // the step is not applied, and its gradients are zeroed at the next step's start as usual.
-      // A skipped step still counts as a step: the schedule, the sampler (its batch is dropped) and
-      // the step number move on, as for PyTorch AMP's GradScaler, whose users call
-      // scheduler.step() whether or not scaler.step() skipped optimizer.step(); the optimizer's
-      // own count (AdamW's bias correction) does not, as its step did not run. Past the limit,
-      // the step is still recorded below, then every rank stops.
-      bool apply = !batch_skipped;
-      std::string nonfinite_stop;
-      // The spike guard judges the step's loss before it is applied: one small all-reduce.
-      const double agreed_loss = config_.guard.spike_zscore > 0 && !batch_skipped ? all_ranks_loss(loss_sum) : 0.0;
-      try {
-        // With the spike guard on, a non-finite loss is skipped as a non-finite norm is.
-        if (!batch_skipped) apply = nonfinite_guard.should_step(std::isfinite(agreed_loss) ? norm : agreed_loss, step + 1);
-      } catch (const std::runtime_error& e) {
-        apply = false;
-        nonfinite_stop = std::string(e.what()) + " (train.max_nonfinite_steps = " + std::to_string(config_.max_nonfinite_steps) +
-                         "; a lower optimizer.lr may help)";
-      }
-      const double zscore = apply ? spikes.zscore(agreed_loss) : 0.0;
-      const bool spike = apply && spikes.is_spike(agreed_loss);
-      if (spike) {
-        apply = false;
-        ++spike_skips_;
-      }
-      if (apply && config_.guard.spike_zscore > 0) spikes.record(step, agreed_loss);
-      if (!batch_skipped) {
-        if (apply) {
-          skips_in_a_row = 0;
-        } else if (skips_in_a_row++ == 0) {
-          first_skip_in_row = step;
-        }
-      }
+      // Every rank judges the same all-reduced norm (and loss): the same verdict everywhere.
+      const double agreed_loss = guard_.needs_loss() && !batch_skipped ? all_ranks_loss(loss_sum) : 0.0;
+      const StepGuard::Verdict verdict = guard_.judge(step, batch_skipped, norm, agreed_loss);
+      const bool apply = verdict.apply;
       if (apply) optimizer_->step();
       trace_memory(rank_, step, "optimizer");
       shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
@@ -412,7 +358,7 @@ class Trainer {
         throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                                  " (lower optimizer.lr or set train.grad_clip)");
       }
-      summary.skipped_steps = nonfinite_guard.total_skips() + spike_skips_;
+      summary.skipped_steps = guard_.skipped_steps();
 
       StepFigures figures;
       figures.step = step;
@@ -425,24 +371,23 @@ class Trainer {
       figures.language = language();
       figures.on_cpu = device_.is_cpu();
       figures.peak_gathered_bytes = state_->memory_stats().peak_gathered_bytes;
+      figures.gathered_wire_bytes = state_->comm_stats().gathered_bytes - gathered_bytes_before;
       figures.skipped = !apply;
-      figures.skipped_steps = nonfinite_guard.total_skips() + spike_skips_;
-      figures.skip_reason = batch_skipped ? "batch skipped after a rollback" : spike ? "loss spike" : apply ? "" : "non-finite";
-      figures.loss_zscore = zscore;
+      figures.skipped_steps = guard_.skipped_steps();
+      figures.skip_reason = verdict.reason;
+      figures.loss_zscore = verdict.zscore;
       figures.profiled = profiled;
       progress_->step(step, step_line(metrics, figures), training_seconds);
       if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
-      if (config_.guard.rollback_after > 0 && skips_in_a_row >= config_.guard.rollback_after) {
+      if (guard_.rollback_due()) {
         // Back to the last checkpoint before the skipped steps; their batches are skipped from now on.
-        const int64_t to = roll_back(first_skip_in_row, step, ++rollbacks, summary, step_seconds);
-        nonfinite_guard = optim::NonFiniteStepGuard(config_.max_nonfinite_steps);
-        spikes.forget_from(to);
-        skips_in_a_row = 0;
+        const int64_t to = roll_back(guard_.streak_start(), step, ++rollbacks, summary, step_seconds);
+        guard_.rolled_back();
         step = to - 1;  // the loop's ++step continues at the checkpoint's step
         continue;
       }
       // Every rank reached the same decision from the same norm: they stop together, rank 0 says why.
-      if (!nonfinite_stop.empty()) throw comm::AgreedStop(nonfinite_stop, leader());
+      if (!verdict.stop.empty()) throw comm::AgreedStop(verdict.stop, leader());
       const bool last = step + 1 == config_.steps;
       if (stop) {
         g_stop_requested.store(false);  // handled: a later train() in this process starts afresh
@@ -507,35 +452,17 @@ class Trainer {
     return total.item<double>() / static_cast<double>(n_);
   }
 
-  // Rolls back after the skipped steps [first_skipped, last_skipped] (0-based): loads the newest
-  // checkpoint at or before first_skipped (parameters, optimizer state, RNG), removes the later
-  // ones, and adds those steps to the skipped batches. Returns the checkpoint's step. Collective.
+  // Rolls back after the skipped steps [first_skipped, last_skipped] (0-based) (rollback.h) and
+  // records it. Returns the checkpoint's step. Collective.
   int64_t roll_back(int64_t first_skipped, int64_t last_skipped, int64_t rollback, TrainSummary& summary,
                     std::vector<double>& step_seconds) {
-    const std::string dir = checkpoints_dir(config_);
+    const RolledBack back = roll_back_to_checkpoint(
+        {config_, world_, *state_, optimizer_.get(), guard_.spikes(), skipped_batches_, skipped_batches_path(),
+         leader() && options_.write_files},
+        first_skipped, last_skipped, rollback);
+    const checkpoint::CheckpointInfo& info = back.info;
+    const std::string& path = back.path;
     const std::string steps = "steps " + std::to_string(first_skipped + 1) + "-" + std::to_string(last_skipped + 1);
-    std::string path;
-    comm::on_every_rank(world_, "finding a checkpoint to roll back to", [&] {
-      if (rollback > config_.guard.max_rollbacks) {
-        throw std::runtime_error("guard: " + steps + " were skipped in a row again after " +
-                                 std::to_string(config_.guard.max_rollbacks) +
-                                 " rollbacks (guard.max_rollbacks); the run does not recover by rolling back "
-                                 "(a lower optimizer.lr or another data mix may help)");
-      }
-      path = checkpoint::find_latest_checkpoint(dir, first_skipped);
-      if (path.empty()) {
-        throw std::runtime_error("guard: " + steps + " were skipped in a row (guard.rollback_after = " +
-                                 std::to_string(config_.guard.rollback_after) + "), and no checkpoint at or before step " +
-                                 std::to_string(first_skipped) + " is under '" + dir + "' to roll back to");
-      }
-    });
-    const checkpoint::CheckpointInfo info = checkpoint::load_checkpoint(path, *state_, optimizer_.get());
-    for (int64_t s = first_skipped; s <= last_skipped; ++s) skipped_batches_.insert(s);
-    comm::on_every_rank(world_, "recording the rollback", [&] {
-      if (!leader() || !options_.write_files) return;
-      checkpoint::remove_checkpoints_after(dir, info.step);
-      save_skipped_batches(skipped_batches_path(), skipped_batches_);
-    });
     // The discarded steps leave the summary, as a resume from that checkpoint would.
     const size_t kept = static_cast<size_t>(std::max<int64_t>(0, info.step - start_step_));
     if (summary.losses.size() > kept) summary.losses.resize(kept);
@@ -614,8 +541,12 @@ class Trainer {
     TrainConfig resolved = config_;
     resolved.model = model_config_;
     const std::string dir = checkpoint::save_checkpoint(checkpoints_dir(config_), *state_, optimizer_.get(),
-                                                        {steps, config_.model_name, to_toml(resolved)});
-    if (leader()) checkpoint::prune_checkpoints(checkpoints_dir(config_), static_cast<int>(config_.checkpoint.keep));
+                                                        {steps, config_.model_name, to_toml(resolved), guard_.spikes().state()});
+    // During a streak of skipped steps the checkpoint a rollback would return to stays, however
+    // many newer ones `keep` would otherwise leave.
+    if (leader()) {
+      checkpoint::prune_checkpoints(checkpoints_dir(config_), static_cast<int>(config_.checkpoint.keep), guard_.streak_start());
+    }
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     char line[512];
     std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | %.2f s", static_cast<long long>(steps), dir.c_str(), seconds);
@@ -680,7 +611,7 @@ class Trainer {
   int64_t start_step_ = 0;
   std::string resumed_from_;
   std::set<int64_t> skipped_batches_;  // 0-based steps whose batches a rollback skips (rollback.h)
-  int64_t spike_skips_ = 0;            // steps skipped as loss spikes in this run
+  StepGuard guard_{config_};           // which steps apply; its spike window is saved in checkpoints
   double peak_flops_ = 1.0;
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
@@ -690,6 +621,8 @@ class Trainer {
 
 TrainSummary train(const TrainConfig& config, const comm::ProcessGroupPtr& world, const TrainerOptions& options) {
   models::set_fused_ops(config.fused_ops);
+  models::set_attention_path(fsdp_options(config).mixed_precision.param_dtype, attention_path_for(config));
+  models::set_bf16_matmul(bf16_matmul_for(config));
   Trainer trainer(config, world, options);
   return trainer.run();
 }

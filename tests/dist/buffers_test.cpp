@@ -19,7 +19,7 @@
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 
-namespace {
+namespace buffers_test {
 
 constexpr int kSteps = 8;
 constexpr int64_t kGlobalBatch = 24;  // divisible by 1, 2, 3 and 4 ranks
@@ -167,4 +167,4 @@ TEST(Buffers, BatchNormTrainsLikeOneProcessAndStaysEqualOnEveryRank) {
   EXPECT_LT(reference.losses.back(), reference.losses.front()) << "the loss should fall";
 }
 
-}  // namespace
+}  // namespace buffers_test

@@ -20,7 +20,7 @@
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
 
-namespace {
+namespace checkpoint_test {
 
 namespace fs = std::filesystem;
 using fsdp::comm::ProcessGroupPtr;
@@ -588,4 +588,4 @@ TEST(HfWeights, ExportThenImportRoundTrips) {
   }
 }
 
-}  // namespace
+}  // namespace checkpoint_test

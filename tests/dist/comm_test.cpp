@@ -9,7 +9,7 @@
 
 using fsdp::comm::ReduceOp;
 
-namespace {
+namespace comm_test {
 
 fsdp::comm::ProcessGroupPtr world() { return fsdp::comm::init_world(); }
 
@@ -229,4 +229,4 @@ TEST(CommBadInput, UnsupportedDtypeAndDevice) {
   EXPECT_THROW(g->all_gather(at::Tensor(), at::zeros({1})), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace comm_test

@@ -12,7 +12,7 @@
 #include "fsdp/runtime/fully_shard.h"
 #include "process_memory.h"
 
-namespace {
+namespace construct_large_main {
 
 
 struct BigBlockImpl : torch::nn::Module {
@@ -39,7 +39,8 @@ struct BigModelImpl : torch::nn::Module {
   }
 };
 
-}  // namespace
+}  // namespace construct_large_main
+using namespace construct_large_main;  // (helpers above, used below)
 
 int main() {
   torch::set_num_threads(1);

@@ -5,7 +5,7 @@
 
 #include "fsdp/comm/process_group.h"
 
-namespace {
+namespace dist_main {
 class FailuresOnly : public ::testing::EmptyTestEventListener {
  public:
   explicit FailuresOnly(int rank) : rank_(rank) {}
@@ -18,7 +18,8 @@ class FailuresOnly : public ::testing::EmptyTestEventListener {
  private:
   int rank_;
 };
-}  // namespace
+}  // namespace dist_main
+using namespace dist_main;  // (helpers above, used below)
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

@@ -22,7 +22,7 @@
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 
-namespace {
+namespace model_parity_test {
 
 constexpr int kSteps = 12;
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
@@ -196,4 +196,4 @@ TEST(ModelParity, EmbeddingAndHeadUnitsLowerThePeak) {
   }
 }
 
-}  // namespace
+}  // namespace model_parity_test

@@ -17,7 +17,7 @@
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
 
-namespace {
+namespace nonfinite_test {
 
 using fsdp::comm::ProcessGroupPtr;
 
@@ -159,4 +159,4 @@ TEST(NonFinite, GradNormWaitCountsAsExposedCommunication) {
   if (world->rank() == 0) EXPECT_GE(exposed, 0.2) << "rank 0 waited about 0.3 s for the norm's all-reduce";
 }
 
-}  // namespace
+}  // namespace nonfinite_test

@@ -24,7 +24,7 @@
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 
-namespace {
+namespace overlap_test {
 
 using fsdp::models::TinyConfig;
 using fsdp::models::TinyTransformerImpl;
@@ -445,4 +445,4 @@ TEST(MixedPrecision, NoShardRefusesBf16) {
   }
 }
 
-}  // namespace
+}  // namespace overlap_test

@@ -33,7 +33,7 @@
 #include "fsdp/runtime/fully_shard.h"
 #include "tiny_transformer.h"
 
-namespace {
+namespace parity_test {
 
 using fsdp::runtime::ShardingStrategy;
 using fsdp::models::TinyConfig;
@@ -407,4 +407,4 @@ TEST(Parity, FrozenParametersAndUnusedUnit) {
   expect_parity(run);
 }
 
-}  // namespace
+}  // namespace parity_test

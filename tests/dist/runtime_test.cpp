@@ -11,7 +11,7 @@
 #include "tiny_transformer.h"
 #include "process_memory.h"
 
-namespace {
+namespace runtime_test {
 
 using fsdp::runtime::ShardingStrategy;
 using fsdp::testing::resident_bytes;
@@ -174,4 +174,4 @@ TEST(RuntimeBadInput, OptimizerOnModuleParameters) {
   EXPECT_THROW(fsdp::optim::ShardedAdamW(model->parameters(), {}), std::invalid_argument);
 }
 
-}  // namespace
+}  // namespace runtime_test

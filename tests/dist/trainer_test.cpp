@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -17,10 +18,11 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
 
-namespace {
+namespace trainer_test {
 
 namespace fs = std::filesystem;
 using fsdp::train::TrainConfig;
@@ -56,7 +58,11 @@ TEST_P(TrainerRuns, TrainsEvaluatesAndSamples) {
     EXPECT_GT(summary.evals.back().accuracy, 0.15) << "8 steps should lift test accuracy well above chance (10%)";
     EXPECT_TRUE(summary.sample.empty());
   } else {
-    EXPECT_EQ(summary.sample.size(), 24u);  // byte tokenizer: one character per token
+    // 24 byte tokens, shown as valid UTF-8 (a stretch of at most 3 bytes that makes no character
+    // becomes U+FFFD, 3 bytes): at least 24 bytes, and repairing it again changes nothing.
+    const fsdp::data::ByteTokenizer bytes;
+    EXPECT_GE(summary.sample.size(), 24u);
+    EXPECT_EQ(bytes.decode(bytes.encode(summary.sample)), summary.sample) << "the sample is not valid UTF-8";
     EXPECT_NEAR(summary.evals.front().perplexity, std::exp(summary.evals.front().loss), 1e-9);
   }
 }
@@ -125,7 +131,12 @@ TEST(Trainer, WritesConfigMetricsAndSample) {
     auto reread = fsdp::train::load_train_config(config.output_dir + "/config.toml");
     EXPECT_EQ(reread.steps, 8);
     EXPECT_EQ(std::get<fsdp::models::GptConfig>(reread.model).vocab, 256);
-    EXPECT_EQ(fs::file_size(config.output_dir + "/sample.txt"), 24u);
+    // The sample as above: 24 byte tokens as valid UTF-8.
+    std::ifstream sample_file(config.output_dir + "/sample.txt", std::ios::binary);
+    const std::string sample((std::istreambuf_iterator<char>(sample_file)), std::istreambuf_iterator<char>());
+    EXPECT_GE(sample.size(), 24u);
+    const fsdp::data::ByteTokenizer bytes;
+    EXPECT_EQ(bytes.decode(bytes.encode(sample)), sample) << "sample.txt is not valid UTF-8";
     fs::remove_all(config.output_dir);
   }
 }
@@ -305,6 +316,59 @@ TEST(Guard, ASpikeThenANanRollBackAndSkipTheirBatches) {
   }
   world->barrier()->wait();
   if (world->rank() == 0) fs::remove_all(base);
+}
+
+// The spike window is kept in every checkpoint (review of 2026-12-02): a run resumed from step 8
+// judges step 10's spike against the same window as the uninterrupted run and skips it too.
+// Before, the resumed run's window started empty, so step 10 was applied unseen.
+TEST(Guard, TheSpikeWindowSurvivesAResume) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("gpt-test", "full_shard");
+  config.steps = 12;
+  config.eval.every = 0;
+  config.checkpoint.every = 4;
+  config.guard.spike_zscore = 3.0;
+  config.guard.window = 4;
+  config.output_dir = (fs::temp_directory_path() / ("fsdp_guard_window_" + std::to_string(world->size()))).string();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+  world->barrier()->wait();
+  setenv("FSDP_TEST_LOSS_FAULTS", "10:1e4", 1);
+  auto whole = fsdp::train::train(config, world, {false, true});
+  fsdp::train::TrainerOptions resume{false, true};
+  resume.resume = config.output_dir + "/checkpoints/step-00000008";
+  auto resumed = fsdp::train::train(config, world, resume);
+  unsetenv("FSDP_TEST_LOSS_FAULTS");
+  EXPECT_EQ(whole.skipped_steps, 1) << "the uninterrupted run skips step 10 as a spike";
+  EXPECT_EQ(resumed.skipped_steps, 1) << "the run resumed at step 8 must skip it too";
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  EXPECT_EQ(resumed.losses[3], whole.losses[11]) << "both end in the same state";
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+}
+
+// checkpoint.every = 1 with keep = 3 and rollback_after = 5: five skipped steps in a row need the
+// checkpoint from before them, six steps back, which keep = 3 used to prune; the run then stopped
+// although a good state had existed. That checkpoint now stays for as long as the streak lasts.
+TEST(Guard, TheCheckpointBeforeASkipStreakIsNotPruned) {
+  auto world = fsdp::comm::init_world();
+  auto config = small_config("gpt-test", "full_shard");
+  config.steps = 12;
+  config.eval.every = 0;
+  config.checkpoint.every = 1;
+  config.checkpoint.keep = 3;
+  config.guard.rollback_after = 5;
+  config.max_nonfinite_steps = 6;
+  config.output_dir = (fs::temp_directory_path() / ("fsdp_guard_prune_" + std::to_string(world->size()))).string();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
+  world->barrier()->wait();
+  setenv("FSDP_TEST_LOSS_FAULTS", "4:nan,5:nan,6:nan,7:nan,8:nan", 1);
+  fsdp::train::TrainSummary rolled;
+  EXPECT_NO_THROW(rolled = fsdp::train::train(config, world, {false, true}));
+  unsetenv("FSDP_TEST_LOSS_FAULTS");
+  EXPECT_EQ(rolled.rollbacks, 1);
+  EXPECT_EQ(rolled.losses.size(), 12u);
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(config.output_dir);
 }
 
 // Rolling back needs a checkpoint before the skipped steps: without one every rank stops saying so.
@@ -530,10 +594,14 @@ TEST(Lora, TheBaseHasNoGradientsNorOptimizerState) {
     if (flat->trainable()) {
       trainable_elements += flat->shard().numel();
       EXPECT_EQ(flat->shard().scalar_type(), at::kFloat) << flat->unit_name();
+      EXPECT_EQ(flat->wire_dtype(), at::kFloat) << flat->unit_name();
     } else {
       ++frozen_flats;
       EXPECT_FALSE(flat->shard_grad().defined()) << flat->unit_name() << ": a frozen base must hold no gradient";
       EXPECT_EQ(flat->shard().scalar_type(), at::kBFloat16) << flat->unit_name() << ": base_dtype bfloat16";
+      // fp32 compute: the base travels as bf16 and is widened after the gather (half the bytes).
+      EXPECT_EQ(flat->compute_dtype(), at::kFloat) << flat->unit_name();
+      EXPECT_EQ(flat->wire_dtype(), at::kBFloat16) << flat->unit_name() << ": gathered in its storage dtype";
     }
   }
   EXPECT_GT(frozen_flats, 0);
@@ -542,4 +610,4 @@ TEST(Lora, TheBaseHasNoGradientsNorOptimizerState) {
   if (world->rank() == 0) fs::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace trainer_test

@@ -16,7 +16,7 @@
 #include "fsdp/runtime/fully_shard.h"
 #include "tiny_transformer.h"
 
-namespace {
+namespace unit_lifecycle_test {
 
 using fsdp::models::TinyConfig;
 using fsdp::models::TinyTransformer;
@@ -287,4 +287,4 @@ TEST(Contract, AUnitCalledDirectlyIsNamed) {
   }
 }
 
-}  // namespace
+}  // namespace unit_lifecycle_test

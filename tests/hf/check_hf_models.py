@@ -3,7 +3,8 @@
 
 1. Logits. transformers makes small model directories (save_pretrained, random weights; see
    scripts/make_hf_model.py): Llama with Llama 3.1's rope scaling, untied in fp32 as one file and
-   tied in bf16 as a sharded set with an index; GPT-2 in fp32 and in fp16 as a sharded set.
+   tied in bf16 as a sharded set with an index; GPT-2 in fp32, in fp16 as a sharded set, and with an
+   MLP width (n_inner) other than 4 x n_embd and another layer_norm_epsilon.
    fsdp_hf_logits loads each the way fsdp-train loads model.init_from (config.json; each rank reads
    its slice) at 2 ranks (3 for one case), and its logits must equal transformers' forward of the
    same directory, loaded in fp32, within 1e-4 (max |difference|). The check can see what it guards
@@ -15,13 +16,17 @@
    transformers-made Llama directory and fsdp-data's fortune instructions, 2 ranks, 12 steps: the
    masked validation loss falls, the sample is a chat turn, and the exported directory gives
    transformers the logits fsdp.cpp computes from it (1e-4).
-4. LoRA (needs peft): fsdp-train fine-tunes adapters over a transformers-made bf16 Llama (2 ranks);
+4. LoRA (peft, a reference library scripts/test.sh installs: its absence fails the check): fsdp-train
+   fine-tunes adapters over a transformers-made bf16 Llama (2 ranks, lora.dropout 0.1);
    peft loads the adapter fsdp-ckpt exports (--peft-dir) onto the same base and its logits equal
    fsdp.cpp's for the trained checkpoint within 1e-4; fsdp-ckpt's merged export (--merge) equals
    peft's merge_and_unload within 1e-5, tensor by tensor. Import: peft's own adapters (lora_B drawn,
-   not zero; Llama and GPT-2) load through lora.init_adapter's path at 3 ranks with peft's logits
-   within 1e-4; a run continued from the exported adapter (lr 1e-12, 1 step) gives it back within
-   1e-6; an adapter made for another base (hidden 64 onto 96) is refused naming both shapes.
+   not zero; Llama, GPT-2 with "all-linear", and Llama with use_rslora) load through
+   lora.init_adapter's path at 3 ranks with peft's logits within 1e-4; a run continued from the
+   exported adapter (lr 1e-12, 1 step) gives it back within 1e-6; an adapter made for another base
+   (hidden 64 onto 96) is refused naming both shapes; a DoRA adapter and one with modules_to_save
+   are refused by name. An fp32 GPT-2 base with adapters at B = 0, merged and exported (lora.base_dtype
+   "auto"), is the base again bit for bit.
 5. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
    transformers' apply_chat_template with Llama 3's tokenizer_config.json template, token for token,
    on hand-written conversations and on the instruction set fsdp-data makes from the fortunes; the
@@ -30,6 +35,7 @@
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -87,11 +93,14 @@ def check_models(args, work):
         ("llama-rope-scaled-tied-bf16-sharded", "llama", "bfloat16", "40KB", True, 3),
         ("gpt2-fp32", "gpt2", "float32", None, True, 2),
         ("gpt2-fp16-sharded", "gpt2", "float16", "40KB", True, 2),
+        ("gpt2-n_inner-eps", "gpt2", "float32", None, True, 2),
     ]
+    # transformers reads n_inner and layer_norm_epsilon; fsdp.cpp refused both until 2026-12-02.
+    extra = {"gpt2-n_inner-eps": {"n_inner": 96, "layer_norm_epsilon": 1e-2}}
     dirs = {}
     for name, family, dtype, shard, tied, ranks in cases:
         model_dir = os.path.join(work, name)
-        make_hf_model.make(family, model_dir, vocab=512, dtype=dtype, max_shard_size=shard, tie=tied)
+        make_hf_model.make(family, model_dir, vocab=512, dtype=dtype, max_shard_size=shard, tie=tied, **extra.get(name, {}))
         dirs[name] = model_dir
         sharded = os.path.exists(os.path.join(model_dir, "model.safetensors.index.json"))
         check(sharded == (shard is not None), f"{name}: {'a sharded set with an index' if sharded else 'one file'}")
@@ -160,7 +169,7 @@ def check_export(args, work, tokenizers):
 def check_chat_format(args, work, tokenizers):
     llama3 = os.path.join(tokenizers, "llama3")
     if not os.path.exists(os.path.join(llama3, "tokenizer.json")):
-        print(f"skip chat format: no {llama3}/tokenizer.json")
+        check(False, f"chat format: no {llama3}/tokenizer.json")
         return
     tokenizer = transformers.AutoTokenizer.from_pretrained(llama3)
     fsdp_data = os.path.join(args.build_dir, "apps", "fsdp-data")
@@ -216,7 +225,7 @@ def check_chat_format(args, work, tokenizers):
 def check_finetune(args, work, tokenizers):
     llama3 = os.path.join(tokenizers, "llama3")
     if not os.path.exists(os.path.join(llama3, "tokenizer.json")):
-        print(f"skip fine-tuning: no {llama3}/tokenizer.json")
+        check(False, f"fine-tuning: no {llama3}/tokenizer.json")
         return
     root = os.path.join(HERE, "..", "..")
     model_dir = os.path.join(work, "llama3-finetune-base")
@@ -257,7 +266,7 @@ def check_lora(args, work):
     try:
         import peft
     except ImportError:
-        print("skip LoRA: no peft (scripts/requirements-peers.txt installs it)")
+        check(False, "LoRA: peft, the reference, is not installed (scripts/requirements-peers.txt; scripts/test.sh installs it)")
         return
     base = os.path.join(work, "lora-base")
     make_hf_model.make("llama", base, vocab=512, dtype="bfloat16", tie=False)
@@ -295,6 +304,7 @@ every = 10
 [lora]
 rank = 4
 alpha = 8
+dropout = 0.1
 targets = "q_proj v_proj o_proj down_proj"
 """)
     mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
@@ -329,15 +339,16 @@ targets = "q_proj v_proj o_proj down_proj"
           f"LoRA: the --merge export equals peft's merge_and_unload ({len(theirs)} tensors, largest difference {worst:.2e})")
     check_lora_continue(args, work, config_text, adapter)
     check_lora_import(args, work, peft)
+    check_lora_fp32_base(args, work)
 
 
-def peft_adapter(peft, base, out, targets, seed):
+def peft_adapter(peft, base, out, targets, seed, **options):
     """peft's own adapter over `base`, saved with save_pretrained: lora_B drawn (not zero), so it
-    changes the logits. Returns the PEFT model, in eval mode."""
+    changes the logits. Returns the PEFT model, in eval mode. options: more LoraConfig settings."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets, init_lora_weights=False,
-                             fan_in_fan_out="gpt2" in base, task_type="CAUSAL_LM")
+                             fan_in_fan_out="gpt2" in base, task_type="CAUSAL_LM", **options)
     model = peft.get_peft_model(model, config)
     model.save_pretrained(out)
     model.eval()
@@ -348,11 +359,15 @@ def check_lora_import(args, work, peft):
     """A PEFT adapter loads (lora.init_adapter) onto the base it was made for, and training goes on
     from it; one made for another base is refused with both shapes named."""
     ids = torch.randint(0, 256, (2, 40))
-    for family, targets in (("llama", ["q_proj", "k_proj", "gate_proj"]), ("gpt2", ["c_attn", "c_fc"])):
-        base, adapter = os.path.join(work, f"import-{family}"), os.path.join(work, f"import-{family}-adapter")
-        # bf16 weights: fsdp.cpp keeps a LoRA base in bf16 (lora.base_dtype), exact for these.
+    cases = (("llama", ["q_proj", "k_proj", "gate_proj"], {}), ("gpt2", ["c_attn", "c_fc"], {}),
+             ("gpt2", "all-linear", {}), ("llama", ["q_proj", "v_proj", "down_proj"], {"use_rslora": True}))
+    for family, targets, options in cases:
+        label = family + ("-all-linear" if targets == "all-linear" else "") + ("-rslora" if options else "")
+        base, adapter = os.path.join(work, f"import-{label}"), os.path.join(work, f"import-{label}-adapter")
+        # bf16 weights: with lora.base_dtype "auto" fsdp.cpp keeps a bf16 base in bf16, exact for these.
         make_hf_model.make(family, base, vocab=512, dtype="bfloat16")
-        model = peft_adapter(peft, base, adapter, targets, seed=3)
+        model = peft_adapter(peft, base, adapter, targets, seed=3, **options)
+        saved = json.load(open(os.path.join(adapter, "adapter_config.json")))
         with torch.no_grad():
             theirs = model(ids).logits
             with model.disable_adapter():
@@ -360,8 +375,9 @@ def check_lora_import(args, work, peft):
         ours = our_logits(args, base, ids, 3, work, adapter=adapter)
         error = (ours - theirs).abs().max().item()
         check(moved > 1e-3 and error < LOGIT_TOLERANCE,
-              f"LoRA import ({family}, {'/'.join(targets)}): peft's own adapter loaded by fsdp.cpp (3 ranks) gives peft's "
-              f"logits within {LOGIT_TOLERANCE:g} ({error:.2e}; the adapter moves them by {moved:.2e})")
+              f"LoRA import ({label}, target_modules {saved['target_modules']}, use_rslora {saved.get('use_rslora')}): "
+              f"peft's own adapter loaded by fsdp.cpp (3 ranks) gives peft's logits within {LOGIT_TOLERANCE:g} "
+              f"({error:.2e}; the adapter moves them by {moved:.2e})")
     # Another base: the Llama adapter (hidden 64) onto a Llama of hidden 96.
     other = os.path.join(work, "import-other")
     make_hf_model.make("llama", other, vocab=512, dtype="bfloat16", hidden=96)
@@ -375,7 +391,101 @@ def check_lora_import(args, work, peft):
     check(result.returncode != 0 and named,
           "LoRA import: an adapter for another base is refused, shapes named: " +
           next((line.strip() for line in message.splitlines() if "has shape" in line), "(no such message)")[:200])
+    # What fsdp.cpp does not implement is refused by name, never loaded as a plain adapter: DoRA
+    # (peft's own), and a trained lm_head (modules_to_save), in the config and in the file.
+    llama = os.path.join(work, "import-llama")
+    for label, options, named in (("dora", {"use_dora": True}, "use_dora = true"),
+                                  ("modules_to_save", {"modules_to_save": ["lm_head"]}, "modules_to_save = ")):
+        adapter = os.path.join(work, f"import-{label}-adapter")
+        peft_adapter(peft, llama, adapter, ["q_proj"], seed=4, **options)
+        result = mpirun(args, 2, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), llama, ids_path,
+                                  os.path.join(work, "refused.safetensors"), adapter], expect_failure=True)
+        message = result.stderr + result.stdout
+        check(result.returncode != 0 and named in message,
+              f"LoRA import: a {label} adapter is refused by name: " +
+              next((line.strip() for line in message.splitlines() if named in line), "(no such message)")[:200])
+        # The same adapter's extra tensors alone (its config edited to a plain one) are refused too.
+        config = json.load(open(os.path.join(adapter, "adapter_config.json")))
+        config.update({"use_dora": False, "modules_to_save": None})
+        json.dump(config, open(os.path.join(adapter, "adapter_config.json"), "w"))
+        result = mpirun(args, 2, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), llama, ids_path,
+                                  os.path.join(work, "refused.safetensors"), adapter], expect_failure=True)
+        message = result.stderr + result.stdout
+        check(result.returncode != 0 and "refused rather than dropped" in message,
+              f"LoRA import: the {label} adapter's extra tensors are refused, named: " +
+              next((line.strip() for line in message.splitlines() if "refused rather" in line), "(no such message)")[:200])
     return ids
+
+
+def check_lora_fp32_base(args, work):
+    """lora.base_dtype "auto" keeps an fp32 base in fp32. One step at lr 1e-30 leaves lora_B at
+    ~1e-30 (AdamW moves each element by about lr), so W + (alpha / r) B A rounds back to W in fp32:
+    the merged export must equal the transformers-made fp32 base bit for bit, every tensor. The
+    check sees what it guards against: with lora.base_dtype "bfloat16" (the default before
+    2026-12-02) the weights come out rounded."""
+    base = os.path.join(work, "fp32-gpt2-base")
+    make_hf_model.make("gpt2", base, vocab=512, dtype="float32")
+
+    def load_dir(directory):
+        tensors = {}
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".safetensors"):
+                tensors.update(load_file(os.path.join(directory, name)))
+        # transformers' GPT2LMHeadModel writes its body under "transformer."; the hub's gpt2 files
+        # and fsdp.cpp's export do not (both load): compare by the name without it.
+        return {k.removeprefix("transformer."): v for k, v in tensors.items()}
+
+    def merged_export(label, base_dtype_line):
+        out = os.path.join(work, f"fp32-lora-run-{label}")
+        config = os.path.join(work, f"fp32-lora-{label}.toml")
+        with open(config, "w") as f:
+            f.write(f"""name = "fp32-lora"
+output_dir = "{out}"
+[model]
+init_from = "{base}"
+[data]
+tokenizer = "byte"
+[train]
+steps = 1
+global_batch = 4
+seq_len = 32
+threads = 1
+[optimizer]
+lr = 1e-30
+min_lr = 0.0
+[eval]
+every = 0
+batches = 1
+sample_tokens = 0
+[checkpoint]
+every = 1
+[lora]
+rank = 4
+alpha = 8
+targets = "c_attn c_fc"
+{base_dtype_line}
+""")
+        mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
+        checkpoint = os.path.join(out, "checkpoints", sorted(os.listdir(os.path.join(out, "checkpoints")))[-1])
+        merged = os.path.join(work, f"fp32-gpt2-merged-{label}")
+        mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-ckpt"), "export", checkpoint, "--hf-dir", merged, "--merge"])
+        return open(os.path.join(out, "config.toml")).read(), load_dir(merged)
+
+    original = load_dir(base)
+    resolved, exported = merged_export("auto", "")
+    check(re.search(r"""base_dtype = ["']float32["']""", resolved) is not None,
+          'LoRA fp32 base: lora.base_dtype "auto" resolves to float32 for fp32 weights')
+    same = [k for k in original if k in exported and exported[k].dtype == torch.float32 and torch.equal(exported[k], original[k])]
+    missing = [k for k in original if k not in exported]
+    worst = max([(exported[k] - original[k]).abs().max().item() for k in original if k in exported] + [0.0])
+    check(len(same) == len(original) and not missing,
+          f"LoRA fp32 base: --merge of an fp32 base with B ~ 0 is the base bit for bit ({len(same)} of {len(original)} "
+          f"tensors equal; largest difference {worst:.1e}; not exported: {missing[:3]})")
+    _, rounded = merged_export("bf16", 'base_dtype = "bfloat16"')
+    differing = [k for k in original if k in rounded and not torch.equal(rounded[k], original[k])]
+    check(len(differing) > len(original) // 2,
+          f"LoRA fp32 base: the check sees the rounding it guards against (base_dtype bfloat16: {len(differing)} of "
+          f"{len(original)} tensors differ)")
 
 
 def check_lora_continue(args, work, config_text, adapter):
@@ -405,20 +515,27 @@ def main():
     parser.add_argument("--build-dir", required=True)
     parser.add_argument("--mpiexec", default="mpirun")
     parser.add_argument("--tokenizers", default=None, help="folder with llama3/tokenizer.json (../shared/data/tokenizers)")
-    parser.add_argument("--only", choices=["models", "export", "finetune", "lora", "chat"], default=None)
+    parser.add_argument("--only", nargs="+", choices=["models", "export", "finetune", "lora", "chat"], default=None,
+                        help="these parts only (default: all; finetune and chat need --tokenizers)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="fsdp_hf_") as work:
-        if args.only in (None, "models"):
+        parts = args.only or ["models", "export", "finetune", "lora", "chat"]
+        if ("finetune" in parts or "chat" in parts) and not args.tokenizers:
+            if args.only:
+                raise SystemExit("check_hf_models: finetune and chat need --tokenizers (the real Llama 3 tokenizer)")
+            parts = [p for p in parts if p not in ("finetune", "chat")]
+            print("not run: finetune and chat (they need --tokenizers)")
+        if "models" in parts:
             check_models(args, work)
-        if args.only in (None, "export"):
+        if "export" in parts:
             check_export(args, work, args.tokenizers)
-        if args.only in (None, "finetune") and args.tokenizers:
+        if "finetune" in parts:
             check_finetune(args, work, args.tokenizers)
-        if args.only in (None, "lora"):
+        if "lora" in parts:
             check_lora(args, work)
-        if args.only in (None, "chat") and args.tokenizers:
+        if "chat" in parts:
             check_chat_format(args, work, args.tokenizers)
     if failures:
         print(f"{len(failures)} check(s) failed")

@@ -103,7 +103,7 @@ fault_case() {  # fault_case NAME ACTION KEEPALIVE_S CHECKED
   if [ "$4" = checked ]; then
     check $([ -z "$left_train" ] && [ "${train_s:-999}" -le $limit ] && echo 0 || echo 1) \
       "$name: every fsdp-train process exited in ${train_s:-more than $((limit + 35))} s (limit $limit s)"
-    # The launcher's exit is its keepalive's and the kernel's business (README, "Across hosts"):
+    # The launcher's exit is its keepalive's and the kernel's business (docs/across-hosts.md):
     # checked is that none of its processes is left behind.
     check $([ -z "$left_launcher" ] && echo 0 || echo 1) \
       "$name: mpirun and orted exited in ${launcher_s:-more than $((limit + 35))} s (left behind: ${left_launcher:-none})"
@@ -119,7 +119,7 @@ fault_case() {  # fault_case NAME ACTION KEEPALIVE_S CHECKED
   netns_wait_link
 }
 # Open MPI's daemons notice a dead link by TCP keepalive on their control connection: 300 s idle,
-# then 9 probes 20 s apart, by default. The launch recipe (README, "Across hosts") shortens it to
+# then 9 probes 20 s apart, by default. The launch recipe (docs/across-hosts.md) shortens it to
 # 3 s idle then 4 probes 3 s apart: the launcher notices a dead link 12-15 s after it died, after
 # fsdp-train's own timeout (10 s here) has named the collective that waited; the rank that timed
 # out leaves it that time before aborting (MPI_Abort's messages on the dead link would silence

@@ -23,7 +23,7 @@ netns_up() {
     # `ip netns exec` bind-mounts these over /etc/hosts: each host resolves both names.
     mkdir -p /etc/netns/fsdp-h$h
     printf '127.0.0.1 localhost\n10.77.0.1 fsdp-h0\n10.77.0.2 fsdp-h1\n' > /etc/netns/fsdp-h$h/hosts
-    # As the launch recipe recommends for real hosts (README, "Across hosts"): a connection whose
+    # As the launch recipe recommends for real hosts (docs/across-hosts.md): a connection whose
     # data goes unacknowledged fails after ~13 s of retransmissions instead of ~15 minutes.
     ip netns exec fsdp-h$h sysctl -qw net.ipv4.tcp_retries2=5 || return 1
   done

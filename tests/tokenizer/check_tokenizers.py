@@ -3,6 +3,7 @@
 
     .venv/bin/python tests/tokenizer/check_tokenizers.py --fsdp-data build/apps/fsdp-data \\
         --tokenizers ../shared/data/tokenizers [--fortunes /usr/share/games/fortunes] [--json out.json]
+    .venv/bin/python tests/tokenizer/check_tokenizers.py --fsdp-data build/apps/fsdp-data --trained
 
 Texts: every fortune of Debian's corpus (files split at lines of '%'; bytes decoded as UTF-8,
 invalid bytes replaced, as a Python user reading them would get), and a list of hard Unicode
@@ -12,6 +13,11 @@ scripts, contractions, special tokens inside text). Tokenizers:
   gpt2    vocab.json + merges.txt, fsdp-data --tokenizer gpt2; reference BPE.from_file with
           GPT-2's ByteLevel pre-tokenizer and decoder (add_prefix_space False, as GPT-2's own
           tokenizer.json)
+  trained (--trained; needs no files) the tokenizer.json fsdp-data train-tokenizer makes from the
+          fortunes (vocab 4096, Llama 3's layout and chat tokens), fsdp-data --tokenizer hf;
+          reference Tokenizer.from_file on the same file. Also: its chat tokens are one id each,
+          and transformers' AutoTokenizer on the directory renders conversations with
+          apply_chat_template exactly as fsdp-data render does (the exported model's template).
 Each text is encoded by both (the reference with add_special_tokens=False: nothing added around
 the text), the ids compared, and ours decoded again and compared with the text. Prints counts;
 exits 1 on any mismatch or failed round trip. The aim: 0 of both.
@@ -80,6 +86,8 @@ def reference(name, root):
     from tokenizers.models import BPE
     if name == "llama3":
         return Tokenizer.from_file(str(root / "llama3/tokenizer.json"))
+    if name == "trained":
+        return Tokenizer.from_file(str(root / "trained/tokenizer.json"))
     tokenizer = Tokenizer(BPE.from_file(str(root / "gpt2/vocab.json"), str(root / "gpt2/merges.txt")))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -89,8 +97,8 @@ def reference(name, root):
 def ours(name, root, fsdp_data, texts, work):
     inputs, outputs = work / f"{name}_texts.jsonl", work / f"{name}_ids.jsonl"
     inputs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    if name == "llama3":
-        flags = ["--tokenizer", "hf", "--tokenizer-json", str(root / "llama3/tokenizer.json")]
+    if name in ("llama3", "trained"):
+        flags = ["--tokenizer", "hf", "--tokenizer-json", str(root / f"{name}/tokenizer.json")]
     else:
         flags = ["--tokenizer", "gpt2", "--vocab-json", str(root / "gpt2/vocab.json"),
                  "--merges-txt", str(root / "gpt2/merges.txt")]
@@ -102,10 +110,50 @@ def ours(name, root, fsdp_data, texts, work):
     return [json.loads(line) for line in outputs.read_text(encoding="utf-8").split("\n") if line]
 
 
+def check_trained_extras(directory, fsdp_data, work):
+    """The trained tokenizer's chat tokens are one id each, and transformers renders conversations
+    with its tokenizer_config.json's template exactly as fsdp-data render does. Returns failure."""
+    from tokenizers import Tokenizer
+    import transformers
+    failed = False
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    ids = [tokenizer.token_to_id(t) for t in specials]
+    one_each = all(i is not None for i in ids) and len(set(ids)) == len(ids) and \
+        all(tokenizer.encode(t, add_special_tokens=False).ids == [i] for t, i in zip(specials, ids))
+    print(f"trained: chat tokens {dict(zip(specials, ids))}: {'one id each' if one_each else 'NOT one id each'}")
+    failed |= not one_each
+    conversations = [
+        [{"role": "user", "content": "Tell me a fortune about love."}, {"role": "assistant", "content": "You will be loved."}],
+        [{"role": "system", "content": " Be brief.\n"}, {"role": "user", "content": "Why?"},
+         {"role": "assistant", "content": "Because.\n"}, {"role": "user", "content": "caf\u00e9?"},
+         {"role": "assistant", "content": "Ja, 'tis so."}],
+    ]
+    chat = work / "trained_chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
+    rendered = work / "trained_chat.rendered"
+    done = subprocess.run([fsdp_data, "render", "--tokenizer", "hf", "--tokenizer-json", str(directory / "tokenizer.json"),
+                           "--input", str(chat), "--output", str(rendered)], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"trained: fsdp-data render failed: {done.stdout}{done.stderr}")
+        return True
+    auto = transformers.AutoTokenizer.from_pretrained(str(directory))
+    header = auto.encode("<|start_header_id|>assistant<|end_header_id|>\n\n", add_special_tokens=False)
+    mismatches = 0
+    for messages, line in zip(conversations, rendered.read_text().splitlines()):
+        ours = json.loads(line)["ids"]
+        theirs = list(auto.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+        mismatches += ours + header != theirs
+    print(f"trained: transformers' apply_chat_template with the written template equals fsdp-data render on "
+          f"{len(conversations)} conversations ({mismatches} differ)")
+    return failed or mismatches > 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fsdp-data", required=True)
-    parser.add_argument("--tokenizers", required=True, help="folder with llama3/ and gpt2/")
+    parser.add_argument("--tokenizers", default="", help="folder with llama3/ and gpt2/")
+    parser.add_argument("--trained", action="store_true", help="check the tokenizer fsdp-data train-tokenizer makes")
     parser.add_argument("--fortunes", default="/usr/share/games/fortunes")
     parser.add_argument("--json", default="")
     parser.add_argument("--show", type=int, default=5, help="mismatches to print per tokenizer")
@@ -115,13 +163,27 @@ def main():
     except ImportError:
         sys.exit("check_tokenizers: Hugging Face's `tokenizers` is not installed in this Python "
                  "(scripts/test.sh installs scripts/requirements-peers.txt into .venv/)")
-    root = Path(a.tokenizers)
+    if not a.tokenizers and not a.trained:
+        sys.exit("check_tokenizers: give --tokenizers DIR, --trained, or both")
     texts = fortunes(a.fortunes) + HARD_CASES
     summary = {"tokenizers_version": tokenizers.__version__, "texts": len(texts),
                "fortunes": len(texts) - len(HARD_CASES), "hard_cases": len(HARD_CASES), "results": {}}
     failed = False
     with tempfile.TemporaryDirectory() as work:
-        for name in ("llama3", "gpt2"):
+        names = (["llama3", "gpt2"] if a.tokenizers else []) + (["trained"] if a.trained else [])
+        root = Path(a.tokenizers) if a.tokenizers else Path(work)
+        if a.trained:
+            root = Path(work)
+            if a.tokenizers:
+                for name in ("llama3", "gpt2"):
+                    (root / name).symlink_to(Path(a.tokenizers).resolve() / name)
+            done = subprocess.run([a.fsdp_data, "train-tokenizer", "--output-dir", str(root / "trained"), "--vocab-size", "4096",
+                                   "--dir", a.fortunes], capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"check_tokenizers: fsdp-data train-tokenizer failed:\n{done.stdout}{done.stderr}")
+            print(done.stdout.strip())
+            failed |= check_trained_extras(root / "trained", a.fsdp_data, Path(work))
+        for name in names:
             ref = reference(name, root)
             expected = [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
             got = ours(name, root, a.fsdp_data, texts, Path(work))

@@ -8,7 +8,7 @@
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/train/config.h"
 
-namespace {
+namespace config_tests {
 
 using fsdp::train::ConfigError;
 using fsdp::train::parse_train_config;
@@ -174,9 +174,9 @@ TEST(Config, DeviceOptions) {
   EXPECT_FALSE(again.fsdp.cpu_offload);
 }
 
-}  // namespace
+}  // namespace config_tests
 
-namespace {
+namespace config_tests {
 
 // A Hugging Face directory's config.json gives the model (model.name optional); what the code does
 // not implement is refused naming the key.
@@ -264,6 +264,61 @@ TEST(Config, PeftAdapterFillsAndMustAgreeWithLora) {
   EXPECT_NE(error_of(base).find("only LORA adapters load"), std::string::npos);
 }
 
+// Review of 2026-12-02: dropout was not among the keys checked against the adapter; use_rslora,
+// "all-linear" and every setting fsdp.cpp does not implement were read as a plain adapter.
+TEST(Config, PeftAdapterSettingsThatChangeTheModelAreReadOrRefused) {
+  HfDir dir(kLlama32);
+  const std::string adapter = dir.path() + "/adapter";
+  std::filesystem::create_directories(adapter);
+  auto write = [&](const std::string& extra) {
+    std::ofstream(adapter + "/adapter_config.json")
+        << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05, "bias": "none", "use_dora": false,
+               "modules_to_save": null, "rank_pattern": {}, "alpha_pattern": {}, "layers_to_transform": null,
+               "target_modules": ["v_proj", "q_proj"], "task_type": "CAUSAL_LM")"
+        << extra << "}";
+  };
+  const std::string base = "[model]\ninit_from = \"" + dir.path() + "\"\n[lora]\ninit_adapter = \"" + adapter + "\"\n";
+  write("");
+  EXPECT_NE(error_of(base + "dropout = 0.1\n").find("lora.dropout is 0.1 but the adapter in lora.init_adapter"), std::string::npos);
+  EXPECT_NO_THROW(parse_train_config(base + "dropout = 0.05\n", "test.toml"));
+
+  // use_rslora: scale alpha / sqrt(r), read from the adapter and from [lora].
+  write(R"(, "use_rslora": true)");
+  auto rslora = std::get<fsdp::models::LlamaConfig>(parse_train_config(base, "test.toml").model).lora;
+  EXPECT_TRUE(rslora.rslora);
+  EXPECT_DOUBLE_EQ(rslora.scale(), 8.0 / 2.0);
+  EXPECT_NE(error_of(base + "rslora = false\n").find("lora.rslora is false but the adapter"), std::string::npos);
+
+  // "all-linear": every linear layer of the blocks, from the adapter and from [lora].
+  std::ofstream(adapter + "/adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": "all-linear"})";
+  auto all = std::get<fsdp::models::LlamaConfig>(parse_train_config(base, "test.toml").model);
+  EXPECT_TRUE(all.lora.all_linear());
+  EXPECT_NO_THROW(parse_train_config(base + "targets = \"q_proj k_proj v_proj o_proj gate_proj up_proj down_proj\"\n", "test.toml"));
+  auto spelled = all;
+  spelled.lora.targets = fsdp::models::LlamaConfig::linear_layers();
+  EXPECT_EQ(all.lora_parameter_count(), spelled.lora_parameter_count());
+  auto from_config = parse_train_config("[model]\nname = \"llama-test\"\n[lora]\nrank = 2\ntargets = \"all-linear\"\n", "test.toml");
+  EXPECT_TRUE(std::get<fsdp::models::LlamaConfig>(from_config.model).lora.all_linear());
+  EXPECT_NE(error_of("[model]\nname = \"llama-test\"\n[lora]\nrank = 2\ntargets = \"all-linear q_proj\"\n")
+                .find("'all-linear' means every linear layer: give it alone"),
+            std::string::npos);
+
+  // A regular expression, and settings fsdp.cpp does not implement: refused by name.
+  std::ofstream(adapter + "/adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 4, "target_modules": ".*decoder.*(q_proj|v_proj)$"})";
+  EXPECT_NE(error_of(base).find("target_modules is the string \".*decoder.*(q_proj|v_proj)$\", which PEFT reads as a regular expression"),
+            std::string::npos);
+  for (const std::string& setting : {std::string(R"("use_dora": true)"), std::string(R"("modules_to_save": ["lm_head"])"),
+                                     std::string(R"("rank_pattern": {"q_proj": 8})"), std::string(R"("alpha_pattern": {"q_proj": 4})"),
+                                     std::string(R"("layers_to_transform": [0, 1])")}) {
+    write(", " + setting);
+    const std::string key = setting.substr(1, setting.find('"', 1) - 1);
+    EXPECT_NE(error_of(base).find(key + " = "), std::string::npos) << setting << ": " << error_of(base);
+    EXPECT_NE(error_of(base).find("changes what the adapter computes"), std::string::npos) << setting;
+  }
+}
+
 // A run's resolved config.toml (family and every field) reads back as the same model, for every
 // family (the review found ViT's image size and classes lost).
 TEST(Config, ResolvedConfigsReadBackAsTheSameModel) {
@@ -302,4 +357,67 @@ TEST(Config, HuggingFaceDirectoryRefusesWhatIsNotImplemented) {
             std::string::npos);
 }
 
-}  // namespace
+}  // namespace config_tests
+
+namespace config_tests {
+
+// Every key is declared once (src/train/config_keys.cpp); --list-keys, reading and the resolved
+// config come from that declaration. Each key the resolved config writes reads back to the same
+// resolved config, for every family with everything set (LoRA, targets, guard, rope scaling).
+TEST(ConfigKeys, TheResolvedConfigReadsBackAsItself) {
+  const std::vector<std::string> configs = {
+      "[model]\nname = \"gpt-test\"\nmlp_hidden = 96\nnorm_eps = 1e-3\n[lora]\nrank = 2\ntargets = \"all-linear\"\nrslora = true\n"
+      "[targets]\nmax_memory_per_rank = \"8GiB\"\nmin_tokens_per_second = 10\n[guard]\nspike_zscore = 3.5\n",
+      "[model]\nname = \"llama-test\"\nrope_scaling = \"llama3\"\nrope_scaling_factor = 32.0\n[optimizer]\nbeta2 = 0.95\nlr = 3e-3\n",
+      "[model]\nname = \"vit-fmnist\"\n[data]\nsource = \"fashion_mnist\"\naugment = \"shift+hflip\"\n"};
+  for (const auto& text : configs) {
+    const auto first = parse_train_config(text, "test.toml");
+    const std::string resolved = fsdp::train::to_toml(first);
+    const std::string again = fsdp::train::to_toml(parse_train_config(resolved, "resolved.toml"));
+    EXPECT_EQ(again, resolved) << text;
+  }
+}
+
+// The resolved config's numbers read as they were written (review of 2026-12-02: beta2 =
+// 0.9499999999999996, temperature = 0.8000000000000004, lr = 0.003000000000000001 through float).
+TEST(ConfigKeys, NumbersInTheResolvedConfigReadAsWritten) {
+  const auto config = parse_train_config(std::string(kMinimal) +
+                                             "[optimizer]\nlr = 0.003\nbeta2 = 0.95\nweight_decay = 0.1\neps = 1e-8\n"
+                                             "[eval]\ntemperature = 0.8\n[train]\ngrad_clip = 1\n",
+                                         "test.toml");
+  const std::string resolved = fsdp::train::to_toml(config);
+  for (const char* line : {"lr = 0.003\n", "beta2 = 0.95\n", "weight_decay = 0.1\n", "eps = 1e-08\n", "temperature = 0.8\n",
+                           "grad_clip = 1.0\n"}) {
+    EXPECT_NE(resolved.find(std::string("\n") + line), std::string::npos) << line << " in:\n" << resolved;
+  }
+  EXPECT_EQ(resolved.find("0000000"), std::string::npos) << resolved;
+  EXPECT_EQ(resolved.find("9999999"), std::string::npos) << resolved;
+}
+
+// --list-keys lists every key the reader accepts, each with a type, help and a default; and a key
+// it does not list is refused.
+TEST(ConfigKeys, TheListingHasEveryKeyAndTheReaderNoOther) {
+  const std::string listing = fsdp::train::list_config_keys();
+  for (const char* key : {"train.steps", "optimizer.beta2", "fsdp.shard_group_size", "lora.rslora", "lora.base_dtype",
+                          "model.mlp_hidden", "targets.max_memory_per_rank", "guard.window", "eval.top_k"}) {
+    const size_t at = listing.find(std::string("  ") + key + " ");
+    ASSERT_NE(at, std::string::npos) << key << " not listed";
+    const std::string line = listing.substr(at, listing.find('\n', at) - at);
+    EXPECT_NE(line.find("(default: "), std::string::npos) << line;
+  }
+  EXPECT_NE(listing.find("train.steps"), std::string::npos);
+  EXPECT_NE(listing.find("optimizer steps (default: 100)"), std::string::npos) << listing;
+  EXPECT_NE(error_of(std::string(kMinimal) + "[train]\nstepz = 3\n").find("unknown key 'train.stepz' (fsdp-train --list-keys"),
+            std::string::npos);
+}
+
+// optimizer.warmup_steps beyond train.steps is accepted (the rate is still warming up at the end,
+// as PyTorch schedulers and torchtitan allow): a quick --set train.steps=2 trial of any config runs.
+TEST(ConfigKeys, WarmupLongerThanTheRunIsAccepted) {
+  const auto config = fsdp::train::load_train_config(std::string(FSDP_SOURCE_DIR) + "/configs/gpt-fortunes-tiny.toml",
+                                                     {"train.steps=2"});
+  EXPECT_EQ(config.steps, 2);
+  EXPECT_GT(config.optimizer.warmup_steps, config.steps);
+}
+
+}  // namespace config_tests

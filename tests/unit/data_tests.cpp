@@ -20,7 +20,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/registry.h"
 
-namespace {
+namespace data_tests {
 
 namespace fs = std::filesystem;
 using namespace fsdp::data;
@@ -223,6 +223,29 @@ TEST(Tokenizer, HfTokenizerJsonWithSpecialTokens) {
   EXPECT_THROW(tokenizer.encode("bad \xff byte"), std::invalid_argument);
 }
 
+// A sampled sequence may cut a character's bytes: decoding gives valid UTF-8, each maximal invalid
+// stretch one U+FFFD, as Hugging Face's ByteLevel decoder (Rust's from_utf8_lossy) and Python's
+// bytes.decode("utf-8", "replace") give. Expected strings are Python's (and tokenizers' decode of
+// the same Llama 3 ids: [64, 158, 224, 65] -> 'a\ufffdb', [172, 224, 224] -> three U+FFFD).
+TEST(Tokenizer, DecodingCutCharactersGivesReplacementCharacters) {
+  TinyBpe bpe;  // ids 0..255 are the bytes themselves, in all three tokenizers
+  write_text(bpe.dir.file("tokenizer.json"), tiny_tokenizer_json(read_text(bpe.dir.file("vocab.json"))));
+  const Gpt2BpeTokenizer gpt2(bpe.dir.file("vocab.json"), bpe.dir.file("merges.txt"));
+  const HfTokenizer hf(bpe.dir.file("tokenizer.json"));
+  const std::string replacement = "\xef\xbf\xbd";
+  const ByteTokenizer bytes;
+  for (const Tokenizer* tokenizer : {static_cast<const Tokenizer*>(&gpt2), static_cast<const Tokenizer*>(&hf),
+                                     static_cast<const Tokenizer*>(&bytes)}) {
+    SCOPED_TRACE(tokenizer->name());
+    EXPECT_EQ(tokenizer->decode({'a', 0xE2, 0x82, 'b'}), "a" + replacement + "b");
+    EXPECT_EQ(tokenizer->decode({0xF0, 0x80, 0x80}), replacement + replacement + replacement);
+    EXPECT_EQ(tokenizer->decode({0xED, 0xA0, 0x80}), replacement + replacement + replacement);  // a surrogate
+    EXPECT_EQ(tokenizer->decode({0xC3}), replacement);
+    EXPECT_EQ(tokenizer->decode({0xFF, 'x'}), replacement + "x");
+    EXPECT_EQ(tokenizer->decode({0xC3, 0xA9, 0xE2, 0x82, 0xAC}), "\xc3\xa9\xe2\x82\xac");  // whole: unchanged
+  }
+}
+
 TEST(Tokenizer, HfTokenizerRefusesWhatItDoesNotSupportByName) {
   TinyBpe bpe;
   const std::string vocab = read_text(bpe.dir.file("vocab.json"));
@@ -361,9 +384,9 @@ TEST(Datasets, TokenWindowsShiftTargetsByOne) {
   EXPECT_TRUE(torch::equal(batch.inputs.narrow(1, 1, 7), batch.targets.narrow(1, 0, 7)));
 }
 
-}  // namespace
+}  // namespace data_tests
 
-namespace {
+namespace data_tests {
 
 TEST(Images, HorizontalFlipDependsOnSeedStepAndIndexOnly) {
   auto images = torch::arange(2 * 1 * 2 * 3, torch::kFloat).view({2, 1, 2, 3}).repeat({50, 1, 1, 1});  // [100, 1, 2, 3]
@@ -385,9 +408,9 @@ TEST(Images, HorizontalFlipDependsOnSeedStepAndIndexOnly) {
   EXPECT_TRUE(torch::equal(one[0], flipped[37]));
 }
 
-}  // namespace
+}  // namespace data_tests
 
-namespace {
+namespace data_tests {
 
 TEST(Images, ShiftMovesByAtMostTwoPixelsDeterministically) {
   auto images = torch::zeros({40, 1, 28, 28});
@@ -411,7 +434,8 @@ TEST(Images, ShiftMovesByAtMostTwoPixelsDeterministically) {
   EXPECT_TRUE(torch::equal(again, shifted));
 }
 
-}  // namespace
+}  // namespace data_tests
+using namespace data_tests;  // (helpers above, used below)
 
 // ---- Instruction data (data/instructions.h) ----
 

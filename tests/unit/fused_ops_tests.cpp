@@ -2,7 +2,8 @@
 // backward, on the CPU and, where this build and machine have one, the GPU (scripts/gpu-check.sh
 // runs these with FSDP_TEST_DEVICE=cuda, where a missing GPU is a failure, not a skip).
 //
-// Criterion: the truth is the composed reference evaluated in fp64 (autograd for the gradients).
+// Criterion: the truth is the operation's formula written out here, independently of both the
+// fused op and the composed reference it replaces, evaluated in fp64 (autograd for the gradients).
 // A fused result may be off by at most twice the error of the composed reference in the same
 // dtype, plus 1e-6 of the largest value (fp32 reduction orders): no less accurate than what it
 // replaces. A wrong closed-form backward (say without the 1 + g (1 - s) of silu') is off by O(1).
@@ -16,7 +17,7 @@
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/layers.h"
 
-namespace {
+namespace fused_ops_tests {
 
 using fsdp::models::rotary_tables;
 
@@ -74,7 +75,7 @@ TEST(FusedOps, SwigluMatchesTheComposedReference) {
     const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
 
     at::Tensor g64 = gate64.clone().requires_grad_(true), u64 = up64.clone().requires_grad_(true);
-    const at::Tensor truth = fsdp::models::swiglu_reference(g64, u64);
+    const at::Tensor truth = g64 / (1 + at::exp(-g64)) * u64;  // silu(g) = g sigmoid(g), times up
     truth.backward(grad64);
 
     at::Tensor gf = leaf(gate64), uf = leaf(up64), gr = leaf(gate64), ur = leaf(up64);
@@ -100,7 +101,11 @@ TEST(FusedOps, RotaryMatchesTheComposedReference) {
     const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
 
     at::Tensor xt = x64.clone().requires_grad_(true);
-    const at::Tensor truth = fsdp::models::rotary_reference(xt, cos.to(at::kDouble), sin.to(at::kDouble));
+    // Rotate-half: pair (c, c + hd/2) of each position's row turned by that position's angle:
+    // [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], cos and sin [t, hd] broadcast over b and heads.
+    const at::Tensor cos64 = cos.to(at::kDouble).view({1, t, 1, hd}), sin64 = sin.to(at::kDouble).view({1, t, 1, hd});
+    const at::Tensor x1 = xt.narrow(-1, 0, hd / 2), x2 = xt.narrow(-1, hd / 2, hd / 2);
+    const at::Tensor truth = xt * cos64 + at::cat({-x2, x1}, -1) * sin64;
     truth.backward(grad64);
 
     const at::Tensor cos_d = cos.to(c.device), sin_d = sin.to(c.device);
@@ -268,4 +273,4 @@ TEST(FusedOps, ReportsWhetherTheCudaKernelsWereBuilt) {
   }
 }
 
-}  // namespace
+}  // namespace fused_ops_tests

@@ -5,12 +5,13 @@
 #include <cmath>
 #include <functional>
 
+#include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/models/linear_cross_entropy.h"
 #include "fsdp/models/registry.h"
 
-namespace {
+namespace model_tests {
 
 using fsdp::models::model_config;
 using fsdp::models::parameter_count;
@@ -166,9 +167,9 @@ TEST(Models, GptInitialisationFollowsGpt2) {
   EXPECT_NEAR(model->wte->weight.std().item<double>(), 0.02, 0.001);
 }
 
-}  // namespace
+}  // namespace model_tests
 
-namespace {
+namespace model_tests {
 
 // LoRA (models/layers.h): adapters on the targeted layers only, PEFT's names and shapes, B = 0 so
 // the model starts equal to its base, everything but the adapters frozen; bad specs refused.
@@ -206,6 +207,24 @@ TEST(LinearCrossEntropy, EqualsTheComposedHeadAndLoss) {
   }
   EXPECT_THROW(fsdp::models::linear_cross_entropy_sum(torch::randn({4, 3}), torch::randn({5, 3}), torch::zeros({4}, at::kLong), 0),
                std::invalid_argument);
+}
+
+// A target outside [0, vocab) other than the ignore index (-100) is refused, as cross_entropy
+// refuses it; before 2026-12-02 a negative one was clamped to class 0 and trained on.
+TEST(LinearCrossEntropy, RefusesTargetsOutOfBounds) {
+  const at::Tensor hidden = torch::randn({4, 3}), weight = torch::randn({5, 3});
+  auto error_for = [&](std::vector<int64_t> targets) {
+    try {
+      fsdp::models::linear_cross_entropy_sum(hidden, weight, torch::tensor(targets, at::kLong), 2);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_for({0, -5, 1, 2}).find("target -5 at row 1 is out of bounds (classes [0, 5)"), std::string::npos)
+      << error_for({0, -5, 1, 2});
+  EXPECT_NE(error_for({0, 1, 2, 5}).find("target 5 at row 3 is out of bounds"), std::string::npos);
+  EXPECT_EQ(error_for({0, -100, 4, -100}), "accepted");
 }
 
 // The models' loss path (ids, targets -> summed loss through the chunked head) equals their logits
@@ -272,6 +291,52 @@ TEST(Lora, AdaptersStartAtTheBaseAndFreezeIt) {
     params["layers.0.self_attn.q_proj.lora_B.weight"].normal_(0.0, 0.1);
   }
   EXPECT_FALSE(torch::equal(lora->forward(ids), base->forward(ids)));
+}
+
+// The adapted layer's output against the closed form, computed here from its tensors in fp64:
+// y = x W^T + b + s (dropout(x) A^T) B^T with s = alpha / r, or alpha / sqrt(r) with rsLoRA, and
+// dropout (train mode) applied to the adapter's input only, as PEFT does: the same mask drawn
+// again from the same seed. A wrong scale (alpha instead of alpha / r) is off by a factor of r; a
+// dropout on the output, or none, by the dropped share. Tolerance 1e-5 relative (fp32 sums).
+TEST(Lora, AdaptedLinearIsTheClosedForm) {
+  for (bool rslora : {false, true}) {
+    for (double dropout : {0.0, 0.3}) {
+      SCOPED_TRACE(std::string(rslora ? "rslora" : "lora") + ", dropout " + std::to_string(dropout));
+      fsdp::models::LoraSpec spec;
+      spec.rank = 4;
+      spec.alpha = 8;
+      spec.rslora = rslora;
+      spec.dropout = dropout;
+      spec.targets = {"q_proj"};
+      torch::manual_seed(3);
+      fsdp::models::AdaptedLinear layer(12, 10, /*bias=*/true);
+      layer->add_adapter(spec);
+      {
+        torch::NoGradGuard no_grad;
+        layer->lora_B->weight.normal_(0.0, 0.5);  // trained: B != 0
+      }
+      layer->train();
+      const at::Tensor x = torch::randn({3, 5, 12});
+      torch::manual_seed(7);
+      const at::Tensor y = layer->forward(x);
+      torch::manual_seed(7);  // the same draw: the mask dropout applied
+      const at::Tensor dropped = dropout > 0 ? torch::dropout(x, dropout, /*train=*/true) : x;
+      const double scale = rslora ? 8.0 / std::sqrt(4.0) : 8.0 / 4.0;
+      auto d = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
+      const at::Tensor expected = at::matmul(d(x), d(layer->weight).t()) + d(layer->bias) +
+                                  scale * at::matmul(at::matmul(d(dropped), d(layer->lora_A->weight).t()), d(layer->lora_B->weight).t());
+      const double error = (d(y) - expected).abs().max().item<double>();
+      EXPECT_LE(error, 1e-5 * expected.abs().max().item<double>()) << "scale " << scale;
+      EXPECT_DOUBLE_EQ(layer->lora_scale, scale);
+    }
+  }
+}
+
+TEST(Lora, RefusesBadSpecsByName) {
+  auto lora_config = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
+  lora_config.lora.rank = 4;
+  lora_config.lora.alpha = 8;
+  lora_config.lora.targets = {"q_proj", "v_proj", "down_proj"};
 
   auto refused = [&](std::function<void(fsdp::models::LoraSpec&)> edit) {
     auto config = lora_config;
@@ -288,4 +353,52 @@ TEST(Lora, AdaptersStartAtTheBaseAndFreezeIt) {
   EXPECT_NE(refused([](auto& l) { l.targets.clear(); }).find("needs target layers"), std::string::npos);
 }
 
-}  // namespace
+// bf16 linear by fp32 GEMMs (train.bf16_matmul = "fp32", models/bf16_matmul.h) is the composition
+// it stands for, forward and backward, bit for bit: widen the bf16 operands, at::linear in fp32,
+// round to bf16 (autograd's own backward of that composition is the reference). Against libtorch's
+// bf16 GEMM (the same function, another summation order) it agrees to bf16's rounding.
+TEST(Bf16Matmul, Fp32GemmsAreTheWidenedCompositionExactly) {
+  torch::manual_seed(7);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  const at::Tensor x0 = torch::randn({2, 5, 48}, bf16), w0 = torch::randn({24, 48}, bf16), b0 = torch::randn({24}, bf16);
+  const at::Tensor g = torch::randn({2, 5, 24}, bf16);
+  struct Result { at::Tensor y, gx, gw, gb; };
+  auto run = [&](const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& f) {
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    at::Tensor y = f(x, w, b);
+    y.backward(g);
+    return Result{y.detach(), x.grad(), w.grad(), b.grad()};
+  };
+  fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Fp32);
+  const Result widened = run([](auto& x, auto& w, auto& b) { return fsdp::models::linear(x, w, b); });
+  fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Native);
+  const Result composed = run([](auto& x, auto& w, auto& b) {
+    return at::linear(x.to(torch::kFloat), w.to(torch::kFloat), b.to(torch::kFloat)).to(torch::kBFloat16);
+  });
+  const Result native = run([](auto& x, auto& w, auto& b) { return fsdp::models::linear(x, w, b); });
+  for (auto [got, want, what] : {std::tuple{widened.y, composed.y, "y"}, {widened.gx, composed.gx, "dx"},
+                                 {widened.gw, composed.gw, "dW"}, {widened.gb, composed.gb, "db"}}) {
+    ASSERT_EQ(got.scalar_type(), torch::kBFloat16) << what;
+    EXPECT_TRUE(torch::equal(got, want)) << what << ": max difference " << (got - want).abs().max().item<float>();
+  }
+  // Native: libtorch's bf16 GEMM. Values are O(7) (sums of 48 or 10 products of N(0, 1) values):
+  // within 2 bf16 steps (2^-7 relative) of the widened result.
+  for (auto [got, want, what] : {std::tuple{native.y, widened.y, "y"}, {native.gx, widened.gx, "dx"},
+                                 {native.gw, widened.gw, "dW"}}) {
+    EXPECT_TRUE(torch::allclose(got.to(torch::kFloat), want.to(torch::kFloat), 2.0 / 128, 0.05)) << what;
+  }
+  fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Fp32);
+  {  // No bias, and a frozen weight (a LoRA base): only x's gradient.
+    at::Tensor x = x0.clone().requires_grad_(true);
+    fsdp::models::linear(x, w0).backward(g);
+    at::Tensor xr = x0.clone().requires_grad_(true);
+    at::linear(xr.to(torch::kFloat), w0.to(torch::kFloat)).to(torch::kBFloat16).backward(g);
+    EXPECT_TRUE(torch::equal(x.grad(), xr.grad()));
+  }
+  // fp32 inputs take at::linear whatever the mode.
+  const at::Tensor xf = x0.to(torch::kFloat), wf = w0.to(torch::kFloat);
+  EXPECT_TRUE(torch::equal(fsdp::models::linear(xf, wf), at::linear(xf, wf)));
+  fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Native);
+}
+
+}  // namespace model_tests

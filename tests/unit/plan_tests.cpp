@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/plan/memory_plan.h"
+#include "fsdp/train/config.h"
+#include "fsdp/train/planning.h"
+#include "fsdp/train/sharded_model.h"
 
-namespace {
+namespace plan_tests {
 
 using fsdp::plan::make_plan;
 using fsdp::plan::parse_bytes;
@@ -164,4 +167,26 @@ TEST(Plan, BadInputIsNamed) {
   }
 }
 
-}  // namespace
+// fsdp-plan follows the attention path the trainer takes (train.attention, "auto" resolved as the
+// trainer resolves it): bf16 compute on the CPU attends in fp32 and keeps fp32 q, k, v and output
+// per block; the composed path keeps the probabilities [heads, t, t] as well.
+TEST(Plan, TheActivationsFollowTheAttentionPath) {
+  const std::string vit = std::string(FSDP_SOURCE_DIR) + "/configs/vit-fashion-mnist.toml";
+  auto activations = [&](const std::vector<std::string>& overrides) {
+    const auto config = fsdp::train::load_train_config(vit, overrides);
+    return make_plan(fsdp::train::plan_input(config, 2)).memory.activations;
+  };
+  const auto config = fsdp::train::load_train_config(vit);
+  ASSERT_EQ(config.fsdp.param_dtype, "bfloat16");
+  EXPECT_EQ(fsdp::train::attention_path_for(config), fsdp::models::AttentionPath::FusedFp32);
+  EXPECT_EQ(fsdp::train::attention_path_for(fsdp::train::load_train_config(vit, {"fsdp.param_dtype=\"float32\""})),
+            fsdp::models::AttentionPath::Fused);
+  const int64_t automatic = activations({}), fused = activations({"train.attention=\"fused\""}),
+                math = activations({"train.attention=\"math\""});
+  // ViT: 6 blocks, 17 tokens, width 128, 64 images per rank: 4 fp32 tensors of [64, 17, 128] per block
+  // (seven blocks held at the peak: every block's and the last one's gradients).
+  EXPECT_EQ(automatic - fused, 7 * 4 * 4 * 64 * 17 * 128);
+  EXPECT_GT(math, fused);
+}
+
+}  // namespace plan_tests

@@ -9,7 +9,7 @@
 #include "fsdp/report/run_report.h"
 #include "train/targets.h"
 
-namespace {
+namespace report_tests {
 
 namespace fs = std::filesystem;
 
@@ -146,4 +146,4 @@ TEST(Targets, EachMissIsReportedOnceWhereItHappens) {
   EXPECT_TRUE(at_end.after_evaluation(20, 1.5, true).empty());
 }
 
-}  // namespace
+}  // namespace report_tests

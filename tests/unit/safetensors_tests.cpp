@@ -11,7 +11,7 @@
 
 #include "fsdp/checkpoint/safetensors.h"
 
-namespace {
+namespace safetensors_tests {
 
 namespace fs = std::filesystem;
 using fsdp::checkpoint::SafetensorsFile;
@@ -131,9 +131,9 @@ TEST(Safetensors, UnfinishedWriterLeavesNothing) {
   }
 }
 
-}  // namespace
+}  // namespace safetensors_tests
 
-namespace {
+namespace safetensors_tests {
 
 int open_descriptors() {
   int count = 0;
@@ -160,4 +160,4 @@ TEST(Safetensors, RefusesOverflowingShapesAndLeaksNothing) {
   fs::remove(path);
 }
 
-}  // namespace
+}  // namespace safetensors_tests

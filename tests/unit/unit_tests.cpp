@@ -16,7 +16,7 @@
 #include "fsdp/shard/storage.h"
 #include "process_memory.h"
 
-namespace {
+namespace unit_tests {
 
 TEST(Launch, NoLauncherMeansOneProcess) {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) unsetenv(name);
@@ -138,11 +138,12 @@ TEST(Storage, FreeReallocateKeepsAutogradViewsValid) {
   EXPECT_TRUE(torch::allclose(x.grad(), expected, 1e-4, 1e-4));
 }
 
-}  // namespace
+}  // namespace unit_tests
+using namespace unit_tests;  // (helpers above, used below)
 
 // Activation checkpointing on its own: a block with dropout, called through fsdp::nn::call with
 // checkpoint_activations set, against the same block run plainly from the same generator state.
-namespace {
+namespace unit_tests {
 struct DropoutBlockImpl : torch::nn::Module {
   torch::nn::Linear a{nullptr}, b{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -159,7 +160,8 @@ struct DropoutBlockImpl : torch::nn::Module {
   }
 };
 TORCH_MODULE(DropoutBlock);
-}  // namespace
+}  // namespace unit_tests
+using namespace unit_tests;  // (helpers above, used below)
 
 // A region whose inputs need no gradient (the first block over a frozen embedding, LoRA's case):
 // the checkpoint adds an anchor that requires grad so its parameters still get their gradients.

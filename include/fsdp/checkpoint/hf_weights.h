@@ -23,8 +23,10 @@ bool is_adapter(const std::string& name);
 
 struct ExportOptions {
   at::ScalarType dtype = at::kFloat;  // kFloat or kBFloat16
-  // A model with LoRA adapters: write W + (alpha / r) B A for each adapted weight, and no adapters
-  // (PEFT's merge_and_unload). Without it such a model is refused (export_peft_adapter, in peft_adapter.h, writes them).
+  // A model with LoRA adapters: write W + scale B A for each adapted weight (LoraSpec::scale), and
+  // no adapters (PEFT's merge_and_unload). Each layer's delta exists only while its weight is
+  // written, on the writing rank. Without it such a model is refused (export_peft_adapter, in
+  // peft_adapter.h, writes them).
   bool merge_lora = false;
   // 0: one file `path`. Otherwise `path` is a directory receiving Hugging Face's sharded set:
   // model-00001-of-0000N.safetensors files of at most this many bytes (a larger tensor gets a file
@@ -36,6 +38,11 @@ struct ExportOptions {
 // rank 0 streams it to disk. Returns the bytes of tensor data written (on rank 0).
 int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path,
                        const ExportOptions& options = {});
+
+// The dtype a frozen base loaded from `path` keeps its values exactly in: bf16 when every floating
+// tensor there is BF16, else fp32 (F16 is not a subset of bf16). For lora.base_dtype = "auto".
+// Throws std::runtime_error for unreadable weights.
+at::ScalarType stored_weights_dtype(const std::string& path);
 
 // Collective. Loads weights (a .safetensors file, or a directory with model.safetensors.index.json
 // or a single model.safetensors) into the sharded model: each rank reads only the elements of its

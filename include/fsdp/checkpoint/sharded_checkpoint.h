@@ -48,6 +48,9 @@ struct CheckpointInfo {
   int64_t step = 0;          // optimizer steps done; training resumes at this step
   std::string model_name;    // zoo name, for messages and fsdp-ckpt
   std::string config_toml;   // the run's resolved configuration
+  // The trainer's own state beside the model's, as JSON text it writes and reads itself (the
+  // loss-spike guard's window); "" when none (checkpoints before 2026-12-02 have none).
+  std::string trainer_state;
 };
 
 // Collective: every rank of the state's group calls it. Returns the published directory.
@@ -70,7 +73,9 @@ std::string find_latest_checkpoint(const std::string& checkpoints_dir, int64_t m
 // Removes published checkpoints after `step` (a rollback discards the steps after its target).
 void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step);
 // Removes published checkpoints beyond the newest `keep`, and leftover *.partial directories.
-void prune_checkpoints(const std::string& checkpoints_dir, int keep);
+// keep_at_or_before >= 0: the newest checkpoint at or before that step is kept whatever `keep`
+// says (the one a rollback over the current streak of skipped steps would need).
+void prune_checkpoints(const std::string& checkpoints_dir, int keep, int64_t keep_at_or_before = -1);
 
 // The manifest's step, model name and config, checked as load_checkpoint checks it (no data read).
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir);

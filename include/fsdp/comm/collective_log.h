@@ -5,9 +5,13 @@
 // different code, the pairing goes wrong silently (two gathers of the same size from different
 // units) or waits until a timeout. Every backend records each collective as it is issued: what it
 // is (operation, element count, group size, dtype) and the label of the code issuing it (FSDP
-// units label theirs "unit 'blocks.1'"). The records fold into a running fingerprint per step;
-// the trainer compares fingerprints in the all-gather it already does once per step, and on a
-// mismatch check_collectives_agree finds the first collective that differs and stops every rank
+// units label theirs "unit 'blocks.1'"), on its group's channel (ProcessGroup::channel: "world",
+// "world/split#2"). Each channel folds its records into a running fingerprint of its own: only the
+// order within one communicator must agree across ranks. The order in which communicators
+// interleave may differ (hybrid sharding issues a unit's replica all-reduce when its reduce-scatter
+// completes, which depends on timing), so the step's fingerprint combines the channels' in channel
+// order. The trainer compares fingerprints in the all-gather it already does once per step, and on
+// a mismatch check_collectives_agree finds the first collective that differs and stops every rank
 // naming it on each side. A wait past the timeout names its collective's place in the step.
 #pragma once
 
@@ -31,25 +35,27 @@ class CollectiveLabel {
   std::string previous_;
 };
 
-// Called by a backend as it issues a collective; `what` names the operation, element count, group
-// size and dtype ("all_gather(4096 x 2 Float)"). Returns the record's place for messages:
-// "unit 'blocks.1', collective 12 of step 7 on this rank". Thread-safe.
-std::string record_collective(const std::string& what);
+// Called by a backend as it issues a collective on the group whose channel is `channel`; `what`
+// names the operation, element count, group size and dtype ("all_gather(4096 x 2 Float)").
+// Returns the record's place for messages: "unit 'blocks.1', collective 12 of step 7 on this
+// rank" (counted over every channel). Thread-safe.
+std::string record_collective(const std::string& channel, const std::string& what);
 
 // Starts a new step's record (the trainer calls it at every step's start; `step` as it prints it).
 void begin_collective_step(int64_t step);
 
 struct CollectiveFingerprint {
-  int64_t count = 0;   // collectives recorded since begin_collective_step
-  uint64_t hash = 0;   // FNV-1a over their descriptions, in order
+  int64_t count = 0;   // collectives recorded since begin_collective_step, every channel
+  uint64_t hash = 0;   // FNV-1a over the channels in name order: each one's name, count and the
+                       // FNV-1a of its descriptions in issue order
   bool operator==(const CollectiveFingerprint& o) const { return count == o.count && hash == o.hash; }
 };
 CollectiveFingerprint collective_fingerprint();
 
 // Collective over `world`. `every_rank[r]` is rank r's fingerprint taken at the same point of the
 // step on every rank (all-gathered by the caller). Returns when they are all equal; otherwise finds
-// the first collective that differs (two all-gathers) and throws AgreedStop on every rank, naming
-// that collective as each side issued it.
+// the first collective that differs, in the channels taken in name order (two all-gathers), and
+// throws AgreedStop on every rank, naming that collective and its channel as each side issued it.
 void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<CollectiveFingerprint>& every_rank);
 
 // Fingerprints travel in fp64 all-gathers: three exact doubles (count, high and low 32 bits).

@@ -67,6 +67,10 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;  // "world", or "world/split(color=1)"
+  // The group's role, named alike on every rank: "world", "world/split#2" (the second split of
+  // world, whatever this rank's color). Each channel's collectives must pair in order across
+  // ranks; how channels interleave is free (collective_log.h).
+  virtual std::string channel() const = 0;
   // Where this group's tensors live: kCPU for MPI, kCUDA for NCCL (one device per rank).
   virtual at::DeviceType device_type() const { return at::kCPU; }
 

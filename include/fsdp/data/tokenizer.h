@@ -27,6 +27,8 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // Valid UTF-8 always: bytes that make no character (a sample cut mid-character) become U+FFFD,
+  // one per maximal invalid stretch, as Hugging Face's decoders do (src/data/utf8_repair.h).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual std::string name() const = 0;

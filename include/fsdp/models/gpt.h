@@ -1,5 +1,6 @@
 // fsdp/models/gpt.h: GPT-2 (Radford et al. 2019) as nanoGPT and Hugging Face write it: learned
-// position embeddings, pre-norm blocks of causal self-attention and a GELU MLP (4x wide),
+// position embeddings, pre-norm blocks of causal self-attention and a GELU MLP (4x wide unless
+// mlp_hidden says otherwise),
 // LayerNorm, and an output head tied to the token embedding. Module names follow Hugging Face's
 // (wte, wpe, h.<i>.attn.c_attn, ...) so published weights map by name.
 //
@@ -28,7 +29,12 @@ struct GptConfig {
   int64_t layers = 12;
   double dropout = 0.0;    // after attention, MLP and embeddings (0: off, as in fine-tuning)
   bool qkv_bias = true;    // GPT-2 has biases on every Linear
+  int64_t mlp_hidden = 0;  // the MLP's width; 0: 4 x dim, GPT-2's (Hugging Face's n_inner)
+  double norm_eps = 1e-5;  // LayerNorm epsilon (Hugging Face's layer_norm_epsilon)
   LoraSpec lora;           // adapters on c_attn, c_proj (attention's and the MLP's), c_fc
+
+  int64_t mlp_width() const { return mlp_hidden > 0 ? mlp_hidden : 4 * dim; }
+  static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
   void validate() const;   // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)

@@ -9,16 +9,14 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "fsdp/models/attention.h"
+
 #include <string>
 #include <vector>
 
 namespace fsdp::models {
 
-// q [b, heads, t, hd], k and v [b, kv_heads, t, hd] (heads a multiple of kv_heads) ->
-// [b, heads, t, hd]. causal: position i attends to positions <= i. Each group of heads/kv_heads
-// query heads shares one key/value head (grouped-query attention; kv_heads == heads is plain
-// multi-head attention).
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
+// Attention itself, and the paths it may take: fsdp/models/attention.h.
 
 // Llama 3.1's frequency scaling for long contexts (Hugging Face's rope_scaling with rope_type
 // "llama3"): wavelengths longer than original_context / low_freq_factor are stretched by `factor`,
@@ -78,20 +76,28 @@ struct LmHeadImpl : torch::nn::Module {
 TORCH_MODULE(LmHead);
 
 // Low-rank adapters (LoRA, Hu et al. 2021) as PEFT defines them: a targeted linear layer computes
-//   y = x W^T + b + (alpha / rank) * B(A(dropout(x)))
+//   y = x W^T + b + scale * B(A(dropout(x))),   scale = alpha / rank (rsLoRA: alpha / sqrt(rank))
 // with A [rank, in] drawn as nn.Linear draws its weight (kaiming-uniform) and B [out, rank] zeros,
 // so a model starts equal to its base. With adapters, everything else (the base) is frozen.
 struct LoraSpec {
+  // PEFT's target_modules = "all-linear": every linear layer of the blocks (the output head is not one).
+  static constexpr const char* kAllLinear = "all-linear";
+
   int64_t rank = 0;  // 0: no adapters
   double alpha = 16.0;
   double dropout = 0.0;
-  std::vector<std::string> targets;  // linear layers by name: q_proj, v_proj (Llama), c_attn (GPT-2), ...
+  bool rslora = false;  // rank-stabilised scale alpha / sqrt(rank) (Kalajdzievski 2023; PEFT's use_rslora)
+  std::vector<std::string> targets;  // linear layers by name: q_proj, v_proj (Llama), c_attn (GPT-2), ...; or {"all-linear"}
   bool enabled() const { return rank > 0; }
+  bool all_linear() const { return targets.size() == 1 && targets.front() == kAllLinear; }
   bool targets_layer(const std::string& name) const;
+  double scale() const;  // what B A is multiplied by
+  // The layer names targeted, "all-linear" expanded to `layers` (the family's linear layers).
+  std::vector<std::string> target_layers(const std::vector<std::string>& layers) const;
   // "q_proj v_proj" or "q_proj,v_proj" -> {"q_proj", "v_proj"} (config files and fsdp-plan's flag).
   static std::vector<std::string> parse_targets(const std::string& text);
-  // Throws std::invalid_argument for rank <= 0 with targets, no targets, or a target none of
-  // `layers` (the family's linear layers) is called.
+  // Throws std::invalid_argument for rank <= 0 with targets, no targets, "all-linear" beside other
+  // names, or a target none of `layers` (the family's linear layers) is called.
   void validate(const char* family, const std::vector<std::string>& layers) const;
 };
 
@@ -105,7 +111,7 @@ struct AdaptedLinearImpl : torch::nn::Module {
   at::Tensor weight, bias;                  // bias undefined without one
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
   torch::nn::Dropout lora_dropout{nullptr};
-  double lora_scale = 0.0;                  // alpha / rank
+  double lora_scale = 0.0;                  // LoraSpec::scale()
 };
 TORCH_MODULE(AdaptedLinear);
 

@@ -32,6 +32,8 @@ struct LlamaConfig {
   RopeScaling rope_scaling;  // Llama 3.1 and 3.2: factor 32 (3.2) or 8 (3.1) over 8192 positions
   LoraSpec lora;             // adapters on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
 
+  static const std::vector<std::string>& linear_layers();  // what LoRA may target
+
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer

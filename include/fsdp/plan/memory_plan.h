@@ -58,6 +58,9 @@ struct PlanInput {
   // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
   // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.
   bool fused_attention = true;
+  // Attention in fp32 for a lower-precision compute dtype (models::AttentionPath::FusedFp32):
+  // its q, k, v and output are kept in fp32.
+  bool attention_fp32 = false;
   // train.fused_ops: Llama's SwiGLU keeps its two inputs, not SiLU(gate) as well (models/fused_ops.h).
   bool fused_ops = true;
   // LoRA (the model's LoraSpec enabled): the base frozen, its shards in this dtype, no gradient or

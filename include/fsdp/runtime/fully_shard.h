@@ -71,6 +71,7 @@ struct CommStats {
   double exposed_seconds = 0;      // this thread blocked waiting for a gather or a reduction
   int64_t gathers = 0;             // all-gathers of units issued
   int64_t prefetched_gathers = 0;  // of which issued ahead of the unit's use
+  int64_t gathered_bytes = 0;      // bytes the gathers delivered to this rank (padded buffers, wire dtype)
   int64_t reductions = 0;          // gradient reductions issued
   // HybridShard: all-reduces of reduced gradient shards across replicas, and of those the ones
   // issued while backward still computed (their reduce-scatter done before the reduction was due).
@@ -135,7 +136,7 @@ class FsdpState {
   void on_memory_changed();
   void on_pre_backward();
   void wait(const comm::WorkPtr& work);  // counts the blocked time as exposed communication
-  void count_gather(bool prefetch);
+  void count_gather(bool prefetch, int64_t bytes);
   void count_reduction() { ++comm_stats_.reductions; }
   void count_replica_reduction(bool overlapped) {
     ++comm_stats_.replica_reductions;

@@ -80,9 +80,14 @@ class FlatParam {
   // while resharded. Not for replicated (NO_SHARD) parameters.
   void set_precision(at::ScalarType compute, at::ScalarType reduce);
   at::ScalarType compute_dtype() const { return compute_dtype_; }
-  // Keeps this (frozen) FlatParam's shard in `dtype` (bf16 for a LoRA base): gathers cast it to the
-  // compute dtype. Throws for a trainable one (its shard is the fp32 master) and under no_shard.
+  // Keeps this (frozen) FlatParam's shard in `dtype` (bf16 for a LoRA base). Throws for a
+  // trainable one (its shard is the fp32 master) and under no_shard.
   void set_storage_dtype(at::ScalarType dtype);
+  // What a gather sends: the narrower of the shard's dtype and the compute dtype (a bf16 base is
+  // gathered as bf16 and widened after, under fp32 compute; an fp32 master is cast to bf16 first
+  // under bf16 compute). gather_wire_bytes: the bytes one gather delivers to each rank.
+  at::ScalarType wire_dtype() const;
+  int64_t gather_wire_bytes() const { return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(wire_dtype())); }
   // Where the gathered buffers live and compute runs: the parameters' device (CPU, or this rank's
   // GPU). The shard, its gradient and the optimizer state live there too, unless offloaded.
   at::Device device() const { return compute_device_; }

@@ -15,12 +15,15 @@
 //                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
-//   [lora]       rank, alpha, dropout, targets = "q_proj v_proj", base_dtype = "bfloat16" | "float32",
+//   [lora]       rank, alpha, dropout, rslora, targets = "q_proj v_proj" | "all-linear",
+//                base_dtype = "auto" | "bfloat16" | "float32",
 //                init_adapter = "PEFT adapter directory" (continue training it)
 //   [targets]    min_tokens_per_second, max_step_seconds, max_memory_per_rank ("8GiB"),
 //                max_validation_loss (+ max_validation_loss_step), price_per_device_hour + max_cost, stop
-// Every key is optional except model.name (or init_from, or family); configs/*.toml show them all. Unknown keys, values of
-// the wrong type and impossible values are errors that name the key and the file.
+// Every key is declared once (src/train/config_keys.cpp: name, member, type, help, check);
+// `fsdp-train --list-keys` lists them with their defaults. Every key is optional except model.name
+// (or init_from, or family). Unknown keys, values of the wrong type and impossible values are
+// errors that name the key and the file.
 // Overrides use the same dotted keys: `--set train.steps=50 --set optimizer.lr=1e-3`; the value is
 // read as TOML (a bare word that is not TOML is taken as a string).
 #pragma once
@@ -162,9 +165,11 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   TargetsConfig targets;
   GuardConfig guard;
-  // [lora] rank, alpha, dropout, targets ("q_proj v_proj"): the adapters go into the model's
-  // config (LoraSpec); the frozen base's shards are kept in base_dtype.
-  std::string lora_base_dtype = "bfloat16";
+  // [lora] rank, alpha, dropout, rslora, targets ("q_proj v_proj" or "all-linear"): the adapters
+  // go into the model's config (LoraSpec); the frozen base's shards are kept in base_dtype:
+  // "auto" (resolved when read: the dtype of model.init_from's weights, bfloat16 only when they are,
+  // float32 for a random base), "bfloat16" or "float32".
+  std::string lora_base_dtype = "auto";
   // lora.init_adapter: a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
   // whose lora_A/lora_B start the adapters, to continue training one. Its r, lora_alpha,
   // lora_dropout and target_modules fill the [lora] keys left out (and must equal those given).
@@ -177,6 +182,13 @@ struct TrainConfig {
   // operations (models/fused_ops.h: one kernel each way on a GPU, fewer saved activations
   // everywhere); false: the composed references, for comparison.
   bool fused_ops = true;
+  // train.attention: how attention computes in the compute dtype (models/attention.h): "auto"
+  // (fused_fp32 for bf16 compute on the CPU, where libtorch's bf16 flash backward is slow; fused
+  // otherwise), "fused", "fused_fp32" or "math".
+  std::string attention = "auto";
+  // train.bf16_matmul: how bf16 linear layers and the head multiply (models/bf16_matmul.h): "auto"
+  // (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native), "native", "fp32".
+  std::string bf16_matmul = "auto";
   int64_t report_every = 50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
 
@@ -190,7 +202,16 @@ void validate_for_world(const TrainConfig& config, int world_size);
 
 std::string checkpoints_dir(const TrainConfig& config);  // checkpoint.dir or <output_dir>/checkpoints
 
-// The resolved configuration as TOML (written beside the run's metrics).
+// lora.base_dtype with "auto" resolved: the dtype of model.init_from's weights where every one is
+// bf16 ("bfloat16"), else "float32" (a random base, fp32 or fp16 weights). Reads the weights'
+// headers; throws ConfigError when they cannot be read.
+std::string resolved_lora_base_dtype(const TrainConfig& config);  // checkpoint.dir or <output_dir>/checkpoints
+
+// The resolved configuration as TOML (written beside the run's metrics): every key that applies,
+// numbers as written (0.95, not 0.9499999999999996).
 std::string to_toml(const TrainConfig& config);
+
+// Every key with its type, one line of help and its default, section by section (--list-keys).
+std::string list_config_keys();
 
 }  // namespace fsdp::train

@@ -17,6 +17,7 @@
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/reporting.h"
+#include "fsdp/train/sharded_model.h"  // build_sharded_model: what train() trains
 
 namespace fsdp::train {
 
@@ -63,15 +64,6 @@ struct TrainerOptions {
 // --profile-steps: "A:B" (1 <= A <= B) or "A" (one step) -> {A, B}; throws std::invalid_argument
 // naming the text.
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& text);
-
-// The model of a config, built and sharded block by block over `group` (same seed on every rank),
-// with the vocabulary given (language models). What train() trains and fsdp-ckpt converts.
-struct ShardedModel {
-  models::ModelConfig config;
-  models::BuiltModel model;
-  std::shared_ptr<runtime::FsdpState> state;
-};
-ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group);
 
 // Asks a running train() to save a checkpoint and stop at the end of the current step, on every
 // rank (a request on any rank is seen by all within one step). Async-signal-safe: call it from a

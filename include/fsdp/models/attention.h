@@ -1,0 +1,48 @@
+// fsdp/models/attention.h: softmax(q k^T / sqrt(hd)) v, by one of three paths, chosen per compute
+// dtype for the whole process (models call attention(); the trainer chooses, train.attention):
+//
+//   Fused      libtorch's scaled_dot_product_attention in the inputs' dtype (flash or
+//              memory-efficient kernels on a GPU, a blocked kernel on the CPU): keeps q, k, v, the
+//              output and one log-sum-exp per query
+//   FusedFp32  the same kernel in fp32 for lower-precision inputs, cast back: on the CPU, libtorch
+//              2.11's bf16 flash backward is far slower than its fp32 one on short sequences (ViT's
+//              17 tokens: 104.7 ms against 6.1 ms per step, 2026-12-02); keeps fp32 q, k, v, output
+//   Math       matmul, softmax in fp32, matmul, in the inputs' dtype (autograd's composition):
+//              keeps the probabilities [b, heads, t, t] as well
+//
+// Every path computes the same function; they differ in rounding (fp32 paths less) and speed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace fsdp::models {
+
+enum class AttentionPath { Fused, FusedFp32, Math };
+const char* to_string(AttentionPath path);  // "fused", "fused_fp32", "math"
+// "fused" | "fused_fp32" | "math"; throws std::invalid_argument naming the text otherwise.
+AttentionPath attention_path_from_string(const std::string& text);
+
+// q [b, heads, t, hd], k and v [b, kv_heads, t, hd] (heads a multiple of kv_heads) ->
+// [b, heads, t, hd], in q's dtype. causal: position i attends to positions <= i. Each group of
+// heads/kv_heads query heads shares one key/value head (grouped-query attention).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
+
+// The path attention() takes for inputs of `dtype` (default Fused for every dtype). Set before
+// training; not thread-safe against concurrent attention() calls.
+void set_attention_path(at::ScalarType dtype, AttentionPath path);
+AttentionPath attention_path(at::ScalarType dtype);
+
+// Forward and backward of attention() on random inputs of this shape and dtype on `device`, for
+// each path, in seconds (median of `repeats` after one warm-up): what train.attention = "auto"
+// chooses from.
+struct AttentionTiming {
+  AttentionPath path;
+  double seconds;
+};
+std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t, int64_t head_dim,
+                                                  bool causal, at::ScalarType dtype, at::Device device, int repeats = 5);
+
+}  // namespace fsdp::models

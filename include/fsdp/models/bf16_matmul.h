@@ -1,0 +1,39 @@
+// fsdp/models/bf16_matmul.h: how the models' bf16 matmuls compute (linear layers and the head).
+//
+//   Native  libtorch's bf16 GEMM (bf16 operands, fp32 accumulation, a bf16 result): fast where
+//           the CPU has bf16 instructions (AVX512-BF16, AMX) and on GPUs
+//   Fp32    the same bf16 operands widened to fp32, an fp32 GEMM, the result rounded to bf16: the
+//           same function up to the order of summation, for CPUs without bf16 instructions, where
+//           libtorch widens inside its GEMM element by element and a bf16 step ran 6-14x slower
+//           than fp32 (AMD EPYC with AVX2, 2026-12-02). Backward keeps the bf16 operands, as
+//           Native's does, and widens them again: the fp32 copies are transient.
+//
+// A process-wide choice (the trainer sets it from train.bf16_matmul); only bf16 inputs are affected.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace fsdp::models {
+
+enum class Bf16Matmul { Native, Fp32 };
+const char* to_string(Bf16Matmul mode);  // "native", "fp32"
+Bf16Matmul bf16_matmul_from_string(const std::string& text);  // std::invalid_argument otherwise
+
+void set_bf16_matmul(Bf16Matmul mode);
+Bf16Matmul bf16_matmul();
+
+// at::linear(x, weight, bias) (x [..., in], weight [out, in], bias [out] or undefined) with autograd,
+// computed as bf16_matmul() says when x is bf16.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
+// a [n, k] @ b [k, m] without autograd (inside custom autograd functions), the same way; the
+// result in a's dtype. b may come already widened (matmul_operand).
+at::Tensor matmul_in_compute_dtype(const at::Tensor& a, const at::Tensor& b);
+
+// An operand several matmul_in_compute_dtype calls share (the head's weight across loss chunks),
+// widened once to fp32 where those calls would widen it each time; else the tensor itself.
+at::Tensor matmul_operand(const at::Tensor& t);
+
+}  // namespace fsdp::models

@@ -1,0 +1,114 @@
+#include "fsdp/models/attention.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include "fsdp/compat.h"
+
+namespace fsdp::models {
+
+namespace {
+
+std::map<at::ScalarType, AttentionPath>& paths() {
+  static std::map<at::ScalarType, AttentionPath> chosen;
+  return chosen;
+}
+
+// softmax(q k^T / sqrt(hd) [+ causal mask]) v by autograd's composition; the softmax in fp32.
+at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  const int64_t t = q.size(2), s = k.size(2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (causal) {
+    const at::Tensor future = at::ones({t, s}, q.options().dtype(at::kBool)).triu(s - t + 1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  }
+  const at::Tensor probabilities = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(probabilities, v);
+}
+
+}  // namespace
+
+const char* to_string(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::Fused: return "fused";
+    case AttentionPath::FusedFp32: return "fused_fp32";
+    case AttentionPath::Math: return "math";
+  }
+  return "?";
+}
+
+AttentionPath attention_path_from_string(const std::string& text) {
+  for (AttentionPath path : {AttentionPath::Fused, AttentionPath::FusedFp32, AttentionPath::Math}) {
+    if (text == to_string(path)) return path;
+  }
+  throw std::invalid_argument("attention path '" + text + "' (expected fused, fused_fp32 or math)");
+}
+
+void set_attention_path(at::ScalarType dtype, AttentionPath path) { paths()[dtype] = path; }
+
+AttentionPath attention_path(at::ScalarType dtype) {
+  auto it = paths().find(dtype);
+  return it == paths().end() ? AttentionPath::Fused : it->second;
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [b, heads, t, hd]");
+  const int64_t heads = q.size(1), kv_heads = k.size(1);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " query heads are not a multiple of ",
+              kv_heads, " key/value heads");
+  at::Tensor keys = k, values = v;
+  if (kv_heads != heads) {
+    // [b, kv, t, hd] -> [b, kv * group, t, hd]: query head h reads key/value head h / group.
+    keys = k.repeat_interleave(heads / kv_heads, 1);
+    values = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  switch (attention_path(q.scalar_type())) {
+    case AttentionPath::FusedFp32:
+      if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble) {
+        return compat::scaled_dot_product_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat), causal)
+            .to(q.scalar_type());
+      }
+      break;
+    case AttentionPath::Math:
+      return math_attention(q, keys, values, causal);
+    case AttentionPath::Fused:
+      break;
+  }
+  return compat::scaled_dot_product_attention(q, keys, values, causal);
+}
+
+std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t, int64_t head_dim,
+                                                  bool causal, at::ScalarType dtype, at::Device device, int repeats) {
+  const AttentionPath previous = attention_path(dtype);
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  at::Tensor q = at::randn({batch, heads, t, head_dim}, options).requires_grad_(true);
+  at::Tensor k = at::randn({batch, kv_heads, t, head_dim}, options).requires_grad_(true);
+  at::Tensor v = at::randn({batch, kv_heads, t, head_dim}, options).requires_grad_(true);
+  const at::Tensor grad = at::randn({batch, heads, t, head_dim}, options);
+  std::vector<AttentionTiming> timings;
+  for (AttentionPath path : {AttentionPath::Fused, AttentionPath::FusedFp32, AttentionPath::Math}) {
+    if (path == AttentionPath::FusedFp32 && (dtype == at::kFloat || dtype == at::kDouble)) continue;  // the same as Fused
+    set_attention_path(dtype, path);
+    std::vector<double> seconds;
+    for (int i = 0; i <= repeats; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      attention(q, k, v, causal).backward(grad);
+      if (!device.is_cpu()) q.grad().cpu();  // waits for the device's queue
+      if (i > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      q.mutable_grad() = at::Tensor();
+      k.mutable_grad() = at::Tensor();
+      v.mutable_grad() = at::Tensor();
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+    timings.push_back({path, seconds[seconds.size() / 2]});
+  }
+  set_attention_path(dtype, previous);
+  return timings;
+}
+
+}  // namespace fsdp::models

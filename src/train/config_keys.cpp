@@ -1,0 +1,584 @@
+// The one declaration of fsdp-train's config keys (config_keys.h). To add a key: a member in
+// TrainConfig (fsdp/train/config.h) with its default, and one entry below with its help and check.
+#include "config_keys.h"
+
+#include <charconv>
+#include <cmath>
+#include <type_traits>
+
+#include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/plan/memory_plan.h"
+
+namespace fsdp::train {
+
+const char* to_string(ConfigType type) {
+  switch (type) {
+    case ConfigType::Integer: return "integer";
+    case ConfigType::Number: return "number";
+    case ConfigType::Boolean: return "boolean";
+    case ConfigType::String: return "string";
+  }
+  return "?";
+}
+
+std::string toml_value_text(const ConfigValue& value) {
+  if (const auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
+  if (const auto* b = std::get_if<bool>(&value)) return *b ? "true" : "false";
+  if (const auto* d = std::get_if<double>(&value)) {
+    if (std::isnan(*d)) return "nan";
+    if (std::isinf(*d)) return *d > 0 ? "inf" : "-inf";
+    char buffer[64];
+    const auto result = std::to_chars(buffer, buffer + sizeof(buffer), *d);  // the shortest text that reads back exactly
+    std::string text(buffer, result.ptr);
+    if (text.find_first_of(".eE") == std::string::npos) text += ".0";  // 8 -> 8.0: stays a number in TOML
+    return text;
+  }
+  std::string quoted = "\"";
+  for (const char ch : std::get<std::string>(value)) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      quoted += '\\';
+      quoted += ch;
+    } else if (byte < 0x20 || byte == 0x7f) {
+      char escape[8];
+      std::snprintf(escape, sizeof(escape), "\\u%04x", byte);
+      quoted += escape;
+    } else {
+      quoted += ch;
+    }
+  }
+  return quoted + "\"";
+}
+
+namespace {
+
+// ---- How values travel between a member and a ConfigValue ----
+
+template <class T>
+constexpr ConfigType type_of() {
+  if constexpr (std::is_same_v<T, bool>) return ConfigType::Boolean;
+  else if constexpr (std::is_integral_v<T>) return ConfigType::Integer;
+  else if constexpr (std::is_floating_point_v<T>) return ConfigType::Number;
+  else return ConfigType::String;
+}
+
+template <class T>
+ConfigValue to_value(const T& v) {
+  if constexpr (std::is_same_v<T, bool>) return v;
+  else if constexpr (std::is_integral_v<T>) return static_cast<int64_t>(v);
+  else if constexpr (std::is_floating_point_v<T>) return static_cast<double>(v);
+  else return std::string(v);
+}
+
+template <class T>
+T from_value(const ConfigValue& v) {
+  if constexpr (std::is_same_v<T, bool>) return std::get<bool>(v);
+  else if constexpr (std::is_integral_v<T>) return static_cast<T>(std::get<int64_t>(v));
+  else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(std::get<double>(v));
+  else return std::get<std::string>(v);
+}
+
+// A key bound to the member `field` gives the address of (nullptr where the key does not apply).
+template <class Field>
+ConfigKey key(std::string name, Field field, std::string help) {
+  using T = std::remove_pointer_t<std::invoke_result_t<Field, TrainConfig&>>;
+  ConfigKey k;
+  k.name = std::move(name);
+  k.type = type_of<T>();
+  k.help = std::move(help);
+  k.get = [field](const TrainConfig& c) { return to_value(*field(const_cast<TrainConfig&>(c))); };
+  k.set = [field](TrainConfig& c, const ConfigValue& v) { *field(c) = from_value<T>(v); };
+  k.applies = [field](const TrainConfig& c) { return field(const_cast<TrainConfig&>(c)) != nullptr; };
+  return k;
+}
+
+#define MEMBER(path) [](TrainConfig& c) { return &c.path; }
+
+// ---- Checks ----
+
+std::string unless(bool ok, const std::string& message) { return ok ? std::string() : message; }
+
+std::string listed(const std::vector<std::string>& names) {
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
+// "KEY 'VALUE' (expected a, b or c)" unless value is one of them.
+std::function<std::string(const TrainConfig&)> one_of(const std::string& name, std::function<std::string(const TrainConfig&)> value,
+                                                      std::vector<std::string> choices) {
+  return [name, value, choices](const TrainConfig& c) {
+    const std::string v = value(c);
+    for (const auto& choice : choices) {
+      if (v == choice) return std::string();
+    }
+    return name + " '" + v + "' (expected " + listed(choices) + ")";
+  };
+}
+
+// ---- [model]: each key applies to the families that have the field ----
+
+struct NotInFamily {};
+constexpr NotInFamily none{};
+
+// The address of a model field in the family the config holds; nullptr for a family without it.
+template <class T, class Gpt, class Llama, class Vit>
+auto model_field(Gpt gpt, Llama llama, Vit vit) {
+  return [=](TrainConfig& c) -> T* {
+    auto pick = [](auto accessor, auto& family) -> T* {
+      if constexpr (std::is_same_v<decltype(accessor), NotInFamily>) return nullptr;
+      else return accessor(family);
+    };
+    if (auto* g = std::get_if<models::GptConfig>(&c.model)) return pick(gpt, *g);
+    if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) return pick(llama, *l);
+    if (auto* v = std::get_if<models::VitConfig>(&c.model)) return pick(vit, *v);
+    return nullptr;
+  };
+}
+
+ConfigKey model_key(ConfigKey k) {
+  k.not_applicable = [name = k.name](const TrainConfig& c) {
+    return name + " does not apply to " + std::string(models::family_name(c.model)) + " models";
+  };
+  k.set_by_hf_config = true;
+  k.default_text = "the model's";
+  return k;
+}
+
+models::LoraSpec* mutable_lora(models::ModelConfig& model) {
+  if (auto* g = std::get_if<models::GptConfig>(&model)) return &g->lora;
+  if (auto* l = std::get_if<models::LlamaConfig>(&model)) return &l->lora;
+  return nullptr;
+}
+
+bool has_lora(const TrainConfig& c) { return models::lora_spec(c.model) != nullptr; }
+bool lora_enabled(const TrainConfig& c) {
+  const models::LoraSpec* lora = models::lora_spec(c.model);
+  return lora != nullptr && lora->enabled();
+}
+
+ConfigKey lora_key(ConfigKey k) {
+  k.applies = has_lora;
+  k.not_applicable = [](const TrainConfig& c) {
+    return "[lora] applies to the gpt and llama families, not " + std::string(models::family_name(c.model));
+  };
+  k.written = [](const TrainConfig& c) { return lora_enabled(c); };
+  return k;
+}
+
+ConfigKey target_key(ConfigKey k) {
+  k.written = [](const TrainConfig& c) { return c.targets.any(); };
+  return k;
+}
+
+ConfigKey guard_key(ConfigKey k) {
+  k.written = [](const TrainConfig& c) { return c.guard.any(); };
+  return k;
+}
+
+std::vector<ConfigKey> declare() {
+  std::vector<ConfigKey> keys;
+  auto add = [&](ConfigKey k) -> ConfigKey& {
+    keys.push_back(std::move(k));
+    return keys.back();
+  };
+  using models::GptConfig;
+  using models::LlamaConfig;
+  using models::VitConfig;
+
+  // ---- top level ----
+  add(key("name", MEMBER(name), "run name; output_dir defaults to runs/<name>"));
+  add(key("seed", MEMBER(seed), "seeds the model's initialisation, the data order and sampling"));
+  add(key("output_dir", MEMBER(output_dir), "where config.toml, metrics.jsonl, report.html and checkpoints go"))
+      .default_text = "runs/<name>";
+
+  // ---- [model] ----
+  {
+    ConfigKey& k = add(key("model.name", MEMBER(model_name), "a model of the zoo (fsdp-train --list-models), or a label"));
+    k.read_first = true;
+    k.default_text = "required unless init_from or family";
+  }
+  {
+    ConfigKey k;
+    k.name = "model.family";
+    k.type = ConfigType::String;
+    k.help = "gpt | llama | vit with every shape key given (as a resolved config.toml has it)";
+    k.get = [](const TrainConfig& c) { return ConfigValue(std::string(models::family_name(c.model))); };
+    k.set = [](TrainConfig&, const ConfigValue&) {};  // read by parse_train_config (read_first)
+    k.read_first = true;
+    k.default_text = "from name or init_from";
+    add(std::move(k));
+  }
+  add(key("model.init_from", MEMBER(init_from),
+          "initial weights: a Hugging Face model directory (its config.json gives the shape), safetensors, or a checkpoint"))
+      .read_first = true;
+  {
+    ConfigKey k = model_key(key("model.vocab",
+                                model_field<int64_t>([](GptConfig& g) { return &g.vocab; }, [](LlamaConfig& l) { return &l.vocab; }, none),
+                                "embedding rows; 0 = the tokenizer's, else at least it"));
+    auto plain_set = k.set;
+    k.set = [plain_set](TrainConfig& c, const ConfigValue& v) {
+      plain_set(c, v);
+      c.model_vocab = std::get<int64_t>(v);
+    };
+    add(std::move(k));
+  }
+  add(model_key(key("model.context", model_field<int64_t>([](GptConfig& g) { return &g.context; }, [](LlamaConfig& l) { return &l.context; }, none),
+                    "longest sequence (GPT-2: rows of the position embedding)")))
+      .free_beside_hf_config = [](const TrainConfig& c) { return std::holds_alternative<LlamaConfig>(c.model); };
+  add(model_key(key("model.dim", model_field<int64_t>([](GptConfig& g) { return &g.dim; }, [](LlamaConfig& l) { return &l.dim; },
+                                                      [](VitConfig& v) { return &v.dim; }),
+                    "width of the residual stream")));
+  add(model_key(key("model.heads", model_field<int64_t>([](GptConfig& g) { return &g.heads; }, [](LlamaConfig& l) { return &l.heads; },
+                                                        [](VitConfig& v) { return &v.heads; }),
+                    "attention heads")));
+  add(model_key(key("model.kv_heads", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.kv_heads; }, none),
+                    "key/value heads (grouped-query attention)")));
+  add(model_key(key("model.layers", model_field<int64_t>([](GptConfig& g) { return &g.layers; }, [](LlamaConfig& l) { return &l.layers; },
+                                                         [](VitConfig& v) { return &v.layers; }),
+                    "transformer blocks")));
+  add(model_key(key("model.ffn_hidden", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.ffn_hidden; }, none),
+                    "SwiGLU width")));
+  add(model_key(key("model.mlp_hidden", model_field<int64_t>([](GptConfig& g) { return &g.mlp_hidden; }, none, [](VitConfig& v) { return &v.mlp_hidden; }),
+                    "MLP width (GPT: 0 = 4 x dim)")));
+  add(model_key(key("model.patch", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.patch; }), "patch side in pixels")));
+  add(model_key(key("model.image_size", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.image_size; }), "image side in pixels")));
+  add(model_key(key("model.channels", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.channels; }), "image channels")));
+  add(model_key(key("model.classes", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.classes; }), "classes of the head")));
+  add(model_key(key("model.dropout", model_field<double>([](GptConfig& g) { return &g.dropout; }, none, none),
+                    "dropout after attention, MLP and embeddings (0: off)")))
+      .free_beside_hf_config = [](const TrainConfig&) { return true; };
+  add(model_key(key("model.qkv_bias", model_field<bool>([](GptConfig& g) { return &g.qkv_bias; }, none, none), "biases on the Linear layers")));
+  add(model_key(key("model.norm_eps", model_field<double>([](GptConfig& g) { return &g.norm_eps; }, [](LlamaConfig& l) { return &l.norm_eps; }, none),
+                    "epsilon of the norms (LayerNorm, RMSNorm)")));
+  add(model_key(key("model.tie_embeddings", model_field<bool>(none, [](LlamaConfig& l) { return &l.tie_embeddings; }, none),
+                    "output head tied to the token embedding")));
+  add(model_key(key("model.rope_theta", model_field<double>(none, [](LlamaConfig& l) { return &l.rope_theta; }, none),
+                    "rotary base")));
+  {
+    ConfigKey k = model_key(key("model.rope_scaling", model_field<bool>(none, [](LlamaConfig& l) { return &l.rope_scaling.enabled; }, none),
+                                "llama3 (Llama 3.1's long-context frequency scaling) | none"));
+    auto set_enabled = k.set;
+    auto get_enabled = k.get;
+    k.type = ConfigType::String;
+    k.get = [get_enabled](const TrainConfig& c) { return ConfigValue(std::string(std::get<bool>(get_enabled(c)) ? "llama3" : "none")); };
+    k.set = [set_enabled](TrainConfig& c, const ConfigValue& v) {
+      const std::string text = std::get<std::string>(v);
+      if (text != "llama3" && text != "none") throw std::invalid_argument("'" + text + "' (expected llama3 or none)");
+      set_enabled(c, text == "llama3");
+    };
+    add(std::move(k));
+  }
+  auto rope_scaling_key = [&](const char* name, auto field, const char* help) {
+    ConfigKey& k = add(model_key(key(name, model_field<std::remove_pointer_t<decltype(field(std::declval<LlamaConfig&>()))>>(none, field, none), help)));
+    k.written = [](const TrainConfig& c) {
+      const auto* l = std::get_if<LlamaConfig>(&c.model);
+      return l != nullptr && l->rope_scaling.enabled;
+    };
+  };
+  rope_scaling_key("model.rope_scaling_factor", [](LlamaConfig& l) { return &l.rope_scaling.factor; }, "llama3 scaling: factor");
+  rope_scaling_key("model.rope_low_freq_factor", [](LlamaConfig& l) { return &l.rope_scaling.low_freq_factor; }, "llama3 scaling: low_freq_factor");
+  rope_scaling_key("model.rope_high_freq_factor", [](LlamaConfig& l) { return &l.rope_scaling.high_freq_factor; }, "llama3 scaling: high_freq_factor");
+  rope_scaling_key("model.rope_original_context", [](LlamaConfig& l) { return &l.rope_scaling.original_context; },
+                   "llama3 scaling: original_max_position_embeddings");
+
+  // ---- [data] ----
+  add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist")).check =
+      [](const TrainConfig& c) {
+        const bool language = models::is_language_model(c.model);
+        std::string error = one_of("data.source", [](const TrainConfig& c) { return c.data.source; },
+                                   {"fortunes", "token_files", "instructions", "fashion_mnist"})(c);
+        if (!error.empty()) return error;
+        return unless(language == (c.data.source != "fashion_mnist"),
+                      "data.source '" + c.data.source + "' does not suit the " + models::family_name(c.model) + " model '" +
+                          c.model_name + "' (" +
+                          (language ? "language models read fortunes, token_files or instructions" : "ViT reads fashion_mnist") + ")");
+      };
+  add(key("data.dir", MEMBER(data.dir), "the fortunes or Fashion-MNIST directory")).default_text = "Debian's";
+  add(key("data.tokenizer", MEMBER(data.tokenizer), "byte | gpt2 (vocab_json, merges_txt) | hf (tokenizer_json)")).check =
+      [](const TrainConfig& c) {
+        const DataConfig& d = c.data;
+        std::string error = one_of("data.tokenizer", [](const TrainConfig& c) { return c.data.tokenizer; }, {"byte", "gpt2", "hf"})(c);
+        if (!error.empty()) return error;
+        if (d.tokenizer == "gpt2" && (d.vocab_json.empty() || d.merges_txt.empty())) {
+          return std::string("data.tokenizer 'gpt2' needs data.vocab_json and data.merges_txt");
+        }
+        return unless(d.tokenizer != "hf" || !d.tokenizer_json.empty(),
+                      "data.tokenizer 'hf' needs data.tokenizer_json (a Hugging Face tokenizer.json)");
+      };
+  add(key("data.vocab_json", MEMBER(data.vocab_json), "GPT-2 tokenizer: vocab.json"));
+  add(key("data.merges_txt", MEMBER(data.merges_txt), "GPT-2 tokenizer: merges.txt"));
+  add(key("data.tokenizer_json", MEMBER(data.tokenizer_json), "hf tokenizer: a Hugging Face tokenizer.json (byte-level BPE)"));
+  add(key("data.validation_percent", MEMBER(data.validation_percent), "documents (or examples) held out, chosen by a hash of their text"))
+      .check = [](const TrainConfig& c) {
+        return unless(c.data.validation_percent >= 1 && c.data.validation_percent <= 50, "data.validation_percent must be in [1, 50]");
+      };
+  add(key("data.train_tokens", MEMBER(data.train_tokens), "token_files: the training tokens (fsdp-data tokenize)")).check =
+      [](const TrainConfig& c) {
+        return unless(c.data.source != "token_files" || (!c.data.train_tokens.empty() && !c.data.validation_tokens.empty()),
+                      "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
+      };
+  add(key("data.validation_tokens", MEMBER(data.validation_tokens), "token_files: the validation tokens"));
+  add(key("data.augment", MEMBER(data.augment), "images: none | hflip | shift | shift+hflip")).check = [](const TrainConfig& c) {
+    const std::string& a = c.data.augment;
+    return unless(a == "none" || ((a == "hflip" || a == "shift" || a == "shift+hflip") && !models::is_language_model(c.model)),
+                  "data.augment '" + a + "' (expected none, or for images hflip, shift or shift+hflip)");
+  };
+  add(key("data.train_jsonl", MEMBER(data.train_jsonl), "instructions: JSONL of {\"messages\": [...]} or {\"prompt\", \"completion\"}"))
+      .check = [](const TrainConfig& c) {
+        if (c.data.source != "instructions") return std::string();
+        if (c.data.train_jsonl.empty()) {
+          return std::string("data.source 'instructions' needs data.train_jsonl (JSONL of {\"messages\": [...]} or "
+                             "{\"prompt\", \"completion\"}; fsdp-data instructions makes one from the fortunes)");
+        }
+        return unless(c.seq_len > 0, "data.source 'instructions' needs train.seq_len: each example is a row padded to it (the "
+                                     "model's context, often 8k to 128k tokens, would mostly be padding)");
+      };
+  add(key("data.validation_jsonl", MEMBER(data.validation_jsonl), "instructions: held-out examples (else validation_percent)"));
+  add(key("data.chat_format", MEMBER(data.chat_format), "auto (llama3 when the tokenizer has its header tokens) | llama3 | plain"))
+      .check = one_of("data.chat_format", [](const TrainConfig& c) { return c.data.chat_format; }, {"auto", "llama3", "plain"});
+
+  // ---- [train] ----
+  add(key("train.steps", MEMBER(steps), "optimizer steps")).check = [](const TrainConfig& c) {
+    return unless(c.steps >= 1, "train.steps must be at least 1");
+  };
+  add(key("train.global_batch", MEMBER(global_batch), "samples (token windows or images) per step, all ranks together")).check =
+      [](const TrainConfig& c) { return unless(c.global_batch >= 1, "train.global_batch must be at least 1"); };
+  add(key("train.micro_batches", MEMBER(micro_batches), "per rank per step (gradient accumulation)")).check = [](const TrainConfig& c) {
+    return unless(c.micro_batches >= 1, "train.micro_batches must be at least 1");
+  };
+  add(key("train.seq_len", MEMBER(seq_len), "tokens per window (0: the model's context)")).check = [](const TrainConfig& c) {
+    if (!(c.seq_len == 0 || c.seq_len >= 2)) return std::string("train.seq_len must be at least 2");
+    if (!models::is_language_model(c.model)) return std::string();
+    const int64_t context = std::visit(
+        [](const auto& m) -> int64_t {
+          if constexpr (std::is_same_v<std::decay_t<decltype(m)>, VitConfig>) return 0;
+          else return m.context;
+        },
+        c.model);
+    return unless(c.seq_len <= context, "train.seq_len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
+                                            std::to_string(context) + " (raise model.context)");
+  };
+  add(key("train.sync_each_micro_batch", MEMBER(sync_each_micro_batch),
+          "reduce gradients after every micro-batch (false: accumulate unsharded, reduce once per step)"));
+  add(key("train.grad_clip", MEMBER(grad_clip), "global gradient norm clip (0: off)"));
+  add(key("train.max_nonfinite_steps", MEMBER(max_nonfinite_steps), "steps with a NaN or inf gradient norm in a row that stop the run"))
+      .check = [](const TrainConfig& c) { return unless(c.max_nonfinite_steps >= 1, "train.max_nonfinite_steps must be at least 1"); };
+  add(key("train.log_every", MEMBER(log_every), "plain-text log cadence when not on a terminal")).check = [](const TrainConfig& c) {
+    return unless(c.log_every >= 1, "train.log_every must be at least 1");
+  };
+  add(key("train.threads", MEMBER(threads), "intra-op threads per rank (0: cores / ranks on this machine)"));
+  add(key("train.device", MEMBER(device), "cpu (MPI) | cuda (NCCL, one GPU per rank; a -DFSDP_CUDA=ON build)")).check =
+      [](const TrainConfig& c) {
+        std::string error = one_of("train.device", [](const TrainConfig& c) { return c.device; }, {"cpu", "cuda"})(c);
+        if (!error.empty()) return error;
+        return unless(c.device != "cuda" || comm::nccl_backend_built(),
+                      "train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA libtorch; "
+                      "see docs/gpu.md); this binary is the CPU build");
+      };
+  add(key("train.device_memory_fraction", MEMBER(device_memory_fraction), "cuda: cap the caching allocator at this share of the GPU (0: none)"))
+      .check = [](const TrainConfig& c) {
+        if (!(c.device_memory_fraction >= 0.0 && c.device_memory_fraction <= 1.0)) {
+          return std::string("train.device_memory_fraction must be in [0, 1] (0: no cap)");
+        }
+        return unless(c.device_memory_fraction == 0.0 || c.device == "cuda",
+                      "train.device_memory_fraction caps GPU memory: it needs train.device 'cuda'");
+      };
+  add(key("train.report_every", MEMBER(report_every), "rewrite <output_dir>/report.html every this many steps (0: at the end)"));
+  add(key("train.loss_chunk_tokens", MEMBER(loss_chunk_tokens), "head + loss this many tokens at a time, never all logits (0: composed)"));
+  add(key("train.fused_ops", MEMBER(fused_ops), "Llama's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
+  add(key("train.attention", MEMBER(attention),
+          "auto (fused_fp32 for bf16 compute on the CPU, else fused) | fused | fused_fp32 | math (models/attention.h)"))
+      .check = one_of("train.attention", [](const TrainConfig& c) { return c.attention; }, {"auto", "fused", "fused_fp32", "math"});
+  add(key("train.bf16_matmul", MEMBER(bf16_matmul),
+          "auto (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native) | native | fp32"))
+      .check = one_of("train.bf16_matmul", [](const TrainConfig& c) { return c.bf16_matmul; }, {"auto", "native", "fp32"});
+
+  // ---- [optimizer] ----
+  add(key("optimizer.name", MEMBER(optimizer.name), "adamw | sgd"))
+      .check = one_of("optimizer.name", [](const TrainConfig& c) { return c.optimizer.name; }, {"adamw", "sgd"});
+  add(key("optimizer.lr", MEMBER(optimizer.lr), "peak learning rate")).check = [](const TrainConfig& c) {
+    return unless(c.optimizer.lr > 0, "optimizer.lr must be positive");
+  };
+  add(key("optimizer.min_lr", MEMBER(optimizer.min_lr), "end of the cosine decay")).check = [](const TrainConfig& c) {
+    return unless(c.optimizer.min_lr >= 0 && c.optimizer.min_lr <= c.optimizer.lr, "optimizer.min_lr must be in [0, optimizer.lr]");
+  };
+  add(key("optimizer.warmup_steps", MEMBER(optimizer.warmup_steps),
+          "linear warm-up steps (more than train.steps: the run ends still warming up)"));
+  add(key("optimizer.weight_decay", MEMBER(optimizer.weight_decay), "decoupled weight decay, matrices only"));
+  add(key("optimizer.beta1", MEMBER(optimizer.beta1), "AdamW's first-moment decay")).check = [](const TrainConfig& c) {
+    return unless(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1, "optimizer.beta1 and beta2 must be in [0, 1)");
+  };
+  add(key("optimizer.beta2", MEMBER(optimizer.beta2), "AdamW's second-moment decay")).check = [](const TrainConfig& c) {
+    return unless(c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1, "optimizer.beta1 and beta2 must be in [0, 1)");
+  };
+  add(key("optimizer.eps", MEMBER(optimizer.eps), "AdamW's epsilon")).check = [](const TrainConfig& c) {
+    return unless(c.optimizer.eps > 0, "optimizer.eps must be positive");
+  };
+  add(key("optimizer.momentum", MEMBER(optimizer.momentum), "sgd: momentum"));
+
+  // ---- [fsdp] ----
+  add(key("fsdp.strategy", MEMBER(fsdp.strategy), "full_shard | shard_grad_op | no_shard | hybrid_shard")).check =
+      [](const TrainConfig& c) {
+        return one_of("fsdp.strategy", [](const TrainConfig& c) { return c.fsdp.strategy; },
+                      {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"})(c);
+      };
+  add(key("fsdp.wrap", MEMBER(fsdp.wrap), "block (each transformer block a unit) | root (one unit) | min_params")).check =
+      [](const TrainConfig& c) {
+        std::string error = one_of("fsdp.wrap", [](const TrainConfig& c) { return c.fsdp.wrap; }, {"block", "root", "min_params"})(c);
+        if (!error.empty()) return error;
+        return unless(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0, "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
+      };
+  add(key("fsdp.min_params", MEMBER(fsdp.min_params), "wrap = min_params: parameters per unit at least"));
+  add(key("fsdp.embedding_units", MEMBER(fsdp.embedding_units), "token embedding and output head as units of their own"));
+  add(key("fsdp.prefetch", MEMBER(fsdp.prefetch), "gather the next units while this one computes (both passes)"));
+  add(key("fsdp.max_inflight", MEMBER(fsdp.max_inflight), "unit buffers alive besides the computing one (0: no overlap)")).check =
+      [](const TrainConfig& c) { return unless(c.fsdp.max_inflight >= 0 && c.fsdp.max_inflight <= 64, "fsdp.max_inflight must be in [0, 64]"); };
+  add(key("fsdp.param_dtype", MEMBER(fsdp.param_dtype), "gathers and compute: float32 | bfloat16 (fp32 master shards)")).check =
+      [](const TrainConfig& c) {
+        std::string error = one_of("fsdp.param_dtype", [](const TrainConfig& c) { return c.fsdp.param_dtype; }, {"float32", "bfloat16"})(c);
+        if (!error.empty()) return error;
+        return unless(c.fsdp.param_dtype == "float32" || c.fsdp.strategy != "no_shard",
+                      "fsdp.param_dtype 'bfloat16' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps "
+                      "float32)");
+      };
+  add(key("fsdp.reduce_dtype", MEMBER(fsdp.reduce_dtype), "gradient reduction: float32 | bfloat16")).check = [](const TrainConfig& c) {
+    std::string error = one_of("fsdp.reduce_dtype", [](const TrainConfig& c) { return c.fsdp.reduce_dtype; }, {"float32", "bfloat16"})(c);
+    if (!error.empty()) return error;
+    return unless(c.fsdp.reduce_dtype == "float32" || c.fsdp.strategy != "no_shard",
+                  "fsdp.reduce_dtype 'bfloat16' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
+  };
+  add(key("fsdp.activation_checkpointing", MEMBER(fsdp.activation_checkpointing), "recompute each block's forward in backward"));
+  add(key("fsdp.shard_group_size", MEMBER(fsdp.shard_group_size), "hybrid_shard: ranks per shard group S, N = R x S (0: one node's)"))
+      .check = [](const TrainConfig& c) {
+        return unless(c.fsdp.shard_group_size == 0 || c.fsdp.strategy == "hybrid_shard",
+                      "fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '" + c.fsdp.strategy + "')");
+      };
+  add(key("fsdp.cpu_offload", MEMBER(fsdp.cpu_offload), "cuda: shards, gradients, AdamW state in pinned host memory")).check =
+      [](const TrainConfig& c) {
+        if (!c.fsdp.cpu_offload) return std::string();
+        if (c.fsdp.strategy == "no_shard") {
+          return std::string("fsdp.cpu_offload needs a sharding strategy (full_shard, shard_grad_op or hybrid_shard), not no_shard");
+        }
+        return unless(c.device == "cuda", "fsdp.cpu_offload moves shards from the GPU to host memory: it needs train.device 'cuda' "
+                                          "(on the CPU they are there already)");
+      };
+
+  // ---- [eval] ----
+  add(key("eval.every", MEMBER(eval.every), "steps between evaluations, also at the start and the end (0: ends only)"));
+  add(key("eval.batches", MEMBER(eval.batches), "language models: global batches of validation windows per evaluation")).check =
+      [](const TrainConfig& c) { return unless(c.eval.batches >= 1, "eval.batches must be at least 1"); };
+  add(key("eval.max_items", MEMBER(eval.max_items), "images: test images per evaluation (0: all)"));
+  add(key("eval.sample_tokens", MEMBER(eval.sample_tokens), "language models: tokens sampled at the end (0: none)"));
+  add(key("eval.prompt", MEMBER(eval.prompt), "the sample's prompt"));
+  add(key("eval.temperature", MEMBER(eval.temperature), "sampling temperature")).check = [](const TrainConfig& c) {
+    return unless(c.eval.temperature > 0, "eval.temperature must be positive");
+  };
+  add(key("eval.top_k", MEMBER(eval.top_k), "sampling: the k most likely tokens")).check = [](const TrainConfig& c) {
+    return unless(c.eval.top_k >= 1, "eval.top_k must be at least 1");
+  };
+
+  // ---- [checkpoint] ----
+  add(key("checkpoint.every", MEMBER(checkpoint.every), "save every this many steps and at the end (0: only when stopped)"));
+  add(key("checkpoint.keep", MEMBER(checkpoint.keep), "newest checkpoints kept (0: all)"));
+  add(key("checkpoint.dir", MEMBER(checkpoint.dir), "where checkpoints go")).default_text = "<output_dir>/checkpoints";
+
+  // ---- [guard] ----
+  add(guard_key(key("guard.spike_zscore", MEMBER(guard.spike_zscore),
+                    "skip a step whose loss is this many deviations above the recent window's mean (0: off)")))
+      .check = [](const TrainConfig& c) { return unless(c.guard.spike_zscore >= 0, "guard.spike_zscore must be 0 (off) or positive"); };
+  add(guard_key(key("guard.window", MEMBER(guard.window), "applied steps the spike guard compares against"))).check =
+      [](const TrainConfig& c) { return unless(c.guard.window >= 2, "guard.window must be at least 2 (a standard deviation needs two losses)"); };
+  add(guard_key(key("guard.rollback_after", MEMBER(guard.rollback_after),
+                    "skipped steps in a row that roll back to the last checkpoint before them (0: never)")))
+      .check = [](const TrainConfig& c) {
+        return unless(c.guard.rollback_after == 0 || c.checkpoint.every > 0,
+                      "guard.rollback_after needs checkpoints to roll back to: set checkpoint.every");
+      };
+  add(guard_key(key("guard.max_rollbacks", MEMBER(guard.max_rollbacks), "rollbacks in one run before it stops"))).check =
+      [](const TrainConfig& c) { return unless(c.guard.max_rollbacks >= 1, "guard.max_rollbacks must be at least 1"); };
+
+  // ---- [lora] ----
+  auto lora_field = [](auto member) {
+    return [member](TrainConfig& c) -> std::remove_reference_t<decltype(models::LoraSpec().*member)>* {
+      models::LoraSpec* lora = mutable_lora(c.model);
+      return lora == nullptr ? nullptr : &(lora->*member);
+    };
+  };
+  add(lora_key(key("lora.rank", lora_field(&models::LoraSpec::rank), "adapter rank r (adapters on: give it)")));
+  add(lora_key(key("lora.alpha", lora_field(&models::LoraSpec::alpha), "scale numerator: B A is scaled by alpha / r")));
+  add(lora_key(key("lora.dropout", lora_field(&models::LoraSpec::dropout), "dropout on the adapters' input")));
+  add(lora_key(key("lora.rslora", lora_field(&models::LoraSpec::rslora), "scale alpha / sqrt(r) instead (rank-stabilised)")));
+  {
+    ConfigKey k = lora_key(key("lora.targets", lora_field(&models::LoraSpec::rank), "linear layers by name (\"q_proj v_proj\") or \"all-linear\""));
+    k.type = ConfigType::String;
+    k.get = [](const TrainConfig& c) {
+      std::string text;
+      for (const auto& t : models::lora_spec(c.model)->targets) text += (text.empty() ? "" : " ") + t;
+      return ConfigValue(text);
+    };
+    k.set = [](TrainConfig& c, const ConfigValue& v) { mutable_lora(c.model)->targets = models::LoraSpec::parse_targets(std::get<std::string>(v)); };
+    add(std::move(k));
+  }
+  {
+    ConfigKey k = lora_key(key("lora.base_dtype", MEMBER(lora_base_dtype),
+                               "the frozen base's shards: auto (the weights' own dtype) | bfloat16 | float32"));
+    k.applies = has_lora;
+    k.check = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; }, {"auto", "bfloat16", "float32"});
+    add(std::move(k));
+  }
+  {
+    ConfigKey k = lora_key(key("lora.init_adapter", MEMBER(lora_init_adapter), "a PEFT adapter directory to continue training"));
+    k.applies = has_lora;
+    add(std::move(k));
+  }
+
+  // ---- [targets] ----
+  add(target_key(key("targets.min_tokens_per_second", MEMBER(targets.min_tokens_per_second),
+                     "median of the last 10 steps (images/s for image models)")));
+  add(target_key(key("targets.max_step_seconds", MEMBER(targets.max_step_seconds), "median of the last 10 steps")));
+  {
+    ConfigKey k = target_key(key("targets.max_memory_per_rank", MEMBER(targets.max_memory_per_rank), "the largest rank's peak, e.g. \"8GiB\""));
+    k.type = ConfigType::String;
+    k.get = [](const TrainConfig& c) { return ConfigValue(std::to_string(c.targets.max_memory_per_rank) + "B"); };
+    k.set = [](TrainConfig& c, const ConfigValue& v) { c.targets.max_memory_per_rank = plan::parse_bytes(std::get<std::string>(v)); };
+    k.default_text = "0 (not set)";
+    add(std::move(k));
+  }
+  add(target_key(key("targets.max_validation_loss", MEMBER(targets.max_validation_loss), "by max_validation_loss_step")));
+  add(target_key(key("targets.max_validation_loss_step", MEMBER(targets.max_validation_loss_step),
+                     "the first evaluation at or after this step is judged")))
+      .check = [](const TrainConfig& c) {
+        return unless(c.targets.max_validation_loss_step == 0 || c.targets.max_validation_loss > 0,
+                      "targets.max_validation_loss_step needs targets.max_validation_loss");
+      };
+  add(target_key(key("targets.price_per_device_hour", MEMBER(targets.price_per_device_hour), "cost = elapsed hours x ranks x this")));
+  add(target_key(key("targets.max_cost", MEMBER(targets.max_cost), "the run's cost at most"))).check = [](const TrainConfig& c) {
+    const TargetsConfig& t = c.targets;
+    if (t.min_tokens_per_second < 0 || t.max_step_seconds < 0 || t.max_validation_loss < 0 || t.max_cost < 0 ||
+        t.price_per_device_hour < 0) {
+      return std::string("[targets] values must not be negative");
+    }
+    return unless(t.max_cost == 0 || t.price_per_device_hour > 0, "targets.max_cost needs targets.price_per_device_hour");
+  };
+  add(target_key(key("targets.stop", MEMBER(targets.stop), "a missed target saves a checkpoint and ends the run (exit 3)")));
+  return keys;
+}
+
+#undef MEMBER
+
+}  // namespace
+
+const std::vector<ConfigKey>& config_keys() {
+  static const std::vector<ConfigKey> keys = [] {
+    std::vector<ConfigKey> declared = declare();
+    const TrainConfig defaults;
+    for (ConfigKey& k : declared) {
+      if (k.default_text.empty() && k.applies(defaults)) k.default_text = toml_value_text(k.get(defaults));
+    }
+    return declared;
+  }();
+  return keys;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,66 @@
+#include "fsdp/train/sharded_model.h"
+
+#include <torch/torch.h>
+
+#include "fsdp/comm/launch.h"
+#include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/runtime/cpu_features.h"
+
+namespace fsdp::train {
+
+runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
+  runtime::FsdpOptions options;
+  options.strategy = runtime::sharding_strategy_from_string(c.fsdp.strategy);
+  if (c.fsdp.wrap == "block") options.wrap_policy.module_types = {models::block_type_name(c.model)};
+  if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
+  if (c.fsdp.wrap != "root" && c.fsdp.embedding_units) {
+    options.wrap_policy.module_paths = models::embedding_and_head_paths(c.model);
+  }
+  options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
+  options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
+  auto dtype = [](const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; };
+  options.mixed_precision.param_dtype = dtype(c.fsdp.param_dtype);
+  options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
+  options.activation_checkpointing = c.fsdp.activation_checkpointing;
+  options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
+  options.cpu_offload = c.fsdp.cpu_offload;
+  // A LoRA base is frozen: its shards may be kept in bf16 (gathered as bf16, widened after).
+  const models::LoraSpec* lora = models::lora_spec(c.model);
+  if (lora != nullptr && lora->enabled() && resolved_lora_base_dtype(c) == "bfloat16") options.frozen_dtype = at::kBFloat16;
+  return options;
+}
+
+models::AttentionPath attention_path_for(const TrainConfig& c) {
+  if (c.attention != "auto") return models::attention_path_from_string(c.attention);
+  const bool lower_precision = c.fsdp.param_dtype != "float32";
+  return lower_precision && c.device == "cpu" ? models::AttentionPath::FusedFp32 : models::AttentionPath::Fused;
+}
+
+models::Bf16Matmul bf16_matmul_for(const TrainConfig& c) {
+  if (c.bf16_matmul != "auto") return models::bf16_matmul_from_string(c.bf16_matmul);
+  return c.device == "cpu" && !runtime::cpu_has_bf16_instructions() ? models::Bf16Matmul::Fp32 : models::Bf16Matmul::Native;
+}
+
+ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group) {
+  ShardedModel sharded;
+  sharded.config = config.model;
+  if (auto* g = std::get_if<models::GptConfig>(&sharded.config)) g->vocab = vocab;
+  if (auto* l = std::get_if<models::LlamaConfig>(&sharded.config)) l->vocab = vocab;
+  TrainConfig resolved = config;
+  resolved.model = sharded.config;
+  runtime::FsdpOptions options = fsdp_options(resolved);
+  comm::ProcessGroupPtr fsdp_group = group;
+  if (config.device == "cuda") {
+    // One GPU per rank; NCCL over the same ranks, bootstrapped through `group` (host tensors still go there).
+    const int device_index = comm::local_device_index();
+    fsdp_group = comm::make_nccl_group(group, device_index);
+    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  }
+  torch::manual_seed(config.seed);  // the model is built on the CPU, the same on every rank, whatever the device
+  runtime::BuildListener listener(fsdp_group, options);
+  sharded.model = models::build_model(sharded.config);
+  sharded.state = runtime::make_fsdp_state(sharded.model.module, fsdp_group, options, listener.take_units());
+  return sharded;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,60 @@
+// Private to train/: whether each step's update is applied, and when a streak of skipped steps
+// calls for a rollback. Three things skip a step, on every rank alike (each is judged from
+// all-reduced numbers, so no further agreement is needed):
+//   non-finite   the gradient norm (or, with the spike guard on, the loss) is NaN or inf;
+//                train.max_nonfinite_steps of them in a row stop the run (optim/nonfinite_guard.h)
+//   loss spike   [guard] spike_zscore: the loss stands that many deviations above the recent
+//                window of applied steps (loss_spike.h; the window is kept in checkpoints)
+//   batch        a rollback set the step's batch aside (rollback.h)
+// A skipped step still counts as a step (schedule, sampler and step number move on, as with PyTorch
+// AMP's GradScaler); the optimizer's own count does not.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/optim/nonfinite_guard.h"
+#include "fsdp/train/config.h"
+#include "loss_spike.h"
+
+namespace fsdp::train {
+
+class StepGuard {
+ public:
+  explicit StepGuard(const TrainConfig& config);
+
+  struct Verdict {
+    bool apply = true;
+    std::string reason;   // why not: "non-finite", "loss spike", "batch skipped after a rollback"
+    double zscore = 0.0;  // the loss against the spike window (0 when the spike guard is off or not judging)
+    std::string stop;     // not empty: record this step, then every rank stops with this message
+  };
+  // Whether the spike guard needs the step's all-reduced loss before judging.
+  bool needs_loss() const { return spike_zscore_ > 0; }
+  // `step` 0-based; `loss` the all-reduced loss (read only when needs_loss()).
+  Verdict judge(int64_t step, bool batch_skipped, double grad_norm, double loss);
+
+  // guard.rollback_after steps skipped in a row (batches set aside do not count).
+  bool rollback_due() const { return rollback_after_ > 0 && skips_in_a_row_ >= rollback_after_; }
+  // The first step (0-based) of the current streak of skipped steps, -1 without one: the newest
+  // checkpoint at or before it is what a rollback returns to, and must not be pruned meanwhile.
+  int64_t streak_start() const { return skips_in_a_row_ > 0 ? first_skip_in_row_ : -1; }
+  // After a rollback: the streak and the non-finite count start afresh (the spike window is the
+  // checkpoint's, restored through spikes()).
+  void rolled_back();
+
+  int64_t skipped_steps() const { return nonfinite_.total_skips() + spike_skips_; }
+  LossSpikeDetector& spikes() { return spikes_; }
+
+ private:
+  double spike_zscore_;
+  int64_t rollback_after_;
+  int64_t max_nonfinite_steps_;
+  optim::NonFiniteStepGuard nonfinite_;
+  LossSpikeDetector spikes_;
+  int64_t spike_skips_ = 0;
+  int64_t skips_in_a_row_ = 0;
+  int64_t first_skip_in_row_ = -1;
+};
+
+}  // namespace fsdp::train
