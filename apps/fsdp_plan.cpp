@@ -208,8 +208,8 @@ int main(int argc, char** argv) {
   app.add_option("--memory", memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
   app.add_option("--strategy", strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard");
   app.add_option("--shard-group-size", shard_group_size, "hybrid_shard: S (default: ranks per node)")->check(CLI::PositiveNumber);
-  app.add_option("--param-dtype", param_dtype, "float32 | bfloat16");
-  app.add_option("--reduce-dtype", reduce_dtype, "float32 | bfloat16");
+  app.add_option("--param-dtype", param_dtype, "float32 | bfloat16 | float16");
+  app.add_option("--reduce-dtype", reduce_dtype, "float32 | bfloat16 | float16");
   app.add_flag("--activation-checkpointing", checkpointing, "recompute each block in backward");
   app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
   bool composed_attention = false;

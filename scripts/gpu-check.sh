@@ -211,6 +211,8 @@ torch_fsdp2 hf_llama1b_ac 8 2048 --model hf-llama "${LLAMA1B[@]}" --checkpointin
 torch_fsdp2 gpt2 8 1024 --model gpt "${GPT2[@]}"
 torch_fsdp2 hf_gpt2 8 1024 --model hf-gpt2 "${GPT2[@]}"
 train llama1b_composed llama3-1b 128256 4 2048 --set 'train.fused_ops=false'  # what the fused ops buy
+# fp16 with dynamic loss scaling beside the bf16 run above (issue 38; the later --set wins).
+train llama1b_fp16 llama3-1b 128256 4 2048 --set 'fsdp.param_dtype="float16"'
 # CPU offload under a cap: 1.24 B parameters x 16 bytes of fp32 shard state = 19.8 GB per GPU
 # at N = 1; the cap (a fraction of total memory, computed here) leaves the device 16 GiB, less
 # than that. One 2048-token sequence per step: its logits (2048 x 128256) fit beside the units.

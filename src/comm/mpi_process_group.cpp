@@ -48,13 +48,13 @@ int checked_count(int64_t numel, const std::string& where) {
   return static_cast<int>(numel);
 }
 
-// The MPI datatype that moves the tensor's bytes unchanged (bf16 travels as 16-bit words).
+// The MPI datatype that moves the tensor's bytes unchanged (bf16 and fp16 travel as 16-bit words).
 MPI_Datatype transport_type(at::ScalarType type) {
   switch (type) {
     case at::kFloat: return MPI_FLOAT;
     case at::kDouble: return MPI_DOUBLE;
     case at::kLong: return MPI_INT64_T;
-    case at::kBFloat16: return MPI_UINT16_T;
+    case at::kBFloat16: case at::kHalf: return MPI_UINT16_T;
     default: throw std::invalid_argument(std::string("mpi: unsupported dtype ") + c10::toString(type));
   }
 }
@@ -136,16 +136,32 @@ constexpr int64_t kRingReduceScatterMinCount = 16384;
 // Below this many elements in all, MPI's nonblocking all-gather is as fast as our ring (kBackoff).
 constexpr int64_t kRingAllGatherMinCount = 16384;
 
-std::vector<float> bf16_to_float(const at::Tensor& t) {
-  const auto* src = static_cast<const c10::BFloat16*>(t.data_ptr());
+// MPI has no 16-bit float types: bf16 and fp16 are reduced in fp32 and rounded once at the end.
+bool is_16_bit_float(at::ScalarType type) { return type == at::kBFloat16 || type == at::kHalf; }
+
+template <class Narrow>
+std::vector<float> widen(const at::Tensor& t) {
+  const auto* src = static_cast<const Narrow*>(t.data_ptr());
   std::vector<float> out(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(src[i]);
   return out;
 }
 
-void float_to_bf16(const std::vector<float>& values, const at::Tensor& t, float divisor) {
-  auto* dst = static_cast<c10::BFloat16*>(t.data_ptr());
-  for (size_t i = 0; i < values.size(); ++i) dst[i] = c10::BFloat16(values[i] / divisor);
+template <class Narrow>
+void narrow_into(const std::vector<float>& values, const at::Tensor& t, float divisor) {
+  auto* dst = static_cast<Narrow*>(t.data_ptr());
+  for (size_t i = 0; i < values.size(); ++i) dst[i] = Narrow(values[i] / divisor);
+}
+
+// t (bf16 or fp16) as fp32 values.
+std::vector<float> to_float(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf ? widen<c10::Half>(t) : widen<c10::BFloat16>(t);
+}
+
+// values / divisor rounded into t (bf16 or fp16, values.size() elements).
+void from_float(const std::vector<float>& values, const at::Tensor& t, float divisor) {
+  if (t.scalar_type() == at::kHalf) narrow_into<c10::Half>(values, t, divisor);
+  else narrow_into<c10::BFloat16>(values, t, divisor);
 }
 
 // Ring all-gather over point-to-point messages, for CommWait::kBackoff: Open MPI 4.1's nonblocking
@@ -393,8 +409,8 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     return enqueue(what, [this, output, input, op, what] {
       int count = checked_count(output.numel(), who_ + " " + what);
       const bool ring = op != ReduceOp::Max && count >= kRingReduceScatterMinCount;
-      if (input.scalar_type() == at::kBFloat16) {
-        std::vector<float> in32 = bf16_to_float(input), out32(static_cast<size_t>(output.numel()));
+      if (is_16_bit_float(input.scalar_type())) {
+        std::vector<float> in32 = to_float(input), out32(static_cast<size_t>(output.numel()));
         if (ring) {
           ring_reduce_scatter_sum(in32.data(), out32.data(), count, MPI_FLOAT, comm_, rank_, size_, options_.wait,
                                   who_ + " " + what);
@@ -405,7 +421,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
                        return MPI_Ireduce_scatter_block(in32.data(), out32.data(), count, MPI_FLOAT, mpi_op(op), comm_, r);
                      });
         }
-        float_to_bf16(out32, output, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
+        from_float(out32, output, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
         return;
       }
       MPI_Datatype type = transport_type(input.scalar_type());
@@ -432,10 +448,10 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
                        c10::toString(tensor.scalar_type()) + ")";
     return enqueue(what, [this, tensor, op, what] {
       int count = checked_count(tensor.numel(), who_ + " " + what);
-      if (tensor.scalar_type() == at::kBFloat16) {
-        std::vector<float> values = bf16_to_float(tensor);
+      if (is_16_bit_float(tensor.scalar_type())) {
+        std::vector<float> values = to_float(tensor);
         all_reduce_values(values.data(), count, MPI_FLOAT, op, who_ + " " + what);
-        float_to_bf16(values, tensor, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
+        from_float(values, tensor, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
         return;
       }
       all_reduce_values(tensor.data_ptr(), count, transport_type(tensor.scalar_type()), op, who_ + " " + what);

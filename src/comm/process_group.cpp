@@ -63,10 +63,10 @@ void check_tensor(const ProcessGroup& group, const char* op, const char* role, c
                              : ": the NCCL backend takes CUDA tensors (CPU tensors need the MPI backend)"));
   }
   switch (t.scalar_type()) {
-    case at::kFloat: case at::kDouble: case at::kLong: case at::kBFloat16: break;
+    case at::kFloat: case at::kDouble: case at::kLong: case at::kBFloat16: case at::kHalf: break;
     default:
       fail(group, op, std::string(role) + " has unsupported dtype " + describe(t) +
-                          " (supported: float32, float64, int64, bfloat16)");
+                          " (supported: float32, float64, int64, bfloat16, float16)");
   }
 }
 

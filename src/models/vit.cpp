@@ -100,14 +100,29 @@ VitImpl::VitImpl(const VitConfig& c) : config_(c) {
   head->bias.zero_();
 }
 
+at::Tensor VitImpl::embed_patches(const at::Tensor& images) {
+  // The patch embedding is a convolution whose stride is its kernel: each patch's pixels times the
+  // kernel, a GEMM over [b * patches, channels * patch * patch]. Computed as that GEMM, the same
+  // function up to the order of summation, because libtorch's CPU convolution backward in fp16 is a
+  // slow fallback (70 of a 199 ms ViT step on the AVX2 VM, 2026-12-03), and GEMMs follow
+  // models::linear's choices in every dtype. The weight keeps the convolution's shape and name
+  // (timm's patch_embed.proj.weight [dim, channels, patch, patch]).
+  const int64_t b = images.size(0), c = config_.channels, p = config_.patch, side = config_.image_size / p;
+  // Images arrive as float32; the model may compute in another dtype (mixed precision).
+  const at::Tensor pixels = images.to(patch_embed->weight.scalar_type())
+                                .reshape({b, c, side, p, side, p})
+                                .permute({0, 2, 4, 1, 3, 5})  // [b, row, column, channel, y, x]
+                                .reshape({b, side * side, c * p * p});
+  return models::linear(pixels, patch_embed->weight.reshape({config_.dim, c * p * p}), patch_embed->bias);
+}
+
 at::Tensor VitImpl::forward(const at::Tensor& images) {
   TORCH_CHECK(images.dim() == 4 && images.size(1) == config_.channels && images.size(2) == config_.image_size &&
                   images.size(3) == config_.image_size,
               "vit: expected images [b, ", config_.channels, ", ", config_.image_size, ", ", config_.image_size,
               "], got ", images.sizes());
   const int64_t b = images.size(0);
-  // Images arrive as float32; the model may compute in another dtype (mixed precision).
-  auto patches = patch_embed(images.to(patch_embed->weight.scalar_type())).flatten(2).transpose(1, 2);  // [b, patches, dim]
+  auto patches = embed_patches(images);  // [b, patches, dim]
   auto x = torch::cat({cls_token.expand({b, 1, config_.dim}), patches}, 1) + pos_embed;
   for (size_t i = 0; i < blocks->size(); ++i) x = fsdp::nn::call(blocks->ptr<VitBlockImpl>(i), x);
   return models::linear(norm(x).select(1, 0), head->weight, head->bias);

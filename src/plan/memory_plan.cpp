@@ -13,8 +13,8 @@ namespace {
 
 int64_t dtype_bytes(const std::string& name, const char* field) {
   if (name == "float32") return 4;
-  if (name == "bfloat16") return 2;
-  throw std::invalid_argument(std::string(field) + " '" + name + "' (expected float32 or bfloat16)");
+  if (name == "bfloat16" || name == "float16") return 2;
+  throw std::invalid_argument(std::string(field) + " '" + name + "' (expected float32, bfloat16 or float16)");
 }
 
 // The same model with one block fewer: the difference is one block's parameters.

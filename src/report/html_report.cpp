@@ -169,6 +169,14 @@ std::string render_html(const std::vector<RunData>& runs) {
     charts.push_back(c);
   }
   per_run("grad_norm", "Gradient norm (before clipping)", "global L2 norm", [](const StepPoint& p) { return p.grad_norm; }, nullptr, true);
+  // float16 runs: the loss scale, halved at each overflow (a skipped-step marker), grown after clean runs.
+  const bool any_loss_scale = std::any_of(runs.begin(), runs.end(), [](const RunData& run) {
+    return std::any_of(run.steps.begin(), run.steps.end(), [](const StepPoint& p) { return p.loss_scale > 0; });
+  });
+  if (any_loss_scale) {
+    per_run("loss_scale", "Loss scale (float16)", "scale", [](const StepPoint& p) { return p.loss_scale > 0 ? p.loss_scale : NAN; },
+            count_text, true);
+  }
 
   html += "<div class=\"plots\">\n";
   for (const auto& c : charts) html += svg_chart(c);

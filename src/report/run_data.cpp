@@ -40,6 +40,7 @@ void add_step(RunData& run, const nlohmann::json& r) {
     p.rate = number_or(r, "images_per_second", 0);
   }
   p.mfu = number_or(r, "mfu", 0);
+  p.loss_scale = number_or(r, "loss_scale", 0);
   p.step_seconds = number_or(r, "step_seconds", 0);
   p.communication = max_of(r, "communication_seconds_per_rank", 0);
   p.exposed = max_of(r, "exposed_communication_seconds_per_rank", -1);

@@ -97,16 +97,17 @@ void FlatParam::set_storage_dtype(at::ScalarType dtype) {
 
 void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
   for (at::ScalarType dtype : {compute, reduce}) {
-    if (dtype != at::kFloat && dtype != at::kBFloat16) {
-      throw std::invalid_argument(std::string("fully_shard: mixed precision supports float32 and bfloat16, not ") +
+    if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
+      throw std::invalid_argument(std::string("fully_shard: mixed precision supports float32, bfloat16 and float16, not ") +
                                   c10::toString(dtype));
     }
   }
   reduce_dtype_ = reduce;
   if (compute == compute_dtype_) return;
   if (replicate_) {
-    throw std::invalid_argument("fully_shard: a bfloat16 parameter dtype needs sharded parameters (full_shard or "
-                                "shard_grad_op); no_shard keeps float32 parameters");
+    throw std::invalid_argument(std::string("fully_shard: a ") + c10::toString(compute) +
+                                " parameter dtype needs sharded parameters (full_shard, shard_grad_op or hybrid_shard); "
+                                "no_shard keeps float32 parameters");
   }
   if (!unsharded_grad_.defined() && is_unsharded()) reshard();
   compute_dtype_ = compute;

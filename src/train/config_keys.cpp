@@ -171,6 +171,11 @@ ConfigKey target_key(ConfigKey k) {
   return k;
 }
 
+ConfigKey loss_scale_key(ConfigKey k) {
+  k.written = [](const TrainConfig& c) { return c.fsdp.param_dtype == "float16"; };
+  return k;
+}
+
 ConfigKey guard_key(ConfigKey k) {
   k.written = [](const TrainConfig& c) { return c.guard.any(); };
   return k;
@@ -388,7 +393,7 @@ std::vector<ConfigKey> declare() {
   add(key("train.loss_chunk_tokens", MEMBER(loss_chunk_tokens), "head + loss this many tokens at a time, never all logits (0: composed)"));
   add(key("train.fused_ops", MEMBER(fused_ops), "Llama's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
   add(key("train.attention", MEMBER(attention),
-          "auto (fused_fp32 for bf16 compute on the CPU, else fused) | fused | fused_fp32 | math (models/attention.h)"))
+          "auto (fused_fp32 for bf16 and fp16 compute on the CPU, else fused) | fused | fused_fp32 | math (models/attention.h)"))
       .check = one_of("train.attention", [](const TrainConfig& c) { return c.attention; }, {"auto", "fused", "fused_fp32", "math"});
   add(key("train.bf16_matmul", MEMBER(bf16_matmul),
           "auto (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native) | native | fp32"))
@@ -434,20 +439,36 @@ std::vector<ConfigKey> declare() {
   add(key("fsdp.prefetch", MEMBER(fsdp.prefetch), "gather the next units while this one computes (both passes)"));
   add(key("fsdp.max_inflight", MEMBER(fsdp.max_inflight), "unit buffers alive besides the computing one (0: no overlap)")).check =
       [](const TrainConfig& c) { return unless(c.fsdp.max_inflight >= 0 && c.fsdp.max_inflight <= 64, "fsdp.max_inflight must be in [0, 64]"); };
-  add(key("fsdp.param_dtype", MEMBER(fsdp.param_dtype), "gathers and compute: float32 | bfloat16 (fp32 master shards)")).check =
-      [](const TrainConfig& c) {
-        std::string error = one_of("fsdp.param_dtype", [](const TrainConfig& c) { return c.fsdp.param_dtype; }, {"float32", "bfloat16"})(c);
+  add(key("fsdp.param_dtype", MEMBER(fsdp.param_dtype),
+          "gathers and compute: float32 | bfloat16 | float16 (fp32 master shards; float16 scales the loss, [loss_scale])"))
+      .check = [](const TrainConfig& c) {
+        std::string error =
+            one_of("fsdp.param_dtype", [](const TrainConfig& c) { return c.fsdp.param_dtype; }, {"float32", "bfloat16", "float16"})(c);
         if (!error.empty()) return error;
         return unless(c.fsdp.param_dtype == "float32" || c.fsdp.strategy != "no_shard",
-                      "fsdp.param_dtype 'bfloat16' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps "
-                      "float32)");
+                      "fsdp.param_dtype '" + c.fsdp.param_dtype +
+                          "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps float32)");
       };
-  add(key("fsdp.reduce_dtype", MEMBER(fsdp.reduce_dtype), "gradient reduction: float32 | bfloat16")).check = [](const TrainConfig& c) {
-    std::string error = one_of("fsdp.reduce_dtype", [](const TrainConfig& c) { return c.fsdp.reduce_dtype; }, {"float32", "bfloat16"})(c);
-    if (!error.empty()) return error;
-    return unless(c.fsdp.reduce_dtype == "float32" || c.fsdp.strategy != "no_shard",
-                  "fsdp.reduce_dtype 'bfloat16' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
-  };
+  add(key("fsdp.reduce_dtype", MEMBER(fsdp.reduce_dtype), "gradient reduction: float32 | bfloat16 | float16 (float16 compute only)"))
+      .check = [](const TrainConfig& c) {
+        std::string error =
+            one_of("fsdp.reduce_dtype", [](const TrainConfig& c) { return c.fsdp.reduce_dtype; }, {"float32", "bfloat16", "float16"})(c);
+        if (!error.empty()) return error;
+        const std::string& param = c.fsdp.param_dtype;
+        const std::string& reduce = c.fsdp.reduce_dtype;
+        if (reduce == "float16" && param != "float16") {
+          // Unscaled gradients of a bf16 or fp32 run: fp16 flushes the small ones to zero.
+          return "fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16' (its loss scaling keeps gradients inside "
+                 "fp16's range; fsdp.param_dtype is '" + param + "')";
+        }
+        if (reduce == "bfloat16" && param == "float16") {
+          // Scaled fp16 gradients rounded to bf16's 8 bits: less precise than the fp16 they came from.
+          return std::string("fsdp.reduce_dtype 'bfloat16' with fsdp.param_dtype 'float16' would round fp16 gradients to "
+                             "fewer bits: use float32 or float16");
+        }
+        return unless(reduce == "float32" || c.fsdp.strategy != "no_shard",
+                      "fsdp.reduce_dtype '" + reduce + "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
+      };
   add(key("fsdp.activation_checkpointing", MEMBER(fsdp.activation_checkpointing), "recompute each block's forward in backward"));
   add(key("fsdp.shard_group_size", MEMBER(fsdp.shard_group_size), "hybrid_shard: ranks per shard group S, N = R x S (0: one node's)"))
       .check = [](const TrainConfig& c) {
@@ -497,6 +518,23 @@ std::vector<ConfigKey> declare() {
       };
   add(guard_key(key("guard.max_rollbacks", MEMBER(guard.max_rollbacks), "rollbacks in one run before it stops"))).check =
       [](const TrainConfig& c) { return unless(c.guard.max_rollbacks >= 1, "guard.max_rollbacks must be at least 1"); };
+
+  // ---- [loss_scale]: float16 compute only ----
+  add(loss_scale_key(key("loss_scale.init", MEMBER(loss_scale.init), "float16: the first loss scale (2^16, as torch.amp.GradScaler)")))
+      .check = [](const TrainConfig& c) {
+        return unless(std::isfinite(c.loss_scale.init) && c.loss_scale.init >= c.loss_scale.min && c.loss_scale.init <= 3.0e38,
+                      "loss_scale.init must be finite and at least loss_scale.min");
+      };
+  add(loss_scale_key(key("loss_scale.growth_factor", MEMBER(loss_scale.growth_factor), "float16: the scale's factor after growth_interval clean steps")))
+      .check = [](const TrainConfig& c) { return unless(c.loss_scale.growth_factor > 1.0, "loss_scale.growth_factor must be above 1"); };
+  add(loss_scale_key(key("loss_scale.backoff_factor", MEMBER(loss_scale.backoff_factor), "float16: the scale's factor after an overflow")))
+      .check = [](const TrainConfig& c) {
+        return unless(c.loss_scale.backoff_factor > 0.0 && c.loss_scale.backoff_factor < 1.0, "loss_scale.backoff_factor must be in (0, 1)");
+      };
+  add(loss_scale_key(key("loss_scale.growth_interval", MEMBER(loss_scale.growth_interval), "float16: clean steps in a row before the scale grows")))
+      .check = [](const TrainConfig& c) { return unless(c.loss_scale.growth_interval >= 1, "loss_scale.growth_interval must be at least 1"); };
+  add(loss_scale_key(key("loss_scale.min", MEMBER(loss_scale.min), "float16: an overflow that would back the scale off below this stops the run")))
+      .check = [](const TrainConfig& c) { return unless(c.loss_scale.min > 0.0, "loss_scale.min must be positive"); };
 
   // ---- [lora] ----
   auto lora_field = [](auto member) {

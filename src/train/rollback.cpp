@@ -71,7 +71,7 @@ RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_s
     }
   });
   back.info = checkpoint::load_checkpoint(back.path, target.state, target.optimizer);
-  comm::on_every_rank(target.world, "restoring the loss-spike window", [&] { target.spikes.restore(back.info.trainer_state); });
+  comm::on_every_rank(target.world, "restoring the loss-spike window and loss scale", [&] { target.guard.restore(back.info.trainer_state); });
   for (int64_t s = first_skipped; s <= last_skipped; ++s) target.skipped_batches.insert(s);
   comm::on_every_rank(target.world, "recording the rollback", [&] {
     if (!target.writes_files) return;

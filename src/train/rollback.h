@@ -10,18 +10,18 @@
 
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/train/config.h"
-#include "loss_spike.h"
+#include "step_guard.h"
 
 namespace fsdp::train {
 
-// What a rollback changes: the model, optimizer and spike window (from the checkpoint), the
+// What a rollback changes: the model, optimizer, spike window and loss scale (from the checkpoint), the
 // batches set aside, and (on the writing rank) the checkpoints after it and the skipped-batches file.
 struct RollbackTarget {
   const TrainConfig& config;
   const comm::ProcessGroupPtr& world;
   runtime::FsdpState& state;
   optim::ShardedOptimizer* optimizer;
-  LossSpikeDetector& spikes;
+  StepGuard& guard;  // its spike window and loss scale come back from the checkpoint
   std::set<int64_t>& skipped_batches;
   std::string skipped_batches_path;
   bool writes_files;  // this rank removes the later checkpoints and writes the skipped batches
@@ -32,7 +32,7 @@ struct RolledBack {
 };
 // Collective. After the skipped steps [first_skipped, last_skipped] (0-based), the `rollback`-th of
 // the run: loads the newest checkpoint at or before first_skipped (parameters, optimizer state,
-// RNG, spike window), removes the later ones, and sets those steps' batches aside. Every rank
+// RNG, spike window, loss scale), removes the later ones, and sets those steps' batches aside. Every rank
 // stops (AgreedStop) past guard.max_rollbacks or without such a checkpoint, saying which.
 RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_skipped, int64_t last_skipped, int64_t rollback);
 

@@ -18,7 +18,9 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   }
   options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
   options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
-  auto dtype = [](const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; };
+  auto dtype = [](const std::string& name) {
+    return name == "bfloat16" ? at::kBFloat16 : name == "float16" ? at::kHalf : at::kFloat;
+  };
   options.mixed_precision.param_dtype = dtype(c.fsdp.param_dtype);
   options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
   options.activation_checkpointing = c.fsdp.activation_checkpointing;

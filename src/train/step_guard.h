@@ -1,8 +1,12 @@
 // Private to train/: whether each step's update is applied, and when a streak of skipped steps
-// calls for a rollback. Three things skip a step, on every rank alike (each is judged from
+// calls for a rollback. Four things skip a step, on every rank alike (each is judged from
 // all-reduced numbers, so no further agreement is needed):
-//   non-finite   the gradient norm (or, with the spike guard on, the loss) is NaN or inf;
-//                train.max_nonfinite_steps of them in a row stop the run (optim/nonfinite_guard.h)
+//   overflow     float16 compute: the gradient norm is NaN or inf while the loss is finite, an
+//                expected event of loss scaling: the scale backs off (optim/loss_scaler.h). Counted
+//                apart: it neither counts towards max_nonfinite_steps nor starts a rollback streak.
+//                A backoff below loss_scale.min stops the run.
+//   non-finite   the gradient norm (or, with the spike guard or loss scaling on, the loss) is NaN
+//                or inf; train.max_nonfinite_steps of them in a row stop the run (optim/nonfinite_guard.h)
 //   loss spike   [guard] spike_zscore: the loss stands that many deviations above the recent
 //                window of applied steps (loss_spike.h; the window is kept in checkpoints)
 //   batch        a rollback set the step's batch aside (rollback.h)
@@ -10,9 +14,12 @@
 // AMP's GradScaler); the optimizer's own count does not.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "fsdp/optim/loss_scaler.h"
 #include "fsdp/optim/nonfinite_guard.h"
 #include "fsdp/train/config.h"
 #include "loss_spike.h"
@@ -25,14 +32,22 @@ class StepGuard {
 
   struct Verdict {
     bool apply = true;
-    std::string reason;   // why not: "non-finite", "loss spike", "batch skipped after a rollback"
+    std::string reason;   // why not: "overflow", "non-finite", "loss spike", "batch skipped after a rollback"
     double zscore = 0.0;  // the loss against the spike window (0 when the spike guard is off or not judging)
     std::string stop;     // not empty: record this step, then every rank stops with this message
   };
-  // Whether the spike guard needs the step's all-reduced loss before judging.
-  bool needs_loss() const { return spike_zscore_ > 0; }
-  // `step` 0-based; `loss` the all-reduced loss (read only when needs_loss()).
+  // Whether judging this step needs its all-reduced loss: the spike guard always; loss scaling when
+  // the gradient norm is not finite (an overflow, or a non-finite loss).
+  bool needs_loss(double grad_norm) const { return spike_zscore_ > 0 || (scaler_ && !std::isfinite(grad_norm)); }
+  // `step` 0-based; `loss` the all-reduced loss (read only when needs_loss(grad_norm)). With loss
+  // scaling, also updates the scale (an overflow backs it off, a step with finite gradients counts
+  // towards growth).
   Verdict judge(int64_t step, bool batch_skipped, double grad_norm, double loss);
+
+  // float16 compute: the loss scaler (nullptr otherwise).
+  optim::DynamicLossScaler* scaler() { return scaler_.get(); }
+  const optim::DynamicLossScaler* scaler() const { return scaler_.get(); }
+  int64_t overflow_steps() const { return overflow_skips_; }
 
   // guard.rollback_after steps skipped in a row (batches set aside do not count).
   bool rollback_due() const { return rollback_after_ > 0 && skips_in_a_row_ >= rollback_after_; }
@@ -43,8 +58,14 @@ class StepGuard {
   // checkpoint's, restored through spikes()).
   void rolled_back();
 
-  int64_t skipped_steps() const { return nonfinite_.total_skips() + spike_skips_; }
+  int64_t skipped_steps() const { return nonfinite_.total_skips() + spike_skips_ + overflow_skips_; }
   LossSpikeDetector& spikes() { return spikes_; }
+
+  // What checkpoints keep of the guard (CheckpointInfo::trainer_state, JSON): the spike window and
+  // the loss scale. restore("") empties the window and leaves the scale at its start (an older
+  // checkpoint, or one of a run without loss scaling).
+  std::string state() const;
+  void restore(const std::string& state);
 
  private:
   double spike_zscore_;
@@ -53,6 +74,8 @@ class StepGuard {
   optim::NonFiniteStepGuard nonfinite_;
   LossSpikeDetector spikes_;
   int64_t spike_skips_ = 0;
+  std::unique_ptr<optim::DynamicLossScaler> scaler_;  // float16 compute only
+  int64_t overflow_skips_ = 0;
   int64_t skips_in_a_row_ = 0;
   int64_t first_skip_in_row_ = -1;
 };

@@ -56,11 +56,13 @@ std::string step_line(const StepMetrics& metrics, const StepFigures& figures) {
   } else if (figures.skipped_steps > 0) {
     std::snprintf(skips, sizeof(skips), " | %lld skipped", static_cast<long long>(figures.skipped_steps));
   }
-  char line[416];
-  std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s%s",
+  char scale[48] = "";
+  if (figures.loss_scale > 0) std::snprintf(scale, sizeof(scale), " | scale %g", figures.loss_scale);
+  char line[464];
+  std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s%s%s",
                 metrics.loss, figures.lr, figures.grad_norm, format_count(figures.rate()).c_str(),
                 figures.language ? "tok/s" : "img/s", 100.0 * figures.mfu(), format_bytes(metrics.peak_memory).c_str(),
-                metrics.communication, exposure, skips);
+                metrics.communication, exposure, scale, skips);
   return line;
 }
 
@@ -81,6 +83,10 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
                            {"skipped_steps", figures.skipped_steps}};
   if (figures.skipped) record["skip_reason"] = figures.skip_reason;
   if (figures.loss_zscore != 0.0) record["loss_zscore"] = figures.loss_zscore;
+  if (figures.loss_scale > 0) {
+    record["loss_scale"] = figures.loss_scale;
+    record["overflow_steps"] = figures.overflow_steps;
+  }
   if (figures.profiled) record["profiled"] = true;
   if (!figures.on_cpu) record["peak_device_reserved_bytes_per_rank"] = std::vector<double>();
   const at::Tensor& per_rank = metrics.per_rank;

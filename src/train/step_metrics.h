@@ -58,16 +58,19 @@ struct StepFigures {
   int64_t peak_gathered_bytes = 0;   // this rank's FSDP gathered buffers at their peak
   int64_t gathered_wire_bytes = 0;   // bytes this step's parameter all-gathers delivered to this rank
   bool skipped = false;              // not applied: see skip_reason
-  std::string skip_reason;           // "non-finite", "loss spike", "batch skipped after a rollback"
+  std::string skip_reason;           // "overflow", "non-finite", "loss spike", "batch skipped after a rollback"
   double loss_zscore = 0.0;          // [guard] spike_zscore on: the loss against the recent window (0 otherwise)
   bool profiled = false;             // --profile-steps: recorded by the profiler (slower; comparisons leave it out)
   int64_t skipped_steps = 0;         // steps skipped so far in this run, this one included
+  double loss_scale = 0.0;           // float16: the scale this step's backward used (0: no loss scaling)
+  int64_t overflow_steps = 0;        // float16: of skipped_steps, overflows
   double rate() const { return samples_per_step / seconds; }
   double mfu() const { return flops_per_step / seconds / peak_flops; }
 };
 
 // "| loss 2.3456 | lr 1.00e-03 | gnorm 0.812 | 12.3k tok/s | MFU 3.1% | peak mem 1.2 GiB | comm 0.012 s (exposed 0.004 s)",
-// then "| skipped (2 in all)" for a skipped step, or "| 2 skipped" once some were.
+// then "| scale 65536" with loss scaling, then "| skipped: overflow (2 in all)" for a skipped step, or
+// "| 2 skipped" once some were.
 std::string step_line(const StepMetrics& metrics, const StepFigures& figures);
 // The metrics.jsonl record: the line's figures ("skipped", "skipped_steps" included) and every
 // rank's memory and communication.

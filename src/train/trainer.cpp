@@ -25,6 +25,7 @@
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/models/fused_ops.h"
+#include "fsdp/optim/loss_scaler.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/nonfinite_guard.h"
 #include "fsdp/optim/sharded_optimizer.h"
@@ -135,7 +136,7 @@ class Trainer {
         }
       });
       const checkpoint::CheckpointInfo info = checkpoint::load_checkpoint(path, *state_, optimizer_.get());
-      comm::on_every_rank(world_, "restoring the loss-spike window", [&] { guard_.spikes().restore(info.trainer_state); });
+      comm::on_every_rank(world_, "restoring the loss-spike window and loss scale", [&] { guard_.restore(info.trainer_state); });
       comm::on_every_rank(world_, "checking the checkpoint's step", [&] {
         if (info.step >= config_.steps) {
           throw std::runtime_error("checkpoint '" + path + "' is at step " + std::to_string(info.step) +
@@ -216,6 +217,13 @@ class Trainer {
                            "than fp32 GEMMs on the AVX2 VM measured (docs/benchmarks.md); train.bf16_matmul = \"auto\" avoids it");
       }
     }
+    if (const optim::DynamicLossScaler* scaler = guard_.scaler()) {
+      const LossScaleConfig& l = config_.loss_scale;
+      std::snprintf(line, sizeof(line),
+                    "  loss scaling: dynamic, scale %g (x%g after %lld clean steps, x%g on an overflow, floor %g; [loss_scale])",
+                    static_cast<double>(scaler->scale()), l.growth_factor, static_cast<long long>(l.growth_interval), l.backoff_factor, l.min);
+      progress_->message(line);
+    }
     if (config_.optimizer.warmup_steps > config_.steps) {
       // Accepted, as PyTorch schedulers and torchtitan accept it (a quick --set train.steps=2 trial).
       std::snprintf(line, sizeof(line), "  note: optimizer.warmup_steps %lld exceeds train.steps %lld: the run ends still warming "
@@ -289,6 +297,10 @@ class Trainer {
       // Summed on the model's device and read once after the optimizer: an .item() per micro-batch
       // would make the host wait for each backward on a GPU.
       at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+      // float16 compute: backward runs on the loss times the scale (optim/loss_scaler.h); the
+      // gradient shards are divided by it before the norm. The recorded loss is unscaled.
+      optim::DynamicLossScaler* const scaler = guard_.scaler();
+      const float step_loss_scale = scaler != nullptr ? scaler->scale() : 1.0f;
       for (int64_t m = 0; m < (batch_skipped ? 0 : config_.micro_batches); ++m) {
         std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
         data::Batch batch = data_.train->get(part);
@@ -307,16 +319,17 @@ class Trainer {
                                : loss_of(model_.forward(inputs), targets, torch::kSum)) *
                           loss_scale;
         trace_memory(rank_, step, "forward");
-        loss.backward();
+        (scaler != nullptr ? loss * step_loss_scale : loss).backward();
         trace_memory(rank_, step, "backward");
         loss_sum += loss.detach();
       }
+      if (scaler != nullptr && !batch_skipped) optim::unscale_grad_shards(*state_, *scaler);
       const double norm = batch_skipped            ? 0.0
                           : config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip)
                                                   : optim::grad_norm(*state_);
       trace_memory(rank_, step, "clip");
       // Every rank judges the same all-reduced norm (and loss): the same verdict everywhere.
-      const double agreed_loss = guard_.needs_loss() && !batch_skipped ? all_ranks_loss(loss_sum) : 0.0;
+      const double agreed_loss = guard_.needs_loss(norm) && !batch_skipped ? all_ranks_loss(loss_sum) : 0.0;
       const StepGuard::Verdict verdict = guard_.judge(step, batch_skipped, norm, agreed_loss);
       const bool apply = verdict.apply;
       if (apply) optimizer_->step();
@@ -359,6 +372,8 @@ class Trainer {
                                  " (lower optimizer.lr or set train.grad_clip)");
       }
       summary.skipped_steps = guard_.skipped_steps();
+      summary.overflow_steps = guard_.overflow_steps();
+      if (scaler != nullptr) summary.loss_scales.push_back(step_loss_scale);
 
       StepFigures figures;
       figures.step = step;
@@ -376,6 +391,8 @@ class Trainer {
       figures.skipped_steps = guard_.skipped_steps();
       figures.skip_reason = verdict.reason;
       figures.loss_zscore = verdict.zscore;
+      figures.loss_scale = scaler != nullptr ? step_loss_scale : 0.0;
+      figures.overflow_steps = guard_.overflow_steps();
       figures.profiled = profiled;
       progress_->step(step, step_line(metrics, figures), training_seconds);
       if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
@@ -457,7 +474,7 @@ class Trainer {
   int64_t roll_back(int64_t first_skipped, int64_t last_skipped, int64_t rollback, TrainSummary& summary,
                     std::vector<double>& step_seconds) {
     const RolledBack back = roll_back_to_checkpoint(
-        {config_, world_, *state_, optimizer_.get(), guard_.spikes(), skipped_batches_, skipped_batches_path(),
+        {config_, world_, *state_, optimizer_.get(), guard_, skipped_batches_, skipped_batches_path(),
          leader() && options_.write_files},
         first_skipped, last_skipped, rollback);
     const checkpoint::CheckpointInfo& info = back.info;
@@ -467,6 +484,7 @@ class Trainer {
     const size_t kept = static_cast<size_t>(std::max<int64_t>(0, info.step - start_step_));
     if (summary.losses.size() > kept) summary.losses.resize(kept);
     if (summary.grad_norms.size() > kept) summary.grad_norms.resize(kept);
+    if (summary.loss_scales.size() > kept) summary.loss_scales.resize(kept);
     if (step_seconds.size() > kept) step_seconds.resize(kept);
     ++summary.rollbacks;
     const std::string message = "guard: " + steps + " skipped in a row; rolled back to " + path + " (step " +
@@ -541,7 +559,7 @@ class Trainer {
     TrainConfig resolved = config_;
     resolved.model = model_config_;
     const std::string dir = checkpoint::save_checkpoint(checkpoints_dir(config_), *state_, optimizer_.get(),
-                                                        {steps, config_.model_name, to_toml(resolved), guard_.spikes().state()});
+                                                        {steps, config_.model_name, to_toml(resolved), guard_.state()});
     // During a streak of skipped steps the checkpoint a rollback would return to stays, however
     // many newer ones `keep` would otherwise leave.
     if (leader()) {

@@ -48,6 +48,10 @@ expect_failure missing-token-file "token file '/nonexistent/train.tok': cannot o
   "${ranks[@]}" "$train" "$(config missing-tokens "$good_model"$'\n[data]\nsource = "token_files"\ntrain_tokens = "/nonexistent/train.tok"\nvalidation_tokens = "/nonexistent/v.tok"')"
 expect_failure bad-override "train.steps must be an integer, got a number" \
   "${ranks[@]}" "$train" "$(config override "$good_model")" --set train.steps=2.5
+expect_failure fp16-with-bf16-reduction "fsdp.reduce_dtype 'bfloat16' with fsdp.param_dtype 'float16'" \
+  "${ranks[@]}" "$train" "$(config fp16-bf16 "$good_model")" --set 'fsdp.param_dtype="float16"' --set 'fsdp.reduce_dtype="bfloat16"'
+expect_failure fp16-reduction-without-fp16 "fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16'" \
+  "${ranks[@]}" "$train" "$(config fp16-reduce "$good_model")" --set 'fsdp.reduce_dtype="float16"'
 expect_failure cuda-on-cpu-build "train.device 'cuda' needs a CUDA build of fsdp.cpp" \
   "${ranks[@]}" "$train" "$(config cuda "$good_model")" --set 'train.device="cuda"'
 expect_failure missing-config "config file '$work/none.toml' cannot be read" \

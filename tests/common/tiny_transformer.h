@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 
 #include "fsdp/nn/hooks.h"
 
@@ -47,7 +48,8 @@ struct AttentionMlpBlockImpl : torch::nn::Module {
     auto q = q_k_v[0], k = q_k_v[1], v = q_k_v[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    scores = scores.masked_fill(mask, -1e9);
+    // -inf, not -1e9: fp16 holds nothing beyond 65504 (softmax gives the masked scores 0 either way).
+    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
     auto attended = torch::matmul(torch::softmax(scores, -1), v).transpose(1, 2).reshape({b, t, d});
     x = x + proj(attended);
     return x + fc2(torch::gelu(fc1(norm2(x))));

@@ -107,8 +107,31 @@ TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of("[oops]\nx = 1\n[model]\nname = \"gpt-test\"\n").find("unknown section [oops]"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.steps=-3"}).find("train.steps must not be negative"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=fp16"}).find("fsdp.param_dtype 'fp16' (expected float32 or bfloat16)"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=fp16"}).find("fsdp.param_dtype 'fp16' (expected float32, bfloat16 or float16)"),
             std::string::npos);
+  // float16 combinations that make no sense, refused by name.
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "fsdp.reduce_dtype=bfloat16"})
+                .find("fsdp.reduce_dtype 'bfloat16' with fsdp.param_dtype 'float16'"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float16"})
+                .find("fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16'"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.reduce_dtype=float16"}).find("fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16'"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "fsdp.strategy=no_shard"})
+                .find("fsdp.param_dtype 'float16' needs fsdp.strategy"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.backoff_factor=1.5"}).find("loss_scale.backoff_factor must be in (0, 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.init=0.5"}).find("loss_scale.init must be finite and at least loss_scale.min"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"loss_scale.growth_interval=0"}).find("loss_scale.growth_interval must be at least 1"), std::string::npos);
+  {
+    const auto fp16 = parse_train_config(kMinimal, "test.toml", {"fsdp.param_dtype=float16", "fsdp.reduce_dtype=float16"});
+    EXPECT_EQ(fp16.fsdp.param_dtype, "float16");
+    EXPECT_NE(fsdp::train::to_toml(fp16).find("[loss_scale]"), std::string::npos) << "a float16 run's resolved config has its scaling";
+    EXPECT_EQ(fsdp::train::to_toml(parse_train_config(kMinimal, "test.toml")).find("[loss_scale]"), std::string::npos);
+  }
   EXPECT_NE(error_of(kMinimal, {"fsdp.reduce_dtype=half"}).find("fsdp.reduce_dtype 'half'"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=bfloat16", "fsdp.strategy=no_shard"}).find("needs fsdp.strategy"),
             std::string::npos);
@@ -369,7 +392,8 @@ TEST(ConfigKeys, TheResolvedConfigReadsBackAsItself) {
       "[model]\nname = \"gpt-test\"\nmlp_hidden = 96\nnorm_eps = 1e-3\n[lora]\nrank = 2\ntargets = \"all-linear\"\nrslora = true\n"
       "[targets]\nmax_memory_per_rank = \"8GiB\"\nmin_tokens_per_second = 10\n[guard]\nspike_zscore = 3.5\n",
       "[model]\nname = \"llama-test\"\nrope_scaling = \"llama3\"\nrope_scaling_factor = 32.0\n[optimizer]\nbeta2 = 0.95\nlr = 3e-3\n",
-      "[model]\nname = \"vit-fmnist\"\n[data]\nsource = \"fashion_mnist\"\naugment = \"shift+hflip\"\n"};
+      "[model]\nname = \"vit-fmnist\"\n[data]\nsource = \"fashion_mnist\"\naugment = \"shift+hflip\"\n",
+      "[model]\nname = \"llama-test\"\n[fsdp]\nparam_dtype = \"float16\"\nreduce_dtype = \"float16\"\n[loss_scale]\ninit = 1024.0\ngrowth_interval = 100\n"};
   for (const auto& text : configs) {
     const auto first = parse_train_config(text, "test.toml");
     const std::string resolved = fsdp::train::to_toml(first);

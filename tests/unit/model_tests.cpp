@@ -10,6 +10,7 @@
 #include "fsdp/models/layers.h"
 #include "fsdp/models/linear_cross_entropy.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/models/vit.h"
 
 namespace model_tests {
 
@@ -153,6 +154,39 @@ TEST(Models, VitClassifiesImages) {
   auto logits = model.forward(torch::randn({3, 1, 28, 28}));
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 10}));
   EXPECT_THROW(model.forward(torch::randn({3, 1, 32, 32})), c10::Error);
+}
+
+// The ViT's patch embedding, computed as a GEMM over the patches, is its convolution (timm's
+// patch_embed.proj, stride = kernel): outputs and the gradients of weight, bias and images equal
+// torch's conv2d in fp64 to 1e-12, with 3 channels and a non-square patch grid order to catch a
+// wrong permutation (channel-major pixels per patch, patches row by row).
+TEST(Models, VitPatchEmbeddingIsItsConvolution) {
+  fsdp::models::VitConfig config;
+  config.image_size = 12;
+  config.patch = 4;
+  config.channels = 3;
+  config.dim = 5;
+  config.heads = 1;
+  config.layers = 1;
+  config.mlp_hidden = 8;
+  config.classes = 2;
+  torch::manual_seed(2);
+  fsdp::models::Vit vit(config);
+  vit->to(at::kDouble);
+  const at::Tensor images = torch::randn({2, 3, 12, 12}, torch::kDouble).requires_grad_();
+  const at::Tensor ours = vit->embed_patches(images);  // [2, 9, 5]
+  const at::Tensor weight = vit->patch_embed->weight.detach().clone().requires_grad_();
+  const at::Tensor bias = vit->patch_embed->bias.detach().clone().requires_grad_();
+  const at::Tensor images_again = images.detach().clone().requires_grad_();
+  const at::Tensor theirs = torch::conv2d(images_again, weight, bias, 4).flatten(2).transpose(1, 2);
+  ASSERT_EQ(ours.sizes(), theirs.sizes());
+  EXPECT_LE((ours - theirs).abs().max().item<double>(), 1e-12);
+  const at::Tensor upstream = torch::randn(ours.sizes(), torch::kDouble);
+  (ours * upstream).sum().backward();
+  (theirs * upstream).sum().backward();
+  EXPECT_LE((vit->patch_embed->weight.grad() - weight.grad()).abs().max().item<double>(), 1e-12);
+  EXPECT_LE((vit->patch_embed->bias.grad() - bias.grad()).abs().max().item<double>(), 1e-12);
+  EXPECT_LE((images.grad() - images_again.grad()).abs().max().item<double>(), 1e-12);
 }
 
 // GPT-2's initialisation: std 0.02, residual projections 0.02 / sqrt(2 * layers).

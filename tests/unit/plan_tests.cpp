@@ -122,6 +122,15 @@ TEST(Plan, CommunicationPerStrategy) {
   EXPECT_EQ(bf16.comm.all_gather * 2, fp32.comm.all_gather);
   EXPECT_NEAR(bf16.compute_seconds, fp32.compute_seconds * 4.0 / 3.0, 1e-9);
   EXPECT_LT(bf16.memory.activations, fp32.memory.activations / 4);
+  // float16 moves and keeps the same bytes as bfloat16 (loss scaling adds no buffer: it rescales in place).
+  in.param_dtype = in.reduce_dtype = "float16";
+  const auto fp16 = make_plan(in);
+  in.reduce_dtype = "bfloat16";
+  in.param_dtype = "bfloat16";
+  const auto bf16_both = make_plan(in);
+  EXPECT_EQ(fp16.comm.all_gather, bf16_both.comm.all_gather);
+  EXPECT_EQ(fp16.comm.reduce_scatter, bf16_both.comm.reduce_scatter);
+  EXPECT_EQ(fp16.memory.device_total(), bf16_both.memory.device_total());
 }
 
 // DeepSpeed's documentation (memory.html, "ZeRO-3"): t5-3b, 2851M parameters, 32M largest layer,

@@ -62,6 +62,9 @@ struct VitImpl : torch::nn::Module {
   explicit VitImpl(const VitConfig& config);
   // images [b, channels, image_size, image_size] fp32 -> logits [b, classes] fp32.
   at::Tensor forward(const at::Tensor& images);
+  // images [b, channels, size, size] (any float dtype) -> [b, patches, dim] in the weights' dtype:
+  // the patch embedding's convolution, computed as a GEMM over the patches.
+  at::Tensor embed_patches(const at::Tensor& images);
   const VitConfig& config() const { return config_; }
 
   torch::nn::Conv2d patch_embed{nullptr};  // named patch_embed.proj as in timm

@@ -43,7 +43,7 @@ struct PlanInput {
   int ranks_per_node = 8;             // hybrid_shard's default S, and which all-reduce crosses nodes
   std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
   int shard_group_size = 0;           // hybrid_shard: S (0: ranks_per_node)
-  std::string param_dtype = "float32";  // float32 | bfloat16
+  std::string param_dtype = "float32";  // float32 | bfloat16 | float16
   std::string reduce_dtype = "float32";
   bool activation_checkpointing = false;
   bool cpu_offload = false;           // parameter, gradient and optimizer shards in host memory

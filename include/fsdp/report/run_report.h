@@ -20,6 +20,7 @@ struct StepPoint {
   int64_t step = 0;  // 1-based, as metrics.jsonl records it
   double loss = 0, lr = 0, grad_norm = 0, rate = 0, mfu = 0, step_seconds = 0;
   double communication = 0, exposed = -1;  // max over ranks; exposed -1: not measured (GPU)
+  double loss_scale = 0;                   // float16 compute: the step's loss scale (0: none)
   std::vector<double> peak_memory_per_rank;
   bool skipped = false;
 };

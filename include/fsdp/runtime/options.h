@@ -21,9 +21,11 @@ enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
 const char* to_string(ShardingStrategy strategy);
 ShardingStrategy sharding_strategy_from_string(const std::string& name);  // "full_shard", ...
 
+// float16 compute needs loss scaling (optim/loss_scaler.h) for gradients that fp16's range would
+// flush to zero; the runtime itself only casts.
 struct MixedPrecision {
-  at::ScalarType param_dtype = at::kFloat;   // gather and compute: float32 or bfloat16
-  at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction: float32 or bfloat16
+  at::ScalarType param_dtype = at::kFloat;   // gather and compute: float32, bfloat16 or float16
+  at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction: float32, bfloat16 or float16
 };
 
 struct FsdpOptions {

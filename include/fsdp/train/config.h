@@ -12,7 +12,8 @@
 //                log_every, threads, device, device_memory_fraction
 //   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
 //   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params, embedding_units, prefetch, max_inflight,
-//                param_dtype, reduce_dtype = "float32" | "bfloat16", activation_checkpointing
+//                param_dtype, reduce_dtype = "float32" | "bfloat16" | "float16", activation_checkpointing
+//   [loss_scale] init, growth_factor, backoff_factor, growth_interval, min (float16 compute only)
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
 //   [lora]       rank, alpha, dropout, rslora, targets = "q_proj v_proj" | "all-linear",
@@ -77,8 +78,8 @@ struct FsdpConfig {
   bool embedding_units = true;
   bool prefetch = true;                  // gather the next unit while this one computes (both passes)
   int64_t max_inflight = 2;              // unit buffers alive besides the computing one (0: no overlap)
-  std::string param_dtype = "float32";   // gather and compute: float32 | bfloat16
-  std::string reduce_dtype = "float32";  // gradient reduction: float32 | bfloat16
+  std::string param_dtype = "float32";   // gather and compute: float32 | bfloat16 | float16
+  std::string reduce_dtype = "float32";  // gradient reduction: float32 | bfloat16 | float16 (with float16 compute)
   bool activation_checkpointing = false; // recompute each block's forward in backward
   int64_t shard_group_size = 0;          // hybrid_shard: ranks per shard group (0: the ranks of one node)
   bool cpu_offload = false;              // shards, gradients, optimizer state in host memory (train.device 'cuda')
@@ -115,6 +116,19 @@ struct TargetsConfig {
   bool any() const {
     return min_tokens_per_second > 0 || max_step_seconds > 0 || max_memory_per_rank > 0 || max_validation_loss > 0 || max_cost > 0;
   }
+};
+
+// Dynamic loss scaling for fsdp.param_dtype = "float16" ([loss_scale]; torch.amp.GradScaler's
+// defaults): the loss is multiplied by the scale before backward, the gradient shards divided by
+// it after; a step whose gradients overflow is skipped and the scale multiplied by backoff_factor,
+// and growth_interval clean steps in a row multiply it by growth_factor. A backoff below `min`
+// stops the run (as DeepSpeed's min_loss_scale): gradients that overflow at the floor do not fit fp16.
+struct LossScaleConfig {
+  double init = 65536.0;  // 2^16
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  double min = 1.0;
 };
 
 // Guardrails against bad batches ([guard]). A step whose loss spikes is skipped on every rank like
@@ -165,6 +179,7 @@ struct TrainConfig {
   CheckpointConfig checkpoint;
   TargetsConfig targets;
   GuardConfig guard;
+  LossScaleConfig loss_scale;  // float16 compute only
   // [lora] rank, alpha, dropout, rslora, targets ("q_proj v_proj" or "all-linear"): the adapters
   // go into the model's config (LoraSpec); the frozen base's shards are kept in base_dtype:
   // "auto" (resolved when read: the dtype of model.init_from's weights, bfloat16 only when they are,

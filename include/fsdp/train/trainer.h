@@ -33,7 +33,9 @@ struct TrainSummary {
   // window; an instruction example's trained tokens), whatever rank or micro-batch holds them.
   std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
-  int64_t skipped_steps = 0;       // steps not applied: a non-finite gradient norm (train.max_nonfinite_steps) or loss spike ([guard])
+  int64_t skipped_steps = 0;       // steps not applied: a non-finite gradient norm (train.max_nonfinite_steps), loss spike ([guard]) or overflow
+  int64_t overflow_steps = 0;      // float16: of those, overflows of the scaled gradients ([loss_scale])
+  std::vector<double> loss_scales; // float16: the loss scale each step's backward used (empty otherwise)
   int64_t rollbacks = 0;           // [guard] rollback_after: rollbacks to an earlier checkpoint
   std::vector<EvalResult> evals;   // at the first step, every eval.every steps, and at the end
   int64_t start_step = 0;          // 0, or the step a resumed run continued from (losses[0] is its step)
