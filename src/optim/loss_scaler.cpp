@@ -1,5 +1,6 @@
 #include "fsdp/optim/loss_scaler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -52,12 +53,13 @@ void DynamicLossScaler::restore(const std::string& state) {
   } catch (const std::exception& e) {
     throw std::runtime_error("loss scale state '" + state + "' is not {\"scale\": ..., \"growth_tracker\": ...}: " + e.what());
   }
-  if (!(std::isfinite(scale) && scale > 0) || tracker < 0 || tracker >= options_.growth_interval) {
-    throw std::runtime_error("loss scale state '" + state + "' is out of range (scale finite and positive, growth_tracker in [0, " +
-                             std::to_string(options_.growth_interval) + "))");
+  if (!(std::isfinite(scale) && scale > 0) || tracker < 0) {
+    throw std::runtime_error("loss scale state '" + state + "' is out of range (scale finite and positive, growth_tracker >= 0)");
   }
   scale_ = scale;
-  growth_tracker_ = tracker;
+  // A run resumed with a shorter growth_interval than it saved with: one more clean step grows the
+  // scale (a count past the interval would never equal it again).
+  growth_tracker_ = std::min(tracker, options_.growth_interval - 1);
 }
 
 void unscale_grad_shards(runtime::FsdpState& state, const DynamicLossScaler& scaler) {

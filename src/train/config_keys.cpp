@@ -526,15 +526,19 @@ std::vector<ConfigKey> declare() {
                       "loss_scale.init must be finite and at least loss_scale.min");
       };
   add(loss_scale_key(key("loss_scale.growth_factor", MEMBER(loss_scale.growth_factor), "float16: the scale's factor after growth_interval clean steps")))
-      .check = [](const TrainConfig& c) { return unless(c.loss_scale.growth_factor > 1.0, "loss_scale.growth_factor must be above 1"); };
+      .check = [](const TrainConfig& c) {
+        // The scale is an fp32 number (as GradScaler's): the factors must differ from 1 in fp32 too.
+        return unless(static_cast<float>(c.loss_scale.growth_factor) > 1.0f, "loss_scale.growth_factor must be above 1 (in fp32)");
+      };
   add(loss_scale_key(key("loss_scale.backoff_factor", MEMBER(loss_scale.backoff_factor), "float16: the scale's factor after an overflow")))
       .check = [](const TrainConfig& c) {
-        return unless(c.loss_scale.backoff_factor > 0.0 && c.loss_scale.backoff_factor < 1.0, "loss_scale.backoff_factor must be in (0, 1)");
+        const float backoff = static_cast<float>(c.loss_scale.backoff_factor);
+        return unless(backoff > 0.0f && backoff < 1.0f, "loss_scale.backoff_factor must be in (0, 1) (in fp32)");
       };
   add(loss_scale_key(key("loss_scale.growth_interval", MEMBER(loss_scale.growth_interval), "float16: clean steps in a row before the scale grows")))
       .check = [](const TrainConfig& c) { return unless(c.loss_scale.growth_interval >= 1, "loss_scale.growth_interval must be at least 1"); };
   add(loss_scale_key(key("loss_scale.min", MEMBER(loss_scale.min), "float16: an overflow that would back the scale off below this stops the run")))
-      .check = [](const TrainConfig& c) { return unless(c.loss_scale.min > 0.0, "loss_scale.min must be positive"); };
+      .check = [](const TrainConfig& c) { return unless(static_cast<float>(c.loss_scale.min) > 0.0f, "loss_scale.min must be positive (in fp32)"); };
 
   // ---- [lora] ----
   auto lora_field = [](auto member) {

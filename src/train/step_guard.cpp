@@ -66,7 +66,9 @@ StepGuard::Verdict StepGuard::judge(int64_t step, bool batch_skipped, double gra
     }
   }
   // Finite gradients (applied, or a spike skipped) count towards the scale's growth, as GradScaler
-  // counts every step it did not find an inf in; a non-finite loss leaves the scale alone.
+  // counts every step it finds no inf in. A non-finite *loss* leaves the scale and its count as they
+  // were, where GradScaler (which cannot tell it from an overflow) would back off: a smaller scale
+  // cannot help a loss that is already inf or NaN before backward.
   if (scaler_ && std::isfinite(grad_norm)) scaler_->update(/*overflow=*/false);
   if (verdict.apply) {
     skips_in_a_row_ = 0;
@@ -84,9 +86,19 @@ std::string StepGuard::state() const {
 
 void StepGuard::restore(const std::string& state) {
   spikes_.restore(state);
-  if (!scaler_ || state.empty()) return;
+  if (!scaler_) return;
+  if (state.empty()) {
+    *scaler_ = optim::DynamicLossScaler(scaler_->options());
+    return;
+  }
   const nlohmann::json parsed = nlohmann::json::parse(state);  // spikes_ read it already
-  if (parsed.contains("loss_scale")) scaler_->restore(parsed.at("loss_scale").dump());
+  if (parsed.contains("loss_scale")) {
+    scaler_->restore(parsed.at("loss_scale").dump());
+  } else {
+    // A checkpoint without a scale (an older one, or a bf16/fp32 run's): start from loss_scale.init,
+    // as a new run would, also when this run had backed off before rolling back to it.
+    *scaler_ = optim::DynamicLossScaler(scaler_->options());
+  }
 }
 
 void StepGuard::rolled_back() {

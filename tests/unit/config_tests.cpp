@@ -121,11 +121,13 @@ TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "fsdp.strategy=no_shard"})
                 .find("fsdp.param_dtype 'float16' needs fsdp.strategy"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.backoff_factor=1.5"}).find("loss_scale.backoff_factor must be in (0, 1)"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.backoff_factor=1.5"}).find("loss_scale.backoff_factor must be in (0, 1) (in fp32)"),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.init=0.5"}).find("loss_scale.init must be finite and at least loss_scale.min"),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"loss_scale.growth_interval=0"}).find("loss_scale.growth_interval must be at least 1"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"loss_scale.growth_factor=1.000000001"}).find("loss_scale.growth_factor must be above 1 (in fp32)"),
+            std::string::npos);
   {
     const auto fp16 = parse_train_config(kMinimal, "test.toml", {"fsdp.param_dtype=float16", "fsdp.reduce_dtype=float16"});
     EXPECT_EQ(fp16.fsdp.param_dtype, "float16");

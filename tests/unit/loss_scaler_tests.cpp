@@ -67,7 +67,7 @@ TEST(LossScaler, StateRoundTripsAndBadStateIsNamed) {
   restored.restore(scaler.state());
   EXPECT_EQ(restored.scale(), 32768.0f);
   EXPECT_EQ(restored.growth_tracker(), 2);
-  for (const char* bad : {"", "{}", "{\"scale\": -1, \"growth_tracker\": 0}", "{\"scale\": 2, \"growth_tracker\": 9}", "[1"}) {
+  for (const char* bad : {"", "{}", "{\"scale\": -1, \"growth_tracker\": 0}", "{\"scale\": 2, \"growth_tracker\": -1}", "[1"}) {
     try {
       restored.restore(bad);
       ADD_FAILURE() << "accepted: " << bad;
@@ -75,6 +75,11 @@ TEST(LossScaler, StateRoundTripsAndBadStateIsNamed) {
       EXPECT_NE(std::string(e.what()).find("loss scale state"), std::string::npos) << e.what();
     }
   }
+  // Saved with a longer growth_interval than this run's: one more clean step grows it.
+  restored.restore("{\"scale\": 2, \"growth_tracker\": 9}");
+  EXPECT_EQ(restored.growth_tracker(), 4);
+  restored.update(false);
+  EXPECT_EQ(restored.scale(), 4.0f);
   LossScalerOptions wrong;
   wrong.backoff_factor = 1.0f;
   EXPECT_THROW(DynamicLossScaler{wrong}, std::invalid_argument);
@@ -138,10 +143,13 @@ TEST(StepGuardFp16, CheckpointStateKeepsTheScale) {
   resumed.restore(guard.state());
   EXPECT_EQ(resumed.scaler()->scale(), 32768.0f);
   EXPECT_EQ(resumed.scaler()->growth_tracker(), 1);
-  // A checkpoint of a run without scaling (or an older one) starts at loss_scale.init.
-  fsdp::train::StepGuard fresh(fp16_config(5));
-  fresh.restore("{\"loss_window\": []}");
-  EXPECT_EQ(fresh.scaler()->scale(), 65536.0f);
+  // A checkpoint of a run without scaling (or an older one) starts at loss_scale.init, also for a
+  // run that had backed off before rolling back to it.
+  ASSERT_EQ(resumed.judge(2, false, kInf, 3.0).reason, "overflow");
+  EXPECT_EQ(resumed.scaler()->scale(), 16384.0f);
+  resumed.restore("{\"loss_window\": []}");
+  EXPECT_EQ(resumed.scaler()->scale(), 65536.0f);
+  EXPECT_EQ(resumed.scaler()->growth_tracker(), 0);
   // Without float16 there is no scaler, and no scale in the state.
   fsdp::train::StepGuard fp32(fsdp::train::parse_train_config("[model]\nname = \"gpt-test\"\n", "test.toml"));
   EXPECT_EQ(fp32.scaler(), nullptr);

@@ -53,7 +53,9 @@ class DynamicLossScaler {
   bool update(bool overflow);
 
   // {"scale": s, "growth_tracker": t}: kept in checkpoints so a resumed run scales as the
-  // uninterrupted one. restore throws std::runtime_error naming what is missing or out of range.
+  // uninterrupted one. restore throws std::runtime_error naming what is missing or out of range;
+  // a count at or past this scaler's growth_interval (the config changed) becomes growth_interval - 1.
+  const LossScalerOptions& options() const { return options_; }
   std::string state() const;
   void restore(const std::string& state);
 
