@@ -345,6 +345,19 @@ TEST(MixedPrecision, Bf16GathersHalfTheBytesAndTrainsLikeFp32) {
   EXPECT_EQ(b.module()->blocks[0]->as<fsdp::models::AttentionMlpBlockImpl>()->fc1->weight.scalar_type(), at::kBFloat16);
 }
 
+// libtorch's AdamW over a one-process reference's fp32 masters, as ShardedAdamW trains them in
+// train_tiny: its defaults with lr 3e-3, weight decay on matrices only.
+torch::optim::AdamW reference_adamw(fsdp::models::TinyTransformer& master) {
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& p : master->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  const fsdp::optim::AdamWOptions ours;
+  auto options = torch::optim::AdamWOptions(3e-3).betas({ours.beta1, ours.beta2}).eps(ours.eps);
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(ours.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(0.0)));
+  return torch::optim::AdamW(groups, options);
+}
+
 // The same 10 steps as train_tiny with bf16 compute, in one process: a bf16 working copy of fp32
 // master parameters, each rank's batch in turn (its bf16 gradient cast to fp32), the average, the
 // global norm clipped to 1, libtorch's AdamW on the masters (decay on matrices, as ShardedAdamW).
@@ -354,14 +367,7 @@ Trajectory bf16_reference(int ranks, int steps) {
   fsdp::models::TinyTransformer master(config);
   fsdp::models::TinyTransformer work(config);
   work->to(at::kBFloat16);
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& p : master->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  const fsdp::optim::AdamWOptions ours;  // ShardedAdamW's defaults, with train_tiny's lr
-  auto options = torch::optim::AdamWOptions(3e-3).betas({ours.beta1, ours.beta2}).eps(ours.eps);
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(ours.weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(0.0)));
-  torch::optim::AdamW optimizer(groups, options);
+  torch::optim::AdamW optimizer = reference_adamw(master);
   auto masters = master->parameters(), copies = work->parameters();
   Trajectory out;
   for (int step = 0; step < steps; ++step) {
@@ -475,14 +481,7 @@ ScaledTrajectory fp16_reference(int ranks, int steps) {
   fsdp::models::TinyTransformer master(config);
   fsdp::models::TinyTransformer work(config);
   work->to(at::kHalf);
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& p : master->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  const fsdp::optim::AdamWOptions ours;
-  auto options = torch::optim::AdamWOptions(3e-3).betas({ours.beta1, ours.beta2}).eps(ours.eps);
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(ours.weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options.weight_decay(0.0)));
-  torch::optim::AdamW optimizer(groups, options);
+  torch::optim::AdamW optimizer = reference_adamw(master);
   auto masters = master->parameters(), copies = work->parameters();
   float scale = forcing_overflows().init_scale;
   int clean_in_a_row = 0;
