@@ -49,8 +49,10 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
     const std::string type = json.value("peft_type", std::string("LORA"));
     if (type != "LORA") fail("peft_type is '" + type + "'; only LORA adapters load");
     if (!json.contains("r")) fail("no 'r' (the adapters' rank)");
+    if (!json.at("r").is_number_integer() || json.at("r").get<int64_t>() <= 0) {
+      fail("r (the adapters' rank) must be a positive integer, got " + json.at("r").dump());
+    }
     config.rank = json.at("r").get<int64_t>();
-    if (config.rank <= 0) fail("r must be positive, got " + std::to_string(config.rank));
     config.alpha = json.contains("lora_alpha") ? json.at("lora_alpha").get<double>() : 8.0;  // peft's default
     config.dropout = json.contains("lora_dropout") ? json.at("lora_dropout").get<double>() : 0.0;
     config.rslora = json.contains("use_rslora") && !json.at("use_rslora").is_null() && json.at("use_rslora").get<bool>();

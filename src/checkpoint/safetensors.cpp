@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 namespace fsdp::checkpoint {
@@ -232,8 +233,24 @@ void SafetensorsFile::read_header() {
       TensorInfo info;
       info.name = name;
       info.dtype = dtype_from_name(entry.at("dtype").get<std::string>(), where);
-      info.shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
+      // Both are lists of unsigned integers (safetensors' usize); a fraction or 1e122 is refused
+      // here, before a conversion that would truncate it or be undefined behaviour.
+      const std::string& tensor = name;  // (a lambda may not capture a structured binding before C++20)
+      const nlohmann::json& fields = entry;
+      auto sizes = [&](const char* key) {
+        const nlohmann::json& list = fields.at(key);
+        std::vector<int64_t> values;
+        if (!list.is_array()) fail("tensor '" + tensor + "': " + key + " " + list.dump() + " is not a list of non-negative integers");
+        for (const auto& value : list) {
+          if (!value.is_number_unsigned() || value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+            fail("tensor '" + tensor + "': " + key + " " + list.dump() + " is not a list of non-negative integers");
+          }
+          values.push_back(value.get<int64_t>());
+        }
+        return values;
+      };
+      info.shape = sizes("shape");
+      const auto offsets = sizes("data_offsets");
       if (offsets.size() != 2) fail("tensor '" + name + "': data_offsets must be [begin, end]");
       info.begin = offsets[0];
       info.end = offsets[1];

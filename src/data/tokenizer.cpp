@@ -199,15 +199,22 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"}) {
       if (model.contains(key) && !model[key].is_null()) refuse(std::string("BPE ") + key);
     }
-    std::unordered_map<std::string, int32_t> vocab;
-    for (const auto& [token, id] : model.at("vocab").items()) {
-      // Read as 64 bits: get<int32_t> would wrap a crafted 2^32 + 5 to a valid-looking 5.
-      const int64_t wide = id.get<int64_t>();
-      vocab[token] = wide < 0 || wide > std::numeric_limits<int32_t>::max() ? -1 : static_cast<int32_t>(wide);
-      if (vocab[token] < 0) {
-        throw std::runtime_error("hf tokenizer: " + source_ + ": token '" + token + "' has id " + id.dump() +
-                                 ", expected an id in [0, " + std::to_string(model.at("vocab").size()) + ")");
+    // An id is a JSON integer in [0, limit): anything else (5.5, 1e122, "7", 2^64 - 1) is refused
+    // before a conversion, which would truncate it or, out of range, be undefined behaviour.
+    auto id_below = [&](const nlohmann::json& id, int64_t limit, const std::string& what, const std::string& expected) {
+      const bool fits = id.is_number_unsigned()  ? id.get<uint64_t>() < static_cast<uint64_t>(limit)
+                        : id.is_number_integer() ? id.get<int64_t>() >= 0 && id.get<int64_t>() < limit
+                                                 : false;
+      if (!fits) {
+        throw std::runtime_error("hf tokenizer: " + source_ + ": " + what + " has id " + id.dump() + ", expected an id in [0, " +
+                                 std::to_string(limit) + ")" + expected);
       }
+      return static_cast<int32_t>(id.get<int64_t>());
+    };
+    std::unordered_map<std::string, int32_t> vocab;
+    const int64_t vocab_entries = static_cast<int64_t>(model.at("vocab").size());
+    for (const auto& [token, id] : model.at("vocab").items()) {
+      vocab[token] = id_below(id, vocab_entries, "token '" + token + "'", "");
     }
     std::vector<std::string> merges;
     merges.reserve(model.at("merges").size());
@@ -227,13 +234,8 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
       }
       // Added tokens extend the vocabulary (Llama 3's 256 after 128000) or name some of its tokens
       // (GPT-2's <|endoftext|>): at most one new id per added token.
-      const int64_t wide = token.at("id").get<int64_t>();
       const int64_t limit = bpe_->id_limit() + static_cast<int64_t>(root.at("added_tokens").size());
-      if (wide < 0 || wide >= limit) {
-        throw std::runtime_error("hf tokenizer: " + source_ + ": added token '" + content + "' has id " + std::to_string(wide) +
-                                 ", expected an id in [0, " + std::to_string(limit) + ") (the vocabulary plus the added tokens)");
-      }
-      const auto id = static_cast<int32_t>(wide);
+      const int32_t id = id_below(token.at("id"), limit, "added token '" + content + "'", " (the vocabulary plus the added tokens)");
       added_[content] = id;
       added_by_id_[id] = content;
       if (!content.empty()) starts_added_[static_cast<unsigned char>(content[0])] = true;

@@ -5,6 +5,9 @@
 # inputs of the crashes a review found by hand). A new crash fails the run; its input is copied to
 # FUZZ_FINDINGS (default build/fuzz/findings/) to be kept as a regression input once fixed.
 #   bash tests/fuzz/run_fuzz.sh BUILD_DIR [SECONDS_PER_TARGET]      (CTest `fuzz`: 10 s each)
+# FUZZ_SEED (default 1) seeds libFuzzer's mutations, so that CTest's short run is the same search
+# on every machine and a CI run does not fail on a new finding by luck; FUZZ_SEED=0 draws a seed
+# (libFuzzer's own default), for the longer searches that find new crashes.
 # Exit 77 (skipped) without clang's libFuzzer runtime.
 set -uo pipefail
 build_dir=$(cd "${1:?usage: run_fuzz.sh BUILD_DIR [SECONDS]}" && pwd)
@@ -27,6 +30,7 @@ echo "fuzz: built the targets in $((SECONDS - start)) s"
 export ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1
 failures=0
 mkdir -p "$findings"
+echo "fuzz: libFuzzer seed ${FUZZ_SEED:-1} (FUZZ_SEED; 0 draws one)"
 printf '%-22s %8s %10s %8s %s\n' target seconds executions corpus result
 for target in fuzz_safetensors fuzz_token_file fuzz_manifest fuzz_tokenizer_json fuzz_instructions fuzz_config; do
   regressions=("$here/regressions/$target"/*)
@@ -39,7 +43,7 @@ for target in fuzz_safetensors fuzz_token_file fuzz_manifest fuzz_tokenizer_json
   fi
   corpus=$out/corpus/$target
   mkdir -p "$corpus"
-  "$out/$target" "$corpus" "$here/corpus/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
+  "$out/$target" "$corpus" "$here/corpus/$target" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
     -max_len=65536 -artifact_prefix="$findings/$target-" -print_final_stats=1 > "$out/$target.log" 2>&1
   rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out/$target.log" | tail -1)

@@ -43,6 +43,18 @@ TEST(Config, NonAsciiOutsideStringsAndCommentsIsRefusedBeforeParsing) {
   EXPECT_NE(message.find("test.toml:4:8: a non-ASCII character outside a string or comment"), std::string::npos) << message;
   message = error_of("\xc3\xa9 = 1\n");
   EXPECT_NE(message.find("test.toml:1:1: a non-ASCII"), std::string::npos) << message;
+  // Found by fuzzing on 2026-12-03 (regressions/fuzz_config/quote-inside-a-bare-value.toml): a
+  // quote inside a bare value starts no string for toml++, which met U+03D1 after it where it
+  // looks for whitespace. A quote starts a string only where TOML allows one (a key or a value).
+  message = error_of("name =+eq\"ll\\a''\xcf\x91l\n");
+  EXPECT_NE(message.find("test.toml:1:17: a non-ASCII"), std::string::npos) << message;
+  message = error_of("x = 'a'\"\xcf\x91\"\n");
+  EXPECT_NE(message.find("test.toml:1:9: a non-ASCII"), std::string::npos) << message;
+  // Quoted keys (bare, dotted, in a table header) are strings: refused as unknown keys, not here.
+  for (const char* text : {"\"k\xc3\xa9y\" = 1\n", "a . \"k\xc3\xa9y\" = 1\n", "[ \"t\xc3\xa9\" ]\n"}) {
+    message = error_of(text);
+    EXPECT_EQ(message.find("non-ASCII"), std::string::npos) << text << ": " << message;
+  }
   // An override's value that is not TOML is a string (as always): no undefined behaviour either.
   EXPECT_EQ(parse_train_config(kMinimal, "test.toml", {"name=\xef\xb9\xbf x"}).name, "\xef\xb9\xbf x");
   // Inside strings (all four kinds) and comments it is text like any other.
@@ -284,7 +296,9 @@ TEST(Config, PeftAdapterFillsAndMustAgreeWithLora) {
   const std::string missing = "[model]\ninit_from = \"" + dir.path() + "\"\n[lora]\ninit_adapter = \"" + dir.path() + "/none\"\n";
   EXPECT_NE(error_of(missing).find("cannot read adapter_config.json"), std::string::npos);
   std::ofstream(adapter + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 0, "target_modules": ["q_proj"]})";
-  EXPECT_NE(error_of(base).find("r must be positive, got 0"), std::string::npos);
+  EXPECT_NE(error_of(base).find("r (the adapters' rank) must be a positive integer, got 0"), std::string::npos);
+  std::ofstream(adapter + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 4.5, "target_modules": ["q_proj"]})";
+  EXPECT_NE(error_of(base).find("must be a positive integer, got 4.5"), std::string::npos);  // not read as 4
   std::ofstream(adapter + "/adapter_config.json") << R"({"peft_type": "PREFIX_TUNING", "num_virtual_tokens": 20})";
   EXPECT_NE(error_of(base).find("only LORA adapters load"), std::string::npos);
 }

@@ -284,6 +284,33 @@ TEST(Tokenizer, HfTokenizerRefusesIdsOutsideTheVocabulary) {
   EXPECT_NE(message.find("added token '<|eot|>' has id 2147483647"), std::string::npos) << message;
 }
 
+// Found by fuzzing in CI (2026-12-03): an id of 1.11111e+122 was converted to a 64-bit integer,
+// undefined behaviour; an id of 5.5 was read as 5. An id that is not an integer is refused, naming
+// the token, as tokenizers (serde's u32) refuses it.
+TEST(Tokenizer, HfTokenizerRefusesIdsThatAreNotIntegers) {
+  TinyBpe bpe;
+  nlohmann::json vocab = nlohmann::json::parse(read_text(bpe.dir.file("vocab.json")));
+  const std::string token = vocab.begin().key();
+  for (const char* id : {"5.5", "1.11111e+122", "\"7\"", "18446744073709551615", "true"}) {
+    std::string text = vocab.dump();
+    const std::string key = nlohmann::json(token).dump() + ":";
+    const size_t at = text.find(key) + key.size();
+    text.replace(at, text.find_first_of(",}", at) - at, id);
+    write_text(bpe.dir.file("bad_id.json"), tiny_tokenizer_json(text));
+    const auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("bad_id.json")); });
+    EXPECT_NE(message.find("token '" + token + "' has id " + nlohmann::json::parse(id).dump()), std::string::npos)
+        << id << ": " << message;
+  }
+  for (const char* id : {"260.5", "1e300"}) {
+    std::string added = tiny_tokenizer_json(vocab.dump());
+    added.replace(added.find("\"id\": 260"), std::string("\"id\": 260").size(), std::string("\"id\": ") + id);
+    write_text(bpe.dir.file("bad_added.json"), added);
+    const auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("bad_added.json")); });
+    EXPECT_NE(message.find("added token '<|eot|>' has id " + nlohmann::json::parse(id).dump()), std::string::npos)
+        << id << ": " << message;
+  }
+}
+
 TEST(Corpus, ReadsFortunesAndSplitsStably) {
   TempDir dir;
   write_text(dir.file("wisdom"), "First fortune.\n%\nSecond\n  -- someone\n%\n\n%\nThird.\n");

@@ -160,4 +160,22 @@ TEST(Safetensors, RefusesOverflowingShapesAndLeaksNothing) {
   fs::remove(path);
 }
 
+// A size that is not a JSON integer (a fraction read as its floor, 1e122 converted to 64 bits,
+// undefined behaviour, as fuzzing found for tokenizer ids on 2026-12-03) is refused, naming the
+// tensor: safetensors' own reader takes shape and data_offsets as unsigned integers.
+TEST(Safetensors, RefusesSizesThatAreNotIntegers) {
+  const std::string path = temp_path("fractional.safetensors");
+  for (const char* header : {R"({"x": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})",
+                             R"({"x": {"dtype": "F32", "shape": [1e122], "data_offsets": [0, 8]}})",
+                             R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}})",
+                             R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 1e300]}})",
+                             R"({"x": {"dtype": "F32", "shape": [true], "data_offsets": [0, 4]}})"}) {
+    write_raw(path, header, std::string(8, '\0'));
+    const std::string error = error_of(path);
+    EXPECT_NE(error.find("tensor 'x'"), std::string::npos) << header << ": " << error;
+    EXPECT_NE(error.find("not a list of non-negative integers"), std::string::npos) << header << ": " << error;
+  }
+  fs::remove(path);
+}
+
 }  // namespace safetensors_tests
