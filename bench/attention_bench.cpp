@@ -1,13 +1,17 @@
 // attention_bench: forward + backward of fsdp::models::attention on each path (fused, fused_fp32,
 // math; models/attention.h) and dtype, for the attention shapes of the configs in configs/ and a
 // few more, on this machine's CPU (or a GPU with --device cuda). Prints a table, writes JSON. What
-// train.attention = "auto" is chosen from (docs/benchmarks.md).
+// train.attention = "auto" is chosen from (docs/benchmarks.md). Then packed rows (data.packing):
+// attention within each example by a block-diagonal mask or example by example, and the padded rows.
 //   build/bench/attention_bench [--threads 1] [--repeats 9] [--longest 2048] [--json runs/bench/attention.json]
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -77,8 +81,64 @@ int main(int argc, char** argv) {
                   ms(math).c_str(), fsdp::models::to_string(best->path));
     }
   }
+  // Packed rows (data.packing): the fine-tune job's micro-batch, 4 rows of 160 tokens holding about
+  // 2.5 examples each (lengths 64, 48, 38 and padding), 4 heads over 2, fp32. Attention within
+  // each example two ways, and the padded rows the same examples take one to a row.
+  nlohmann::json packed_rows = nlohmann::json::array();
+  {
+    const int64_t rows_per_batch = 4, t = 160, heads = 4, kv_heads = 2, hd = 32;
+    const std::vector<int64_t> lengths = {64, 48, 38, 10};  // the last: padding, an example of its own
+    const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+    at::Tensor positions = at::empty({rows_per_batch, t}, at::kLong);
+    for (int64_t r = 0, start = 0; r < rows_per_batch; ++r, start = 0) {
+      for (int64_t n : lengths) positions[r].narrow(0, start, n).copy_(torch::arange(n, at::kLong)), start += n;
+    }
+    const at::Tensor allowed = fsdp::models::document_causal_mask(positions.to(device));
+    auto time = [&](int64_t batch, int64_t length, const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run) {
+      at::Tensor q = at::randn({batch, heads, length, hd}, options).requires_grad_(true);
+      at::Tensor k = at::randn({batch, kv_heads, length, hd}, options).requires_grad_(true);
+      at::Tensor v = at::randn({batch, kv_heads, length, hd}, options).requires_grad_(true);
+      std::vector<double> seconds;
+      for (int i = 0; i <= repeats; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        run(q, k, v).sum().backward();
+        if (!device.is_cpu()) q.grad().cpu();
+        if (i > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        q.mutable_grad() = k.mutable_grad() = v.mutable_grad() = at::Tensor();
+      }
+      std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+      return seconds[seconds.size() / 2];
+    };
+    std::vector<std::pair<std::string, double>> ways;
+    for (auto path : {fsdp::models::AttentionPath::Fused, fsdp::models::AttentionPath::Math}) {
+      fsdp::models::set_attention_path(at::kFloat, path);
+      ways.emplace_back(std::string("block-diagonal mask, ") + fsdp::models::to_string(path),
+                        time(rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                          return fsdp::models::attention(q, k, v, false, allowed);
+                        }));
+    }
+    fsdp::models::set_attention_path(at::kFloat, fsdp::models::AttentionPath::Fused);
+    ways.emplace_back("per example (causal, fused)", time(rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      std::vector<at::Tensor> parts;
+      int64_t start = 0;
+      for (int64_t n : lengths) {
+        parts.push_back(fsdp::models::attention(q.narrow(2, start, n), k.narrow(2, start, n), v.narrow(2, start, n), true));
+        start += n;
+      }
+      return at::cat(parts, 2);
+    }));
+    ways.emplace_back("padded: 12 rows, one example each", time(3 * rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return fsdp::models::attention(q, k, v, true);
+    }));
+    std::printf("\npacked rows [4, 4 heads over 2, 160, 32] fp32, examples of 64 + 48 + 38 tokens a row:\n");
+    for (const auto& [way, seconds] : ways) {
+      std::printf("  %-40s %8.3f ms\n", way.c_str(), seconds * 1e3);
+      packed_rows.push_back({{"way", way}, {"seconds", seconds}});
+    }
+  }
   if (!json_path.empty()) {
-    std::ofstream(json_path) << nlohmann::json{{"bench", "attention"}, {"threads", threads}, {"device", device_name}, {"rows", rows}}.dump(1)
+    std::ofstream(json_path) << nlohmann::json{{"bench", "attention"}, {"threads", threads}, {"device", device_name}, {"rows", rows},
+                                               {"packed_rows", packed_rows}}.dump(1)
                              << "\n";
     std::printf("wrote %s\n", json_path.c_str());
   }

@@ -12,16 +12,20 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7),
               "fsdp.cpp needs libtorch >= 2.7 (scripts/setup.sh installs the pinned torch wheel into .venv/)");
 
 namespace fsdp::compat {
 
-// softmax(q k^T / sqrt(hd)) v for q, k, v [b, heads, t, hd], causal or not: the fused kernel (flash or
-// memory-efficient attention on CUDA, a blocked one on the CPU).
+// softmax(q k^T / sqrt(hd)) v for q, k, v [b, heads, t, hd], causal or not, or under `allowed` (bool,
+// broadcastable to [b, heads, t, t]; true where a query may attend a key): the fused kernel (flash or
+// memory-efficient attention on CUDA, a blocked one on the CPU, which takes a mask since 2.3).
 inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                               bool causal) {
-  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, causal);
+                                               bool causal, const at::Tensor& allowed = {}) {
+  return at::scaled_dot_product_attention(q, k, v, allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt,
+                                          /*dropout_p=*/0.0, causal);
 }
 
 // AdamW over lists of tensors in one fused kernel, weight decay left to the caller (decoupled, on the

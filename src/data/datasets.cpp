@@ -6,7 +6,8 @@
 
 namespace fsdp::data {
 
-TokenWindows::TokenWindows(std::shared_ptr<const TokenSource> tokens, int64_t seq) : tokens_(std::move(tokens)), seq_(seq) {
+TokenWindows::TokenWindows(std::shared_ptr<const TokenSource> tokens, int64_t seq, int32_t document_end)
+    : tokens_(std::move(tokens)), seq_(seq), document_end_(document_end) {
   if (seq < 1) throw std::invalid_argument("token windows: sequence length must be positive");
 }
 
@@ -17,12 +18,22 @@ Batch TokenWindows::get(const std::vector<int64_t>& indices) const {
   for (size_t row = 0; row < indices.size(); ++row) {
     windows[static_cast<int64_t>(row)].copy_(tokens_->read(indices[row] * seq_, seq_ + 1));
   }
-  return {windows.narrow(1, 0, seq_).contiguous(), windows.narrow(1, 1, seq_).contiguous()};
+  Batch batch{windows.narrow(1, 0, seq_).contiguous(), windows.narrow(1, 1, seq_).contiguous(), at::Tensor()};
+  if (document_end_ >= 0) {
+    batch.positions = at::empty_like(batch.inputs);
+    auto in = batch.inputs.accessor<int64_t, 2>();
+    auto at = batch.positions.accessor<int64_t, 2>();
+    for (int64_t r = 0; r < batch.inputs.size(0); ++r) {
+      at[r][0] = 0;
+      for (int64_t i = 1; i < seq_; ++i) at[r][i] = in[r][i - 1] == document_end_ ? 0 : at[r][i - 1] + 1;
+    }
+  }
+  return batch;
 }
 
 Batch ImageDataset::get(const std::vector<int64_t>& indices) const {
   at::Tensor index = at::tensor(indices, at::kLong);
-  return {set_.images.index_select(0, index), set_.labels.index_select(0, index)};
+  return {set_.images.index_select(0, index), set_.labels.index_select(0, index), at::Tensor()};
 }
 
 namespace {

@@ -211,7 +211,7 @@ Batch InstructionDataset::get(const std::vector<int64_t>& indices) const {
       if (example.trained[i + 1]) out[row][i] = example.tokens[i + 1];
     }
   }
-  return {inputs, targets};
+  return {inputs, targets, at::Tensor()};
 }
 
 int64_t InstructionDataset::target_count(int64_t index) const { return counts_.at(static_cast<size_t>(index)); }

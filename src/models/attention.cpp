@@ -19,14 +19,15 @@ std::map<at::ScalarType, AttentionPath>& paths() {
   return chosen;
 }
 
-// softmax(q k^T / sqrt(hd) [+ causal mask]) v by autograd's composition; the softmax in fp32.
-at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+// softmax(q k^T / sqrt(hd) [+ causal mask | allowed]) v by autograd's composition; the softmax in fp32.
+at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& allowed) {
   const int64_t t = q.size(2), s = k.size(2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   if (causal) {
     const at::Tensor future = at::ones({t, s}, q.options().dtype(at::kBool)).triu(s - t + 1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   }
+  if (allowed.defined()) scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   const at::Tensor probabilities = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   return at::matmul(probabilities, v);
 }
@@ -56,8 +57,12 @@ AttentionPath attention_path(at::ScalarType dtype) {
   return it == paths().end() ? AttentionPath::Fused : it->second;
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& allowed) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [b, heads, t, hd]");
+  TORCH_CHECK(!(causal && allowed.defined()), "attention: a mask of allowed keys replaces causal, which must be false");
+  TORCH_CHECK(!allowed.defined() || (allowed.scalar_type() == at::kBool && allowed.dim() == 4 && allowed.size(1) == 1 &&
+                                     allowed.size(2) == q.size(2) && allowed.size(3) == k.size(2)),
+              "attention: allowed must be bool [b, 1, t, s], got ", allowed.defined() ? allowed.sizes() : at::IntArrayRef{});
   const int64_t heads = q.size(1), kv_heads = k.size(1);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " query heads are not a multiple of ",
               kv_heads, " key/value heads");
@@ -70,16 +75,26 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   switch (attention_path(q.scalar_type())) {
     case AttentionPath::FusedFp32:
       if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble) {
-        return compat::scaled_dot_product_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat), causal)
+        return compat::scaled_dot_product_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat), causal, allowed)
             .to(q.scalar_type());
       }
       break;
     case AttentionPath::Math:
-      return math_attention(q, keys, values, causal);
+      return math_attention(q, keys, values, causal, allowed);
     case AttentionPath::Fused:
       break;
   }
-  return compat::scaled_dot_product_attention(q, keys, values, causal);
+  return compat::scaled_dot_product_attention(q, keys, values, causal, allowed);
+}
+
+at::Tensor document_causal_mask(const at::Tensor& positions) {
+  TORCH_CHECK(positions.dim() == 2 && positions.scalar_type() == at::kLong, "document_causal_mask: positions must be [b, t] int64, got ",
+              positions.sizes(), " ", positions.scalar_type());
+  const int64_t t = positions.size(1);
+  const at::Tensor documents = positions.eq(0).cumsum(1);  // [b, t]: which example each token is in
+  const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [b, t, t]
+  const at::Tensor past = at::ones({t, t}, positions.options().dtype(at::kBool)).tril();
+  return same.logical_and(past).unsqueeze(1);
 }
 
 std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t, int64_t head_dim,

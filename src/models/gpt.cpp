@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "fsdp/models/attention.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/nn/hooks.h"
 
@@ -62,11 +63,11 @@ GptAttentionImpl::GptAttentionImpl(const GptConfig& c) : heads(c.heads) {
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
 }
 
-at::Tensor GptAttentionImpl::forward(const at::Tensor& x) {
+at::Tensor GptAttentionImpl::forward(const at::Tensor& x, const at::Tensor& allowed) {
   const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
   // [b, t, 3 * dim] -> three [b, heads, t, head_dim]
   auto qkv = c_attn(x).view({b, t, 3, heads, d / heads}).permute({2, 0, 3, 1, 4});
-  auto y = attention(qkv[0], qkv[1], qkv[2], /*causal=*/true);
+  auto y = attention(qkv[0], qkv[1], qkv[2], /*causal=*/!allowed.defined(), allowed);
   return resid_dropout(c_proj(y.transpose(1, 2).reshape({b, t, d})));
 }
 
@@ -96,8 +97,8 @@ GptBlockImpl::GptBlockImpl(const GptConfig& c) {
   apply_lora(*this, c.lora);  // after the base's draws; before the block is announced (and sharded)
 }
 
-at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
-  auto h1 = x + attn(ln_1(x));
+at::Tensor GptBlockImpl::forward(const at::Tensor& x, const at::Tensor& allowed) {
+  auto h1 = x + attn(ln_1(x), allowed);
   return h1 + mlp(ln_2(h1));
 }
 
@@ -120,21 +121,25 @@ GptImpl::GptImpl(const GptConfig& c) : config_(c) {
   }
 }
 
-at::Tensor GptImpl::forward(const at::Tensor& ids) {
-  return fsdp::nn::call(wte, hidden_states(ids));  // tied head: logits = ln_f(x) wte^T
+at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& positions) {
+  return fsdp::nn::call(wte, hidden_states(ids, positions));  // tied head: logits = ln_f(x) wte^T
 }
 
-at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) {
-  return fsdp::nn::call(wte, hidden_states(ids), targets, chunk_rows);
+at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions) {
+  return fsdp::nn::call(wte, hidden_states(ids, positions), targets, chunk_rows);
 }
 
-at::Tensor GptImpl::hidden_states(const at::Tensor& ids) {
+at::Tensor GptImpl::hidden_states(const at::Tensor& ids, const at::Tensor& positions) {
   const int64_t t = ids.size(1);
   TORCH_CHECK(t <= config_.context, "gpt: sequence of ", t, " tokens exceeds the context of ", config_.context);
-  auto positions = torch::arange(t, ids.options().dtype(torch::kLong));
+  TORCH_CHECK(!positions.defined() || positions.sizes() == ids.sizes(), "gpt: positions ", positions.sizes(),
+              " do not match the ids ", ids.sizes());
+  // Packed rows: each token's own position (wpe [b, t, dim]), attention within examples.
+  const at::Tensor allowed = positions.defined() ? document_causal_mask(positions) : at::Tensor();
+  const at::Tensor where = positions.defined() ? positions : torch::arange(t, ids.options().dtype(torch::kLong));
   // wte is called through fsdp::nn::call for both its uses, so it may be a unit of its own.
-  auto x = drop(fsdp::nn::call(wte, ids) + wpe(positions));
-  for (size_t i = 0; i < h->size(); ++i) x = fsdp::nn::call(h->ptr<GptBlockImpl>(i), x);
+  auto x = drop(fsdp::nn::call(wte, ids) + wpe(where));
+  for (size_t i = 0; i < h->size(); ++i) x = fsdp::nn::call(h->ptr<GptBlockImpl>(i), x, allowed);
   return ln_f(x);
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "fsdp/models/attention.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/nn/hooks.h"
 
@@ -80,14 +81,20 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
   o_proj = register_module("o_proj", linear(heads * head_dim, c.dim));
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                       const at::Tensor& allowed) {
   const int64_t b = x.size(0), t = x.size(1);
   // Rotated in the projections' own layout [b, t, heads, hd] (one pass, no copy), then viewed as
-  // [b, heads, t, hd] for attention.
-  auto q = rotary(q_proj(x).view({b, t, heads, head_dim}), cos, sin).transpose(1, 2);     // [b, heads, t, hd]
-  auto k = rotary(k_proj(x).view({b, t, kv_heads, head_dim}), cos, sin).transpose(1, 2);  // [b, kv_heads, t, hd]
+  // [b, heads, t, hd] for attention. Tables per token ([b * t, hd]): the rows are rotated as one
+  // sequence of b * t tokens, [1, b * t, heads, hd], each by its own angle.
+  auto rotate = [&](const at::Tensor& y) {
+    if (cos.size(0) == t) return rotary(y, cos, sin);
+    return rotary(y.view({1, b * t, y.size(2), head_dim}), cos, sin).view({b, t, y.size(2), head_dim});
+  };
+  auto q = rotate(q_proj(x).view({b, t, heads, head_dim})).transpose(1, 2);     // [b, heads, t, hd]
+  auto k = rotate(k_proj(x).view({b, t, kv_heads, head_dim})).transpose(1, 2);  // [b, kv_heads, t, hd]
   auto v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
-  auto y = attention(q, k, v, /*causal=*/true);
+  auto y = attention(q, k, v, /*causal=*/!allowed.defined(), allowed);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
 
@@ -113,9 +120,9 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {
   apply_lora(*this, c.lora);  // after the base's draws; before the block is announced (and sharded)
 }
 
-at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed) {
   // The residual add and the post-attention norm in one pass (fused_ops.h): h and its norm.
-  auto [h, normed] = add_rms_norm(x, self_attn->forward(input_layernorm(x), cos, sin), post_attention_layernorm->weight,
+  auto [h, normed] = add_rms_norm(x, self_attn->forward(input_layernorm(x), cos, sin, allowed), post_attention_layernorm->weight,
                                   post_attention_layernorm->eps);
   return h + mlp(normed);
 }
@@ -141,29 +148,38 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
   std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.dim / c.heads, c.rope_theta, c.rope_scaling);
 }
 
-at::Tensor LlamaImpl::forward(const at::Tensor& ids) {
-  const at::Tensor x = hidden_states(ids);
+at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& positions) {
+  const at::Tensor x = hidden_states(ids, positions);
   return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x) : fsdp::nn::call(lm_head, x);
 }
 
-at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) {
-  const at::Tensor x = hidden_states(ids);
+at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions) {
+  const at::Tensor x = hidden_states(ids, positions);
   return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x, targets, chunk_rows)
                             : fsdp::nn::call(lm_head, x, targets, chunk_rows);
 }
 
-at::Tensor LlamaImpl::hidden_states(const at::Tensor& ids) {
+at::Tensor LlamaImpl::hidden_states(const at::Tensor& ids, const at::Tensor& positions) {
   const int64_t t = ids.size(1);
+  TORCH_CHECK(!positions.defined() || positions.sizes() == ids.sizes(), "llama: positions ", positions.sizes(),
+              " do not match the ids ", ids.sizes());
   TORCH_CHECK(t <= config_.context, "llama: sequence of ", t, " tokens exceeds the context of ", config_.context);
   if (rope_cos_.device() != ids.device()) {
     // Once: the tables follow the inputs to their device (a copy per forward would block the host).
     rope_cos_ = rope_cos_.to(ids.device());
     rope_sin_ = rope_sin_.to(ids.device());
   }
-  auto cos = rope_cos_.narrow(0, 0, t), sin = rope_sin_.narrow(0, 0, t);
+  at::Tensor cos = rope_cos_.narrow(0, 0, t), sin = rope_sin_.narrow(0, 0, t), allowed;
+  if (positions.defined()) {
+    // Packed rows: each token's angles [b * t, hd] by its own position; attention within examples.
+    const at::Tensor flat = positions.reshape(-1);
+    cos = rope_cos_.index_select(0, flat);
+    sin = rope_sin_.index_select(0, flat);
+    allowed = document_causal_mask(positions);
+  }
   // Embedding and head are called through fsdp::nn::call, so each may be a unit of its own.
   auto x = fsdp::nn::call(embed_tokens, ids);
-  for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin);
+  for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin, allowed);
   return norm(x);
 }
 

@@ -162,10 +162,19 @@ BuiltModel build_model(const ModelConfig& config) {
         using Impl = std::conditional_t<std::is_same_v<Config, GptConfig>, GptImpl,
                                         std::conditional_t<std::is_same_v<Config, LlamaConfig>, LlamaImpl, VitImpl>>;
         auto module = std::make_shared<Impl>(c);
-        BuiltModel built{module, [module](const at::Tensor& input) { return fsdp::nn::call(module, input); }, {}};
-        if constexpr (!std::is_same_v<Config, VitConfig>) {
-          built.loss_sum = [module](const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) {
-            return fsdp::nn::call(module, ids, targets, chunk_rows);
+        BuiltModel built{module, {}, {}};
+        if constexpr (std::is_same_v<Config, VitConfig>) {
+          built.forward_function = [module](const at::Tensor& images, const at::Tensor& positions) {
+            TORCH_CHECK(!positions.defined(), "vit: images have no token positions");
+            return fsdp::nn::call(module, images);
+          };
+        } else {
+          built.forward_function = [module](const at::Tensor& ids, const at::Tensor& positions) {
+            return fsdp::nn::call(module, ids, positions);
+          };
+          built.loss_sum_function = [module](const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+                                             const at::Tensor& positions) {
+            return fsdp::nn::call(module, ids, targets, chunk_rows, positions);
           };
         }
         return built;

@@ -95,12 +95,28 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 at::Tensor checkpoint(RecomputeFn run, const std::vector<at::Tensor>& inputs) {
   if (!torch::GradMode::is_enabled()) return run(inputs);
+  // An autograd function takes defined tensors only ("tensor does not have a device"): undefined
+  // inputs (an optional argument left out, such as a mask) are put back in their places for each run.
+  std::vector<bool> defined;
+  std::vector<at::Tensor> given;
+  for (const at::Tensor& input : inputs) {
+    defined.push_back(input.defined());
+    if (input.defined()) given.push_back(input);
+  }
+  if (given.size() != inputs.size()) {
+    run = [whole = std::move(run), defined](const std::vector<at::Tensor>& some) {
+      std::vector<at::Tensor> all;
+      size_t next = 0;
+      for (bool is_defined : defined) all.push_back(is_defined ? some.at(next++) : at::Tensor());
+      return whole(all);
+    };
+  }
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->run = std::move(run);
-  recompute->num_inputs = inputs.size();
-  std::vector<at::Tensor> with_anchor = inputs;
+  recompute->num_inputs = given.size();
+  std::vector<at::Tensor> with_anchor = given;
   bool any_requires_grad = false;
-  for (const at::Tensor& input : inputs) any_requires_grad |= input.defined() && input.requires_grad();
+  for (const at::Tensor& input : given) any_requires_grad |= input.requires_grad();
   if (!any_requires_grad) with_anchor.push_back(at::empty({0}).requires_grad_(true));
   return CheckpointFunction::apply(at::TensorList(with_anchor), recompute)[0];
 }

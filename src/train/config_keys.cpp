@@ -342,6 +342,20 @@ std::vector<ConfigKey> declare() {
   add(key("data.validation_jsonl", MEMBER(data.validation_jsonl), "instructions: held-out examples (else validation_percent)"));
   add(key("data.chat_format", MEMBER(data.chat_format), "auto (llama3 when the tokenizer has its header tokens) | llama3 | plain"))
       .check = one_of("data.chat_format", [](const TrainConfig& c) { return c.data.chat_format; }, {"auto", "llama3", "plain"});
+  add(key("data.packing", MEMBER(data.packing),
+          "instructions: several examples to a row of train.seq_len, each attending only to itself (no padding paid for)"))
+      .check = [](const TrainConfig& c) {
+        return unless(!c.data.packing || c.data.source == "instructions",
+                      "data.packing packs instruction examples (data.source 'instructions'); data.source is '" + c.data.source +
+                          "' (for fortunes and token_files, data.document_masking keeps a window's documents apart)");
+      };
+  add(key("data.document_masking", MEMBER(data.document_masking),
+          "fortunes, token_files: a window's documents (ended by end-of-text) attend only to themselves, positions restarting"))
+      .check = [](const TrainConfig& c) {
+        return unless(!c.data.document_masking || c.data.source == "fortunes" || c.data.source == "token_files",
+                      "data.document_masking splits token windows at end-of-text (data.source 'fortunes' or 'token_files'); "
+                      "data.source is '" + c.data.source + "'" + (c.data.source == "instructions" ? " (use data.packing)" : ""));
+      };
 
   // ---- [train] ----
   add(key("train.steps", MEMBER(steps), "optimizer steps")).check = [](const TrainConfig& c) {

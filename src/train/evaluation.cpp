@@ -43,16 +43,17 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
     // not the [b, seq, vocab] logits.
     at::Tensor targets = batch.targets.to(m.device);
     at::Tensor w = at::tensor(weights).to(m.device);
-    if (m.language && m.model.loss_sum && m.config.loss_chunk_tokens > 0) {
+    const at::Tensor positions = batch.positions.defined() ? batch.positions.to(m.device) : at::Tensor();  // packed rows
+    if (m.language && m.model.has_loss_sum() && m.config.loss_chunk_tokens > 0) {
       // The chunked head: padding rows' targets set to -100, so they count nothing.
       const int64_t rows = static_cast<int64_t>(part.size());
       const at::Tensor kept = w.gt(0).view({rows, 1}).expand_as(targets.view({rows, -1})).reshape(targets.sizes());
       targets = at::where(kept, targets, at::full_like(targets, -100));
-      totals[0] += m.model.loss_sum(batch.inputs.to(m.device), targets, m.config.loss_chunk_tokens).item<double>();
+      totals[0] += m.model.loss_sum(batch.inputs.to(m.device), targets, m.config.loss_chunk_tokens, positions).item<double>();
       totals[2] += targets.ne(-100).sum().item<double>();
       continue;
     }
-    at::Tensor logits = m.model.forward(batch.inputs.to(m.device));
+    at::Tensor logits = m.model.forward(batch.inputs.to(m.device), positions);
     at::Tensor losses = loss_of(logits, targets, torch::kNone);  // [b * seq] or [b]
     if (m.language) {
       // Token-weighted: the mean over every counted target (not -100) of the evaluated samples.

@@ -81,6 +81,11 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
                            {"gathered_wire_bytes", figures.gathered_wire_bytes},
                            {"skipped", figures.skipped},
                            {"skipped_steps", figures.skipped_steps}};
+  if (figures.language) {
+    // What padding and prompts do not inflate: the rate data.packing is judged by.
+    record["trained_tokens"] = figures.trained_tokens;
+    record["trained_tokens_per_second"] = static_cast<double>(figures.trained_tokens) / figures.seconds;
+  }
   if (figures.skipped) record["skip_reason"] = figures.skip_reason;
   if (figures.loss_zscore != 0.0) record["loss_zscore"] = figures.loss_zscore;
   if (figures.loss_scale > 0) {

@@ -51,6 +51,7 @@ struct StepFigures {
   double grad_norm = 0.0;            // before clipping
   double seconds = 0.0;              // the step's wall time
   double samples_per_step = 0.0;     // tokens (language models) or images per global batch
+  int64_t trained_tokens = 0;        // language models: the global batch's counted targets (padding and prompts not)
   double flops_per_step = 0.0;       // the model's FLOPs for one global batch
   double peak_flops = 1.0;           // all ranks' measured matmul rate: MFU's denominator
   bool language = true;              // rates in tokens (else images)

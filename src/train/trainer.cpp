@@ -191,6 +191,7 @@ class Trainer {
                   strategy.c_str(), state_->unit_names().size(), threads_, threads_ == 1 ? "" : "s");
     progress_->message(line);
     progress_->message("  data: " + data_.description);
+    if (!data_.packing.empty()) progress_->message("  packing: " + data_.packing);
     std::snprintf(line, sizeof(line),
                   "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
                   format_bytes(static_cast<double>(stats.sharded_param_bytes)).c_str(),
@@ -198,7 +199,7 @@ class Trainer {
     progress_->message(line);
     std::snprintf(line, sizeof(line), "  %lld steps of %lld %s (%lld per rank in %lld micro-batch%s), output in %s",
                   static_cast<long long>(config_.steps), static_cast<long long>(config_.global_batch),
-                  language() ? ("windows of " + std::to_string(config_.seq_len) + " tokens").c_str() : "images",
+                  language() ? ((data_.packing.empty() ? "windows of " : "packed rows of ") + std::to_string(config_.seq_len) + " tokens").c_str() : "images",
                   static_cast<long long>(config_.global_batch / n_), static_cast<long long>(config_.micro_batches),
                   config_.micro_batches == 1 ? "" : "es", options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
     progress_->message(line);
@@ -312,11 +313,12 @@ class Trainer {
         if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
         state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
         const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
+        const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
         // Language models: the head fused with the loss a chunk of tokens at a time (no [tokens,
         // vocab] logits) unless train.loss_chunk_tokens is 0.
-        at::Tensor loss = (model_.loss_sum && config_.loss_chunk_tokens > 0
-                               ? model_.loss_sum(inputs, targets, config_.loss_chunk_tokens)
-                               : loss_of(model_.forward(inputs), targets, torch::kSum)) *
+        at::Tensor loss = (model_.has_loss_sum() && config_.loss_chunk_tokens > 0
+                               ? model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions)
+                               : loss_of(model_.forward(inputs, positions), targets, torch::kSum)) *
                           loss_scale;
         trace_memory(rank_, step, "forward");
         (scaler != nullptr ? loss * step_loss_scale : loss).backward();
@@ -381,6 +383,7 @@ class Trainer {
       figures.grad_norm = norm;
       figures.seconds = seconds;
       figures.samples_per_step = samples_per_step;
+      figures.trained_tokens = global_targets;
       figures.flops_per_step = flops_per_step;
       figures.peak_flops = peak_flops_;
       figures.language = language();

@@ -1,9 +1,13 @@
 #include "training_data.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <stdexcept>
 
 #include "fsdp/data/fashion_mnist.h"
 #include "fsdp/data/instructions.h"
+#include "fsdp/data/packed_instructions.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/train/reporting.h"
@@ -11,6 +15,12 @@
 namespace fsdp::train {
 
 namespace {
+
+std::string fixed(double value, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  return text;
+}
 
 // Instruction JSONL, rendered in the chat format: one padded row per example (data/instructions.h).
 LoadedData load_instructions(const TrainConfig& c) {
@@ -32,14 +42,28 @@ LoadedData load_instructions(const TrainConfig& c) {
     train = std::move(kept);
   }
   const int32_t end = data::end_of_turn(loaded.chat_format, *loaded.tokenizer);
+  if (d.packing && end < 0) {
+    throw std::runtime_error(c.source + ": data.packing needs a token that ends each answer, so that a packed example's "
+                             "end is learnt; chat format " + std::string(data::chat_format_name(loaded.chat_format)) + " with the " +
+                             loaded.tokenizer->name() + " tokenizer has none (no end-of-text token): use an hf or gpt2 tokenizer");
+  }
   const int32_t pad = end >= 0 ? end : 0;  // padding is never attended to by a real token, nor trained
+  int64_t shortest = std::numeric_limits<int64_t>::max();
   auto render = [&](const std::vector<data::InstructionExample>& examples) {
     std::vector<data::RenderedExample> rendered;
-    for (const auto& example : examples) rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer));
+    for (const auto& example : examples) {
+      rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer));
+      shortest = std::min<int64_t>(shortest, static_cast<int64_t>(rendered.back().tokens.size()));
+    }
     return rendered;
   };
-  auto train_set = std::make_unique<data::InstructionDataset>(render(train), c.seq_len, pad);
-  auto validation_set = std::make_unique<data::InstructionDataset>(render(validation), c.seq_len, pad);
+  auto train_set = std::make_shared<data::InstructionDataset>(render(train), c.seq_len, pad);
+  auto validation_set = std::make_shared<data::InstructionDataset>(render(validation), c.seq_len, pad);
+  if (train_set->size() == 0 && shortest > c.seq_len + 1) {
+    throw std::runtime_error(c.source + ": train.seq_len " + std::to_string(c.seq_len) + " is shorter than every example (the "
+                             "shortest renders to " + std::to_string(shortest) + " tokens, which need train.seq_len >= " +
+                             std::to_string(shortest - 1) + ")");
+  }
   loaded.dropped_examples = train_set->dropped() + validation_set->dropped();
   loaded.vocab = loaded.tokenizer->vocab_size();
   loaded.description = "instructions " + d.train_jsonl + (d.validation_jsonl.empty() ? "" : ", " + d.validation_jsonl) + " (" +
@@ -51,8 +75,24 @@ LoadedData load_instructions(const TrainConfig& c) {
     loaded.description += "; " + std::to_string(loaded.dropped_examples) + " dropped (longer than train.seq_len + 1 = " +
                           std::to_string(c.seq_len + 1) + " tokens, or nothing to train in the window)";
   }
-  loaded.train = std::move(train_set);
-  loaded.validation = std::move(validation_set);
+  if (d.packing) {
+    auto packed_train = std::make_unique<data::PackedInstructionDataset>(train_set, c.seed);
+    auto packed_validation = std::make_unique<data::PackedInstructionDataset>(validation_set, c.seed);
+    loaded.packing = "packed " + std::to_string(packed_train->examples()) + " examples into " +
+                     std::to_string(packed_train->size()) + " rows of " + std::to_string(c.seq_len) + " tokens: " +
+                     fixed(100 * packed_train->window_use(), 1) + "%" + " of each row used (" +
+                     fixed(100 * packed_train->padded_window_use(), 1) + "%" + " one example to a row); a step of " +
+                     std::to_string(c.global_batch) + " rows holds about " +
+                     fixed(static_cast<double>(c.global_batch) * static_cast<double>(packed_train->examples()) /
+                                      static_cast<double>(packed_train->size()), 1) +
+                     " examples, an epoch is " +
+                     fixed(static_cast<double>(packed_train->size()) / static_cast<double>(c.global_batch), 1) + " steps";
+    loaded.train = std::move(packed_train);
+    loaded.validation = std::move(packed_validation);
+    return loaded;
+  }
+  loaded.train = std::make_unique<data::InstructionDataset>(std::move(*train_set));
+  loaded.validation = std::make_unique<data::InstructionDataset>(std::move(*validation_set));
   return loaded;
 }
 
@@ -99,8 +139,18 @@ LoadedData load_data(const TrainConfig& c) {
   loaded.vocab = train_tokens->vocab_size();
   loaded.description += format_count(static_cast<double>(train_tokens->size())) + " training and " +
                         format_count(static_cast<double>(validation_tokens->size())) + " validation tokens";
-  loaded.train = std::make_unique<data::TokenWindows>(train_tokens, c.seq_len);
-  loaded.validation = std::make_unique<data::TokenWindows>(validation_tokens, c.seq_len);
+  int32_t document_end = -1;
+  if (d.document_masking) {
+    document_end = loaded.tokenizer ? loaded.tokenizer->end_of_text() : -1;
+    if (document_end < 0) {
+      throw std::runtime_error(c.source + ": data.document_masking splits windows at the end-of-text token, and the " +
+                               (loaded.tokenizer ? loaded.tokenizer->name() + " tokenizer's" : std::string("token files'")) +
+                               " vocabulary has none (data.tokenizer names the tokenizer the tokens were made with: gpt2 or hf)");
+    }
+    loaded.description += "; documents masked apart at token " + std::to_string(document_end);
+  }
+  loaded.train = std::make_unique<data::TokenWindows>(train_tokens, c.seq_len, document_end);
+  loaded.validation = std::make_unique<data::TokenWindows>(validation_tokens, c.seq_len, document_end);
   return loaded;
 }
 

@@ -22,6 +22,7 @@ struct LoadedData {
   std::unique_ptr<data::Dataset> train, validation;
   int64_t vocab = 0;
   std::string description;  // one line for the run's header
+  std::string packing;      // data.packing: one line for the header (rows, their use, steps per epoch)
 };
 
 // Reads config.data (throws naming the file or directory that is missing or malformed).

@@ -80,6 +80,31 @@ expect_failure instructions-unknown-role "role.jsonl:1: message 2 has unknown ro
   "${ranks[@]}" "$train" "$(config role "$llama_model"$'\n[data]\nsource = "instructions"\ntrain_jsonl = "'"$work/role.jsonl"'"')"
 expect_failure instructions-llama3-needs-tokens "chat format llama3 needs a tokenizer with <|start_header_id|>" \
   "${ranks[@]}" "$train" "$(config fmt "$llama_model"$'\n[data]\nsource = "instructions"\nchat_format = "llama3"\ntrain_jsonl = "'"$work/role.jsonl"'"')"
+# Packing (issue 36): an answer needs an end token; a window shorter than every example; document
+# masking needs an end-of-text token; each key only where it applies.
+printf '{"prompt": "a question of some length", "completion": "an answer"}\n' >"$work/one.jsonl"
+expect_failure packing-needs-end-of-turn "data.packing needs a token that ends each answer" \
+  "${ranks[@]}" "$train" "$(config pack-byte "$llama_model"$'\n[data]\nsource = "instructions"\npacking = true\ntrain_jsonl = "'"$work/one.jsonl"'"')"
+mkdir -p "$work/bytes-eot"
+python3 -c '
+import json, sys
+printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+symbols, extra = {}, 0
+for b in range(256):
+    symbols[b] = chr(b) if b in printable else chr(256 + extra)
+    extra += b not in printable
+vocab = {symbols[b]: b for b in range(256)}
+vocab["<|endoftext|>"] = 256
+json.dump(vocab, open(sys.argv[1] + "/vocab.json", "w"))
+open(sys.argv[1] + "/merges.txt", "w").write("#version: 0.2\n")' "$work/bytes-eot"
+bytes_eot=$'\ntokenizer = "gpt2"\nvocab_json = "'"$work/bytes-eot/vocab.json"$'"\nmerges_txt = "'"$work/bytes-eot/merges.txt"'"'
+expect_failure packing-window-shorter-than-every-example "train.seq_len 8 is shorter than every example (the shortest renders to 35 tokens" \
+  "${ranks[@]}" "$train" "$(config pack-short "$llama_model"$'\n[data]\nsource = "instructions"\npacking = true\ntrain_jsonl = "'"$work/one.jsonl"'"'"$bytes_eot")" \
+  --set train.seq_len=8
+expect_failure document-masking-needs-end-of-text "data.document_masking splits windows at the end-of-text token, and the byte tokenizer's" \
+  "${ranks[@]}" "$train" "$(config doc-mask "$good_model"$'\n[data]\ndocument_masking = true')"
+expect_failure packing-only-for-instructions "data.packing packs instruction examples (data.source 'instructions'); data.source is 'fortunes'" \
+  "${ranks[@]}" "$train" "$(config pack-fortunes "$good_model"$'\n[data]\npacking = true')"
 mkdir -p "$work/mistral" "$work/yarn" "$work/holes"
 printf '{"model_type": "mistral", "vocab_size": 32000}\n' >"$work/mistral/config.json"
 expect_failure hf-unsupported-family "model_type 'mistral' is not supported (supported: llama, gpt2)" \

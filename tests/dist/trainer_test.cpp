@@ -21,6 +21,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
+#include "fortune_instructions.h"
 
 namespace trainer_test {
 
@@ -461,36 +462,6 @@ TEST(Guard, NoCheckpointBeforeTheSkippedStepsStopsEveryRank) {
 
 // ---- Fine-tuning on instruction data: the loss is the mean over trained tokens only ----
 
-// Prompt-completion examples from the fortunes (a request, then the fortune), rendered in the plain
-// format with the byte tokenizer: prompts of different lengths, answers of different lengths, so
-// every rank's share of a global batch holds a different number of trained tokens.
-std::string write_fortune_instructions(const fs::path& dir) {
-  fs::create_directories(dir);
-  const std::string path = (dir / "instructions.jsonl").string();
-  std::ofstream out(path);
-  int written = 0;
-  for (const auto& document : fsdp::data::read_fortunes(fsdp::data::kFortunesDir)) {
-    if (document.text.size() > 70) continue;  // fits the 96-token window with its request
-    bool ascii = true;
-    for (unsigned char c : document.text) ascii = ascii && c < 0x80;
-    if (!ascii) continue;  // JSON needs UTF-8; a few fortunes are Latin-1
-    const std::string topic = fs::path(document.source).filename().string();
-    const std::string request = "Tell me a fortune about " + topic + ".\n";
-    auto quote = [](const std::string& s) {
-      std::string q = "\"";
-      for (unsigned char c : s) {
-        if (c == '"' || c == '\\') q += '\\', q += static_cast<char>(c);
-        else if (c < 0x20) { char buffer[8]; std::snprintf(buffer, sizeof(buffer), "\\u%04x", c); q += buffer; }
-        else q += static_cast<char>(c);
-      }
-      return q + "\"";
-    };
-    out << "{\"prompt\": " << quote(request) << ", \"completion\": " << quote(document.text) << "}\n";
-    if (++written == 600) break;
-  }
-  return path;
-}
-
 TrainConfig finetune_config(const std::string& jsonl, const std::string& output_dir) {
   std::string text = "name = \"finetune-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
   text += "[data]\nsource = \"instructions\"\ntrain_jsonl = \"" + jsonl + "\"\nvalidation_percent = 10\n";
@@ -522,7 +493,7 @@ TEST(Finetune, MaskedLossMatchesASingleRankRun) {
   const fs::path dir = fs::temp_directory_path() / ("fsdp_finetune_test_" + std::to_string(n));
   if (world->rank() == 0) {
     fs::remove_all(dir);
-    write_fortune_instructions(dir);
+    fsdp::testing::write_fortune_instructions(dir);
   }
   world->barrier()->wait();
   const std::string jsonl = (dir / "instructions.jsonl").string();
@@ -594,7 +565,7 @@ TEST(Lora, MatchesASingleRankRunAndLeavesTheBaseAlone) {
   const fs::path dir = fs::temp_directory_path() / ("fsdp_lora_test_" + std::to_string(n));
   if (world->rank() == 0) {
     fs::remove_all(dir);
-    write_fortune_instructions(dir);
+    fsdp::testing::write_fortune_instructions(dir);
   }
   world->barrier()->wait();
   const std::string jsonl = (dir / "instructions.jsonl").string();
@@ -644,7 +615,7 @@ TEST(Lora, TheBaseHasNoGradientsNorOptimizerState) {
   const fs::path dir = fs::temp_directory_path() / ("fsdp_lora_state_" + std::to_string(world->size()));
   if (world->rank() == 0) {
     fs::remove_all(dir);
-    write_fortune_instructions(dir);
+    fsdp::testing::write_fortune_instructions(dir);
   }
   world->barrier()->wait();
   auto config = lora_config((dir / "instructions.jsonl").string(), (dir / "out").string());

@@ -8,7 +8,9 @@
    fsdp_hf_logits loads each the way fsdp-train loads model.init_from (config.json; each rank reads
    its slice) at 2 ranks (3 for one case), and its logits must equal transformers' forward of the
    same directory, loaded in fp32, within 1e-4 (max |difference|). The check can see what it guards
-   against: the same Llama without its rope scaling differs from transformers' by far more.
+   against: the same Llama without its rope scaling differs from transformers' by far more. A packed
+   row (data.packing: three examples, positions restarting at 0 for each) gives each example
+   transformers' logits for it alone, Llama and GPT-2, within 1e-4.
 2. Export. fsdp-ckpt import (2 ranks) then fsdp-ckpt export --hf-dir (3 ranks) gives a directory
    that transformers' from_pretrained loads, with every tensor equal to the original's and the same
    logits (1e-5), the tokenizer files copied, and the rope scaling in its config.
@@ -77,9 +79,9 @@ def hf_logits(model_dir, ids):
         return model(ids).logits
 
 
-def our_logits(args, model_dir, ids, ranks, work, adapter=None):
+def our_logits(args, model_dir, ids, ranks, work, adapter=None, positions=None):
     ids_path, out_path = os.path.join(work, "ids.safetensors"), os.path.join(work, "logits.safetensors")
-    save_file({"ids": ids.contiguous()}, ids_path)
+    save_file({"ids": ids.contiguous()} | ({"positions": positions.contiguous()} if positions is not None else {}), ids_path)
     mpirun(args, ranks, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path, out_path] +
            ([adapter] if adapter else []))
     return load_file(out_path)["logits"]
@@ -111,6 +113,21 @@ def check_models(args, work):
         check(ours.shape == reference.shape and error < LOGIT_TOLERANCE,
               f"{name}: logits {list(ours.shape)} at {ranks} ranks within {LOGIT_TOLERANCE:g} of transformers' "
               f"(max |diff| {error:.2e}, logits' scale {reference.abs().max().item():.1f})")
+    # Packed rows (data.packing): three examples and padding in one row, positions restarting at 0
+    # for each; each example's logits must equal transformers' for the example alone.
+    lengths = [13, 20, 11]
+    for name in ("llama-rope-scaled-untied-fp32", "gpt2-fp32"):
+        ids = torch.randint(0, 512, (1, 48))
+        positions = torch.cat([torch.arange(n) for n in lengths + [48 - sum(lengths)]]).view(1, 48)
+        ours = our_logits(args, dirs[name], ids, 2, work, positions=positions)
+        error, start = 0.0, 0
+        for n in lengths:
+            error = max(error, (ours[:, start:start + n] - hf_logits(dirs[name], ids[:, start:start + n])).abs().max().item())
+            start += n
+        unpacked = (our_logits(args, dirs[name], ids, 2, work)[:, lengths[0]:] - ours[:, lengths[0]:]).abs().max().item()
+        check(error < LOGIT_TOLERANCE and unpacked > 100 * LOGIT_TOLERANCE,
+              f"{name}: a packed row of {len(lengths)} examples gives each transformers' logits for it alone within "
+              f"{LOGIT_TOLERANCE:g} (max |diff| {error:.2e}; the same row unpacked differs by {unpacked:.2e})")
     # The check sees the error it guards against: without its rope scaling the model is another.
     name = "llama-rope-scaled-untied-fp32"
     config = json.load(open(os.path.join(dirs[name], "config.json")))

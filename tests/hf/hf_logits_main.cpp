@@ -2,7 +2,7 @@
 // model.init_from (config.json, then each rank reading its slice of the safetensors), with a PEFT
 // adapter the way lora.init_adapter loads it, or of a checkpoint fsdp-train saved (a LoRA run's:
 // base and adapters), at whatever rank count mpirun gives, for token ids read from IDS (a
-// safetensors file with "ids" [b, t] int64).
+// safetensors file with "ids" [b, t] int64, and "positions" [b, t] int64 for packed rows).
 // Rank 0 writes OUT with "logits" [b, t, vocab] fp32. tests/hf/check_hf_models.py compares them
 // with transformers' own forward.
 #include <torch/torch.h>
@@ -48,8 +48,11 @@ int main(int argc, char** argv) {
     }
     torch::NoGradGuard no_grad;
     sharded.model.module->eval();
-    const at::Tensor ids = fsdp::checkpoint::SafetensorsFile(ids_path).read("ids").to(at::kLong);
-    const at::Tensor logits = sharded.model.forward(ids).to(at::kFloat).contiguous();
+    fsdp::checkpoint::SafetensorsFile inputs(ids_path);
+    const at::Tensor ids = inputs.read("ids").to(at::kLong);
+    // Packed rows (data.packing): "positions" [b, t], restarting at 0 where each example starts.
+    const at::Tensor positions = inputs.contains("positions") ? inputs.read("positions").to(at::kLong) : at::Tensor();
+    const at::Tensor logits = sharded.model.forward(ids, positions).to(at::kFloat).contiguous();
     if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits}});
     world->barrier()->wait();
     return 0;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 
+#include "fsdp/models/attention.h"
 #include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/layers.h"
@@ -277,11 +278,70 @@ TEST(LinearCrossEntropy, ModelsLossPathEqualsLogitsPath) {
       const at::Tensor logits = built.forward(ids);
       const double composed = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}).to(at::kFloat), targets.reshape(-1),
                                   torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
-      ASSERT_TRUE(static_cast<bool>(built.loss_sum));
+      ASSERT_TRUE(built.has_loss_sum());
       EXPECT_NEAR(built.loss_sum(ids, targets, 4).item<double>(), composed, 1e-5 * composed) << name << (tie ? " tied" : "");
     }
   }
-  EXPECT_FALSE(static_cast<bool>(fsdp::models::build_model(model_config("vit-fmnist")).loss_sum));
+  EXPECT_FALSE(fsdp::models::build_model(model_config("vit-fmnist")).has_loss_sum());
+}
+
+// Packed rows (data.packing): three examples back to back in one row, positions restarting at 0
+// for each, then padding. Each example's logits and summed loss equal its own in a row alone
+// (fp32, 1e-5), for GPT (learned positions) and Llama (rotary), on every attention path, through
+// both the logits and the chunked-loss paths. The check sees the error it guards against: the same
+// row without positions (one causal sequence, examples attending to their neighbours) is another.
+TEST(Packing, EachExampleInAPackedRowIsItselfAlone) {
+  const std::vector<int64_t> lengths = {7, 11, 5};  // then 9 places of padding: a row of 32
+  const int64_t row = 32;
+  for (const char* name : {"gpt-test", "llama-test"}) {
+    for (auto path : {fsdp::models::AttentionPath::Fused, fsdp::models::AttentionPath::Math}) {
+      fsdp::models::set_attention_path(at::kFloat, path);
+      auto config = model_config(name);
+      torch::manual_seed(3);
+      auto built = fsdp::models::build_model(config);
+      built.module->eval();
+      const int64_t vocab = fsdp::models::vocab_size(config);
+      at::Tensor ids = torch::randint(0, vocab, {1, row}, at::kLong), targets = torch::randint(0, vocab, {1, row}, at::kLong);
+      at::Tensor positions = at::empty({1, row}, at::kLong);
+      int64_t start = 0;
+      for (int64_t length : lengths) {
+        positions.narrow(1, start, length).copy_(torch::arange(length, at::kLong));
+        start += length;
+      }
+      positions.narrow(1, start, row - start).copy_(torch::arange(row - start, at::kLong));
+      const at::Tensor packed_logits = built.forward(ids, positions);
+      const at::Tensor causal_logits = built.forward(ids);
+      start = 0;
+      double worst = 0.0, neighbours_seen = 0.0;
+      for (int64_t length : lengths) {
+        const at::Tensor alone = built.forward(ids.narrow(1, start, length));
+        worst = std::max(worst, (packed_logits.narrow(1, start, length) - alone).abs().max().item<double>());
+        neighbours_seen = std::max(neighbours_seen, (causal_logits.narrow(1, start, length) - alone).abs().max().item<double>());
+        const double loss_alone = built.loss_sum(ids.narrow(1, start, length), targets.narrow(1, start, length), 4).item<double>();
+        at::Tensor only = at::full_like(targets, -100);
+        only.narrow(1, start, length).copy_(targets.narrow(1, start, length));
+        EXPECT_NEAR(built.loss_sum(ids, only, 4, positions).item<double>(), loss_alone, 1e-5 * loss_alone)
+            << name << " " << fsdp::models::to_string(path);
+        start += length;
+      }
+      EXPECT_LE(worst, 1e-5) << name << " " << fsdp::models::to_string(path);
+      EXPECT_GT(neighbours_seen, 1e-3) << name << ": without positions the later examples see the earlier ones";
+    }
+  }
+  fsdp::models::set_attention_path(at::kFloat, fsdp::models::AttentionPath::Fused);
+}
+
+TEST(Packing, DocumentCausalMaskKeepsExamplesApart) {
+  const at::Tensor positions = at::tensor({0, 1, 2, 0, 1, 0}, at::kLong).view({1, 6});
+  const at::Tensor allowed = fsdp::models::document_causal_mask(positions);
+  ASSERT_EQ(allowed.sizes(), (std::vector<int64_t>{1, 1, 6, 6}));
+  const at::Tensor expected = at::tensor({1, 0, 0, 0, 0, 0,  //
+                                          1, 1, 0, 0, 0, 0,  //
+                                          1, 1, 1, 0, 0, 0,  //
+                                          0, 0, 0, 1, 0, 0,  //
+                                          0, 0, 0, 1, 1, 0,  //
+                                          0, 0, 0, 0, 0, 1}, at::kLong).to(at::kBool).view({1, 1, 6, 6});
+  EXPECT_TRUE(allowed.equal(expected)) << allowed;
 }
 
 TEST(Lora, AdaptersStartAtTheBaseAndFreezeIt) {

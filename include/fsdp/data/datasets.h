@@ -14,6 +14,9 @@ namespace fsdp::data {
 struct Batch {
   at::Tensor inputs;   // token ids [b, seq] int64, or images [b, 1, 28, 28] fp32
   at::Tensor targets;  // next tokens [b, seq] int64 (-100: not trained), or labels [b] int64
+  // Packed rows only (undefined otherwise): [b, seq] int64, each token's position in its own
+  // example or document, 0 where one starts; the model attends within examples (models/attention.h).
+  at::Tensor positions;
 };
 
 class Dataset {
@@ -28,9 +31,13 @@ class Dataset {
 
 // Sample i: tokens [i * seq, i * seq + seq] of the source (seq + 1 tokens: inputs are the first
 // seq, targets the last seq). Windows do not overlap; the last partial one is dropped.
+// document_end >= 0 (data.document_masking): batches carry positions restarting at 0 after each
+// `document_end` token (and at the window's start), so a window's documents attend only to
+// themselves; the end token stays in its document and its target, the next one's first token, is
+// still trained.
 class TokenWindows final : public Dataset {
  public:
-  TokenWindows(std::shared_ptr<const TokenSource> tokens, int64_t seq);
+  TokenWindows(std::shared_ptr<const TokenSource> tokens, int64_t seq, int32_t document_end = -1);
   int64_t size() const override;
   Batch get(const std::vector<int64_t>& indices) const override;
   int64_t target_count(int64_t) const override { return seq_; }
@@ -39,6 +46,7 @@ class TokenWindows final : public Dataset {
  private:
   std::shared_ptr<const TokenSource> tokens_;
   int64_t seq_;
+  int32_t document_end_;
 };
 
 class ImageDataset final : public Dataset {

@@ -13,7 +13,8 @@
 // (<|eot_id|>, or end-of-text); headers, system and user turns are context.
 //
 // Each example is one row of the batch, padded to the window: rows never attend to each other, so
-// an example's loss does not depend on its neighbours. Targets are -100 (ignored by the loss)
+// an example's loss does not depend on its neighbours (data.packing puts several in a row instead,
+// each still seeing only itself: data/packed_instructions.h). Targets are -100 (ignored by the loss)
 // wherever no trained token is predicted, padding included.
 #pragma once
 
@@ -73,6 +74,11 @@ class InstructionDataset final : public Dataset {
   int64_t target_count(int64_t index) const override;
   int64_t dropped() const { return dropped_; }
   int64_t trained_tokens() const { return trained_tokens_; }
+  int64_t seq() const { return seq_; }
+  int32_t pad_id() const { return pad_id_; }
+  const RenderedExample& example(int64_t index) const { return examples_.at(static_cast<size_t>(index)); }
+  // The places example `index` takes in a row: its tokens but the last (which is only a target).
+  int64_t places(int64_t index) const { return static_cast<int64_t>(example(index).tokens.size()) - 1; }
 
  private:
   std::vector<RenderedExample> examples_;

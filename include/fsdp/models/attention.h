@@ -28,7 +28,17 @@ AttentionPath attention_path_from_string(const std::string& text);
 // q [b, heads, t, hd], k and v [b, kv_heads, t, hd] (heads a multiple of kv_heads) ->
 // [b, heads, t, hd], in q's dtype. causal: position i attends to positions <= i. Each group of
 // heads/kv_heads query heads shares one key/value head (grouped-query attention).
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
+// allowed (instead of causal, which must then be false): bool [b, 1, t, t], true where query i may
+// attend key j; every query must be allowed at least one key (document_causal_mask allows itself).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                     const at::Tensor& allowed = {});
+
+// Packed rows (several examples or documents back to back in one row of t tokens):
+// positions [b, t] int64, each token's position in its own example, 0 where an example starts ->
+// bool [b, 1, t, t], true where key j <= query i and both are in the same example (block-diagonal
+// causal attention: an example never sees its neighbours). A row's padding tail, positions
+// restarting at 0 too, is an example of its own.
+at::Tensor document_causal_mask(const at::Tensor& positions);
 
 // The path attention() takes for inputs of `dtype` (default Fused for every dtype). Set before
 // training; not thread-safe against concurrent attention() calls.

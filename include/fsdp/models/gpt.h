@@ -47,7 +47,9 @@ struct GptConfig {
 
 struct GptAttentionImpl : torch::nn::Module {
   explicit GptAttentionImpl(const GptConfig& config);
-  at::Tensor forward(const at::Tensor& x);  // [b, t, dim] -> [b, t, dim]
+  // [b, t, dim] -> [b, t, dim]; allowed: document_causal_mask's [b, 1, t, t] for packed rows,
+  // undefined for causal attention over the whole row
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& allowed = {});
   AdaptedLinear c_attn{nullptr}, c_proj{nullptr};
   torch::nn::Dropout resid_dropout{nullptr};
   int64_t heads;
@@ -65,7 +67,7 @@ TORCH_MODULE(GptMlp);
 // One transformer block: the FSDP unit (wrap policy module type "GptBlock").
 struct GptBlockImpl : torch::nn::Module {
   explicit GptBlockImpl(const GptConfig& config);
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& allowed = {});
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   GptAttention attn{nullptr};
   GptMlp mlp{nullptr};
@@ -74,11 +76,13 @@ TORCH_MODULE(GptBlock);
 
 struct GptImpl : torch::nn::Module {
   explicit GptImpl(const GptConfig& config);
-  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] in the compute dtype.
-  at::Tensor forward(const at::Tensor& ids);
+  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] in the compute dtype. positions [b, t]
+  // int64 (packed rows): each token's position in its own example, restarting at 0 where one
+  // starts; wpe looks them up and attention stays within each example. Undefined: 0..t-1.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions = {});
   // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
   // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows);
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {});
   const GptConfig& config() const { return config_; }
 
   TokenEmbedding wte{nullptr};  // also the tied output head
@@ -88,7 +92,7 @@ struct GptImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:
-  at::Tensor hidden_states(const at::Tensor& ids);  // ids [b, t] -> ln_f's output [b, t, dim]
+  at::Tensor hidden_states(const at::Tensor& ids, const at::Tensor& positions);  // -> ln_f's output [b, t, dim]
   GptConfig config_;
 };
 TORCH_MODULE(Gpt);

@@ -43,8 +43,10 @@ struct LlamaConfig {
 
 struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const LlamaConfig& config);
-  // x [b, t, dim]; cos, sin [t, head_dim] -> [b, t, dim]
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // x [b, t, dim]; cos, sin [t, head_dim], or [b * t, head_dim] (each token's own position, packed
+  // rows); allowed: document_causal_mask's [b, 1, t, t] for packed rows, undefined for causal
+  // attention over the whole row -> [b, t, dim]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed = {});
   AdaptedLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t heads, kv_heads, head_dim;
 };
@@ -60,7 +62,7 @@ TORCH_MODULE(LlamaMlp);
 // One decoder layer: the FSDP unit (wrap policy module type "LlamaBlock").
 struct LlamaBlockImpl : torch::nn::Module {
   explicit LlamaBlockImpl(const LlamaConfig& config);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed = {});
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
@@ -69,11 +71,13 @@ TORCH_MODULE(LlamaBlock);
 
 struct LlamaImpl : torch::nn::Module {
   explicit LlamaImpl(const LlamaConfig& config);
-  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] in the compute dtype.
-  at::Tensor forward(const at::Tensor& ids);
+  // ids [b, t] int64 (t <= context) -> logits [b, t, vocab] in the compute dtype. positions [b, t]
+  // int64 (packed rows): each token's position in its own example, restarting at 0 where one
+  // starts; rotary angles follow them and attention stays within each example. Undefined: 0..t-1.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions = {});
   // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
   // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows);
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {});
   const LlamaConfig& config() const { return config_; }
 
   TokenEmbedding embed_tokens{nullptr};  // also the output head when tied
@@ -82,7 +86,7 @@ struct LlamaImpl : torch::nn::Module {
   LmHead lm_head{nullptr};  // absent (nullptr) when tied
 
  private:
-  at::Tensor hidden_states(const at::Tensor& ids);  // ids [b, t] -> the final norm's output [b, t, dim]
+  at::Tensor hidden_states(const at::Tensor& ids, const at::Tensor& positions);  // -> the final norm's output [b, t, dim]
 
   LlamaConfig config_;
   at::Tensor rope_cos_, rope_sin_;  // [context, head_dim] fp32, computed once; not parameters

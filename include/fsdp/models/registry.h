@@ -48,12 +48,22 @@ void validate(const ModelConfig& config);
 
 // A built model: the root module and its forward (ids [b, t] -> logits [b, t, vocab], or
 // images -> logits [b, classes]), called through fsdp::nn::call so wrappers' hooks run.
+// positions [b, t] int64 (language models, packed rows; undefined otherwise): each token's position
+// in its own example, restarting at 0 where one starts (see document_causal_mask).
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;
-  std::function<at::Tensor(const at::Tensor&)> forward;
-  // Language models: (ids, targets [b, t], chunk_rows) -> the summed token loss (fp32 scalar),
-  // the head and cross-entropy fused a chunk of tokens at a time. Empty for ViT.
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)> loss_sum;
+  std::function<at::Tensor(const at::Tensor& inputs, const at::Tensor& positions)> forward_function;
+  // Language models: (ids, targets [b, t], chunk_rows, positions) -> the summed token loss (fp32
+  // scalar), the head and cross-entropy fused a chunk of tokens at a time. Empty for ViT.
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&)> loss_sum_function;
+
+  at::Tensor forward(const at::Tensor& inputs, const at::Tensor& positions = {}) const {
+    return forward_function(inputs, positions);
+  }
+  bool has_loss_sum() const { return static_cast<bool>(loss_sum_function); }
+  at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {}) const {
+    return loss_sum_function(ids, targets, chunk_rows, positions);
+  }
 };
 BuiltModel build_model(const ModelConfig& config);
 

@@ -57,6 +57,11 @@ struct DataConfig {
   // (data/instructions.h); without validation_jsonl, validation_percent of the examples are held out.
   std::string train_jsonl, validation_jsonl;
   std::string chat_format = "auto";        // auto (llama3 when the tokenizer has its header tokens) | llama3 | plain
+  // instructions: several examples to a row, each attending only to itself (data/packed_instructions.h)
+  bool packing = false;
+  // fortunes and token_files: a window's documents (ended by the end-of-text token) attend only to
+  // themselves, positions restarting at each, as packed examples do
+  bool document_masking = false;
 };
 
 struct OptimizerConfig {
