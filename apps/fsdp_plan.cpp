@@ -87,7 +87,8 @@ nlohmann::json to_json(const Plan& p) {
       {"seq_len", in.seq_len}, {"loss_chunk_tokens", in.loss_chunk_tokens}, {"max_inflight", in.max_inflight},
       {"memory_bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                         {"gathered", m.gathered}, {"reduced", m.reduced}, {"activations", m.activations}, {"overhead", m.overhead},
-                        {"device_total", m.device_total()}, {"host_total", m.host_total}}},
+                        {"device_total", m.device_total()}, {"host_total", m.host_total},
+                        {"checkpoint_staging", m.checkpoint_staging}}},
       {"device_memory_bytes", in.device_memory_bytes}, {"fits", p.fits}, {"headroom_bytes", p.headroom_bytes},
       {"comm_bytes_per_step", {{"all_gather", p.comm.all_gather}, {"reduce_scatter", p.comm.reduce_scatter},
                                {"all_reduce", p.comm.all_reduce}, {"across_nodes", p.comm.across_nodes}}},
@@ -154,6 +155,9 @@ void print_plan(const Plan& p, bool compact) {
               in.device_memory_bytes > 0 ? format_bytes(static_cast<double>(in.device_memory_bytes)).c_str() : "-",
               verdict.c_str());
   if (m.host_total > 0) std::printf("  %-28s %12s\n", "host (offloaded shards)", format_bytes(static_cast<double>(m.host_total)).c_str());
+  if (m.checkpoint_staging > 0) {
+    std::printf("  %-28s %12s\n", "host (async save staging)", format_bytes(static_cast<double>(m.checkpoint_staging)).c_str());
+  }
   std::printf("communication per step per rank: all-gather %s, reduce-scatter %s, all-reduce %s (across nodes %s)\n",
               format_bytes(static_cast<double>(p.comm.all_gather)).c_str(),
               format_bytes(static_cast<double>(p.comm.reduce_scatter)).c_str(),
@@ -212,6 +216,7 @@ int main(int argc, char** argv) {
   app.add_option("--reduce-dtype", reduce_dtype, "float32 | bfloat16 | float16");
   app.add_flag("--activation-checkpointing", checkpointing, "recompute each block in backward");
   app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
+  app.add_flag("--async-checkpoint", in.async_checkpoint, "checkpoint.async: count the save's staging copies (host memory)");
   bool composed_attention = false;
   app.add_flag("--composed-attention", composed_attention,
                "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "

@@ -186,21 +186,28 @@ void pause_for_tests(int rank, int64_t step) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpState& state,
-                            optim::ShardedOptimizer* optimizer, const CheckpointInfo& info) {
+CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::FsdpState& state,
+                               optim::ShardedOptimizer* optimizer, const CheckpointInfo& info, bool in_background)
+    : group_(state.group()),
+      writers_(state.shard_group()),
+      checkpoints_dir_(checkpoints_dir),
+      info_(info),
+      flats_layout_(layout_json(state.flat_params()).dump()),
+      buffers_(buffers_json(module_buffers(state.root_module())).dump()),
+      optimizer_name_(optimizer ? optimizer->name() : ""),
+      optimizer_state_(optimizer ? optimizer->state_names() : std::vector<std::string>{}),
+      optimizer_steps_(optimizer ? optimizer->step_count() : 0),
+      directory_((fs::path(checkpoints_dir) / step_dir_name(info.step)).string()) {
   // Every rank agrees on success; one copy of the model writes the files: the shard group of
   // replica group 0 (the whole job unless hybrid_shard, whose replicas hold the same shards).
   // `rank` and `world` below number the files: ranks of that shard group.
-  const comm::ProcessGroupPtr& group = state.group();
-  const comm::ProcessGroupPtr& writers = state.shard_group();
   const bool writes_files = state.replica_index() == 0;
-  const int rank = writers->rank(), world = writers->size();
-  const fs::path final_dir = fs::path(checkpoints_dir) / step_dir_name(info.step);
+  const int rank = writers_->rank(), world = writers_->size();
   const fs::path partial_dir = fs::path(checkpoints_dir) / (step_dir_name(info.step) + ".partial");
   const std::vector<shard::FlatParam*> flats = state.flat_params();
 
-  comm::on_every_rank(group, "preparing the checkpoint directory", [&] {
-    if (group->rank() == 0) {
+  comm::on_every_rank(group_, "preparing the checkpoint directory", [&] {
+    if (group_->rank() == 0) {
       fs::create_directories(checkpoints_dir);
       fs::remove_all(partial_dir);
       fs::create_directories(partial_dir);
@@ -208,12 +215,11 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
   });
 
   // Each rank: its slice of every FlatParam and of the optimizer state, and its RNG state; rank 0
-  // also the module buffers. Its facts for the manifest: {"bytes", "crc32", "tensors": {name: crc32}}.
-  const std::vector<std::pair<std::string, at::Tensor>> buffers = module_buffers(state.root_module());
-  json file_facts = json::object();
-  comm::on_every_rank(group, "writing checkpoint shards", [&] {
+  // also the module buffers. In the background, copies of them (host memory, pinned for a GPU's):
+  // the step goes on changing the originals while the file is written.
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  comm::on_every_rank(group_, "staging checkpoint shards", [&] {
     if (!writes_files) return;
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (size_t i = 0; i < flats.size(); ++i) {
       const auto [begin, end] = saved_range(flats[i]->layout().numel, world, rank);
       // What this rank stores is inside what it holds: replicated holds all; sharded holds exactly it.
@@ -230,26 +236,86 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
       }
     }
     if (rank == 0) {
-      for (const auto& [name, buffer] : buffers) tensors.emplace_back(kBufferPrefix + name, buffer.detach());
+      for (const auto& [name, buffer] : module_buffers(state.root_module())) tensors.emplace_back(kBufferPrefix + name, buffer.detach());
     }
     tensors.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
     // On a GPU, dropout draws from the device's generator: its seed and offset resume too.
     const at::Device device = state.options().device;
     if (!device.is_cpu()) tensors.emplace_back(device_rng_name(device), at::globalContext().defaultGenerator(device).get_state());
-    SafetensorsWriter writer((partial_dir / rank_file_name(rank, world)).string(), layout_tensors(tensors),
-                             {{"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}});
-    for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
-    writer.finish();
-    file_facts = {{"bytes", writer.bytes_written()}, {"crc32", writer.crc32()}, {"tensors", writer.tensor_crc32s()}};
-    pause_for_tests(group->rank(), info.step);
+    if (in_background) {
+      for (auto& [name, tensor] : tensors) {
+        at::Tensor copy = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(!device.is_cpu()));
+        copy.copy_(tensor);
+        staged_bytes_ += copy.nbytes();
+        tensor = copy;
+      }
+    }
   });
 
+  // Writing the rank file: {"bytes", "crc32", "tensors": {name: crc32}} for the manifest.
+  auto write = [this, tensors = std::move(tensors), writes_files, partial_dir, rank, world] {
+    try {
+      if (writes_files) {
+        pause_for_tests(group_->rank(), info_.step);
+        SafetensorsWriter writer((partial_dir / rank_file_name(rank, world)).string(), layout_tensors(tensors),
+                                 {{"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}});
+        for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
+        writer.finish();
+        file_facts_ = json{{"bytes", writer.bytes_written()}, {"crc32", writer.crc32()}, {"tensors", writer.tensor_crc32s()}}.dump();
+      }
+    } catch (const std::exception& e) {
+      write_error_ = e.what()[0] != '\0' ? e.what() : "unknown error";
+    }
+    written_.store(true);
+  };
+  if (in_background) {
+    // At the training's own priority: on this 2-core VM, where two ranks keep both cores busy, a
+    // writer at SCHED_IDLE or nice 10 hardly ran (15-18 s for 1 GB, so the next save waited for it);
+    // at nice 0 it takes 7 s and slows the steps beside it (docs/benchmarks.md). Beside a GPU the
+    // cores are free for it.
+    writer_ = std::thread(std::move(write));
+  } else {
+    write();
+  }
+}
+
+CheckpointSave::~CheckpointSave() {
+  // Not published (an error stopped the run): the write is waited for and its .partial left,
+  // which no load takes and the next save removes.
+  if (writer_.joinable()) writer_.join();
+}
+
+bool CheckpointSave::try_publish() {
+  if (!published_.empty()) return true;
+  // Every rank's view, agreed: the most unfinished (any rank still writing holds every rank back).
+  at::Tensor unfinished = at::tensor({written_.load() ? 0.0f : 1.0f}, at::kFloat);
+  if (group_->size() > 1) group_->all_reduce(unfinished, comm::ReduceOp::Max)->wait();
+  if (unfinished.item<float>() > 0) return false;
+  publish();
+  return true;
+}
+
+std::string CheckpointSave::wait_and_publish() {
+  if (!published_.empty()) return published_;
+  if (writer_.joinable()) writer_.join();
+  publish();
+  return published_;
+}
+
+void CheckpointSave::publish() {
+  if (writer_.joinable()) writer_.join();  // written_: the thread is ending, if not ended
+  comm::on_every_rank(group_, "writing checkpoint shards", [&] {
+    if (!write_error_.empty()) throw std::runtime_error(write_error_);
+  });
   // Every replica group gathers its own; replica group 0's (the writers') are kept.
-  const std::vector<std::string> all_facts = all_gather_text(writers, file_facts.dump());
+  const std::vector<std::string> all_facts = all_gather_text(writers_, file_facts_);
+  const int world = writers_->size();
+  const fs::path final_dir = fs::path(checkpoints_dir_) / step_dir_name(info_.step);
+  const fs::path partial_dir = fs::path(checkpoints_dir_) / (step_dir_name(info_.step) + ".partial");
 
   // Rank 0 (a writer) publishes: the manifest (file checksums), then the rename that makes it visible.
-  comm::on_every_rank(group, "publishing the checkpoint", [&] {
-    if (group->rank() != 0) return;
+  comm::on_every_rank(group_, "publishing the checkpoint", [&] {
+    if (group_->rank() != 0) return;
     json files = json::array();
     for (int r = 0; r < world; ++r) {
       const json facts = json::parse(all_facts[r]);
@@ -258,16 +324,16 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
     }
     json manifest = {{"format", kManifestFormat},
                      {"version", kCheckpointFormatVersion},
-                     {"step", info.step},
+                     {"step", info_.step},
                      {"world_size", world},
-                     {"model", info.model_name},
-                     {"config_toml", info.config_toml},
-                     {"trainer_state", info.trainer_state},
-                     {"optimizer", optimizer ? optimizer->name() : ""},
-                     {"optimizer_state", optimizer ? optimizer->state_names() : std::vector<std::string>{}},
-                     {"optimizer_steps", optimizer ? optimizer->step_count() : 0},
-                     {"flat_params", layout_json(flats)},
-                     {"buffers", buffers_json(buffers)},
+                     {"model", info_.model_name},
+                     {"config_toml", info_.config_toml},
+                     {"trainer_state", info_.trainer_state},
+                     {"optimizer", optimizer_name_},
+                     {"optimizer_state", optimizer_state_},
+                     {"optimizer_steps", optimizer_steps_},
+                     {"flat_params", json::parse(flats_layout_)},
+                     {"buffers", json::parse(buffers_)},
                      {"files", files}};
     const fs::path manifest_path = partial_dir / "manifest.json";
     {
@@ -280,9 +346,14 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
     fsync_path(partial_dir);
     fs::remove_all(final_dir);  // an older save of the same step
     fs::rename(partial_dir, final_dir);
-    fsync_path(checkpoints_dir);
+    fsync_path(checkpoints_dir_);
   });
-  return final_dir.string();
+  published_ = final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpState& state,
+                            optim::ShardedOptimizer* optimizer, const CheckpointInfo& info) {
+  return CheckpointSave(checkpoints_dir, state, optimizer, info, /*in_background=*/false).wait_and_publish();
 }
 
 CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpState& state,

@@ -206,6 +206,11 @@ Plan make_plan(const PlanInput& in) {
     if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
     if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
   }
+  if (in.async_checkpoint) {
+    // What the rank writes, copied: its parameter shard and its optimizer moments (not AdamW's scratch).
+    const int64_t trained = plan.adapter_params > 0 ? (plan.adapter_params + shard - 1) / shard : shard_numel;
+    mem.checkpoint_staging = (plan.adapter_params > 0 ? mem.parameters : 4 * shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
+  }
   int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
   if (in.attention_fp32 && c < 4) {
     // Attention in fp32 (models/attention.h, FusedFp32) keeps fp32 copies of q, k, v and its output

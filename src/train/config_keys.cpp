@@ -517,6 +517,8 @@ std::vector<ConfigKey> declare() {
   add(key("checkpoint.every", MEMBER(checkpoint.every), "save every this many steps and at the end (0: only when stopped)"));
   add(key("checkpoint.keep", MEMBER(checkpoint.keep), "newest checkpoints kept (0: all)"));
   add(key("checkpoint.dir", MEMBER(checkpoint.dir), "where checkpoints go")).default_text = "<output_dir>/checkpoints";
+  add(key("checkpoint.async", MEMBER(checkpoint.async),
+          "the step waits only for a copy of the shards; a thread writes the files, published at a later step"));
 
   // ---- [guard] ----
   add(guard_key(key("guard.spike_zscore", MEMBER(guard.spike_zscore),

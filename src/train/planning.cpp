@@ -15,6 +15,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.reduce_dtype = c.fsdp.reduce_dtype;
   in.activation_checkpointing = c.fsdp.activation_checkpointing;
   in.cpu_offload = c.fsdp.cpu_offload;
+  in.async_checkpoint = c.checkpoint.async;
   in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
   in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != "root";
   in.optimizer = c.optimizer.name;

@@ -86,6 +86,7 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
     record["trained_tokens"] = figures.trained_tokens;
     record["trained_tokens_per_second"] = static_cast<double>(figures.trained_tokens) / figures.seconds;
   }
+  if (figures.save_in_flight) record["save_in_flight"] = true;
   if (figures.skipped) record["skip_reason"] = figures.skip_reason;
   if (figures.loss_zscore != 0.0) record["loss_zscore"] = figures.loss_zscore;
   if (figures.loss_scale > 0) {

@@ -52,6 +52,7 @@ struct StepFigures {
   double seconds = 0.0;              // the step's wall time
   double samples_per_step = 0.0;     // tokens (language models) or images per global batch
   int64_t trained_tokens = 0;        // language models: the global batch's counted targets (padding and prompts not)
+  bool save_in_flight = false;       // checkpoint.async: a save was being written in the background during the step
   double flops_per_step = 0.0;       // the model's FLOPs for one global batch
   double peak_flops = 1.0;           // all ranks' measured matmul rate: MFU's denominator
   bool language = true;              // rates in tokens (else images)

@@ -284,6 +284,7 @@ class Trainer {
       optimizer_->set_lr(lr);
       optimizer_->zero_grad();
       trace_memory(rank_, step, "start");
+      const bool save_in_flight = pending_save_ != nullptr;  // checkpoint.async: written beside this step
       const std::vector<int64_t> indices = sampler.indices(step, rank_, n_);
       // The loss is the mean over the global batch's counted targets (instruction examples count
       // only their trained tokens, so ranks and micro-batches hold different counts). Every rank
@@ -384,6 +385,7 @@ class Trainer {
       figures.seconds = seconds;
       figures.samples_per_step = samples_per_step;
       figures.trained_tokens = global_targets;
+      figures.save_in_flight = save_in_flight;
       figures.flops_per_step = flops_per_step;
       figures.peak_flops = peak_flops_;
       figures.language = language();
@@ -401,6 +403,7 @@ class Trainer {
       if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
       if (guard_.rollback_due()) {
         // Back to the last checkpoint before the skipped steps; their batches are skipped from now on.
+        finish_save(/*wait=*/true);  // the checkpoint to return to may be the one in flight
         const int64_t to = roll_back(guard_.streak_start(), step, ++rollbacks, summary, step_seconds);
         guard_.rolled_back();
         step = to - 1;  // the loop's ++step continues at the checkpoint's step
@@ -409,6 +412,7 @@ class Trainer {
       // Every rank reached the same decision from the same norm: they stop together, rank 0 says why.
       if (!verdict.stop.empty()) throw comm::AgreedStop(verdict.stop, leader());
       const bool last = step + 1 == config_.steps;
+      finish_save(/*wait=*/false);  // checkpoint.async: published once every rank has written it
       if (stop) {
         g_stop_requested.store(false);  // handled: a later train() in this process starts afresh
         summary.last_checkpoint = save(step + 1);
@@ -446,6 +450,7 @@ class Trainer {
       }
       if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report();
     }
+    finish_save(/*wait=*/true);  // the end of the run (a stop request's and a target's included) waits for it
     summary.seconds = training_seconds;
     if (summary.preempted || stopped_early) return summary;
     if (step_seconds.size() > 1) {
@@ -557,25 +562,73 @@ class Trainer {
   }
 
   // A checkpoint of the state after `steps` steps; rank 0 then keeps only the newest ones.
+  // checkpoint.async: the save is started (the step waits for the staging copies only) and its
+  // directory returned; finish_save publishes it at a later step boundary.
   std::string save(int64_t steps) {
+    finish_save(/*wait=*/true);  // at most one in flight
     const auto start = Clock::now();
     TrainConfig resolved = config_;
     resolved.model = model_config_;
-    const std::string dir = checkpoint::save_checkpoint(checkpoints_dir(config_), *state_, optimizer_.get(),
-                                                        {steps, config_.model_name, to_toml(resolved), guard_.state()});
+    const checkpoint::CheckpointInfo info{steps, config_.model_name, to_toml(resolved), guard_.state()};
+    if (config_.checkpoint.async) {
+      pending_save_ = std::make_unique<checkpoint::CheckpointSave>(checkpoints_dir(config_), *state_, optimizer_.get(), info,
+                                                                   /*in_background=*/true);
+      pending_save_blocked_ = std::chrono::duration<double>(Clock::now() - start).count();
+      pending_save_start_ = start;
+      char line[512];
+      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s of shards staged in %.3f s, written in the background",
+                    static_cast<long long>(steps), format_bytes(static_cast<double>(pending_save_->staged_bytes())).c_str(),
+                    pending_save_blocked_);
+      progress_->message(line);
+      return pending_save_->directory();
+    }
+    const std::string dir = checkpoint::save_checkpoint(checkpoints_dir(config_), *state_, optimizer_.get(), info);
+    after_save(steps, dir, std::chrono::duration<double>(Clock::now() - start).count(), -1.0);
+    return dir;
+  }
+
+  // checkpoint.async: publishes the save in flight once every rank has written it (wait: waits for
+  // it). Collective: every rank calls it at the same step boundaries.
+  void finish_save(bool wait) {
+    if (!pending_save_) return;
+    const int64_t steps = pending_save_->step();
+    const auto start = Clock::now();
+    if (wait) {
+      pending_save_->wait_and_publish();
+    } else if (!pending_save_->try_publish()) {
+      return;
+    }
+    // What training waited for it: the staging, and a wait for the write (the next save, the end).
+    const double blocked = pending_save_blocked_ + std::chrono::duration<double>(Clock::now() - start).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - pending_save_start_).count();
+    const std::string dir = pending_save_->published();
+    pending_save_.reset();
+    after_save(steps, dir, blocked, seconds);
+  }
+
+  // A published checkpoint: pruning, the progress line and metrics.jsonl. blocked: the seconds the
+  // step waited for it; in_flight (async, else < 0): from its start to its publication.
+  void after_save(int64_t steps, const std::string& dir, double blocked, double in_flight) {
+    const double seconds = blocked;
     // During a streak of skipped steps the checkpoint a rollback would return to stays, however
     // many newer ones `keep` would otherwise leave.
     if (leader()) {
       checkpoint::prune_checkpoints(checkpoints_dir(config_), static_cast<int>(config_.checkpoint.keep), guard_.streak_start());
     }
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     char line[512];
-    std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | %.2f s", static_cast<long long>(steps), dir.c_str(), seconds);
+    if (in_flight < 0) {
+      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | %.2f s", static_cast<long long>(steps), dir.c_str(), seconds);
+    } else {
+      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | published %.2f s after it started; steps waited %.3f s",
+                    static_cast<long long>(steps), dir.c_str(), in_flight, seconds);
+    }
     progress_->message(line);
     if (leader() && metrics_.is_open()) {
-      metrics_.write(nlohmann::json{{"checkpoint_step", steps}, {"path", dir}, {"seconds", seconds}}.dump());
+      // seconds: what the steps waited for it (the whole save when synchronous).
+      nlohmann::json record{{"checkpoint_step", steps}, {"path", dir}, {"seconds", seconds}};
+      if (in_flight >= 0) record["in_flight_seconds"] = in_flight;
+      metrics_.write(record.dump());
     }
-    return dir;
   }
 
   ModelInUse model_in_use() { return {model_, config_, world_, device_, language()}; }
@@ -636,6 +689,9 @@ class Trainer {
   double peak_flops_ = 1.0;
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
+  std::unique_ptr<checkpoint::CheckpointSave> pending_save_;  // checkpoint.async: the save in flight
+  double pending_save_blocked_ = 0.0;                          // seconds its staging held the step
+  Clock::time_point pending_save_start_;
 };
 
 }  // namespace

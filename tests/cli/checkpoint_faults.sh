@@ -3,7 +3,9 @@
 #  1. kill -9 one rank in the middle of a save (a test hook pauses it there): the partial
 #     checkpoint is never taken for valid, and --resume latest continues from the previous one;
 #  2. SIGTERM to every rank (what a scheduler does when preempting): each saves a checkpoint at the
-#     end of the step and exits 0 within a bound; --resume latest continues from it.
+#     end of the step and exits 0 within a bound; --resume latest continues from it;
+#  3. checkpoint.async: kill -9 one rank while its thread writes in the background (training going
+#     on): the partial checkpoint is never taken for valid, and --resume latest continues.
 # Usage: checkpoint_faults.sh FSDP_TRAIN MPIRUN
 set -uo pipefail
 train=$1 mpirun=$2
@@ -81,4 +83,24 @@ timeout 120 "${ranks[@]}" "$train" "$work/long.toml" --progress lines --resume l
   >"$work/log" 2>&1 || fail "resume after SIGTERM failed"
 grep -qF "done: $((stopped + 2)) steps" "$work/log" || fail "the resumed run did not finish"
 echo "ok   --resume latest after SIGTERM: continued from step $stopped"
+# 3. checkpoint.async: kill -9 rank 1 while its background thread writes step 4 (the hook pauses
+#    the thread; the ranks train on meanwhile, then wait for it at the next save).
+rm -rf "$work/run"
+FSDP_TEST_PAUSE_IN_SAVE_MS=120000 FSDP_TEST_PAUSE_RANK=1 FSDP_TEST_PAUSE_AT_STEP=4 \
+  "${ranks[@]}" -x FSDP_TEST_PAUSE_IN_SAVE_MS -x FSDP_TEST_PAUSE_RANK -x FSDP_TEST_PAUSE_AT_STEP \
+  "$train" "$work/run.toml" --progress lines --set checkpoint.async=true >"$work/log" 2>&1 &
+launcher=$!
+wait_for "$work/log" "pausing" 120 || fail "the background write of step 4 never reached the test hook"
+wait_for "$work/log" "step 5/6" 60 || fail "training did not go on while step 4 was being written"
+pid=$(grep -o 'pid [0-9]*' "$work/log" | head -1 | cut -d' ' -f2)
+kill -9 "$pid"
+timeout 60 tail --pid="$launcher" -f /dev/null || fail "the job did not end after one rank was killed"
+[ -f "$work/run/checkpoints/step-00000002/manifest.json" ] || fail "async: checkpoint of step 2 missing"
+[ ! -e "$work/run/checkpoints/step-00000004" ] || fail "async: the interrupted checkpoint of step 4 was published"
+[ -d "$work/run/checkpoints/step-00000004.partial" ] || fail "async: expected the interrupted write's .partial directory"
+timeout 120 "${ranks[@]}" "$train" "$work/run.toml" --progress lines --resume latest --set checkpoint.async=true >"$work/log" 2>&1 ||
+  fail "async: resume after the crash failed"
+grep -qF "resumed from $work/run/checkpoints/step-00000002 at step 2" "$work/log" || fail "async: did not resume from step 2"
+[ -f "$work/run/checkpoints/step-00000006/manifest.json" ] || fail "async: final checkpoint missing"
+echo "ok   checkpoint.async, kill -9 mid-write: step 4 left as .partial while training went on, step 2 intact, resumed"
 echo "all checkpoint fault cases behaved"

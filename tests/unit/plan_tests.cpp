@@ -86,6 +86,21 @@ TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
   EXPECT_LT(offloaded.memory.device_total(), offloaded.memory.host_total);
 }
 
+// checkpoint.async: a copy of what the rank writes, in host memory: the fp32 parameter shard and
+// AdamW's two moments (12 bytes per parameter / S), SGD's one (8); nothing on the device.
+TEST(Plan, AsyncCheckpointStagingIsTheRanksShardAndMoments) {
+  PlanInput in = llama70b(8, "full_shard");
+  const auto sync = make_plan(in);
+  in.async_checkpoint = true;
+  const auto async = make_plan(in);
+  const int64_t shard = (async.parameters + 7) / 8;
+  EXPECT_EQ(sync.memory.checkpoint_staging, 0);
+  EXPECT_NEAR(static_cast<double>(async.memory.checkpoint_staging), 12.0 * static_cast<double>(shard), 12.0 * 8);
+  EXPECT_EQ(async.memory.device_total(), sync.memory.device_total());
+  in.optimizer = "sgd";
+  EXPECT_NEAR(static_cast<double>(make_plan(in).memory.checkpoint_staging), 8.0 * static_cast<double>(shard), 8.0 * 8);
+}
+
 TEST(Plan, CommunicationPerStrategy) {
   PlanInput in = llama70b(16, "full_shard");
   in.embedding_units = false;

@@ -33,8 +33,10 @@
 // next save.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fsdp/optim/sharded_optimizer.h"
@@ -57,6 +59,52 @@ struct CheckpointInfo {
 // Throws on every rank (by agreement) if any rank fails; nothing half-written is published.
 std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpState& state,
                             optim::ShardedOptimizer* optimizer, const CheckpointInfo& info);
+
+// A save in flight (checkpoint.async): the constructor (collective) prepares the .partial
+// directory and, in_background, copies this rank's slices, optimizer state, buffers and RNG states
+// into host staging buffers (pinned for a GPU's tensors), then a thread of its own writes the rank
+// file; training goes on meanwhile. Publication (manifest, rename) needs every rank's file, so it
+// is collective: try_publish() at a step boundary (one all-reduce of a flag: every rank must have
+// finished writing), or wait_and_publish(). The thread makes no collective calls. Destroyed
+// unpublished (an error stopped the run), it waits for the write and leaves the .partial, which no
+// load takes and the next save removes. Not in_background: written on the calling thread, from the
+// tensors themselves (save_checkpoint).
+class CheckpointSave {
+ public:
+  CheckpointSave(const std::string& checkpoints_dir, runtime::FsdpState& state, optim::ShardedOptimizer* optimizer,
+                 const CheckpointInfo& info, bool in_background);
+  ~CheckpointSave();
+  CheckpointSave(const CheckpointSave&) = delete;
+  CheckpointSave& operator=(const CheckpointSave&) = delete;
+
+  // Collective. True once published (then published() names the directory); false while any
+  // rank is still writing. Throws on every rank if any rank's write failed.
+  bool try_publish();
+  // Collective: waits for this rank's write, then publishes. Returns the directory.
+  std::string wait_and_publish();
+  const std::string& published() const { return published_; }
+  const std::string& directory() const { return directory_; }  // where it is published
+  int64_t step() const { return info_.step; }
+  int64_t staged_bytes() const { return staged_bytes_; }  // this rank's staging copies
+
+ private:
+  void publish();
+
+  comm::ProcessGroupPtr group_, writers_;
+  std::string checkpoints_dir_;
+  CheckpointInfo info_;
+  std::string flats_layout_, buffers_;  // the manifest's "flat_params" and "buffers", as JSON text
+  std::string optimizer_name_;
+  std::vector<std::string> optimizer_state_;
+  int64_t optimizer_steps_ = 0;
+  int64_t staged_bytes_ = 0;
+  std::string directory_;
+  std::string file_facts_ = "{}";  // this rank's file: {"bytes", "crc32", "tensors"} (written by the thread)
+  std::string write_error_;        // the thread's failure, "" if none
+  std::atomic<bool> written_{false};
+  std::thread writer_;
+  std::string published_;
+};
 
 // Collective. Loads into an already built and sharded model of the same architecture, at any world
 // size; optimizer may be null (weights only: optimizer state is then neither read nor checked).

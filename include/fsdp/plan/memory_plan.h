@@ -26,6 +26,9 @@
 //                plus one block recomputed; the logits and loss
 //   overhead     the process itself (libtorch, communication library; a CUDA context on a GPU)
 // With CPU offload the first three live in host memory and the device holds the rest.
+// checkpoint.async adds host memory while a save is in flight (checkpoint_staging): a copy of what
+// the rank writes, its parameter shard (4 P / S, or with LoRA b P / S + 4 A / S) and its optimizer
+// moments (8 or 4 bytes per trained parameter / S); pinned on a GPU, beside the training's own on a CPU.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +50,7 @@ struct PlanInput {
   std::string reduce_dtype = "float32";
   bool activation_checkpointing = false;
   bool cpu_offload = false;           // parameter, gradient and optimizer shards in host memory
+  bool async_checkpoint = false;      // checkpoint.async: staging copies in host memory while a save is written
   std::string optimizer = "adamw";    // adamw | sgd
   int64_t micro_batch = 1;            // samples per rank per forward
   int64_t micro_batches = 1;          // gradient accumulation steps (each one reduces)
@@ -77,6 +81,7 @@ struct MemoryBreakdown {
   int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, reduced = 0, activations = 0, overhead = 0;
   int64_t device_total() const;       // what the device holds (offloaded shards excluded)
   int64_t host_total = 0;             // offloaded shards (host memory), 0 without offload
+  int64_t checkpoint_staging = 0;     // checkpoint.async: host memory while a save is in flight, 0 without
 };
 
 struct CommVolume {  // bytes sent per rank per optimizer step

@@ -104,6 +104,10 @@ struct CheckpointConfig {
   int64_t every = 0;     // save every this many steps, and at the end (0: only when preempted)
   int64_t keep = 3;      // newest checkpoints kept (0: all)
   std::string dir;       // "" = <output_dir>/checkpoints
+  // The step waits only while the shards are copied to host staging buffers; a thread writes the
+  // files, and the checkpoint is published at a later step boundary once every rank has written
+  // (checkpoint/sharded_checkpoint.h's CheckpointSave). At most one in flight.
+  bool async = false;
 };
 
 // Targets set before the run and checked as it goes ([targets]; 0 or "" = not set). A missed
