@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "fsdp/checkpoint/safetensors.h"
@@ -243,6 +246,7 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
     const at::Device device = state.options().device;
     if (!device.is_cpu()) tensors.emplace_back(device_rng_name(device), at::globalContext().defaultGenerator(device).get_state());
     if (in_background) {
+      at::NoGradGuard no_grad;  // the copies are data, not part of any graph
       for (auto& [name, tensor] : tensors) {
         at::Tensor copy = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(!device.is_cpu()));
         copy.copy_(tensor);
@@ -273,7 +277,21 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
     // writer at SCHED_IDLE or nice 10 hardly ran (15-18 s for 1 GB, so the next save waited for it);
     // at nice 0 it takes 7 s and slows the steps beside it (docs/benchmarks.md). Beside a GPU the
     // cores are free for it.
-    writer_ = std::thread(std::move(write));
+    // SIGTERM/SIGINT stay with the training threads (their handler asks the step loop to stop and
+    // save): the writer is started with them blocked, and a thread inherits its creator's mask.
+    sigset_t stop_signals, previous;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+    try {
+      writer_ = std::thread(write);
+    } catch (const std::system_error&) {
+      // No thread to be had (resource limits): this rank writes now, in the step. The others need
+      // not know; publication agrees on written_ alike.
+      write();
+    }
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   } else {
     write();
   }

@@ -410,12 +410,15 @@ class Trainer {
         continue;
       }
       // Every rank reached the same decision from the same norm: they stop together, rank 0 says why.
-      if (!verdict.stop.empty()) throw comm::AgreedStop(verdict.stop, leader());
+      if (!verdict.stop.empty()) {
+        finish_save(/*wait=*/true);  // a checkpoint in flight is published first: the one to resume from
+        throw comm::AgreedStop(verdict.stop, leader());
+      }
       const bool last = step + 1 == config_.steps;
       finish_save(/*wait=*/false);  // checkpoint.async: published once every rank has written it
       if (stop) {
         g_stop_requested.store(false);  // handled: a later train() in this process starts afresh
-        summary.last_checkpoint = save(step + 1);
+        summary.last_checkpoint = save(step + 1, /*in_background=*/false);  // the run ends on it: nothing to overlap
         summary.preempted = true;
         progress_->message("stopped on request after step " + std::to_string(step + 1) + "; checkpoint " +
                            summary.last_checkpoint + " (continue with --resume latest)");
@@ -441,7 +444,7 @@ class Trainer {
         // Every rank saw the same figures: all stop here, with a checkpoint (exit status 3).
         summary.stopped_by_target = true;
         if (last) continue;  // the run ends here anyway: finish it (sample, footer, report)
-        if (last_saved_step != step + 1) summary.last_checkpoint = save(step + 1);
+        if (last_saved_step != step + 1) summary.last_checkpoint = save(step + 1, /*in_background=*/false);
         progress_->message("stopping after step " + std::to_string(step + 1) + " (targets.stop = true); checkpoint " +
                            summary.last_checkpoint);
         stopped_early = true;
@@ -563,14 +566,17 @@ class Trainer {
 
   // A checkpoint of the state after `steps` steps; rank 0 then keeps only the newest ones.
   // checkpoint.async: the save is started (the step waits for the staging copies only) and its
-  // directory returned; finish_save publishes it at a later step boundary.
-  std::string save(int64_t steps) {
+  // directory returned; finish_save publishes it at a later step boundary. A save the run ends on
+  // (stop request, targets.stop) is written in the step: nothing would overlap it, and its message
+  // names a published checkpoint.
+  std::string save(int64_t steps) { return save(steps, config_.checkpoint.async); }
+  std::string save(int64_t steps, bool in_background) {
     finish_save(/*wait=*/true);  // at most one in flight
     const auto start = Clock::now();
     TrainConfig resolved = config_;
     resolved.model = model_config_;
     const checkpoint::CheckpointInfo info{steps, config_.model_name, to_toml(resolved), guard_.state()};
-    if (config_.checkpoint.async) {
+    if (in_background) {
       pending_save_ = std::make_unique<checkpoint::CheckpointSave>(checkpoints_dir(config_), *state_, optimizer_.get(), info,
                                                                    /*in_background=*/true);
       pending_save_blocked_ = std::chrono::duration<double>(Clock::now() - start).count();

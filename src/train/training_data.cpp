@@ -48,16 +48,15 @@ LoadedData load_instructions(const TrainConfig& c) {
                              loaded.tokenizer->name() + " tokenizer has none (no end-of-text token): use an hf or gpt2 tokenizer");
   }
   const int32_t pad = end >= 0 ? end : 0;  // padding is never attended to by a real token, nor trained
-  int64_t shortest = std::numeric_limits<int64_t>::max();
   auto render = [&](const std::vector<data::InstructionExample>& examples) {
     std::vector<data::RenderedExample> rendered;
-    for (const auto& example : examples) {
-      rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer));
-      shortest = std::min<int64_t>(shortest, static_cast<int64_t>(rendered.back().tokens.size()));
-    }
+    for (const auto& example : examples) rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer));
     return rendered;
   };
-  auto train_set = std::make_shared<data::InstructionDataset>(render(train), c.seq_len, pad);
+  std::vector<data::RenderedExample> rendered_train = render(train);
+  int64_t shortest = std::numeric_limits<int64_t>::max();  // of the training examples (the ones refused below)
+  for (const auto& example : rendered_train) shortest = std::min<int64_t>(shortest, static_cast<int64_t>(example.tokens.size()));
+  auto train_set = std::make_shared<data::InstructionDataset>(std::move(rendered_train), c.seq_len, pad);
   auto validation_set = std::make_shared<data::InstructionDataset>(render(validation), c.seq_len, pad);
   if (train_set->size() == 0 && shortest > c.seq_len + 1) {
     throw std::runtime_error(c.source + ": train.seq_len " + std::to_string(c.seq_len) + " is shorter than every example (the "
@@ -157,11 +156,11 @@ LoadedData load_data(const TrainConfig& c) {
 void check_data_sizes(const LoadedData& data, const TrainConfig& config, int world_size) {
   if (data.train->size() < config.global_batch) {
     throw std::runtime_error("the training data holds " + std::to_string(data.train->size()) +
-                             " samples, fewer than one global batch of " + std::to_string(config.global_batch));
+                             " samples (rows, when packed), fewer than one global batch of " + std::to_string(config.global_batch));
   }
   if (data.validation->size() < world_size) {
     throw std::runtime_error("the validation data holds " + std::to_string(data.validation->size()) +
-                             " samples, fewer than the " + std::to_string(world_size) + " ranks");
+                             " samples (rows, when packed), fewer than the " + std::to_string(world_size) + " ranks");
   }
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/checkpoint/sharded_checkpoint.h"
+#include "fsdp/comm/agreement.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/config.h"
@@ -89,6 +90,35 @@ TEST(AsyncCheckpoint, EqualsASynchronousSaveByteForByte) {
   const auto resumed = fsdp::train::train(resume_config, world, resume);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.losses[i], sync_run.losses[4 + i]) << "step " << 5 + i;
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(root);
+}
+
+// A run that stops itself (here: a NaN loss at step 3 with train.max_nonfinite_steps = 1) while the
+// step-2 checkpoint is still being written publishes that checkpoint before it stops: it is the one
+// to resume from. Before the fix the stop left it as step-00000002.partial.
+TEST(AsyncCheckpoint, AStoppingRunPublishesTheSaveInFlight) {
+  auto world = fsdp::comm::init_world();
+  const fs::path root = fs::temp_directory_path() / ("fsdp_async_checkpoint_stop_test_" + std::to_string(world->size()));
+  if (world->rank() == 0) fs::remove_all(root);
+  world->barrier()->wait();
+  auto config = config_for(root, true);
+  config.max_nonfinite_steps = 1;
+  setenv("FSDP_TEST_PAUSE_IN_SAVE_MS", "300", 1);  // the write is still running at step 3
+  setenv("FSDP_TEST_LOSS_FAULTS", "3:nan", 1);
+  bool stopped = false;
+  try {
+    fsdp::train::train(config, world, {false, true});
+  } catch (const fsdp::comm::AgreedStop& e) {
+    stopped = std::string(e.what()).find("not finite") != std::string::npos;
+  }
+  unsetenv("FSDP_TEST_PAUSE_IN_SAVE_MS");
+  unsetenv("FSDP_TEST_LOSS_FAULTS");
+  EXPECT_TRUE(stopped) << "the run should stop at step 3 on its NaN loss";
+  if (world->rank() == 0) {
+    EXPECT_TRUE(fs::exists(root / "checkpoints" / "step-00000002" / "manifest.json"));
+    EXPECT_FALSE(fs::exists(root / "checkpoints" / "step-00000002.partial"));
+  }
   world->barrier()->wait();
   if (world->rank() == 0) fs::remove_all(root);
 }
