@@ -81,7 +81,8 @@ nlohmann::json to_json(const Plan& p) {
       {"embedding_params", p.embedding_params}, {"head_params", p.head_params}, {"tied_embedding", p.tied_embedding}, {"ranks", in.ranks},
       {"ranks_per_node", in.ranks_per_node}, {"strategy", in.strategy}, {"shard_ranks", p.shard_ranks},
       {"replicas", p.replicas}, {"param_dtype", in.param_dtype}, {"reduce_dtype", in.reduce_dtype},
-      {"activation_checkpointing", in.activation_checkpointing}, {"cpu_offload", in.cpu_offload},
+      {"activation_checkpointing", in.activation_checkpointing},
+      {"activation_checkpointing_every", in.activation_checkpointing_every}, {"cpu_offload", in.cpu_offload},
       {"fused_attention", in.fused_attention},
       {"optimizer", in.optimizer}, {"micro_batch", in.micro_batch}, {"micro_batches", in.micro_batches},
       {"seq_len", in.seq_len}, {"loss_chunk_tokens", in.loss_chunk_tokens}, {"max_inflight", in.max_inflight},
@@ -133,7 +134,11 @@ void print_plan(const Plan& p, bool compact) {
   std::printf("  %d ranks (%d per node), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
               "activation checkpointing %s; CPU offload %s; %s\n",
               in.ranks, in.ranks_per_node, in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
-              in.reduce_dtype.c_str(), in.activation_checkpointing ? "on" : "off", in.cpu_offload ? "on" : "off",
+              in.reduce_dtype.c_str(),
+              !in.activation_checkpointing              ? "off"
+              : in.activation_checkpointing_every == 1 ? "on"
+                                                        : ("every " + std::to_string(in.activation_checkpointing_every) + " blocks").c_str(),
+              in.cpu_offload ? "on" : "off",
               in.optimizer.c_str());
   std::printf("  micro-batch %lld x %lld tokens, %lld micro-batch(es) per step, max_inflight %d, %s attention\n",
               static_cast<long long>(in.micro_batch), static_cast<long long>(in.seq_len),
@@ -215,6 +220,10 @@ int main(int argc, char** argv) {
   app.add_option("--param-dtype", param_dtype, "float32 | bfloat16 | float16");
   app.add_option("--reduce-dtype", reduce_dtype, "float32 | bfloat16 | float16");
   app.add_flag("--activation-checkpointing", checkpointing, "recompute each block in backward");
+  int64_t checkpointing_every = 0;
+  app.add_option("--activation-checkpointing-every", checkpointing_every,
+                 "with --activation-checkpointing: every k-th block only (fsdp.activation_checkpointing_every)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
   app.add_flag("--async-checkpoint", in.async_checkpoint, "checkpoint.async: count the save's staging copies (host memory)");
   bool composed_attention = false;
@@ -280,6 +289,10 @@ int main(int argc, char** argv) {
     if (!param_dtype.empty()) in.param_dtype = param_dtype;
     if (!reduce_dtype.empty()) in.reduce_dtype = reduce_dtype;
     if (checkpointing) in.activation_checkpointing = true;
+    if (checkpointing_every > 0) {
+      if (!in.activation_checkpointing) throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
+      in.activation_checkpointing_every = checkpointing_every;
+    }
     if (!optimizer.empty()) in.optimizer = optimizer;
     if (micro_batch > 0) in.micro_batch = micro_batch;
     if (micro_batches > 0) in.micro_batches = micro_batches;

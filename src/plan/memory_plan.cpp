@@ -108,6 +108,10 @@ Plan make_plan(const PlanInput& in) {
     throw std::invalid_argument("strategy '" + s + "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
   }
   if (s == "no_shard" && (c != 4 || r != 4)) throw std::invalid_argument("no_shard keeps float32 (as the runtime does)");
+  if (in.activation_checkpointing_every < 1) {
+    throw std::invalid_argument("activation checkpointing every " + std::to_string(in.activation_checkpointing_every) +
+                                " blocks: it must be 1 or more");
+  }
   if (in.shard_group_size != 0 && s != "hybrid_shard") {
     throw std::invalid_argument("a shard group size applies to hybrid_shard only (strategy is " + s + ")");
   }
@@ -221,8 +225,10 @@ Plan make_plan(const PlanInput& in) {
   const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
                                std::visit([](const auto& m) { return m.dim; }, in.model);
   // Backward of the last block holds its activations' gradients beside everything saved: one
-  // block more (with checkpointing, the block being recomputed and its gradients).
-  const int64_t blocks = in.activation_checkpointing ? layers * block_inputs + 2 * per_block : (layers + 1) * per_block;
+  // block more (with checkpointing, the block being recomputed and its gradients). A recomputed
+  // block keeps only its input; every k-th block is (layers / k of them).
+  const int64_t recomputed = in.activation_checkpointing ? layers / in.activation_checkpointing_every : 0;
+  const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (recomputed > 0 ? 2 : 1) * per_block;
   mem.activations = in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
   mem.overhead = in.overhead_bytes;
   const int64_t device = mem.device_total();
@@ -267,7 +273,7 @@ Plan make_plan(const PlanInput& in) {
   const int64_t samples = in.micro_batch * in.micro_batches;
   const bool language = models::is_language_model(in.model);
   const double flops = models::flops_per_sample(in.model, in.seq_len) * samples * (language ? in.seq_len : 1) *
-                       (in.activation_checkpointing ? 4.0 / 3.0 : 1.0);
+                       (1.0 + (layers > 0 ? static_cast<double>(recomputed) / layers : 0.0) / 3.0);
   if (in.compute_flops > 0) plan.compute_seconds = flops / in.compute_flops;
   if (in.bandwidth_bytes > 0) {
     const double inter = in.inter_node_bandwidth_bytes > 0 ? in.inter_node_bandwidth_bytes : in.bandwidth_bytes;

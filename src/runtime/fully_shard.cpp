@@ -45,6 +45,10 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
     : root_(std::move(root)), group_(std::move(group)), options_(std::move(options)),
       scheduler_(std::make_unique<PrefetchScheduler>(options_)) {
   if (!group_) throw std::invalid_argument("fully_shard: the process group is null");
+  if (options_.activation_checkpointing_every < 1) {
+    throw std::invalid_argument("fully_shard: activation_checkpointing_every must be 1 or more, got " +
+                                std::to_string(options_.activation_checkpointing_every));
+  }
   if (options_.max_inflight < 0) {
     throw std::invalid_argument("fully_shard: max_inflight must be 0 or more, got " + std::to_string(options_.max_inflight));
   }
@@ -115,6 +119,13 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   std::stable_sort(units_.begin(), units_.end(),
                    [&](const auto& a, const auto& b) { return order[a->module().get()] < order[b->module().get()]; });
   check_parameter_ties();
+  if (options_.activation_checkpointing) {
+    // Every k-th block in model order (torchtitan's selective_ac_option = k counts from 1).
+    int block = 0;
+    for (const auto& unit : units_) {
+      if (unit->checkpointable()) unit->set_activation_checkpointing(++block % options_.activation_checkpointing_every == 0);
+    }
+  }
   auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, groups_, options_);
   root_unit->adopt(this, "");
   units_.push_back(std::move(root_unit));
@@ -265,6 +276,18 @@ std::vector<std::string> FsdpState::unit_names() const {
   std::vector<std::string> names;
   for (const auto& unit : units_) names.push_back(unit->is_root() ? "<root>" : unit->name());
   return names;
+}
+
+std::vector<std::string> FsdpState::recomputed_unit_names() const {
+  std::vector<std::string> names;
+  for (const auto& unit : units_) {
+    if (unit->activation_checkpointing()) names.push_back(unit->name());
+  }
+  return names;
+}
+
+int FsdpState::checkpointable_units() const {
+  return static_cast<int>(std::count_if(units_.begin(), units_.end(), [](const auto& unit) { return unit->checkpointable(); }));
 }
 
 void FsdpState::zero_grad() {

@@ -25,7 +25,8 @@ Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_
     : module_(std::move(module)), name_(std::move(name)), is_root_(is_root), strategy_(options.strategy),
       // Blocks only (as torchtitan): recomputing an embedding lookup saves nothing, and recomputing
       // the output head would repeat the step's largest matmul.
-      checkpointed_(options.activation_checkpointing && !is_root && fsdp::nn::is_pushed_block(module_.get())),
+      checkpointable_(!is_root && fsdp::nn::is_pushed_block(module_.get())),
+      checkpointed_(options.activation_checkpointing && checkpointable_),
       groups_(groups) {
   // Parameters in first-seen order, tied ones once (their other names become aliases).
   std::vector<std::string> names[2];
@@ -105,6 +106,17 @@ void Unit::adopt(FsdpState* state, const std::string& path) {
     name_ = path;
     for (shard::FlatParam* flat : flat_params()) flat->prefix_names(path);
   }
+  install_hooks();
+}
+
+void Unit::set_activation_checkpointing(bool on) {
+  if (on && !checkpointable_) throw std::logic_error("unit '" + name_ + "' is not a block: it cannot be checkpointed");
+  checkpointed_ = on;
+  if (state_ != nullptr) install_hooks();  // the hooks carry the choice
+}
+
+void Unit::install_hooks() {
+  FsdpState* state = state_;
   fsdp::nn::ForwardHooks hooks;
   if (is_root_) {
     hooks.pre_forward = [state] { state->pre_root_forward(); };

@@ -44,6 +44,11 @@ class Unit {
 
   // Gives the unit its final name and a back-pointer to its state, and installs the forward hooks.
   void adopt(FsdpState* state, const std::string& path);
+  // A block that activation_checkpointing could recompute (not the root, not an embedding or head).
+  bool checkpointable() const { return checkpointable_; }
+  // Whether its backward recomputes its forward (FsdpOptions::activation_checkpointing_every picks).
+  void set_activation_checkpointing(bool on);
+  bool activation_checkpointing() const { return checkpointed_; }
   void release_hooks();
 
   void pre_forward();
@@ -83,7 +88,9 @@ class Unit {
   std::string name_;
   bool is_root_;
   ShardingStrategy strategy_;
-  bool checkpointed_ = false;  // activation checkpointing: each call's backward recomputes it
+  bool checkpointable_ = false;  // a block (fsdp::nn::push_block), not the root
+  bool checkpointed_ = false;    // activation checkpointing: each call's backward recomputes it
+  void install_hooks();
   ShardingGroups groups_;
   FsdpState* state_ = nullptr;
   std::unique_ptr<shard::FlatParam> trainable_;

@@ -484,6 +484,13 @@ std::vector<ConfigKey> declare() {
                       "fsdp.reduce_dtype '" + reduce + "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
       };
   add(key("fsdp.activation_checkpointing", MEMBER(fsdp.activation_checkpointing), "recompute each block's forward in backward"));
+  add(key("fsdp.activation_checkpointing_every", MEMBER(fsdp.activation_checkpointing_every),
+          "with activation_checkpointing: recompute every k-th block only (k-th, 2k-th, ...; 1: all)"))
+      .check = [](const TrainConfig& c) {
+        if (c.fsdp.activation_checkpointing_every < 1) return std::string("fsdp.activation_checkpointing_every must be 1 or more");
+        return unless(c.fsdp.activation_checkpointing_every == 1 || c.fsdp.activation_checkpointing,
+                      "fsdp.activation_checkpointing_every applies with fsdp.activation_checkpointing = true");
+      };
   add(key("fsdp.shard_group_size", MEMBER(fsdp.shard_group_size), "hybrid_shard: ranks per shard group S, N = R x S (0: one node's)"))
       .check = [](const TrainConfig& c) {
         return unless(c.fsdp.shard_group_size == 0 || c.fsdp.strategy == "hybrid_shard",

@@ -14,6 +14,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.param_dtype = c.fsdp.param_dtype;
   in.reduce_dtype = c.fsdp.reduce_dtype;
   in.activation_checkpointing = c.fsdp.activation_checkpointing;
+  in.activation_checkpointing_every = c.fsdp.activation_checkpointing_every;
   in.cpu_offload = c.fsdp.cpu_offload;
   in.async_checkpoint = c.checkpoint.async;
   in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;

@@ -24,6 +24,7 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.mixed_precision.param_dtype = dtype(c.fsdp.param_dtype);
   options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
   options.activation_checkpointing = c.fsdp.activation_checkpointing;
+  options.activation_checkpointing_every = static_cast<int>(c.fsdp.activation_checkpointing_every);
   options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
   options.cpu_offload = c.fsdp.cpu_offload;
   // A LoRA base is frozen: its shards may be kept in bf16 (gathered as bf16, widened after).

@@ -204,6 +204,15 @@ class Trainer {
                   config_.micro_batches == 1 ? "" : "es", options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
     progress_->message(line);
     if (!resumed_from_.empty()) progress_->message("  resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
+    if (config_.fsdp.activation_checkpointing) {
+      const std::vector<std::string> recomputed = state_->recomputed_unit_names();
+      std::string names;
+      for (const auto& name : recomputed) names += (names.empty() ? "" : ", ") + name;
+      progress_->message("  activation checkpointing: " + std::to_string(recomputed.size()) + " of " +
+                         std::to_string(state_->checkpointable_units()) + " blocks recomputed in backward (" +
+                         (recomputed.size() <= 8 ? names : "one block in " + std::to_string(config_.fsdp.activation_checkpointing_every)) +
+                         "; fsdp.activation_checkpointing_every = " + std::to_string(config_.fsdp.activation_checkpointing_every) + ")");
+    }
     const at::ScalarType compute = fsdp_options(config_).mixed_precision.param_dtype;
     progress_->message(std::string("  attention: ") + models::to_string(models::attention_path(compute)) + " for " +
                        c10::toString(compute) + " compute (train.attention = " + config_.attention + ")");

@@ -264,6 +264,36 @@ TEST(ActivationCheckpointing, GradientsEqualThePlainRun) {
   }
 }
 
+// fsdp.activation_checkpointing_every = k: the k-th, 2k-th, ... blocks are recomputed (torchtitan's
+// selective_ac_option counts from 1), the others keep their activations; gradients as without.
+TEST(ActivationCheckpointing, EveryKthBlockOnly) {
+  const TinyConfig config = six_blocks();
+  const auto expected = shard_grads_after_one_step(FsdpOptions{}, config);
+  const std::map<int, std::vector<std::string>> recomputed = {
+      {1, {"blocks.0", "blocks.1", "blocks.2", "blocks.3", "blocks.4", "blocks.5"}},
+      {2, {"blocks.1", "blocks.3", "blocks.5"}},
+      {3, {"blocks.2", "blocks.5"}},
+      {4, {"blocks.3"}},
+      {7, {}}};
+  for (const auto& [every, names] : recomputed) {
+    FsdpOptions options;
+    options.activation_checkpointing = true;
+    options.activation_checkpointing_every = every;
+    auto model = build_tiny(options, config);
+    EXPECT_EQ(model.state().recomputed_unit_names(), names) << "every " << every;
+    EXPECT_EQ(model.state().checkpointable_units(), 6);
+    auto actual = shard_grads_after_one_step(options, config);
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_LE((actual[i] - expected[i]).abs().max().item<double>(), 1e-6) << "every " << every << ", flat " << i;
+    }
+  }
+  FsdpOptions bad;
+  bad.activation_checkpointing = true;
+  bad.activation_checkpointing_every = 0;
+  EXPECT_THROW(build_tiny(bad, config), std::invalid_argument);
+}
+
 // GPT with dropout 0.1 in training mode: the recomputation must draw the same masks.
 std::vector<at::Tensor> gpt_shard_grads(bool checkpointing) {
   fsdp::models::GptConfig config;

@@ -155,6 +155,11 @@ TEST(Config, BadInputNamesTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=1"}).find("fsdp.activation_checkpointing must be true or false"),
             std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing_every=2"}).find("applies with fsdp.activation_checkpointing = true"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=true", "fsdp.activation_checkpointing_every=0"})
+                .find("fsdp.activation_checkpointing_every must be 1 or more"),
+            std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"data.tokenizer=\"hf\""}).find("data.tokenizer 'hf' needs data.tokenizer_json"),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"data.tokenizer=\"spm\""}).find("data.tokenizer 'spm' (expected byte, gpt2 or hf)"),

@@ -86,6 +86,34 @@ TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
   EXPECT_LT(offloaded.memory.device_total(), offloaded.memory.host_total);
 }
 
+// Selective checkpointing, every k-th block of 80: activations fall between none and all, by the
+// blocks recomputed (80 / k keep only their input), and the recomputed forward adds compute in
+// proportion (a third of a block's for each).
+TEST(Plan, ActivationCheckpointingEveryKthBlock) {
+  PlanInput in = llama70b(8, "full_shard");
+  in.compute_flops = 1e15;
+  const auto none = make_plan(in);
+  in.activation_checkpointing = true;
+  const auto all = make_plan(in);
+  in.activation_checkpointing_every = 2;
+  const auto half = make_plan(in);
+  in.activation_checkpointing_every = 80;
+  const auto one = make_plan(in);
+  EXPECT_LT(all.memory.activations, half.memory.activations);
+  EXPECT_LT(half.memory.activations, none.memory.activations);
+  // Every 80th: the last block only, which backward recomputes first, beside every other block's
+  // saved activations: the peak is no lower than with none.
+  EXPECT_NEAR(static_cast<double>(one.memory.activations), static_cast<double>(none.memory.activations),
+              0.01 * static_cast<double>(none.memory.activations));
+  // Every other block: half the way from all recomputed to none (the working blocks differ by one).
+  const double all_bytes = static_cast<double>(all.memory.activations), none_bytes = static_cast<double>(none.memory.activations);
+  EXPECT_NEAR(static_cast<double>(half.memory.activations), (all_bytes + none_bytes) / 2, 0.02 * none_bytes);
+  EXPECT_NEAR(half.compute_seconds, none.compute_seconds * (1.0 + 0.5 / 3.0), 1e-9);
+  EXPECT_NEAR(all.compute_seconds, none.compute_seconds * 4.0 / 3.0, 1e-9);
+  in.activation_checkpointing_every = 0;
+  EXPECT_THROW(make_plan(in), std::invalid_argument);
+}
+
 // checkpoint.async: a copy of what the rank writes, in host memory: the fp32 parameter shard and
 // AdamW's two moments (12 bytes per parameter / S), SGD's one (8); nothing on the device.
 TEST(Plan, AsyncCheckpointStagingIsTheRanksShardAndMoments) {

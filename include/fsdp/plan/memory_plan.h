@@ -49,6 +49,7 @@ struct PlanInput {
   std::string param_dtype = "float32";  // float32 | bfloat16 | float16
   std::string reduce_dtype = "float32";
   bool activation_checkpointing = false;
+  int64_t activation_checkpointing_every = 1;  // with it: every k-th block recomputed (layers / k of them)
   bool cpu_offload = false;           // parameter, gradient and optimizer shards in host memory
   bool async_checkpoint = false;      // checkpoint.async: staging copies in host memory while a save is written
   std::string optimizer = "adamw";    // adamw | sgd

@@ -106,6 +106,10 @@ class FsdpState {
   // Every FlatParam (each unit's trainable and frozen ones), in unit order: the optimizer's view.
   std::vector<shard::FlatParam*> flat_params();
   std::vector<std::string> unit_names() const;
+  // The units whose backward recomputes their forward (activation checkpointing), in model order,
+  // and how many units are blocks that could be.
+  std::vector<std::string> recomputed_unit_names() const;
+  int checkpointable_units() const;
 
   // Gradient accumulation without synchronisation: while false, backward keeps the unsharded
   // gradients (a full model's worth at most) and reduces nothing; the next backward with true

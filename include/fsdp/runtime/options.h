@@ -41,6 +41,9 @@ struct FsdpOptions {
   // 0: no prefetch, and every reduction is waited for at once.
   int max_inflight = 2;
   bool activation_checkpointing = false;  // every unit that is a block (added with fsdp::nn::push_block)
+  // With activation_checkpointing, every k-th block only (the k-th, 2k-th, ... in model order, as
+  // torchtitan's selective_ac_option = k): 1 recomputes every block.
+  int activation_checkpointing_every = 1;
   // Keep freed unsharded buffers for reuse (shard/storage.h), up to the budget's peak:
   // 2 x root + (K + 2) x largest unit, in fp32 bytes. Off: every free returns memory to the OS.
   bool cache_buffers = true;

@@ -86,6 +86,7 @@ struct FsdpConfig {
   std::string param_dtype = "float32";   // gather and compute: float32 | bfloat16 | float16
   std::string reduce_dtype = "float32";  // gradient reduction: float32 | bfloat16 | float16 (with float16 compute)
   bool activation_checkpointing = false; // recompute each block's forward in backward
+  int64_t activation_checkpointing_every = 1;  // with it: every k-th block only (torchtitan's selective_ac_option)
   int64_t shard_group_size = 0;          // hybrid_shard: ranks per shard group (0: the ranks of one node)
   bool cpu_offload = false;              // shards, gradients, optimizer state in host memory (train.device 'cuda')
 };
