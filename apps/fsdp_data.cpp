@@ -2,6 +2,7 @@
 //
 //   fsdp-data fortunes --output-dir data/fortunes        # Debian's fortunes, train/validation split
 //   fsdp-data encode --output notes.tok notes/*.txt      # any text files, one document each
+//   fsdp-data corpus --output-dir data/web --tokenizer hf --tokenizer-json tokenizer.json web/   # any size, every core, shards
 //   fsdp-data encode --tokenizer gpt2 --vocab-json vocab.json --merges-txt merges.txt --output x.tok in.txt
 //   fsdp-data inspect data/fortunes/train.tok
 //   fsdp-data tokenize --tokenizer hf --tokenizer-json tokenizer.json --input texts.jsonl --output ids.jsonl
@@ -11,14 +12,18 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "fsdp/data/bpe_training.h"
+#include "fsdp/data/corpus_tokenizer.h"
 #include "fsdp/data/instructions.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
@@ -199,6 +204,48 @@ void train_tokenizer(const std::string& output_dir, const std::vector<std::strin
               source.c_str(), static_cast<long long>(trained.words));
 }
 
+// fsdp-data corpus: the progress on standard error (a bar redrawn in place on a terminal, else a
+// line each tenth), then the summary and the config lines that train on it.
+void run_corpus(const std::vector<std::string>& inputs, const fsdp::data::Tokenizer& tokenizer,
+                const fsdp::data::CorpusOptions& options) {
+  const bool terminal = ::isatty(STDERR_FILENO) != 0;
+  int64_t printed_tenth = 0;
+  auto progress = [&](const fsdp::data::CorpusProgress& p) {
+    const double mib = p.bytes_read / 1048576.0, rate = p.seconds > 0 ? mib / p.seconds : 0.0;
+    char line[256];
+    if (p.bytes_total > 0) {
+      const double fraction = static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total);
+      const int width = 30, filled = static_cast<int>(fraction * width);
+      std::snprintf(line, sizeof(line), "[%s%s] %5.1f%% %.1f of %.1f MiB, %.1f MiB/s, %lld documents, %lld tokens, ETA %.0f s",
+                    std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(width - filled), ' ').c_str(),
+                    100.0 * fraction, mib, p.bytes_total / 1048576.0, rate, static_cast<long long>(p.documents),
+                    static_cast<long long>(p.tokens), rate > 0 ? (p.bytes_total / 1048576.0 - mib) / rate : 0.0);
+      if (!terminal) {
+        const int64_t tenth = static_cast<int64_t>(fraction * 10);
+        if (tenth == printed_tenth) return;
+        printed_tenth = tenth;
+      }
+    } else {
+      std::snprintf(line, sizeof(line), "%.1f MiB, %.1f MiB/s, %lld documents, %lld tokens", mib, rate,
+                    static_cast<long long>(p.documents), static_cast<long long>(p.tokens));
+    }
+    std::fprintf(stderr, terminal ? "\r%s\033[K" : "%s\n", line);
+  };
+  const fsdp::data::CorpusSummary s = fsdp::data::tokenize_corpus(inputs, tokenizer, options, progress);
+  if (terminal) std::fprintf(stderr, "\n");
+  std::printf("%s: %lld documents, %.1f MiB of text in %.2f s on %d thread%s (%.1f MiB/s); %s tokenizer, vocab %lld, %s tokens\n"
+              "  train: %lld tokens in %d shard%s; validation: %lld tokens in %d shard%s\n",
+              options.output_dir.c_str(), static_cast<long long>(s.documents), s.bytes / 1048576.0, s.seconds, s.threads,
+              s.threads == 1 ? "" : "s", s.seconds > 0 ? s.bytes / 1048576.0 / s.seconds : 0.0, tokenizer.name().c_str(),
+              static_cast<long long>(tokenizer.vocab_size()), tokenizer.vocab_size() <= 65536 ? "uint16" : "uint32",
+              static_cast<long long>(s.train_tokens), s.train_shards, s.train_shards == 1 ? "" : "s",
+              static_cast<long long>(s.validation_tokens), s.validation_shards, s.validation_shards == 1 ? "" : "s");
+  if (s.validation_shards > 0) {
+    std::printf("train on it with: --set data.source='\"token_files\"' --set data.train_tokens='\"%s/train\"' "
+                "--set data.validation_tokens='\"%s/validation\"'\n", options.output_dir.c_str(), options.output_dir.c_str());
+  }
+}
+
 void write(const std::string& path, const std::vector<int32_t>& tokens, const fsdp::data::Tokenizer& tokenizer,
            size_t documents) {
   fsdp::data::write_token_file(path, tokens, tokenizer.vocab_size());
@@ -230,6 +277,29 @@ int main(int argc, char** argv) {
   encode->add_option("inputs", inputs, "text files or directories")->required();
   encode->add_option("--output", output, "token file to write")->required();
   encode_tokenizer.add_to(*encode);
+
+  auto* corpus = app.add_subcommand("corpus", "tokenize a corpus of any size on every core into token shards "
+                                               "(OUTPUT/train/shard-*.tok, OUTPUT/validation/shard-*.tok)");
+  std::vector<std::string> corpus_inputs;
+  fsdp::data::CorpusOptions corpus_options;
+  corpus_options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  TokenizerArgs corpus_tokenizer;
+  corpus->add_option("inputs", corpus_inputs,
+                     "text files (one document each), JSON-lines files (*.jsonl, {\"text\": ...} a line), directories "
+                     "of them, or - (JSON lines on standard input)")
+      ->required();
+  corpus->add_option("--output-dir", corpus_options.output_dir, "where train/ and validation/ go (must not exist)")->required();
+  corpus->add_option("--threads", corpus_options.threads, "tokenizing threads (default: every core)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  corpus->add_option("--shard-tokens", corpus_options.shard_tokens, "tokens per shard")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  corpus->add_option("--validation-percent", corpus_options.validation_percent,
+                     "share of documents held out for validation, by text hash (0: none)")
+      ->check(CLI::Range(0, 50))
+      ->capture_default_str();
+  corpus_tokenizer.add_to(*corpus);
 
   auto* inspect = app.add_subcommand("inspect", "print a token file's header and its first tokens");
   std::string inspect_path;
@@ -307,6 +377,8 @@ int main(int argc, char** argv) {
       auto tokenizer = encode_tokenizer.make();
       auto documents = fsdp::data::read_text_files(inputs);
       write(output, fsdp::data::tokenize_documents(documents, *tokenizer), *tokenizer, documents.size());
+    } else if (corpus->parsed()) {
+      run_corpus(corpus_inputs, *corpus_tokenizer.make(), corpus_options);
     } else if (tokenize->parsed()) {
       tokenize_lines(*tokenize_tokenizer.make(), tokenize_input, tokenize_output, tokenize_decode);
     } else if (inspect->parsed()) {

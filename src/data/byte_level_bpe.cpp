@@ -1,8 +1,11 @@
 #include "byte_level_bpe.h"
 
+#include <array>
+#include <atomic>
 #include <climits>
-#include <vector>
 #include <stdexcept>
+#include <unordered_map>
+#include <vector>
 
 namespace fsdp::data {
 
@@ -21,6 +24,25 @@ std::string utf8(uint32_t code_point) {
   }
   return out;
 }
+
+// Word caches: each thread keeps its own for the last few tokenizer instances it encoded with,
+// named by an instance number that is never reused (an address could be, by a later instance).
+using WordCache = std::unordered_map<std::string, std::vector<int32_t>>;
+constexpr size_t kCachedWords = size_t{1} << 18;  // per thread and instance
+constexpr size_t kCachedInstances = 4;
+std::atomic<uint64_t> g_next_instance{1};
+
+WordCache& this_threads_cache(uint64_t instance) {
+  thread_local std::array<std::pair<uint64_t, WordCache>, kCachedInstances> slots;
+  thread_local size_t next_slot = 0;
+  for (auto& slot : slots) {
+    if (slot.first == instance) return slot.second;
+  }
+  auto& slot = slots[next_slot++ % kCachedInstances];  // the oldest instance's gives way
+  slot.first = instance;
+  slot.second.clear();
+  return slot.second;
+}
 }  // namespace
 
 const std::string& byte_level_symbol(uint8_t byte) {
@@ -38,7 +60,7 @@ const std::string& byte_level_symbol(uint8_t byte) {
 
 ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::string>& merges,
                            bool ignore_merges, const std::string& source)
-    : token_to_id_(std::move(vocab)), ignore_merges_(ignore_merges) {
+    : token_to_id_(std::move(vocab)), ignore_merges_(ignore_merges), instance_(g_next_instance++) {
   for (int b = 0; b < 256; ++b) {
     byte_to_symbol_[b] = byte_level_symbol(static_cast<uint8_t>(b));
     symbol_to_byte_[byte_to_symbol_[b]] = static_cast<uint8_t>(b);
@@ -72,14 +94,11 @@ int32_t ByteLevelBpe::id_of(const std::string& token) const {
 }
 
 std::vector<int32_t> ByteLevelBpe::encode_word(const std::string& word) const {
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (auto it = cache_.find(word); it != cache_.end()) return it->second;
-  }
+  WordCache& cache = this_threads_cache(instance_);
+  if (auto it = cache.find(word); it != cache.end()) return it->second;
   std::vector<int32_t> ids = merge(word);
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  if (cache_.size() > (1u << 20)) cache_.clear();  // bounded: a long corpus of unique words
-  cache_.emplace(word, ids);
+  if (cache.size() > kCachedWords) cache.clear();  // bounded: a long corpus of unique words
+  cache.emplace(word, ids);
   return ids;
 }
 

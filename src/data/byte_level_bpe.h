@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -44,8 +43,9 @@ class ByteLevelBpe {
   std::string byte_to_symbol_[256];                      // GPT-2's printable stand-in per byte (UTF-8)
   std::unordered_map<std::string, uint8_t> symbol_to_byte_;
   bool ignore_merges_ = false;
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  // Names this instance's word cache (byte_level_bpe.cpp): word -> ids, one per thread, so
+  // threads tokenizing a corpus together (fsdp-data corpus) share no lock. Never reused.
+  uint64_t instance_;
 };
 
 // Length in bytes of the UTF-8 character starting with `lead` (1 for a stray continuation byte).

@@ -102,9 +102,13 @@ CorpusSplit split_documents(std::vector<Document> documents, int validation_perc
   return split;
 }
 
-std::vector<int32_t> tokenize_documents(const std::vector<Document>& documents, const Tokenizer& tokenizer) {
+std::vector<int32_t> document_separator(const Tokenizer& tokenizer) {
   const int32_t end = tokenizer.end_of_text();
-  const std::vector<int32_t> separator = end >= 0 ? std::vector<int32_t>{end} : tokenizer.encode("%\n");
+  return end >= 0 ? std::vector<int32_t>{end} : tokenizer.encode("%\n");
+}
+
+std::vector<int32_t> tokenize_documents(const std::vector<Document>& documents, const Tokenizer& tokenizer) {
+  const std::vector<int32_t> separator = document_separator(tokenizer);
   std::vector<int32_t> tokens;
   for (const auto& doc : documents) {
     auto ids = tokenizer.encode(doc.text);

@@ -318,12 +318,12 @@ std::vector<ConfigKey> declare() {
       .check = [](const TrainConfig& c) {
         return unless(c.data.validation_percent >= 1 && c.data.validation_percent <= 50, "data.validation_percent must be in [1, 50]");
       };
-  add(key("data.train_tokens", MEMBER(data.train_tokens), "token_files: the training tokens (fsdp-data tokenize)")).check =
+  add(key("data.train_tokens", MEMBER(data.train_tokens), "token_files: the training tokens: a token file, a directory of shards or a glob (fsdp-data corpus)")).check =
       [](const TrainConfig& c) {
         return unless(c.data.source != "token_files" || (!c.data.train_tokens.empty() && !c.data.validation_tokens.empty()),
                       "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
       };
-  add(key("data.validation_tokens", MEMBER(data.validation_tokens), "token_files: the validation tokens"));
+  add(key("data.validation_tokens", MEMBER(data.validation_tokens), "token_files: the validation tokens (a file, a directory or a glob)"));
   add(key("data.augment", MEMBER(data.augment), "images: none | hflip | shift | shift+hflip")).check = [](const TrainConfig& c) {
     const std::string& a = c.data.augment;
     return unless(a == "none" || ((a == "hflip" || a == "shift" || a == "shift+hflip") && !models::is_language_model(c.model)),

@@ -10,6 +10,7 @@
 #include "fsdp/data/packed_instructions.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
+#include "fsdp/data/token_shards.h"
 #include "fsdp/train/reporting.h"
 
 namespace fsdp::train {
@@ -122,8 +123,11 @@ LoadedData load_data(const TrainConfig& c) {
                          std::to_string(split.train.size()) + " + " + std::to_string(split.validation.size()) +
                          " documents, ";
   } else {
-    train_tokens = std::make_shared<data::TokenFile>(d.train_tokens);
-    validation_tokens = std::make_shared<data::TokenFile>(d.validation_tokens);
+    // A token file, a directory of shards or a glob (fsdp-data corpus): memory-mapped, never read whole.
+    auto train_shards = std::make_shared<data::TokenShards>(d.train_tokens);
+    auto validation_shards = std::make_shared<data::TokenShards>(d.validation_tokens);
+    train_tokens = train_shards;
+    validation_tokens = validation_shards;
     if (train_tokens->vocab_size() != validation_tokens->vocab_size()) {
       throw std::runtime_error("token files '" + d.train_tokens + "' and '" + d.validation_tokens +
                                "' have different vocabularies (" + std::to_string(train_tokens->vocab_size()) + " and " +
@@ -133,7 +137,10 @@ LoadedData load_data(const TrainConfig& c) {
     if (d.tokenizer == "gpt2" || d.tokenizer == "hf") {
       loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt, d.tokenizer_json);
     }
-    loaded.description = "token files " + d.train_tokens + ", " + d.validation_tokens + ": ";
+    auto shards_of = [](const data::TokenShards& shards) {
+      return shards.shard_count() == 1 ? shards.spec() : shards.spec() + " (" + std::to_string(shards.shard_count()) + " shards)";
+    };
+    loaded.description = "token files " + shards_of(*train_shards) + ", " + shards_of(*validation_shards) + ": ";
   }
   loaded.vocab = train_tokens->vocab_size();
   loaded.description += format_count(static_cast<double>(train_tokens->size())) + " training and " +

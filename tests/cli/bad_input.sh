@@ -46,6 +46,32 @@ expect_failure missing-data "directory '/nonexistent/fortunes' not found" \
   "${ranks[@]}" "$train" "$(config missing-data "$good_model"$'\n[data]\ndir = "/nonexistent/fortunes"')"
 expect_failure missing-token-file "token file '/nonexistent/train.tok': cannot open" \
   "${ranks[@]}" "$train" "$(config missing-tokens "$good_model"$'\n[data]\nsource = "token_files"\ntrain_tokens = "/nonexistent/train.tok"\nvalidation_tokens = "/nonexistent/v.tok"')"
+# Sharded corpora (fsdp-data corpus): a glob that matches nothing, an empty shard, shards of two
+# tokenizers; each named.
+token_file() {  # token_file PATH VOCAB COUNT: a token file as fsdp-data writes it (token_file.h)
+  python3 -c 'import struct, sys
+path, vocab, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+size = 2 if vocab <= 65536 else 4
+with open(path, "wb") as f:
+    f.write(b"FSDPTOK\0" + struct.pack("<IIIIQ", 1, size, vocab, 0, count) + bytes(size * count))' "$@"
+}
+mkdir -p "$work/shards-empty" "$work/shards-mixed"
+token_file "$work/shards-empty/shard-00000.tok" 256 1000
+token_file "$work/shards-empty/shard-00001.tok" 256 0
+token_file "$work/shards-mixed/shard-00000.tok" 256 1000
+token_file "$work/shards-mixed/shard-00001.tok" 50257 1000
+shards_config() {  # shards_config NAME TRAIN_SPEC
+  config "$1" "$good_model"$'\n[data]\nsource = "token_files"\ntrain_tokens = "'"$2"$'"\nvalidation_tokens = "'"$work/shards-empty/shard-00000.tok"'"'
+}
+expect_failure shards-glob-matches-nothing "token shards: '$work/none/shard-*.tok' matches no file" \
+  "${ranks[@]}" "$train" "$(shards_config glob "$work/none/shard-*.tok")"
+expect_failure shards-empty-shard "token shard '$work/shards-empty/shard-00001.tok' holds no tokens" \
+  "${ranks[@]}" "$train" "$(shards_config empty "$work/shards-empty")"
+expect_failure shards-two-tokenizers "'$work/shards-mixed/shard-00001.tok' vocabulary 50257 in 2-byte tokens (a corpus is one tokenizer's)" \
+  "${ranks[@]}" "$train" "$(shards_config mixed "$work/shards-mixed")"
+printf '{"text": "fine"}\n{"text": 7}\n' >"$work/corpus.jsonl"
+expect_failure data-corpus-bad-line "corpus.jsonl:2: expected a JSON line {\"text\": ...}" \
+  "$data" corpus --output-dir "$work/out" --threads 2 "$work/corpus.jsonl"
 expect_failure bad-override "train.steps must be an integer, got a number" \
   "${ranks[@]}" "$train" "$(config override "$good_model")" --set train.steps=2.5
 expect_failure fp16-with-bf16-reduction "fsdp.reduce_dtype 'bfloat16' with fsdp.param_dtype 'float16'" \

@@ -94,20 +94,45 @@ def reference(name, root):
     return tokenizer
 
 
+def tokenizer_flags(name, root):
+    if name in ("llama3", "trained"):
+        return ["--tokenizer", "hf", "--tokenizer-json", str(root / f"{name}/tokenizer.json")]
+    return ["--tokenizer", "gpt2", "--vocab-json", str(root / "gpt2/vocab.json"), "--merges-txt", str(root / "gpt2/merges.txt")]
+
+
 def ours(name, root, fsdp_data, texts, work):
     inputs, outputs = work / f"{name}_texts.jsonl", work / f"{name}_ids.jsonl"
     inputs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    if name in ("llama3", "trained"):
-        flags = ["--tokenizer", "hf", "--tokenizer-json", str(root / f"{name}/tokenizer.json")]
-    else:
-        flags = ["--tokenizer", "gpt2", "--vocab-json", str(root / "gpt2/vocab.json"),
-                 "--merges-txt", str(root / "gpt2/merges.txt")]
+    flags = tokenizer_flags(name, root)
     done = subprocess.run([fsdp_data, "tokenize", *flags, "--decode", "--input", str(inputs), "--output", str(outputs)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"check_tokenizers: fsdp-data tokenize ({name}) failed:\n{done.stdout}{done.stderr}")
     # split("\n"), not splitlines(): a decoded text may hold U+2028, which splitlines() breaks at
     return [json.loads(line) for line in outputs.read_text(encoding="utf-8").split("\n") if line]
+
+
+def corpus_mismatch(name, root, fsdp_data, texts, work, expected, ref):
+    """fsdp-data corpus (3 threads, small shards) on the same texts: its shards must hold every text's
+    reference ids followed by the end-of-text id, in order. Returns a description of the first
+    difference, or ""."""
+    import numpy as np
+    inputs, output = work / f"{name}_texts.jsonl", work / f"{name}_corpus"
+    flags = tokenizer_flags(name, root)
+    done = subprocess.run([fsdp_data, "corpus", *flags, "--threads", "3", "--shard-tokens", "50000",
+                           "--validation-percent", "0", "--output-dir", str(output), str(inputs)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"fsdp-data corpus failed:\n{done.stdout}{done.stderr}"
+    end = next(i for i in (ref.token_to_id(t) for t in ("<|end_of_text|>", "<|endoftext|>", "</s>")) if i is not None)
+    want = [i for ids in expected for i in list(ids) + [end]]
+    got = []
+    for shard in sorted((output / "train").glob("shard-*.tok")):
+        header = np.fromfile(shard, dtype=np.uint32, count=8)
+        got += np.fromfile(shard, dtype=np.uint16 if header[3] == 2 else np.uint32, offset=32).tolist()
+    if got != want:
+        first = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        return f"fsdp-data corpus: {len(got)} ids against {len(want)}, first difference at {first}"
+    return ""
 
 
 def check_trained_extras(directory, fsdp_data, work):
@@ -197,9 +222,11 @@ def main():
                 print(f"  text {i}: {texts[i][:80]!r}\n    reference {expected[i][:24]}\n    ours      {got[i]['ids'][:24]}")
             for i in round_trip[: a.show]:
                 print(f"  round trip {i}: {texts[i][:80]!r} -> {got[i]['decoded'][:80]!r}")
+            corpus = corpus_mismatch(name, root, a.fsdp_data, texts, Path(work), expected, ref)
+            print(f"{name}: fsdp-data corpus on 3 threads: " + (corpus or "the same ids, each text's then end-of-text"))
             summary["results"][name] = {"reference_tokens": tokens, "mismatching_texts": len(mismatches),
-                                        "failed_round_trips": len(round_trip)}
-            failed |= bool(mismatches or round_trip or len(got) != len(texts))
+                                        "failed_round_trips": len(round_trip), "corpus_equal": not corpus}
+            failed |= bool(mismatches or round_trip or len(got) != len(texts) or corpus)
     if a.json:
         Path(a.json).write_text(json.dumps(summary, indent=2) + "\n")
     print("check_tokenizers: " + ("FAILED" if failed else "passed: 0 mismatches, every round trip exact"))

@@ -21,27 +21,14 @@
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/registry.h"
+#include "temp_dir.h"
 
 namespace data_tests {
 
 namespace fs = std::filesystem;
 using namespace fsdp::data;
 
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("fsdp_data_test_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using fsdp_tests::TempDir;
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 std::string read_text(const std::string& path) {

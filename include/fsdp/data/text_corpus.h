@@ -38,6 +38,8 @@ CorpusSplit split_documents(std::vector<Document> documents, int validation_perc
 // Token stream of the documents: each document's tokens, then the tokenizer's end-of-text id, or
 // where it has none, the text "\n%\n" (so a byte-level model learns where a document ends).
 std::vector<int32_t> tokenize_documents(const std::vector<Document>& documents, const Tokenizer& tokenizer);
+// What follows each document there: [end-of-text id], or the tokens of "%\n".
+std::vector<int32_t> document_separator(const Tokenizer& tokenizer);
 
 uint64_t fnv1a64(const std::string& text);
 
