@@ -190,7 +190,8 @@ void pause_for_tests(int rank, int64_t step) {
 }  // namespace
 
 CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::FsdpState& state,
-                               optim::ShardedOptimizer* optimizer, const CheckpointInfo& info, bool in_background)
+                               optim::ShardedOptimizer* optimizer, const CheckpointInfo& info, bool in_background,
+                               StagingBuffers* staging)
     : group_(state.group()),
       writers_(state.shard_group()),
       checkpoints_dir_(checkpoints_dir),
@@ -248,7 +249,9 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
     if (in_background) {
       at::NoGradGuard no_grad;  // the copies are data, not part of any graph
       for (auto& [name, tensor] : tensors) {
-        at::Tensor copy = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(!device.is_cpu()));
+        const bool pinned = !device.is_cpu();
+        at::Tensor copy = staging != nullptr ? staging->buffer_for(name, tensor, pinned)
+                                             : at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(pinned));
         copy.copy_(tensor);
         staged_bytes_ += copy.nbytes();
         tensor = copy;

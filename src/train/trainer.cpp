@@ -587,7 +587,7 @@ class Trainer {
     const checkpoint::CheckpointInfo info{steps, config_.model_name, to_toml(resolved), guard_.state()};
     if (in_background) {
       pending_save_ = std::make_unique<checkpoint::CheckpointSave>(checkpoints_dir(config_), *state_, optimizer_.get(), info,
-                                                                   /*in_background=*/true);
+                                                                   /*in_background=*/true, &staging_);
       pending_save_blocked_ = std::chrono::duration<double>(Clock::now() - start).count();
       pending_save_start_ = start;
       char line[512];
@@ -704,7 +704,8 @@ class Trainer {
   double peak_flops_ = 1.0;
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
-  std::unique_ptr<checkpoint::CheckpointSave> pending_save_;  // checkpoint.async: the save in flight
+  checkpoint::StagingBuffers staging_;  // checkpoint.async: host copies of this rank's tensors, kept between saves
+  std::unique_ptr<checkpoint::CheckpointSave> pending_save_;  // checkpoint.async: the save in flight (uses staging_)
   double pending_save_blocked_ = 0.0;                          // seconds its staging held the step
   Clock::time_point pending_save_start_;
 };

@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "fsdp/checkpoint/staging_buffers.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
 
@@ -68,11 +69,12 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
 // finished writing), or wait_and_publish(). The thread makes no collective calls. Destroyed
 // unpublished (an error stopped the run), it waits for the write and leaves the .partial, which no
 // load takes and the next save removes. Not in_background: written on the calling thread, from the
-// tensors themselves (save_checkpoint).
+// tensors themselves (save_checkpoint). `staging` (may be null: fresh buffers) keeps the staging
+// buffers for the next save; it must outlive this save.
 class CheckpointSave {
  public:
   CheckpointSave(const std::string& checkpoints_dir, runtime::FsdpState& state, optim::ShardedOptimizer* optimizer,
-                 const CheckpointInfo& info, bool in_background);
+                 const CheckpointInfo& info, bool in_background, StagingBuffers* staging = nullptr);
   ~CheckpointSave();
   CheckpointSave(const CheckpointSave&) = delete;
   CheckpointSave& operator=(const CheckpointSave&) = delete;
