@@ -160,6 +160,18 @@ stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_
   "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
 # The fused kernels against their composed references (a GPU that libtorch cannot see fails here).
 stage kernels 60 env FSDP_TEST_DEVICE=cuda "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.*'
+# Two ranks on one GPU are refused before NCCL starts, naming the device (issue 40; before: NCCL's
+# bare "invalid usage" from ncclCommInitRank). Needs exactly one visible GPU.
+two_ranks_on_one_gpu() {
+  local out
+  out=$(mpirun --oversubscribe --bind-to none -np 2 "$BUILD/apps/fsdp-train" "$ROOT/configs/gpt-fortunes-tiny.toml" \
+    --set 'train.device="cuda"' --set train.steps=1 --set "output_dir=\"$WORK/two-on-one\"" 2>&1)
+  echo "$out"
+  grep -q "both took CUDA device 0" <<< "$out"
+}
+export -f two_ranks_on_one_gpu
+export BUILD WORK ROOT
+[ "$GPUS" -eq 1 ] && stage one_rank_per_device 60 bash -c two_ranks_on_one_gpu
 
 # Random-token files for the real vocabularies (fsdp-train's token-file format, uint32 tokens).
 python3 - "$WORK/data" << 'EOF'

@@ -23,6 +23,7 @@
 #include "flat_ranges.h"
 #include "manifest.h"
 #include "fsdp/comm/agreement.h"
+#include "fsdp/comm/text_gather.h"
 #include "shape_text.h"
 
 namespace fsdp::checkpoint {
@@ -88,27 +89,6 @@ json buffers_json(const std::vector<std::pair<std::string, at::Tensor>>& buffers
     out.push_back({{"name", name}, {"shape", tensor.sizes().vec()}, {"dtype", safetensors_dtype_name(tensor.scalar_type())}});
   }
   return out;
-}
-
-// Every rank's `text` (a few kilobytes at most), on every rank of `group`: two all-gathers, the
-// lengths, then the bytes padded to the longest, one int64 per byte (the groups' dtypes).
-std::vector<std::string> all_gather_text(const comm::ProcessGroupPtr& group, const std::string& text) {
-  const int world = group->size();
-  if (world == 1) return {text};
-  at::Tensor length = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
-  at::Tensor lengths = at::empty({world}, at::kLong);
-  group->all_gather(lengths, length)->wait();
-  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
-  at::Tensor mine = at::zeros({longest}, at::kLong);
-  for (size_t i = 0; i < text.size(); ++i) mine[static_cast<int64_t>(i)] = static_cast<int64_t>(static_cast<unsigned char>(text[i]));
-  at::Tensor all = at::empty({world * longest}, at::kLong);
-  group->all_gather(all, mine)->wait();
-  std::vector<std::string> texts(world);
-  const int64_t* bytes = all.data_ptr<int64_t>();
-  for (int r = 0; r < world; ++r) {
-    for (int64_t i = 0; i < lengths[r].item<int64_t>(); ++i) texts[r].push_back(static_cast<char>(bytes[r * longest + i]));
-  }
-  return texts;
 }
 
 json read_manifest(const std::string& dir) {
@@ -329,7 +309,7 @@ void CheckpointSave::publish() {
     if (!write_error_.empty()) throw std::runtime_error(write_error_);
   });
   // Every replica group gathers its own; replica group 0's (the writers') are kept.
-  const std::vector<std::string> all_facts = all_gather_text(writers_, file_facts_);
+  const std::vector<std::string> all_facts = comm::all_gather_text(writers_, file_facts_);
   const int world = writers_->size();
   const fs::path final_dir = fs::path(checkpoints_dir_) / step_dir_name(info_.step);
   const fs::path partial_dir = fs::path(checkpoints_dir_) / (step_dir_name(info_.step) + ".partial");

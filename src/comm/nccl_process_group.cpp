@@ -5,14 +5,17 @@
 #include "fsdp/comm/nccl_process_group.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>  // before nccl.h: older headers define ncclBfloat16 only when bf16 types exist
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,9 +23,12 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "fsdp/comm/collective_log.h"
+#include "fsdp/comm/device_assignment.h"
 #include "fsdp/comm/launch.h"
+#include "fsdp/comm/text_gather.h"
 
 namespace fsdp::comm {
 namespace {
@@ -87,6 +93,7 @@ class NcclWork final : public Work {
   cudaEvent_t done_event() const { return done_; }
   const std::string& description() const { return description_; }
   Clock::time_point enqueued() const { return enqueued_; }
+  const std::vector<at::Tensor>& tensors() const { return tensors_; }
 
   // Called by the watchdog once the done event fired: device time, and the tensors let go.
   void finish() {
@@ -127,7 +134,7 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     if (size_ > 1) bootstrap_->broadcast(id_words, 0)->wait();
     std::memcpy(&id, id_words.data_ptr(), sizeof(id));
-    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", who_);
+    comm_ = init_within_timeout(id);
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -138,6 +145,40 @@ class NcclProcessGroup final : public ProcessGroup {
     stopping_ = true;
     if (watchdog_.joinable()) watchdog_.join();
     if (comm_ != nullptr) ncclCommDestroy(comm_);
+  }
+
+  // ncclCommInitRank returns once every rank of the group has called it: a rank that died after
+  // the id's broadcast would leave the others in it for ever (the watchdog starts after it). It
+  // runs on a thread of its own, waited for up to the group's timeout; past it this rank throws
+  // naming the init, and the thread (still inside NCCL) is left to the process's exit.
+  ncclComm_t init_within_timeout(ncclUniqueId id) {
+    struct Init {
+      std::mutex mutex;
+      std::condition_variable done_cv;
+      bool done = false;
+      ncclResult_t result = ncclSuccess;
+      ncclComm_t comm = nullptr;
+    };
+    auto init = std::make_shared<Init>();
+    const int size = size_, rank = rank_, device = device_index_;
+    std::thread([init, id, size, rank, device] {
+      cudaSetDevice(device);
+      ncclComm_t comm = nullptr;
+      const ncclResult_t result = ncclCommInitRank(&comm, size, id, rank);
+      std::lock_guard<std::mutex> lock(init->mutex);
+      init->result = result;
+      init->comm = comm;
+      init->done = true;
+      init->done_cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(init->mutex);
+    if (!init->done_cv.wait_for(lock, options_.timeout, [&] { return init->done; })) {
+      throw std::runtime_error(who_ + ": ncclCommInitRank did not complete within " +
+                               std::to_string(std::chrono::duration<double>(options_.timeout).count()) + " s (FSDP_COMM_TIMEOUT_MS): a rank of the " +
+                               std::to_string(size_) + " did not join it (did one die after the NCCL id was broadcast?)");
+    }
+    check_nccl(init->result, "ncclCommInitRank", who_);
+    return init->comm;
   }
 
   int rank() const override { return rank_; }
@@ -244,6 +285,15 @@ class NcclProcessGroup final : public ProcessGroup {
     // Re-recorded on the communication stream: the device time measured starts when it may start.
     check_cuda(cudaEventRecord(work->start_event(), stream_.stream()), "cudaEventRecord", work->description());
     check_nccl(launch(), "nccl collective", work->description());
+    // The caller may hand a tensor's memory back to the caching allocator before the collective
+    // has run (shard/storage.h's free_storage swaps a buffer's storage out at once, whatever this
+    // group holds). Recorded on this stream, the allocator keeps the block from other work until
+    // the stream has passed this point, whatever stream the free came from.
+    for (const at::Tensor& tensor : work->tensors()) {
+      if (tensor.defined() && tensor.is_cuda() && tensor.storage().data_ptr().get() != nullptr) {
+        c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
+      }
+    }
     check_cuda(cudaEventRecord(work->done_event(), stream_.stream()), "cudaEventRecord", work->description());
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -309,8 +359,7 @@ bool nccl_backend_built() { return true; }
 int local_device_index() {
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", "local_device_index");
-  if (devices == 0) throw std::runtime_error("local_device_index: no CUDA device is visible to this process");
-  return launch_info_from_env().local_rank % devices;
+  return device_index_for(launch_info_from_env(), devices);
 }
 
 ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& bootstrap, int device_index, const ProcessGroupOptions& options) {
@@ -322,6 +371,21 @@ ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& bootstrap, int device_ind
                                 std::to_string(devices) + " visible CUDA devices");
   }
   check_cuda(cudaSetDevice(device_index), "cudaSetDevice", "make_nccl_group");
+  // One rank per device, agreed before NCCL starts (comm/device_assignment.h): every rank gets
+  // every claim, so every rank refuses alike.
+  cudaDeviceProp properties{};
+  check_cuda(cudaGetDeviceProperties(&properties, device_index), "cudaGetDeviceProperties", "make_nccl_group");
+  char uuid[2 * sizeof(properties.uuid.bytes) + 1] = {};
+  for (size_t i = 0; i < sizeof(properties.uuid.bytes); ++i) {
+    std::snprintf(uuid + 2 * i, 3, "%02x", static_cast<unsigned char>(properties.uuid.bytes[i]));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::vector<DeviceClaim> claims;
+  for (const std::string& text : all_gather_text(bootstrap, to_text(DeviceClaim{host, std::string("GPU-") + uuid, device_index}))) {
+    claims.push_back(claim_from_text(text));
+  }
+  check_one_rank_per_device(claims, launch_info_from_env(), devices);
   ProcessGroupOptions resolved = options;
   resolved.timeout = comm_timeout_from_env(options.timeout);
   return std::make_shared<NcclProcessGroup>(bootstrap, device_index, resolved);

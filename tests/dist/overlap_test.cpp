@@ -24,6 +24,7 @@
 #include "fsdp/optim/loss_scaler.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/runtime/sharding_groups.h"
 
 namespace overlap_test {
 
@@ -213,6 +214,31 @@ struct SleepyModelImpl : torch::nn::Module {
     return y;
   }
 };
+
+// Issue 40: a launcher that does not say how many ranks share a node (Slurm without
+// --ntasks-per-node, here Open MPI with OMPI_COMM_WORLD_LOCAL_SIZE removed) made the default shard
+// group (shard_group_size = 0: one node) the whole world, so hybrid sharding quietly became full
+// sharding. It is refused now, naming the variable, on every rank alike.
+TEST(HybridShard, TheDefaultShardGroupNeedsTheLaunchersNodeSize) {
+  auto world = fsdp::comm::init_world();
+  if (world->size() < 2 || std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") == nullptr) GTEST_SKIP() << "needs mpirun's variables, N >= 2";
+  const std::string local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  FsdpOptions options;
+  options.strategy = ShardingStrategy::HybridShard;
+  std::string message;
+  try {
+    fsdp::runtime::make_sharding_groups(world, options);
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+  }
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local_size.c_str(), 1);
+  EXPECT_NE(message.find("does not say how many run on a node (OMPI_COMM_WORLD_LOCAL_SIZE unset)"), std::string::npos) << message;
+  options.shard_group_size = 1;  // said outright: fine
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  EXPECT_NO_THROW(fsdp::runtime::make_sharding_groups(world, options));
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local_size.c_str(), 1);
+}
 
 TEST(HybridShard, ReplicaReductionsOverlapBackward) {
   auto world = fsdp::comm::init_world();

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "fsdp/comm/device_assignment.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/nn/hooks.h"
@@ -41,6 +42,99 @@ TEST(Launch, SlurmVariables) {
   setenv("SLURM_NTASKS", "4", 1);  // rank 5 of 4
   EXPECT_THROW(fsdp::comm::launch_info_from_env(), std::runtime_error);
   unsetenv("SLURM_PROCID");
+}
+
+// Issue 40: what the launcher does not say is known as unknown, and Slurm's tasks on this node come
+// from SLURM_TASKS_PER_NODE when --ntasks-per-node was not given (before: the world size, which
+// made hybrid sharding's default shard group the whole world).
+TEST(Launch, LocalRankAndSizeKnownOrNot) {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                           "SLURM_NODEID"}) {
+    unsetenv(name);
+  }
+  setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  auto info = fsdp::comm::launch_info_from_env();
+  EXPECT_FALSE(info.local_rank_known);
+  EXPECT_FALSE(info.local_world_size_known);
+  EXPECT_EQ(info.local_world_size, 8);
+  EXPECT_EQ(info.local_rank_variable, "SLURM_LOCALID");
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_TASKS_PER_NODE", "4(x2)", 1);
+  setenv("SLURM_NODEID", "1", 1);
+  info = fsdp::comm::launch_info_from_env();
+  EXPECT_TRUE(info.local_rank_known);
+  EXPECT_TRUE(info.local_world_size_known);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(info.local_world_size_variable, "SLURM_TASKS_PER_NODE");
+  setenv("SLURM_NTASKS_PER_NODE", "2", 1);  // said outright: that wins
+  EXPECT_EQ(fsdp::comm::launch_info_from_env().local_world_size, 2);
+  for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                           "SLURM_NODEID"}) {
+    unsetenv(name);
+  }
+}
+
+TEST(Launch, SlurmTasksPerNode) {
+  using fsdp::comm::slurm_tasks_on_node;
+  EXPECT_EQ(slurm_tasks_on_node("8", 0), 8);
+  EXPECT_EQ(slurm_tasks_on_node("8", 1), -1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 0), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 4), -1);
+  EXPECT_EQ(slurm_tasks_on_node("4,3(x2)", 2), 3);
+  for (const char* bad : {"", "x", "2(x3", "2(3)", "-1", "2(x0)", "0"}) EXPECT_EQ(slurm_tasks_on_node(bad, 0), -1) << bad;
+}
+
+// Two ranks on one device (more ranks on a node than devices, or no local rank from the launcher)
+// are refused before NCCL starts, naming the ranks, the device and the launcher's variables.
+TEST(DeviceAssignment, TwoRanksOnOneDeviceAreRefusedByName) {
+  using fsdp::comm::DeviceClaim;
+  fsdp::comm::LaunchInfo launch;
+  launch.launcher = "openmpi";
+  launch.world_size = 4;
+  launch.local_world_size = 4;
+  launch.local_rank_variable = "OMPI_COMM_WORLD_LOCAL_RANK";
+  launch.local_world_size_variable = "OMPI_COMM_WORLD_LOCAL_SIZE";
+  // 4 ranks on a node with 2 devices: local ranks 0..3 take devices 0, 1, 0, 1.
+  std::vector<DeviceClaim> claims;
+  for (int local = 0; local < 4; ++local) {
+    launch.local_rank = local;
+    const int index = fsdp::comm::device_index_for(launch, 2);
+    claims.push_back(fsdp::comm::claim_from_text(fsdp::comm::to_text({"node1", "GPU-" + std::to_string(index), index})));
+  }
+  std::string message;
+  try {
+    fsdp::comm::check_one_rank_per_device(claims, launch, 2);
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("ranks 0 and 2 both took CUDA device 0 (GPU-0) of host 'node1'"), std::string::npos) << message;
+  EXPECT_NE(message.find("4 ranks run on this machine (OMPI_COMM_WORLD_LOCAL_SIZE=4) and each sees 2 CUDA devices"),
+            std::string::npos) << message;
+  // One device bound to each task (srun --gpus-per-task=1): each is index 0, of distinct devices.
+  std::vector<DeviceClaim> bound;
+  for (int local = 0; local < 4; ++local) {
+    launch.local_rank = local;
+    bound.push_back({"node1", "GPU-" + std::to_string(local), fsdp::comm::device_index_for(launch, 1)});
+    EXPECT_EQ(bound.back().device_index, 0);
+  }
+  EXPECT_NO_THROW(fsdp::comm::check_one_rank_per_device(bound, launch, 1));
+  // The same device index on two hosts is two devices.
+  EXPECT_NO_THROW(fsdp::comm::check_one_rank_per_device({{"a", "GPU-0", 0}, {"b", "GPU-0", 0}}, launch, 1));
+  // A launcher without a local rank: every rank took local rank 0.
+  launch.local_rank_known = false;
+  launch.launcher = "pmi";
+  launch.local_rank_variable = "MPI_LOCALRANKID";
+  message.clear();
+  try {
+    fsdp::comm::check_one_rank_per_device({{"a", "GPU-0", 0}, {"a", "GPU-0", 0}}, launch, 8);
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("the launcher (pmi) gives no rank on the machine (MPI_LOCALRANKID is unset)"), std::string::npos) << message;
+  EXPECT_THROW(fsdp::comm::device_index_for(launch, 0), std::runtime_error);
 }
 
 TEST(CommWait, FromTheEnvironmentOrRefusedByName) {

@@ -17,11 +17,15 @@
 // Streams: every collective is enqueued on the group's own CUDA stream after an event recorded on
 // the caller's current stream (so it reads what the caller wrote); Work::wait() makes the caller's
 // current stream wait on the collective's completion event. Nothing on this path synchronises the
-// host. Tensors passed to a collective are referenced by the group until its event has fired, so
-// the caching allocator cannot hand their memory to another stream's work early (the FSDP2 way;
-// no recordStream). A watchdog thread polls the events: it records each collective's device time
-// and, past the group's timeout or on an NCCL asynchronous error, names the operation and aborts
-// every rank through the bootstrap group.
+// host. Tensors passed to a collective are referenced by the group until its event has fired, and
+// their memory is recorded on the group's stream (recordStream): a storage the caller frees early
+// (shard/storage.h swaps a buffer's storage out at once) is not reused by other work until the
+// collective has run, whatever streams the caller uses. A watchdog thread polls the events: it
+// records each collective's device time and, past the group's timeout or on an NCCL asynchronous
+// error, names the operation and aborts every rank through the bootstrap group.
+//
+// Start: the ranks first exchange which device each took (comm/device_assignment.h) and refuse two
+// on one device, naming them; ncclCommInitRank is bounded by the group's timeout.
 #pragma once
 
 #include "fsdp/comm/process_group.h"
@@ -31,8 +35,8 @@ namespace fsdp::comm {
 // True when this binary was built with the NCCL backend (FSDP_CUDA=ON).
 bool nccl_backend_built();
 
-// The CUDA device of this rank: the launcher's local rank modulo the visible devices. Throws if
-// the build has no CUDA or no device is visible.
+// The CUDA device of this rank: the launcher's local rank modulo the visible devices
+// (comm/device_assignment.h). Throws if the build has no CUDA or no device is visible.
 int local_device_index();
 
 // A NCCL group over the ranks of `bootstrap` (collective over them), on CUDA device
