@@ -214,7 +214,8 @@ void run_corpus(const std::vector<std::string>& inputs, const fsdp::data::Tokeni
     const double mib = p.bytes_read / 1048576.0, rate = p.seconds > 0 ? mib / p.seconds : 0.0;
     char line[256];
     if (p.bytes_total > 0) {
-      const double fraction = static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total);
+      // A file that grows while read can make bytes_read pass the total taken at start.
+      const double fraction = std::min(1.0, static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total));
       const int width = 30, filled = static_cast<int>(fraction * width);
       std::snprintf(line, sizeof(line), "[%s%s] %5.1f%% %.1f of %.1f MiB, %.1f MiB/s, %lld documents, %lld tokens, ETA %.0f s",
                     std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(width - filled), ' ').c_str(),

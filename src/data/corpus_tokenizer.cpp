@@ -41,8 +41,11 @@ class DocumentReader {
         reads_stdin_ = true;
       } else if (fs::is_directory(input, error)) {
         std::vector<fs::path> found;
-        for (const auto& entry : fs::recursive_directory_iterator(input)) {
-          if (entry.is_regular_file() && entry.path().filename().string().front() != '.') found.push_back(entry.path());
+        // Hidden files and directories (.git, editors' swap files) are not the corpus.
+        for (auto entry = fs::recursive_directory_iterator(input); entry != fs::recursive_directory_iterator(); ++entry) {
+          const bool hidden = entry->path().filename().string().front() == '.';
+          if (hidden && entry->is_directory()) entry.disable_recursion_pending();
+          if (!hidden && entry->is_regular_file()) found.push_back(entry->path());
         }
         if (found.empty()) throw std::runtime_error("corpus: directory '" + input + "' holds no file");
         std::sort(found.begin(), found.end());
@@ -123,26 +126,31 @@ class ShardWriter {
   void append(const std::vector<int32_t>& tokens) {
     buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
     total_ += static_cast<int64_t>(tokens.size());
-    while (static_cast<int64_t>(buffer_.size()) >= shard_tokens_) {
-      std::vector<int32_t> rest(buffer_.begin() + shard_tokens_, buffer_.end());
-      buffer_.resize(static_cast<size_t>(shard_tokens_));
-      write_shard();
-      buffer_ = std::move(rest);
+    // Whole shards from the front, then the rest moved down once: linear in the tokens appended.
+    const auto shard = static_cast<size_t>(shard_tokens_);
+    size_t written = 0;
+    while (buffer_.size() - written >= shard) {
+      write_shard(std::vector<int32_t>(buffer_.begin() + static_cast<std::ptrdiff_t>(written),
+                                       buffer_.begin() + static_cast<std::ptrdiff_t>(written + shard)));
+      written += shard;
     }
+    buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(written));
   }
   void finish() {
-    if (!buffer_.empty()) write_shard();
+    if (!buffer_.empty()) write_shard(buffer_);
+    buffer_.clear();
   }
   int64_t total() const { return total_; }
   int shards() const { return shards_; }
 
  private:
-  void write_shard() {
+  // Names count from shard-00000.tok and widen past 99999; readers order them by number
+  // (token_shards.h), so shard-100000 follows shard-99999.
+  void write_shard(const std::vector<int32_t>& tokens) {
     if (shards_ == 0) fs::create_directories(dir_);
     char name[32];
     std::snprintf(name, sizeof(name), "shard-%05d.tok", shards_++);
-    write_token_file((dir_ / name).string(), buffer_, vocab_);
-    buffer_.clear();
+    write_token_file((dir_ / name).string(), tokens, vocab_);
   }
 
   fs::path dir_;
@@ -183,6 +191,8 @@ void tokenize_range(const std::vector<RawDocument>& batch, size_t begin, size_t 
     }
   } catch (const std::exception& e) {
     out.error = std::make_exception_ptr(std::runtime_error("corpus: " + batch[i].where + ": " + e.what()));
+  } catch (...) {  // nothing may leave a thread's function: it would end the process
+    out.error = std::make_exception_ptr(std::runtime_error("corpus: " + batch[i].where + ": an unknown error"));
   }
 }
 
@@ -196,7 +206,10 @@ CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Toke
   if (options.validation_percent < 0 || options.validation_percent > 50) {
     throw std::invalid_argument("corpus: validation percent " + std::to_string(options.validation_percent) + " outside [0, 50]");
   }
-  const fs::path output(options.output_dir), partial(options.output_dir + ".partial");
+  // "out/" names the directory "out": its .partial is a sibling, not a file inside it.
+  std::string output_dir = options.output_dir;
+  while (output_dir.size() > 1 && output_dir.back() == '/') output_dir.pop_back();
+  const fs::path output(output_dir), partial(output_dir + ".partial");
   std::error_code error;
   if (fs::exists(output, error)) {
     throw std::runtime_error("corpus: output directory '" + options.output_dir + "' exists (remove it, or name another)");
@@ -226,13 +239,28 @@ CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Toke
       while (static_cast<int>(bounds.size()) <= ranges) bounds.push_back(batch.size());
       bounds.back() = batch.size();
       std::vector<TokenizedRange> results(static_cast<size_t>(ranges));
-      std::vector<std::thread> workers;
+      // Worker threads take ranges 1.. (joined on every path out); a range whose thread cannot be
+      // had is tokenized by the calling thread, after its own.
+      struct JoinAll {
+        std::vector<std::thread> threads;
+        ~JoinAll() {
+          for (auto& thread : threads) thread.join();
+        }
+      } workers;
+      std::vector<int> inline_ranges{0};
       for (int r = 1; r < ranges; ++r) {
-        workers.emplace_back(tokenize_range, std::cref(batch), bounds[r], bounds[r + 1], std::cref(tokenizer), std::cref(separator),
-                             options.validation_percent, std::ref(results[r]));
+        try {
+          workers.threads.emplace_back(tokenize_range, std::cref(batch), bounds[r], bounds[r + 1], std::cref(tokenizer),
+                                       std::cref(separator), options.validation_percent, std::ref(results[r]));
+        } catch (const std::system_error&) {
+          inline_ranges.push_back(r);
+        }
       }
-      tokenize_range(batch, bounds[0], bounds[1], tokenizer, separator, options.validation_percent, results[0]);
-      for (auto& worker : workers) worker.join();
+      for (int r : inline_ranges) {
+        tokenize_range(batch, bounds[r], bounds[r + 1], tokenizer, separator, options.validation_percent, results[r]);
+      }
+      for (auto& worker : workers.threads) worker.join();
+      workers.threads.clear();
       for (auto& result : results) {
         if (result.error) std::rethrow_exception(result.error);
         train.append(result.train);

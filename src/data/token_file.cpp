@@ -103,7 +103,7 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   }
   auto fail = [&](const std::string& why) {
     if (mapping_ != nullptr) ::munmap(mapping_, mapped_bytes_);
-    ::close(fd_);
+    if (fd_ >= 0) ::close(fd_);
     throw std::runtime_error("token file '" + path + "': " + why);
   };
   const size_t file_bytes = static_cast<size_t>(info.st_size);
@@ -114,6 +114,10 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     mapping_ = nullptr;
     fail("cannot map: " + errno_text());
   }
+  // The mapping keeps the file's pages; the descriptor is not needed past here, and a corpus of
+  // thousands of shards would otherwise hold one each (the default limit is 1024).
+  ::close(fd_);
+  fd_ = -1;
   Header header{};
   std::memcpy(&header, mapping_, sizeof(header));
   if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) fail("not a token file (bad magic; make one with fsdp-data)");

@@ -228,7 +228,10 @@ Plan make_plan(const PlanInput& in) {
   // block more (with checkpointing, the block being recomputed and its gradients). A recomputed
   // block keeps only its input; every k-th block is (layers / k of them).
   const int64_t recomputed = in.activation_checkpointing ? layers / in.activation_checkpointing_every : 0;
-  const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (recomputed > 0 ? 2 : 1) * per_block;
+  // The recomputed block plus its gradients (+2) is the peak only when backward meets a recomputed
+  // block first (the last, when layers % k == 0); else the last block and its gradients (+1).
+  const bool last_recomputed = recomputed > 0 && layers % in.activation_checkpointing_every == 0;
+  const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
   mem.activations = in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
   mem.overhead = in.overhead_bytes;
   const int64_t device = mem.device_total();

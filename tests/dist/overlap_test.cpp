@@ -14,12 +14,14 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
-#include <thread>
 #include <map>
+#include <thread>
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/gpt.h"
+#include "fsdp/nn/hooks.h"
 #include "tiny_transformer.h"
 #include "fsdp/optim/loss_scaler.h"
 #include "fsdp/optim/sharded_optimizer.h"
@@ -308,6 +310,17 @@ TEST(ActivationCheckpointing, EveryKthBlockOnly) {
     auto model = build_tiny(options, config);
     EXPECT_EQ(model.state().recomputed_unit_names(), names) << "every " << every;
     EXPECT_EQ(model.state().checkpointable_units(), 6);
+    // What forward really does: each block module's hooks say whether it recomputes.
+    int blocks_seen = 0;
+    for (const auto& item : model.module()->named_modules()) {
+      const std::string& name = item.key();
+      if (name.rfind("blocks.", 0) != 0 || name.find('.', 7) != std::string::npos) continue;
+      ++blocks_seen;
+      const fsdp::nn::ForwardHooks* hooks = fsdp::nn::find_forward_hooks(item.value().get());
+      const bool expected_recomputed = std::find(names.begin(), names.end(), name) != names.end();
+      EXPECT_EQ(hooks != nullptr && hooks->checkpoint_activations, expected_recomputed) << "every " << every << ", " << name;
+    }
+    EXPECT_EQ(blocks_seen, 6);
     auto actual = shard_grads_after_one_step(options, config);
     ASSERT_EQ(actual.size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {

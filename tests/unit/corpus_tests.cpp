@@ -1,6 +1,7 @@
 // Corpora larger than a test: token shards read as one sequence (data/token_shards.h) and a corpus
 // tokenized by several threads into shards (data/corpus_tokenizer.h).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -150,6 +151,57 @@ TEST(CorpusTokenizer, BadInputLeavesNothing) {
   fs::create_directories(options.output_dir);
   std::ofstream(dir.file("good.jsonl")) << "{\"text\": \"fine\"}\n";
   EXPECT_NE(error_of([&] { tokenize_corpus({dir.file("good.jsonl")}, *tokenizer, options); }).find("exists"), std::string::npos);
+}
+
+// Review findings: a hidden directory (.git) in the input is not the corpus; "out/" writes "out"
+// with its .partial beside it, not inside; a shard whose name has glob characters is read as the
+// file it is; a corpus of more shards than a process may hold descriptors opens (a file's
+// descriptor is closed once it is mapped).
+TEST(CorpusTokenizer, HiddenDirectoriesTrailingSlashesAndManyShards) {
+  TempDir dir;
+  fs::create_directories(dir.file("in/.git/objects"));
+  std::ofstream(dir.file("in/doc.txt")) << "one document";
+  std::ofstream(dir.file("in/.git/objects/blob")) << "not a document";
+  const auto tokenizer = make_tokenizer("byte");
+  CorpusOptions options;
+  options.output_dir = dir.file("out") + "/";
+  const CorpusSummary summary = tokenize_corpus({dir.file("in")}, *tokenizer, options);
+  EXPECT_EQ(summary.documents, 1);
+  EXPECT_TRUE(fs::is_directory(dir.file("out/train")));
+  EXPECT_FALSE(fs::exists(dir.file("out/.partial")));
+  EXPECT_FALSE(fs::exists(dir.file("out.partial")));
+
+  fs::create_directories(dir.file("odd[1]"));
+  fs::copy_file(dir.file("out/train/shard-00000.tok"), dir.file("odd[1]/x.tok"));
+  EXPECT_EQ(TokenShards(dir.file("odd[1]/x.tok")).size(), summary.train_tokens);
+
+  fs::create_directories(dir.file("order"));
+  for (const char* name : {"shard-100000.tok", "shard-99999.tok", "shard-00002.tok", "shard-10001.tok"}) {
+    std::ofstream(dir.file(std::string("order/") + name)) << "";
+  }
+  std::vector<std::string> names;
+  for (const std::string& path : token_shard_paths(dir.file("order"))) names.push_back(fs::path(path).filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"shard-00002.tok", "shard-10001.tok", "shard-99999.tok", "shard-100000.tok"}));
+
+  std::ofstream(dir.file("many.txt")) << std::string(3000, 'a');
+  CorpusOptions many;
+  many.output_dir = dir.file("many");
+  many.shard_tokens = 1;
+  many.validation_percent = 0;
+  const CorpusSummary lots = tokenize_corpus({dir.file("many.txt")}, *tokenizer, many);
+  ASSERT_GT(lots.train_shards, 2048);
+  rlimit limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &limit), 0);
+  const rlimit lowered{1024, limit.rlim_max};
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  std::string opened;
+  try {
+    opened = std::to_string(TokenShards(many.output_dir + "/train").size());
+  } catch (const std::exception& e) {
+    opened = e.what();
+  }
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  EXPECT_EQ(opened, std::to_string(lots.train_tokens));
 }
 
 }  // namespace corpus_tests

@@ -2,8 +2,9 @@
 //
 // A corpus too large for one file (fsdp-data corpus writes shards of a set number of tokens) is
 // named by a directory (its *.tok files), a glob ("corpus/train/shard-*.tok") or a single token
-// file. The shards are concatenated in name order; a read may span two or more of them. Each is
-// memory-mapped (TokenFile): nothing is read whole. Every shard must hold tokens and share one
+// file. The shards are concatenated in name order, numbers by value (shard-99999 before
+// shard-100000); a read may span two or more of them. Each is memory-mapped (TokenFile): nothing
+// is read whole. Every shard must hold tokens and share one
 // vocabulary and token size: a corpus is one tokenizer's.
 #pragma once
 
