@@ -38,6 +38,7 @@ struct ChannelLog {
 struct StepLog {
   std::mutex mutex;
   int64_t step = 0;    // 0: before the first step (construction, loading)
+  int64_t first_step = -1;  // the first step begun (a resumed run's is not 1); -1: none yet
   int64_t count = 0;   // every channel's records (a record's place in messages)
   size_t kept = 0;     // records kept in full, every channel
   std::map<std::string, ChannelLog> channels;  // by channel name: the order fingerprints combine in
@@ -90,9 +91,18 @@ std::string record_collective(const std::string& channel, const std::string& wha
          (log.step > 0 ? " of step " + std::to_string(log.step) : " before the first step") + " on this rank";
 }
 
+std::string describe_collective(const std::string& what) { return describe(what); }
+
+bool in_first_collective_step() {
+  StepLog& log = step_log();
+  std::lock_guard<std::mutex> lock(log.mutex);
+  return log.first_step < 0 || log.step == log.first_step;
+}
+
 void begin_collective_step(int64_t step) {
   StepLog& log = step_log();
   std::lock_guard<std::mutex> lock(log.mutex);
+  if (log.first_step < 0) log.first_step = step;
   log.step = step;
   log.count = 0;
   log.kept = 0;

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "fsdp/comm/collective_agreement.h"
 #include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/process_group.h"
@@ -282,11 +283,13 @@ std::atomic<bool> g_timed_out{false};  // the first timeout reports; later ones 
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string description, std::string who, std::string peers, std::string place, std::chrono::milliseconds timeout)
+  MpiWork(std::string description, std::string who, std::string peers, std::string place, std::chrono::milliseconds timeout,
+          std::shared_ptr<PendingAgreement> agreement = nullptr)
       : description_(std::move(description)), who_(std::move(who)), peers_(std::move(peers)), place_(std::move(place)),
-        timeout_(timeout) {}
+        timeout_(timeout), agreement_(std::move(agreement)) {}
 
   void wait() override {
+    if (agreement_) check_collective_agreement(*agreement_);  // before the result is used
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_cv_.wait_for(lock, timeout_, [this] { return done_; })) {
       if (g_timed_out.exchange(true)) {  // another wait of this process is reporting, then aborts
@@ -334,6 +337,7 @@ class MpiWork final : public Work {
   std::string peers_;  // the ranks waited for (peers_of)
   std::string place_;  // its place in this rank's step (record_collective)
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<PendingAgreement> agreement_;  // set while agreement is due (collective_agreement.h)
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
@@ -547,8 +551,15 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
 
   WorkPtr enqueue(const std::string& what, std::function<void()> body) {
     // A split's color differs between ranks by design: it is fingerprinted without it.
-    const std::string place = record_collective(channel_, what.rfind("split(", 0) == 0 ? "split" : what);
-    auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout);
+    const std::string recorded = what.rfind("split(", 0) == 0 ? "split" : what;
+    // An agreement's own exchange (collective_agreement.h) is neither recorded nor agreed on.
+    const bool agreement_exchange = collective_agreement_in_progress();
+    const std::string place = agreement_exchange ? "the agreement on a collective" : record_collective(channel_, recorded);
+    std::shared_ptr<PendingAgreement> agreement;
+    if (!agreement_exchange && collective_agreement_due(collective_agreement_mode(CollectiveAgreementMode::kOff))) {
+      agreement = post_collective_agreement(*this, channel_, describe_collective(recorded), place);  // queued before the body
+    }
+    auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout, std::move(agreement));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) throw std::runtime_error(who_ + " " + what + ": the process group is shut down");

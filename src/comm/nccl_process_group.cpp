@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "fsdp/comm/collective_agreement.h"
 #include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/device_assignment.h"
 #include "fsdp/comm/launch.h"
@@ -80,8 +81,10 @@ class NcclWork final : public Work {
     cudaEventDestroy(done_);
   }
 
-  // Stream-ordered: the caller's current stream waits for the collective; the host does not.
+  // Stream-ordered: the caller's current stream waits for the collective; the host does not,
+  // except, while agreement is due, for the ranks' descriptions (over MPI).
   void wait() override {
+    if (agreement_) check_collective_agreement(*agreement_);
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
     check_cuda(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent", description_);
   }
@@ -94,6 +97,7 @@ class NcclWork final : public Work {
   const std::string& description() const { return description_; }
   Clock::time_point enqueued() const { return enqueued_; }
   const std::vector<at::Tensor>& tensors() const { return tensors_; }
+  void set_agreement(std::shared_ptr<PendingAgreement> agreement) { agreement_ = std::move(agreement); }
 
   // Called by the watchdog once the done event fired: device time, and the tensors let go.
   void finish() {
@@ -107,6 +111,7 @@ class NcclWork final : public Work {
   std::string description_;
   int device_index_;
   std::vector<at::Tensor> tensors_;
+  std::shared_ptr<PendingAgreement> agreement_;  // collective_agreement.h
   Clock::time_point enqueued_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t done_ = nullptr;
@@ -276,8 +281,13 @@ class NcclProcessGroup final : public ProcessGroup {
   template <class Launch>
   WorkPtr enqueue(const std::string& what, std::vector<at::Tensor> tensors, Launch&& launch) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-    auto work = std::make_shared<NcclWork>(who_ + " " + what + " [" + record_collective(channel(), what) + "]", device_index_,
-                                           std::move(tensors));
+    const std::string place = record_collective(channel(), what);
+    auto work = std::make_shared<NcclWork>(who_ + " " + what + " [" + place + "]", device_index_, std::move(tensors));
+    // While agreement is due (the first step, by default), every rank's description travels over
+    // MPI beside the collective; wait() compares them before anything waits on the device.
+    if (collective_agreement_due(collective_agreement_mode(CollectiveAgreementMode::kFirstStep))) {
+      work->set_agreement(post_collective_agreement(*bootstrap_, channel(), describe_collective(what), place));
+    }
     // The collective reads what the caller's stream wrote: order it after that stream's queued work.
     c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
     check_cuda(cudaEventRecord(work->start_event(), caller.stream()), "cudaEventRecord", work->description());

@@ -10,10 +10,12 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "fsdp/comm/agreement.h"
+#include "fsdp/comm/collective_agreement.h"
 #include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/fully_shard.h"
@@ -138,6 +140,42 @@ TEST(Divergence, ARankRunningBlocksInAnotherOrderStopsEveryRankNamingTheCollecti
     EXPECT_NE(what.find("on rank 0: unit 'blocks.0': all_gather("), std::string::npos) << what;
     EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos) << what;
   }
+}
+
+// Agreement before use (collective_agreement.h; on the GPU the default for the first step, where
+// the step's end may never come): the same divergence stops every rank at the first differing
+// collective's wait, inside the forward, naming both sides; the fingerprint at the step's end
+// (above) never runs. Without agreement this test fails: the stop comes from the step's end.
+struct ScopedAgreement {
+  explicit ScopedAgreement(fsdp::comm::CollectiveAgreementMode mode) { fsdp::comm::set_collective_agreement(mode); }
+  ~ScopedAgreement() { fsdp::comm::set_collective_agreement(std::nullopt); }
+};
+
+TEST(Divergence, AgreedBeforeUseStopsEveryRankInsideTheStep) {
+  const int n = fsdp::comm::init_world()->size();
+  if (n < 2) GTEST_SKIP() << "one rank cannot diverge from itself";
+  ScopedAgreement every_step(fsdp::comm::CollectiveAgreementMode::kEveryStep);
+  try {
+    step_and_check(/*diverge=*/true);
+    FAIL() << "expected every rank to stop";
+  } catch (const fsdp::comm::AgreedStop& e) {
+    const std::string what = e.what();
+    if (e.should_report()) std::printf("%s\n", what.c_str());
+    EXPECT_EQ(e.should_report(), fsdp::comm::init_world()->rank() == 0);
+    EXPECT_NE(what.find("ranks issued different collectives on group world (agreed before use"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::string(n > 2 ? "on ranks 0, " : "on rank 0: ")), std::string::npos) << what;
+    EXPECT_NE(what.find("unit 'blocks.0': all_gather("), std::string::npos) << what;
+    EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos) << what;
+    EXPECT_EQ(what.find("in step 1"), std::string::npos) << "stopped at the step's end, not before use: " << what;
+  }
+}
+
+// No false stop, and no deadlock, where every rank runs the same code: full sharding, and hybrid
+// sharding's replica reductions (issued at times that differ between ranks) over several steps.
+TEST(Divergence, AgreedBeforeUseLetsTheSameCodePathPass) {
+  ScopedAgreement every_step(fsdp::comm::CollectiveAgreementMode::kEveryStep);
+  EXPECT_NO_THROW(step_and_check(/*diverge=*/false));
+  EXPECT_NO_THROW(step_and_check(/*diverge=*/false, fsdp::runtime::ShardingStrategy::HybridShard, /*steps=*/4));
 }
 
 }  // namespace divergence_test

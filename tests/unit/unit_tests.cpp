@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "fsdp/comm/collective_agreement.h"
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/device_assignment.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/process_group.h"
@@ -359,4 +361,25 @@ TEST(Storage, LargeHostBuffersAreMappedOutsideTheHeap) {
   EXPECT_EQ(large.sum().item<double>(), 3.0 * numel);
   at::Tensor small = fsdp::shard::empty_buffer(1024, at::kFloat).fill_(1.0f);
   EXPECT_EQ(small.sum().item<double>(), 1024.0);
+}
+
+// When ranks agree on collectives before use (collective_agreement.h): first_step covers what runs
+// before the first step and the first step begun, whatever its number (a resumed run's); a
+// setting overrides the environment and the backend's default.
+TEST(CollectiveAgreement, DueInTheFirstStepOrEveryStep) {
+  using fsdp::comm::CollectiveAgreementMode;
+  using fsdp::comm::collective_agreement_due;
+  EXPECT_FALSE(collective_agreement_due(CollectiveAgreementMode::kOff));
+  EXPECT_TRUE(collective_agreement_due(CollectiveAgreementMode::kFirstStep));  // construction, loading
+  fsdp::comm::begin_collective_step(7);
+  EXPECT_TRUE(collective_agreement_due(CollectiveAgreementMode::kFirstStep));
+  fsdp::comm::begin_collective_step(8);
+  EXPECT_FALSE(collective_agreement_due(CollectiveAgreementMode::kFirstStep));
+  EXPECT_TRUE(collective_agreement_due(CollectiveAgreementMode::kEveryStep));
+  fsdp::comm::set_collective_agreement(CollectiveAgreementMode::kEveryStep);
+  EXPECT_EQ(fsdp::comm::collective_agreement_mode(CollectiveAgreementMode::kOff), CollectiveAgreementMode::kEveryStep);
+  fsdp::comm::set_collective_agreement(std::nullopt);
+  if (std::getenv("FSDP_AGREE_COLLECTIVES") == nullptr) {
+    EXPECT_EQ(fsdp::comm::collective_agreement_mode(CollectiveAgreementMode::kFirstStep), CollectiveAgreementMode::kFirstStep);
+  }
 }

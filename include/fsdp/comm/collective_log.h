@@ -41,8 +41,14 @@ class CollectiveLabel {
 // rank" (counted over every channel). Thread-safe.
 std::string record_collective(const std::string& channel, const std::string& what);
 
+// What record_collective records for `what`: the current label and `what`
+// ("unit 'blocks.1': all_gather(4096 x 2 Float)").
+std::string describe_collective(const std::string& what);
+
 // Starts a new step's record (the trainer calls it at every step's start; `step` as it prints it).
 void begin_collective_step(int64_t step);
+// True before the process's first begin_collective_step and during the step it began.
+bool in_first_collective_step();
 
 struct CollectiveFingerprint {
   int64_t count = 0;   // collectives recorded since begin_collective_step, every channel
