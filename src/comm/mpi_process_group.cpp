@@ -25,6 +25,7 @@
 
 #include "fsdp/comm/collective_agreement.h"
 #include "fsdp/comm/collective_log.h"
+#include "fsdp/comm/in_flight_storage.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/process_group.h"
 
@@ -284,9 +285,9 @@ std::atomic<bool> g_timed_out{false};  // the first timeout reports; later ones 
 class MpiWork final : public Work {
  public:
   MpiWork(std::string description, std::string who, std::string peers, std::string place, std::chrono::milliseconds timeout,
-          std::shared_ptr<PendingAgreement> agreement = nullptr)
+          std::shared_ptr<PendingAgreement> agreement, const std::vector<at::Tensor>& tensors)
       : description_(std::move(description)), who_(std::move(who)), peers_(std::move(peers)), place_(std::move(place)),
-        timeout_(timeout), agreement_(std::move(agreement)) {}
+        timeout_(timeout), agreement_(std::move(agreement)), in_flight_(tensors, description_ + " [" + place_ + "]") {}
 
   void wait() override {
     if (agreement_) check_collective_agreement(*agreement_);  // before the result is used
@@ -322,6 +323,7 @@ class MpiWork final : public Work {
   double busy_seconds() const override { return busy_seconds_; }
 
   void finish(std::exception_ptr error, double busy_seconds) {
+    in_flight_.release();  // the thread is done with the tensors' memory
     {
       std::lock_guard<std::mutex> lock(mutex_);
       error_ = error;
@@ -338,6 +340,7 @@ class MpiWork final : public Work {
   std::string place_;  // its place in this rank's step (record_collective)
   std::chrono::milliseconds timeout_;
   std::shared_ptr<PendingAgreement> agreement_;  // set while agreement is due (collective_agreement.h)
+  InFlightStorage in_flight_;                    // the tensors' storages, until finish()
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
@@ -403,7 +406,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
                  [&](MPI_Request* r) {
                    return MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_, r);
                  });
-    });
+    }, {output, input});
   }
 
   WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -443,7 +446,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
                    });
       }
       if (op == ReduceOp::Average) divide_in_place(output.data_ptr(), output.scalar_type(), output.numel(), size_);
-    });
+    }, {output, input});
   }
 
   WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) override {
@@ -460,7 +463,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
       }
       all_reduce_values(tensor.data_ptr(), count, transport_type(tensor.scalar_type()), op, who_ + " " + what);
       if (op == ReduceOp::Average) divide_in_place(tensor.data_ptr(), tensor.scalar_type(), tensor.numel(), size_);
-    });
+    }, {tensor});
   }
 
   // Sums (or maxima) of `count` values in place. Under kBackoff, a large float or double sum that
@@ -499,7 +502,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
       const MPI_Datatype type = transport_type(tensor.scalar_type());
       collective("MPI_Bcast", who_ + " " + what, [&] { return MPI_Bcast(tensor.data_ptr(), count, type, root, comm_); },
                  [&](MPI_Request* r) { return MPI_Ibcast(tensor.data_ptr(), count, type, root, comm_, r); });
-    });
+    }, {tensor});
   }
 
   WorkPtr barrier() override {
@@ -549,7 +552,8 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     std::function<void()> body;
   };
 
-  WorkPtr enqueue(const std::string& what, std::function<void()> body) {
+  // `tensors`: those the body reads or writes, marked in flight until it has run (in_flight_storage.h).
+  WorkPtr enqueue(const std::string& what, std::function<void()> body, const std::vector<at::Tensor>& tensors = {}) {
     // A split's color differs between ranks by design: it is fingerprinted without it.
     const std::string recorded = what.rfind("split(", 0) == 0 ? "split" : what;
     // An agreement's own exchange (collective_agreement.h) is neither recorded nor agreed on.
@@ -559,7 +563,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     if (!agreement_exchange && collective_agreement_due(collective_agreement_mode(CollectiveAgreementMode::kOff))) {
       agreement = post_collective_agreement(*this, channel_, describe_collective(recorded), place);  // queued before the body
     }
-    auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout, std::move(agreement));
+    auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout, std::move(agreement), tensors);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) throw std::runtime_error(who_ + " " + what + ": the process group is shut down");

@@ -27,6 +27,7 @@
 
 #include "fsdp/comm/collective_agreement.h"
 #include "fsdp/comm/collective_log.h"
+#include "fsdp/comm/in_flight_storage.h"
 #include "fsdp/comm/device_assignment.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/text_gather.h"
@@ -72,7 +73,7 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::string description, int device_index, std::vector<at::Tensor> tensors)
       : description_(std::move(description)), device_index_(device_index), tensors_(std::move(tensors)),
-        enqueued_(Clock::now()) {
+        in_flight_(tensors_, description_), enqueued_(Clock::now()) {
     check_cuda(cudaEventCreate(&start_), "cudaEventCreate", description_);
     check_cuda(cudaEventCreate(&done_), "cudaEventCreate", description_);
   }
@@ -87,6 +88,7 @@ class NcclWork final : public Work {
     if (agreement_) check_collective_agreement(*agreement_);
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
     check_cuda(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent", description_);
+    in_flight_.release();  // the caller's stream is ordered after it (and the blocks are recorded on ours)
   }
 
   bool is_completed() override { return completed_.load(); }
@@ -104,6 +106,7 @@ class NcclWork final : public Work {
     float milliseconds = 0.0f;
     if (cudaEventElapsedTime(&milliseconds, start_, done_) == cudaSuccess) busy_seconds_ = milliseconds * 1e-3;
     tensors_.clear();
+    in_flight_.release();
     completed_ = true;
   }
 
@@ -111,6 +114,7 @@ class NcclWork final : public Work {
   std::string description_;
   int device_index_;
   std::vector<at::Tensor> tensors_;
+  InFlightStorage in_flight_;  // tensors_' storages, until wait() or completion (in_flight_storage.h)
   std::shared_ptr<PendingAgreement> agreement_;  // collective_agreement.h
   Clock::time_point enqueued_;
   cudaEvent_t start_ = nullptr;

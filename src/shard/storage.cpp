@@ -17,6 +17,8 @@
 #include <map>
 #include <mutex>
 
+#include "fsdp/comm/in_flight_storage.h"
+
 namespace fsdp::shard {
 namespace {
 
@@ -91,6 +93,13 @@ void free_storage(const at::Tensor& t, bool keep_in_cache) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = storage->nbytes();
   if (nbytes == 0) return;
+  const std::string holder = comm::collective_holding(t);
+  if (!holder.empty()) {
+    throw std::logic_error("free_storage: the memory of a " + std::to_string(t.numel()) + "-element " +
+                           std::string(c10::toString(t.scalar_type())) + " tensor (" + std::to_string(nbytes) +
+                           " bytes) is in use by a collective in flight, " + holder +
+                           ": handed back now, the collective would write into memory given to other work (wait for it first)");
+  }
   // Taking the DataPtr out leaves the storage empty; dropping it runs its deleter (back to the
   // allocator), keeping it caches the memory.
   at::DataPtr memory = storage->set_data_ptr(at::DataPtr(nullptr, storage->device()));

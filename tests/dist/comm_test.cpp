@@ -4,10 +4,14 @@
 
 #include <chrono>
 #include <cmath>
-#include <utility>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/process_group.h"
+#include "fsdp/shard/storage.h"
 
 using fsdp::comm::ReduceOp;
 
@@ -243,3 +247,35 @@ TEST(CommBadInput, UnsupportedDtypeAndDevice) {
 }
 
 }  // namespace comm_test
+
+// Issue 40: memory handed back while a collective may still write it. Rank 1 joins the all-gather
+// 300 ms late, so rank 0's is in flight when it frees the output's memory (shard::free_storage,
+// as the runtime frees a gathered buffer): refused, naming the collective, and the memory kept
+// for the collective to finish into. Once waited for, the same free goes through. Before the
+// check, the free went through and the MPI thread wrote into unmapped memory.
+TEST(Comm, MemoryInUseByACollectiveIsNotHandedBack) {
+  auto world = fsdp::comm::init_world();
+  if (world->size() < 2) GTEST_SKIP() << "needs a late peer";
+  const int64_t k = 1 << 18;  // 1 MiB of fp32 per rank: a mapped buffer of its own
+  at::Tensor input = at::full({k}, static_cast<float>(world->rank() + 1));
+  at::Tensor output = fsdp::shard::empty_buffer(k * world->size(), at::kFloat);
+  if (world->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  fsdp::comm::CollectiveLabel label("unit 'blocks.3'");
+  auto work = world->all_gather(output, input);
+  if (world->rank() == 0) {
+    std::string refused;
+    try {
+      fsdp::shard::free_storage(output);
+    } catch (const std::logic_error& e) {
+      refused = e.what();
+    }
+    EXPECT_NE(refused.find("in use by a collective in flight"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("all_gather(262144 x " + std::to_string(world->size()) + " Float)"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("unit 'blocks.3'"), std::string::npos) << refused;
+  }
+  work->wait();
+  EXPECT_TRUE(fsdp::shard::storage_is_allocated(output));
+  EXPECT_EQ(output[k * world->size() - 1].item<float>(), static_cast<float>(world->size()));
+  EXPECT_NO_THROW(fsdp::shard::free_storage(output));
+  EXPECT_FALSE(fsdp::shard::storage_is_allocated(output));
+}
