@@ -8,16 +8,17 @@
 #     with fsdp.cpp's fused kernels where nvcc is found;
 #  2. runs the parity tests on the GPU (FSDP_TEST_DEVICE=cuda: NCCL, TF32 off, fp32 against the
 #     single-process CPU reference; CPU offload too) and the fused operations' tests (FusedOps.*:
-#     each kernel against its composed reference, forward and backward, fp32 and bf16);
+#     each kernel against its composed reference, forward and backward, fp32 and bf16), then
+#     compute-sanitizer's racecheck on the add + RMSNorm kernels, and two ranks on one GPU refused;
 #  3. trains GPT-2 124M (vocab 50257, 1024 tokens) and Llama 3.2 1B (16 x 2048, vocab 128256,
 #     2048 tokens) in bf16 with fsdp-train for a fixed number of steps on random-token files:
 #     tokens/s, MFU against the bf16 matmul peak it measures first, peak GPU memory reserved;
 #  4. the same models, batch and sequence under PyTorch's FSDP2 (bench/torch_fsdp2.py): Hugging Face
 #     transformers' models compiled per block and eager, and the script's own models;
 #  5. the 1B Llama with activation checkpointing at 8 x 2048, against transformers' with it;
-#  6. the 1B Llama again with CPU offload and the GPU capped (caching-allocator fraction) below
-#     its sharded state: it must still train; then, where budget is left, compute-sanitizer's
-#     racecheck on the add + RMSNorm kernels;
+#  6. the 1B Llama in fp16 (dynamic loss scaling), and again with CPU offload and the GPU capped
+#     (caching-allocator fraction) below its sharded state: it must still train; then the peers
+#     least needed (the GPT-2 eager ones);
 #  7. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
 # Profiles: fsdp-train --profile-steps and torch_fsdp2.py --profile-steps record steps 6-7 of the
 # 1B Llama, ours and the compiled peer's, as Chrome traces (OUT_DIR/traces.tar.gz), compared op
@@ -160,19 +161,16 @@ stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_
   "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
 # The fused kernels against their composed references (a GPU that libtorch cannot see fails here).
 stage kernels 60 env FSDP_TEST_DEVICE=cuda "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.*'
-# Two ranks on one GPU are refused before NCCL starts, naming the device (issue 40; before: NCCL's
-# bare "invalid usage" from ncclCommInitRank). Needs exactly one visible GPU.
-two_ranks_on_one_gpu() {
-  local out
-  out=$(mpirun --oversubscribe --bind-to none -np 2 "$BUILD/apps/fsdp-train" "$ROOT/configs/gpt-fortunes-tiny.toml" \
-    --set 'train.device="cuda"' --set train.steps=1 --set "output_dir=\"$WORK/two-on-one\"" 2>&1)
-  echo "$out"
-  grep -q "both took CUDA device 0" <<< "$out"
-}
-export -f two_ranks_on_one_gpu
-export BUILD WORK ROOT
-[ "$GPUS" -eq 1 ] && stage one_rank_per_device 60 bash -c two_ranks_on_one_gpu
-
+# A race in the norms' block-wide sums (fused_kernels.cu) would show in
+# the kernel tests only by chance; racecheck looks for one directly, on the smallest add + RMSNorm
+# test (forward and backward kernels), where the image has the CUDA toolkit's compute-sanitizer.
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
+if [ -n "$SANITIZER" ]; then
+  stage kernels_racecheck 60 env FSDP_TEST_DEVICE=cuda "$SANITIZER" --tool racecheck --error-exitcode 1 \
+    "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.AddRmsNormTakesStridedInputsAndAnFp32Weight'
+else
+  echo "== kernels_racecheck: no compute-sanitizer on this machine (not run)"
+fi
 # Random-token files for the real vocabularies (fsdp-train's token-file format, uint32 tokens).
 python3 - "$WORK/data" << 'EOF'
 import os, struct, sys, random
@@ -186,6 +184,23 @@ for vocab in (50257, 128256):
             f.write(b"FSDPTOK\0" + struct.pack("<IIIIQ", 1, 4, vocab, 0, count))
             f.write(struct.pack(f"<{count}I", *tokens))
 EOF
+
+# Two ranks on one GPU are refused before NCCL starts, naming the device (issue 40; before: NCCL's
+# bare "invalid usage" from ncclCommInitRank). Needs exactly one visible GPU.
+two_ranks_on_one_gpu() {
+  local out
+  # Random-token files, not fortunes: a GPU image need not have Debian's fortunes (2026-12-04).
+  out=$(mpirun --oversubscribe --bind-to none -np 2 "$BUILD/apps/fsdp-train" "$ROOT/configs/gpt-fortunes-tiny.toml" \
+    --set 'data.source="token_files"' --set "data.train_tokens=\"$WORK/data/train-50257.tok\"" \
+    --set "data.validation_tokens=\"$WORK/data/validation-50257.tok\"" --set 'model.name="gpt2"' \
+    --set train.seq_len=128 --set train.global_batch=2 \
+    --set 'train.device="cuda"' --set train.steps=1 --set "output_dir=\"$WORK/two-on-one\"" 2>&1)
+  echo "$out"
+  grep -q "both took CUDA device 0" <<< "$out"
+}
+export -f two_ranks_on_one_gpu
+export BUILD WORK ROOT
+[ "$GPUS" -eq 1 ] && stage one_rank_per_device 60 bash -c two_ranks_on_one_gpu
 
 # The two models: name, vocab, global batch, sequence (the same shapes go to bench/torch_fsdp2.py).
 train() {  # train LABEL MODEL VOCAB BATCH SEQ [extra fsdp-train arguments]
@@ -220,8 +235,6 @@ torch_fsdp2 hf_llama1b 4 2048 --model hf-llama "${LLAMA1B[@]}"
 torch_fsdp2 llama1b 4 2048 --model llama "${LLAMA1B[@]}"
 train llama1b_ac llama3-1b 128256 8 2048 --set 'fsdp.activation_checkpointing=true'
 torch_fsdp2 hf_llama1b_ac 8 2048 --model hf-llama "${LLAMA1B[@]}" --checkpointing
-torch_fsdp2 gpt2 8 1024 --model gpt "${GPT2[@]}"
-torch_fsdp2 hf_gpt2 8 1024 --model hf-gpt2 "${GPT2[@]}"
 train llama1b_composed llama3-1b 128256 4 2048 --set 'train.fused_ops=false'  # what the fused ops buy
 # fp16 with dynamic loss scaling beside the bf16 run above (issue 38; the later --set wins).
 train llama1b_fp16 llama3-1b 128256 4 2048 --set 'fsdp.param_dtype="float16"'
@@ -232,14 +245,7 @@ FRACTION=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | h
   awk -v gpus="$GPUS" '{ f = 16.0 * 1024 / $1; if (f > 1) f = 1; printf "%.3f", f }')
 STEPS=4 train llama1b_offload llama3-1b 128256 1 2048 --set 'fsdp.cpu_offload=true' \
   --set "train.device_memory_fraction=$FRACTION"
-# Last, where budget is left: a race in the norms' block-wide sums (fused_kernels.cu) would show in
-# the kernel tests only by chance; racecheck looks for one directly, on the smallest add + RMSNorm
-# test (forward and backward kernels), where the image has the CUDA toolkit's compute-sanitizer.
-SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
-if [ -n "$SANITIZER" ]; then
-  stage kernels_racecheck 60 env FSDP_TEST_DEVICE=cuda "$SANITIZER" --tool racecheck --error-exitcode 1 \
-    "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.AddRmsNormTakesStridedInputsAndAnFp32Weight'
-else
-  echo "== kernels_racecheck: no compute-sanitizer on this machine (not run)"
-fi
+# Peers least needed last (the 2026-12-04 run spent its budget before fp16 and offload).
+torch_fsdp2 gpt2 8 1024 --model gpt "${GPT2[@]}"
+torch_fsdp2 hf_gpt2 8 1024 --model hf-gpt2 "${GPT2[@]}"
 # (the report is written by finish, on exit)

@@ -7,7 +7,9 @@
 //
 // Forward keeps hidden, weight, targets and the fp32 logsumexp per row [n]; backward recomputes each
 // chunk's logits. Peak extra memory: chunk_rows x vocab x (compute + 2 x fp32) bytes, where the
-// composed head holds tokens x vocab x (compute + 3 x fp32) from forward to backward.
+// composed head holds tokens x vocab x (compute + 3 x fp32) from forward to backward. Backward
+// also holds the weight's gradient [vocab, dim] in fp32 while it sums the chunks, and, for a bf16
+// weight under native bf16 GEMMs, each chunk's [vocab, dim] bf16 product until it is added.
 #pragma once
 
 #include <ATen/ATen.h>
