@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Rehearses scripts/gpu-check.sh's plumbing on the CPU, before a device call is spent on it: the
-# script's own stage, train, torch_fsdp2 and finish functions (read from it, not copied) run a tiny
+# script's own stage, train, torch_fsdp2, staged_parity and finish functions (read from it, not
+# copied) run the staged backend's parity on CPU tensors, then a tiny
 # Llama with fsdp-train (profiled), transformers' tiny Llama under FSDP2 compiled per block (gloo,
 # profiled), fsdp-train again with train.fused_ops = false, then the report and the trace
 # comparison. Needs build/ and .venv/ (scripts/setup.sh with scripts/requirements-peers.txt).
@@ -21,6 +22,7 @@ eval "$(sed -n '/^finish() {/,/^}/p' scripts/gpu-check.sh)"
 eval "$(sed -n '/^stage() {/,/^}/p' scripts/gpu-check.sh)"
 eval "$(sed -n '/^train() {/,/^}/p' scripts/gpu-check.sh)"
 eval "$(sed -n '/^torch_fsdp2() {/,/^}/p' scripts/gpu-check.sh)"
+eval "$(sed -n '/^staged_parity() {/,/^}/p' scripts/gpu-check.sh)"
 PORT=29533
 # tiny token files of vocab 256, as the script writes them
 python3 - "$WORK/data" << 'PY'
@@ -33,6 +35,9 @@ for split, count in (("train", 1 << 16), ("validation", 1 << 12)):
 PY
 # train() with train.device=cuda replaced by cpu for the rehearsal: appended --set wins
 TINY=(--layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 256 --tie)
+# the staged backend's parity stage with CPU tensors standing in for the GPU's
+export -f staged_parity; export BUILD STAGED_DEVICE=cpu
+stage staged_parity 150 bash -c staged_parity
 train llama1b llama-test 256 2 64 --profile-steps 3:4 --set 'train.device="cpu"' --set 'fsdp.param_dtype="float32"'
 torch_fsdp2 hf_llama1b_compiled 2 64 --model hf-llama "${TINY[@]}" --device cpu --profile-steps 3:4 --trace "$WORK/torch_hf_llama1b_compiled.trace.json"
 train llama1b_composed llama-test 256 2 64 --set 'train.fused_ops=false' --set 'train.device="cpu"'

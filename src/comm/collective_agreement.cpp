@@ -32,8 +32,6 @@ class PendingAgreement {
 
 namespace {
 
-thread_local bool posting = false;
-
 std::mutex& mode_mutex() {
   static std::mutex mutex;
   return mutex;
@@ -92,8 +90,6 @@ bool collective_agreement_due(CollectiveAgreementMode mode) {
   return false;
 }
 
-bool collective_agreement_in_progress() { return posting; }
-
 std::shared_ptr<PendingAgreement> post_collective_agreement(ProcessGroup& host, const std::string& channel,
                                                            const std::string& description, const std::string& place) {
   auto pending = std::make_shared<PendingAgreement>();
@@ -105,14 +101,8 @@ std::shared_ptr<PendingAgreement> post_collective_agreement(ProcessGroup& host, 
   std::memcpy(mine.data_ptr<int64_t>(), description.data(),
               std::min(description.size(), static_cast<size_t>(kSlotWords * sizeof(int64_t)) - 1));
   pending->gathered = at::empty({host.size() * kSlotWords}, at::kLong);
-  posting = true;
-  try {
-    pending->exchange = host.all_gather(pending->gathered, mine);
-  } catch (...) {
-    posting = false;
-    throw;
-  }
-  posting = false;
+  CarriedCollectives carried("the agreement on " + place);  // the exchange is neither recorded nor agreed on
+  pending->exchange = host.all_gather(pending->gathered, mine);
   return pending;
 }
 

@@ -70,6 +70,21 @@ CollectiveFingerprint combine(const std::map<std::string, ChannelLog>& channels)
 
 }  // namespace
 
+namespace {
+thread_local bool carrying = false;
+thread_local std::string carried_place;
+}  // namespace
+
+CarriedCollectives::CarriedCollectives(std::string place) : previous_(std::move(carried_place)), was_carrying_(carrying) {
+  carried_place = std::move(place);
+  carrying = true;
+}
+CarriedCollectives::~CarriedCollectives() {
+  carried_place = std::move(previous_);
+  carrying = was_carrying_;
+}
+const std::string* carried_collective_place() { return carrying ? &carried_place : nullptr; }
+
 CollectiveLabel::CollectiveLabel(std::string label) : previous_(std::move(current_label)) { current_label = std::move(label); }
 CollectiveLabel::~CollectiveLabel() { current_label = std::move(previous_); }
 

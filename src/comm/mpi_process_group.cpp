@@ -556,11 +556,12 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   WorkPtr enqueue(const std::string& what, std::function<void()> body, const std::vector<at::Tensor>& tensors = {}) {
     // A split's color differs between ranks by design: it is fingerprinted without it.
     const std::string recorded = what.rfind("split(", 0) == 0 ? "split" : what;
-    // An agreement's own exchange (collective_agreement.h) is neither recorded nor agreed on.
-    const bool agreement_exchange = collective_agreement_in_progress();
-    const std::string place = agreement_exchange ? "the agreement on a collective" : record_collective(channel_, recorded);
+    // A collective carrying another (an agreement's exchange, a staged group's host copy) is
+    // neither recorded nor agreed on: the carried one was (collective_log.h).
+    const std::string* carried = carried_collective_place();
+    const std::string place = carried != nullptr ? *carried : record_collective(channel_, recorded);
     std::shared_ptr<PendingAgreement> agreement;
-    if (!agreement_exchange && collective_agreement_due(collective_agreement_mode(CollectiveAgreementMode::kOff))) {
+    if (carried == nullptr && collective_agreement_due(collective_agreement_mode(CollectiveAgreementMode::kOff))) {
       agreement = post_collective_agreement(*this, channel_, describe_collective(recorded), place);  // queued before the body
     }
     auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout, std::move(agreement), tensors);

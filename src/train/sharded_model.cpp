@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "fsdp/comm/device_group.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/runtime/cpu_features.h"
@@ -52,13 +53,13 @@ ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const
   TrainConfig resolved = config;
   resolved.model = sharded.config;
   runtime::FsdpOptions options = fsdp_options(resolved);
-  comm::ProcessGroupPtr fsdp_group = group;
   if (config.device == "cuda") {
-    // One GPU per rank; NCCL over the same ranks, bootstrapped through `group` (host tensors still go there).
-    const int device_index = comm::local_device_index();
-    fsdp_group = comm::make_nccl_group(group, device_index);
-    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+    // The launcher's local rank picks the GPU (comm/device_assignment.h).
+    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm::local_device_index()));
   }
+  // NCCL over the same ranks for a GPU, bootstrapped through `group` (host tensors still go
+  // there); MPI's `group` itself for the CPU; FSDP_DEVICE_COMM=staged: the test backend.
+  const comm::ProcessGroupPtr fsdp_group = comm::make_device_group(group, options.device);
   torch::manual_seed(config.seed);  // the model is built on the CPU, the same on every rank, whatever the device
   runtime::BuildListener listener(fsdp_group, options);
   sharded.model = models::build_model(sharded.config);

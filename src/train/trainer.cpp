@@ -17,6 +17,7 @@
 #include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/collective_log.h"
+#include "fsdp/comm/device_group.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/runtime/cpu_features.h"
@@ -191,6 +192,10 @@ class Trainer {
                   strategy.c_str(), state_->unit_names().size(), threads_, threads_ == 1 ? "" : "s");
     progress_->message(line);
     progress_->message("  data: " + data_.description);
+    progress_->message(std::string("  collectives: ") +
+                       (comm::device_comm_from_env() == comm::DeviceComm::kStaged
+                            ? "staged, a test backend (FSDP_DEVICE_COMM=staged: device copies around MPI)"
+                            : config_.device == "cuda" ? "NCCL, host tensors over MPI" : "MPI"));
     if (!data_.packing.empty()) progress_->message("  packing: " + data_.packing);
     std::snprintf(line, sizeof(line),
                   "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fsdp-train end to end under every sharding strategy a user may pick, each against a one-rank run
 # of the same config: full_shard, shard_grad_op and no_shard at N = 2, hybrid_shard at 2 x 2
-# (N = 4); and at N = 16 (oversubscribed) full_shard, shard_grad_op and hybrid 4 x 4, with a
+# (N = 4), also through the staged test backend; and at N = 16 (oversubscribed) full_shard, shard_grad_op and hybrid 4 x 4, with a
 # checkpoint written at N = 16 resumed at N = 3. Every step's loss and gradient norm must equal the
 # one-rank run's within 1e-5 (fp32; the ranks sum in another order, as in tests/dist/parity_test.cpp),
 # and every run must finish all its steps. Hybrid sharding issues its replica all-reduces when a
@@ -100,6 +100,11 @@ compare no_shard
 run hybrid_2x2 4 --set 'fsdp.strategy="hybrid_shard"' --set fsdp.shard_group_size=2
 grep -q "hybrid_shard (2 replicas x 2 shards)" "$log" || fail "hybrid_2x2: the header does not say 2 replicas x 2 shards"
 compare hybrid_2x2
+# The staged test backend under the trainer (comm/staged_process_group.h; what gpu-check.sh runs
+# at N = 2 on one GPU): host copies around MPI, results written at wait().
+FSDP_DEVICE_COMM=staged run hybrid_2x2_staged 4 --set 'fsdp.strategy="hybrid_shard"' --set fsdp.shard_group_size=2
+grep -q "collectives: staged" "$log" || fail "hybrid_2x2_staged: the header does not name the staged backend"
+compare hybrid_2x2_staged
 if [ "$largest" -ge 16 ]; then
   run full_shard_16 16 --set 'fsdp.strategy="full_shard"' --set checkpoint.every=3
   compare full_shard_16

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "fsdp/comm/device_group.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/optim/lr_schedule.h"
@@ -174,14 +175,14 @@ RunResult run_fsdp(const RunConfig& run) {
   options.strategy = run.strategy;
   options.shard_group_size = run.shard_group_size;
   options.cpu_offload = run.cpu_offload;
-  fsdp::comm::ProcessGroupPtr group = world;  // host tensors (the loss average) still go through world
   if (test_on_cuda()) {
-    static const int device_index = fsdp::comm::local_device_index();
-    static const fsdp::comm::ProcessGroupPtr nccl = fsdp::comm::make_nccl_group(world, device_index);
     at::globalContext().setAllowTF32CuBLAS(false);  // fp32 parity: no 10-bit-mantissa matmuls
-    group = nccl;
-    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(fsdp::comm::local_device_index()));
   }
+  // NCCL on a GPU, MPI's world on the CPU, the staged backend under FSDP_DEVICE_COMM=staged (made
+  // once: a group per run would split the world anew each time); host tensors (the loss average)
+  // still go through world.
+  static const fsdp::comm::ProcessGroupPtr group = fsdp::comm::make_device_group(world, options.device);
   torch::manual_seed(kSeed);
   std::shared_ptr<fsdp::runtime::FsdpState> state;
   std::shared_ptr<TinyTransformerImpl> module;

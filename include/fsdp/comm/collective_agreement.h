@@ -43,8 +43,6 @@ void set_collective_agreement(std::optional<CollectiveAgreementMode> mode);
 // process's first step, as begin_collective_step numbers it).
 bool collective_agreement_due(CollectiveAgreementMode mode);
 
-// True on a thread posting an agreement: its own exchange is not recorded nor agreed on.
-bool collective_agreement_in_progress();
 
 class PendingAgreement;
 // Posts the exchange of `description` over `host` (the collective's group, or its bootstrap: the

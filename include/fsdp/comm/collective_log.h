@@ -35,6 +35,24 @@ class CollectiveLabel {
   std::string previous_;
 };
 
+// While it lives, the collectives this thread issues carry another collective that was recorded
+// (and agreed on) where it was issued: an agreement's own exchange (collective_agreement.h), the
+// staged group's host collectives (staged_process_group.h). A backend neither records nor agrees
+// on them, and names `place` (the carried collective's) where it would name theirs. Nests.
+class CarriedCollectives {
+ public:
+  explicit CarriedCollectives(std::string place);
+  ~CarriedCollectives();
+  CarriedCollectives(const CarriedCollectives&) = delete;
+  CarriedCollectives& operator=(const CarriedCollectives&) = delete;
+
+ private:
+  std::string previous_;
+  bool was_carrying_;
+};
+// The carried collective's place on this thread, or nullptr when its collectives are its own.
+const std::string* carried_collective_place();
+
 // Called by a backend as it issues a collective on the group whose channel is `channel`; `what`
 // names the operation, element count, group size and dtype ("all_gather(4096 x 2 Float)").
 // Returns the record's place for messages: "unit 'blocks.1', collective 12 of step 7 on this
