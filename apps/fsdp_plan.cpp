@@ -236,7 +236,7 @@ int main(int argc, char** argv) {
   app.add_option("--lora-rank", lora_rank, "LoRA: adapters of this rank over a frozen base")->check(CLI::PositiveNumber);
   app.add_option("--lora-targets", lora_targets,
                  "LoRA: the adapted layers, e.g. \"q_proj v_proj\" (default: every linear layer of the blocks)");
-  app.add_option("--lora-base-dtype", lora_base_dtype, "LoRA: bfloat16 (default) or float32 storage of the frozen base");
+  app.add_option("--lora-base-dtype", lora_base_dtype, "LoRA: bfloat16 (default), float32 or nf4 (QLoRA: linear weights in 4-bit NF4, the rest bf16) storage of the frozen base");
   app.add_option("--micro-batch", micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
   app.add_option("--seq", seq, "tokens per sample")->check(CLI::PositiveNumber);

@@ -5,8 +5,8 @@
 #   bash bench/lora_memory.sh [OUT.json]      (build/ made by scripts/setup.sh)
 # The model: a 302 M-parameter Llama (12 layers, width 1536, 12 heads over 4 key/value heads, SwiGLU
 # 4096, byte vocabulary), random weights, 3 steps of 4 x 128 tokens per rank; LoRA rank 16 on every
-# linear layer of the blocks, the base stored in bf16; both compute in bf16 (fsdp.param_dtype), as LoRA
-# runs do.
+# linear layer of the blocks, the base stored in bf16, and QLoRA: the same with the base's linear
+# weights in NF4 (lora.base_dtype = "nf4"); all compute in bf16 (fsdp.param_dtype), as LoRA runs do.
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out_json=${1:-$root_dir/runs/bench/lora_memory.json}
@@ -16,24 +16,29 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$(dirname "$out_json")"
 # Another Llama shape: DIM, LAYERS, HEADS, KV_HEADS, FFN in the environment (e.g. the largest that fits
 # the full fine-tune here: DIM=2048 LAYERS=22 HEADS=16 KV_HEADS=4 FFN=5632, 1.0 B parameters).
+# AC=1: activation checkpointing on every block in all three runs (the activations LoRA keeps shrink
+# to the blocks' inputs, so the base's storage is more of what is left).
+ac=${AC:-0}
 shape="dim = ${DIM:-1536}\nlayers = ${LAYERS:-12}\nheads = ${HEADS:-12}\nkv_heads = ${KV_HEADS:-4}\nffn_hidden = ${FFN:-4096}"
 common=$'[model]\nname = "llama-small"\n'"$(printf "$shape")"$'\ncontext = 128
 [data]\nsource = "fortunes"\n[train]\nsteps = 3\nglobal_batch = 8\nseq_len = 128\nthreads = 1\nreport_every = 0
 [eval]\nevery = 0\nbatches = 1\nsample_tokens = 0\n[optimizer]\nwarmup_steps = 0\n[fsdp]\nparam_dtype = "bfloat16"'
+[ "$ac" = 1 ] && common+=$'\nactivation_checkpointing = true'
 lora=$'\n[lora]\nrank = 16\nalpha = 32\ntargets = "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"\nbase_dtype = "bfloat16"'
-for mode in full lora; do
+for mode in full lora qlora; do
   body=$common
   [ "$mode" = lora ] && body+=$lora
+  [ "$mode" = qlora ] && body+=${lora/base_dtype = \"bfloat16\"/base_dtype = \"nf4\"}
   printf 'name = "%s"\noutput_dir = "%s"\n%s\n' "$mode" "$work/$mode" "$body" > "$work/$mode.toml"
   mpirun --oversubscribe --bind-to none -np 2 "$root_dir/build/apps/fsdp-train" "$work/$mode.toml" --progress lines > "$work/$mode.log" 2>&1 \
     || { cat "$work/$mode.log"; exit 1; }
   "$root_dir/build/apps/fsdp-plan" "$work/$mode.toml" --ranks 2 --json "$work/$mode.plan.json" --compact > /dev/null
 done
-python3 - "$work" "$out_json" <<'PY'
+python3 - "$work" "$out_json" "$ac" <<'PY'
 import json, sys, datetime
 work, out = sys.argv[1], sys.argv[2]
 rows = {}
-for mode in ("full", "lora"):
+for mode in ("full", "lora", "qlora"):
     records = [json.loads(l) for l in open(f"{work}/{mode}/metrics.jsonl")]
     steps = [r for r in records if "peak_resident_bytes_per_rank" in r]
     start = next(r for r in records if "run_start" in r)
@@ -50,7 +55,10 @@ for mode, r in rows.items():
     trainable = r["plan_adapter_parameters"] or r["plan_parameters"]
     print(f"{mode:6} {r['plan_parameters'] / 1e6:10.1f} M {trainable / 1e6:10.1f} M {r['peak_resident_bytes_per_rank'] / gib:11.2f} GiB "
           f"{(r['predicted_bytes_per_rank'] or 0) / gib:7.2f} GiB {r['median_step_seconds']:7.2f}")
+qratio = rows["qlora"]["peak_resident_bytes_per_rank"] / rows["lora"]["peak_resident_bytes_per_rank"]
 print(f"LoRA / full peak resident memory per rank: {ratio:.2f}x (aim <= 0.4x)")
-json.dump({"date": datetime.date.today().isoformat(), "ranks": 2, "rows": rows, "lora_over_full": ratio}, open(out, "w"), indent=2)
+print(f"QLoRA / LoRA (bf16 base) peak resident memory per rank: {qratio:.2f}x (aim <= 0.6x)")
+json.dump({"date": datetime.date.today().isoformat(), "ranks": 2, "activation_checkpointing": sys.argv[3] == "1", "rows": rows, "lora_over_full": ratio,
+           "qlora_over_lora": qratio}, open(out, "w"), indent=2)
 print(f"wrote {out}")
 PY

@@ -8,15 +8,26 @@
 #include <utility>
 
 #include "fsdp/shard/flat_param.h"
+#include "fsdp/shard/nf4_storage.h"
 
 namespace fsdp::checkpoint {
 
-// [begin, end) held by this rank; shard() element 0 is element `begin` (replicated: all, begin 0).
+// What a FlatParam's shards cut and a checkpoint stores: its elements, or for an NF4 base
+// (shard/nf4_storage.h) the bytes of its encoding, which do not depend on the number of shards.
+inline int64_t stored_numel(const shard::FlatParam& flat) {
+  return flat.nf4_storage() != nullptr ? flat.nf4_storage()->bytes : flat.layout().numel;
+}
+inline int64_t stored_shard_numel(const shard::FlatParam& flat) {
+  return flat.nf4_storage() != nullptr ? flat.nf4_storage()->shard_bytes : flat.layout().shard_numel;
+}
+
+// [begin, end) of stored_numel held by this rank; shard() element 0 is element `begin`
+// (replicated: all, begin 0).
 inline std::pair<int64_t, int64_t> held_range(const shard::FlatParam& flat) {
-  const auto& layout = flat.layout();
-  if (flat.replicated()) return {0, layout.numel};
-  const int64_t begin = std::min<int64_t>(flat.shard_index() * layout.shard_numel, layout.numel);
-  return {begin, std::min<int64_t>(begin + layout.shard_numel, layout.numel)};
+  const int64_t numel = stored_numel(flat);
+  if (flat.replicated()) return {0, numel};
+  const int64_t begin = std::min<int64_t>(flat.shard_index() * stored_shard_numel(flat), numel);
+  return {begin, std::min<int64_t>(begin + stored_shard_numel(flat), numel)};
 }
 
 // [begin, end) that rank `rank` of `world` stores in a checkpoint: k = ceil(numel / world) each.

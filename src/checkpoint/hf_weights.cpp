@@ -238,8 +238,47 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
   std::vector<at::Tensor> loaded(flats.size());
   comm::on_every_rank(group, "loading weights from '" + path + "'", [&] {
     WeightFiles weights(path);
+    // Elements [lo, hi) of the flat buffer, all inside `entry`, from the files, in fp32.
+    auto read_values = [&](const shard::FlatEntry& entry, int64_t lo, int64_t hi) {
+      std::string name = hf_name(model, entry.name);
+      // GPT2LMHeadModel.save_pretrained prefixes the body with "transformer."; the hub's gpt2
+      // files do not. Both load.
+      if (!weights.contains(name) && weights.contains("transformer." + name)) name = "transformer." + name;
+      const bool transposed = hf_transposed(model, entry.name);
+      const SafetensorsFile& file = weights.file_of(name);
+      const TensorInfo& info = file.info(name);
+      if (weights.contains(name + ".absmax") || weights.contains(name + ".quant_state.bitsandbytes__nf4") ||
+          weights.contains(name + ".quant_state.bitsandbytes__fp4")) {
+        throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' is stored 4-bit by bitsandbytes (" +
+                                 (weights.contains(name + ".quant_state.bitsandbytes__fp4") ? "fp4" : "nf4") +
+                                 "): transformers' 4-bit directories are not read; point model.init_from at the model's "
+                                 "bf16 or fp32 weights, which lora.base_dtype = \"nf4\" quantizes to the same NF4 bytes");
+      }
+      const auto expected = stored_shape(entry.shape, transposed);
+      if (info.shape != expected) {
+        throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has shape " +
+                                 shape_text(info.shape) + ", the model expects " + shape_text(expected));
+      }
+      if (info.dtype != at::kFloat && info.dtype != at::kBFloat16 && info.dtype != at::kHalf) {
+        throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has dtype " +
+                                 safetensors_dtype_name(info.dtype) + " (expected F32, BF16 or F16)");
+      }
+      if (transposed) {
+        // Stored transposed: our contiguous range is strided there, so read the whole tensor.
+        return file.read(name).to(at::kFloat).t().contiguous().view(-1).narrow(0, lo - entry.offset, hi - lo);
+      }
+      return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
+    };
     for (size_t f = 0; f < flats.size(); ++f) {
       const auto& layout = flats[f]->layout();
+      if (flats[f]->nf4_storage() != nullptr) {
+        // QLoRA: each whole weight overlapping this rank's bytes is read and quantized, one at a time.
+        loaded[f] = flats[f]->nf4_shard_for([&](size_t i) {
+          const shard::FlatEntry& entry = layout.entries[i];
+          return read_values(entry, entry.offset, entry.offset + entry.numel);
+        });
+        continue;
+      }
       const auto [begin, end] = held_range(*flats[f]);
       // Starts from the current values: parameters the weights do not hold (LoRA adapters, which a
       // base model never has) keep theirs.
@@ -248,30 +287,7 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
         const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
         if (lo >= hi) continue;
         if (is_adapter(entry.name)) continue;
-        std::string name = hf_name(model, entry.name);
-        // GPT2LMHeadModel.save_pretrained prefixes the body with "transformer."; the hub's gpt2
-        // files do not. Both load.
-        if (!weights.contains(name) && weights.contains("transformer." + name)) name = "transformer." + name;
-        const bool transposed = hf_transposed(model, entry.name);
-        const SafetensorsFile& file = weights.file_of(name);
-        const TensorInfo& info = file.info(name);
-        const auto expected = stored_shape(entry.shape, transposed);
-        if (info.shape != expected) {
-          throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has shape " +
-                                   shape_text(info.shape) + ", the model expects " + shape_text(expected));
-        }
-        if (info.dtype != at::kFloat && info.dtype != at::kBFloat16 && info.dtype != at::kHalf) {
-          throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has dtype " +
-                                   safetensors_dtype_name(info.dtype) + " (expected F32, BF16 or F16)");
-        }
-        at::Tensor piece;
-        if (transposed) {
-          // Stored transposed: our contiguous range is strided there, so read the whole tensor.
-          piece = file.read(name).to(at::kFloat).t().contiguous().view(-1).narrow(0, lo - entry.offset, hi - lo);
-        } else {
-          piece = file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
-        }
-        out.narrow(0, lo - begin, hi - lo).copy_(piece);
+        out.narrow(0, lo - begin, hi - lo).copy_(read_values(entry, lo, hi));
       }
       loaded[f] = out;
     }

@@ -67,8 +67,11 @@ json layout_json(const std::vector<shard::FlatParam*>& flats) {
     for (const auto& e : flat->layout().entries) {
       entries.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}, {"numel", e.numel}});
     }
-    out.push_back({{"unit", flat->unit_name()}, {"trainable", flat->trainable()}, {"numel", flat->layout().numel},
-                   {"entries", entries}});
+    json unit = {{"unit", flat->unit_name()}, {"trainable", flat->trainable()}, {"numel", flat->layout().numel},
+                 {"entries", entries}};
+    // A QLoRA base's files hold the bytes of its NF4 encoding (shard/nf4_storage.h), not values.
+    if (flat->nf4_storage() != nullptr) unit["nf4_bytes"] = flat->nf4_storage()->bytes;
+    out.push_back(unit);
   }
   return out;
 }
@@ -111,6 +114,14 @@ void check_layout(const std::string& dir, const json& saved, const std::vector<s
   }
   for (size_t i = 0; i < flats.size(); ++i) {
     const auto& entries = flats[i]->layout().entries;
+    const int64_t saved_nf4 = saved.at(i).value("nf4_bytes", int64_t{0});
+    const int64_t nf4 = flats[i]->nf4_storage() != nullptr ? flats[i]->nf4_storage()->bytes : 0;
+    if (saved_nf4 != nf4) {
+      auto form = [](int64_t bytes) { return bytes > 0 ? "as NF4 (" + std::to_string(bytes) + " bytes)" : std::string("as values"); };
+      throw std::runtime_error("checkpoint '" + dir + "': unit '" + flats[i]->unit_name() + "' is stored " + form(saved_nf4) +
+                               ", this run keeps it " + form(nf4) +
+                               " (lora.base_dtype must be the one the checkpoint was written with)");
+    }
     const json& s = saved.at(i).at("entries");
     if (s.size() != entries.size()) {
       throw std::runtime_error("checkpoint '" + dir + "': unit '" + flats[i]->unit_name() + "' holds " +
@@ -205,7 +216,7 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
   comm::on_every_rank(group_, "staging checkpoint shards", [&] {
     if (!writes_files) return;
     for (size_t i = 0; i < flats.size(); ++i) {
-      const auto [begin, end] = saved_range(flats[i]->layout().numel, world, rank);
+      const auto [begin, end] = saved_range(stored_numel(*flats[i]), world, rank);
       // What this rank stores is inside what it holds: replicated holds all; sharded holds exactly it.
       const int64_t offset = begin - held_range(*flats[i]).first;
       tensors.emplace_back("p" + std::to_string(i) + ".param", flats[i]->shard().narrow(0, offset, end - begin));
@@ -438,14 +449,22 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
     // Elements [begin, end) of a FlatParam's tensor (param or optimizer state), from the saved
     // pieces that overlap them: each such piece is read whole (its checksum covers all of it).
     auto gather = [&](const std::string& tensor_suffix, size_t flat_index, int64_t begin, int64_t end) {
-      at::Tensor out = at::empty({end - begin}, at::kFloat);
-      const int64_t numel = flats[flat_index]->layout().numel;
+      // An NF4 base is stored as its bytes, anything else as values (read as fp32, kept in the shard's dtype).
+      const bool nf4 = flats[flat_index]->nf4_storage() != nullptr;
+      at::Tensor out = at::empty({end - begin}, nf4 ? at::kByte : at::kFloat);
+      const int64_t numel = stored_numel(*flats[flat_index]);
       const std::string name = "p" + std::to_string(flat_index) + "." + tensor_suffix;
       for (int r = 0; r < saved_world; ++r) {
         const auto [b, e] = saved_range(numel, saved_world, r);
         const int64_t lo = std::max(b, begin), hi = std::min(e, end);
         if (lo >= hi) continue;
         const at::Tensor piece = read_checked(r, name);
+        if ((piece.scalar_type() == at::kByte) != nf4) {
+          throw std::runtime_error("checkpoint file '" + file_of(r).path() + "': unit '" + flats[flat_index]->unit_name() +
+                                   "' is stored " + (nf4 ? "as values (" + std::string(c10::toString(piece.scalar_type())) + ")" : std::string("as NF4 bytes")) +
+                                   ", and this run keeps that unit's frozen base " + (nf4 ? "in NF4" : "as values") +
+                                   " (lora.base_dtype must be the one the checkpoint was written with)");
+        }
         if (piece.numel() != e - b) {
           throw std::runtime_error("checkpoint file '" + file_of(r).path() + "': tensor '" + name + "' holds " +
                                    std::to_string(piece.numel()) + " elements, the layout says " + std::to_string(e - b));

@@ -57,6 +57,7 @@ MPI_Datatype transport_type(at::ScalarType type) {
     case at::kDouble: return MPI_DOUBLE;
     case at::kLong: return MPI_INT64_T;
     case at::kBFloat16: case at::kHalf: return MPI_UINT16_T;
+    case at::kByte: return MPI_UINT8_T;  // packed bytes (NF4): gathered and broadcast only
     default: throw std::invalid_argument(std::string("mpi: unsupported dtype ") + c10::toString(type));
   }
 }

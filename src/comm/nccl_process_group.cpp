@@ -54,6 +54,7 @@ ncclDataType_t nccl_type(at::ScalarType type) {
     case at::kLong: return ncclInt64;
     case at::kBFloat16: return ncclBfloat16;  // native: NCCL >= 2.10 reduces bf16 itself
     case at::kHalf: return ncclFloat16;
+    case at::kByte: return ncclUint8;  // packed bytes (NF4): gathered and broadcast only
     default: throw std::invalid_argument(std::string("nccl: unsupported dtype ") + c10::toString(type));
   }
 }

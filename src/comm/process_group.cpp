@@ -63,14 +63,17 @@ void check_tensor(const ProcessGroup& group, const char* op, const char* role, c
                              : ": the NCCL backend takes CUDA tensors (CPU tensors need the MPI backend)"));
   }
   switch (t.scalar_type()) {
-    case at::kFloat: case at::kDouble: case at::kLong: case at::kBFloat16: case at::kHalf: break;
+    case at::kFloat: case at::kDouble: case at::kLong: case at::kBFloat16: case at::kHalf: case at::kByte: break;
     default:
       fail(group, op, std::string(role) + " has unsupported dtype " + describe(t) +
-                          " (supported: float32, float64, int64, bfloat16, float16)");
+                          " (supported: float32, float64, int64, bfloat16, float16, uint8)");
   }
 }
 
 void check_reduce_op(const ProcessGroup& group, const char* op_name, const at::Tensor& t, ReduceOp op) {
+  if (t.scalar_type() == at::kByte) {
+    fail(group, op_name, "uint8 tensors carry packed bytes (an NF4 base): gathered and broadcast, not reduced");
+  }
   if (op == ReduceOp::Average && t.scalar_type() == at::kLong) {
     fail(group, op_name, "average of int64 is not defined (it would truncate); use sum and divide");
   }

@@ -41,6 +41,10 @@ int64_t GptConfig::parameter_count() const {
   return vocab * dim + context * dim + layers * block + 2 * dim;  // tied head adds nothing
 }
 
+int64_t GptConfig::linear_weight_count() const {
+  return layers * (dim * 3 * dim + dim * dim + 2 * dim * mlp_width());
+}
+
 int64_t GptConfig::lora_parameter_count() const {
   if (!lora.enabled()) return 0;
   const int64_t m = mlp_width();

@@ -53,6 +53,11 @@ const std::vector<std::string>& LlamaConfig::linear_layers() {
   return names;
 }
 
+int64_t LlamaConfig::linear_weight_count() const {
+  const int64_t head_dim = dim / heads;
+  return layers * (2 * dim * dim + 2 * dim * kv_heads * head_dim + 3 * dim * ffn_hidden);
+}
+
 int64_t LlamaConfig::lora_parameter_count() const {
   if (!lora.enabled()) return 0;
   const int64_t kv = kv_heads * (dim / heads);

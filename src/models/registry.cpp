@@ -104,6 +104,18 @@ ModelConfig model_config(const std::string& name) {
   return it->second;
 }
 
+std::vector<std::string> linear_layers(const ModelConfig& config) {
+  if (std::holds_alternative<GptConfig>(config)) return GptConfig::linear_layers();
+  if (std::holds_alternative<LlamaConfig>(config)) return LlamaConfig::linear_layers();
+  return {};
+}
+
+int64_t linear_weight_count(const ModelConfig& config) {
+  if (const auto* g = std::get_if<GptConfig>(&config)) return g->linear_weight_count();
+  if (const auto* l = std::get_if<LlamaConfig>(&config)) return l->linear_weight_count();
+  return 0;
+}
+
 const LoraSpec* lora_spec(const ModelConfig& config) {
   if (const auto* g = std::get_if<GptConfig>(&config)) return &g->lora;
   if (const auto* l = std::get_if<LlamaConfig>(&config)) return &l->lora;

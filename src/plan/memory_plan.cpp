@@ -184,10 +184,14 @@ Plan make_plan(const PlanInput& in) {
   }
   // Each pending reduction holds its output shard until it is added into the gradient shard.
   if (s != "no_shard") mem.reduced = k * r * largest_unit_shard;
+  // QLoRA: the blocks' linear weights stored, gathered and sent as NF4 with double quantization
+  // (shard/nf4_storage.h: 4 bits, an 8-bit absmax code per 64 weights, an fp32 per 256 x 64).
+  constexpr double kNf4BytesPerWeight = 0.5 + 1.0 / 64 + 4.0 / (64 * 256);
+  int64_t linear = 0;
   const models::LoraSpec* lora = models::lora_spec(in.model);
   if (lora != nullptr && lora->enabled()) {
-    if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32") {
-      throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16 or float32)");
+    if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32" && in.lora_base_dtype != "nf4") {
+      throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16, float32 or nf4)");
     }
     const int64_t adapters = std::visit(
         [](const auto& m) -> int64_t {
@@ -199,15 +203,21 @@ Plan make_plan(const PlanInput& in) {
         },
         in.model);
     plan.adapter_params = adapters;
-    const int64_t base_bytes = in.lora_base_dtype == "bfloat16" ? 2 : 4;
+    // The frozen base per rank: bf16 or fp32 values; or (nf4) the blocks' linear weights in NF4
+    // and the rest in bf16.
+    linear = in.lora_base_dtype == "nf4" ? models::linear_weight_count(in.model) : 0;
+    const int64_t base_total = in.lora_base_dtype == "float32" ? 4 * p
+                               : static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear)) + 2 * (p - linear);
     const int64_t adapter_shard = (adapters + shard - 1) / shard;
     const int64_t per_layer_adapters = layers > 0 ? (adapters + layers - 1) / layers : adapters;
-    mem.parameters = base_bytes * shard_numel + 4 * adapter_shard;
+    mem.parameters = (base_total + shard - 1) / shard + 4 * adapter_shard;
     mem.gradients = 4 * adapter_shard;
     mem.optimizer = in.optimizer == "adamw" ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard) : 4 * adapter_shard;
     if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
     // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
     if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
+    // NF4: each unit in flight also holds its gathered bytes until they are decoded.
+    if (linear > 0 && s != "no_shard") mem.gathered += static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * (k + 1) * linear / std::max<int64_t>(layers, 1)));
     if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
   }
   if (in.async_checkpoint) {
@@ -251,6 +261,10 @@ Plan make_plan(const PlanInput& in) {
     comm.all_gather = static_cast<int64_t>(m * c * (2 * (p - root - tied_params) + 3 * tied_params + root) * in_group);
   } else if (s == "shard_grad_op") {
     comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
+  }
+  if (linear > 0 && s != "no_shard") {  // NF4 bytes instead of compute-dtype values, for each gather of a block
+    const int gathers = s == "shard_grad_op" ? 1 : 2;
+    comm.all_gather -= static_cast<int64_t>(m * gathers * (c - kNf4BytesPerWeight) * linear * in_group);
   }
   const int64_t reduced_params = plan.adapter_params > 0 ? plan.adapter_params : p;  // LoRA: the adapters alone
   if (s == "no_shard") {

@@ -314,7 +314,7 @@ MemoryStats FsdpState::memory_stats() const {
   MemoryStats stats;
   for (const auto& unit : units_) {
     for (shard::FlatParam* flat : unit->flat_params()) {
-      stats.sharded_param_bytes += flat->layout().shard_numel * static_cast<int64_t>(flat->shard().element_size());  // a bf16 frozen base: 2
+      stats.sharded_param_bytes += flat->shard().numel() * static_cast<int64_t>(flat->shard().element_size());  // a bf16 frozen base: 2 per element; NF4: its bytes
       if (flat->trainable()) stats.sharded_grad_bytes += flat->layout().shard_numel * 4;
     }
     if (unit->is_root()) {
@@ -481,6 +481,11 @@ BuildListener::BuildListener(const comm::ProcessGroupPtr& group, const FsdpOptio
         auto unit = std::make_shared<Unit>(block, "", /*is_root=*/false, owned_, groups_, options);
         for (const void* id : parameter_ids({unit})) owned_.insert(id);
         units_.push_back(std::move(unit));
+        // The block's full parameters (and an NF4 base's quantization temporaries) are free now:
+        // their pages go back before the next block is built, so construction's resident peak is
+        // about one block plus the shards, not the whole model (freed holes the shards sit between
+        // would otherwise stay resident until training starts).
+        shard::release_free_host_memory();
       });
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -60,10 +61,17 @@ Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_
                                                    aliases[kind], groups.shard, replicate, kind == 0);
     if (groups.replicate) flat->set_replica_group(groups.replicate);
     flat->verify_same_across_ranks(options.sync_module_states);
+    bool nf4 = false;
+    if (kind == 1 && options.frozen_nf4) {  // QLoRA: encoded while the values are whole
+      std::vector<bool> selected;
+      for (size_t i = 0; i < params[kind].size(); ++i) selected.push_back(options.frozen_nf4(names[kind][i], params[kind][i]));
+      nf4 = std::find(selected.begin(), selected.end(), true) != selected.end();
+      if (nf4) flat->set_nf4_storage(selected, options.nf4_double_quant, options.frozen_dtype);
+    }
     flat->reshard();
     // Before the grad accumulators exist: a dtype change would drop them.
     flat->set_precision(options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype);
-    if (kind == 1) flat->set_storage_dtype(options.frozen_dtype);
+    if (kind == 1 && !nf4) flat->set_storage_dtype(options.frozen_dtype);
     if (options.cpu_offload) {
       if (replicate) throw std::invalid_argument("fully_shard: cpu_offload needs a sharding strategy (not no_shard)");
       flat->set_cpu_offload(true);

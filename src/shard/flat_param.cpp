@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "fsdp/comm/collective_log.h"
+#include "fsdp/shard/nf4_storage.h"
 #include "fsdp/shard/storage.h"
 
 namespace fsdp::shard {
@@ -85,6 +86,7 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
 bool FlatParam::is_unsharded() const { return storage_is_allocated(unsharded_); }
 
 void FlatParam::set_storage_dtype(at::ScalarType dtype) {
+  if (nf4_) throw std::logic_error("FlatParam '" + unit_name_ + "': stored as NF4; its other entries' dtype was set with it");
   if (dtype == shard_.scalar_type()) return;
   if (trainable_) throw std::invalid_argument("fully_shard: only frozen parameters may be stored in another dtype");
   if (replicate_) throw std::invalid_argument("fully_shard: frozen parameters in another dtype need a sharding strategy (not no_shard)");
@@ -126,21 +128,21 @@ namespace {
 // Keeps the gather's staging buffers alive until the gather is done, then frees them (into the
 // buffer cache when caching: the next unit's gather reuses them). `input`: the shard copied or
 // cast for sending, if it is not the shard itself. `wire_output`: where the gather landed when it
-// travelled in a narrower dtype than the compute dtype (a bf16 LoRA base under fp32 compute);
-// wait() converts it into `unsharded` once, through variable_data() so that the parameters'
-// version counter (autograd's saved views) does not move.
+// travelled in another form than the compute dtype (a bf16 LoRA base under fp32 compute, NF4
+// bytes); wait() lands it into the unsharded buffer once, through `land`.
 class GatherWork final : public comm::Work {
  public:
-  GatherWork(comm::WorkPtr inner, at::Tensor input, at::Tensor wire_output, at::Tensor unsharded, bool cache)
-      : inner_(std::move(inner)), input_(std::move(input)), wire_output_(std::move(wire_output)),
-        unsharded_(std::move(unsharded)), cache_(cache) {}
+  using Land = std::function<void(const at::Tensor& wire_output)>;
+  GatherWork(comm::WorkPtr inner, at::Tensor input, at::Tensor wire_output, Land land, bool cache)
+      : inner_(std::move(inner)), input_(std::move(input)), wire_output_(std::move(wire_output)), land_(std::move(land)),
+        cache_(cache) {}
   void wait() override {
     inner_->wait();
     if (input_.defined()) free_storage(input_, cache_);
     input_ = at::Tensor();
     if (wire_output_.defined()) {
       torch::NoGradGuard no_grad;
-      unsharded_.variable_data().copy_(wire_output_);
+      land_(wire_output_);
       free_storage(wire_output_, cache_);
       wire_output_ = at::Tensor();
     }
@@ -152,13 +154,14 @@ class GatherWork final : public comm::Work {
   comm::WorkPtr inner_;
   at::Tensor input_;
   at::Tensor wire_output_;
-  at::Tensor unsharded_;
+  Land land_;
   bool cache_;
 };
 
 }  // namespace
 
 at::ScalarType FlatParam::wire_dtype() const {
+  if (nf4_) return at::kByte;
   // The narrower of the stored and the computed dtype: a bf16 base travels as bf16 even when fp32
   // compute widens it afterwards; an fp32 master travels as bf16 under bf16 compute.
   const at::ScalarType stored = shard_.scalar_type();
@@ -170,6 +173,23 @@ comm::WorkPtr FlatParam::unshard_async() {
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
   const comm::CollectiveLabel label(unit_label(unit_name_));
+  if (nf4_) {
+    // [shard_bytes] uint8 on the device (offloaded: copied from pinned host memory on the
+    // caller's stream), gathered into [padded_bytes] uint8, decoded into unsharded_ at wait().
+    at::Tensor input;
+    if (offload_) {
+      input = empty_from_cache(nf4_->shard_bytes, at::kByte, compute_device_);
+      input.copy_(shard_, /*non_blocking=*/true);
+    }
+    at::Tensor wire_output = empty_from_cache(nf4_->padded_bytes, at::kByte, compute_device_);
+    comm::WorkPtr work = group_->all_gather(wire_output, input.defined() ? input : shard_);
+    std::shared_ptr<const Nf4StorageLayout> storage = nf4_;
+    const FlatLayout* layout = &layout_;
+    at::Tensor unsharded = unsharded_;
+    return std::make_shared<GatherWork>(std::move(work), input, wire_output, [storage, layout, unsharded](const at::Tensor& bytes) {
+      decode_nf4_storage(*storage, *layout, bytes, unsharded.variable_data());
+    }, cache_buffers_);
+  }
   const at::ScalarType wire = wire_dtype();
   if (wire == shard_.scalar_type() && wire == compute_dtype_ && !offload_) return group_->all_gather(unsharded_, shard_);
   // [shard_numel] wire dtype on the compute device, freed after the gather. Offloaded: a copy from
@@ -183,7 +203,48 @@ comm::WorkPtr FlatParam::unshard_async() {
   at::Tensor wire_output;
   if (wire != compute_dtype_) wire_output = empty_from_cache(layout_.padded_numel, wire, compute_device_);
   comm::WorkPtr work = group_->all_gather(wire_output.defined() ? wire_output : unsharded_, input.defined() ? input : shard_);
-  return std::make_shared<GatherWork>(std::move(work), input, wire_output, unsharded_, cache_buffers_);
+  at::Tensor unsharded = unsharded_;
+  return std::make_shared<GatherWork>(std::move(work), input, wire_output, [unsharded](const at::Tensor& wire_values) {
+    unsharded.variable_data().copy_(wire_values);
+  }, cache_buffers_);
+}
+
+int64_t FlatParam::gather_wire_bytes() const {
+  if (nf4_) return nf4_->padded_bytes;
+  return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(wire_dtype()));
+}
+
+void FlatParam::set_nf4_storage(const std::vector<bool>& nf4, bool double_quant, at::ScalarType raw_dtype) {
+  if (trainable_) throw std::invalid_argument("fully_shard: only frozen parameters may be stored as NF4 (unit '" + unit_name_ + "')");
+  if (replicate_) throw std::invalid_argument("fully_shard: an NF4 base needs a sharding strategy (not no_shard)");
+  if (nf4_) throw std::logic_error("FlatParam '" + unit_name_ + "': already stored as NF4");
+  if (!is_unsharded() || offload_) {
+    throw std::logic_error("FlatParam '" + unit_name_ + "': set NF4 storage at construction, while the values are whole");
+  }
+  auto storage = std::make_shared<Nf4StorageLayout>(Nf4StorageLayout::make(layout_, nf4, group_->size(), double_quant, raw_dtype));
+  torch::NoGradGuard no_grad;
+  // Every rank holds the whole unit here (built alike everywhere); each encodes the weights whose
+  // bytes overlap its shard, one at a time.
+  nf4_ = std::move(storage);
+  const at::Tensor values = unsharded_;
+  shard_ = nf4_shard_for([&](size_t i) {
+             const FlatEntry& entry = layout_.entries[i];
+             return values.narrow(0, entry.offset, entry.numel);
+           }).to(compute_device_);
+}
+
+at::Tensor FlatParam::nf4_shard_for(const std::function<at::Tensor(size_t entry)>& values_of) const {
+  if (!nf4_) throw std::logic_error("FlatParam '" + unit_name_ + "': nf4_shard_for on a FlatParam not stored as NF4");
+  const int64_t begin = shard_index() * nf4_->shard_bytes, end = begin + nf4_->shard_bytes;
+  at::Tensor out = at::zeros({nf4_->shard_bytes}, at::kByte);  // the padding stays zeros
+  for (size_t i = 0; i < nf4_->entries.size(); ++i) {
+    const Nf4EntryLayout& entry = nf4_->entries[i];
+    const int64_t lo = std::max(begin, entry.begin), hi = std::min(end, entry.end);
+    if (lo >= hi) continue;
+    const at::Tensor bytes = encode_nf4_entry(*nf4_, i, values_of(i));
+    out.narrow(0, lo - begin, hi - lo).copy_(bytes.narrow(0, lo - entry.begin, hi - lo));
+  }
+  return out;
 }
 
 int64_t FlatParam::gathered_bytes() const {
@@ -297,8 +358,9 @@ void FlatParam::set_cpu_offload(bool on) {
   torch::NoGradGuard no_grad;
   // Pinned (page-locked) host memory lets copies to and from a GPU run asynchronously.
   const bool pin = on && !compute_device_.is_cpu();
-  at::Tensor moved = pin ? at::empty({layout_.shard_numel}, at::TensorOptions().dtype(shard_.scalar_type()).pinned_memory(true))
-                         : empty_buffer(layout_.shard_numel, shard_.scalar_type(), on ? at::Device(at::kCPU) : compute_device_);
+  const int64_t numel = shard_.numel();  // shard_numel, or shard_bytes of NF4
+  at::Tensor moved = pin ? at::empty({numel}, at::TensorOptions().dtype(shard_.scalar_type()).pinned_memory(true))
+                         : empty_buffer(numel, shard_.scalar_type(), on ? at::Device(at::kCPU) : compute_device_);
   moved.copy_(shard_);
   shard_ = moved;
   offload_ = on;
@@ -383,6 +445,15 @@ void FlatParam::prefix_names(const std::string& prefix) {
 }
 
 std::vector<at::Tensor> FlatParam::gather_full_params() const {
+  if (nf4_) {  // the bytes gathered, each entry decoded to fp32
+    at::Tensor bytes = at::empty({nf4_->padded_bytes}, shard_.options().device(compute_device_));
+    group_->all_gather(bytes, shard_.to(compute_device_))->wait();
+    at::Tensor values = at::empty({layout_.padded_numel}, bytes.options().dtype(at::kFloat));
+    decode_nf4_storage(*nf4_, layout_, bytes, values);
+    std::vector<at::Tensor> out;
+    for (const FlatEntry& entry : layout_.entries) out.push_back(values.narrow(0, entry.offset, entry.numel).view(entry.shape).clone());
+    return out;
+  }
   at::Tensor full = shard_;
   if (!replicate_) {
     full = at::empty({layout_.padded_numel}, shard_.options());

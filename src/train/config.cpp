@@ -210,13 +210,6 @@ std::string joined(const std::vector<std::string>& names) {
   return text;
 }
 
-// The linear layers LoRA may target in this model's family (empty for ViT).
-std::vector<std::string> family_linear_layers(const models::ModelConfig& model) {
-  if (std::holds_alternative<models::GptConfig>(model)) return models::GptConfig::linear_layers();
-  if (std::holds_alternative<models::LlamaConfig>(model)) return models::LlamaConfig::linear_layers();
-  return {};
-}
-
 // [lora], once its keys are read: a PEFT adapter (lora.init_adapter) fills the keys left out and
 // must agree with those given; then the adapters must be complete and valid.
 void finish_lora(const Reader& r, TrainConfig& c) {
@@ -247,7 +240,7 @@ void finish_lora(const Reader& r, TrainConfig& c) {
     if (targets) {
       models::LoraSpec theirs_spec;
       theirs_spec.targets = adapter.targets;
-      const std::vector<std::string> layers = family_linear_layers(c.model);
+      const std::vector<std::string> layers = models::linear_layers(c.model);
       auto ours = lora.target_layers(layers), theirs = theirs_spec.target_layers(layers);
       std::sort(ours.begin(), ours.end());
       std::sort(theirs.begin(), theirs.end());
@@ -266,7 +259,7 @@ void finish_lora(const Reader& r, TrainConfig& c) {
     r.fail("[lora] needs lora.targets, e.g. \"q_proj k_proj v_proj o_proj\" (Llama), \"c_attn\" (GPT-2) or \"all-linear\"");
   }
   try {
-    lora.validate(models::family_name(c.model), family_linear_layers(c.model));
+    lora.validate(models::family_name(c.model), models::linear_layers(c.model));
   } catch (const std::invalid_argument& e) {
     r.fail(std::string("[lora] ") + e.what());
   }
@@ -379,9 +372,11 @@ std::string resolved_lora_base_dtype(const TrainConfig& c) {
       // The run that wrote it resolved its own base_dtype into its config (either quote style:
       // toml++ wrote single quotes before 2026-12-02).
       const std::string saved = checkpoint::read_checkpoint_info(c.init_from).config_toml;
-      const bool bf16 = saved.find("base_dtype = \"bfloat16\"") != std::string::npos ||
-                        saved.find("base_dtype = 'bfloat16'") != std::string::npos;
-      return bf16 ? "bfloat16" : "float32";
+      auto saved_as = [&](const char* dtype) {
+        return saved.find(std::string("base_dtype = \"") + dtype + "\"") != std::string::npos ||
+               saved.find(std::string("base_dtype = '") + dtype + "'") != std::string::npos;
+      };
+      return saved_as("nf4") ? "nf4" : saved_as("bfloat16") ? "bfloat16" : "float32";
     }
     if (!c.init_from.empty() && checkpoint::stored_weights_dtype(c.init_from) == at::kBFloat16) return "bfloat16";
   } catch (const std::exception& e) {

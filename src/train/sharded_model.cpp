@@ -28,9 +28,25 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.activation_checkpointing_every = static_cast<int>(c.fsdp.activation_checkpointing_every);
   options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
   options.cpu_offload = c.fsdp.cpu_offload;
-  // A LoRA base is frozen: its shards may be kept in bf16 (gathered as bf16, widened after).
+  // A LoRA base is frozen: its shards may be kept in bf16 (gathered as bf16, widened after), or
+  // (QLoRA) its blocks' linear weights in NF4 and the rest of it in bf16.
   const models::LoraSpec* lora = models::lora_spec(c.model);
-  if (lora != nullptr && lora->enabled() && resolved_lora_base_dtype(c) == "bfloat16") options.frozen_dtype = at::kBFloat16;
+  const std::string base_dtype = lora != nullptr && lora->enabled() ? resolved_lora_base_dtype(c) : "float32";
+  if (base_dtype == "bfloat16" || base_dtype == "nf4") options.frozen_dtype = at::kBFloat16;
+  if (base_dtype == "nf4") {
+    // Names inside their unit ("self_attn.q_proj.weight"): a linear layer's weight, as
+    // bitsandbytes' Linear4bit replaces every linear layer but the head.
+    options.frozen_nf4 = [layers = models::linear_layers(c.model)](const std::string& name, const at::Tensor& p) {
+      if (p.dim() != 2) return false;
+      for (const std::string& layer : layers) {
+        const std::string suffix = layer + ".weight";
+        if (name == suffix || (name.size() > suffix.size() && name.compare(name.size() - suffix.size() - 1, suffix.size() + 1, "." + suffix) == 0)) {
+          return true;
+        }
+      }
+      return false;
+    };
+  }
   return options;
 }
 

@@ -244,6 +244,31 @@ TEST(CommBadInput, UnsupportedDtypeAndDevice) {
                std::invalid_argument);
   EXPECT_THROW(g->broadcast(at::zeros({3}), g->size()), std::invalid_argument);
   EXPECT_THROW(g->all_gather(at::Tensor(), at::zeros({1})), std::invalid_argument);
+  // uint8 carries packed bytes (an NF4 base): reductions of it are refused by name.
+  try {
+    g->all_reduce(at::zeros({3}, at::kByte), ReduceOp::Sum);
+    ADD_FAILURE() << "a uint8 all_reduce was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("uint8 tensors carry packed bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(g->reduce_scatter(at::zeros({1}, at::kByte), at::zeros({g->size()}, at::kByte), ReduceOp::Max),
+               std::invalid_argument);
+}
+
+// Packed bytes (uint8) gather and broadcast unchanged, short buffers and ring-sized ones alike.
+TEST(Comm, BytesGatherAndBroadcastUnchanged) {
+  auto g = world();
+  for (const int64_t k : {int64_t{13}, int64_t{300001}}) {
+    const at::Tensor input = (at::arange(k, at::kLong) * 7 + g->rank() * 31).remainder(256).to(at::kByte);
+    at::Tensor output = at::zeros({k * g->size()}, at::kByte);
+    g->all_gather(output, input)->wait();
+    for (int r = 0; r < g->size(); ++r) {
+      EXPECT_TRUE(output.narrow(0, r * k, k).equal((at::arange(k, at::kLong) * 7 + r * 31).remainder(256).to(at::kByte))) << r;
+    }
+    at::Tensor t = input.clone();
+    g->broadcast(t, g->size() - 1)->wait();
+    EXPECT_TRUE(t.equal((at::arange(k, at::kLong) * 7 + (g->size() - 1) * 31).remainder(256).to(at::kByte)));
+  }
 }
 
 }  // namespace comm_test

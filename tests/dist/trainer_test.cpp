@@ -19,6 +19,7 @@
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/shard/nf4_storage.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
 #include "fortune_instructions.h"
@@ -546,31 +547,32 @@ TEST(Finetune, MaskedLossMatchesASingleRankRun) {
 
 // ---- LoRA: adapters trained over a frozen bf16 base, sharded ----
 
-TrainConfig lora_config(const std::string& jsonl, const std::string& output_dir) {
+TrainConfig lora_config(const std::string& jsonl, const std::string& output_dir, const std::string& base_dtype = "bfloat16") {
   std::string text = "name = \"lora-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
   text += "[data]\nsource = \"instructions\"\ntrain_jsonl = \"" + jsonl + "\"\nvalidation_percent = 10\n";
   text += "[train]\nsteps = 6\nglobal_batch = 24\nmicro_batches = 2\nsync_each_micro_batch = false\nseq_len = 96\nthreads = 1\n";
   text += "[optimizer]\nlr = 1e-2\nmin_lr = 1e-3\nwarmup_steps = 1\nweight_decay = 0.0\n";
   text += "[eval]\nevery = 3\nbatches = 1\nsample_tokens = 8\n[checkpoint]\nevery = 6\n";
-  text += "[lora]\nrank = 4\nalpha = 8\ntargets = \"q_proj v_proj o_proj gate_proj\"\nbase_dtype = \"bfloat16\"\n";
+  text += "[lora]\nrank = 4\nalpha = 8\ntargets = \"q_proj v_proj o_proj gate_proj\"\nbase_dtype = \"" + base_dtype + "\"\n";
   return fsdp::train::parse_train_config(text, "lora_test");
 }
 
 // LoRA at N ranks equals one process from the same initialisation: losses, gradient norms,
-// validation losses and every final parameter (adapters and the bf16 base) within 1e-5. The base
-// never changes, the adapters do, and the loss falls.
-TEST(Lora, MatchesASingleRankRunAndLeavesTheBaseAlone) {
+// validation losses and every final parameter (adapters and the base) within 1e-5. The base
+// never changes, the adapters do, and the loss falls. Base in bf16, or (QLoRA) its linear weights
+// in NF4: every rank quantizes the same weights alike, whatever its shard.
+void expect_lora_parity(const std::string& base_dtype) {
   auto world = fsdp::comm::init_world();
   const int n = world->size();
-  const fs::path dir = fs::temp_directory_path() / ("fsdp_lora_test_" + std::to_string(n));
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_lora_test_" + base_dtype + std::to_string(n));
   if (world->rank() == 0) {
     fs::remove_all(dir);
     fsdp::testing::write_fortune_instructions(dir);
   }
   world->barrier()->wait();
   const std::string jsonl = (dir / "instructions.jsonl").string();
-  auto reference_config = lora_config(jsonl, (dir / ("alone-" + std::to_string(world->rank()))).string());
-  auto sharded_config = lora_config(jsonl, (dir / "sharded").string());
+  auto reference_config = lora_config(jsonl, (dir / ("alone-" + std::to_string(world->rank()))).string(), base_dtype);
+  auto sharded_config = lora_config(jsonl, (dir / "sharded").string(), base_dtype);
   auto alone = world->split(world->rank(), 0);
   // The base as built (the same seed everywhere), before any step.
   auto initial = fsdp::train::build_sharded_model(sharded_config, 256, world);
@@ -608,6 +610,9 @@ TEST(Lora, MatchesASingleRankRunAndLeavesTheBaseAlone) {
   if (world->rank() == 0) fs::remove_all(dir);
 }
 
+TEST(Lora, MatchesASingleRankRunAndLeavesTheBaseAlone) { expect_lora_parity("bfloat16"); }
+TEST(Lora, QloraMatchesASingleRankRunAndLeavesTheNf4BaseAlone) { expect_lora_parity("nf4"); }
+
 // The base holds no gradient and no optimizer state, and its shards are bf16 (the runtime's own
 // accounting): AdamW's state is exactly two fp32 values per trainable shard element.
 TEST(Lora, TheBaseHasNoGradientsNorOptimizerState) {
@@ -642,6 +647,71 @@ TEST(Lora, TheBaseHasNoGradientsNorOptimizerState) {
   }
   EXPECT_GT(frozen_flats, 0);
   EXPECT_EQ(optimizer.state_bytes(), 2 * 4 * trainable_elements) << "AdamW state for the adapters only";
+  world->barrier()->wait();
+  if (world->rank() == 0) fs::remove_all(dir);
+}
+
+// QLoRA (lora.base_dtype = "nf4"): the blocks' linear weights are NF4 bytes in their unit's
+// frozen flat storage (uint8 shards, gathered as uint8), the rest of the base bf16 in the same
+// bytes; each block's frozen shard holds about 4.1 bits per linear weight; no gradient, no
+// optimizer state; the gathered weights are NF4's dequantized values (within NF4's error of the
+// bf16 base, never equal to it).
+TEST(Lora, TheNf4BaseIsPackedBytesInTheFlatStorage) {
+  auto world = fsdp::comm::init_world();
+  const fs::path dir = fs::temp_directory_path() / ("fsdp_lora_nf4_" + std::to_string(world->size()));
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    fsdp::testing::write_fortune_instructions(dir);
+  }
+  world->barrier()->wait();
+  auto config = lora_config((dir / "instructions.jsonl").string(), (dir / "out").string(), "nf4");
+  auto bf16_config = lora_config((dir / "instructions.jsonl").string(), (dir / "out").string(), "bfloat16");
+  auto nf4 = fsdp::train::build_sharded_model(config, 256, world);
+  auto bf16 = fsdp::train::build_sharded_model(bf16_config, 256, world);
+  int blocks = 0;
+  const auto bf16_flats = bf16.state->flat_params();
+  const auto nf4_flats = nf4.state->flat_params();
+  ASSERT_EQ(bf16_flats.size(), nf4_flats.size());
+  for (size_t f = 0; f < nf4_flats.size(); ++f) {
+    auto* flat = nf4_flats[f];
+    if (flat->trainable()) continue;
+    const auto* storage = flat->nf4_storage();
+    if (flat->unit_name().rfind("layers.", 0) != 0) {  // the root: embeddings, norm; no linear layer
+      EXPECT_EQ(storage, nullptr) << flat->unit_name();
+      continue;
+    }
+    ++blocks;
+    ASSERT_NE(storage, nullptr) << flat->unit_name();
+    EXPECT_EQ(storage->nf4_weights(), 7) << "q, k, v, o, gate, up and down projections of " << flat->unit_name();
+    EXPECT_EQ(flat->shard().scalar_type(), at::kByte);
+    EXPECT_EQ(flat->wire_dtype(), at::kByte);
+    int64_t linear = 0, nf4_bytes = 0;
+    for (size_t e = 0; e < flat->layout().entries.size(); ++e) {
+      const auto& place = storage->entries[e];
+      if (!place.nf4) continue;
+      linear += flat->layout().entries[e].numel;
+      nf4_bytes += place.codes.bytes + place.absmax.bytes + place.nested_absmax.bytes + place.offset.bytes;
+    }
+    // 4 bits, an 8-bit absmax code per 64, then per weight an fp32 nested absmax per 256 blocks and
+    // the fp32 offset (this model's weights are small: 64 bits on 1-4k weights).
+    const double bits_per_weight = 8.0 * nf4_bytes / linear;
+    EXPECT_GT(bits_per_weight, 4.125) << flat->unit_name();
+    EXPECT_LT(bits_per_weight, 4.25) << flat->unit_name();
+    if (world->rank() == 0 && blocks == 1) std::printf("NF4: %.3f bits per linear weight in %s\n", bits_per_weight, flat->unit_name().c_str());
+    // Gathered: NF4's dequantized values, near the bf16 base and not equal to it.
+    const auto mine = flat->gather_full_params(), theirs = bf16_flats[f]->gather_full_params();
+    for (size_t e = 0; e < mine.size(); ++e) {
+      const double error = (mine[e] - theirs[e].to(at::kFloat)).abs().max().item<double>();
+      const double scale = theirs[e].to(at::kFloat).abs().max().item<double>();
+      if (storage->entries[e].nf4) {
+        EXPECT_GT(error, 0.0) << flat->layout().entries[e].name;
+        EXPECT_LT(error, 0.2 * scale) << flat->layout().entries[e].name << " (NF4's largest step is about 0.16 of the absmax)";
+      } else {
+        EXPECT_EQ(error, 0.0) << flat->layout().entries[e].name << ": not a linear weight, kept in bf16";
+      }
+    }
+  }
+  EXPECT_GT(blocks, 0);
   world->barrier()->wait();
   if (world->rank() == 0) fs::remove_all(dir);
 }

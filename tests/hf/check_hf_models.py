@@ -29,7 +29,17 @@
    (hidden 64 onto 96) is refused naming both shapes; a DoRA adapter and one with modules_to_save
    are refused by name. An fp32 GPT-2 base with adapters at B = 0, merged and exported (lora.base_dtype
    "auto"), is the base again bit for bit.
-5. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
+5. QLoRA (bitsandbytes and peft, from the peers' requirements): fsdp-train fine-tunes adapters over
+   the same bf16 Llama with lora.base_dtype = "nf4" (2 ranks); transformers loads that base 4-bit
+   (BitsAndBytesConfig nf4, double quantization, fp32 compute; it runs on the CPU), peft puts the
+   exported adapter on it, and its logits equal fsdp.cpp's for the checkpoint within 1e-3, each
+   4-bit layer computing with bitsandbytes' dequantize_4bit (its CPU gemm_4bit product is about
+   bf16-accurate: printed beside). The
+   check sees a base that was not quantized: peft over the bf16 base differs by far more. The
+   --merge export equals bitsandbytes' dequantize_4bit of each weight plus peft's B A scaled
+   (1e-5). transformers' saved 4-bit directories (nf4 and fp4) are refused naming the tensor and
+   the quant type.
+6. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
    transformers' apply_chat_template with Llama 3's tokenizer_config.json template, token for token,
    on hand-written conversations and on the instruction set fsdp-data makes from the fortunes; the
    trained tokens are the assistant's contents and their <|eot_id|>.
@@ -357,6 +367,108 @@ targets = "q_proj v_proj o_proj down_proj"
     check_lora_continue(args, work, config_text, adapter)
     check_lora_import(args, work, peft)
     check_lora_fp32_base(args, work)
+    check_qlora(args, work, peft, base, config_text.replace(out, out + "-nf4") + 'base_dtype = "nf4"\n')
+
+
+QLORA_LOGIT_TOLERANCE = 1e-3
+
+
+def check_qlora(args, work, peft, base, config_text):
+    """Part 5: a QLoRA run's adapter over transformers' own 4-bit model of the same base."""
+    try:
+        import bitsandbytes
+    except ImportError:
+        check(False, "QLoRA: bitsandbytes, the reference, is not installed (scripts/requirements-peers.txt)")
+        return
+    config = os.path.join(work, "qlora.toml")
+    with open(config, "w") as f:
+        f.write(config_text)
+    out = re.search(r'output_dir = "([^"]+)"', config_text).group(1)
+    mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
+    checkpoint = os.path.join(out, "checkpoints", sorted(os.listdir(os.path.join(out, "checkpoints")))[-1])
+    fsdp_ckpt = os.path.join(args.build_dir, "apps", "fsdp-ckpt")
+    adapter, merged = os.path.join(work, "qlora-adapter"), os.path.join(work, "qlora-merged")
+    mpirun(args, 2, [fsdp_ckpt, "export", checkpoint, "--peft-dir", adapter])
+    mpirun(args, 3, [fsdp_ckpt, "export", checkpoint, "--hf-dir", merged, "--merge"])
+
+    def four_bit(quant_type):
+        quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                                       bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(base, quantization_config=quantization, device_map="cpu")
+        # The linear weights quantized from the bf16 base (QLoRA's recipe, and fsdp.cpp's NF4 base);
+        # everything else widened to fp32, as fsdp.cpp computes this run (fsdp.param_dtype float32).
+        for parameter in model.parameters():
+            if parameter.dtype == torch.bfloat16:
+                parameter.data = parameter.data.float()
+        model.eval()
+        return model
+
+    def dequantizing(model):
+        # bitsandbytes 0.50's CPU gemm_4bit (Linear4bit's product, in training and inference alike)
+        # differs from its own dequantize_4bit followed by the product by up to 4e-3 a layer here,
+        # about bf16's rounding, and on a CPU with AVX512-BF16 inference repacks the weight and
+        # multiplies in bf16 whatever the compute dtype. The reference layer is therefore
+        # bitsandbytes' dequantize_4bit of its own quantized weight, then the product in fp32.
+        for module in model.modules():
+            if type(module).__name__ == "Linear4bit":
+                def forward(x, module=module):
+                    weight = bitsandbytes.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
+                    return torch.nn.functional.linear(x.to(torch.float32), weight.to(torch.float32), module.bias)
+                module.forward = forward
+        return model
+
+    base_4bit = four_bit("nf4")
+    check(type(base_4bit.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit", "QLoRA: transformers loads the base 4-bit (Linear4bit)")
+    # Dequantized before peft wraps the layers: each quantized weight as bitsandbytes reads it back.
+    dequantized = {name + ".weight": bitsandbytes.functional.dequantize_4bit(m.weight.data, m.weight.quant_state).float()
+                   for name, m in base_4bit.named_modules() if type(m).__name__ == "Linear4bit"}
+    ids = torch.randint(0, 256, (2, 40))
+    with torch.no_grad():
+        kernel_model = peft.PeftModel.from_pretrained(four_bit("nf4"), adapter)
+        kernel_model.eval()
+        kernel_logits = kernel_model(ids).logits
+    model = peft.PeftModel.from_pretrained(dequantizing(base_4bit), adapter)
+    model.eval()
+    with torch.no_grad():
+        peft_logits = model(ids).logits
+    plain = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
+    plain.eval()
+    with torch.no_grad():
+        unquantized_logits = plain(ids).logits
+    ours = our_logits(args, checkpoint, ids, 2, work)
+    error = (ours - peft_logits).abs().max().item()
+    unquantized = (ours - unquantized_logits).abs().max().item()
+    check(error < QLORA_LOGIT_TOLERANCE, f"QLoRA: peft with fsdp.cpp's adapter over transformers' 4-bit base gives fsdp.cpp's "
+                                         f"logits within {QLORA_LOGIT_TOLERANCE:g} ({error:.2e}, 2 ranks)")
+    print(f"     (with bitsandbytes' own CPU 4-bit product, gemm_4bit, peft's logits differ from fsdp.cpp's by "
+          f"{(ours - kernel_logits).abs().max().item():.2e})")
+    check(unquantized > 10 * QLORA_LOGIT_TOLERANCE,
+          f"QLoRA: the check sees the quantization: over the bf16 base peft's logits differ by {unquantized:.2e}")
+    # The merged export: bitsandbytes' dequantized weight plus the adapter's scaled B A, layer by layer.
+    adapter_config = json.load(open(os.path.join(adapter, "adapter_config.json")))
+    scale = adapter_config["lora_alpha"] / adapter_config["r"]
+    weights = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    mine = transformers.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).state_dict()
+    worst, compared = 0.0, 0
+    for name, weight in dequantized.items():
+        expected = weight.clone()
+        a_name = "base_model.model." + name.replace(".weight", ".lora_A.weight")
+        if a_name in weights:
+            expected += scale * weights[a_name.replace("lora_A", "lora_B")].float() @ weights[a_name].float()
+        worst = max(worst, (mine[name] - expected).abs().max().item())
+        compared += 1
+    check(compared > 0 and worst < EXPORT_TOLERANCE,
+          f"QLoRA: the --merge export equals bitsandbytes' dequantize_4bit plus B A ({compared} weights, largest difference {worst:.2e})")
+    # transformers' own 4-bit directories: refused naming the tensor and the quant type.
+    for quant_type in ("nf4", "fp4"):
+        saved = os.path.join(work, f"saved-{quant_type}")
+        four_bit(quant_type).save_pretrained(saved)  # a fresh model: peft has wrapped base_4bit's layers
+        result = subprocess.run([os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), saved,
+                                 os.path.join(work, "ids.safetensors"), os.path.join(work, "refused.safetensors")],
+                                capture_output=True, text=True, timeout=120)
+        said = [line for line in (result.stdout + result.stderr).splitlines() if "4-bit" in line]
+        check(result.returncode != 0 and any(f"is stored 4-bit by bitsandbytes ({quant_type})" in line for line in said),
+              f"QLoRA: a transformers {quant_type} 4-bit directory is refused by name: {said[0] if said else result.stderr[-300:]}")
 
 
 def peft_adapter(peft, base, out, targets, seed, **options):

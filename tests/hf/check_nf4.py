@@ -1,4 +1,4 @@
-"""fsdp.cpp's NF4 (models/nf4.h, through the fsdp_nf4 tool) against bitsandbytes on the CPU.
+"""fsdp.cpp's NF4 (shard/nf4.h, through the fsdp_nf4 tool) against bitsandbytes on the CPU.
 
     python check_nf4.py PATH/TO/fsdp_nf4
 

@@ -1,4 +1,4 @@
-// fsdp_nf4: fsdp.cpp's NF4 format (models/nf4.h) on safetensors files, for tests/hf/check_nf4.py,
+// fsdp_nf4: fsdp.cpp's NF4 format (shard/nf4.h) on safetensors files, for tests/hf/check_nf4.py,
 // which compares it with bitsandbytes byte for byte.
 //   fsdp_nf4 quantize IN OUT [--blocksize B] [--no-double-quant]
 //     every tensor W of IN -> W.packed (uint8), W.absmax (fp32, or uint8 with double quantization),
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/safetensors.h"
-#include "fsdp/models/nf4.h"
+#include "fsdp/shard/nf4.h"
 
 namespace {
 
@@ -24,7 +24,7 @@ using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
 Tensors quantize(const fsdp::checkpoint::SafetensorsFile& in, int64_t blocksize, bool double_quant) {
   Tensors out;
   for (const auto& info : in.tensors()) {
-    const fsdp::models::Nf4Weight weight = fsdp::models::quantize_nf4(in.read(info.name), blocksize, double_quant);
+    const fsdp::shard::Nf4Weight weight = fsdp::shard::quantize_nf4(in.read(info.name), blocksize, double_quant);
     out.emplace_back(info.name + ".packed", weight.packed);
     out.emplace_back(info.name + ".absmax", weight.absmax);
     if (double_quant) {
@@ -32,7 +32,7 @@ Tensors quantize(const fsdp::checkpoint::SafetensorsFile& in, int64_t blocksize,
       out.emplace_back(info.name + ".nested_absmax", weight.nested_absmax);
       out.emplace_back(info.name + ".nested_map", weight.nested_map);
     }
-    out.emplace_back(info.name + ".dequantized", fsdp::models::dequantize_nf4(weight, info.dtype).contiguous());
+    out.emplace_back(info.name + ".dequantized", fsdp::shard::dequantize_nf4(weight, info.dtype).contiguous());
   }
   return out;
 }
@@ -47,7 +47,7 @@ Tensors dequantize(const fsdp::checkpoint::SafetensorsFile& in, int64_t blocksiz
     }
   }
   for (const std::string& name : weights) {
-    fsdp::models::Nf4Weight weight;
+    fsdp::shard::Nf4Weight weight;
     const at::Tensor shape = in.read(name + ".shape");
     weight.shape.assign(shape.data_ptr<int64_t>(), shape.data_ptr<int64_t>() + shape.numel());
     weight.blocksize = blocksize;
@@ -59,7 +59,7 @@ Tensors dequantize(const fsdp::checkpoint::SafetensorsFile& in, int64_t blocksiz
       weight.nested_absmax = in.read(name + ".nested_absmax").reshape(-1);
       weight.nested_map = in.read(name + ".nested_map").reshape(-1);
     }
-    out.emplace_back(name + ".dequantized", fsdp::models::dequantize_nf4(weight, at::kFloat).contiguous());
+    out.emplace_back(name + ".dequantized", fsdp::shard::dequantize_nf4(weight, at::kFloat).contiguous());
   }
   return out;
 }

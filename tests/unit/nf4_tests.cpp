@@ -1,17 +1,18 @@
-// NF4 (models/nf4.h): the layout by hand, round-trip error bounds, double quantization, and the
+// NF4 (shard/nf4.h): the layout by hand, round-trip error bounds, double quantization, and the
 // errors. Bit-for-bit agreement with bitsandbytes is tests/hf/check_nf4.py (CTest nf4_bitsandbytes).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <string>
 
-#include "fsdp/models/nf4.h"
+#include "fsdp/shard/nf4.h"
+#include "fsdp/shard/nf4_storage.h"
 
 namespace nf4_tests {
 
-using fsdp::models::dequantize_nf4;
-using fsdp::models::nf4_block_absmax;
-using fsdp::models::quantize_nf4;
+using fsdp::shard::dequantize_nf4;
+using fsdp::shard::nf4_block_absmax;
+using fsdp::shard::quantize_nf4;
 
 std::string error_of(const std::function<void()>& fn) {
   try {
@@ -76,7 +77,7 @@ TEST(Nf4, DoubleQuantizedAbsmaxWithinTheMapsResolution) {
   const auto largest = std::get<0>(padded.abs().max(1)).repeat_interleave(256).slice(0, 0, 600);
   const auto error = (nf4_block_absmax(nested) - plain.absmax).abs();
   EXPECT_TRUE((error <= largest * (0.9 / 64 / 2) * 1.01).all().item<bool>()) << (error / largest).max().item<double>();
-  const auto map = fsdp::models::dynamic_map_signed();
+  const auto map = fsdp::shard::dynamic_map_signed();
   ASSERT_EQ(map.numel(), 256);
   EXPECT_TRUE((map.slice(0, 1) > map.slice(0, 0, -1)).all().item<bool>());
   EXPECT_NEAR(map[0].item<float>(), -0.993, 1e-3);
@@ -103,6 +104,75 @@ TEST(Nf4, BadInputIsNamed) {
   auto p = quantize_nf4(w, 64, true);
   p.packed = p.packed.slice(0, 1);
   EXPECT_NE(error_of([&] { dequantize_nf4(p); }).find("packed weight holds 127"), std::string::npos);
+}
+
+// A frozen FlatParam's NF4 string (shard/nf4_storage.h): each NF4 entry's parts are exactly
+// quantize_nf4's tensors (codes, 8-bit absmax, nested absmax, offset), each raw entry its values in
+// the raw dtype; every part starts 16-byte aligned; the bytes before the padding are the same for
+// any number of shards; decoding gives each entry dequantize_nf4's values (NF4) or the raw values
+// widened, at its element offset, in the target dtype. Entries: Llama-like [8, 64], a bias of 7, an
+// odd [3, 5] and a [20, 70] of 22 blocks with a short last one.
+TEST(Nf4Storage, EachEntryIsQuantizeNf4sBytesAndDecodesToDequantizeNf4sValues) {
+  torch::manual_seed(5);
+  const std::vector<std::vector<int64_t>> shapes = {{8, 64}, {7}, {3, 5}, {20, 70}};
+  const std::vector<bool> nf4 = {true, false, true, true};
+  std::vector<fsdp::shard::FlatEntry> entries;
+  std::vector<at::Tensor> values;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    values.push_back(torch::randn(shapes[i]) * 0.05);
+    entries.push_back(fsdp::shard::FlatEntry{"e" + std::to_string(i), {}, shapes[i], 0, values.back().numel()});
+  }
+  for (bool double_quant : {true, false}) {
+    const auto layout = fsdp::shard::FlatLayout::make(entries, 3);
+    at::Tensor unsharded = torch::zeros({layout.padded_numel});
+    for (size_t i = 0; i < values.size(); ++i) unsharded.narrow(0, layout.entries[i].offset, values[i].numel()).copy_(values[i].reshape(-1));
+    const auto storage = fsdp::shard::Nf4StorageLayout::make(layout, nf4, 3, double_quant, at::kBFloat16);
+    EXPECT_EQ(storage.padded_bytes % 3, 0);
+    EXPECT_EQ(storage.shard_bytes * 3, storage.padded_bytes);
+    EXPECT_EQ(storage.nf4_weights(), 3);
+    const at::Tensor bytes = fsdp::shard::encode_nf4_storage(storage, layout, unsharded);
+    ASSERT_EQ(bytes.numel(), storage.padded_bytes);
+    auto part = [&](const fsdp::shard::Nf4Part& p) {
+      EXPECT_EQ(p.offset % 16, 0);
+      return bytes.narrow(0, p.offset, p.bytes);
+    };
+    for (size_t i = 0; i < values.size(); ++i) {
+      const auto& place = storage.entries[i];
+      if (!nf4[i]) {
+        EXPECT_TRUE(part(place.raw).view(at::kBFloat16).equal(values[i].reshape(-1).to(at::kBFloat16))) << i;
+        continue;
+      }
+      // Quantized from the base's dtype (bf16 here), as bitsandbytes quantizes a bf16 weight.
+      const auto weight = quantize_nf4(values[i].to(at::kBFloat16), 64, double_quant);
+      EXPECT_TRUE(part(place.codes).equal(weight.packed)) << i;
+      if (double_quant) {
+        EXPECT_TRUE(part(place.absmax).equal(weight.absmax)) << i;
+        EXPECT_TRUE(part(place.nested_absmax).view(at::kFloat).equal(weight.nested_absmax)) << i;
+        EXPECT_EQ(part(place.offset).view(at::kFloat).item<float>(), weight.offset) << i;
+      } else {
+        EXPECT_TRUE(part(place.absmax).view(at::kFloat).equal(weight.absmax)) << i;
+      }
+    }
+    // The same bytes for another number of shards, up to the padding.
+    const auto two = fsdp::shard::Nf4StorageLayout::make(fsdp::shard::FlatLayout::make(entries, 2), nf4, 2, double_quant);
+    EXPECT_TRUE(fsdp::shard::encode_nf4_storage(two, fsdp::shard::FlatLayout::make(entries, 2), unsharded)
+                    .narrow(0, 0, storage.bytes).equal(bytes.narrow(0, 0, storage.bytes)));
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      at::Tensor decoded = torch::full({layout.padded_numel}, 9.0).to(dtype);
+      fsdp::shard::decode_nf4_storage(storage, layout, bytes, decoded);
+      for (size_t i = 0; i < values.size(); ++i) {
+        const at::Tensor got = decoded.narrow(0, layout.entries[i].offset, values[i].numel());
+        // Decoded to the base's dtype (bitsandbytes' dequantize_4bit of a bf16 weight), then widened.
+        const at::Tensor want =
+            nf4[i] ? dequantize_nf4(quantize_nf4(values[i].to(at::kBFloat16), 64, double_quant), at::kBFloat16).to(dtype).reshape(-1)
+                   : values[i].reshape(-1).to(at::kBFloat16).to(dtype);
+        EXPECT_TRUE(got.equal(want)) << "entry " << i << " " << dtype << " double_quant " << double_quant;
+      }
+    }
+  }
+  EXPECT_NE(error_of([&] { fsdp::shard::Nf4StorageLayout::make(fsdp::shard::FlatLayout::make(entries, 2), {true}, 2); })
+                .find("1 flags for 4 entries"),
+            std::string::npos);
 }
 
 }  // namespace nf4_tests

@@ -219,6 +219,47 @@ TEST(Plan, BadInputIsNamed) {
   }
 }
 
+// QLoRA (--lora-base-dtype nf4): the blocks' linear weights are stored, gathered and sent as NF4
+// with double quantization (4 bits, an 8-bit absmax code per 64 weights, an fp32 per 256 blocks:
+// 0.5 + 1/64 + 4/16384 bytes a weight), everything else stays bf16. Llama 3 70B's blocks' linear
+// weights are 68.5 B of its 70.6 B; the rest (embedding, head, norms) stays bf16.
+TEST(Plan, QloraStoresTheBlocksLinearWeightsInNf4) {
+  PlanInput in = llama70b(8, "full_shard");
+  in.param_dtype = "bfloat16";
+  in.seq_len = 2048;
+  in.activation_checkpointing = true;
+  fsdp::models::LoraSpec spec;
+  spec.rank = 16;
+  spec.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  std::get<fsdp::models::LlamaConfig>(in.model).lora = spec;
+  const auto bf16 = make_plan(in);
+  in.lora_base_dtype = "nf4";
+  const auto nf4 = make_plan(in);
+  const auto& llama = std::get<fsdp::models::LlamaConfig>(in.model);
+  const int64_t linear = fsdp::models::linear_weight_count(in.model);
+  // q, k, v, o: 8192 x (8192 + 2 x 1024 + 8192); gate, up, down: 3 x 8192 x 28672; 80 layers.
+  EXPECT_EQ(linear, 80LL * (8192LL * (8192 + 2 * 1024 + 8192) + 3LL * 8192 * 28672));
+  EXPECT_EQ(llama.linear_weight_count(), linear);
+  const double per_weight = 0.5 + 1.0 / 64 + 4.0 / (64 * 256);
+  const int64_t p = bf16.parameters;
+  // The base's shard: NF4 bytes for the linear weights, bf16 for the rest; the adapters unchanged.
+  const double base_bf16 = 2.0 * p / 8, base_nf4 = (per_weight * linear + 2.0 * (p - linear)) / 8;
+  EXPECT_NEAR(static_cast<double>(bf16.memory.parameters - nf4.memory.parameters), base_bf16 - base_nf4, 2.0);
+  EXPECT_EQ(nf4.memory.gradients, bf16.memory.gradients);
+  EXPECT_EQ(nf4.memory.optimizer, bf16.memory.optimizer);
+  EXPECT_EQ(nf4.adapter_params, bf16.adapter_params);
+  // The all-gather carries 0.516 bytes instead of 2 for every linear weight, twice a step
+  // (forward and backward), 7/8 of it from the other ranks.
+  EXPECT_NEAR(bf16.comm.all_gather - nf4.comm.all_gather, 2 * (2 - per_weight) * linear * 7 / 8, 1e6);
+  // The seeds' question: 8 x 24 GB. A bf16 base does not fit, an NF4 base does.
+  in.device_memory_bytes = fsdp::plan::parse_bytes("24GB");
+  EXPECT_TRUE(make_plan(in).fits);
+  in.lora_base_dtype = "bfloat16";
+  EXPECT_FALSE(make_plan(in).fits);
+  in.lora_base_dtype = "int4";
+  EXPECT_NE(error_of(in).find("lora base dtype 'int4' (expected bfloat16, float32 or nf4)"), std::string::npos);
+}
+
 // fsdp-plan follows the attention path the trainer takes (train.attention, "auto" resolved as the
 // trainer resolves it): bf16 compute on the CPU attends in fp32 and keeps fp32 q, k, v and output
 // per block; the composed path keeps the probabilities [heads, t, t] as well.

@@ -15,8 +15,9 @@
 // collective runs on the group's own CUDA stream after the caller's current stream's queued work,
 // and wait() makes the caller's current stream wait for it without blocking the host.
 //
-// Dtypes: float32, float64, int64, bfloat16. Reductions of bfloat16 accumulate in float32 and
-// round once, so a bf16 sum loses no more than the rounding of its result.
+// Dtypes: float32, float64, int64, bfloat16, float16, and uint8 for packed bytes (an NF4 base),
+// which are gathered and broadcast, never reduced. Reductions of bfloat16 accumulate in float32
+// and round once, so a bf16 sum loses no more than the rounding of its result.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -39,6 +39,7 @@ struct GptConfig {
   void validate() const;   // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer
+  int64_t linear_weight_count() const;   // the blocks' linear weights (a QLoRA base's NF4 part)
   // Training FLOPs (forward + backward) per token at sequence length `seq`: 6 per weight of every
   // matmul (embeddings are lookups, the tied head is a matmul) plus 12 * layers * seq * dim for the
   // attention scores and their weighted sum (PaLM's accounting, causal mask not discounted).

@@ -37,6 +37,7 @@ struct LlamaConfig {
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer
+  int64_t linear_weight_count() const;   // the blocks' linear weights (a QLoRA base's NF4 part)
   // Training FLOPs per token at sequence length seq (see GptConfig::flops_per_token).
   double flops_per_token(int64_t seq) const;
 };

@@ -30,6 +30,11 @@ ModelConfig model_config(const std::string& name);
 const char* family_name(const ModelConfig& config);  // "gpt", "llama", "vit"
 // The model's LoRA settings (rank 0: none); nullptr for a family without adapters (ViT).
 const LoraSpec* lora_spec(const ModelConfig& config);
+// The linear layers of the family's blocks, by name (what LoRA may target, and what a QLoRA base
+// stores as NF4): q_proj ... down_proj (Llama), c_attn, c_proj, c_fc (GPT); empty for ViT.
+std::vector<std::string> linear_layers(const ModelConfig& config);
+// The weights of those layers over every block (0 for ViT).
+int64_t linear_weight_count(const ModelConfig& config);
 bool is_language_model(const ModelConfig& config);
 int64_t parameter_count(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);  // language models' vocabulary; 0 for ViT

@@ -69,7 +69,8 @@ struct PlanInput {
   // train.fused_ops: Llama's SwiGLU keeps its two inputs, not SiLU(gate) as well (models/fused_ops.h).
   bool fused_ops = true;
   // LoRA (the model's LoraSpec enabled): the base frozen, its shards in this dtype, no gradient or
-  // optimizer state for it; the adapters fp32 with AdamW. "bfloat16" | "float32".
+  // optimizer state for it; the adapters fp32 with AdamW. "bfloat16" | "float32" | "nf4" (the blocks'
+  // linear weights in NF4 with double quantization, the rest bf16).
   std::string lora_base_dtype = "bfloat16";
   int64_t device_memory_bytes = 0;    // per rank; 0: not checked
   int64_t overhead_bytes = 512LL << 20;   // the process's own memory

@@ -5,6 +5,7 @@
 #include <ATen/core/TensorBody.h>
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <string>
 
 #include "fsdp/runtime/wrap_policy.h"
@@ -60,6 +61,11 @@ struct FsdpOptions {
   // Storage dtype of frozen parameters' shards (a LoRA base: bf16 halves it); gathered in the
   // compute dtype. Trainable shards stay fp32 (the master weights).
   at::ScalarType frozen_dtype = at::kFloat;
+  // QLoRA: frozen parameters this selects (by name inside their unit, and tensor) are stored as
+  // bitsandbytes' NF4 (shard/nf4_storage.h), the unit's other frozen ones in frozen_dtype.
+  // Meant for linear weights; empty: none. nf4_double_quant: bitsandbytes' compress_statistics.
+  std::function<bool(const std::string& name, const at::Tensor& param)> frozen_nf4;
+  bool nf4_double_quant = true;
 };
 
 }  // namespace fsdp::runtime

@@ -20,12 +20,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
 
 namespace fsdp::shard {
+
+struct Nf4StorageLayout;  // nf4_storage.h
 
 struct FlatEntry {
   std::string name;                  // e.g. "blocks.3.attn.qkv.weight"
@@ -83,11 +87,24 @@ class FlatParam {
   // Keeps this (frozen) FlatParam's shard in `dtype` (bf16 for a LoRA base). Throws for a
   // trainable one (its shard is the fp32 master) and under no_shard.
   void set_storage_dtype(at::ScalarType dtype);
+  // QLoRA: keeps this frozen FlatParam as bitsandbytes' NF4 (shard/nf4_storage.h): the entries
+  // `nf4` selects (linear weights) quantized, the others in `raw_dtype`; the shard becomes this
+  // rank's shard_bytes of the encoded bytes (uint8), a gather moves those bytes and decodes them
+  // into the compute dtype. Call while unsharded, with the values to quantize in place (at
+  // construction); throws for a trainable or replicated FlatParam.
+  void set_nf4_storage(const std::vector<bool>& nf4, bool double_quant, at::ScalarType raw_dtype);
+  // The NF4 layout, or nullptr when the shard holds the values themselves.
+  const Nf4StorageLayout* nf4_storage() const { return nf4_.get(); }
+  // This rank's shard of the NF4 bytes (uint8 [shard_bytes], CPU) for new entry values (loading
+  // weights): `values_of(i)` returns entry i's values, and is called only for the entries whose
+  // bytes overlap this rank's shard (each is quantized whole: its blocks and double quantization
+  // span it). Local; no collective. The caller copies the result into shard().
+  at::Tensor nf4_shard_for(const std::function<at::Tensor(size_t entry)>& values_of) const;
   // What a gather sends: the narrower of the shard's dtype and the compute dtype (a bf16 base is
   // gathered as bf16 and widened after, under fp32 compute; an fp32 master is cast to bf16 first
   // under bf16 compute). gather_wire_bytes: the bytes one gather delivers to each rank.
   at::ScalarType wire_dtype() const;
-  int64_t gather_wire_bytes() const { return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(wire_dtype())); }
+  int64_t gather_wire_bytes() const;
   // Where the gathered buffers live and compute runs: the parameters' device (CPU, or this rank's
   // GPU). The shard, its gradient and the optimizer state live there too, unless offloaded.
   at::Device device() const { return compute_device_; }
@@ -179,6 +196,7 @@ class FlatParam {
   at::Tensor reduce_input_;    // [padded_numel] reduce dtype: the gradient cast for reduction (if cast)
   at::Tensor reduced_grad_;    // [shard_numel] reduce dtype output of the in-flight reduction
   comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce of reduced_grad_ across replicas
+  std::shared_ptr<const Nf4StorageLayout> nf4_;  // set: shard_ is uint8 [shard_bytes] of the NF4 encoding
 };
 
 // A 64-bit hash of a tensor's bytes (FNV-1a), to compare parameters across ranks.

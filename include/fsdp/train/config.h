@@ -17,7 +17,7 @@
 //   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
 //   [checkpoint] every, keep, dir
 //   [lora]       rank, alpha, dropout, rslora, targets = "q_proj v_proj" | "all-linear",
-//                base_dtype = "auto" | "bfloat16" | "float32",
+//                base_dtype = "auto" | "bfloat16" | "float32" | "nf4",
 //                init_adapter = "PEFT adapter directory" (continue training it)
 //   [targets]    min_tokens_per_second, max_step_seconds, max_memory_per_rank ("8GiB"),
 //                max_validation_loss (+ max_validation_loss_step), price_per_device_hour + max_cost, stop
@@ -193,7 +193,8 @@ struct TrainConfig {
   // [lora] rank, alpha, dropout, rslora, targets ("q_proj v_proj" or "all-linear"): the adapters
   // go into the model's config (LoraSpec); the frozen base's shards are kept in base_dtype:
   // "auto" (resolved when read: the dtype of model.init_from's weights, bfloat16 only when they are,
-  // float32 for a random base), "bfloat16" or "float32".
+  // float32 for a random base), "bfloat16", "float32", or "nf4" (QLoRA: the blocks' linear
+  // weights in bitsandbytes' NF4 with double quantization, the rest of the base in bfloat16).
   std::string lora_base_dtype = "auto";
   // lora.init_adapter: a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
   // whose lora_A/lora_B start the adapters, to continue training one. Its r, lora_alpha,

@@ -1,4 +1,4 @@
-// fsdp/models/nf4.h: bitsandbytes' 4-bit NormalFloat (NF4) format, byte for byte, for a frozen
+// fsdp/shard/nf4.h: bitsandbytes' 4-bit NormalFloat (NF4) format, byte for byte, for a frozen
 // QLoRA base (issue 35: this file is the format; the base layer and its sharding build on it).
 //
 // What bitsandbytes' Linear4bit stores (quant_type "nf4", bitsandbytes.functional.quantize_4bit):
@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace fsdp::models {
+namespace fsdp::shard {
 
 // bitsandbytes' 16 NF4 values (quantiles of N(0, 1) scaled to [-1, 1]), ascending.
 const std::array<float, 16>& nf4_code();
@@ -62,4 +62,13 @@ at::Tensor nf4_block_absmax(const Nf4Weight& weight);
 // Checks every tensor's size against shape and block size (a truncated absmax is named).
 at::Tensor dequantize_nf4(const Nf4Weight& weight, at::ScalarType dtype = at::kFloat);
 
-}  // namespace fsdp::models
+// dequantize_nf4's two steps, for parts that live elsewhere (nf4_storage.h), unchecked, on any one
+// device: the fp32 absmax [blocks] from double quantization's 8-bit codes [blocks], nested absmax
+// fp32 and offset fp32 [1] (nested_map: dynamic_map_signed() when undefined); the weight's values
+// flat [numel] in `dtype` from its packed codes and fp32 absmax.
+at::Tensor nf4_absmax_from_codes(const at::Tensor& codes, const at::Tensor& nested_absmax, const at::Tensor& offset,
+                                 int64_t nested_blocksize = 256, const at::Tensor& nested_map = {});
+at::Tensor nf4_values(const at::Tensor& packed_codes, const at::Tensor& absmax, int64_t numel, int64_t blocksize,
+                      at::ScalarType dtype);
+
+}  // namespace fsdp::shard

@@ -1,4 +1,4 @@
-#include "fsdp/models/nf4.h"
+#include "fsdp/shard/nf4.h"
 
 #include <ATen/ATen.h>
 
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace fsdp::models {
+namespace fsdp::shard {
 namespace {
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -184,23 +184,34 @@ at::Tensor nf4_block_absmax(const Nf4Weight& weight) {
   check_size(weight.nested_absmax, at::kFloat, (blocks + weight.nested_blocksize - 1) / weight.nested_blocksize, "nested absmax",
              weight);
   check_size(weight.nested_map, at::kFloat, 256, "nested quant map", weight);
+  return nf4_absmax_from_codes(weight.absmax, weight.nested_absmax, at::full({1}, weight.offset, at::kFloat),
+                               weight.nested_blocksize, weight.nested_map);
+}
+
+at::Tensor nf4_absmax_from_codes(const at::Tensor& codes, const at::Tensor& nested_absmax, const at::Tensor& offset,
+                                 int64_t nested_blocksize, const at::Tensor& nested_map) {
   // bitsandbytes: dequantize_blockwise (map[index] * nested absmax, in fp32), then += offset.
-  const at::Tensor values = weight.nested_map.index({weight.absmax.to(at::kLong)});
-  const at::Tensor scale = weight.nested_absmax.repeat_interleave(weight.nested_blocksize).slice(0, 0, blocks);
-  return values * scale + at::scalar_tensor(weight.offset, at::kFloat);
+  const at::Tensor map = (nested_map.defined() ? nested_map : dynamic_map_signed()).to(codes.device());
+  const at::Tensor values = map.index({codes.to(at::kLong)});
+  const at::Tensor scale = nested_absmax.repeat_interleave(nested_blocksize).slice(0, 0, codes.numel());
+  return values * scale + offset.to(codes.device());
+}
+
+at::Tensor nf4_values(const at::Tensor& packed_codes, const at::Tensor& absmax, int64_t numel, int64_t blocksize,
+                      at::ScalarType dtype) {
+  const at::Tensor packed = packed_codes.reshape(-1).to(at::kLong);
+  const at::Tensor index = at::stack({at::bitwise_right_shift(packed, 4), at::bitwise_and(packed, 15)}, 1).reshape(-1).slice(0, 0, numel);
+  const std::array<float, 16>& code_values = nf4_code();
+  const at::Tensor code = at::from_blob(const_cast<float*>(code_values.data()), {16}, at::kFloat).to(packed.device());
+  const at::Tensor scale = absmax.repeat_interleave(blocksize).slice(0, 0, numel);
+  return (code.index({index}) * scale).to(dtype);
 }
 
 at::Tensor dequantize_nf4(const Nf4Weight& weight, at::ScalarType dtype) {
   const int64_t n = weight.numel();
   if (n <= 0) throw std::invalid_argument("nf4: a weight of shape " + shape_text(weight.shape) + " holds nothing");
   check_size(weight.packed, at::kByte, (n + 1) / 2, "packed weight", weight);
-  const at::Tensor absmax = nf4_block_absmax(weight);
-  const at::Tensor packed = weight.packed.reshape(-1).to(at::kLong);
-  const at::Tensor index = at::stack({at::bitwise_right_shift(packed, 4), at::bitwise_and(packed, 15)}, 1).reshape(-1).slice(0, 0, n);
-  const std::array<float, 16>& code_values = nf4_code();
-  const at::Tensor code = at::from_blob(const_cast<float*>(code_values.data()), {16}, at::kFloat);
-  const at::Tensor scale = absmax.repeat_interleave(weight.blocksize).slice(0, 0, n);
-  return (code.index({index}) * scale).to(dtype).reshape(weight.shape);
+  return nf4_values(weight.packed, nf4_block_absmax(weight), n, weight.blocksize, dtype).reshape(weight.shape);
 }
 
-}  // namespace fsdp::models
+}  // namespace fsdp::shard

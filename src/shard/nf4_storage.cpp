@@ -1,0 +1,189 @@
+#include "fsdp/shard/nf4_storage.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+
+#include <stdexcept>
+#include <string>
+
+#include "fsdp/shard/nf4.h"
+
+namespace fsdp::shard {
+namespace {
+
+constexpr int64_t kAlign = 16;  // every part: fp32 parts are read as views of the bytes
+
+int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The next part of `bytes` bytes at `cursor` (advanced past it, aligned).
+Nf4Part take(int64_t& cursor, int64_t bytes) {
+  Nf4Part part{cursor, bytes};
+  cursor = aligned(cursor + bytes);
+  return part;
+}
+
+at::Tensor bytes_of(const at::Tensor& t) { return t.contiguous().view(at::kByte).reshape(-1); }
+
+// out[i] = code[nibble i] * absmax[i / blocksize], in fp32, rounded to the base's dtype R (what
+// bitsandbytes' dequantize_4bit returns for a weight quantized in R) and then widened to out's
+// dtype T: what nf4_values computes, element by element without its int64 and fp32 temporaries
+// (five times the weight's size), in parallel over blocks. codes: uint8 [ceil(n / 2)], absmax:
+// fp32 [blocks].
+template <class R, class T>
+void decode_codes(const uint8_t* codes, const float* absmax, int64_t blocksize, int64_t n, T* out) {
+  const std::array<float, 16>& code = nf4_code();
+  const int64_t blocks = (n + blocksize - 1) / blocksize;
+  at::parallel_for(0, blocks, 16, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      const float scale = absmax[b];
+      const int64_t end = std::min(n, (b + 1) * blocksize);
+      for (int64_t i = b * blocksize; i < end; ++i) {
+        const uint8_t byte = codes[i / 2];
+        const R value = static_cast<R>(code[i % 2 == 0 ? byte >> 4 : byte & 15] * scale);
+        out[i] = static_cast<T>(value);
+      }
+    }
+  });
+}
+
+template <class R>
+void decode_codes_as(const uint8_t* codes, const float* absmax, int64_t blocksize, const at::Tensor& out) {
+  const int64_t n = out.numel();
+  switch (out.scalar_type()) {
+    case at::kFloat: decode_codes<R>(codes, absmax, blocksize, n, out.data_ptr<float>()); break;
+    case at::kBFloat16: decode_codes<R>(codes, absmax, blocksize, n, out.data_ptr<at::BFloat16>()); break;
+    case at::kHalf: decode_codes<R>(codes, absmax, blocksize, n, out.data_ptr<at::Half>()); break;
+    default: throw std::invalid_argument(std::string("nf4 storage: cannot decode into ") + c10::toString(out.scalar_type()));
+  }
+}
+
+void decode_codes_on_cpu(const at::Tensor& codes, const at::Tensor& absmax, int64_t blocksize, at::ScalarType base_dtype,
+                         const at::Tensor& out) {
+  const auto* c = codes.data_ptr<uint8_t>();
+  const auto* a = absmax.data_ptr<float>();
+  switch (base_dtype) {
+    case at::kFloat: decode_codes_as<float>(c, a, blocksize, out); break;
+    case at::kBFloat16: decode_codes_as<at::BFloat16>(c, a, blocksize, out); break;
+    case at::kHalf: decode_codes_as<at::Half>(c, a, blocksize, out); break;
+    default: throw std::invalid_argument(std::string("nf4 storage: a base of ") + c10::toString(base_dtype));
+  }
+}
+
+}  // namespace
+
+Nf4StorageLayout Nf4StorageLayout::make(const FlatLayout& layout, const std::vector<bool>& nf4, int num_shards,
+                                        bool double_quant, at::ScalarType raw_dtype) {
+  if (nf4.size() != layout.entries.size()) {
+    throw std::invalid_argument("nf4 storage: " + std::to_string(nf4.size()) + " flags for " +
+                                std::to_string(layout.entries.size()) + " entries");
+  }
+  if (num_shards < 1) throw std::invalid_argument("nf4 storage: the number of shards must be at least 1");
+  if (raw_dtype != at::kFloat && raw_dtype != at::kBFloat16 && raw_dtype != at::kHalf) {
+    throw std::invalid_argument(std::string("nf4 storage: other entries are stored in float32, bfloat16 or float16, not ") +
+                                c10::toString(raw_dtype));
+  }
+  Nf4StorageLayout out;
+  out.double_quant = double_quant;
+  out.raw_dtype = raw_dtype;
+  int64_t cursor = 0;
+  for (size_t i = 0; i < layout.entries.size(); ++i) {
+    const int64_t numel = layout.entries[i].numel;
+    Nf4EntryLayout entry;
+    entry.nf4 = nf4[i];
+    entry.begin = cursor;
+    if (entry.nf4) {
+      const int64_t blocks = (numel + out.blocksize - 1) / out.blocksize;
+      entry.codes = take(cursor, (numel + 1) / 2);
+      if (double_quant) {
+        entry.absmax = take(cursor, blocks);
+        entry.nested_absmax = take(cursor, 4 * ((blocks + 255) / 256));
+        entry.offset = take(cursor, 4);
+      } else {
+        entry.absmax = take(cursor, 4 * blocks);
+      }
+    } else {
+      entry.raw = take(cursor, numel * static_cast<int64_t>(c10::elementSize(raw_dtype)));
+    }
+    entry.end = cursor;
+    out.entries.push_back(entry);
+  }
+  out.bytes = cursor;
+  out.padded_bytes = (cursor + num_shards - 1) / num_shards * num_shards;
+  out.shard_bytes = out.padded_bytes / num_shards;
+  return out;
+}
+
+int64_t Nf4StorageLayout::nf4_weights() const {
+  int64_t count = 0;
+  for (const auto& entry : entries) count += entry.nf4 ? 1 : 0;
+  return count;
+}
+
+at::Tensor encode_nf4_entry(const Nf4StorageLayout& storage, size_t index, const at::Tensor& values) {
+  const Nf4EntryLayout& entry = storage.entries.at(index);
+  at::Tensor out = at::zeros({entry.end - entry.begin}, at::kByte);
+  auto put = [&](const Nf4Part& part, const at::Tensor& tensor) {
+    const at::Tensor raw = bytes_of(tensor.to(at::kCPU));
+    if (raw.numel() != part.bytes) {
+      throw std::logic_error("nf4 storage: a part of " + std::to_string(raw.numel()) + " bytes where " +
+                             std::to_string(part.bytes) + " are laid out");
+    }
+    out.narrow(0, part.offset - entry.begin, part.bytes).copy_(raw);
+  };
+  if (!entry.nf4) {
+    put(entry.raw, values.reshape(-1).to(storage.raw_dtype));
+    return out;
+  }
+  // Quantized from the base's dtype, as bitsandbytes' Linear4bit quantizes the bf16 weights
+  // transformers loads (its absmax and scaled values computed in that dtype).
+  const Nf4Weight weight = quantize_nf4(values.reshape(-1).to(storage.raw_dtype), storage.blocksize, storage.double_quant);
+  put(entry.codes, weight.packed);
+  put(entry.absmax, weight.absmax);
+  if (storage.double_quant) {
+    put(entry.nested_absmax, weight.nested_absmax);
+    put(entry.offset, at::full({1}, weight.offset, at::kFloat));
+  }
+  return out;
+}
+
+at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& unsharded) {
+  at::Tensor out = at::zeros({storage.padded_bytes}, at::kByte);
+  for (size_t i = 0; i < layout.entries.size(); ++i) {
+    const FlatEntry& entry = layout.entries[i];
+    const Nf4EntryLayout& place = storage.entries[i];
+    out.narrow(0, place.begin, place.end - place.begin).copy_(encode_nf4_entry(storage, i, unsharded.narrow(0, entry.offset, entry.numel)));
+  }
+  return out;
+}
+
+void decode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& bytes,
+                        const at::Tensor& unsharded) {
+  if (bytes.scalar_type() != at::kByte || bytes.numel() < storage.bytes) {
+    throw std::invalid_argument("nf4 storage: decoding needs " + std::to_string(storage.bytes) + " bytes (uint8), got " +
+                                std::to_string(bytes.numel()) + " " + c10::toString(bytes.scalar_type()));
+  }
+  auto part = [&](const Nf4Part& p, at::ScalarType dtype) { return bytes.narrow(0, p.offset, p.bytes).view(dtype); };
+  for (size_t i = 0; i < layout.entries.size(); ++i) {
+    const FlatEntry& entry = layout.entries[i];
+    const Nf4EntryLayout& place = storage.entries[i];
+    at::Tensor target = unsharded.narrow(0, entry.offset, entry.numel);
+    if (!place.nf4) {
+      target.copy_(part(place.raw, storage.raw_dtype));
+      continue;
+    }
+    const at::Tensor absmax = storage.double_quant
+                                  ? nf4_absmax_from_codes(part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat),
+                                                          part(place.offset, at::kFloat))
+                                  : part(place.absmax, at::kFloat);
+    if (bytes.device().is_cpu() && target.is_contiguous()) {
+      decode_codes_on_cpu(part(place.codes, at::kByte), absmax.contiguous(), storage.blocksize, storage.raw_dtype, target);
+    } else {
+      target.copy_(nf4_values(part(place.codes, at::kByte), absmax, entry.numel, storage.blocksize, storage.raw_dtype));
+    }
+  }
+}
+
+}  // namespace fsdp::shard
