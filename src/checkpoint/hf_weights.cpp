@@ -8,11 +8,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 
+#include "bnb_4bit_weight.h"
 #include "fsdp/checkpoint/hf_model_dir.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
+#include "fsdp/shard/nf4_storage.h"
 #include "shape_text.h"
 
 namespace fsdp::checkpoint {
@@ -232,28 +235,50 @@ at::ScalarType stored_weights_dtype(const std::string& path) {
   return any_float && all_bf16 ? at::kBFloat16 : at::kFloat;
 }
 
+bool stored_as_bnb_nf4(const std::string& path) {
+  const WeightFiles weights(path);
+  const std::string state = ".quant_state.bitsandbytes__nf4";
+  for (const auto& info : weights.tensors()) {
+    if (info.name.size() > state.size() && info.name.compare(info.name.size() - state.size(), state.size(), state) == 0) return true;
+  }
+  return false;
+}
+
 void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path) {
   const comm::ProcessGroupPtr& group = state.group();
   const auto flats = state.flat_params();
   std::vector<at::Tensor> loaded(flats.size());
   comm::on_every_rank(group, "loading weights from '" + path + "'", [&] {
     WeightFiles weights(path);
-    // Elements [lo, hi) of the flat buffer, all inside `entry`, from the files, in fp32.
-    auto read_values = [&](const shard::FlatEntry& entry, int64_t lo, int64_t hi) {
+    auto contains = [&](const std::string& tensor) { return weights.contains(tensor); };
+    auto read = [&](const std::string& tensor) { return weights.file_of(tensor).read(tensor); };
+    // The files' name of `entry`. GPT2LMHeadModel.save_pretrained prefixes the body with
+    // "transformer."; the hub's gpt2 files do not. Both load.
+    auto stored_name = [&](const shard::FlatEntry& entry) {
       std::string name = hf_name(model, entry.name);
-      // GPT2LMHeadModel.save_pretrained prefixes the body with "transformer."; the hub's gpt2
-      // files do not. Both load.
       if (!weights.contains(name) && weights.contains("transformer." + name)) name = "transformer." + name;
+      return name;
+    };
+    // A weight saved 4-bit by transformers through bitsandbytes (bnb_4bit_weight.h), or nullopt.
+    auto four_bit = [&](const shard::FlatEntry& entry) -> std::optional<Bnb4bitWeight> {
+      const std::string name = stored_name(entry);
+      if (!is_bnb_4bit(contains, name)) return std::nullopt;
+      if (hf_transposed(model, entry.name)) {
+        throw std::runtime_error("weights '" + path + "': tensor '" + name + "' is stored 4-bit by bitsandbytes in a layer "
+                                 "fsdp.cpp keeps transposed (GPT-2's Conv1D): not read; use the model's bf16 weights");
+      }
+      return read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read);
+    };
+    // Elements [lo, hi) of the flat buffer, all inside `entry`, from the files, in fp32 (a 4-bit
+    // weight dequantized as bitsandbytes does, to the dtype it was quantized from, then widened).
+    auto read_values = [&](const shard::FlatEntry& entry, int64_t lo, int64_t hi) {
+      const std::string name = stored_name(entry);
+      if (auto quantized = four_bit(entry)) {
+        return shard::dequantize_nf4(quantized->weight, quantized->dtype).to(at::kFloat).reshape(-1).narrow(0, lo - entry.offset, hi - lo);
+      }
       const bool transposed = hf_transposed(model, entry.name);
       const SafetensorsFile& file = weights.file_of(name);
       const TensorInfo& info = file.info(name);
-      if (weights.contains(name + ".absmax") || weights.contains(name + ".quant_state.bitsandbytes__nf4") ||
-          weights.contains(name + ".quant_state.bitsandbytes__fp4")) {
-        throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' is stored 4-bit by bitsandbytes (" +
-                                 (weights.contains(name + ".quant_state.bitsandbytes__fp4") ? "fp4" : "nf4") +
-                                 "): transformers' 4-bit directories are not read; point model.init_from at the model's "
-                                 "bf16 or fp32 weights, which lora.base_dtype = \"nf4\" quantizes to the same NF4 bytes");
-      }
       const auto expected = stored_shape(entry.shape, transposed);
       if (info.shape != expected) {
         throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has shape " +
@@ -271,11 +296,26 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
     };
     for (size_t f = 0; f < flats.size(); ++f) {
       const auto& layout = flats[f]->layout();
-      if (flats[f]->nf4_storage() != nullptr) {
-        // QLoRA: each whole weight overlapping this rank's bytes is read and quantized, one at a time.
-        loaded[f] = flats[f]->nf4_shard_for([&](size_t i) {
+      if (const shard::Nf4StorageLayout* storage = flats[f]->nf4_storage()) {
+        // QLoRA: each whole weight overlapping this rank's bytes, one at a time: a 4-bit weight's
+        // bytes as bitsandbytes stored them, any other read and quantized.
+        loaded[f] = flats[f]->nf4_shard_from_entries([&](size_t i) {
           const shard::FlatEntry& entry = layout.entries[i];
-          return read_values(entry, entry.offset, entry.offset + entry.numel);
+          if (storage->entries[i].nf4) {
+            if (auto quantized = four_bit(entry)) {
+              if (quantized->dtype != storage->raw_dtype) {
+                throw std::runtime_error("weights '" + path + "': tensor '" + stored_name(entry) + "' was quantized from " +
+                                         c10::toString(quantized->dtype) + " values; the NF4 base is quantized from and decodes to " +
+                                         c10::toString(storage->raw_dtype) + " (load the model with dtype bfloat16 before quantizing)");
+              }
+              try {
+                return shard::nf4_entry_bytes(*storage, i, quantized->weight);
+              } catch (const std::invalid_argument& e) {
+                throw std::runtime_error("weights '" + path + "': tensor '" + stored_name(entry) + "': " + e.what());
+              }
+            }
+          }
+          return shard::encode_nf4_entry(*storage, i, read_values(entry, entry.offset, entry.offset + entry.numel));
         });
         continue;
       }

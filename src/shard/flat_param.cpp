@@ -234,6 +234,10 @@ void FlatParam::set_nf4_storage(const std::vector<bool>& nf4, bool double_quant,
 }
 
 at::Tensor FlatParam::nf4_shard_for(const std::function<at::Tensor(size_t entry)>& values_of) const {
+  return nf4_shard_from_entries([&](size_t i) { return encode_nf4_entry(*nf4_, i, values_of(i)); });
+}
+
+at::Tensor FlatParam::nf4_shard_from_entries(const std::function<at::Tensor(size_t entry)>& entry_bytes_of) const {
   if (!nf4_) throw std::logic_error("FlatParam '" + unit_name_ + "': nf4_shard_for on a FlatParam not stored as NF4");
   const int64_t begin = shard_index() * nf4_->shard_bytes, end = begin + nf4_->shard_bytes;
   at::Tensor out = at::zeros({nf4_->shard_bytes}, at::kByte);  // the padding stays zeros
@@ -241,7 +245,7 @@ at::Tensor FlatParam::nf4_shard_for(const std::function<at::Tensor(size_t entry)
     const Nf4EntryLayout& entry = nf4_->entries[i];
     const int64_t lo = std::max(begin, entry.begin), hi = std::min(end, entry.end);
     if (lo >= hi) continue;
-    const at::Tensor bytes = encode_nf4_entry(*nf4_, i, values_of(i));
+    const at::Tensor bytes = entry_bytes_of(i);
     out.narrow(0, lo - begin, hi - lo).copy_(bytes.narrow(0, lo - entry.begin, hi - lo));
   }
   return out;

@@ -122,31 +122,52 @@ int64_t Nf4StorageLayout::nf4_weights() const {
   return count;
 }
 
-at::Tensor encode_nf4_entry(const Nf4StorageLayout& storage, size_t index, const at::Tensor& values) {
+namespace {
+
+// The entry's bytes with each part from `tensors` (codes, absmax[, nested absmax, offset] or raw),
+// each checked against the size laid out.
+at::Tensor entry_bytes(const Nf4StorageLayout& storage, size_t index,
+                       const std::vector<std::pair<const Nf4Part*, at::Tensor>>& tensors) {
   const Nf4EntryLayout& entry = storage.entries.at(index);
   at::Tensor out = at::zeros({entry.end - entry.begin}, at::kByte);
-  auto put = [&](const Nf4Part& part, const at::Tensor& tensor) {
+  for (const auto& [part, tensor] : tensors) {
     const at::Tensor raw = bytes_of(tensor.to(at::kCPU));
-    if (raw.numel() != part.bytes) {
-      throw std::logic_error("nf4 storage: a part of " + std::to_string(raw.numel()) + " bytes where " +
-                             std::to_string(part.bytes) + " are laid out");
+    if (raw.numel() != part->bytes) {
+      throw std::invalid_argument("nf4 storage: entry " + std::to_string(index) + " has a part of " + std::to_string(raw.numel()) +
+                                  " bytes where " + std::to_string(part->bytes) + " are laid out (truncated or of another shape)");
     }
-    out.narrow(0, part.offset - entry.begin, part.bytes).copy_(raw);
-  };
-  if (!entry.nf4) {
-    put(entry.raw, values.reshape(-1).to(storage.raw_dtype));
-    return out;
-  }
-  // Quantized from the base's dtype, as bitsandbytes' Linear4bit quantizes the bf16 weights
-  // transformers loads (its absmax and scaled values computed in that dtype).
-  const Nf4Weight weight = quantize_nf4(values.reshape(-1).to(storage.raw_dtype), storage.blocksize, storage.double_quant);
-  put(entry.codes, weight.packed);
-  put(entry.absmax, weight.absmax);
-  if (storage.double_quant) {
-    put(entry.nested_absmax, weight.nested_absmax);
-    put(entry.offset, at::full({1}, weight.offset, at::kFloat));
+    out.narrow(0, part->offset - entry.begin, part->bytes).copy_(raw);
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor nf4_entry_bytes(const Nf4StorageLayout& storage, size_t index, const Nf4Weight& weight) {
+  const Nf4EntryLayout& entry = storage.entries.at(index);
+  if (!entry.nf4) throw std::logic_error("nf4 storage: entry " + std::to_string(index) + " is not stored as NF4");
+  if (weight.blocksize != storage.blocksize || weight.double_quant != storage.double_quant ||
+      (weight.double_quant && weight.nested_blocksize != 256)) {
+    throw std::invalid_argument("nf4 storage: a weight in blocks of " + std::to_string(weight.blocksize) +
+                                (weight.double_quant ? ", double quantization in blocks of " + std::to_string(weight.nested_blocksize)
+                                                     : std::string(", no double quantization")) +
+                                "; this storage holds blocks of " + std::to_string(storage.blocksize) +
+                                (storage.double_quant ? ", double quantization in blocks of 256" : ", no double quantization"));
+  }
+  if (!weight.double_quant) return entry_bytes(storage, index, {{&entry.codes, weight.packed}, {&entry.absmax, weight.absmax}});
+  return entry_bytes(storage, index,
+                     {{&entry.codes, weight.packed},
+                      {&entry.absmax, weight.absmax},
+                      {&entry.nested_absmax, weight.nested_absmax},
+                      {&entry.offset, at::full({1}, weight.offset, at::kFloat)}});
+}
+
+at::Tensor encode_nf4_entry(const Nf4StorageLayout& storage, size_t index, const at::Tensor& values) {
+  const Nf4EntryLayout& entry = storage.entries.at(index);
+  if (!entry.nf4) return entry_bytes(storage, index, {{&entry.raw, values.reshape(-1).to(storage.raw_dtype)}});
+  // Quantized from the base's dtype, as bitsandbytes' Linear4bit quantizes the bf16 weights
+  // transformers loads (its absmax and scaled values computed in that dtype).
+  return nf4_entry_bytes(storage, index, quantize_nf4(values.reshape(-1).to(storage.raw_dtype), storage.blocksize, storage.double_quant));
 }
 
 at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& unsharded) {

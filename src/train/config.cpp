@@ -366,7 +366,8 @@ void validate_for_world(const TrainConfig& c, int world_size) {
 std::string resolved_lora_base_dtype(const TrainConfig& c) {
   if (c.lora_base_dtype != "auto") return c.lora_base_dtype;
   // The base's own dtype, so that storing it loses nothing: a random base is fp32; published
-  // weights are kept in bf16 only when they are bf16; our checkpoints as their run kept them.
+  // weights are kept in bf16 only when they are bf16, in NF4 when transformers saved them 4-bit
+  // (bitsandbytes' NF4); our checkpoints as their run kept them.
   try {
     if (checkpoint::is_checkpoint_dir(c.init_from)) {
       // The run that wrote it resolved its own base_dtype into its config (either quote style:
@@ -378,6 +379,7 @@ std::string resolved_lora_base_dtype(const TrainConfig& c) {
       };
       return saved_as("nf4") ? "nf4" : saved_as("bfloat16") ? "bfloat16" : "float32";
     }
+    if (!c.init_from.empty() && checkpoint::stored_as_bnb_nf4(c.init_from)) return "nf4";
     if (!c.init_from.empty() && checkpoint::stored_weights_dtype(c.init_from) == at::kBFloat16) return "bfloat16";
   } catch (const std::exception& e) {
     throw ConfigError(c.source + ": lora.base_dtype 'auto' takes the dtype of model.init_from's weights: " + e.what());

@@ -587,7 +587,7 @@ std::vector<ConfigKey> declare() {
   }
   {
     ConfigKey k = lora_key(key("lora.base_dtype", MEMBER(lora_base_dtype),
-                               "the frozen base's shards: auto (the weights' own dtype) | bfloat16 | float32 | nf4 (QLoRA: linear weights in bitsandbytes' 4-bit NF4, the rest bfloat16)"));
+                               "the frozen base's shards: auto (the weights' own dtype; nf4 for a transformers 4-bit directory) | bfloat16 | float32 | nf4 (QLoRA: linear weights in bitsandbytes' 4-bit NF4, the rest bfloat16)"));
     k.applies = has_lora;
     k.check = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; }, {"auto", "bfloat16", "float32", "nf4"});
     add(std::move(k));

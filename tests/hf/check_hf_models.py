@@ -37,8 +37,9 @@
    bf16-accurate: printed beside). The
    check sees a base that was not quantized: peft over the bf16 base differs by far more. The
    --merge export equals bitsandbytes' dequantize_4bit of each weight plus peft's B A scaled
-   (1e-5). transformers' saved 4-bit directories (nf4 and fp4) are refused naming the tensor and
-   the quant type.
+   (1e-5). transformers' saved nf4 directory loads without requantizing: dequantized for a plain
+   model (3 ranks), kept as its NF4 bytes under an adapter (lora.base_dtype "auto" resolves to nf4),
+   each with the 4-bit model's logits within 1e-3; an fp4 directory is refused naming the tensor.
 6. Chat format (needs the real Llama 3 tokenizer, --tokenizers): fsdp-data render's tokens equal
    transformers' apply_chat_template with Llama 3's tokenizer_config.json template, token for token,
    on hand-written conversations and on the instruction set fsdp-data makes from the fortunes; the
@@ -391,28 +392,36 @@ def check_qlora(args, work, peft, base, config_text):
     mpirun(args, 2, [fsdp_ckpt, "export", checkpoint, "--peft-dir", adapter])
     mpirun(args, 3, [fsdp_ckpt, "export", checkpoint, "--hf-dir", merged, "--merge"])
 
-    def four_bit(quant_type):
+    def four_bit(quant_type, widen=True, source=None):
         quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
                                                        bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)
-        model = transformers.AutoModelForCausalLM.from_pretrained(base, quantization_config=quantization, device_map="cpu")
+        if source is None:
+            model = transformers.AutoModelForCausalLM.from_pretrained(base, quantization_config=quantization, device_map="cpu")
+        else:  # a directory transformers saved 4-bit: its bytes as they are
+            model = transformers.AutoModelForCausalLM.from_pretrained(source, device_map="cpu")
         # The linear weights quantized from the bf16 base (QLoRA's recipe, and fsdp.cpp's NF4 base);
         # everything else widened to fp32, as fsdp.cpp computes this run (fsdp.param_dtype float32).
         for parameter in model.parameters():
-            if parameter.dtype == torch.bfloat16:
+            if widen and parameter.dtype == torch.bfloat16:
                 parameter.data = parameter.data.float()
         model.eval()
         return model
 
-    def dequantizing(model):
+    def dequantizing(model, requantized=()):
         # bitsandbytes 0.50's CPU gemm_4bit (Linear4bit's product, in training and inference alike)
         # differs from its own dequantize_4bit followed by the product by up to 4e-3 a layer here,
         # about bf16's rounding, and on a CPU with AVX512-BF16 inference repacks the weight and
         # multiplies in bf16 whatever the compute dtype. The reference layer is therefore
         # bitsandbytes' dequantize_4bit of its own quantized weight, then the product in fp32.
-        for module in model.modules():
+        # `requantized`: layers whose weight is dequantized, quantized again and dequantized (what
+        # a reader that requantizes would compute).
+        for name, module in model.named_modules():
             if type(module).__name__ == "Linear4bit":
-                def forward(x, module=module):
+                def forward(x, module=module, again=name in requantized):
                     weight = bitsandbytes.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
+                    if again:
+                        weight = bitsandbytes.functional.dequantize_4bit(*bitsandbytes.functional.quantize_4bit(
+                            weight, blocksize=64, compress_statistics=True, quant_type="nf4"))
                     return torch.nn.functional.linear(x.to(torch.float32), weight.to(torch.float32), module.bias)
                 module.forward = forward
         return model
@@ -459,16 +468,45 @@ def check_qlora(args, work, peft, base, config_text):
         compared += 1
     check(compared > 0 and worst < EXPORT_TOLERANCE,
           f"QLoRA: the --merge export equals bitsandbytes' dequantize_4bit plus B A ({compared} weights, largest difference {worst:.2e})")
-    # transformers' own 4-bit directories: refused naming the tensor and the quant type.
-    for quant_type in ("nf4", "fp4"):
-        saved = os.path.join(work, f"saved-{quant_type}")
-        four_bit(quant_type).save_pretrained(saved)  # a fresh model: peft has wrapped base_4bit's layers
-        result = subprocess.run([os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), saved,
-                                 os.path.join(work, "ids.safetensors"), os.path.join(work, "refused.safetensors")],
-                                capture_output=True, text=True, timeout=120)
-        said = [line for line in (result.stdout + result.stderr).splitlines() if "4-bit" in line]
-        check(result.returncode != 0 and any(f"is stored 4-bit by bitsandbytes ({quant_type})" in line for line in said),
-              f"QLoRA: a transformers {quant_type} 4-bit directory is refused by name: {said[0] if said else result.stderr[-300:]}")
+    # transformers' own 4-bit directories, read without requantizing: NF4 as the bytes bitsandbytes
+    # saved (with the adapter: lora.base_dtype "auto" keeps them NF4) or dequantized (a plain
+    # model); fp4 refused by name. One layer's codes are made such that no quantization produces
+    # them (every +-1 code moved one step in, so no element reaches its block's absmax): a reader
+    # that dequantized and quantized again would change that layer, and the check sees it.
+    saved = os.path.join(work, "saved-nf4")
+    model = four_bit("nf4", widen=False)
+    odd = "model.layers.0.self_attn.o_proj"
+    layer = model.get_submodule(odd)
+    high, low = layer.weight.data >> 4, layer.weight.data & 15
+    inward = lambda code: torch.where(code == 15, 14, torch.where(code == 0, 1, code))  # noqa: E731
+    layer.weight.data = (inward(high) << 4 | inward(low)).to(torch.uint8)
+    model.save_pretrained(saved)
+    with torch.no_grad():
+        plain_4bit_logits = dequantizing(four_bit("nf4", source=saved))(ids).logits
+        requantized_logits = dequantizing(four_bit("nf4", source=saved), requantized=[odd])(ids).logits
+    from_saved = our_logits(args, saved, ids, 3, work)
+    error = (from_saved - plain_4bit_logits).abs().max().item()
+    check(error < QLORA_LOGIT_TOLERANCE, f"QLoRA: transformers' saved nf4 directory, read by fsdp.cpp (3 ranks, dequantized), gives "
+                                         f"the 4-bit model's logits within {QLORA_LOGIT_TOLERANCE:g} ({error:.2e})")
+    with torch.no_grad():
+        saved_peft = peft.PeftModel.from_pretrained(dequantizing(four_bit("nf4", source=saved)), adapter)
+        saved_peft.eval()
+        saved_peft_logits = saved_peft(ids).logits
+    from_saved = our_logits(args, saved, ids, 2, work, adapter=adapter)
+    error = (from_saved - saved_peft_logits).abs().max().item()
+    requantizing = (requantized_logits - plain_4bit_logits).abs().max().item()
+    check(error < QLORA_LOGIT_TOLERANCE, f"QLoRA: the saved nf4 directory kept as NF4 bytes with fsdp.cpp's adapter (2 ranks) gives "
+                                         f"peft's logits over the 4-bit model within {QLORA_LOGIT_TOLERANCE:g} ({error:.2e})")
+    check(requantizing > 10 * QLORA_LOGIT_TOLERANCE,
+          f"QLoRA: the check sees a reader that requantizes: the altered layer requantized moves the logits by {requantizing:.2e}")
+    saved = os.path.join(work, "saved-fp4")
+    four_bit("fp4", widen=False).save_pretrained(saved)
+    result = subprocess.run([os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), saved,
+                             os.path.join(work, "ids.safetensors"), os.path.join(work, "refused.safetensors")],
+                            capture_output=True, text=True, timeout=120)
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "4-bit" in line]
+    check(result.returncode != 0 and any("is stored 4-bit by bitsandbytes: as fp4" in line for line in said),
+          f"QLoRA: a transformers fp4 4-bit directory is refused by name: {said[0] if said else result.stderr[-300:]}")
 
 
 def peft_adapter(peft, base, out, targets, seed, **options):

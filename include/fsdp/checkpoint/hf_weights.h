@@ -44,6 +44,11 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
 // Throws std::runtime_error for unreadable weights.
 at::ScalarType stored_weights_dtype(const std::string& path);
 
+// Whether `path`'s weights hold layers transformers saved 4-bit as NF4 through bitsandbytes
+// (lora.base_dtype = "auto" then keeps them as NF4, bytes as they are). Throws std::runtime_error
+// for unreadable weights.
+bool stored_as_bnb_nf4(const std::string& path);
+
 // Collective. Loads weights (a .safetensors file, or a directory with model.safetensors.index.json
 // or a single model.safetensors) into the sharded model: each rank reads only the elements of its
 // shards (whole tensors only where they are stored transposed). Throws on every rank, naming the

@@ -100,6 +100,9 @@ class FlatParam {
   // bytes overlap this rank's shard (each is quantized whole: its blocks and double quantization
   // span it). Local; no collective. The caller copies the result into shard().
   at::Tensor nf4_shard_for(const std::function<at::Tensor(size_t entry)>& values_of) const;
+  // The same from each overlapping entry's encoded bytes (uint8 [entry.end - entry.begin]:
+  // encode_nf4_entry or nf4_entry_bytes).
+  at::Tensor nf4_shard_from_entries(const std::function<at::Tensor(size_t entry)>& entry_bytes_of) const;
   // What a gather sends: the narrower of the shard's dtype and the compute dtype (a bf16 base is
   // gathered as bf16 and widened after, under fp32 compute; an fp32 master is cast to bf16 first
   // under bf16 compute). gather_wire_bytes: the bytes one gather delivers to each rank.

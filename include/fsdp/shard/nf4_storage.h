@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fsdp/shard/flat_param.h"
+#include "fsdp/shard/nf4.h"
 
 namespace fsdp::shard {
 
@@ -57,6 +58,11 @@ struct Nf4StorageLayout {
 // Entry `index`'s bytes (uint8 [entry.end - entry.begin], on the CPU) for its values (`values`:
 // the entry's numel elements, any float dtype, any device).
 at::Tensor encode_nf4_entry(const Nf4StorageLayout& storage, size_t index, const at::Tensor& values);
+
+// Entry `index`'s bytes for a weight already in NF4 (bitsandbytes' own, read from a transformers
+// 4-bit directory): its parts copied as they are. Throws std::invalid_argument when its block
+// sizes or double quantization differ from the storage's or a part's size from the layout's.
+at::Tensor nf4_entry_bytes(const Nf4StorageLayout& storage, size_t index, const Nf4Weight& weight);
 
 // The whole string (uint8 [padded_bytes], CPU) for the unsharded values [>= layout.numel].
 at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& unsharded);
