@@ -321,8 +321,9 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       }
       const auto [begin, end] = held_range(*flats[f]);
       // Starts from the current values: parameters the weights do not hold (LoRA adapters, which a
-      // base model never has) keep theirs.
-      at::Tensor out = flats[f]->shard().narrow(0, 0, end - begin).to(at::kFloat).clone();
+      // base model never has) keep theirs. In the shard's own dtype: every unit's copy is held
+      // until all ranks have read theirs, and a bf16 base's in fp32 would be twice its shard.
+      at::Tensor out = flats[f]->shard().narrow(0, 0, end - begin).clone();
       for (const auto& entry : layout.entries) {
         const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
         if (lo >= hi) continue;
