@@ -7,7 +7,8 @@
 # the table shows the median step's throughput and the peak memory per rank (fsdp-train's own,
 # metrics.jsonl). Prints a table, writes JSON.
 #   bash bench/dtype_table.sh [OUT.json]     (build/ made by scripts/setup.sh; STEPS=60, ROUNDS=2,
-#                                             MODES="fp32 bf16-native bf16-auto fp16-auto")
+#                                             MODES="fp32 bf16-native bf16-auto fp16-auto",
+#                                             CONFIGS="configs/a.toml ...": these only)
 # The fine-tuning configs need what scripts/finetune.sh makes (runs/tokenizers/fortunes-bpe,
 # runs/llama-fortunes-pretrain/hf, runs/data/fortune-chat.jsonl): a config whose inputs are
 # missing is left out, saying so.
@@ -23,7 +24,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$(dirname "$out_json")"
 cd "$root_dir"
 configs=()
-for config in configs/*.toml; do
+for config in ${CONFIGS:-configs/*.toml}; do
   case $config in
     *pretrain*) [ -f runs/tokenizers/fortunes-bpe/tokenizer.json ] || { echo "left out $config: run scripts/finetune.sh first"; continue; } ;;
     *finetune*) [ -f runs/llama-fortunes-pretrain/hf/config.json ] && [ -f runs/data/fortune-chat.jsonl ] ||

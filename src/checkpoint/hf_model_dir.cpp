@@ -136,6 +136,48 @@ models::GptConfig read_gpt2(const ConfigReader& r) {
   return c;
 }
 
+// CLIPModel's config: text_config and vision_config, each read with transformers' defaults for
+// the keys a save may leave out (CLIPTextConfig, CLIPVisionConfig: OpenAI's ViT-B/32).
+models::ClipConfig read_clip(const ConfigReader& r, const nlohmann::json& json) {
+  auto section = [&](const char* key) {
+    if (!json.contains(key) || json.at(key).is_null()) return nlohmann::json::object();
+    if (!json.at(key).is_object()) r.fail(std::string(key) + " must be an object, got " + json.at(key).dump());
+    return json.at(key);
+  };
+  const nlohmann::json text_json = section("text_config"), vision_json = section("vision_config");
+  const ConfigReader text(text_json, r.file() + " (text_config)"), vision(vision_json, r.file() + " (vision_config)");
+  models::ClipConfig c;
+  c.projection_dim = r.integer_or("projection_dim", 512);
+  c.vocab = text.integer_or("vocab_size", 49408);
+  c.context = text.integer_or("max_position_embeddings", 77);
+  c.eos_token = text.integer_or("eos_token_id", 49407);
+  c.text = {text.integer_or("hidden_size", 512), text.integer_or("num_attention_heads", 8), text.integer_or("num_hidden_layers", 12),
+            text.integer_or("intermediate_size", 2048)};
+  c.vision = {vision.integer_or("hidden_size", 768), vision.integer_or("num_attention_heads", 12),
+              vision.integer_or("num_hidden_layers", 12), vision.integer_or("intermediate_size", 3072)};
+  c.image_size = vision.integer_or("image_size", 224);
+  c.patch = vision.integer_or("patch_size", 32);
+  c.channels = vision.integer_or("num_channels", 3);
+  c.norm_eps = text.number_or("layer_norm_eps", 1e-5);
+  if (vision.number_or("layer_norm_eps", 1e-5) != c.norm_eps) {
+    vision.fail("layer_norm_eps " + std::to_string(vision.number_or("layer_norm_eps", 1e-5)) + " differs from the text tower's " +
+                std::to_string(c.norm_eps) + " (one epsilon for both towers here)");
+  }
+  text.require_value("hidden_act", "quick_gelu", "the CLIP MLP here is quick_gelu, OpenAI's");
+  vision.require_value("hidden_act", "quick_gelu", "the CLIP MLP here is quick_gelu, OpenAI's");
+  for (const ConfigReader* tower : {&text, &vision}) {
+    if (tower->has("projection_dim") && tower->integer("projection_dim") != c.projection_dim) {
+      tower->fail("projection_dim " + std::to_string(tower->integer("projection_dim")) + " differs from the model's " +
+                  std::to_string(c.projection_dim));
+    }
+  }
+  if (c.eos_token == 2) {
+    text.fail("eos_token_id = 2 is transformers' legacy pooling at each caption's highest token id: not supported (set the "
+              "tokenizer's real end-of-text id)");
+  }
+  return c;
+}
+
 }  // namespace
 
 bool is_hf_model_dir(const std::string& path) {
@@ -162,8 +204,10 @@ models::ModelConfig read_hf_config(const std::string& dir_or_file) {
     model = read_llama(reader, json);
   } else if (type == "gpt2") {
     model = read_gpt2(reader);
+  } else if (type == "clip") {
+    model = read_clip(reader, json);
   } else {
-    reader.fail(type.empty() ? "no model_type" : "model_type '" + type + "' is not supported (supported: llama, gpt2)");
+    reader.fail(type.empty() ? "no model_type" : "model_type '" + type + "' is not supported (supported: llama, gpt2, clip)");
   }
   try {
     models::validate(model);
@@ -244,6 +288,42 @@ std::string hf_config_text(const models::ModelConfig& model, const std::string& 
     out["resid_pdrop"] = g->dropout;
     out["tie_word_embeddings"] = true;
     if (!g->qkv_bias) throw std::invalid_argument("hf_config_json: GPT-2 without biases has no Hugging Face config");
+  } else if (const auto* k = std::get_if<models::ClipConfig>(&model)) {
+    out.erase("bos_token_id");  // CLIPModel keeps the token ids in text_config
+    out.erase("eos_token_id");
+    out.erase("pad_token_id");
+    out["architectures"] = {"CLIPModel"};
+    out["model_type"] = "clip";
+    out["projection_dim"] = k->projection_dim;
+    out["logit_scale_init_value"] = 2.6592;
+    nlohmann::json text = {{"model_type", "clip_text_model"},
+                           {"vocab_size", k->vocab},
+                           {"max_position_embeddings", k->context},
+                           {"eos_token_id", k->eos_token},
+                           {"hidden_size", k->text.dim},
+                           {"num_attention_heads", k->text.heads},
+                           {"num_hidden_layers", k->text.layers},
+                           {"intermediate_size", k->text.mlp_hidden},
+                           {"projection_dim", k->projection_dim},
+                           {"hidden_act", "quick_gelu"},
+                           {"layer_norm_eps", k->norm_eps}};
+    if (source.is_object() && source.contains("text_config") && source.at("text_config").is_object()) {
+      for (const char* key : {"bos_token_id", "pad_token_id"}) {
+        if (source.at("text_config").contains(key)) text[key] = source.at("text_config").at(key);
+      }
+    }
+    out["text_config"] = text;
+    out["vision_config"] = {{"model_type", "clip_vision_model"},
+                            {"image_size", k->image_size},
+                            {"patch_size", k->patch},
+                            {"num_channels", k->channels},
+                            {"hidden_size", k->vision.dim},
+                            {"num_attention_heads", k->vision.heads},
+                            {"num_hidden_layers", k->vision.layers},
+                            {"intermediate_size", k->vision.mlp_hidden},
+                            {"projection_dim", k->projection_dim},
+                            {"hidden_act", "quick_gelu"},
+                            {"layer_norm_eps", k->norm_eps}};
   } else {
     throw std::invalid_argument(std::string("hf_config_json: no Hugging Face config for ") + models::family_name(model) + " models");
   }

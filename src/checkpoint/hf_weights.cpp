@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "bnb_4bit_weight.h"
 #include "fsdp/checkpoint/hf_model_dir.h"
@@ -294,6 +295,20 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       }
       return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
     };
+    if (models::is_contrastive(model)) {
+      // A CLIP directory holds exactly CLIPModel's tensors: one we would not read is a variant we
+      // do not implement (a model with biases on the projections, another pooling), named.
+      std::set<std::string> expected = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids"};
+      for (auto* flat : flats) {
+        for (const auto& entry : flat->layout().entries) expected.insert(hf_name(model, entry.name));
+      }
+      for (const auto& info : weights.tensors()) {
+        if (expected.count(info.name) == 0) {
+          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the CLIP model fsdp.cpp "
+                                   "implements (transformers' CLIPModel): not read");
+        }
+      }
+    }
     for (size_t f = 0; f < flats.size(); ++f) {
       const auto& layout = flats[f]->layout();
       if (const shard::Nf4StorageLayout* storage = flats[f]->nf4_storage()) {

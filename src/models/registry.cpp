@@ -50,6 +50,23 @@ VitConfig vit(int64_t image, int64_t patch, int64_t channels, int64_t classes, i
   return c;
 }
 
+ClipTowerShape tower(int64_t layers, int64_t dim, int64_t heads, int64_t mlp) { return {dim, heads, layers, mlp}; }
+
+ClipConfig clip(int64_t image, int64_t patch, int64_t channels, ClipTowerShape vision, int64_t vocab, int64_t context,
+                int64_t eos, ClipTowerShape text, int64_t projection) {
+  ClipConfig c;
+  c.image_size = image;
+  c.patch = patch;
+  c.channels = channels;
+  c.vision = vision;
+  c.vocab = vocab;
+  c.context = context;
+  c.eos_token = eos;
+  c.text = text;
+  c.projection_dim = projection;
+  return c;
+}
+
 const std::map<std::string, ModelConfig>& zoo() {
   static const std::map<std::string, ModelConfig> models = {
       // Small sizes for tests and this CPU machine (byte vocabulary).
@@ -75,6 +92,13 @@ const std::map<std::string, ModelConfig>& zoo() {
       {"vit-s16", vit(224, 16, 3, 1000, 12, 384, 6, 1536)},
       {"vit-b16", vit(224, 16, 3, 1000, 12, 768, 12, 3072)},
       {"vit-l16", vit(224, 16, 3, 1000, 24, 1024, 16, 4096)},
+      // CLIP: test size and a Fashion-MNIST size, both with byte captions (256 bytes and the
+      // end-of-text token 256, data/captions.h), and OpenAI's published ViT-B/32 and ViT-L/14
+      // (transformers' configs: BPE vocabulary of 49408, eos 49407, 77 positions).
+      {"clip-test", clip(28, 7, 1, tower(2, 32, 2, 64), 257, 48, 256, tower(2, 32, 2, 64), 16)},
+      {"clip-fmnist", clip(28, 7, 1, tower(6, 128, 4, 256), 257, 48, 256, tower(4, 128, 4, 256), 128)},
+      {"clip-vit-b32", clip(224, 32, 3, tower(12, 768, 12, 3072), 49408, 77, 49407, tower(12, 512, 8, 2048), 512)},
+      {"clip-vit-l14", clip(224, 14, 3, tower(24, 1024, 16, 4096), 49408, 77, 49407, tower(12, 768, 12, 3072), 768)},
   };
   return models;
 }
@@ -124,11 +148,15 @@ const LoraSpec* lora_spec(const ModelConfig& config) {
 
 const char* family_name(const ModelConfig& config) {
   return std::visit(Overloaded{[](const GptConfig&) { return "gpt"; }, [](const LlamaConfig&) { return "llama"; },
-                               [](const VitConfig&) { return "vit"; }},
+                               [](const VitConfig&) { return "vit"; }, [](const ClipConfig&) { return "clip"; }},
                     config);
 }
 
-bool is_language_model(const ModelConfig& config) { return !std::holds_alternative<VitConfig>(config); }
+bool is_language_model(const ModelConfig& config) {
+  return std::holds_alternative<GptConfig>(config) || std::holds_alternative<LlamaConfig>(config);
+}
+
+bool is_contrastive(const ModelConfig& config) { return std::holds_alternative<ClipConfig>(config); }
 
 int64_t parameter_count(const ModelConfig& config) {
   return std::visit([](const auto& c) { return c.parameter_count(); }, config);
@@ -136,20 +164,21 @@ int64_t parameter_count(const ModelConfig& config) {
 
 int64_t vocab_size(const ModelConfig& config) {
   return std::visit(Overloaded{[](const GptConfig& c) { return c.vocab; }, [](const LlamaConfig& c) { return c.vocab; },
-                               [](const VitConfig&) { return int64_t{0}; }},
+                               [](const VitConfig&) { return int64_t{0}; }, [](const ClipConfig& c) { return c.vocab; }},
                     config);
 }
 
 double flops_per_sample(const ModelConfig& config, int64_t seq) {
   return std::visit(Overloaded{[&](const GptConfig& c) { return c.flops_per_token(seq); },
                                [&](const LlamaConfig& c) { return c.flops_per_token(seq); },
-                               [](const VitConfig& c) { return c.flops_per_image(); }},
+                               [](const VitConfig& c) { return c.flops_per_image(); },
+                               [](const ClipConfig& c) { return c.flops_per_pair(); }},
                     config);
 }
 
 std::string block_type_name(const ModelConfig& config) {
   return std::visit(Overloaded{[](const GptConfig&) { return "GptBlock"; }, [](const LlamaConfig&) { return "LlamaBlock"; },
-                               [](const VitConfig&) { return "VitBlock"; }},
+                               [](const VitConfig&) { return "VitBlock"; }, [](const ClipConfig&) { return "ClipEncoderLayer"; }},
                     config);
 }
 
@@ -159,7 +188,10 @@ std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) {
                                  return c.tie_embeddings ? std::vector<std::string>{"embed_tokens"}
                                                          : std::vector<std::string>{"embed_tokens", "lm_head"};
                                },
-                               [](const VitConfig&) { return std::vector<std::string>{}; }},
+                               [](const VitConfig&) { return std::vector<std::string>{}; },
+                               [](const ClipConfig&) {
+                                 return std::vector<std::string>{"text_model.embeddings", "vision_model.embeddings"};
+                               }},
                     config);
 }
 
@@ -171,11 +203,20 @@ BuiltModel build_model(const ModelConfig& config) {
   return std::visit(
       [](const auto& c) -> BuiltModel {
         using Config = std::decay_t<decltype(c)>;
-        using Impl = std::conditional_t<std::is_same_v<Config, GptConfig>, GptImpl,
-                                        std::conditional_t<std::is_same_v<Config, LlamaConfig>, LlamaImpl, VitImpl>>;
+        using Impl = std::conditional_t<
+            std::is_same_v<Config, GptConfig>, GptImpl,
+            std::conditional_t<std::is_same_v<Config, LlamaConfig>, LlamaImpl,
+                               std::conditional_t<std::is_same_v<Config, VitConfig>, VitImpl, ClipImpl>>>;
         auto module = std::make_shared<Impl>(c);
         BuiltModel built{module, {}, {}};
-        if constexpr (std::is_same_v<Config, VitConfig>) {
+        if constexpr (std::is_same_v<Config, ClipConfig>) {
+          built.forward_function = [](const at::Tensor&, const at::Tensor&) -> at::Tensor {
+            throw std::logic_error("clip: a contrastive model has no single-input forward (BuiltModel::contrastive)");
+          };
+          built.contrastive_function = [module](const at::Tensor& images, const at::Tensor& ids) {
+            return fsdp::nn::call(module, images, ids);
+          };
+        } else if constexpr (std::is_same_v<Config, VitConfig>) {
           built.forward_function = [module](const at::Tensor& images, const at::Tensor& positions) {
             TORCH_CHECK(!positions.defined(), "vit: images have no token positions");
             return fsdp::nn::call(module, images);

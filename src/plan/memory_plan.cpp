@@ -17,14 +17,34 @@ int64_t dtype_bytes(const std::string& name, const char* field) {
   throw std::invalid_argument(std::string(field) + " '" + name + "' (expected float32, bfloat16 or float16)");
 }
 
+// std::visit over the families fsdp-plan models (GPT, Llama, ViT); make_plan refuses CLIP before
+// anything here runs.
+template <class F>
+auto visit_planned(F&& f, const models::ModelConfig& model) {
+  using Result = decltype(f(std::declval<const models::GptConfig&>()));
+  return std::visit(
+      [&](const auto& m) -> Result {
+        if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::ClipConfig>) {
+          throw std::logic_error("fsdp-plan: the clip family is not modelled");
+        } else {
+          return f(m);
+        }
+      },
+      model);
+}
+
 // The same model with one block fewer: the difference is one block's parameters.
 models::ModelConfig with_layers(models::ModelConfig model, int64_t layers) {
-  std::visit([&](auto& c) { c.layers = layers; }, model);
+  std::visit(
+      [&](auto& c) {
+        if constexpr (!std::is_same_v<std::decay_t<decltype(c)>, models::ClipConfig>) c.layers = layers;
+      },
+      model);
   return model;
 }
 
 int64_t layers_of(const models::ModelConfig& model) {
-  return std::visit([](const auto& c) { return c.layers; }, model);
+  return visit_planned([](const auto& c) { return c.layers; }, model);
 }
 
 // Tokens per sample: the sequence for language models, patches + class token for ViT.
@@ -43,7 +63,7 @@ int64_t MemoryBreakdown::device_total() const {
 int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, bool fused_attention,
                                bool fused_ops) {
   const int64_t t = tokens_per_sample(model, seq_len);
-  return std::visit(
+  return visit_planned(
       [&](const auto& m) -> int64_t {
         using M = std::decay_t<decltype(m)>;
         // Composed attention keeps the probabilities; a fused kernel its log-sum-exp.
@@ -72,7 +92,7 @@ int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len
 int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, int64_t samples,
                               int64_t loss_chunk_tokens) {
   const int64_t t = samples * tokens_per_sample(model, seq_len);
-  return std::visit(
+  return visit_planned(
       [&](const auto& m) -> int64_t {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, models::VitConfig>) {
@@ -91,6 +111,9 @@ int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len,
 }
 
 Plan make_plan(const PlanInput& in) {
+  if (models::is_contrastive(in.model)) {
+    throw std::invalid_argument("fsdp-plan does not model the clip family yet (its two towers and the gathered features of the loss)");
+  }
   Plan plan;
   plan.input = in;
   models::validate(in.model);
@@ -137,7 +160,7 @@ Plan make_plan(const PlanInput& in) {
   int64_t embedding = 0, head = 0;
   bool tied = false;
   if (in.embedding_units && !models::embedding_and_head_paths(in.model).empty()) {
-    std::visit(
+    visit_planned(
         [&](const auto& m) {
           using Config = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<Config, models::GptConfig>) {
@@ -193,9 +216,10 @@ Plan make_plan(const PlanInput& in) {
     if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32" && in.lora_base_dtype != "nf4") {
       throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16, float32 or nf4)");
     }
-    const int64_t adapters = std::visit(
+    const int64_t adapters = visit_planned(
         [](const auto& m) -> int64_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::VitConfig>) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, models::VitConfig> || std::is_same_v<M, models::ClipConfig>) {
             return 0;
           } else {
             return m.lora_parameter_count();
@@ -229,11 +253,11 @@ Plan make_plan(const PlanInput& in) {
   if (in.attention_fp32 && c < 4) {
     // Attention in fp32 (models/attention.h, FusedFp32) keeps fp32 copies of q, k, v and its output
     // besides the compute-dtype tensors the block keeps anyway: 4 x (heads x head_dim) x 4 bytes a token.
-    const int64_t width = std::visit([](const auto& m) { return m.dim; }, in.model);
+    const int64_t width = visit_planned([](const auto& m) { return m.dim; }, in.model);
     per_block += 4 * 4 * tokens_per_sample(in.model, in.seq_len) * width;
   }
   const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
-                               std::visit([](const auto& m) { return m.dim; }, in.model);
+                               visit_planned([](const auto& m) { return m.dim; }, in.model);
   // Backward of the last block holds its activations' gradients beside everything saved: one
   // block more (with checkpointing, the block being recomputed and its gradients). A recomputed
   // block keeps only its input; every k-th block is (layers / k of them).
@@ -322,7 +346,7 @@ std::vector<DeepSpeedEstimate> deepspeed_zero3_estimate(int64_t total_params, in
 }
 
 int64_t largest_module_params(const models::ModelConfig& model) {
-  return std::visit(
+  return visit_planned(
       [](const auto& m) -> int64_t {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, models::LlamaConfig>) {

@@ -169,8 +169,10 @@ bool read_model_source(const Reader& r, TrainConfig& c) {
       c.model = models::LlamaConfig{};
     } else if (*family == "vit") {
       c.model = models::VitConfig{};
+    } else if (*family == "clip") {
+      c.model = models::ClipConfig{};
     } else {
-      r.fail("model.family '" + *family + "' (expected gpt, llama or vit)");
+      r.fail("model.family '" + *family + "' (expected gpt, llama, vit or clip)");
     }
     c.model_name = name ? *name : *family;
     return false;
@@ -280,6 +282,8 @@ void resolve_defaults(const Reader& r, TrainConfig& c) {
         c.model);
   }
   DataConfig& d = c.data;
+  // Image models (ViT, CLIP) read images: the one image source unless data.source says otherwise.
+  if (!r.has("data.source") && !models::is_language_model(c.model)) d.source = "fashion_mnist";
   if (checkpoint::is_hf_model_dir(c.init_from)) {
     // A Hugging Face directory brings its tokenizer: tokenizer.json, or GPT-2's vocab.json + merges.txt.
     const std::string dir = c.init_from + "/";

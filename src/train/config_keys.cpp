@@ -122,8 +122,8 @@ struct NotInFamily {};
 constexpr NotInFamily none{};
 
 // The address of a model field in the family the config holds; nullptr for a family without it.
-template <class T, class Gpt, class Llama, class Vit>
-auto model_field(Gpt gpt, Llama llama, Vit vit) {
+template <class T, class Gpt, class Llama, class Vit, class Clip = NotInFamily>
+auto model_field(Gpt gpt, Llama llama, Vit vit, Clip clip = none) {
   return [=](TrainConfig& c) -> T* {
     auto pick = [](auto accessor, auto& family) -> T* {
       if constexpr (std::is_same_v<decltype(accessor), NotInFamily>) return nullptr;
@@ -132,6 +132,7 @@ auto model_field(Gpt gpt, Llama llama, Vit vit) {
     if (auto* g = std::get_if<models::GptConfig>(&c.model)) return pick(gpt, *g);
     if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) return pick(llama, *l);
     if (auto* v = std::get_if<models::VitConfig>(&c.model)) return pick(vit, *v);
+    if (auto* k = std::get_if<models::ClipConfig>(&c.model)) return pick(clip, *k);
     return nullptr;
   };
 }
@@ -190,6 +191,7 @@ std::vector<ConfigKey> declare() {
   using models::GptConfig;
   using models::LlamaConfig;
   using models::VitConfig;
+  using models::ClipConfig;
 
   // ---- top level ----
   add(key("name", MEMBER(name), "run name; output_dir defaults to runs/<name>"));
@@ -207,7 +209,7 @@ std::vector<ConfigKey> declare() {
     ConfigKey k;
     k.name = "model.family";
     k.type = ConfigType::String;
-    k.help = "gpt | llama | vit with every shape key given (as a resolved config.toml has it)";
+    k.help = "gpt | llama | vit | clip with every shape key given (as a resolved config.toml has it)";
     k.get = [](const TrainConfig& c) { return ConfigValue(std::string(models::family_name(c.model))); };
     k.set = [](TrainConfig&, const ConfigValue&) {};  // read by parse_train_config (read_first)
     k.read_first = true;
@@ -219,8 +221,9 @@ std::vector<ConfigKey> declare() {
       .read_first = true;
   {
     ConfigKey k = model_key(key("model.vocab",
-                                model_field<int64_t>([](GptConfig& g) { return &g.vocab; }, [](LlamaConfig& l) { return &l.vocab; }, none),
-                                "embedding rows; 0 = the tokenizer's, else at least it"));
+                                model_field<int64_t>([](GptConfig& g) { return &g.vocab; }, [](LlamaConfig& l) { return &l.vocab; }, none,
+                                                    [](ClipConfig& k) { return &k.vocab; }),
+                                "embedding rows; 0 = the tokenizer's, else at least it (clip: the text tower's)"));
     auto plain_set = k.set;
     k.set = [plain_set](TrainConfig& c, const ConfigValue& v) {
       plain_set(c, v);
@@ -228,8 +231,9 @@ std::vector<ConfigKey> declare() {
     };
     add(std::move(k));
   }
-  add(model_key(key("model.context", model_field<int64_t>([](GptConfig& g) { return &g.context; }, [](LlamaConfig& l) { return &l.context; }, none),
-                    "longest sequence (GPT-2: rows of the position embedding)")))
+  add(model_key(key("model.context", model_field<int64_t>([](GptConfig& g) { return &g.context; }, [](LlamaConfig& l) { return &l.context; }, none,
+                                                          [](ClipConfig& k) { return &k.context; }),
+                    "longest sequence (GPT-2: rows of the position embedding; clip: of a caption)")))
       .free_beside_hf_config = [](const TrainConfig& c) { return std::holds_alternative<LlamaConfig>(c.model); };
   add(model_key(key("model.dim", model_field<int64_t>([](GptConfig& g) { return &g.dim; }, [](LlamaConfig& l) { return &l.dim; },
                                                       [](VitConfig& v) { return &v.dim; }),
@@ -246,15 +250,37 @@ std::vector<ConfigKey> declare() {
                     "SwiGLU width")));
   add(model_key(key("model.mlp_hidden", model_field<int64_t>([](GptConfig& g) { return &g.mlp_hidden; }, none, [](VitConfig& v) { return &v.mlp_hidden; }),
                     "MLP width (GPT: 0 = 4 x dim)")));
-  add(model_key(key("model.patch", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.patch; }), "patch side in pixels")));
-  add(model_key(key("model.image_size", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.image_size; }), "image side in pixels")));
-  add(model_key(key("model.channels", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.channels; }), "image channels")));
+  add(model_key(key("model.patch", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.patch; }, [](ClipConfig& k) { return &k.patch; }), "patch side in pixels")));
+  add(model_key(key("model.image_size", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.image_size; }, [](ClipConfig& k) { return &k.image_size; }), "image side in pixels")));
+  add(model_key(key("model.channels", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.channels; }, [](ClipConfig& k) { return &k.channels; }), "image channels")));
   add(model_key(key("model.classes", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.classes; }), "classes of the head")));
+  // CLIP's two towers and the shared space.
+  auto clip_key = [&](const char* name, auto field, const char* help) { add(model_key(key(name, model_field<int64_t>(none, none, none, field), help))); };
+  clip_key("model.vision_dim", [](ClipConfig& k) { return &k.vision.dim; }, "image tower: width");
+  clip_key("model.vision_heads", [](ClipConfig& k) { return &k.vision.heads; }, "image tower: attention heads");
+  clip_key("model.vision_layers", [](ClipConfig& k) { return &k.vision.layers; }, "image tower: blocks");
+  clip_key("model.vision_mlp_hidden", [](ClipConfig& k) { return &k.vision.mlp_hidden; }, "image tower: MLP width");
+  clip_key("model.text_dim", [](ClipConfig& k) { return &k.text.dim; }, "text tower: width");
+  clip_key("model.text_heads", [](ClipConfig& k) { return &k.text.heads; }, "text tower: attention heads");
+  clip_key("model.text_layers", [](ClipConfig& k) { return &k.text.layers; }, "text tower: blocks");
+  clip_key("model.text_mlp_hidden", [](ClipConfig& k) { return &k.text.mlp_hidden; }, "text tower: MLP width");
+  clip_key("model.eos_token", [](ClipConfig& k) { return &k.eos_token; }, "end-of-text token: a caption's feature is read there");
+  clip_key("model.projection_dim", [](ClipConfig& k) { return &k.projection_dim; }, "width of the shared image-text space");
+  auto freeze_key = [&](const char* name, auto field, const char* help) {
+    ConfigKey& k = add(model_key(key(name, model_field<bool>(none, none, none, field), help)));
+    k.free_beside_hf_config = [](const TrainConfig&) { return true; };
+    k.default_text = "false";
+  };
+  freeze_key("model.freeze_vision", [](ClipConfig& k) { return &k.freeze_vision; },
+             "clip: the image tower gets no gradient (train the text tower against it)");
+  freeze_key("model.freeze_text", [](ClipConfig& k) { return &k.freeze_text; },
+             "clip: the text tower gets no gradient (train the image tower against it)");
   add(model_key(key("model.dropout", model_field<double>([](GptConfig& g) { return &g.dropout; }, none, none),
                     "dropout after attention, MLP and embeddings (0: off)")))
       .free_beside_hf_config = [](const TrainConfig&) { return true; };
   add(model_key(key("model.qkv_bias", model_field<bool>([](GptConfig& g) { return &g.qkv_bias; }, none, none), "biases on the Linear layers")));
-  add(model_key(key("model.norm_eps", model_field<double>([](GptConfig& g) { return &g.norm_eps; }, [](LlamaConfig& l) { return &l.norm_eps; }, none),
+  add(model_key(key("model.norm_eps", model_field<double>([](GptConfig& g) { return &g.norm_eps; }, [](LlamaConfig& l) { return &l.norm_eps; }, none,
+                                                           [](ClipConfig& k) { return &k.norm_eps; }),
                     "epsilon of the norms (LayerNorm, RMSNorm)")));
   add(model_key(key("model.tie_embeddings", model_field<bool>(none, [](LlamaConfig& l) { return &l.tie_embeddings; }, none),
                     "output head tied to the token embedding")));
@@ -288,7 +314,9 @@ std::vector<ConfigKey> declare() {
                    "llama3 scaling: original_max_position_embeddings");
 
   // ---- [data] ----
-  add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist")).check =
+  ConfigKey& source = add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist"));
+  source.default_text = "fortunes (fashion_mnist for vit and clip)";
+  source.check =
       [](const TrainConfig& c) {
         const bool language = models::is_language_model(c.model);
         std::string error = one_of("data.source", [](const TrainConfig& c) { return c.data.source; },
@@ -297,7 +325,7 @@ std::vector<ConfigKey> declare() {
         return unless(language == (c.data.source != "fashion_mnist"),
                       "data.source '" + c.data.source + "' does not suit the " + models::family_name(c.model) + " model '" +
                           c.model_name + "' (" +
-                          (language ? "language models read fortunes, token_files or instructions" : "ViT reads fashion_mnist") + ")");
+                          (language ? "language models read fortunes, token_files or instructions" : "image models (vit, clip) read fashion_mnist") + ")");
       };
   add(key("data.dir", MEMBER(data.dir), "the fortunes or Fashion-MNIST directory")).default_text = "Debian's";
   add(key("data.tokenizer", MEMBER(data.tokenizer), "byte | gpt2 (vocab_json, merges_txt) | hf (tokenizer_json)")).check =
@@ -364,7 +392,12 @@ std::vector<ConfigKey> declare() {
   add(key("train.global_batch", MEMBER(global_batch), "samples (token windows or images) per step, all ranks together")).check =
       [](const TrainConfig& c) { return unless(c.global_batch >= 1, "train.global_batch must be at least 1"); };
   add(key("train.micro_batches", MEMBER(micro_batches), "per rank per step (gradient accumulation)")).check = [](const TrainConfig& c) {
-    return unless(c.micro_batches >= 1, "train.micro_batches must be at least 1");
+    if (c.micro_batches < 1) return std::string("train.micro_batches must be at least 1");
+    // The contrastive loss compares every image with every caption of the global batch at once.
+    return unless(c.micro_batches == 1 || !models::is_contrastive(c.model),
+                  "train.micro_batches " + std::to_string(c.micro_batches) + " with the clip model '" + c.model_name +
+                      "': its contrastive loss compares every image with every caption of the global batch in one pass "
+                      "(micro-batches would change the loss); use 1");
   };
   add(key("train.seq_len", MEMBER(seq_len), "tokens per window (0: the model's context)")).check = [](const TrainConfig& c) {
     if (!(c.seq_len == 0 || c.seq_len >= 2)) return std::string("train.seq_len must be at least 2");
@@ -442,10 +475,14 @@ std::vector<ConfigKey> declare() {
         return one_of("fsdp.strategy", [](const TrainConfig& c) { return c.fsdp.strategy; },
                       {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"})(c);
       };
-  add(key("fsdp.wrap", MEMBER(fsdp.wrap), "block (each transformer block a unit) | root (one unit) | min_params")).check =
+  add(key("fsdp.wrap", MEMBER(fsdp.wrap),
+          "block (each transformer block a unit) | root (one unit) | min_params | tower (clip: each tower one unit)")).check =
       [](const TrainConfig& c) {
-        std::string error = one_of("fsdp.wrap", [](const TrainConfig& c) { return c.fsdp.wrap; }, {"block", "root", "min_params"})(c);
+        std::string error = one_of("fsdp.wrap", [](const TrainConfig& c) { return c.fsdp.wrap; }, {"block", "root", "min_params", "tower"})(c);
         if (!error.empty()) return error;
+        if (c.fsdp.wrap == "tower" && !models::is_contrastive(c.model)) {
+          return "fsdp.wrap 'tower' applies to clip models (each tower one unit), not " + std::string(models::family_name(c.model));
+        }
         return unless(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0, "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
       };
   add(key("fsdp.min_params", MEMBER(fsdp.min_params), "wrap = min_params: parameters per unit at least"));

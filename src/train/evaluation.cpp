@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "fsdp/train/contrastive_loss.h"
 #include "loss.h"
 
 namespace fsdp::train {
@@ -53,7 +54,9 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
       totals[2] += targets.ne(-100).sum().item<double>();
       continue;
     }
-    at::Tensor logits = m.model.forward(batch.inputs.to(m.device), positions);
+    at::Tensor logits = m.model.is_contrastive()
+                            ? zero_shot_logits(m.model.contrastive(batch.inputs.to(m.device), m.class_prompts.to(m.device)))
+                            : m.model.forward(batch.inputs.to(m.device), positions);
     at::Tensor losses = loss_of(logits, targets, torch::kNone);  // [b * seq] or [b]
     if (m.language) {
       // Token-weighted: the mean over every counted target (not -100) of the evaluated samples.
@@ -82,20 +85,22 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
   return result;
 }
 
-std::string evaluation_line(const EvalResult& result, int64_t items, bool language) {
+std::string evaluation_line(const EvalResult& result, int64_t items, bool language, bool zero_shot) {
   char line[160];
   if (language) {
     std::snprintf(line, sizeof(line), "eval  step %lld | validation loss %.4f | perplexity %.2f | %lld windows",
                   static_cast<long long>(result.step), result.loss, result.perplexity, static_cast<long long>(items));
   } else {
-    std::snprintf(line, sizeof(line), "eval  step %lld | test loss %.4f | test accuracy %.2f%% | %lld images",
-                  static_cast<long long>(result.step), result.loss, 100.0 * result.accuracy, static_cast<long long>(items));
+    std::snprintf(line, sizeof(line), "eval  step %lld | test loss %.4f | %s accuracy %.2f%% | %lld images",
+                  static_cast<long long>(result.step), result.loss, zero_shot ? "zero-shot" : "test", 100.0 * result.accuracy,
+                  static_cast<long long>(items));
   }
   return line;
 }
 
-nlohmann::json evaluation_record(const EvalResult& result, bool language) {
+nlohmann::json evaluation_record(const EvalResult& result, bool language, bool zero_shot) {
   nlohmann::json record = {{"eval_step", result.step}, {"validation_loss", result.loss}};
+  if (zero_shot) record["zero_shot"] = true;
   if (language) record["perplexity"] = result.perplexity;
   if (!language) record["test_accuracy"] = result.accuracy;
   return record;

@@ -26,20 +26,25 @@ struct ModelInUse {
   const comm::ProcessGroupPtr& world;
   at::Device device;  // where the shards live: inputs go there
   bool language;      // a language model (else an image classifier)
+  // CLIP: one caption per class [classes, context] int64 (data::CaptionWriter::class_prompts);
+  // undefined otherwise. Its evaluation is zero-shot: each image takes the nearest class caption.
+  at::Tensor class_prompts = {};
 };
 
 // How many validation items an evaluation covers: eval.batches global batches of windows
 // (language models), eval.max_items images or all of them (images); never more than `available`.
 int64_t evaluation_items(const TrainConfig& config, int64_t available, bool language);
 
-// Validation loss (and accuracy for images) after `step` steps, over evaluation_items samples
+// Validation loss (and accuracy for images; CLIP: zero-shot, the loss the cross-entropy of the
+// zero-shot logits) after `step` steps, over evaluation_items samples
 // spread evenly over the validation set. Ranks with fewer real samples pad with weight-0 copies.
 // Leaves the model in training mode.
 EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, int64_t step);
 
 // The evaluation's progress line and its metrics.jsonl record.
-std::string evaluation_line(const EvalResult& result, int64_t items, bool language);
-nlohmann::json evaluation_record(const EvalResult& result, bool language);
+// zero_shot: CLIP's accuracy (said so in the line, and "zero_shot": true in the record).
+std::string evaluation_line(const EvalResult& result, int64_t items, bool language, bool zero_shot = false);
+nlohmann::json evaluation_record(const EvalResult& result, bool language, bool zero_shot = false);
 
 // eval.prompt followed by eval.sample_tokens tokens, drawn with temperature and top-k by rank 0 and
 // broadcast, so every rank extends (and returns) the same text. With `chat`, eval.prompt (or "Tell

@@ -14,9 +14,11 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   options.strategy = runtime::sharding_strategy_from_string(c.fsdp.strategy);
   if (c.fsdp.wrap == "block") options.wrap_policy.module_types = {models::block_type_name(c.model)};
   if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
-  if (c.fsdp.wrap != "root" && c.fsdp.embedding_units) {
+  if (c.fsdp.wrap != "root" && c.fsdp.wrap != "tower" && c.fsdp.embedding_units) {
     options.wrap_policy.module_paths = models::embedding_and_head_paths(c.model);
   }
+  // CLIP: each tower one unit, its embeddings and blocks inside (one gather a tower a pass).
+  if (c.fsdp.wrap == "tower") options.wrap_policy.module_paths = {std::begin(models::kClipTowerPaths), std::end(models::kClipTowerPaths)};
   options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
   options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
   auto dtype = [](const std::string& name) {

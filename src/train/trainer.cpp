@@ -23,6 +23,7 @@
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/device_memory.h"
 #include "fsdp/shard/storage.h"
+#include "fsdp/data/captions.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/models/fused_ops.h"
@@ -31,6 +32,7 @@
 #include "fsdp/optim/nonfinite_guard.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/train/contrastive_loss.h"
 #include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
 #include "fsdp/report/run_report.h"
@@ -84,6 +86,15 @@ class Trainer {
       check_data_sizes(data_, config_, n_);
       if (models::is_language_model(config_.model)) model_config_ = resolve_model(config_, data_.vocab);
       else model_config_ = config_.model;
+      if (const auto* clip = std::get_if<models::ClipConfig>(&model_config_)) {
+        // Captions from the labels: bytes and the model's end-of-text token (data/captions.h).
+        captions_ = std::make_unique<data::CaptionWriter>(data::fashion_mnist_class_names(), data::caption_templates(),
+                                                          clip->context, clip->eos_token);
+        if (clip->vocab <= clip->eos_token || clip->vocab < 256) {
+          throw std::runtime_error("model.vocab " + std::to_string(clip->vocab) + " cannot hold the byte captions (bytes 0-255 and eos_token " +
+                                   std::to_string(clip->eos_token) + ")");
+        }
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -197,6 +208,19 @@ class Trainer {
                             ? "staged, a test backend (FSDP_DEVICE_COMM=staged: device copies around MPI)"
                             : config_.device == "cuda" ? "NCCL, host tensors over MPI" : "MPI"));
     if (!data_.packing.empty()) progress_->message("  packing: " + data_.packing);
+    if (captions_) {
+      std::snprintf(line, sizeof(line),
+                    "  captions: %lld classes x %zu templates as bytes + end-of-text %lld; longest %lld bytes of a %lld-token context%s; "
+                    "contrastive loss over the global batch (features gathered across the %d ranks); zero-shot eval with \"%s\"",
+                    static_cast<long long>(captions_->classes()), data::caption_templates().size(),
+                    static_cast<long long>(std::get<models::ClipConfig>(model_config_).eos_token),
+                    static_cast<long long>(captions_->longest_bytes()), static_cast<long long>(captions_->context()),
+                    captions_->truncated_pairs() > 0
+                        ? (", " + std::to_string(captions_->truncated_pairs()) + " captions cut to fit (raise model.context)").c_str()
+                        : "",
+                    n_, data::caption_templates().front().c_str());
+      progress_->message(line);
+    }
     std::snprintf(line, sizeof(line),
                   "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
                   format_bytes(static_cast<double>(stats.sharded_param_bytes)).c_str(),
@@ -331,7 +355,9 @@ class Trainer {
         const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
         // Language models: the head fused with the loss a chunk of tokens at a time (no [tokens,
         // vocab] logits) unless train.loss_chunk_tokens is 0.
-        at::Tensor loss = (model_.has_loss_sum() && config_.loss_chunk_tokens > 0
+        // CLIP: captions drawn for this step from the labels; the loss over the global batch.
+        at::Tensor loss = (captions_ ? contrastive_loss_share(model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_)
+                           : model_.has_loss_sum() && config_.loss_chunk_tokens > 0
                                ? model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions)
                                : loss_of(model_.forward(inputs, positions), targets, torch::kSum)) *
                           loss_scale;
@@ -651,13 +677,16 @@ class Trainer {
     }
   }
 
-  ModelInUse model_in_use() { return {model_, config_, world_, device_, language()}; }
+  ModelInUse model_in_use() {
+    return {model_, config_, world_, device_, language(), captions_ ? captions_->class_prompts() : at::Tensor()};
+  }
 
   // Validation loss (and accuracy for images), shown and recorded (evaluation.h).
   EvalResult evaluate(int64_t step) {
     const EvalResult result = run_evaluation(model_in_use(), *data_.validation, step);
-    progress_->message(evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language()));
-    if (leader() && metrics_.is_open()) metrics_.write(evaluation_record(result, language()).dump());
+    const bool zero_shot = captions_ != nullptr;
+    progress_->message(evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language(), zero_shot));
+    if (leader() && metrics_.is_open()) metrics_.write(evaluation_record(result, language(), zero_shot).dump());
     return result;
   }
 
@@ -679,9 +708,10 @@ class Trainer {
                     static_cast<long long>(config_.steps), format_duration(summary.seconds).c_str(),
                     format_count(summary.samples_per_second).c_str(), first.loss, last.loss);
     } else {
-      std::snprintf(line, sizeof(line), "done: %lld steps in %s, %s img/s (median); test accuracy %.2f%% -> %.2f%%",
+      std::snprintf(line, sizeof(line), "done: %lld steps in %s, %s img/s (median); %s accuracy %.2f%% -> %.2f%%",
                     static_cast<long long>(config_.steps), format_duration(summary.seconds).c_str(),
-                    format_count(summary.samples_per_second).c_str(), 100.0 * first.accuracy, 100.0 * last.accuracy);
+                    format_count(summary.samples_per_second).c_str(), captions_ ? "zero-shot" : "test", 100.0 * first.accuracy,
+                    100.0 * last.accuracy);
     }
     progress_->message(line);
     if (!summary.sample.empty()) progress_->message("sample:\n" + summary.sample);
@@ -695,6 +725,7 @@ class Trainer {
   int threads_ = 1;
   at::Device device_ = at::kCPU;  // where the shards live: batches go there, logits come back for the loss sums
   LoadedData data_;
+  std::unique_ptr<data::CaptionWriter> captions_;  // CLIP: captions of the labelled images (null otherwise)
   models::ModelConfig model_config_;
   models::BuiltModel model_;
   std::shared_ptr<runtime::FsdpState> state_;

@@ -169,6 +169,19 @@ void check_data_sizes(const LoadedData& data, const TrainConfig& config, int wor
     throw std::runtime_error("the validation data holds " + std::to_string(data.validation->size()) +
                              " samples (rows, when packed), fewer than the " + std::to_string(world_size) + " ranks");
   }
+  // Image models: the images must be the model's (a mismatch would otherwise stop the first forward).
+  int64_t image_size = 0, channels = 0;
+  if (const auto* v = std::get_if<models::VitConfig>(&config.model)) image_size = v->image_size, channels = v->channels;
+  if (const auto* k = std::get_if<models::ClipConfig>(&config.model)) image_size = k->image_size, channels = k->channels;
+  if (image_size > 0) {
+    const at::Tensor first = data.train->get({0}).inputs;  // [1, channels, side, side]
+    if (first.dim() != 4 || first.size(1) != channels || first.size(2) != image_size || first.size(3) != image_size) {
+      throw std::runtime_error("data.source '" + config.data.source + "' gives images of " + std::to_string(first.size(1)) + " x " +
+                               std::to_string(first.size(2)) + " x " + std::to_string(first.size(3)) + " (channels x height x width); the " +
+                               models::family_name(config.model) + " model '" + config.model_name + "' takes " + std::to_string(channels) +
+                               " x " + std::to_string(image_size) + " x " + std::to_string(image_size) + " (model.channels, model.image_size)");
+    }
+  }
 }
 
 models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab) {

@@ -133,7 +133,7 @@ expect_failure packing-only-for-instructions "data.packing packs instruction exa
   "${ranks[@]}" "$train" "$(config pack-fortunes "$good_model"$'\n[data]\npacking = true')"
 mkdir -p "$work/mistral" "$work/yarn" "$work/holes"
 printf '{"model_type": "mistral", "vocab_size": 32000}\n' >"$work/mistral/config.json"
-expect_failure hf-unsupported-family "model_type 'mistral' is not supported (supported: llama, gpt2)" \
+expect_failure hf-unsupported-family "model_type 'mistral' is not supported (supported: llama, gpt2, clip)" \
   "${ranks[@]}" "$train" "$(config mistral $'[model]\ninit_from = "'"$work/mistral"'"')"
 printf '{"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}\n' >"$work/yarn/config.json"
 expect_failure hf-unsupported-rope "rope_scaling.rope_type 'yarn' is not supported (supported: default, llama3)" \
@@ -155,6 +155,14 @@ expect_failure nf4-without-layers-to-adapt "[lora] applies to the gpt and llama 
 expect_failure plan-lora-base-dtype "lora base dtype 'int4' (expected bfloat16, float32 or nf4)" \
   "$plan" --model llama3-8b --ranks 8 --lora-rank 16 --lora-base-dtype int4
 expect_failure plan-no-model "give --model NAME or a config file" "$plan" --ranks 8
+# CLIP: images of another size than the model's, micro-batches (the loss is over the global batch),
+# and fsdp-plan, which does not model the family yet.
+clip_model=$'[model]\nname = "clip-test"\n[data]\nsource = "fashion_mnist"\n[train]\nsteps = 2\nglobal_batch = 8'
+expect_failure clip-image-size "gives images of 1 x 28 x 28 (channels x height x width); the clip model 'clip-test' takes 1 x 35 x 35" \
+  "${ranks[@]}" "$train" "$(config clip-size "$clip_model")" --set model.image_size=35
+expect_failure clip-micro-batches "train.micro_batches 2 with the clip model 'clip-test'" \
+  "${ranks[@]}" "$train" "$(config clip-micro "$clip_model")" --set train.micro_batches=2
+expect_failure plan-clip "fsdp-plan does not model the clip family yet" "$plan" --model clip-test --ranks 2
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

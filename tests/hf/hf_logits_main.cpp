@@ -4,7 +4,8 @@
 // base and adapters), at whatever rank count mpirun gives, for token ids read from IDS (a
 // safetensors file with "ids" [b, t] int64, and "positions" [b, t] int64 for packed rows).
 // Rank 0 writes OUT with "logits" [b, t, vocab] fp32. tests/hf/check_hf_models.py compares them
-// with transformers' own forward.
+// with transformers' own forward. A CLIP model reads "images" [b, c, s, s] fp32 beside the ids
+// [b', t] and writes "logits" = logits_per_image [b, b'] (tests/hf/check_clip.py).
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -50,6 +51,13 @@ int main(int argc, char** argv) {
     sharded.model.module->eval();
     fsdp::checkpoint::SafetensorsFile inputs(ids_path);
     const at::Tensor ids = inputs.read("ids").to(at::kLong);
+    if (sharded.model.is_contrastive()) {
+      const fsdp::models::ClipOutput out = sharded.model.contrastive(inputs.read("images").to(at::kFloat), ids);
+      const at::Tensor logits_per_image = (out.scale * out.image_embeds.matmul(out.text_embeds.t())).to(at::kFloat).contiguous();
+      if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits_per_image}});
+      world->barrier()->wait();
+      return 0;
+    }
     // Packed rows (data.packing): "positions" [b, t], restarting at 0 where each example starts.
     const at::Tensor positions = inputs.contains("positions") ? inputs.read("positions").to(at::kLong) : at::Tensor();
     const at::Tensor logits = sharded.model.forward(ids, positions).to(at::kFloat).contiguous();

@@ -26,7 +26,7 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
 }
 
 TEST(Config, ShippedConfigsParse) {
-  for (const char* name : {"gpt-fortunes-tiny", "llama-fortunes-small", "vit-fashion-mnist"}) {
+  for (const char* name : {"gpt-fortunes-tiny", "llama-fortunes-small", "vit-fashion-mnist", "clip-fashion-mnist"}) {
     auto config = fsdp::train::load_train_config(std::string(FSDP_SOURCE_DIR) + "/configs/" + name + ".toml");
     EXPECT_EQ(config.name, name);
     EXPECT_EQ(config.output_dir, std::string("runs/") + name);
@@ -366,9 +366,9 @@ TEST(Config, PeftAdapterSettingsThatChangeTheModelAreReadOrRefused) {
 // A run's resolved config.toml (family and every field) reads back as the same model, for every
 // family (the review found ViT's image size and classes lost).
 TEST(Config, ResolvedConfigsReadBackAsTheSameModel) {
-  for (const char* name : {"gpt-test", "llama-test", "vit-fmnist"}) {
+  for (const char* name : {"gpt-test", "llama-test", "vit-fmnist", "clip-fmnist"}) {
     auto config = parse_train_config(std::string("[model]\nname = \"") + name + "\"\n" +
-                                         (std::string(name).rfind("vit", 0) == 0 ? "[data]\nsource = \"fashion_mnist\"\n" : ""),
+                                         (std::string(name).rfind("clip", 0) == 0 ? "freeze_text = true\n" : ""),
                                      "test.toml");
     auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
     EXPECT_EQ(fsdp::models::parameter_count(again.model), fsdp::models::parameter_count(config.model)) << name;
@@ -380,6 +380,16 @@ TEST(Config, ResolvedConfigsReadBackAsTheSameModel) {
       EXPECT_EQ(back.classes, vit->classes);
       EXPECT_EQ(back.patch, vit->patch);
     }
+    if (const auto* clip = std::get_if<fsdp::models::ClipConfig>(&config.model)) {
+      const auto& back = std::get<fsdp::models::ClipConfig>(again.model);
+      EXPECT_EQ(back.text.layers, clip->text.layers);
+      EXPECT_EQ(back.vision.layers, clip->vision.layers);
+      EXPECT_EQ(back.eos_token, clip->eos_token);
+      EXPECT_EQ(back.projection_dim, clip->projection_dim);
+      EXPECT_TRUE(back.freeze_text);
+      EXPECT_FALSE(back.freeze_vision);
+      EXPECT_EQ(again.data.source, "fashion_mnist") << "the image source by default";
+    }
   }
 }
 
@@ -389,7 +399,7 @@ TEST(Config, HuggingFaceDirectoryRefusesWhatIsNotImplemented) {
     HfDir dir(json);
     return error_of("[model]\ninit_from = \"" + dir.path() + "\"\n");
   };
-  EXPECT_NE(error_for(kLlama32, "\"llama\"", "\"mistral\"").find("model_type 'mistral' is not supported (supported: llama, gpt2)"),
+  EXPECT_NE(error_for(kLlama32, "\"llama\"", "\"mistral\"").find("model_type 'mistral' is not supported (supported: llama, gpt2, clip)"),
             std::string::npos);
   EXPECT_NE(error_for(kLlama32, "\"llama3\"", "\"yarn\"").find("rope_type 'yarn' is not supported"), std::string::npos);
   EXPECT_NE(error_for(kLlama32, "\"attention_bias\": false", "\"attention_bias\": true").find("attention_bias = true is not supported"),

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "fsdp/data/captions.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/fashion_mnist.h"
 #include "fsdp/data/instructions.h"
@@ -643,3 +644,40 @@ TEST(Instructions, AnExamplesLossDoesNotDependOnItsNeighbours) {
 }
 
 }  // namespace instruction_tests
+
+namespace data_tests {
+
+// Captions: bytes of a template filled with the class name, then end-of-text to the context; the
+// template drawn per (step, sample), the same for the same draw; cut to fit with eos kept, counted.
+TEST(Captions, BytesThenEndOfTextAndTemplatesVaryByStep) {
+  fsdp::data::CaptionWriter writer(fsdp::data::fashion_mnist_class_names(), fsdp::data::caption_templates(), 48, 256);
+  EXPECT_EQ(writer.truncated_pairs(), 0);
+  const at::Tensor prompts = writer.class_prompts();  // "a photo of a {}."
+  ASSERT_EQ(prompts.sizes(), (std::vector<int64_t>{10, 48}));
+  const std::string sneaker = "a photo of a sneaker.";
+  for (size_t i = 0; i < sneaker.size(); ++i) EXPECT_EQ(prompts[7][i].item<int64_t>(), static_cast<unsigned char>(sneaker[i]));
+  EXPECT_TRUE(prompts[7].narrow(0, sneaker.size(), 48 - sneaker.size()).eq(256).all().item<bool>());
+  const at::Tensor labels = at::full({64}, 7, at::kLong);
+  std::vector<int64_t> indices(64);
+  for (int64_t i = 0; i < 64; ++i) indices[i] = i;
+  const at::Tensor a = writer.captions(labels, indices, 3, 1), b = writer.captions(labels, indices, 3, 1);
+  EXPECT_TRUE(a.equal(b));
+  EXPECT_FALSE(a.equal(writer.captions(labels, indices, 4, 1))) << "another step draws other templates";
+  std::set<std::string> seen;
+  for (int64_t i = 0; i < 64; ++i) {
+    std::string text;
+    for (int64_t t = 0; t < 48 && a[i][t].item<int64_t>() != 256; ++t) text += static_cast<char>(a[i][t].item<int64_t>());
+    EXPECT_NE(text.find("sneaker"), std::string::npos) << text;
+    seen.insert(text);
+  }
+  EXPECT_GE(seen.size(), 6u) << "64 draws over 8 templates";
+  EXPECT_THROW(writer.captions(at::full({1}, 10, at::kLong), {0}, 0, 1), std::invalid_argument);
+
+  fsdp::data::CaptionWriter short_context(fsdp::data::fashion_mnist_class_names(), fsdp::data::caption_templates(), 20, 256);
+  EXPECT_GT(short_context.truncated_pairs(), 0);
+  EXPECT_EQ(short_context.longest_bytes(), writer.longest_bytes());
+  const at::Tensor cut = short_context.class_prompts();
+  EXPECT_EQ(cut[9][19].item<int64_t>(), 256) << "a cut caption keeps its end-of-text token last";
+}
+
+}  // namespace data_tests

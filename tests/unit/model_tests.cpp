@@ -496,3 +496,40 @@ TEST(Bf16Matmul, Fp32GemmsAreTheWidenedCompositionExactly) {
 }
 
 }  // namespace model_tests
+
+namespace model_tests {
+
+// CLIP: OpenAI's published shapes as transformers' CLIPModel counts them (openai/clip-vit-base-patch32
+// and clip-vit-large-patch14: position_ids are buffers, logit_scale one parameter). The small sizes
+// are checked against their built models in FormulaMatchesBuiltModels.
+TEST(ModelZoo, ClipParameterCounts) {
+  EXPECT_EQ(parameter_count(model_config("clip-vit-b32")), 151277313);
+  EXPECT_EQ(parameter_count(model_config("clip-vit-l14")), 427616513);
+}
+
+// Each caption is read at its first end-of-text token: what follows it (padding, or anything)
+// changes nothing, and the embeddings have unit norm; images and captions may differ in number.
+TEST(Models, ClipReadsEachCaptionAtItsFirstEndOfText) {
+  const auto config = std::get<fsdp::models::ClipConfig>(model_config("clip-test"));
+  torch::manual_seed(3);
+  auto built = fsdp::models::build_model(config);
+  torch::NoGradGuard no_grad;
+  at::Tensor ids = torch::randint(32, 127, {3, config.context}, at::kLong);
+  ids.index_put_({0, 5}, config.eos_token);
+  ids.index_put_({1, 9}, config.eos_token);
+  ids.index_put_({2, config.context - 1}, config.eos_token);
+  at::Tensor changed = ids.clone();
+  changed.index_put_({0, 20}, 40);  // after row 0's first eos
+  changed.index_put_({1, 30}, config.eos_token);
+  const at::Tensor images = torch::randn({2, 1, 28, 28});
+  const auto out = built.contrastive(images, ids), again = built.contrastive(images, changed);
+  EXPECT_EQ(out.image_embeds.sizes(), (std::vector<int64_t>{2, config.projection_dim}));
+  EXPECT_EQ(out.text_embeds.sizes(), (std::vector<int64_t>{3, config.projection_dim}));
+  EXPECT_LE((out.text_embeds - again.text_embeds).abs().max().item<double>(), 0.0);
+  EXPECT_NEAR(out.image_embeds.norm(2, 1).min().item<double>(), 1.0, 1e-6);
+  EXPECT_NEAR(out.scale.item<double>(), 1.0 / 0.07, 1e-4);
+  changed.index_put_({2, 3}, 40);  // before row 2's eos: its feature moves
+  EXPECT_GT((built.contrastive(images, changed).text_embeds[2] - out.text_embeds[2]).abs().max().item<double>(), 1e-4);
+}
+
+}  // namespace model_tests

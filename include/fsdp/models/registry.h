@@ -5,6 +5,7 @@
 //   gpt-test, gpt-tiny, gpt-mini, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl
 //   llama-test, llama-tiny, llama-small, llama3-1b (Llama 3.2 1B), llama3-8b, llama3-70b
 //   vit-test, vit-fmnist, vit-s16, vit-b16, vit-l16
+//   clip-test, clip-fmnist (byte captions, 28x28 greyscale), clip-vit-b32, clip-vit-l14
 // The small language models default to a byte vocabulary (256); the trainer sets vocab from the
 // tokenizer in any case.
 #pragma once
@@ -15,19 +16,20 @@
 #include <variant>
 #include <vector>
 
+#include "fsdp/models/clip.h"
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/vit.h"
 
 namespace fsdp::models {
 
-using ModelConfig = std::variant<GptConfig, LlamaConfig, VitConfig>;
+using ModelConfig = std::variant<GptConfig, LlamaConfig, VitConfig, ClipConfig>;
 
 std::vector<std::string> model_names();
 // Throws std::invalid_argument listing the known names.
 ModelConfig model_config(const std::string& name);
 
-const char* family_name(const ModelConfig& config);  // "gpt", "llama", "vit"
+const char* family_name(const ModelConfig& config);  // "gpt", "llama", "vit", "clip"
 // The model's LoRA settings (rank 0: none); nullptr for a family without adapters (ViT).
 const LoraSpec* lora_spec(const ModelConfig& config);
 // The linear layers of the family's blocks, by name (what LoRA may target, and what a QLoRA base
@@ -36,18 +38,23 @@ std::vector<std::string> linear_layers(const ModelConfig& config);
 // The weights of those layers over every block (0 for ViT).
 int64_t linear_weight_count(const ModelConfig& config);
 bool is_language_model(const ModelConfig& config);
+// CLIP: trained on image-caption pairs with a contrastive loss over the global batch (no labels
+// in the model; BuiltModel::contrastive).
+bool is_contrastive(const ModelConfig& config);
 int64_t parameter_count(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);  // language models' vocabulary; 0 for ViT
-// Training FLOPs per sample position: per token (language models, at sequence length seq) or per
-// image (ViT, seq ignored).
+// Training FLOPs per sample position: per token (language models, at sequence length seq), per
+// image (ViT) or per image-caption pair (CLIP; seq ignored).
 double flops_per_sample(const ModelConfig& config, int64_t seq);
-// Type name of the repeated block, the natural FSDP unit ("GptBlock", "LlamaBlock", "VitBlock").
+// Type name of the repeated block, the natural FSDP unit ("GptBlock", "LlamaBlock", "VitBlock",
+// "ClipEncoderLayer": both of CLIP's towers).
 std::string block_type_name(const ModelConfig& config);
 // Paths of the modules holding the token embedding and the output head, which the model calls
 // through fsdp::nn::call so that each may be an FSDP unit of its own (a tied pair is one module
 // called twice, so one path): GPT {"wte"}; Llama {"embed_tokens", "lm_head"}, or {"embed_tokens"}
 // when tied. Empty for ViT, whose patch embedding and class head are small (dim x 768 and
-// dim x classes), well below one block.
+// dim x classes), well below one block. CLIP: both towers' embeddings {"text_model.embeddings",
+// "vision_model.embeddings"} (the text one holds vocab x dim).
 std::vector<std::string> embedding_and_head_paths(const ModelConfig& config);
 void validate(const ModelConfig& config);
 
@@ -64,6 +71,15 @@ struct BuiltModel {
 
   at::Tensor forward(const at::Tensor& inputs, const at::Tensor& positions = {}) const {
     return forward_function(inputs, positions);
+  }
+  // CLIP: (images [b, c, s, s] fp32, ids [b', t] int64) -> {image embeddings [b, p], text
+  // embeddings [b', p], unit norm, compute dtype; exp(logit_scale) []}. Empty for other families.
+  std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)> contrastive_function;
+
+  bool is_contrastive() const { return static_cast<bool>(contrastive_function); }
+  ClipOutput contrastive(const at::Tensor& images, const at::Tensor& ids) const {
+    auto [image, text, scale] = contrastive_function(images, ids);
+    return {image, text, scale};
   }
   bool has_loss_sum() const { return static_cast<bool>(loss_sum_function); }
   at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {}) const {
