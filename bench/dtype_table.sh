@@ -8,7 +8,8 @@
 # metrics.jsonl). Prints a table, writes JSON.
 #   bash bench/dtype_table.sh [OUT.json]     (build/ made by scripts/setup.sh; STEPS=60, ROUNDS=2,
 #                                             MODES="fp32 bf16-native bf16-auto fp16-auto",
-#                                             CONFIGS="configs/a.toml ...": these only)
+#                                             CONFIGS="configs/a.toml ...": these only,
+#                                             SETS="model.vision_layers=12 ...": more --set overrides)
 # The fine-tuning configs need what scripts/finetune.sh makes (runs/tokenizers/fortunes-bpe,
 # runs/llama-fortunes-pretrain/hf, runs/data/fortune-chat.jsonl): a config whose inputs are
 # missing is left out, saying so.
@@ -47,6 +48,7 @@ for round in $(seq 1 "$rounds"); do
       mpirun --oversubscribe --bind-to none -np 2 build/apps/fsdp-train "$config" --set "output_dir=\"$work/$name-$mode-$round\"" \
         --set train.steps="$steps" --set eval.every=0 --set eval.batches=1 --set eval.max_items=100 --set eval.sample_tokens=0 \
         --set checkpoint.every=0 --set train.report_every=0 --set "fsdp.param_dtype=\"$dtype\"" --set "train.attention=\"$attention\"" --set "train.bf16_matmul=\"$matmul\"" \
+        $(for s in ${SETS:-}; do printf -- '--set %s ' "$s"; done) \
         --progress lines >"$work/$name-$mode-$round.log" 2>&1 || { tail -20 "$work/$name-$mode-$round.log"; exit 1; }
     done
   done

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""bench/max_model: the largest GPT that trains 3 steps under a per-rank memory cap.
+"""bench/max_model: the largest GPT (or CLIP) that trains 3 steps under a per-rank memory cap.
 
     .venv/bin/python bench/max_model.py --json out/bench/max_model.json      # as root (cgroups)
+    .venv/bin/python bench/max_model.py --family clip --dim 1024 --cap 3 --only fsdp4_capped,ddp4_capped
+
+--family clip: fsdp-train's clip-fmnist grown to --dim wide towers (heads = dim / 64, MLP 4 x dim,
+projection dim) of equal depth, the depth searched, one image-caption pair per rank, fp32 AdamW, the
+contrastive loss over the global batch; the peers are transformers' CLIPModel of the same shape under
+DDP and FSDP2 (bench/torch_clip.py); no single-process configuration.
 
 GPUs each have their own memory; ranks here share one machine's. Each rank runs in a memory
 cgroup of its own capped at --cap GiB (bench/memory_cap.sh): an emulated device. The model is a
@@ -40,6 +46,18 @@ def gpt_parameters(layers, dim, vocab, seq):
     return vocab * dim + seq * dim + layers * block + 2 * dim
 
 
+def clip_parameters(layers, dim):
+    """fsdp.cpp's ClipConfig::parameter_count for max_model's CLIP shape (models/clip.cpp)."""
+    block = 4 * (dim * dim + dim) + 4 * dim + dim * 4 * dim + 4 * dim + 4 * dim * dim + dim
+    vision = dim + dim * 49 + 17 * dim + 4 * dim + layers * block
+    text = 257 * dim + 48 * dim + 2 * dim + layers * block
+    return vision + text + dim * 2 * dim + 1
+
+
+def parameters_of(a, layers):
+    return clip_parameters(layers, a.dim) if a.family == "clip" else gpt_parameters(layers, a.dim, 256, a.seq)
+
+
 def meminfo_bytes(key):
     """A /proc/meminfo figure ("MemTotal", "MemAvailable") in bytes."""
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -71,8 +89,27 @@ def name_values(text, option, names, convert):
     return out
 
 
+def clip_command_for(config, layers, a, out_dir):
+    ranks = config["ranks"]
+    if config["runner"] == "fsdp":
+        sets = {"model.name": "clip-fmnist", "model.vision_layers": layers, "model.text_layers": layers,
+                "model.vision_dim": a.dim, "model.text_dim": a.dim, "model.vision_heads": a.dim // 64,
+                "model.text_heads": a.dim // 64, "model.vision_mlp_hidden": 4 * a.dim, "model.text_mlp_hidden": 4 * a.dim,
+                "model.projection_dim": a.dim, "train.global_batch": ranks, "train.steps": 3, "train.log_every": 1,
+                "optimizer.warmup_steps": 0, "eval.every": 1000, "eval.max_items": 8, "checkpoint.every": 0,
+                "fsdp.strategy": "full_shard", "fsdp.param_dtype": "float32", "output_dir": str(out_dir)}
+        command = [str(BIN["fsdp-train"]), str(ROOT / "configs/clip-fashion-mnist.toml"), "--progress", "lines"]
+        for key, value in sets.items():
+            command += ["--set", f"{key}={json.dumps(value) if isinstance(value, str) else value}"]
+        return command
+    return [PYTHON, str(ROOT / "bench/torch_clip.py"), "--wrap", config["runner"], "--layers", str(layers),
+            "--dim", str(a.dim), "--steps", "3"]
+
+
 def command_for(config, layers, a, out_dir):
     """The training command of one configuration (before mpirun and the memory wrapper)."""
+    if a.family == "clip":
+        return clip_command_for(config, layers, a, out_dir)
     heads = a.dim // 128
     ranks = config["ranks"]
     if config["runner"] == "fsdp":
@@ -132,7 +169,7 @@ def trial(config, layers, a, work):
         if shared.exists():
             oom += json.loads(shared.read_text())["oom_kills"]
     passed = code == 0 and len(reports) == config["ranks"] and all(r["exit_code"] == 0 for r in reports)
-    result = {"layers": layers, "parameters": gpt_parameters(layers, a.dim, 256, a.seq), "passed": passed,
+    result = {"layers": layers, "parameters": parameters_of(a, layers), "passed": passed,
               "exit_code": code, "oom_kills": oom, "seconds": round(seconds, 1),
               "peak_bytes_per_rank": [r["peak_bytes"] for r in reports], "shared_limit_bytes": shared_limit}
     if not passed and oom == 0:
@@ -202,8 +239,9 @@ def search(config, a, work, start_layers):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", choices=("gpt", "clip"), default="gpt", help="the model searched")
     parser.add_argument("--cap", type=float, default=5.0, help="per-rank memory cap, GiB")
-    parser.add_argument("--dim", type=int, default=1536, help="model width (heads = dim / 128)")
+    parser.add_argument("--dim", type=int, default=1536, help="model width (heads = dim / 128; clip: dim / 64)")
     parser.add_argument("--seq", type=int, default=64, help="tokens per window")
     parser.add_argument("--step", type=int, default=4, help="layers per step of the search before bisecting")
     parser.add_argument("--reserve", type=float, default=0.75, help="GiB left free in the uncapped run")
@@ -219,8 +257,8 @@ def main():
     parser.add_argument("--bin-dir", default="", help="fsdp-train and plain_gpt from here (default: build/), "
                         "e.g. copies, so that a rebuild during the search does not swap them")
     a = parser.parse_args()
-    if a.cap <= 0 or a.dim <= 0 or a.dim % 128 or a.seq <= 0 or a.step < 1:
-        sys.exit("max_model: need --cap > 0, --dim a positive multiple of 128, --seq > 0, --step >= 1")
+    if a.cap <= 0 or a.dim <= 0 or a.dim % (64 if a.family == "clip" else 128) or a.seq <= 0 or a.step < 1:
+        sys.exit("max_model: need --cap > 0, --dim a positive multiple of 128 (clip: 64), --seq > 0, --step >= 1")
     if a.bin_dir:
         for name in BIN:
             BIN[name] = Path(a.bin_dir).resolve() / name
@@ -236,6 +274,8 @@ def main():
         {"name": "fsdp4_capped", "runner": "fsdp", "ranks": 4, "capped": True},
         {"name": "fsdp4_uncapped", "runner": "fsdp", "ranks": 4, "capped": False},
     ]
+    if a.family == "clip":  # no single-process CLIP runner
+        configs = [c for c in configs if c["runner"] != "plain"]
     all_names = {c["name"] for c in configs}
     if a.only:
         wanted = set(a.only.split(","))
@@ -247,7 +287,7 @@ def main():
     fixed = name_values(a.try_layers, "--try-layers", all_names, int)
     if any(v <= 0 for v in [*guesses.values(), *fixed.values()]):
         sys.exit("max_model: --start-bytes-per-param and --try-layers values must be positive")
-    per_layer = gpt_parameters(1, a.dim, 256, a.seq) - gpt_parameters(0, a.dim, 256, a.seq)
+    per_layer = parameters_of(a, 1) - parameters_of(a, 0)
     total = meminfo_bytes("MemTotal")
     machine_bound = total / 16
     results = []
@@ -273,13 +313,17 @@ def main():
             largest, trials = search(config, a, work, start)
             searched = True
         results.append({**config, "largest_layers": largest, "searched": searched,
-                        "largest_parameters": gpt_parameters(largest, a.dim, 256, a.seq) if largest else 0,
+                        "largest_parameters": parameters_of(a, largest) if largest else 0,
                         "trials": [trials[k] for k in sorted(trials)]})
         write_json_atomically(a.json, {"results": results})  # what is done survives a stop
 
     by_name = {r["name"]: r for r in results}
-    print(f"\nGPT width {a.dim}, {a.dim // 128} heads, byte vocabulary, {a.seq}-token windows, one per rank, "
-          f"fp32 AdamW, 3 steps; per-rank cap {a.cap:g} GiB; machine {total / GIB:.1f} GiB")
+    if a.family == "clip":
+        print(f"\nCLIP, both towers width {a.dim}, {a.dim // 64} heads, 28x28 images, 48-token byte captions, one pair per "
+              f"rank, fp32 AdamW, 3 steps; per-rank cap {a.cap:g} GiB; machine {total / GIB:.1f} GiB")
+    else:
+        print(f"\nGPT width {a.dim}, {a.dim // 128} heads, byte vocabulary, {a.seq}-token windows, one per rank, "
+              f"fp32 AdamW, 3 steps; per-rank cap {a.cap:g} GiB; machine {total / GIB:.1f} GiB")
     print(f"{'configuration':<16} {'layers':>6} {'parameters':>12} {'peak/rank GiB':>13} {'vs DDP':>7} {'vs FSDP2':>8} "
           f"{'vs 1 proc':>9}")
     for r in results:
@@ -298,7 +342,7 @@ def main():
         r["vs_machine_bound"] = r["largest_parameters"] / machine_bound
         print(f"machine bound: {total / GIB:.1f} GiB / 16 B = {machine_bound / 1e6:.0f} M parameters; "
               f"fsdp4_uncapped reaches {r['vs_machine_bound']:.2f}x")
-    write_json_atomically(a.json, {"dim": a.dim, "seq": a.seq, "cap_gib": a.cap, "mem_total_bytes": total,
+    write_json_atomically(a.json, {"family": a.family, "dim": a.dim, "seq": a.seq, "cap_gib": a.cap, "mem_total_bytes": total,
                                    "results": results})
     print(f"wrote {a.json}")
 
