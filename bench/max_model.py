@@ -4,6 +4,10 @@
     .venv/bin/python bench/max_model.py --json out/bench/max_model.json      # as root (cgroups)
     .venv/bin/python bench/max_model.py --family clip --dim 1024 --cap 3 --only fsdp4_capped,ddp4_capped
 
+--family llama (issue 35, QLoRA): a Llama of width --dim (heads dim / 128 over a quarter as many
+key/value heads, SwiGLU 2.75 x dim, byte vocabulary, --seq-token windows, one per rank) fine-tuned
+with LoRA rank 16 on every linear layer of the blocks, bf16 compute, activation checkpointing, its
+frozen base stored in bf16 (lora_bf16_2_capped) or in NF4 (qlora_2_capped), 2 ranks each capped.
 --family clip: fsdp-train's clip-fmnist grown to --dim wide towers (heads = dim / 64, MLP 4 x dim,
 projection dim) of equal depth, the depth searched, one image-caption pair per rank, fp32 AdamW, the
 contrastive loss over the global batch; the peers are transformers' CLIPModel of the same shape under
@@ -54,8 +58,23 @@ def clip_parameters(layers, dim):
     return vision + text + dim * 2 * dim + 1
 
 
+def llama_ffn(dim):
+    return (int(2.75 * dim) + 255) // 256 * 256
+
+
+def llama_parameters(layers, dim, seq):
+    """fsdp.cpp's LlamaConfig::parameter_count (untied, byte vocabulary) for max_model's Llama shape."""
+    kv = dim // 4
+    block = 2 * dim + 2 * dim * dim + 2 * dim * kv + 3 * dim * llama_ffn(dim)
+    return 2 * 256 * dim + dim + layers * block
+
+
 def parameters_of(a, layers):
-    return clip_parameters(layers, a.dim) if a.family == "clip" else gpt_parameters(layers, a.dim, 256, a.seq)
+    if a.family == "clip":
+        return clip_parameters(layers, a.dim)
+    if a.family == "llama":
+        return llama_parameters(layers, a.dim, a.seq)
+    return gpt_parameters(layers, a.dim, 256, a.seq)
 
 
 def meminfo_bytes(key):
@@ -106,10 +125,29 @@ def clip_command_for(config, layers, a, out_dir):
             "--dim", str(a.dim), "--steps", "3"]
 
 
+def llama_command_for(config, layers, a, out_dir):
+    heads = a.dim // 128
+    sets = {"model.name": "llama-small", "model.layers": layers, "model.dim": a.dim, "model.heads": heads,
+            "model.kv_heads": max(1, heads // 4), "model.ffn_hidden": llama_ffn(a.dim), "model.context": a.seq,
+            "train.seq_len": a.seq, "train.global_batch": config["ranks"], "train.steps": 3, "train.log_every": 1,
+            "optimizer.warmup_steps": 0, "eval.every": 1000, "eval.batches": 1, "eval.sample_tokens": 0,
+            "checkpoint.every": 0, "fsdp.strategy": "full_shard", "fsdp.param_dtype": "bfloat16",
+            "fsdp.activation_checkpointing": True, "lora.rank": 16, "lora.alpha": 32,
+            "lora.targets": "q_proj k_proj v_proj o_proj gate_proj up_proj down_proj",
+            "lora.base_dtype": config["base_dtype"], "output_dir": str(out_dir)}
+    command = [str(BIN["fsdp-train"]), str(ROOT / "configs/llama-fortunes-small.toml"), "--progress", "lines"]
+    for key, value in sets.items():
+        text = json.dumps(value) if isinstance(value, str) else ("true" if value is True else value)
+        command += ["--set", f"{key}={text}"]
+    return command
+
+
 def command_for(config, layers, a, out_dir):
     """The training command of one configuration (before mpirun and the memory wrapper)."""
     if a.family == "clip":
         return clip_command_for(config, layers, a, out_dir)
+    if a.family == "llama":
+        return llama_command_for(config, layers, a, out_dir)
     heads = a.dim // 128
     ranks = config["ranks"]
     if config["runner"] == "fsdp":
@@ -239,15 +277,16 @@ def search(config, a, work, start_layers):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", choices=("gpt", "clip"), default="gpt", help="the model searched")
+    parser.add_argument("--family", choices=("gpt", "clip", "llama"), default="gpt", help="the model searched")
     parser.add_argument("--cap", type=float, default=5.0, help="per-rank memory cap, GiB")
     parser.add_argument("--dim", type=int, default=1536, help="model width (heads = dim / 128; clip: dim / 64)")
     parser.add_argument("--seq", type=int, default=64, help="tokens per window")
     parser.add_argument("--step", type=int, default=4, help="layers per step of the search before bisecting")
     parser.add_argument("--reserve", type=float, default=0.75, help="GiB left free in the uncapped run")
     parser.add_argument("--only", default="", help="comma-separated configuration names to run")
-    parser.add_argument("--start-bytes-per-param", default="fsdp4_capped=4.6,ddp4_capped=21,fsdp2_4_capped=8,single_capped=17,"
-                        "fsdp4_uncapped=4.4", help="first guess per configuration: a rank's bytes per model parameter")
+    parser.add_argument("--start-bytes-per-param", default="", help="first guess per configuration: a rank's bytes per "
+                        "model parameter (default: fsdp4_capped=4.6,ddp4_capped=21,fsdp2_4_capped=8,single_capped=17,"
+                        "fsdp4_uncapped=4.4; llama: lora_bf16_2_capped=2,qlora_2_capped=0.5)")
     parser.add_argument("--try-layers", default="", help="e.g. fsdp4_capped=24: run only that depth for that "
                         "configuration (no search); a pass shows a lower bound on its largest model")
     parser.add_argument("--previous", default="", help="a JSON this script wrote: its results for the "
@@ -276,6 +315,9 @@ def main():
     ]
     if a.family == "clip":  # no single-process CLIP runner
         configs = [c for c in configs if c["runner"] != "plain"]
+    if a.family == "llama":  # LoRA over a frozen base, fsdp-train only
+        configs = [{"name": "lora_bf16_2_capped", "runner": "fsdp", "ranks": 2, "capped": True, "base_dtype": "bfloat16"},
+                   {"name": "qlora_2_capped", "runner": "fsdp", "ranks": 2, "capped": True, "base_dtype": "nf4"}]
     all_names = {c["name"] for c in configs}
     if a.only:
         wanted = set(a.only.split(","))
@@ -283,7 +325,10 @@ def main():
         if unknown:
             sys.exit(f"max_model: unknown configuration(s) {sorted(unknown)}")
         configs = [c for c in configs if c["name"] in wanted]
-    guesses = name_values(a.start_bytes_per_param, "--start-bytes-per-param", all_names, float)
+    default_guesses = ("lora_bf16_2_capped=2,qlora_2_capped=0.5" if a.family == "llama" else
+                       "fsdp4_capped=4.6,ddp4_capped=21,fsdp2_4_capped=8,fsdp4_uncapped=4.4" +
+                       (",single_capped=17" if a.family == "gpt" else ""))
+    guesses = name_values(a.start_bytes_per_param or default_guesses, "--start-bytes-per-param", all_names, float)
     fixed = name_values(a.try_layers, "--try-layers", all_names, int)
     if any(v <= 0 for v in [*guesses.values(), *fixed.values()]):
         sys.exit("max_model: --start-bytes-per-param and --try-layers values must be positive")
@@ -318,7 +363,11 @@ def main():
         write_json_atomically(a.json, {"results": results})  # what is done survives a stop
 
     by_name = {r["name"]: r for r in results}
-    if a.family == "clip":
+    if a.family == "llama":
+        print(f"\nLlama width {a.dim}, {a.dim // 128} heads, SwiGLU {llama_ffn(a.dim)}, byte vocabulary, {a.seq}-token windows, "
+              f"one per rank, LoRA r16 on every block linear, bf16 compute, activation checkpointing, 3 steps; "
+              f"per-rank cap {a.cap:g} GiB; machine {total / GIB:.1f} GiB")
+    elif a.family == "clip":
         print(f"\nCLIP, both towers width {a.dim}, {a.dim // 64} heads, 28x28 images, 48-token byte captions, one pair per "
               f"rank, fp32 AdamW, 3 steps; per-rank cap {a.cap:g} GiB; machine {total / GIB:.1f} GiB")
     else:
@@ -330,12 +379,14 @@ def main():
         passing = [t for t in r["trials"] if t["passed"] and t["layers"] == r["largest_layers"]]
         peak = max(passing[0]["peak_bytes_per_rank"]) / GIB if passing else float("nan")
         r["peak_bytes_per_rank_at_largest"] = passing[0]["peak_bytes_per_rank"] if passing else []
-        for other, key in (("ddp4_capped", "vs_ddp"), ("fsdp2_4_capped", "vs_fsdp2"), ("single_capped", "vs_single")):
+        for other, key in (("ddp4_capped", "vs_ddp"), ("fsdp2_4_capped", "vs_fsdp2"), ("single_capped", "vs_single"),
+                           ("lora_bf16_2_capped", "vs_bf16_base")):
             o = by_name.get(other)
             r[key] = r["largest_parameters"] / o["largest_parameters"] if o and o["largest_parameters"] else None
         fmt = lambda v: f"{v:.2f}x" if v else "-"
         print(f"{r['name']:<16} {r['largest_layers'] or 0:>6} {r['largest_parameters'] / 1e6:>10.1f} M {peak:>13.2f} "
-              f"{fmt(r['vs_ddp']):>7} {fmt(r['vs_fsdp2']):>8} {fmt(r['vs_single']):>9}" + ("" if r.get("searched", True) else "  (one trial: at least)"))
+              f"{fmt(r['vs_ddp']):>7} {fmt(r['vs_fsdp2']):>8} {fmt(r['vs_single']):>9}" + ("" if r.get("searched", True) else "  (one trial: at least)")
+              + (f"  vs bf16 base {fmt(r['vs_bf16_base'])}" if r.get("vs_bf16_base") else ""))
     if "fsdp4_uncapped" in by_name:
         r = by_name["fsdp4_uncapped"]
         r["machine_bound_parameters"] = machine_bound

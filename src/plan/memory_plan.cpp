@@ -17,15 +17,15 @@ int64_t dtype_bytes(const std::string& name, const char* field) {
   throw std::invalid_argument(std::string(field) + " '" + name + "' (expected float32, bfloat16 or float16)");
 }
 
-// std::visit over the families fsdp-plan models (GPT, Llama, ViT); make_plan refuses CLIP before
-// anything here runs.
+// std::visit over the single-tower families (GPT, Llama, ViT); CLIP's two towers take their own
+// paths (clip_* below) before anything here runs.
 template <class F>
 auto visit_planned(F&& f, const models::ModelConfig& model) {
   using Result = decltype(f(std::declval<const models::GptConfig&>()));
   return std::visit(
       [&](const auto& m) -> Result {
         if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::ClipConfig>) {
-          throw std::logic_error("fsdp-plan: the clip family is not modelled");
+          throw std::logic_error("fsdp-plan: the clip family takes its own path here");
         } else {
           return f(m);
         }
@@ -44,7 +44,31 @@ models::ModelConfig with_layers(models::ModelConfig model, int64_t layers) {
 }
 
 int64_t layers_of(const models::ModelConfig& model) {
+  if (const auto* clip = std::get_if<models::ClipConfig>(&model)) return clip->vision.layers + clip->text.layers;
   return visit_planned([](const auto& c) { return c.layers; }, model);
+}
+
+// CLIP: one block of a tower (attention's four projections with biases, two LayerNorms, the MLP).
+int64_t clip_block_params(const models::ClipTowerShape& s) {
+  return 4 * (s.dim * s.dim + s.dim) + 4 * s.dim + 2 * s.dim * s.mlp_hidden + s.mlp_hidden + s.dim;
+}
+
+// CLIP's embeddings units: the text tower's (tokens and positions) and the image tower's (class
+// token, patch projection without bias, positions).
+int64_t clip_text_embedding_params(const models::ClipConfig& m) { return (m.vocab + m.context) * m.text.dim; }
+int64_t clip_vision_embedding_params(const models::ClipConfig& m) {
+  return m.vision.dim * (1 + m.channels * m.patch * m.patch + m.image_tokens());
+}
+
+// One CLIP block's saved activations for one sample of t tokens: what a GPT or ViT block keeps
+// (two LayerNorm inputs and outputs, q, k, v and their contiguous copies, the attention output,
+// the MLP's hidden before and after its activation; quick_gelu's sigmoid and product add one more
+// hidden), plus the softmax's statistics or probabilities.
+int64_t clip_block_activation_bytes(const models::ClipTowerShape& s, int64_t t, int64_t c, bool fused_attention,
+                                    bool attention_fp32) {
+  const int64_t softmax = fused_attention ? 4 * s.heads * t : c * s.heads * t * t;
+  const int64_t fp32_attention = attention_fp32 && c < 4 ? 4 * 4 * t * s.dim : 0;
+  return c * t * (11 * s.dim + 3 * s.mlp_hidden) + softmax + fp32_attention;
 }
 
 // Tokens per sample: the sequence for language models, patches + class token for ViT.
@@ -111,9 +135,6 @@ int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len,
 }
 
 Plan make_plan(const PlanInput& in) {
-  if (models::is_contrastive(in.model)) {
-    throw std::invalid_argument("fsdp-plan does not model the clip family yet (its two towers and the gathered features of the loss)");
-  }
   Plan plan;
   plan.input = in;
   models::validate(in.model);
@@ -153,13 +174,26 @@ Plan make_plan(const PlanInput& in) {
 
   const int64_t p = models::parameter_count(in.model);
   const int64_t layers = layers_of(in.model);
-  const int64_t block = layers > 0 ? p - models::parameter_count(with_layers(in.model, layers - 1)) : 0;
+  const models::ClipConfig* clip = std::get_if<models::ClipConfig>(&in.model);
+  // The largest block, and all blocks together (CLIP: both towers' blocks, of two sizes).
+  const int64_t block = clip != nullptr ? std::max(clip_block_params(clip->vision), clip_block_params(clip->text))
+                        : layers > 0    ? p - models::parameter_count(with_layers(in.model, layers - 1))
+                                        : 0;
+  const int64_t all_blocks = clip != nullptr ? clip->vision.layers * clip_block_params(clip->vision) +
+                                                   clip->text.layers * clip_block_params(clip->text)
+                                             : layers * block;
   plan.parameters = p;
   plan.layers = layers;
   // The token embedding and the output head, when units of their own (models::embedding_and_head_paths).
+  // CLIP: the text tower's embeddings in `embedding`, the image tower's in `head` (two units).
   int64_t embedding = 0, head = 0;
   bool tied = false;
-  if (in.embedding_units && !models::embedding_and_head_paths(in.model).empty()) {
+  if (clip != nullptr) {
+    if (in.embedding_units) {
+      embedding = clip_text_embedding_params(*clip);
+      head = clip_vision_embedding_params(*clip);
+    }
+  } else if (in.embedding_units && !models::embedding_and_head_paths(in.model).empty()) {
     visit_planned(
         [&](const auto& m) {
           using Config = std::decay_t<decltype(m)>;
@@ -179,7 +213,7 @@ Plan make_plan(const PlanInput& in) {
   plan.tied_embedding = tied;
   const int64_t largest_unit = std::max({block, embedding, head});
   plan.largest_unit_params = largest_unit;
-  plan.root_params = p - layers * block - embedding - head;
+  plan.root_params = p - all_blocks - embedding - head;
   const int64_t root = plan.root_params, k = in.max_inflight;
 
   // Model states, per rank (rounded up as the shards are: every unit padded to a multiple of S).
@@ -190,6 +224,21 @@ Plan make_plan(const PlanInput& in) {
   // AdamW: two moments, and one fp32 scratch as large as the largest unit's shard (its denominator).
   const int64_t largest_unit_shard = (std::max(largest_unit, root) + shard - 1) / shard;
   mem.optimizer = in.optimizer == "adamw" ? 8 * shard_numel + 4 * largest_unit_shard : 4 * shard_numel;
+  // CLIP with a frozen tower: that tower's parameters get no gradient and no optimizer state.
+  int64_t trainable = p;
+  if (clip != nullptr) {
+    if (clip->freeze_text) {
+      trainable -= clip->text.layers * clip_block_params(clip->text) + clip_text_embedding_params(*clip) + 2 * clip->text.dim +
+                   clip->text.dim * clip->projection_dim;
+    }
+    if (clip->freeze_vision) {
+      trainable -= clip->vision.layers * clip_block_params(clip->vision) + clip_vision_embedding_params(*clip) +
+                   4 * clip->vision.dim + clip->vision.dim * clip->projection_dim;
+    }
+    const int64_t trainable_shard = (trainable + shard - 1) / shard;
+    mem.gradients = 4 * trainable_shard;
+    mem.optimizer = in.optimizer == "adamw" ? 8 * trainable_shard + 4 * largest_unit_shard : 4 * trainable_shard;
+  }
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
   // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit
@@ -249,15 +298,34 @@ Plan make_plan(const PlanInput& in) {
     const int64_t trained = plan.adapter_params > 0 ? (plan.adapter_params + shard - 1) / shard : shard_numel;
     mem.checkpoint_staging = (plan.adapter_params > 0 ? mem.parameters : 4 * shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
   }
-  int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
-  if (in.attention_fp32 && c < 4) {
+  if (clip != nullptr) {
+    // Both towers' blocks for one pair (with checkpointing, each block's input only), one block
+    // more for the backward's peak; the loss: both modalities' gathered features [B, p] fp32 and
+    // their gradients, this rank's logits [b, B] in both directions, their softmax and gradients.
+    const int64_t image_tokens = clip->image_tokens(), text_tokens = clip->context;
+    const int64_t vision_block = clip_block_activation_bytes(clip->vision, image_tokens, c, in.fused_attention, in.attention_fp32);
+    const int64_t text_block = clip_block_activation_bytes(clip->text, text_tokens, c, in.fused_attention, in.attention_fp32);
+    const int64_t vision_input = c * image_tokens * clip->vision.dim, text_input = c * text_tokens * clip->text.dim;
+    const bool recompute = in.activation_checkpointing;
+    // A frozen tower saves nothing for backward: its input needs no gradient and neither do its
+    // parameters, so autograd records none of its forward.
+    const int64_t vision_saved = clip->freeze_vision ? 0 : clip->vision.layers * (recompute ? vision_input : vision_block);
+    const int64_t text_saved = clip->freeze_text ? 0 : clip->text.layers * (recompute ? text_input : text_block);
+    const int64_t backward_block = std::max(clip->freeze_vision ? 0 : vision_block, clip->freeze_text ? 0 : text_block);
+    const int64_t per_pair = vision_saved + text_saved + (recompute ? 2 : 1) * backward_block + c * image_tokens * clip->vision.dim;
+    const int64_t global = in.micro_batch * n;
+    const int64_t loss = 2 * 2 * 4 * global * clip->projection_dim + 2 * 3 * 4 * in.micro_batch * global;
+    mem.activations = in.micro_batch * per_pair + loss;
+  }
+  int64_t per_block = clip != nullptr ? 0 : block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
+  if (clip == nullptr && in.attention_fp32 && c < 4) {
     // Attention in fp32 (models/attention.h, FusedFp32) keeps fp32 copies of q, k, v and its output
     // besides the compute-dtype tensors the block keeps anyway: 4 x (heads x head_dim) x 4 bytes a token.
     const int64_t width = visit_planned([](const auto& m) { return m.dim; }, in.model);
     per_block += 4 * 4 * tokens_per_sample(in.model, in.seq_len) * width;
   }
-  const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) *
-                               visit_planned([](const auto& m) { return m.dim; }, in.model);
+  const int64_t block_inputs = clip != nullptr ? 0 : c * tokens_per_sample(in.model, in.seq_len) *
+                                                       visit_planned([](const auto& m) { return m.dim; }, in.model);
   // Backward of the last block holds its activations' gradients beside everything saved: one
   // block more (with checkpointing, the block being recomputed and its gradients). A recomputed
   // block keeps only its input; every k-th block is (layers / k of them).
@@ -266,7 +334,9 @@ Plan make_plan(const PlanInput& in) {
   // block first (the last, when layers % k == 0); else the last block and its gradients (+1).
   const bool last_recomputed = recomputed > 0 && layers % in.activation_checkpointing_every == 0;
   const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
-  mem.activations = in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
+  if (clip == nullptr) {
+    mem.activations = in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
+  }
   mem.overhead = in.overhead_bytes;
   const int64_t device = mem.device_total();
   if (in.device_memory_bytes > 0) {
@@ -290,7 +360,7 @@ Plan make_plan(const PlanInput& in) {
     const int gathers = s == "shard_grad_op" ? 1 : 2;
     comm.all_gather -= static_cast<int64_t>(m * gathers * (c - kNf4BytesPerWeight) * linear * in_group);
   }
-  const int64_t reduced_params = plan.adapter_params > 0 ? plan.adapter_params : p;  // LoRA: the adapters alone
+  const int64_t reduced_params = plan.adapter_params > 0 ? plan.adapter_params : trainable;  // LoRA: the adapters alone
   if (s == "no_shard") {
     comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * reduced_params * (n - 1) / n);
   } else {
@@ -346,6 +416,10 @@ std::vector<DeepSpeedEstimate> deepspeed_zero3_estimate(int64_t total_params, in
 }
 
 int64_t largest_module_params(const models::ModelConfig& model) {
+  if (const auto* clip = std::get_if<models::ClipConfig>(&model)) {
+    return std::max({clip_text_embedding_params(*clip), clip_vision_embedding_params(*clip), clip->vision.dim * clip->vision.mlp_hidden,
+                     clip->text.dim * clip->text.mlp_hidden});
+  }
   return visit_planned(
       [](const auto& m) -> int64_t {
         using M = std::decay_t<decltype(m)>;

@@ -156,13 +156,14 @@ expect_failure plan-lora-base-dtype "lora base dtype 'int4' (expected bfloat16, 
   "$plan" --model llama3-8b --ranks 8 --lora-rank 16 --lora-base-dtype int4
 expect_failure plan-no-model "give --model NAME or a config file" "$plan" --ranks 8
 # CLIP: images of another size than the model's, micro-batches (the loss is over the global batch),
-# and fsdp-plan, which does not model the family yet.
+# and fsdp-plan with a tower as one unit (it models block units).
 clip_model=$'[model]\nname = "clip-test"\n[data]\nsource = "fashion_mnist"\n[train]\nsteps = 2\nglobal_batch = 8'
 expect_failure clip-image-size "gives images of 1 x 28 x 28 (channels x height x width); the clip model 'clip-test' takes 1 x 35 x 35" \
   "${ranks[@]}" "$train" "$(config clip-size "$clip_model")" --set model.image_size=35
 expect_failure clip-micro-batches "train.micro_batches 2 with the clip model 'clip-test'" \
   "${ranks[@]}" "$train" "$(config clip-micro "$clip_model")" --set train.micro_batches=2
-expect_failure plan-clip "fsdp-plan does not model the clip family yet" "$plan" --model clip-test --ranks 2
+expect_failure plan-clip-tower "fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled" \
+  "$plan" "$(config clip-tower "$clip_model"$'\n[fsdp]\nwrap = "tower"')" --ranks 2
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

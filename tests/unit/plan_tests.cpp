@@ -1,7 +1,9 @@
 // fsdp-plan's arithmetic: the shares of model state, the strategies' communication, DeepSpeed's
 // published estimate reproduced, and bad input named.
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
+#include "fsdp/models/registry.h"
 #include "fsdp/plan/memory_plan.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/planning.h"
@@ -280,6 +282,49 @@ TEST(Plan, TheActivationsFollowTheAttentionPath) {
   // (seven blocks held at the peak: every block's and the last one's gradients).
   EXPECT_EQ(automatic - fused, 7 * 4 * 4 * 64 * 17 * 128);
   EXPECT_GT(math, fused);
+}
+
+}  // namespace plan_tests
+
+namespace plan_tests {
+
+// fsdp-plan knows CLIP: both towers' blocks as units (of two sizes), both embeddings as units, the
+// rest (norms, projections, logit_scale) in the root; a frozen tower has no gradient or optimizer
+// state; the loss's gathered features grow with the global batch; the tower wrap is refused.
+TEST(Plan, ClipCountsBothTowersAndTheGatheredFeatures) {
+  const std::string clip = std::string(FSDP_SOURCE_DIR) + "/configs/clip-fashion-mnist.toml";
+  const auto config = fsdp::train::load_train_config(clip, {"fsdp.param_dtype=\"float32\""});
+  const auto plan = make_plan(fsdp::train::plan_input(config, 2));
+  const auto& model = std::get<fsdp::models::ClipConfig>(config.model);
+  EXPECT_EQ(plan.parameters, model.parameter_count());
+  EXPECT_EQ(plan.layers, 10) << "6 image blocks and 4 text blocks";
+  torch::manual_seed(1);
+  auto built = fsdp::models::build_model(config.model);
+  auto named = built.module->named_parameters();
+  int64_t root = 0;
+  for (const auto& item : named) {
+    if (item.key().find(".layers.") == std::string::npos && item.key().find(".embeddings.") == std::string::npos) {
+      root += item.value().numel();
+    }
+  }
+  EXPECT_EQ(plan.root_params, root) << "norms, projections and logit_scale";
+  EXPECT_EQ(plan.embedding_params, named["text_model.embeddings.token_embedding.weight"].numel() +
+                                       named["text_model.embeddings.position_embedding.weight"].numel());
+  const int64_t shard = (plan.parameters + 1) / 2;
+  EXPECT_EQ(plan.memory.gradients, 4 * shard);
+  const auto frozen = make_plan(fsdp::train::plan_input(
+      fsdp::train::load_train_config(clip, {"fsdp.param_dtype=\"float32\"", "model.freeze_vision=true"}), 2));
+  EXPECT_LT(frozen.memory.gradients, plan.memory.gradients / 2) << "the image tower holds most of clip-fmnist";
+  EXPECT_EQ(frozen.memory.parameters, plan.memory.parameters) << "a frozen tower is still stored";
+  const auto larger_batch = make_plan(fsdp::train::plan_input(
+      fsdp::train::load_train_config(clip, {"fsdp.param_dtype=\"float32\"", "train.global_batch=256"}), 2));
+  EXPECT_GT(larger_batch.memory.activations, 2 * plan.memory.activations);
+  try {
+    fsdp::train::plan_input(fsdp::train::load_train_config(clip, {"fsdp.wrap=\"tower\""}), 2);
+    ADD_FAILURE() << "fsdp.wrap = tower should be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is not modelled"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace plan_tests
