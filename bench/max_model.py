@@ -129,7 +129,8 @@ def llama_command_for(config, layers, a, out_dir):
     heads = a.dim // 128
     sets = {"model.name": "llama-small", "model.layers": layers, "model.dim": a.dim, "model.heads": heads,
             "model.kv_heads": max(1, heads // 4), "model.ffn_hidden": llama_ffn(a.dim), "model.context": a.seq,
-            "train.seq_len": a.seq, "train.global_batch": config["ranks"], "train.steps": 3, "train.log_every": 1,
+            "train.seq_len": a.seq, "train.global_batch": config["ranks"], "train.micro_batches": 1, "train.steps": 3,
+            "train.log_every": 1,
             "optimizer.warmup_steps": 0, "eval.every": 1000, "eval.batches": 1, "eval.sample_tokens": 0,
             "checkpoint.every": 0, "fsdp.strategy": "full_shard", "fsdp.param_dtype": "bfloat16",
             "fsdp.activation_checkpointing": True, "lora.rank": 16, "lora.alpha": 32,
