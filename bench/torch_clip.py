@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import launch, peak_resident_bytes  # noqa: E402
+from torch_gpt import peak_resident_bytes, run_launched  # noqa: E402
 
 CONTEXT, VOCAB, EOS = 48, 257, 256
 
@@ -125,19 +125,7 @@ def main():
     args = parser.parse_args()
     if args.layers <= 0 or args.dim <= 0 or args.dim % 64 or args.batch_per_rank <= 0 or args.steps <= 0:
         sys.exit("torch_clip: need --layers, --batch-per-rank and --steps positive and --dim a positive multiple of 64")
-    rank, world, local_world = launch(args.port)
-    try:
-        train(args, rank, world, local_world)
-    except Exception as e:  # recorded for the table: what stops this wrapper here
-        message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        print(f"torch_clip: rank {rank}: {args.wrap} failed: {message}", file=sys.stderr, flush=True)
-        if rank == 0 and args.json:
-            with open(args.json, "w") as f:
-                json.dump({"error": message, "torch_version": torch.__version__}, f, indent=2)
-        sys.exit(3)
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    run_launched("torch_clip", train, args)
 
 
 if __name__ == "__main__":

@@ -225,12 +225,19 @@ def main():
         sys.exit(f"torch_gpt: --dim {args.dim} is not divisible by --heads {args.heads}")
     if not 0 <= args.warmup < args.steps:
         sys.exit(f"torch_gpt: --warmup {args.warmup} must be in [0, --steps)")
+    run_launched("torch_gpt", train, args)
+
+
+def run_launched(tool, train, args):
+    """Launches (launch), runs train(args, rank, world, local_world), and tears the group down. If
+    the wrapper fails (it needs collectives gloo may lack), the exception is written to args.json as
+    {"error": ...} and the exit status is 3, so that a table can show it."""
     rank, world, local_world = launch(args.port)
     try:
         train(args, rank, world, local_world)
     except Exception as e:  # recorded for the table: what stops this wrapper here
         message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        print(f"torch_gpt: rank {rank}: {args.wrap} failed: {message}", file=sys.stderr, flush=True)
+        print(f"{tool}: rank {rank}: {args.wrap} failed: {message}", file=sys.stderr, flush=True)
         if rank == 0 and args.json:
             with open(args.json, "w") as f:
                 json.dump({"error": message, "torch_version": torch.__version__}, f, indent=2)

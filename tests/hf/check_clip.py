@@ -19,7 +19,6 @@
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -27,28 +26,11 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-LOGIT_TOLERANCE = 1e-4
-EXPORT_TOLERANCE = 1e-5
 EOS = 256
 CONTEXT = 48
-failures = []
 
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def mpirun(args, ranks, command, expect_failure=False):
-    full = [args.mpiexec, "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] + command
-    result = subprocess.run(full, capture_output=True, text=True, timeout=300)
-    if expect_failure:
-        return result
-    if result.returncode != 0:
-        print(result.stdout[-3000:], result.stderr[-3000:])
-        raise SystemExit(f"failed: {' '.join(full)}")
-    return result.stdout
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_hf_models import EXPORT_TOLERANCE, LOGIT_TOLERANCE, check, failures, mpirun  # noqa: E402
 
 
 def make_clip(out, dtype=torch.float32, max_shard_size=None, seed=0, **text_extra):
