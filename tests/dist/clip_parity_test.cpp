@@ -107,6 +107,7 @@ Trajectory run_fsdp(const Case& c) {
   const int rank = world->rank(), n = world->size();
   fsdp::runtime::FsdpOptions options;
   options.strategy = c.strategy;
+  if (c.strategy == fsdp::runtime::ShardingStrategy::HybridShard) options.shard_group_size = 2;  // 2 replicas x 2 shards
   const fsdp::models::ModelConfig config = c.model();
   if (c.tower_units) {
     options.wrap_policy.module_paths = {"text_model", "vision_model"};
@@ -180,6 +181,11 @@ void expect_parity(const Case& c) {
 using fsdp::runtime::ShardingStrategy;
 TEST(ClipParity, GlobalBatchLossFullShard) { expect_parity({ShardingStrategy::FullShard}); }
 TEST(ClipParity, GlobalBatchLossShardGradOp) { expect_parity({ShardingStrategy::ShardGradOp}); }
+// Hybrid sharding: the loss's gather spans the whole world, both replica groups.
+TEST(ClipParity, GlobalBatchLossHybridTwoByTwo) {
+  if (fsdp::comm::init_world()->size() != 4) GTEST_SKIP() << "2 replicas x 2 shards needs 4 ranks";
+  expect_parity({ShardingStrategy::HybridShard});
+}
 TEST(ClipParity, EachTowerOneUnit) { expect_parity({ShardingStrategy::FullShard, false, false, true}); }
 TEST(ClipParity, FrozenImageTower) { expect_parity({ShardingStrategy::FullShard, false, true}); }
 TEST(ClipParity, FrozenTextTowerEachTowerOneUnit) { expect_parity({ShardingStrategy::FullShard, true, false, true}); }
