@@ -23,11 +23,10 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import peak_resident_bytes, run_launched  # noqa: E402
+from torch_gpt import every_rank_peak, run_launched  # noqa: E402
 
 CONTEXT, VOCAB, EOS = 48, 257, 256
 
@@ -96,11 +95,7 @@ def train(args, rank, world, local_world):
         losses.append(loss.item())
         if rank == 0:
             print(f"step {step + 1:3d}  loss {losses[-1]:.4f}  {step_seconds[-1]:.3f} s", flush=True)
-    peaks = torch.tensor([float(peak_resident_bytes())])
-    if world > 1:
-        gathered = [torch.zeros(1) for _ in range(world)]
-        dist.all_gather(gathered, peaks)
-        peaks = torch.cat(gathered)
+    peaks = every_rank_peak(world)
     result = {"parameters": parameters, "ranks": world, "wrap": args.wrap if world > 1 else "none",
               "torch_version": torch.__version__, "layers": args.layers, "dim": args.dim, "losses": losses,
               "median_step_seconds": statistics.median(step_seconds), "peak_resident_bytes_per_rank": peaks.tolist()}

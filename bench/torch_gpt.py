@@ -106,6 +106,16 @@ def peak_resident_bytes():
     return -1
 
 
+def every_rank_peak(world):
+    """Every rank's peak resident bytes (VmHWM), gathered: a tensor [world]."""
+    peaks = torch.tensor([float(peak_resident_bytes())])
+    if world > 1:
+        gathered = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(gathered, peaks)
+        peaks = torch.cat(gathered)
+    return peaks
+
+
 def launch(port):
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
@@ -179,11 +189,7 @@ def train(args, rank, world, local_world):
         losses.append(loss.item())
         if rank == 0:
             print(f"step {step + 1:3d}  loss {losses[-1]:.4f}  {seconds:.3f} s", flush=True)
-    peaks = torch.tensor([float(peak_resident_bytes())])
-    if world > 1:
-        gathered = [torch.zeros(1) for _ in range(world)]
-        dist.all_gather(gathered, peaks)
-        peaks = torch.cat(gathered)
+    peaks = every_rank_peak(world)
     median_step = statistics.median(step_seconds[args.warmup:])
     result = {
         "parameters": parameters, "ranks": world, "model": args.model, "wrap": args.wrap if world > 1 else "none",
