@@ -31,15 +31,7 @@ namespace {
 int64_t vocab_of(const fsdp::train::TrainConfig& config) {
   if (!fsdp::models::is_language_model(config.model)) return 0;
   if (config.model_vocab > 0) return config.model_vocab;
-  return std::visit(
-      [](const auto& m) -> int64_t {
-        if constexpr (std::is_same_v<std::decay_t<decltype(m)>, fsdp::models::VitConfig>) {
-          return 0;
-        } else {
-          return m.vocab;
-        }
-      },
-      config.model);
+  return fsdp::models::vocab_size(config.model);
 }
 
 // A TOML basic string holding `text`.

@@ -54,15 +54,7 @@ int main(int argc, char** argv) {
   auto world = fsdp::comm::init_world();
   const int rank = world->rank(), n = world->size();
   auto config = fsdp::train::parse_train_config("[model]\nname = \"" + model + "\"\n", "checkpoint_bench");
-  const int64_t vocab = fsdp::models::is_language_model(config.model)
-                            ? std::visit([](const auto& m) -> int64_t {
-                                if constexpr (std::is_same_v<std::decay_t<decltype(m)>, fsdp::models::VitConfig>) {
-                                  return 0;
-                                } else {
-                                  return m.vocab;
-                                }
-                              }, config.model)
-                            : 0;
+  const int64_t vocab = fsdp::models::is_language_model(config.model) ? fsdp::models::vocab_size(config.model) : 0;
   auto sharded = fsdp::train::build_sharded_model(config, vocab, world);
   fsdp::optim::ShardedAdamW optimizer(*sharded.state, {});
   for (size_t slot = 0; slot < optimizer.slot_count(); ++slot) {

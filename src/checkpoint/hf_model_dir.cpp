@@ -178,6 +178,46 @@ models::ClipConfig read_clip(const ConfigReader& r, const nlohmann::json& json) 
   return c;
 }
 
+// One of a composite config's sections (text_config, vision_config): {} when absent.
+nlohmann::json config_section(const ConfigReader& r, const nlohmann::json& json, const char* key) {
+  if (!json.contains(key) || json.at(key).is_null()) return nlohmann::json::object();
+  if (!json.at(key).is_object()) r.fail(std::string(key) + " must be an object, got " + json.at(key).dump());
+  return json.at(key);
+}
+
+// LlavaForConditionalGeneration's config: a Llama text_config, a CLIP vision_config (with
+// CLIPVisionConfig's defaults), and the joint's keys. Variants we do not implement are named.
+models::LlavaConfig read_llava(const ConfigReader& r, const nlohmann::json& json) {
+  const nlohmann::json text_json = config_section(r, json, "text_config"), vision_json = config_section(r, json, "vision_config");
+  const ConfigReader text(text_json, r.file() + " (text_config)"), vision(vision_json, r.file() + " (vision_config)");
+  if (text_json.empty()) r.fail("missing key 'text_config' (the language model's config)");
+  text.require_value("model_type", "llama", "the language model here is a Llama");
+  vision.require_value("model_type", "clip_vision_model", "the image tower here is CLIP's");
+  vision.require_value("hidden_act", "quick_gelu", "the CLIP MLP here is quick_gelu, OpenAI's");
+  r.require_value("projector_hidden_act", "gelu", "the projector here is linear, exact gelu, linear");
+  r.require_value("multimodal_projector_bias", true, "the projector here has biases");
+  models::LlavaConfig c;
+  c.text = read_llama(text, text_json);
+  c.vision.vision = {vision.integer_or("hidden_size", 768), vision.integer_or("num_attention_heads", 12),
+                     vision.integer_or("num_hidden_layers", 12), vision.integer_or("intermediate_size", 3072)};
+  c.vision.image_size = vision.integer_or("image_size", 224);
+  c.vision.patch = vision.integer_or("patch_size", 32);
+  c.vision.channels = vision.integer_or("num_channels", 3);
+  c.vision.norm_eps = vision.number_or("layer_norm_eps", 1e-5);
+  c.image_token = r.has("image_token_index") ? r.integer("image_token_index") : r.integer_or("image_token_id", 32000);
+  if (r.has("vision_feature_layer") && !json.at("vision_feature_layer").is_number_integer()) {
+    r.fail("vision_feature_layer = " + json.at("vision_feature_layer").dump() + " is not supported (one layer, an integer: features "
+           "of several layers concatenated are not implemented)");
+  }
+  c.vision_feature_layer = r.integer_or("vision_feature_layer", -2);
+  const std::string strategy = r.string_or("vision_feature_select_strategy", "default");
+  if (strategy != "default" && strategy != "full") {
+    r.fail("vision_feature_select_strategy '" + strategy + "' is not supported (default, full)");
+  }
+  c.keep_class_token = strategy == "full";
+  return c;
+}
+
 }  // namespace
 
 bool is_hf_model_dir(const std::string& path) {
@@ -206,8 +246,10 @@ models::ModelConfig read_hf_config(const std::string& dir_or_file) {
     model = read_gpt2(reader);
   } else if (type == "clip") {
     model = read_clip(reader, json);
+  } else if (type == "llava") {
+    model = read_llava(reader, json);
   } else {
-    reader.fail(type.empty() ? "no model_type" : "model_type '" + type + "' is not supported (supported: llama, gpt2, clip)");
+    reader.fail(type.empty() ? "no model_type" : "model_type '" + type + "' is not supported (supported: llama, gpt2, clip, llava)");
   }
   try {
     models::validate(model);
@@ -235,6 +277,58 @@ nlohmann::json read_source_config(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// A Llama's config keys (LlamaForCausalLM's, and LLaVA's text_config).
+nlohmann::json llama_config_json(const models::LlamaConfig& config) {
+  const models::LlamaConfig* l = &config;
+  nlohmann::json out = nlohmann::json::object();
+  out["model_type"] = "llama";
+  out["vocab_size"] = l->vocab;
+  out["hidden_size"] = l->dim;
+  out["intermediate_size"] = l->ffn_hidden;
+  out["num_hidden_layers"] = l->layers;
+  out["num_attention_heads"] = l->heads;
+  out["num_key_value_heads"] = l->kv_heads;
+  out["head_dim"] = l->dim / l->heads;
+  out["max_position_embeddings"] = l->context;
+  out["rms_norm_eps"] = l->norm_eps;
+  out["rope_theta"] = l->rope_theta;
+  out["tie_word_embeddings"] = l->tie_embeddings;
+  out["hidden_act"] = "silu";
+  out["attention_bias"] = false;
+  out["mlp_bias"] = false;
+  if (l->rope_scaling.enabled) {
+    // The hub's spelling, which transformers 4 and 5 both read.
+    out["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", l->rope_scaling.factor},
+                           {"low_freq_factor", l->rope_scaling.low_freq_factor},
+                           {"high_freq_factor", l->rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", l->rope_scaling.original_context}};
+  } else {
+    out["rope_scaling"] = nullptr;
+  }
+  return out;
+}
+
+// A CLIP image tower's config keys (CLIPModel's and LLaVA's vision_config).
+nlohmann::json clip_vision_config_json(const models::ClipConfig& k, bool with_projection) {
+  nlohmann::json out = {{"model_type", "clip_vision_model"},
+                        {"image_size", k.image_size},
+                        {"patch_size", k.patch},
+                        {"num_channels", k.channels},
+                        {"hidden_size", k.vision.dim},
+                        {"num_attention_heads", k.vision.heads},
+                        {"num_hidden_layers", k.vision.layers},
+                        {"intermediate_size", k.vision.mlp_hidden},
+                        {"hidden_act", "quick_gelu"},
+                        {"layer_norm_eps", k.norm_eps}};
+  if (with_projection) out["projection_dim"] = k.projection_dim;
+  return out;
+}
+
+}  // namespace
+
 std::string hf_config_text(const models::ModelConfig& model, const std::string& source_config, const std::string& torch_dtype) {
   const nlohmann::json source = read_source_config(source_config);
   nlohmann::json out = nlohmann::json::object();
@@ -246,31 +340,7 @@ std::string hf_config_text(const models::ModelConfig& model, const std::string& 
   }
   if (const auto* l = std::get_if<models::LlamaConfig>(&model)) {
     out["architectures"] = {"LlamaForCausalLM"};
-    out["model_type"] = "llama";
-    out["vocab_size"] = l->vocab;
-    out["hidden_size"] = l->dim;
-    out["intermediate_size"] = l->ffn_hidden;
-    out["num_hidden_layers"] = l->layers;
-    out["num_attention_heads"] = l->heads;
-    out["num_key_value_heads"] = l->kv_heads;
-    out["head_dim"] = l->dim / l->heads;
-    out["max_position_embeddings"] = l->context;
-    out["rms_norm_eps"] = l->norm_eps;
-    out["rope_theta"] = l->rope_theta;
-    out["tie_word_embeddings"] = l->tie_embeddings;
-    out["hidden_act"] = "silu";
-    out["attention_bias"] = false;
-    out["mlp_bias"] = false;
-    if (l->rope_scaling.enabled) {
-      // The hub's spelling, which transformers 4 and 5 both read.
-      out["rope_scaling"] = {{"rope_type", "llama3"},
-                             {"factor", l->rope_scaling.factor},
-                             {"low_freq_factor", l->rope_scaling.low_freq_factor},
-                             {"high_freq_factor", l->rope_scaling.high_freq_factor},
-                             {"original_max_position_embeddings", l->rope_scaling.original_context}};
-    } else {
-      out["rope_scaling"] = nullptr;
-    }
+    out.update(llama_config_json(*l));
   } else if (const auto* g = std::get_if<models::GptConfig>(&model)) {
     out["architectures"] = {"GPT2LMHeadModel"};
     out["model_type"] = "gpt2";
@@ -313,17 +383,28 @@ std::string hf_config_text(const models::ModelConfig& model, const std::string& 
       }
     }
     out["text_config"] = text;
-    out["vision_config"] = {{"model_type", "clip_vision_model"},
-                            {"image_size", k->image_size},
-                            {"patch_size", k->patch},
-                            {"num_channels", k->channels},
-                            {"hidden_size", k->vision.dim},
-                            {"num_attention_heads", k->vision.heads},
-                            {"num_hidden_layers", k->vision.layers},
-                            {"intermediate_size", k->vision.mlp_hidden},
-                            {"projection_dim", k->projection_dim},
-                            {"hidden_act", "quick_gelu"},
-                            {"layer_norm_eps", k->norm_eps}};
+    out["vision_config"] = clip_vision_config_json(*k, /*with_projection=*/true);
+  } else if (const auto* v = std::get_if<models::LlavaConfig>(&model)) {
+    nlohmann::json text = llama_config_json(v->text);
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {  // LLaVA keeps them in text_config
+      if (out.contains(key)) text[key] = out.at(key);
+      if (source.is_object() && source.contains("text_config") && source.at("text_config").is_object() &&
+          source.at("text_config").contains(key)) {
+        text[key] = source.at("text_config").at(key);
+      }
+      out.erase(key);
+    }
+    out["architectures"] = {"LlavaForConditionalGeneration"};
+    out["model_type"] = "llava";
+    out["text_config"] = text;
+    out["vision_config"] = clip_vision_config_json(v->vision, /*with_projection=*/false);
+    out["image_token_index"] = v->image_token;
+    out["image_seq_length"] = v->image_tokens();
+    out["projector_hidden_act"] = "gelu";
+    out["multimodal_projector_bias"] = true;
+    out["vision_feature_layer"] = v->vision_feature_layer;
+    out["vision_feature_select_strategy"] = v->keep_class_token ? "full" : "default";
+    out["tie_word_embeddings"] = v->text.tie_embeddings;
   } else {
     throw std::invalid_argument(std::string("hf_config_json: no Hugging Face config for ") + models::family_name(model) + " models");
   }

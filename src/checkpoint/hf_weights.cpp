@@ -101,7 +101,23 @@ bool is_adapter(const std::string& name) { return name.find(".lora_A.") != std::
 
 std::string hf_name(const models::ModelConfig& model, const std::string& name) {
   if (std::holds_alternative<models::LlamaConfig>(model) && name.rfind("lm_head", 0) != 0) return "model." + name;
+  if (std::holds_alternative<models::LlavaConfig>(model)) {
+    const std::string language = "language_model.";
+    if (name.rfind(language, 0) == 0 && name.rfind(language + "lm_head", 0) != 0) return language + "model." + name.substr(language.size());
+  }
   return name;
+}
+
+std::vector<std::string> hf_other_names(const models::ModelConfig& model, const std::string& hf) {
+  if (!std::holds_alternative<models::LlavaConfig>(model)) return {};
+  auto after = [&](const std::string& prefix) { return hf.rfind(prefix, 0) == 0 ? hf.substr(prefix.size()) : std::string(); };
+  // The hub's older files nest the tower (vision_tower.vision_model.*); transformers 5 holds the
+  // model as model.{vision_tower, multi_modal_projector, language_model} and lm_head.
+  if (hf.rfind("vision_tower.", 0) == 0) return {"vision_tower.vision_model." + after("vision_tower."), "model." + hf};
+  if (hf.rfind("multi_modal_projector.", 0) == 0) return {"model." + hf};
+  if (hf == "language_model.lm_head.weight") return {"lm_head.weight"};
+  if (hf.rfind("language_model.model.", 0) == 0) return {"model.language_model." + after("language_model.model.")};
+  return {};
 }
 
 bool hf_transposed(const models::ModelConfig& model, const std::string& name) {
@@ -258,6 +274,9 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
     auto stored_name = [&](const shard::FlatEntry& entry) {
       std::string name = hf_name(model, entry.name);
       if (!weights.contains(name) && weights.contains("transformer." + name)) name = "transformer." + name;
+      for (const std::string& other : hf_other_names(model, name)) {
+        if (!weights.contains(name) && weights.contains(other)) name = other;
+      }
       return name;
     };
     // A weight saved 4-bit by transformers through bitsandbytes (bnb_4bit_weight.h), or nullopt.
@@ -295,17 +314,25 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       }
       return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
     };
-    if (models::is_contrastive(model)) {
-      // A CLIP directory holds exactly CLIPModel's tensors: one we would not read is a variant we
-      // do not implement (a model with biases on the projections, another pooling), named.
-      std::set<std::string> expected = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids"};
+    if (models::is_contrastive(model) || models::reads_image_and_text(model)) {
+      // A CLIP or LLaVA directory holds exactly transformers' tensors: one we would not read is a
+      // variant we do not implement (biases on CLIP's projections, another pooling, a LLaVA
+      // projector of other layers), named.
+      std::set<std::string> expected = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids",
+                                        "vision_tower.vision_model.embeddings.position_ids"};
       for (auto* flat : flats) {
-        for (const auto& entry : flat->layout().entries) expected.insert(hf_name(model, entry.name));
+        for (const auto& entry : flat->layout().entries) {
+          if (is_adapter(entry.name)) continue;
+          expected.insert(hf_name(model, entry.name));
+          for (const std::string& other : hf_other_names(model, hf_name(model, entry.name))) expected.insert(other);
+        }
       }
       for (const auto& info : weights.tensors()) {
         if (expected.count(info.name) == 0) {
-          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the CLIP model fsdp.cpp "
-                                   "implements (transformers' CLIPModel): not read");
+          const bool clip = models::is_contrastive(model);
+          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the " + (clip ? "CLIP" : "LLaVA") +
+                                   " model fsdp.cpp implements (transformers' " + (clip ? "CLIPModel" : "LlavaForConditionalGeneration") +
+                                   "): not read");
         }
       }
     }

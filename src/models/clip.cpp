@@ -66,16 +66,19 @@ void ClipConfig::validate() const {
   validate_tower(text, "text");
 }
 
+int64_t ClipConfig::vision_tower_parameter_count() const {
+  return vision.dim                                   // class embedding
+         + vision.dim * channels * patch * patch      // patch embedding (no bias)
+         + image_tokens() * vision.dim                // position embedding
+         + 2 * 2 * vision.dim                         // pre_layrnorm, post_layernorm
+         + vision.layers * block_parameters(vision);  // blocks
+}
+
 int64_t ClipConfig::parameter_count() const {
-  const int64_t vision_tower = vision.dim                                   // class embedding
-                               + vision.dim * channels * patch * patch      // patch embedding (no bias)
-                               + image_tokens() * vision.dim                // position embedding
-                               + 2 * 2 * vision.dim                         // pre_layrnorm, post_layernorm
-                               + vision.layers * block_parameters(vision);  // blocks
   const int64_t text_tower = vocab * text.dim + context * text.dim  // token and position embeddings
                              + 2 * text.dim                          // final_layer_norm
                              + text.layers * block_parameters(text);
-  return vision_tower + text_tower + projection_dim * (vision.dim + text.dim) + 1;  // projections, logit_scale
+  return vision_tower_parameter_count() + text_tower + projection_dim * (vision.dim + text.dim) + 1;  // projections, logit_scale
 }
 
 double ClipConfig::flops_per_pair() const {
@@ -184,7 +187,8 @@ at::Tensor ClipTextTransformerImpl::forward(const at::Tensor& ids) {
   return x.index({torch::arange(ids.size(0), ids.options()), eos_position});
 }
 
-ClipVisionTransformerImpl::ClipVisionTransformerImpl(const ClipConfig& c) {
+ClipVisionTransformerImpl::ClipVisionTransformerImpl(const ClipConfig& c, int64_t read_blocks) {
+  const int64_t trained_blocks = read_blocks < 0 ? c.vision.layers : read_blocks;
   embeddings = register_module("embeddings", ClipVisionEmbeddings(c));
   pre_layrnorm = register_module("pre_layrnorm", layer_norm(c.vision.dim, c.norm_eps));
   if (c.freeze_vision) {
@@ -195,10 +199,18 @@ ClipVisionTransformerImpl::ClipVisionTransformerImpl(const ClipConfig& c) {
   layers = encoder->register_module("layers", torch::nn::ModuleList());
   register_module("encoder", encoder);
   for (int64_t i = 0; i < c.vision.layers; ++i) {
-    fsdp::nn::push_block(layers, ClipEncoderLayer(c.vision, c.norm_eps, /*causal=*/false, c.freeze_vision));
+    fsdp::nn::push_block(layers, ClipEncoderLayer(c.vision, c.norm_eps, /*causal=*/false, c.freeze_vision || i >= trained_blocks));
   }
   post_layernorm = register_module("post_layernorm", layer_norm(c.vision.dim, c.norm_eps));
-  if (c.freeze_vision) freeze(*post_layernorm);
+  if (c.freeze_vision || read_blocks >= 0) freeze(*post_layernorm);
+}
+
+at::Tensor ClipVisionTransformerImpl::forward(const at::Tensor& images, int64_t blocks) {
+  TORCH_CHECK(blocks >= 0 && blocks <= static_cast<int64_t>(layers->size()), "clip vision: hidden_states after ", blocks,
+              " blocks of ", layers->size());
+  at::Tensor x = pre_layrnorm(fsdp::nn::call(embeddings, images));
+  for (int64_t i = 0; i < blocks; ++i) x = fsdp::nn::call(layers->ptr<ClipEncoderLayerImpl>(i), x);
+  return x;
 }
 
 at::Tensor ClipVisionTransformerImpl::forward(const at::Tensor& images) {

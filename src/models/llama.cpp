@@ -154,25 +154,42 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& positions) {
-  const at::Tensor x = hidden_states(ids, positions);
-  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x) : fsdp::nn::call(lm_head, x);
+  TORCH_CHECK(!positions.defined() || positions.sizes() == ids.sizes(), "llama: positions ", positions.sizes(),
+              " do not match the ids ", ids.sizes());
+  return head(hidden_states(embed(ids), positions));
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions) {
-  const at::Tensor x = hidden_states(ids, positions);
-  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, x, targets, chunk_rows)
-                            : fsdp::nn::call(lm_head, x, targets, chunk_rows);
-}
-
-at::Tensor LlamaImpl::hidden_states(const at::Tensor& ids, const at::Tensor& positions) {
-  const int64_t t = ids.size(1);
   TORCH_CHECK(!positions.defined() || positions.sizes() == ids.sizes(), "llama: positions ", positions.sizes(),
               " do not match the ids ", ids.sizes());
+  return head(hidden_states(embed(ids), positions), targets, chunk_rows);
+}
+
+// Embedding and head are called through fsdp::nn::call, so each may be a unit of its own.
+at::Tensor LlamaImpl::embed(const at::Tensor& ids) { return fsdp::nn::call(embed_tokens, ids); }
+
+at::Tensor LlamaImpl::logits_from_embeddings(const at::Tensor& embedded) { return head(hidden_states(embedded, {})); }
+
+at::Tensor LlamaImpl::loss_from_embeddings(const at::Tensor& embedded, const at::Tensor& targets, int64_t chunk_rows) {
+  return head(hidden_states(embedded, {}), targets, chunk_rows);
+}
+
+at::Tensor LlamaImpl::head(const at::Tensor& hidden) {
+  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, hidden) : fsdp::nn::call(lm_head, hidden);
+}
+
+at::Tensor LlamaImpl::head(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
+  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, hidden, targets, chunk_rows)
+                            : fsdp::nn::call(lm_head, hidden, targets, chunk_rows);
+}
+
+at::Tensor LlamaImpl::hidden_states(const at::Tensor& embedded, const at::Tensor& positions) {
+  const int64_t t = embedded.size(1);
   TORCH_CHECK(t <= config_.context, "llama: sequence of ", t, " tokens exceeds the context of ", config_.context);
-  if (rope_cos_.device() != ids.device()) {
+  if (rope_cos_.device() != embedded.device()) {
     // Once: the tables follow the inputs to their device (a copy per forward would block the host).
-    rope_cos_ = rope_cos_.to(ids.device());
-    rope_sin_ = rope_sin_.to(ids.device());
+    rope_cos_ = rope_cos_.to(embedded.device());
+    rope_sin_ = rope_sin_.to(embedded.device());
   }
   at::Tensor cos = rope_cos_.narrow(0, 0, t), sin = rope_sin_.narrow(0, 0, t), allowed;
   if (positions.defined()) {
@@ -182,8 +199,7 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& ids, const at::Tensor& pos
     sin = rope_sin_.index_select(0, flat);
     allowed = document_causal_mask(positions);
   }
-  // Embedding and head are called through fsdp::nn::call, so each may be a unit of its own.
-  auto x = fsdp::nn::call(embed_tokens, ids);
+  at::Tensor x = embedded;
   for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin, allowed);
   return norm(x);
 }

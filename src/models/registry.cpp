@@ -67,6 +67,14 @@ ClipConfig clip(int64_t image, int64_t patch, int64_t channels, ClipTowerShape v
   return c;
 }
 
+LlavaConfig llava(ClipConfig vision, LlamaConfig text, int64_t image_token) {
+  LlavaConfig c;
+  c.vision = vision;
+  c.text = text;
+  c.image_token = image_token;
+  return c;
+}
+
 const std::map<std::string, ModelConfig>& zoo() {
   static const std::map<std::string, ModelConfig> models = {
       // Small sizes for tests and this CPU machine (byte vocabulary).
@@ -99,6 +107,16 @@ const std::map<std::string, ModelConfig>& zoo() {
       {"clip-fmnist", clip(28, 7, 1, tower(6, 128, 4, 256), 257, 48, 256, tower(4, 128, 4, 256), 128)},
       {"clip-vit-b32", clip(224, 32, 3, tower(12, 768, 12, 3072), 49408, 77, 49407, tower(12, 512, 8, 2048), 512)},
       {"clip-vit-l14", clip(224, 14, 3, tower(24, 1024, 16, 4096), 49408, 77, 49407, tower(12, 768, 12, 3072), 768)},
+      // LLaVA: test size and a Fashion-MNIST size, CLIP image towers on 28x28 greyscale and a
+      // Llama over bytes, end-of-text 256 and the image token 257 (data/image_chat.h); and
+      // llava-1.5-7b (CLIP ViT-L/14 at 336 pixels, Llama 2 7B's shape with 32064 tokens, the
+      // image token 32000: the hub's llava-hf/llava-1.5-7b-hf config).
+      {"llava-test", llava(clip(28, 7, 1, tower(2, 32, 2, 64), 257, 48, 256, tower(2, 32, 2, 64), 16),
+                           llama(2, 32, 4, 2, 64, 258, 128, 10000.0, false), 257)},
+      {"llava-fmnist", llava(clip(28, 7, 1, tower(6, 128, 4, 256), 257, 48, 256, tower(2, 128, 4, 256), 128),
+                             llama(4, 128, 4, 2, 352, 258, 128, 10000.0, false), 257)},
+      {"llava-1.5-7b", llava(clip(336, 14, 3, tower(24, 1024, 16, 4096), 49408, 77, 49407, tower(12, 768, 12, 3072), 768),
+                             llama(32, 4096, 32, 32, 11008, 32064, 4096, 10000.0, false), 32000)},
   };
   return models;
 }
@@ -130,25 +148,28 @@ ModelConfig model_config(const std::string& name) {
 
 std::vector<std::string> linear_layers(const ModelConfig& config) {
   if (std::holds_alternative<GptConfig>(config)) return GptConfig::linear_layers();
-  if (std::holds_alternative<LlamaConfig>(config)) return LlamaConfig::linear_layers();
+  if (std::holds_alternative<LlamaConfig>(config) || std::holds_alternative<LlavaConfig>(config)) return LlamaConfig::linear_layers();
   return {};
 }
 
 int64_t linear_weight_count(const ModelConfig& config) {
   if (const auto* g = std::get_if<GptConfig>(&config)) return g->linear_weight_count();
   if (const auto* l = std::get_if<LlamaConfig>(&config)) return l->linear_weight_count();
+  if (const auto* v = std::get_if<LlavaConfig>(&config)) return v->text.linear_weight_count();
   return 0;
 }
 
 const LoraSpec* lora_spec(const ModelConfig& config) {
   if (const auto* g = std::get_if<GptConfig>(&config)) return &g->lora;
   if (const auto* l = std::get_if<LlamaConfig>(&config)) return &l->lora;
+  if (const auto* v = std::get_if<LlavaConfig>(&config)) return &v->text.lora;
   return nullptr;
 }
 
 const char* family_name(const ModelConfig& config) {
   return std::visit(Overloaded{[](const GptConfig&) { return "gpt"; }, [](const LlamaConfig&) { return "llama"; },
-                               [](const VitConfig&) { return "vit"; }, [](const ClipConfig&) { return "clip"; }},
+                               [](const VitConfig&) { return "vit"; }, [](const ClipConfig&) { return "clip"; },
+                               [](const LlavaConfig&) { return "llava"; }},
                     config);
 }
 
@@ -158,13 +179,23 @@ bool is_language_model(const ModelConfig& config) {
 
 bool is_contrastive(const ModelConfig& config) { return std::holds_alternative<ClipConfig>(config); }
 
+bool reads_image_and_text(const ModelConfig& config) { return std::holds_alternative<LlavaConfig>(config); }
+
 int64_t parameter_count(const ModelConfig& config) {
   return std::visit([](const auto& c) { return c.parameter_count(); }, config);
 }
 
 int64_t vocab_size(const ModelConfig& config) {
   return std::visit(Overloaded{[](const GptConfig& c) { return c.vocab; }, [](const LlamaConfig& c) { return c.vocab; },
-                               [](const VitConfig&) { return int64_t{0}; }, [](const ClipConfig& c) { return c.vocab; }},
+                               [](const VitConfig&) { return int64_t{0}; }, [](const ClipConfig& c) { return c.vocab; },
+                               [](const LlavaConfig& c) { return c.text.vocab; }},
+                    config);
+}
+
+int64_t text_context(const ModelConfig& config) {
+  return std::visit(Overloaded{[](const GptConfig& c) { return c.context; }, [](const LlamaConfig& c) { return c.context; },
+                               [](const VitConfig&) { return int64_t{0}; }, [](const ClipConfig& c) { return c.context; },
+                               [](const LlavaConfig& c) { return c.text.context; }},
                     config);
 }
 
@@ -172,13 +203,17 @@ double flops_per_sample(const ModelConfig& config, int64_t seq) {
   return std::visit(Overloaded{[&](const GptConfig& c) { return c.flops_per_token(seq); },
                                [&](const LlamaConfig& c) { return c.flops_per_token(seq); },
                                [](const VitConfig& c) { return c.flops_per_image(); },
-                               [](const ClipConfig& c) { return c.flops_per_pair(); }},
+                               [](const ClipConfig& c) { return c.flops_per_pair(); },
+                               [&](const LlavaConfig& c) { return c.flops_per_example(seq); }},
                     config);
 }
 
-std::string block_type_name(const ModelConfig& config) {
-  return std::visit(Overloaded{[](const GptConfig&) { return "GptBlock"; }, [](const LlamaConfig&) { return "LlamaBlock"; },
-                               [](const VitConfig&) { return "VitBlock"; }, [](const ClipConfig&) { return "ClipEncoderLayer"; }},
+std::vector<std::string> block_type_names(const ModelConfig& config) {
+  using Names = std::vector<std::string>;
+  return std::visit(Overloaded{[](const GptConfig&) { return Names{"GptBlock"}; }, [](const LlamaConfig&) { return Names{"LlamaBlock"}; },
+                               [](const VitConfig&) { return Names{"VitBlock"}; },
+                               [](const ClipConfig&) { return Names{kClipBlockType}; },
+                               [](const LlavaConfig&) { return Names{kClipBlockType, "LlamaBlock"}; }},
                     config);
 }
 
@@ -191,8 +226,19 @@ std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) {
                                [](const VitConfig&) { return std::vector<std::string>{}; },
                                [](const ClipConfig&) {
                                  return std::vector<std::string>{"text_model.embeddings", "vision_model.embeddings"};
+                               },
+                               [](const LlavaConfig& c) {
+                                 std::vector<std::string> paths = {"language_model.embed_tokens", "vision_tower.embeddings"};
+                                 if (!c.text.tie_embeddings) paths.insert(paths.begin() + 1, "language_model.lm_head");
+                                 return paths;
                                }},
                     config);
+}
+
+std::vector<std::string> tower_paths(const ModelConfig& config) {
+  if (std::holds_alternative<ClipConfig>(config)) return {"text_model", "vision_model"};
+  if (std::holds_alternative<LlavaConfig>(config)) return {"vision_tower"};
+  return {};
 }
 
 void validate(const ModelConfig& config) {
@@ -206,9 +252,11 @@ BuiltModel build_model(const ModelConfig& config) {
         using Impl = std::conditional_t<
             std::is_same_v<Config, GptConfig>, GptImpl,
             std::conditional_t<std::is_same_v<Config, LlamaConfig>, LlamaImpl,
-                               std::conditional_t<std::is_same_v<Config, VitConfig>, VitImpl, ClipImpl>>>;
+                               std::conditional_t<std::is_same_v<Config, VitConfig>, VitImpl,
+                                                  std::conditional_t<std::is_same_v<Config, ClipConfig>, ClipImpl, LlavaImpl>>>>;
         auto module = std::make_shared<Impl>(c);
-        BuiltModel built{module, {}, {}};
+        BuiltModel built;
+        built.module = module;
         if constexpr (std::is_same_v<Config, ClipConfig>) {
           built.forward_function = [](const at::Tensor&, const at::Tensor&) -> at::Tensor {
             throw std::logic_error("clip: a contrastive model has no single-input forward (BuiltModel::contrastive)");
@@ -216,6 +264,15 @@ BuiltModel build_model(const ModelConfig& config) {
           built.contrastive_function = [module](const at::Tensor& images, const at::Tensor& ids) {
             return fsdp::nn::call(module, images, ids);
           };
+        } else if constexpr (std::is_same_v<Config, LlavaConfig>) {
+          built.forward_function = [](const at::Tensor&, const at::Tensor&) -> at::Tensor {
+            throw std::logic_error("llava: the model reads an image with its tokens (BuiltModel::image_text_logits)");
+          };
+          built.image_text_logits_function = [module](const at::Tensor& images, const at::Tensor& ids) {
+            return fsdp::nn::call(module, images, ids);
+          };
+          built.image_text_loss_function = [module](const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets,
+                                                    int64_t chunk_rows) { return fsdp::nn::call(module, images, ids, targets, chunk_rows); };
         } else if constexpr (std::is_same_v<Config, VitConfig>) {
           built.forward_function = [module](const at::Tensor& images, const at::Tensor& positions) {
             TORCH_CHECK(!positions.defined(), "vit: images have no token positions");

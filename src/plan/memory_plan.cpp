@@ -26,6 +26,8 @@ auto visit_planned(F&& f, const models::ModelConfig& model) {
       [&](const auto& m) -> Result {
         if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::ClipConfig>) {
           throw std::logic_error("fsdp-plan: the clip family takes its own path here");
+        } else if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::LlavaConfig>) {
+          throw std::logic_error("fsdp-plan: the llava family is refused in make_plan");
         } else {
           return f(m);
         }
@@ -37,7 +39,8 @@ auto visit_planned(F&& f, const models::ModelConfig& model) {
 models::ModelConfig with_layers(models::ModelConfig model, int64_t layers) {
   std::visit(
       [&](auto& c) {
-        if constexpr (!std::is_same_v<std::decay_t<decltype(c)>, models::ClipConfig>) c.layers = layers;
+        using M = std::decay_t<decltype(c)>;
+        if constexpr (!std::is_same_v<M, models::ClipConfig> && !std::is_same_v<M, models::LlavaConfig>) c.layers = layers;
       },
       model);
   return model;
@@ -135,6 +138,10 @@ int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len,
 }
 
 Plan make_plan(const PlanInput& in) {
+  if (std::holds_alternative<models::LlavaConfig>(in.model)) {
+    throw std::invalid_argument("fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); "
+                                "plan its Llama alone with --model for an upper bound of the language model's share");
+  }
   Plan plan;
   plan.input = in;
   models::validate(in.model);

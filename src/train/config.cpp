@@ -48,7 +48,8 @@ class Reader {
   bool has(const std::string& key) const { return root_.at_path(key).node() != nullptr; }
 
   // The key's value in `type`, or nullopt when absent.
-  std::optional<ConfigValue> value(const std::string& key, ConfigType type) const {
+  // may_be_negative: an integer key whose negative values mean something (ConfigKey::may_be_negative).
+  std::optional<ConfigValue> value(const std::string& key, ConfigType type, bool may_be_negative = false) const {
     const toml::node* node = root_.at_path(key).node();
     if (node == nullptr) return std::nullopt;
     switch (type) {
@@ -57,7 +58,7 @@ class Reader {
         fail(key + " must be true or false, got " + type_of(*node));
       case ConfigType::Integer:
         if (auto v = node->value_exact<int64_t>()) {
-          if (*v < 0) fail(key + " must not be negative, got " + std::to_string(*v));
+          if (*v < 0 && !may_be_negative) fail(key + " must not be negative, got " + std::to_string(*v));
           return ConfigValue(*v);
         }
         fail(key + " must be an integer, got " + type_of(*node));
@@ -171,8 +172,10 @@ bool read_model_source(const Reader& r, TrainConfig& c) {
       c.model = models::VitConfig{};
     } else if (*family == "clip") {
       c.model = models::ClipConfig{};
+    } else if (*family == "llava") {
+      c.model = models::LlavaConfig{};
     } else {
-      r.fail("model.family '" + *family + "' (expected gpt, llama, vit or clip)");
+      r.fail("model.family '" + *family + "' (expected gpt, llama, vit, clip or llava)");
     }
     c.model_name = name ? *name : *family;
     return false;
@@ -267,6 +270,7 @@ void finish_lora(const Reader& r, TrainConfig& c) {
   }
   if (auto* g = std::get_if<models::GptConfig>(&c.model)) g->lora = lora;
   if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) l->lora = lora;
+  if (auto* v = std::get_if<models::LlavaConfig>(&c.model)) v->text.lora = lora;
 }
 
 // Defaults that depend on other keys.
@@ -274,12 +278,7 @@ void resolve_defaults(const Reader& r, TrainConfig& c) {
   if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;
   // (Instructions need train.seq_len given: the model's context would be mostly padding.)
   if (models::is_language_model(c.model) && c.seq_len == 0 && c.data.source != "instructions") {
-    c.seq_len = std::visit(
-        [](const auto& m) -> int64_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::VitConfig>) return 0;
-          else return m.context;
-        },
-        c.model);
+    c.seq_len = models::text_context(c.model);
   }
   DataConfig& d = c.data;
   // Image models (ViT, CLIP) read images: the one image source unless data.source says otherwise.
@@ -320,7 +319,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
   const bool shape_from_hf_dir = read_model_source(r, c);
   for (const ConfigKey& k : config_keys()) {
     if (k.read_first) continue;
-    const std::optional<ConfigValue> value = r.value(k.name, k.type);
+    const std::optional<ConfigValue> value = r.value(k.name, k.type, k.may_be_negative);
     if (!value) continue;
     if (!k.applies(c)) r.fail(k.not_applicable(c));
     if (shape_from_hf_dir && k.set_by_hf_config && !k.free_beside_hf_config(c)) {

@@ -122,8 +122,8 @@ struct NotInFamily {};
 constexpr NotInFamily none{};
 
 // The address of a model field in the family the config holds; nullptr for a family without it.
-template <class T, class Gpt, class Llama, class Vit, class Clip = NotInFamily>
-auto model_field(Gpt gpt, Llama llama, Vit vit, Clip clip = none) {
+template <class T, class Gpt, class Llama, class Vit, class Clip = NotInFamily, class Llava = NotInFamily>
+auto model_field(Gpt gpt, Llama llama, Vit vit, Clip clip = none, Llava llava = none) {
   return [=](TrainConfig& c) -> T* {
     auto pick = [](auto accessor, auto& family) -> T* {
       if constexpr (std::is_same_v<decltype(accessor), NotInFamily>) return nullptr;
@@ -133,6 +133,7 @@ auto model_field(Gpt gpt, Llama llama, Vit vit, Clip clip = none) {
     if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) return pick(llama, *l);
     if (auto* v = std::get_if<models::VitConfig>(&c.model)) return pick(vit, *v);
     if (auto* k = std::get_if<models::ClipConfig>(&c.model)) return pick(clip, *k);
+    if (auto* v = std::get_if<models::LlavaConfig>(&c.model)) return pick(llava, *v);
     return nullptr;
   };
 }
@@ -149,6 +150,7 @@ ConfigKey model_key(ConfigKey k) {
 models::LoraSpec* mutable_lora(models::ModelConfig& model) {
   if (auto* g = std::get_if<models::GptConfig>(&model)) return &g->lora;
   if (auto* l = std::get_if<models::LlamaConfig>(&model)) return &l->lora;
+  if (auto* v = std::get_if<models::LlavaConfig>(&model)) return &v->text.lora;
   return nullptr;
 }
 
@@ -161,7 +163,7 @@ bool lora_enabled(const TrainConfig& c) {
 ConfigKey lora_key(ConfigKey k) {
   k.applies = has_lora;
   k.not_applicable = [](const TrainConfig& c) {
-    return "[lora] applies to the gpt and llama families, not " + std::string(models::family_name(c.model));
+    return "[lora] applies to the gpt, llama and llava families, not " + std::string(models::family_name(c.model));
   };
   k.written = [](const TrainConfig& c) { return lora_enabled(c); };
   return k;
@@ -192,6 +194,7 @@ std::vector<ConfigKey> declare() {
   using models::LlamaConfig;
   using models::VitConfig;
   using models::ClipConfig;
+  using models::LlavaConfig;
 
   // ---- top level ----
   add(key("name", MEMBER(name), "run name; output_dir defaults to runs/<name>"));
@@ -209,7 +212,7 @@ std::vector<ConfigKey> declare() {
     ConfigKey k;
     k.name = "model.family";
     k.type = ConfigType::String;
-    k.help = "gpt | llama | vit | clip with every shape key given (as a resolved config.toml has it)";
+    k.help = "gpt | llama | vit | clip | llava with every shape key given (as a resolved config.toml has it)";
     k.get = [](const TrainConfig& c) { return ConfigValue(std::string(models::family_name(c.model))); };
     k.set = [](TrainConfig&, const ConfigValue&) {};  // read by parse_train_config (read_first)
     k.read_first = true;
@@ -222,7 +225,7 @@ std::vector<ConfigKey> declare() {
   {
     ConfigKey k = model_key(key("model.vocab",
                                 model_field<int64_t>([](GptConfig& g) { return &g.vocab; }, [](LlamaConfig& l) { return &l.vocab; }, none,
-                                                    [](ClipConfig& k) { return &k.vocab; }),
+                                                    [](ClipConfig& k) { return &k.vocab; }, [](LlavaConfig& v) { return &v.text.vocab; }),
                                 "embedding rows; 0 = the tokenizer's, else at least it (clip: the text tower's)"));
     auto plain_set = k.set;
     k.set = [plain_set](TrainConfig& c, const ConfigValue& v) {
@@ -232,62 +235,86 @@ std::vector<ConfigKey> declare() {
     add(std::move(k));
   }
   add(model_key(key("model.context", model_field<int64_t>([](GptConfig& g) { return &g.context; }, [](LlamaConfig& l) { return &l.context; }, none,
-                                                          [](ClipConfig& k) { return &k.context; }),
+                                                          [](ClipConfig& k) { return &k.context; }, [](LlavaConfig& v) { return &v.text.context; }),
                     "longest sequence (GPT-2: rows of the position embedding; clip: of a caption)")))
       .free_beside_hf_config = [](const TrainConfig& c) { return std::holds_alternative<LlamaConfig>(c.model); };
   add(model_key(key("model.dim", model_field<int64_t>([](GptConfig& g) { return &g.dim; }, [](LlamaConfig& l) { return &l.dim; },
-                                                      [](VitConfig& v) { return &v.dim; }),
+                                                      [](VitConfig& v) { return &v.dim; }, none,
+                                                      [](LlavaConfig& v) { return &v.text.dim; }),
                     "width of the residual stream")));
   add(model_key(key("model.heads", model_field<int64_t>([](GptConfig& g) { return &g.heads; }, [](LlamaConfig& l) { return &l.heads; },
-                                                        [](VitConfig& v) { return &v.heads; }),
+                                                        [](VitConfig& v) { return &v.heads; }, none,
+                                                      [](LlavaConfig& v) { return &v.text.heads; }),
                     "attention heads")));
-  add(model_key(key("model.kv_heads", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.kv_heads; }, none),
+  add(model_key(key("model.kv_heads", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.kv_heads; }, none, none, [](LlavaConfig& v) { return &v.text.kv_heads; }),
                     "key/value heads (grouped-query attention)")));
   add(model_key(key("model.layers", model_field<int64_t>([](GptConfig& g) { return &g.layers; }, [](LlamaConfig& l) { return &l.layers; },
-                                                         [](VitConfig& v) { return &v.layers; }),
+                                                         [](VitConfig& v) { return &v.layers; }, none,
+                                                      [](LlavaConfig& v) { return &v.text.layers; }),
                     "transformer blocks")));
-  add(model_key(key("model.ffn_hidden", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.ffn_hidden; }, none),
+  add(model_key(key("model.ffn_hidden", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.ffn_hidden; }, none, none, [](LlavaConfig& v) { return &v.text.ffn_hidden; }),
                     "SwiGLU width")));
   add(model_key(key("model.mlp_hidden", model_field<int64_t>([](GptConfig& g) { return &g.mlp_hidden; }, none, [](VitConfig& v) { return &v.mlp_hidden; }),
                     "MLP width (GPT: 0 = 4 x dim)")));
-  add(model_key(key("model.patch", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.patch; }, [](ClipConfig& k) { return &k.patch; }), "patch side in pixels")));
-  add(model_key(key("model.image_size", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.image_size; }, [](ClipConfig& k) { return &k.image_size; }), "image side in pixels")));
-  add(model_key(key("model.channels", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.channels; }, [](ClipConfig& k) { return &k.channels; }), "image channels")));
+  add(model_key(key("model.patch", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.patch; }, [](ClipConfig& k) { return &k.patch; }, [](LlavaConfig& v) { return &v.vision.patch; }), "patch side in pixels")));
+  add(model_key(key("model.image_size", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.image_size; }, [](ClipConfig& k) { return &k.image_size; }, [](LlavaConfig& v) { return &v.vision.image_size; }), "image side in pixels")));
+  add(model_key(key("model.channels", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.channels; }, [](ClipConfig& k) { return &k.channels; }, [](LlavaConfig& v) { return &v.vision.channels; }), "image channels")));
   add(model_key(key("model.classes", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.classes; }), "classes of the head")));
   // CLIP's two towers and the shared space.
   auto clip_key = [&](const char* name, auto field, const char* help) { add(model_key(key(name, model_field<int64_t>(none, none, none, field), help))); };
-  clip_key("model.vision_dim", [](ClipConfig& k) { return &k.vision.dim; }, "image tower: width");
-  clip_key("model.vision_heads", [](ClipConfig& k) { return &k.vision.heads; }, "image tower: attention heads");
-  clip_key("model.vision_layers", [](ClipConfig& k) { return &k.vision.layers; }, "image tower: blocks");
-  clip_key("model.vision_mlp_hidden", [](ClipConfig& k) { return &k.vision.mlp_hidden; }, "image tower: MLP width");
+  // The image tower's shape: CLIP's and LLaVA's.
+  auto tower_key = [&](const char* name, auto field, const char* help) {
+    add(model_key(key(name, model_field<int64_t>(none, none, none, [field](ClipConfig& k) { return field(k.vision); },
+                                                 [field](LlavaConfig& v) { return field(v.vision.vision); }),
+                      help)));
+  };
+  tower_key("model.vision_dim", [](models::ClipTowerShape& t) { return &t.dim; }, "image tower: width");
+  tower_key("model.vision_heads", [](models::ClipTowerShape& t) { return &t.heads; }, "image tower: attention heads");
+  tower_key("model.vision_layers", [](models::ClipTowerShape& t) { return &t.layers; }, "image tower: blocks");
+  tower_key("model.vision_mlp_hidden", [](models::ClipTowerShape& t) { return &t.mlp_hidden; }, "image tower: MLP width");
+  // LLaVA's joint: where the image tower is read, and which token stands for the image.
+  auto llava_key = [&](const char* name, auto field, const char* help) {
+    add(model_key(key(name, model_field<std::decay_t<decltype(*field(std::declval<LlavaConfig&>()))>>(none, none, none, none, field), help)));
+  };
+  llava_key("model.image_token", [](LlavaConfig& v) { return &v.image_token; }, "llava: the token each image feature replaces");
+  add(model_key(key("model.vision_feature_layer",
+                    model_field<int64_t>(none, none, none, none, [](LlavaConfig& v) { return &v.vision_feature_layer; }),
+                    "llava: the image tower's hidden state read (0: its embeddings, k: block k's output; -2: the last block but one's)")))
+      .may_be_negative = true;
+  llava_key("model.keep_class_token", [](LlavaConfig& v) { return &v.keep_class_token; },
+            "llava: the class token's feature is read too (transformers' strategy \"full\")");
+  llava_key("model.vision_norm_eps", [](LlavaConfig& v) { return &v.vision.norm_eps; }, "llava: epsilon of the image tower's LayerNorms");
   clip_key("model.text_dim", [](ClipConfig& k) { return &k.text.dim; }, "text tower: width");
   clip_key("model.text_heads", [](ClipConfig& k) { return &k.text.heads; }, "text tower: attention heads");
   clip_key("model.text_layers", [](ClipConfig& k) { return &k.text.layers; }, "text tower: blocks");
   clip_key("model.text_mlp_hidden", [](ClipConfig& k) { return &k.text.mlp_hidden; }, "text tower: MLP width");
   clip_key("model.eos_token", [](ClipConfig& k) { return &k.eos_token; }, "end-of-text token: a caption's feature is read there");
   clip_key("model.projection_dim", [](ClipConfig& k) { return &k.projection_dim; }, "width of the shared image-text space");
-  auto freeze_key = [&](const char* name, auto field, const char* help) {
-    ConfigKey& k = add(model_key(key(name, model_field<bool>(none, none, none, field), help)));
+  auto freeze_key = [&](const char* name, auto field, const char* help, auto llava_field) {
+    ConfigKey& k = add(model_key(key(name, model_field<bool>(none, none, none, field, llava_field), help)));
     k.free_beside_hf_config = [](const TrainConfig&) { return true; };
     k.default_text = "false";
   };
   freeze_key("model.freeze_vision", [](ClipConfig& k) { return &k.freeze_vision; },
-             "clip: the image tower gets no gradient (train the text tower against it)");
+             "clip, llava: the image tower gets no gradient (train the rest against it)", [](LlavaConfig& v) { return &v.freeze_vision; });
   freeze_key("model.freeze_text", [](ClipConfig& k) { return &k.freeze_text; },
-             "clip: the text tower gets no gradient (train the image tower against it)");
+             "clip: the text tower gets no gradient (train the image tower against it)", none);
   add(model_key(key("model.dropout", model_field<double>([](GptConfig& g) { return &g.dropout; }, none, none),
                     "dropout after attention, MLP and embeddings (0: off)")))
       .free_beside_hf_config = [](const TrainConfig&) { return true; };
   add(model_key(key("model.qkv_bias", model_field<bool>([](GptConfig& g) { return &g.qkv_bias; }, none, none), "biases on the Linear layers")));
   add(model_key(key("model.norm_eps", model_field<double>([](GptConfig& g) { return &g.norm_eps; }, [](LlamaConfig& l) { return &l.norm_eps; }, none,
-                                                           [](ClipConfig& k) { return &k.norm_eps; }),
+                                                           [](ClipConfig& k) { return &k.norm_eps; }, [](LlavaConfig& v) { return &v.text.norm_eps; }),
                     "epsilon of the norms (LayerNorm, RMSNorm)")));
-  add(model_key(key("model.tie_embeddings", model_field<bool>(none, [](LlamaConfig& l) { return &l.tie_embeddings; }, none),
+  add(model_key(key("model.tie_embeddings", model_field<bool>(none, [](LlamaConfig& l) { return &l.tie_embeddings; }, none, none,
+                                    [](LlavaConfig& v) { return &v.text.tie_embeddings; }),
                     "output head tied to the token embedding")));
-  add(model_key(key("model.rope_theta", model_field<double>(none, [](LlamaConfig& l) { return &l.rope_theta; }, none),
+  add(model_key(key("model.rope_theta", model_field<double>(none, [](LlamaConfig& l) { return &l.rope_theta; }, none, none,
+                                    [](LlavaConfig& v) { return &v.text.rope_theta; }),
                     "rotary base")));
   {
-    ConfigKey k = model_key(key("model.rope_scaling", model_field<bool>(none, [](LlamaConfig& l) { return &l.rope_scaling.enabled; }, none),
+    ConfigKey k = model_key(key("model.rope_scaling", model_field<bool>(none, [](LlamaConfig& l) { return &l.rope_scaling.enabled; }, none, none,
+                                                      [](LlavaConfig& v) { return &v.text.rope_scaling.enabled; }),
                                 "llama3 (Llama 3.1's long-context frequency scaling) | none"));
     auto set_enabled = k.set;
     auto get_enabled = k.get;
@@ -301,10 +328,13 @@ std::vector<ConfigKey> declare() {
     add(std::move(k));
   }
   auto rope_scaling_key = [&](const char* name, auto field, const char* help) {
-    ConfigKey& k = add(model_key(key(name, model_field<std::remove_pointer_t<decltype(field(std::declval<LlamaConfig&>()))>>(none, field, none), help)));
+    ConfigKey& k = add(model_key(key(name, model_field<std::remove_pointer_t<decltype(field(std::declval<LlamaConfig&>()))>>(
+                                               none, field, none, none, [field](LlavaConfig& v) { return field(v.text); }),
+                                     help)));
     k.written = [](const TrainConfig& c) {
       const auto* l = std::get_if<LlamaConfig>(&c.model);
-      return l != nullptr && l->rope_scaling.enabled;
+      const auto* v = std::get_if<LlavaConfig>(&c.model);
+      return (l != nullptr && l->rope_scaling.enabled) || (v != nullptr && v->text.rope_scaling.enabled);
     };
   };
   rope_scaling_key("model.rope_scaling_factor", [](LlamaConfig& l) { return &l.rope_scaling.factor; }, "llama3 scaling: factor");
@@ -315,7 +345,7 @@ std::vector<ConfigKey> declare() {
 
   // ---- [data] ----
   ConfigKey& source = add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist"));
-  source.default_text = "fortunes (fashion_mnist for vit and clip)";
+  source.default_text = "fortunes (fashion_mnist for vit, clip and llava)";
   source.check =
       [](const TrainConfig& c) {
         const bool language = models::is_language_model(c.model);
@@ -325,7 +355,7 @@ std::vector<ConfigKey> declare() {
         return unless(language == (c.data.source != "fashion_mnist"),
                       "data.source '" + c.data.source + "' does not suit the " + models::family_name(c.model) + " model '" +
                           c.model_name + "' (" +
-                          (language ? "language models read fortunes, token_files or instructions" : "image models (vit, clip) read fashion_mnist") + ")");
+                          (language ? "language models read fortunes, token_files or instructions" : "image models (vit, clip, llava) read fashion_mnist") + ")");
       };
   add(key("data.dir", MEMBER(data.dir), "the fortunes or Fashion-MNIST directory")).default_text = "Debian's";
   add(key("data.tokenizer", MEMBER(data.tokenizer), "byte | gpt2 (vocab_json, merges_txt) | hf (tokenizer_json)")).check =
@@ -402,12 +432,7 @@ std::vector<ConfigKey> declare() {
   add(key("train.seq_len", MEMBER(seq_len), "tokens per window (0: the model's context)")).check = [](const TrainConfig& c) {
     if (!(c.seq_len == 0 || c.seq_len >= 2)) return std::string("train.seq_len must be at least 2");
     if (!models::is_language_model(c.model)) return std::string();
-    const int64_t context = std::visit(
-        [](const auto& m) -> int64_t {
-          if constexpr (std::is_same_v<std::decay_t<decltype(m)>, VitConfig>) return 0;
-          else return m.context;
-        },
-        c.model);
+    const int64_t context = models::text_context(c.model);
     return unless(c.seq_len <= context, "train.seq_len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
                                             std::to_string(context) + " (raise model.context)");
   };
@@ -476,12 +501,13 @@ std::vector<ConfigKey> declare() {
                       {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"})(c);
       };
   add(key("fsdp.wrap", MEMBER(fsdp.wrap),
-          "block (each transformer block a unit) | root (one unit) | min_params | tower (clip: each tower one unit)")).check =
+          "block (each transformer block a unit) | root (one unit) | min_params | tower (clip: each tower one unit; llava: the image tower)")).check =
       [](const TrainConfig& c) {
         std::string error = one_of("fsdp.wrap", [](const TrainConfig& c) { return c.fsdp.wrap; }, {"block", "root", "min_params", "tower"})(c);
         if (!error.empty()) return error;
-        if (c.fsdp.wrap == "tower" && !models::is_contrastive(c.model)) {
-          return "fsdp.wrap 'tower' applies to clip models (each tower one unit), not " + std::string(models::family_name(c.model));
+        if (c.fsdp.wrap == "tower" && models::tower_paths(c.model).empty()) {
+          return "fsdp.wrap 'tower' applies to clip and llava models (each image or text tower one unit), not " +
+                 std::string(models::family_name(c.model));
         }
         return unless(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0, "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
       };

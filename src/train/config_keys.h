@@ -46,6 +46,8 @@ struct ConfigKey {
   // Read before the others by parse_train_config itself (the model's source: name, family,
   // init_from), which decides what the model keys apply to.
   bool read_first = false;
+  // An integer key whose negative values mean something (an index from the end); others refuse them.
+  bool may_be_negative = false;
   // What --list-keys shows as the default ("" : the default TrainConfig's value).
   std::string default_text;
 };

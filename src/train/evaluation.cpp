@@ -19,6 +19,55 @@ int64_t evaluation_items(const TrainConfig& config, int64_t available, bool lang
   return count;
 }
 
+namespace {
+
+struct ChatScores {
+  double totals[4] = {0.0, 0.0, 0.0, 0.0};  // as run_evaluation's
+};
+
+// LLaVA on one chunk of test images (weights: 1 real, 0 padding): the answers' token loss, teacher
+// forced, and each image's answer generated greedily (no sampling), right when it spells the
+// label's answer exactly (chosen among bytes and end-of-text). Every rank runs the same forwards: generation stops when every rank's
+// rows have ended their answers (one all-reduce of a count per token), or at the longest answer.
+ChatScores score_answers(const ModelInUse& m, const data::Batch& batch, const std::vector<float>& weights) {
+  ChatScores scores;
+  const int64_t rows = batch.targets.numel();
+  const at::Tensor images = batch.inputs.to(m.device);
+  const at::Tensor real = at::tensor(weights).gt(0);  // [rows] bool
+  const data::ImageChatWriter::Rows chats = m.chat->examples(batch.targets);
+  const at::Tensor targets = at::where(real.view({rows, 1}), chats.targets, at::full_like(chats.targets, -100));
+  scores.totals[0] = m.model.image_text_loss(images, chats.ids.to(m.device), targets.to(m.device), chats.ids.numel()).item<double>();
+  scores.totals[2] = targets.ne(-100).sum().item<double>();
+
+  at::Tensor ids = m.chat->prompts(rows).to(m.device);
+  const int64_t end_of_text = m.chat->end_of_text();
+  at::Tensor ended = at::logical_not(real).to(m.device);         // padding rows count as ended
+  for (int64_t k = 0; k < m.chat->longest_answer_tokens(); ++k) {
+    // The chats' own vocabulary only, bytes and end-of-text: never the image token, which would
+    // ask for a second image.
+    const at::Tensor last = m.model.image_text_logits(images, ids).select(1, ids.size(1) - 1);  // [rows, vocab]
+    const at::Tensor choice = at::cat({last.narrow(1, 0, 256), last.narrow(1, end_of_text, 1)}, 1).argmax(-1);
+    const at::Tensor next = at::where(choice.eq(256), at::full_like(choice, end_of_text), choice);  // [rows]
+    ids = at::cat({ids, next.unsqueeze(1)}, 1);
+    ended = ended.logical_or(next.eq(end_of_text));
+    at::Tensor open = at::logical_not(ended).sum().to(at::kCPU, at::kDouble).reshape({1});
+    if (m.world->size() > 1) m.world->all_reduce(open, comm::ReduceOp::Sum)->wait();
+    if (open.item<double>() == 0.0) break;
+  }
+  const at::Tensor generated = ids.narrow(1, m.chat->prompt_length(), ids.size(1) - m.chat->prompt_length()).cpu().contiguous();
+  const at::Tensor labels = batch.targets.to(at::kCPU, at::kLong);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (weights[static_cast<size_t>(r)] <= 0.0f) continue;
+    const int64_t* row = generated[r].data_ptr<int64_t>();
+    const std::vector<int64_t> answer(row, row + generated.size(1));
+    scores.totals[1] += m.chat->class_of(answer) == labels[r].item<int64_t>() ? 1.0 : 0.0;
+    scores.totals[3] += 1.0;
+  }
+  return scores;
+}
+
+}  // namespace
+
 EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, int64_t step) {
   torch::NoGradGuard no_grad;
   m.model.module->eval();
@@ -30,7 +79,7 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
   for (int64_t i = rank; i < count; i += n) mine.push_back(i * available / count);
   const int64_t per_rank = (count + n - 1) / n;
   const int64_t chunks = (per_rank + chunk - 1) / chunk;
-  double totals[3] = {0.0, 0.0, 0.0};  // loss sum, correct, weight
+  double totals[4] = {0.0, 0.0, 0.0, 0.0};  // loss sum, correct, the loss's weight, the accuracy's weight
   for (int64_t k = 0; k < chunks; ++k) {
     std::vector<int64_t> part;
     std::vector<float> weights;
@@ -45,6 +94,11 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
     at::Tensor targets = batch.targets.to(m.device);
     at::Tensor w = at::tensor(weights).to(m.device);
     const at::Tensor positions = batch.positions.defined() ? batch.positions.to(m.device) : at::Tensor();  // packed rows
+    if (m.chat != nullptr) {
+      const ChatScores scores = score_answers(m, batch, weights);
+      for (int i = 0; i < 4; ++i) totals[i] += scores.totals[i];
+      continue;
+    }
     if (m.language && m.model.has_loss_sum() && m.config.loss_chunk_tokens > 0) {
       // The chunked head: padding rows' targets set to -100, so they count nothing.
       const int64_t rows = static_cast<int64_t>(part.size());
@@ -71,8 +125,9 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
       totals[2] += std::accumulate(weights.begin(), weights.end(), 0.0);  // padding samples weigh 0
     }
   }
+  if (m.chat == nullptr) totals[3] = totals[2];
   m.model.module->train();
-  at::Tensor sums = at::tensor({totals[0], totals[1], totals[2]}, at::kDouble);
+  at::Tensor sums = at::tensor({totals[0], totals[1], totals[2], totals[3]}, at::kDouble);
   if (n > 1) m.world->all_reduce(sums, comm::ReduceOp::Sum)->wait();
   EvalResult result;
   result.step = step;
@@ -80,27 +135,29 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
   if (m.language) {
     result.perplexity = std::exp(result.loss);
   } else {
-    result.accuracy = sums[1].item<double>() / sums[2].item<double>();
+    result.accuracy = sums[1].item<double>() / sums[3].item<double>();
   }
   return result;
 }
 
-std::string evaluation_line(const EvalResult& result, int64_t items, bool language, bool zero_shot) {
+std::string evaluation_line(const EvalResult& result, int64_t items, bool language, AccuracyKind kind) {
   char line[160];
   if (language) {
     std::snprintf(line, sizeof(line), "eval  step %lld | validation loss %.4f | perplexity %.2f | %lld windows",
                   static_cast<long long>(result.step), result.loss, result.perplexity, static_cast<long long>(items));
   } else {
     std::snprintf(line, sizeof(line), "eval  step %lld | test loss %.4f | %s accuracy %.2f%% | %lld images",
-                  static_cast<long long>(result.step), result.loss, zero_shot ? "zero-shot" : "test", 100.0 * result.accuracy,
+                  static_cast<long long>(result.step), result.loss,
+                  kind == AccuracyKind::ZeroShot ? "zero-shot" : kind == AccuracyKind::Answers ? "answer" : "test", 100.0 * result.accuracy,
                   static_cast<long long>(items));
   }
   return line;
 }
 
-nlohmann::json evaluation_record(const EvalResult& result, bool language, bool zero_shot) {
+nlohmann::json evaluation_record(const EvalResult& result, bool language, AccuracyKind kind) {
   nlohmann::json record = {{"eval_step", result.step}, {"validation_loss", result.loss}};
-  if (zero_shot) record["zero_shot"] = true;
+  if (kind == AccuracyKind::ZeroShot) record["zero_shot"] = true;
+  if (kind == AccuracyKind::Answers) record["generated_answers"] = true;
   if (language) record["perplexity"] = result.perplexity;
   if (!language) record["test_accuracy"] = result.accuracy;
   return record;

@@ -12,13 +12,32 @@ namespace fsdp::train {
 runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   runtime::FsdpOptions options;
   options.strategy = runtime::sharding_strategy_from_string(c.fsdp.strategy);
-  if (c.fsdp.wrap == "block") options.wrap_policy.module_types = {models::block_type_name(c.model)};
+  if (c.fsdp.wrap == "block") options.wrap_policy.module_types = models::block_type_names(c.model);
   if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
   if (c.fsdp.wrap != "root" && c.fsdp.wrap != "tower" && c.fsdp.embedding_units) {
     options.wrap_policy.module_paths = models::embedding_and_head_paths(c.model);
   }
-  // CLIP: each tower one unit, its embeddings and blocks inside (one gather a tower a pass).
-  if (c.fsdp.wrap == "tower") options.wrap_policy.module_paths = {std::begin(models::kClipTowerPaths), std::end(models::kClipTowerPaths)};
+  if (c.fsdp.wrap == "tower") {
+    // Each tower one unit, its embeddings and blocks inside (one gather a tower a pass); what lies
+    // outside the towers (LLaVA's Llama) keeps a unit per block and embedding, as torchtitan wraps
+    // a VLM's decoder.
+    const std::vector<std::string> towers = models::tower_paths(c.model);
+    auto inside_a_tower = [&](const std::string& path) {
+      for (const auto& tower : towers) {
+        if (path == tower || path.rfind(tower + ".", 0) == 0) return true;
+      }
+      return false;
+    };
+    options.wrap_policy.module_paths = towers;
+    for (const std::string& type : models::block_type_names(c.model)) {
+      if (type != models::kClipBlockType) options.wrap_policy.module_types.push_back(type);
+    }
+    if (c.fsdp.embedding_units) {
+      for (const std::string& path : models::embedding_and_head_paths(c.model)) {
+        if (!inside_a_tower(path)) options.wrap_policy.module_paths.push_back(path);
+      }
+    }
+  }
   options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
   options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
   auto dtype = [](const std::string& name) {

@@ -25,6 +25,7 @@
 #include "fsdp/shard/storage.h"
 #include "fsdp/data/captions.h"
 #include "fsdp/data/datasets.h"
+#include "fsdp/data/image_chat.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/optim/loss_scaler.h"
@@ -93,6 +94,22 @@ class Trainer {
         if (clip->vocab <= clip->eos_token || clip->vocab < 256) {
           throw std::runtime_error("model.vocab " + std::to_string(clip->vocab) + " cannot hold the byte captions (bytes 0-255 and eos_token " +
                                    std::to_string(clip->eos_token) + ")");
+        }
+      }
+      if (const auto* llava = std::get_if<models::LlavaConfig>(&model_config_)) {
+        // One-turn chats from the labels: bytes, end-of-text (the first id above the bytes that is
+        // not the image token) and the image token (data/image_chat.h).
+        const int64_t end_of_text = llava->image_token == 256 ? 257 : 256;
+        chat_ = std::make_unique<data::ImageChatWriter>(data::fashion_mnist_class_names(), llava->image_tokens(), llava->image_token,
+                                                        end_of_text);
+        if (llava->text.vocab <= std::max(end_of_text, llava->image_token)) {
+          throw std::runtime_error("model.vocab " + std::to_string(llava->text.vocab) + " cannot hold the byte chats (bytes 0-255, end-of-text " +
+                                   std::to_string(end_of_text) + " and image_token " + std::to_string(llava->image_token) + ")");
+        }
+        if (chat_->row_length() > llava->text.context) {
+          throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" + std::to_string(llava->image_tokens()) +
+                                   " image tokens, the question and the longest answer); model.context is " +
+                                   std::to_string(llava->text.context));
         }
       }
     } catch (const std::exception& e) {
@@ -221,6 +238,16 @@ class Trainer {
                     n_, data::caption_templates().front().c_str());
       progress_->message(line);
     }
+    if (chat_) {
+      std::string question;  // its newline shown as \n
+      for (char ch : chat_->question()) question += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+      std::snprintf(line, sizeof(line),
+                    "  chats: %lld image tokens + \"%s\" + the answer (\"%s\", ...) as bytes + end-of-text, rows of %lld tokens; "
+                    "only the answer trained; eval: greedy answers, exact match",
+                    static_cast<long long>(std::get<models::LlavaConfig>(model_config_).image_tokens()), question.c_str(),
+                    chat_->answer(7).c_str(), static_cast<long long>(chat_->row_length()));
+      progress_->message(line);
+    }
     std::snprintf(line, sizeof(line),
                   "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
                   format_bytes(static_cast<double>(stats.sharded_param_bytes)).c_str(),
@@ -283,7 +310,7 @@ class Trainer {
     const int64_t micro = local / config_.micro_batches;
     const double samples_per_step =
         static_cast<double>(config_.global_batch) * (language() ? static_cast<double>(config_.seq_len) : 1.0);
-    const double flops_per_step = samples_per_step * models::flops_per_sample(model_config_, config_.seq_len);
+    const double flops_per_step = samples_per_step * models::flops_per_sample(model_config_, chat_ ? chat_->row_length() : config_.seq_len);
 
     summary.start_step = start_step_;
     summary.evals.push_back(evaluate(start_step_));
@@ -329,7 +356,13 @@ class Trainer {
       // counts the whole global batch itself (no communication), and scales its sum by N / count:
       // the gradients' average over the N ranks is then the global mean's gradient.
       int64_t global_targets = 0;
-      for (int64_t index : sampler.indices(step, 0, 1)) global_targets += data_.train->target_count(index);
+      if (chat_) {
+        // LLaVA: the answers' tokens (their lengths differ by class).
+        const at::Tensor labels = data_.train->get(sampler.indices(step, 0, 1)).targets;
+        for (int64_t i = 0; i < labels.numel(); ++i) global_targets += chat_->answer_tokens(labels[i].item<int64_t>());
+      } else {
+        for (int64_t index : sampler.indices(step, 0, 1)) global_targets += data_.train->target_count(index);
+      }
       double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, global_targets));
       if (const auto fault = loss_faults.find(step + 1); fault != loss_faults.end()) loss_scale *= fault->second;
       // A batch a rollback skips is not trained: the step moves the schedule and nothing else.
@@ -357,6 +390,7 @@ class Trainer {
         // vocab] logits) unless train.loss_chunk_tokens is 0.
         // CLIP: captions drawn for this step from the labels; the loss over the global batch.
         at::Tensor loss = (captions_ ? contrastive_loss_share(model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_)
+                           : chat_ ? chat_loss_sum(inputs, batch.targets)
                            : model_.has_loss_sum() && config_.loss_chunk_tokens > 0
                                ? model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions)
                                : loss_of(model_.forward(inputs, positions), targets, torch::kSum)) *
@@ -507,6 +541,13 @@ class Trainer {
     print_footer(summary);
     write_live_report();
     return summary;
+  }
+
+  // LLaVA: images [b, ...] on the device and their labels [b] -> the chats' summed answer-token loss.
+  at::Tensor chat_loss_sum(const at::Tensor& images, const at::Tensor& labels) {
+    const data::ImageChatWriter::Rows rows = chat_->examples(labels);
+    const int64_t chunk = config_.loss_chunk_tokens > 0 ? config_.loss_chunk_tokens : rows.ids.numel();
+    return model_.image_text_loss(images, rows.ids.to(device_), rows.targets.to(device_), chunk);
   }
 
   // Where a rollback keeps the steps whose batches are skipped (rollback.h).
@@ -678,15 +719,15 @@ class Trainer {
   }
 
   ModelInUse model_in_use() {
-    return {model_, config_, world_, device_, language(), captions_ ? captions_->class_prompts() : at::Tensor()};
+    return {model_, config_, world_, device_, language(), captions_ ? captions_->class_prompts() : at::Tensor(), chat_.get()};
   }
 
   // Validation loss (and accuracy for images), shown and recorded (evaluation.h).
   EvalResult evaluate(int64_t step) {
     const EvalResult result = run_evaluation(model_in_use(), *data_.validation, step);
-    const bool zero_shot = captions_ != nullptr;
-    progress_->message(evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language(), zero_shot));
-    if (leader() && metrics_.is_open()) metrics_.write(evaluation_record(result, language(), zero_shot).dump());
+    const AccuracyKind kind = captions_ ? AccuracyKind::ZeroShot : chat_ ? AccuracyKind::Answers : AccuracyKind::Classes;
+    progress_->message(evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language(), kind));
+    if (leader() && metrics_.is_open()) metrics_.write(evaluation_record(result, language(), kind).dump());
     return result;
   }
 
@@ -710,7 +751,7 @@ class Trainer {
     } else {
       std::snprintf(line, sizeof(line), "done: %lld steps in %s, %s img/s (median); %s accuracy %.2f%% -> %.2f%%",
                     static_cast<long long>(config_.steps), format_duration(summary.seconds).c_str(),
-                    format_count(summary.samples_per_second).c_str(), captions_ ? "zero-shot" : "test", 100.0 * first.accuracy,
+                    format_count(summary.samples_per_second).c_str(), captions_ ? "zero-shot" : chat_ ? "answer" : "test", 100.0 * first.accuracy,
                     100.0 * last.accuracy);
     }
     progress_->message(line);
@@ -726,6 +767,7 @@ class Trainer {
   at::Device device_ = at::kCPU;  // where the shards live: batches go there, logits come back for the loss sums
   LoadedData data_;
   std::unique_ptr<data::CaptionWriter> captions_;  // CLIP: captions of the labelled images (null otherwise)
+  std::unique_ptr<data::ImageChatWriter> chat_;    // LLaVA: the labelled images as chats (null otherwise)
   models::ModelConfig model_config_;
   models::BuiltModel model_;
   std::shared_ptr<runtime::FsdpState> state_;

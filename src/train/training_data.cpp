@@ -173,6 +173,7 @@ void check_data_sizes(const LoadedData& data, const TrainConfig& config, int wor
   int64_t image_size = 0, channels = 0;
   if (const auto* v = std::get_if<models::VitConfig>(&config.model)) image_size = v->image_size, channels = v->channels;
   if (const auto* k = std::get_if<models::ClipConfig>(&config.model)) image_size = k->image_size, channels = k->channels;
+  if (const auto* l = std::get_if<models::LlavaConfig>(&config.model)) image_size = l->vision.image_size, channels = l->vision.channels;
   if (image_size > 0) {
     const at::Tensor first = data.train->get({0}).inputs;  // [1, channels, side, side]
     if (first.dim() != 4 || first.size(1) != channels || first.size(2) != image_size || first.size(3) != image_size) {

@@ -26,6 +26,7 @@
 #include "fsdp/models/registry.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "reference_trajectory.h"
 #include "fsdp/train/contrastive_loss.h"
 
 namespace clip_parity_test {
@@ -35,10 +36,7 @@ constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks
 constexpr double kTolerance = 1e-5;
 constexpr double kLr = 0.2;
 
-struct Trajectory {
-  std::vector<double> losses, grad_norms;
-  std::map<std::string, at::Tensor> params;
-};
+using fsdp_test::Trajectory;
 
 fsdp::models::ClipConfig clip_test() { return std::get<fsdp::models::ClipConfig>(fsdp::models::model_config("clip-test")); }
 
@@ -76,16 +74,10 @@ Pairs pairs_of_step(int step) {
 Trajectory run_reference(const Case& c) {
   torch::manual_seed(7);
   auto model = fsdp::models::build_model(c.model());
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& p : model.module->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  auto options = torch::optim::SGDOptions(kLr).momentum(0.9);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(options.weight_decay(0.01)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(options.weight_decay(0.0)));
-  torch::optim::SGD optimizer(groups, options);
+  auto optimizer = fsdp_test::reference_sgd(*model.module, kLr, 0.01);
   Trajectory result;
   for (int step = 0; step < kSteps; ++step) {
-    optimizer.zero_grad();
+    optimizer->zero_grad();
     const Pairs pairs = pairs_of_step(step);
     const fsdp::models::ClipOutput out = model.contrastive(pairs.images, pairs.ids);
     const at::Tensor logits_per_image = out.scale * out.image_embeds.matmul(out.text_embeds.t());
@@ -95,7 +87,7 @@ Trajectory run_reference(const Case& c) {
                             2;
     loss.backward();
     result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(model.module->parameters(), 1.0));
-    optimizer.step();
+    optimizer->step();
     result.losses.push_back(loss.item<double>());
   }
   for (const auto& item : model.module->named_parameters()) result.params[item.key()] = item.value().detach().clone();
@@ -110,9 +102,9 @@ Trajectory run_fsdp(const Case& c) {
   if (c.strategy == fsdp::runtime::ShardingStrategy::HybridShard) options.shard_group_size = 2;  // 2 replicas x 2 shards
   const fsdp::models::ModelConfig config = c.model();
   if (c.tower_units) {
-    options.wrap_policy.module_paths = {"text_model", "vision_model"};
+    options.wrap_policy.module_paths = fsdp::models::tower_paths(config);
   } else {
-    options.wrap_policy.module_types = {fsdp::models::block_type_name(config)};
+    options.wrap_policy.module_types = fsdp::models::block_type_names(config);
     options.wrap_policy.module_paths = fsdp::models::embedding_and_head_paths(config);
   }
   torch::manual_seed(7);
@@ -149,19 +141,7 @@ Trajectory run_fsdp(const Case& c) {
 void expect_parity(const Case& c) {
   const Trajectory reference = run_reference(c);
   const Trajectory sharded = run_fsdp(c);
-  ASSERT_EQ(sharded.losses.size(), reference.losses.size());
-  for (size_t step = 0; step < reference.losses.size(); ++step) {
-    EXPECT_NEAR(sharded.losses[step], reference.losses[step], kTolerance) << "step " << step;
-    EXPECT_NEAR(sharded.grad_norms[step], reference.grad_norms[step], kTolerance * std::max(1.0, reference.grad_norms[step]))
-        << "step " << step;
-  }
-  ASSERT_EQ(sharded.params.size(), reference.params.size());
-  for (const auto& [name, expected] : reference.params) {
-    auto found = sharded.params.find(name);
-    ASSERT_NE(found, sharded.params.end()) << "missing parameter " << name;
-    ASSERT_EQ(found->second.sizes(), expected.sizes()) << name;
-    EXPECT_LE((found->second - expected).abs().max().item<double>(), kTolerance) << name;
-  }
+  fsdp_test::expect_same_trajectory(reference, sharded, kTolerance);
   EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.05) << "the loss should fall";
   EXPECT_NE(reference.params.at("logit_scale").item<double>(), std::log(1.0 / 0.07)) << "the temperature should train";
   // A frozen tower is where it started, to the bit.

@@ -95,7 +95,7 @@ Trajectory run_fsdp(const Case& c) {
   const int rank = world->rank(), n = world->size();
   fsdp::runtime::FsdpOptions options;
   options.strategy = c.strategy;
-  options.wrap_policy.module_types = {fsdp::models::block_type_name(c.model)};
+  options.wrap_policy.module_types = fsdp::models::block_type_names(c.model);
   if (c.embedding_units) options.wrap_policy.module_paths = fsdp::models::embedding_and_head_paths(c.model);
   torch::manual_seed(7);
   fsdp::models::BuiltModel model;
@@ -183,15 +183,15 @@ TEST(ModelParity, EmbeddingAndHeadUnitsLowerThePeak) {
     expect_parity(units, &units_peak);
     if (fsdp::comm::init_world()->rank() == 0) {
       std::printf("%s: peak gathered bytes %lld with embedding and head in the root, %lld as units (%.1f%%)\n",
-                  fsdp::models::block_type_name(model).c_str(), static_cast<long long>(root_peak),
+                  fsdp::models::block_type_names(model).front().c_str(), static_cast<long long>(root_peak),
                   static_cast<long long>(units_peak), 100.0 * (units_peak - root_peak) / root_peak);
     }
     // Untied: strictly lower. Tied (GPT): the one unit is used first and last, so it is gathered
     // with its gradient through all of backward, as the root was: lower only in forward.
     if (std::holds_alternative<fsdp::models::LlamaConfig>(model)) {
-      EXPECT_LT(units_peak, root_peak) << fsdp::models::block_type_name(model);
+      EXPECT_LT(units_peak, root_peak) << fsdp::models::block_type_names(model).front();
     } else {
-      EXPECT_LE(units_peak, root_peak) << fsdp::models::block_type_name(model);
+      EXPECT_LE(units_peak, root_peak) << fsdp::models::block_type_names(model).front();
     }
   }
 }

@@ -30,7 +30,8 @@ EOS = 256
 CONTEXT = 48
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_hf_models import EXPORT_TOLERANCE, LOGIT_TOLERANCE, check, failures, mpirun  # noqa: E402
+from check_hf_models import (EXPORT_TOLERANCE, LOGIT_TOLERANCE, check, failures, import_then_export, logits_tool,  # noqa: E402
+                             refused)
 
 
 def make_clip(out, dtype=torch.float32, max_shard_size=None, seed=0, **text_extra):
@@ -81,10 +82,7 @@ def hf_logits(model_dir, pixels, ids, legacy_pooling=False):
 
 
 def our_logits(args, model_dir, pixels, ids, ranks, work):
-    ids_path, out_path = os.path.join(work, "clip-inputs.safetensors"), os.path.join(work, "clip-logits.safetensors")
-    save_file({"ids": ids.contiguous(), "images": pixels.contiguous()}, ids_path)
-    mpirun(args, ranks, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path, out_path])
-    return load_file(out_path)["logits"]
+    return logits_tool(args, model_dir, {"ids": ids, "images": pixels}, ranks, work)
 
 
 def check_logits(args, work):
@@ -105,13 +103,8 @@ def check_logits(args, work):
 
 
 def check_export(args, work):
-    fsdp_ckpt = os.path.join(args.build_dir, "apps", "fsdp-ckpt")
     source = make_clip(os.path.join(work, "clip-export"), seed=5)
-    checkpoint = os.path.join(work, "clip-checkpoint")
-    out = mpirun(args, 2, [fsdp_ckpt, "import", source, "--output", checkpoint])
-    step_dir = out.strip().split(" into ")[-1].split(" (")[0]
-    exported = os.path.join(work, "clip-exported")
-    mpirun(args, 3, [fsdp_ckpt, "export", step_dir, "--hf-dir", exported])
+    exported = import_then_export(args, source, work, "clip")
     original = transformers.CLIPModel.from_pretrained(source, dtype=torch.float32).state_dict()
     loaded = transformers.CLIPModel.from_pretrained(exported, dtype=torch.float32)
     mismatched = [k for k, v in loaded.state_dict().items() if k in original and not torch.equal(v, original[k])]
@@ -125,12 +118,7 @@ def check_export(args, work):
 
 def refusal(args, work, model_dir, expected, what):
     pixels, ids = inputs()
-    ids_path = os.path.join(work, "refused-inputs.safetensors")
-    save_file({"ids": ids, "images": pixels}, ids_path)
-    result = mpirun(args, 2, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path,
-                              os.path.join(work, "refused.safetensors")], expect_failure=True)
-    message = [line for line in result.stderr.splitlines() if "error" in line][:1]
-    check(result.returncode != 0 and expected in result.stderr, f"refused: {what}: {message[0] if message else result.stderr[-300:]}")
+    refused(args, work, model_dir, {"ids": ids, "images": pixels}, expected, what)
 
 
 def check_refusals(args, work):

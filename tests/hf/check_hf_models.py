@@ -90,12 +90,37 @@ def hf_logits(model_dir, ids):
         return model(ids).logits
 
 
+def logits_tool(args, model_dir, inputs, ranks, work, adapter=None, expect_failure=False):
+    """fsdp_hf_logits on `inputs` ({"ids": ..., and "positions" or "images"}) at `ranks` ranks: the
+    logits it wrote, or (expect_failure) the finished process, whose stderr names the refusal."""
+    ids_path, out_path = os.path.join(work, "inputs.safetensors"), os.path.join(work, "logits.safetensors")
+    save_file({k: v.contiguous() for k, v in inputs.items()}, ids_path)
+    result = mpirun(args, ranks, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path, out_path] +
+                    ([adapter] if adapter else []), expect_failure=expect_failure)
+    return result if expect_failure else load_file(out_path)["logits"]
+
+
 def our_logits(args, model_dir, ids, ranks, work, adapter=None, positions=None):
-    ids_path, out_path = os.path.join(work, "ids.safetensors"), os.path.join(work, "logits.safetensors")
-    save_file({"ids": ids.contiguous()} | ({"positions": positions.contiguous()} if positions is not None else {}), ids_path)
-    mpirun(args, ranks, [os.path.join(args.build_dir, "tests", "fsdp_hf_logits"), model_dir, ids_path, out_path] +
-           ([adapter] if adapter else []))
-    return load_file(out_path)["logits"]
+    return logits_tool(args, model_dir, {"ids": ids} | ({"positions": positions} if positions is not None else {}), ranks, work,
+                       adapter)
+
+
+def refused(args, work, model_dir, inputs, expected, what):
+    """fsdp_hf_logits at 2 ranks must fail, its message holding `expected`."""
+    result = logits_tool(args, model_dir, inputs, 2, work, expect_failure=True)
+    message = [line for line in result.stderr.splitlines() if "error" in line][:1]
+    check(result.returncode != 0 and expected in result.stderr, f"refused: {what}: {message[0] if message else result.stderr[-300:]}")
+
+
+def import_then_export(args, source, work, name, *export_options):
+    """fsdp-ckpt import of the Hugging Face directory `source` (2 ranks), then export --hf-dir of
+    that checkpoint (3 ranks): the exported directory."""
+    fsdp_ckpt = os.path.join(args.build_dir, "apps", "fsdp-ckpt")
+    out = mpirun(args, 2, [fsdp_ckpt, "import", source, "--output", os.path.join(work, name + "-checkpoint")])
+    step_dir = out.strip().split(" into ")[-1].split(" (")[0]
+    exported = os.path.join(work, name + "-exported")
+    mpirun(args, 3, [fsdp_ckpt, "export", step_dir, "--hf-dir", exported, *export_options])
+    return exported
 
 
 def check_models(args, work):
@@ -165,11 +190,7 @@ def check_export(args, work, tokenizers):
     for name, family, tokenizer_dir in cases:
         source = os.path.join(work, name)
         make_hf_model.make(family, source, vocab=512, tokenizer_dir=tokenizer_dir, tie=False)
-        checkpoint = os.path.join(work, name + "-checkpoint")
-        out = mpirun(args, 2, [fsdp_ckpt, "import", source, "--output", checkpoint])
-        step_dir = out.strip().split(" into ")[-1].split(" (")[0]
-        exported = os.path.join(work, name + "-exported")
-        mpirun(args, 3, [fsdp_ckpt, "export", step_dir, "--hf-dir", exported, "--max-file-size", "100KB"])
+        exported = import_then_export(args, source, work, name, "--max-file-size", "100KB")
         files = sorted(os.listdir(exported))
         check("model.safetensors.index.json" in files and "config.json" in files and "generation_config.json" in files,
               f"{name}: exported {', '.join(files[:6])}{' ...' if len(files) > 6 else ''}")

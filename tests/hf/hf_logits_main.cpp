@@ -5,7 +5,9 @@
 // safetensors file with "ids" [b, t] int64, and "positions" [b, t] int64 for packed rows).
 // Rank 0 writes OUT with "logits" [b, t, vocab] fp32. tests/hf/check_hf_models.py compares them
 // with transformers' own forward. A CLIP model reads "images" [b, c, s, s] fp32 beside the ids
-// [b', t] and writes "logits" = logits_per_image [b, b'] (tests/hf/check_clip.py).
+// [b', t] and writes "logits" = logits_per_image [b, b'] (tests/hf/check_clip.py); a LLaVA model
+// reads "images" [b, c, s, s] beside the ids [b, t] (each row with its image tokens) and writes
+// "logits" [b, t, vocab] (tests/hf/check_llava.py).
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -55,6 +57,12 @@ int main(int argc, char** argv) {
       const fsdp::models::ClipOutput out = sharded.model.contrastive(inputs.read("images").to(at::kFloat), ids);
       const at::Tensor logits_per_image = (out.scale * out.image_embeds.matmul(out.text_embeds.t())).to(at::kFloat).contiguous();
       if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits_per_image}});
+      world->barrier()->wait();
+      return 0;
+    }
+    if (sharded.model.reads_image_and_text()) {
+      const at::Tensor logits = sharded.model.image_text_logits(inputs.read("images").to(at::kFloat), ids).to(at::kFloat).contiguous();
+      if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits}});
       world->barrier()->wait();
       return 0;
     }

@@ -15,6 +15,7 @@
 #include "fsdp/data/captions.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/fashion_mnist.h"
+#include "fsdp/data/image_chat.h"
 #include "fsdp/data/instructions.h"
 #include "fsdp/data/packed_instructions.h"
 #include "fsdp/data/sampler.h"
@@ -646,6 +647,39 @@ TEST(Instructions, AnExamplesLossDoesNotDependOnItsNeighbours) {
 }  // namespace instruction_tests
 
 namespace data_tests {
+
+// Image chats: the image's tokens, the question, the answer and end-of-text; only the answer and
+// its end-of-text are targets, each at the position before it; padding with end-of-text, untrained.
+TEST(ImageChat, OnlyTheAnswerIsTrained) {
+  const fsdp::data::ImageChatWriter writer(fsdp::data::fashion_mnist_class_names(), 16, 257, 256);
+  EXPECT_EQ(writer.answer(7), "A sneaker.");
+  EXPECT_EQ(writer.answer(9), "An ankle boot.");
+  EXPECT_EQ(writer.longest_answer_tokens(), static_cast<int64_t>(std::string("A pair of trousers.").size()) + 1);
+  const auto rows = writer.examples(at::tensor({7, 1}, at::kLong));
+  const int64_t p = writer.prompt_length(), t = writer.row_length();
+  ASSERT_EQ(rows.ids.sizes(), (std::vector<int64_t>{2, t}));
+  EXPECT_TRUE(rows.ids[0].narrow(0, 0, 16).eq(257).all().item<bool>());
+  EXPECT_EQ(rows.ids[0][16].item<int64_t>(), 'U');
+  const std::string answer = "A sneaker.";
+  for (size_t j = 0; j < answer.size(); ++j) {
+    EXPECT_EQ(rows.ids[0][p + static_cast<int64_t>(j)].item<int64_t>(), static_cast<unsigned char>(answer[j]));
+    EXPECT_EQ(rows.targets[0][p - 1 + static_cast<int64_t>(j)].item<int64_t>(), static_cast<unsigned char>(answer[j]));
+  }
+  EXPECT_EQ(rows.targets[0][p - 1 + static_cast<int64_t>(answer.size())].item<int64_t>(), 256) << "end-of-text is trained";
+  EXPECT_EQ(rows.targets[0].ne(-100).sum().item<int64_t>(), writer.answer_tokens(7));
+  EXPECT_EQ(rows.targets[1].ne(-100).sum().item<int64_t>(), writer.answer_tokens(1));
+  EXPECT_TRUE(rows.targets[0].narrow(0, 0, p - 1).eq(-100).all().item<bool>()) << "the image and question are not";
+  EXPECT_TRUE(rows.ids[0].narrow(0, p + 10, t - p - 10).eq(256).all().item<bool>()) << "padded with end-of-text";
+  // Generated answers: exact bytes then end-of-text name the class; anything else none.
+  std::vector<int64_t> generated(answer.begin(), answer.end());
+  generated.push_back(256);
+  generated.push_back(65);  // after the end: ignored
+  EXPECT_EQ(writer.class_of(generated), 7);
+  generated[2] = 'S';
+  EXPECT_EQ(writer.class_of(generated), -1);
+  EXPECT_EQ(writer.class_of({'A', ' ', 's', 'h', 'i', 'r', 't', '.'}), -1) << "no end-of-text";
+  EXPECT_THROW(fsdp::data::ImageChatWriter(fsdp::data::fashion_mnist_class_names(), 16, 256, 256), std::invalid_argument);
+}
 
 // Captions: bytes of a template filled with the class name, then end-of-text to the context; the
 // template drawn per (step, sample), the same for the same draw; cut to fit with eos kept, counted.

@@ -532,4 +532,43 @@ TEST(Models, ClipReadsEachCaptionAtItsFirstEndOfText) {
   EXPECT_GT((built.contrastive(images, changed).text_embeds[2] - out.text_embeds[2]).abs().max().item<double>(), 1e-4);
 }
 
+// LLaVA: llava-hf/llava-1.5-7b-hf's shape as transformers' LlavaForConditionalGeneration counts it
+// (7,063,427,072, built on the meta device; tests/hf/check_llava.py checks it again), and the small
+// sizes as it counts theirs (their built models: FormulaMatchesBuiltModels).
+TEST(ModelZoo, LlavaParameterCounts) {
+  EXPECT_EQ(parameter_count(model_config("llava-1.5-7b")), 7063427072);
+  EXPECT_EQ(parameter_count(model_config("llava-test")), 56576);
+  EXPECT_EQ(parameter_count(model_config("llava-fmnist")), 1641472);
+}
+
+// The image's features stand where its tokens are: an image changes the logits from its first
+// token on and not before (causal), wherever the tokens sit in the row; a row with another number
+// of image tokens is refused, naming the count.
+TEST(Models, LlavaReadsTheImageAtItsTokens) {
+  const auto config = std::get<fsdp::models::LlavaConfig>(model_config("llava-test"));
+  torch::manual_seed(3);
+  auto built = fsdp::models::build_model(config);
+  torch::NoGradGuard no_grad;
+  at::Tensor ids = torch::randint(0, 256, {2, 40}, at::kLong);
+  ids.narrow(1, 5, 16).fill_(config.image_token);  // row 0 and 1: tokens 5..20
+  ids[1].narrow(0, 5, 16).random_(0, 256);
+  ids[1].narrow(0, 12, 16).fill_(config.image_token);  // row 1: tokens 12..27
+  const at::Tensor images = torch::randn({2, 1, 28, 28});
+  at::Tensor other = images.clone();
+  other[1].add_(1.0);
+  const at::Tensor a = built.image_text_logits(images, ids), b = built.image_text_logits(other, ids);
+  ASSERT_EQ(a.sizes(), (std::vector<int64_t>{2, 40, config.text.vocab}));
+  EXPECT_TRUE(a[0].equal(b[0])) << "row 0's image did not change";
+  EXPECT_LE((a[1].narrow(0, 0, 12) - b[1].narrow(0, 0, 12)).abs().max().item<double>(), 0.0) << "before row 1's image";
+  EXPECT_GT((a[1].narrow(0, 12, 28) - b[1].narrow(0, 12, 28)).abs().max().item<double>(), 1e-4) << "from row 1's image on";
+  at::Tensor short_row = ids.clone();
+  short_row[0][5] = 65;
+  try {
+    built.image_text_logits(images, short_row);
+    FAIL() << "expected a refusal";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("each row must hold 16 image tokens"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace model_tests

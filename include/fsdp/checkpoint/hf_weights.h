@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fsdp/models/registry.h"
 #include "fsdp/runtime/fully_shard.h"
@@ -17,6 +18,9 @@ namespace fsdp::checkpoint {
 
 // Our parameter name -> the Hugging Face name, and whether HF stores the matrix transposed.
 std::string hf_name(const models::ModelConfig& model, const std::string& name);
+// Other spellings of the Hugging Face name `hf` that files in use hold (LLaVA: the hub's older
+// vision_tower.vision_model.*, and transformers 5's model.* and lm_head); read when hf is absent.
+std::vector<std::string> hf_other_names(const models::ModelConfig& model, const std::string& hf);
 bool hf_transposed(const models::ModelConfig& model, const std::string& name);
 // A LoRA adapter's parameter (".lora_A." or ".lora_B." in its name): not part of a base's weights.
 bool is_adapter(const std::string& name);

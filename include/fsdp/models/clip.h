@@ -50,6 +50,7 @@ struct ClipConfig {
   int64_t patches() const { return (image_size / patch) * (image_size / patch); }
   int64_t image_tokens() const { return patches() + 1; }
   int64_t parameter_count() const;
+  int64_t vision_tower_parameter_count() const;  // the image tower alone (embeddings, norms, blocks)
   // Training FLOPs (forward + backward) of one image-caption pair: 6 per weight per token of every
   // matmul in both towers, plus attention's 12 * layers * tokens^2 * dim.
   double flops_per_pair() const;
@@ -73,6 +74,7 @@ TORCH_MODULE(ClipMlp);
 
 // One pre-norm block of either tower: the FSDP unit (wrap policy module type "ClipEncoderLayer").
 // frozen: its parameters are built with requires_grad false (before a wrapper shards the block).
+inline constexpr const char* kClipBlockType = "ClipEncoderLayer";
 struct ClipEncoderLayerImpl : torch::nn::Module {
   ClipEncoderLayerImpl(const ClipTowerShape& shape, double norm_eps, bool causal, bool frozen = false);
   at::Tensor forward(const at::Tensor& x);
@@ -115,18 +117,21 @@ struct ClipTextTransformerImpl : torch::nn::Module {
 TORCH_MODULE(ClipTextTransformer);
 
 struct ClipVisionTransformerImpl : torch::nn::Module {
-  explicit ClipVisionTransformerImpl(const ClipConfig& config);
+  // read_blocks: how many blocks a reader of hidden_states runs (LLaVA reads the output of a middle
+  // block); blocks after them, and post_layernorm, are frozen then, as they get no gradient. -1:
+  // all blocks, pooled by forward (CLIP).
+  explicit ClipVisionTransformerImpl(const ClipConfig& config, int64_t read_blocks = -1);
   // images -> the class token's output [b, vision dim], after post_layernorm.
   at::Tensor forward(const at::Tensor& images);
+  // images -> every token's state [b, patches + 1, vision dim] after pre_layrnorm and the first
+  // `blocks` blocks: transformers' hidden_states[blocks] (LLaVA calls it through fsdp::nn::call,
+  // so that the tower may be one unit).
+  at::Tensor forward(const at::Tensor& images, int64_t blocks);
   ClipVisionEmbeddings embeddings{nullptr};
   torch::nn::LayerNorm pre_layrnorm{nullptr}, post_layernorm{nullptr};  // transformers' spelling
   torch::nn::ModuleList layers;                                         // registered as encoder.layers
 };
 TORCH_MODULE(ClipVisionTransformer);
-
-// The towers' paths, each called through fsdp::nn::call so that a whole tower can be one FSDP unit
-// (fsdp.wrap = "tower"; torchtitan wraps a VLM's vision encoder so).
-inline const char* const kClipTowerPaths[] = {"text_model", "vision_model"};
 
 // The two towers' outputs in the shared space.
 struct ClipOutput {

@@ -81,13 +81,23 @@ struct LlamaImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {});
   const LlamaConfig& config() const { return config_; }
 
+  // The same in two halves, for a caller that edits the input embeddings (LLaVA puts image
+  // features at its image tokens): ids [b, t] -> [b, t, dim] (the embedding unit's call), and
+  // embedded [b, t, dim] -> logits [b, t, vocab], or with targets the summed token loss.
+  at::Tensor embed(const at::Tensor& ids);
+  at::Tensor logits_from_embeddings(const at::Tensor& embedded);
+  at::Tensor loss_from_embeddings(const at::Tensor& embedded, const at::Tensor& targets, int64_t chunk_rows);
+
   TokenEmbedding embed_tokens{nullptr};  // also the output head when tied
   torch::nn::ModuleList layers;
   RMSNorm norm{nullptr};
   LmHead lm_head{nullptr};  // absent (nullptr) when tied
 
  private:
-  at::Tensor hidden_states(const at::Tensor& ids, const at::Tensor& positions);  // -> the final norm's output [b, t, dim]
+  // embedded [b, t, dim] -> the final norm's output [b, t, dim]; positions as forward's.
+  at::Tensor hidden_states(const at::Tensor& embedded, const at::Tensor& positions);
+  at::Tensor head(const at::Tensor& hidden);  // -> logits
+  at::Tensor head(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows);  // -> summed loss
 
   LlamaConfig config_;
   at::Tensor rope_cos_, rope_sin_;  // [context, head_dim] fp32, computed once; not parameters
