@@ -123,6 +123,10 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
     throw std::invalid_argument("export_peft_adapter: PEFT directories of a llava model are not written yet (its adapters' names "
                                 "are not checked against peft); export the merged model (--merge --hf-dir)");
   }
+  if (const auto* clip = std::get_if<models::ClipConfig>(&model); clip != nullptr && (clip->freeze_vision || clip->freeze_text)) {
+    throw std::invalid_argument("export_peft_adapter: LoRA on one CLIP tower has no PEFT directory here (target_modules names layers "
+                                "of both towers alike; peft would adapt the frozen tower too); export the merged model (--merge --hf-dir)");
+  }
   const comm::ProcessGroupPtr& group = state.group();
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (auto* flat : state.flat_params()) {
@@ -140,13 +144,13 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
     write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}});
     const bool gpt = std::holds_alternative<models::GptConfig>(model);
     nlohmann::json config = {{"peft_type", "LORA"},
-                             {"task_type", "CAUSAL_LM"},
+                             // A language model's adapter is PEFT's causal-LM kind; CLIP's the plain PeftModel's.
+                             {"task_type", models::is_language_model(model) ? nlohmann::json("CAUSAL_LM") : nlohmann::json(nullptr)},
                              {"r", lora->rank},
                              {"lora_alpha", lora->alpha},
                              {"lora_dropout", lora->dropout},
                              {"use_rslora", lora->rslora},
-                             {"target_modules", lora->target_layers(gpt ? models::GptConfig::linear_layers()
-                                                                        : models::LlamaConfig::linear_layers())},
+                             {"target_modules", lora->target_layers(models::linear_layers(model))},
                              {"bias", "none"},
                              {"fan_in_fan_out", gpt},  // GPT-2's Conv1D stores its weights transposed
                              {"base_model_name_or_path", base_model_name},

@@ -64,6 +64,30 @@ void ClipConfig::validate() const {
   }
   validate_tower(vision, "vision");
   validate_tower(text, "text");
+  lora.validate("clip", linear_layers());
+  if (lora.enabled() && freeze_vision && freeze_text) {
+    throw std::invalid_argument("clip: LoRA adapters go into the towers that are not frozen, and both are (model.freeze_vision, "
+                                "model.freeze_text)");
+  }
+}
+
+const std::vector<std::string>& ClipConfig::linear_layers() {
+  static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"};
+  return names;
+}
+
+int64_t ClipConfig::lora_parameter_count() const {
+  if (!lora.enabled()) return 0;
+  auto tower = [&](const ClipTowerShape& t) {
+    int64_t per_layer = 0;
+    for (const char* name : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+      if (lora.targets_layer(name)) per_layer += lora.rank * 2 * t.dim;
+    }
+    if (lora.targets_layer("fc1")) per_layer += lora.rank * (t.dim + t.mlp_hidden);
+    if (lora.targets_layer("fc2")) per_layer += lora.rank * (t.mlp_hidden + t.dim);
+    return t.layers * per_layer;
+  };
+  return (freeze_vision ? 0 : tower(vision)) + (freeze_text ? 0 : tower(text));
 }
 
 int64_t ClipConfig::vision_tower_parameter_count() const {
@@ -90,37 +114,36 @@ double ClipConfig::flops_per_pair() const {
 }
 
 ClipAttentionImpl::ClipAttentionImpl(const ClipTowerShape& s, bool causal_attention) : heads(s.heads), causal(causal_attention) {
-  q_proj = register_module("q_proj", torch::nn::Linear(s.dim, s.dim));
-  k_proj = register_module("k_proj", torch::nn::Linear(s.dim, s.dim));
-  v_proj = register_module("v_proj", torch::nn::Linear(s.dim, s.dim));
-  out_proj = register_module("out_proj", torch::nn::Linear(s.dim, s.dim));
+  q_proj = register_module("q_proj", AdaptedLinear(s.dim, s.dim, /*bias=*/true));
+  k_proj = register_module("k_proj", AdaptedLinear(s.dim, s.dim, /*bias=*/true));
+  v_proj = register_module("v_proj", AdaptedLinear(s.dim, s.dim, /*bias=*/true));
+  out_proj = register_module("out_proj", AdaptedLinear(s.dim, s.dim, /*bias=*/true));
 }
 
 at::Tensor ClipAttentionImpl::forward(const at::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-  auto split_heads = [&](const torch::nn::Linear& proj) {
-    return models::linear(x, proj->weight, proj->bias).view({b, t, heads, d / heads}).transpose(1, 2);  // [b, h, t, hd]
+  auto split_heads = [&](AdaptedLinear& proj) {
+    return proj(x).view({b, t, heads, d / heads}).transpose(1, 2);  // [b, h, t, hd]
   };
   at::Tensor y = attention(split_heads(q_proj), split_heads(k_proj), split_heads(v_proj), causal);
-  return models::linear(y.transpose(1, 2).reshape({b, t, d}), out_proj->weight, out_proj->bias);
+  return out_proj(y.transpose(1, 2).reshape({b, t, d}));
 }
 
 ClipMlpImpl::ClipMlpImpl(const ClipTowerShape& s) {
-  fc1 = register_module("fc1", torch::nn::Linear(s.dim, s.mlp_hidden));
-  fc2 = register_module("fc2", torch::nn::Linear(s.mlp_hidden, s.dim));
+  fc1 = register_module("fc1", AdaptedLinear(s.dim, s.mlp_hidden, /*bias=*/true));
+  fc2 = register_module("fc2", AdaptedLinear(s.mlp_hidden, s.dim, /*bias=*/true));
 }
 
-at::Tensor ClipMlpImpl::forward(const at::Tensor& x) {
-  return models::linear(quick_gelu(models::linear(x, fc1->weight, fc1->bias)), fc2->weight, fc2->bias);
-}
+at::Tensor ClipMlpImpl::forward(const at::Tensor& x) { return fc2(quick_gelu(fc1(x))); }
 
-ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTowerShape& s, double norm_eps, bool causal, bool frozen) {
+ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTowerShape& s, double norm_eps, bool causal, bool frozen, const LoraSpec& lora) {
   self_attn = register_module("self_attn", ClipAttention(s, causal));
   layer_norm1 = register_module("layer_norm1", layer_norm(s.dim, norm_eps));
   mlp = register_module("mlp", ClipMlp(s));
   layer_norm2 = register_module("layer_norm2", layer_norm(s.dim, norm_eps));
   init_normal(*this, 0.02);
   if (frozen) freeze(*this);
+  else apply_lora(*this, lora);  // after the base's draws; before the block is announced (and sharded)
 }
 
 at::Tensor ClipEncoderLayerImpl::forward(const at::Tensor& x) {
@@ -169,12 +192,13 @@ ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipConfig& c) : eos_toke
   auto encoder = std::make_shared<torch::nn::Module>("ClipEncoder");
   layers = encoder->register_module("layers", torch::nn::ModuleList());
   register_module("encoder", encoder);
-  if (c.freeze_text) freeze(*embeddings);
+  const bool frozen_base = c.freeze_text || c.lora.enabled();  // with adapters, all but the adapters is frozen
+  if (frozen_base) freeze(*embeddings);
   for (int64_t i = 0; i < c.text.layers; ++i) {
-    fsdp::nn::push_block(layers, ClipEncoderLayer(c.text, c.norm_eps, /*causal=*/true, c.freeze_text));
+    fsdp::nn::push_block(layers, ClipEncoderLayer(c.text, c.norm_eps, /*causal=*/true, c.freeze_text, c.lora));
   }
   final_layer_norm = register_module("final_layer_norm", layer_norm(c.text.dim, c.norm_eps));
-  if (c.freeze_text) freeze(*final_layer_norm);
+  if (frozen_base) freeze(*final_layer_norm);
 }
 
 at::Tensor ClipTextTransformerImpl::forward(const at::Tensor& ids) {
@@ -191,7 +215,8 @@ ClipVisionTransformerImpl::ClipVisionTransformerImpl(const ClipConfig& c, int64_
   const int64_t trained_blocks = read_blocks < 0 ? c.vision.layers : read_blocks;
   embeddings = register_module("embeddings", ClipVisionEmbeddings(c));
   pre_layrnorm = register_module("pre_layrnorm", layer_norm(c.vision.dim, c.norm_eps));
-  if (c.freeze_vision) {
+  const bool frozen_base = c.freeze_vision || c.lora.enabled();  // with adapters, all but the adapters is frozen
+  if (frozen_base) {
     freeze(*embeddings);
     freeze(*pre_layrnorm);
   }
@@ -199,10 +224,10 @@ ClipVisionTransformerImpl::ClipVisionTransformerImpl(const ClipConfig& c, int64_
   layers = encoder->register_module("layers", torch::nn::ModuleList());
   register_module("encoder", encoder);
   for (int64_t i = 0; i < c.vision.layers; ++i) {
-    fsdp::nn::push_block(layers, ClipEncoderLayer(c.vision, c.norm_eps, /*causal=*/false, c.freeze_vision || i >= trained_blocks));
+    fsdp::nn::push_block(layers, ClipEncoderLayer(c.vision, c.norm_eps, /*causal=*/false, c.freeze_vision || i >= trained_blocks, c.lora));
   }
   post_layernorm = register_module("post_layernorm", layer_norm(c.vision.dim, c.norm_eps));
-  if (c.freeze_vision || read_blocks >= 0) freeze(*post_layernorm);
+  if (frozen_base || read_blocks >= 0) freeze(*post_layernorm);
 }
 
 at::Tensor ClipVisionTransformerImpl::forward(const at::Tensor& images, int64_t blocks) {
@@ -229,8 +254,9 @@ ClipImpl::ClipImpl(const ClipConfig& c) : config_(c) {
   torch::NoGradGuard no_grad;
   visual_projection->weight.normal_(0.0, std::pow(static_cast<double>(c.vision.dim), -0.5));
   text_projection->weight.normal_(0.0, std::pow(static_cast<double>(c.text.dim), -0.5));
-  if (c.freeze_vision) freeze(*visual_projection);
-  if (c.freeze_text) freeze(*text_projection);
+  if (c.freeze_vision || c.lora.enabled()) freeze(*visual_projection);
+  if (c.freeze_text || c.lora.enabled()) freeze(*text_projection);
+  if (c.lora.enabled()) logit_scale.set_requires_grad(false);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ClipImpl::forward(const at::Tensor& images, const at::Tensor& ids) {

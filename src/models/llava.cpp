@@ -63,6 +63,7 @@ LlavaImpl::LlavaImpl(const LlavaConfig& c) : config_(c) {
   c.validate();
   ClipConfig tower = c.vision;
   tower.freeze_vision = c.freeze_vision;
+  tower.lora = {};  // LLaVA's adapters are the Llama's (text.lora)
   vision_tower = register_module("vision_tower", ClipVisionTransformer(tower, c.read_blocks()));
   multi_modal_projector = register_module("multi_modal_projector", LlavaProjector(c.vision.vision.dim, c.text.dim));
   init_normal(*multi_modal_projector, 0.02);

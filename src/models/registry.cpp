@@ -149,6 +149,7 @@ ModelConfig model_config(const std::string& name) {
 std::vector<std::string> linear_layers(const ModelConfig& config) {
   if (std::holds_alternative<GptConfig>(config)) return GptConfig::linear_layers();
   if (std::holds_alternative<LlamaConfig>(config) || std::holds_alternative<LlavaConfig>(config)) return LlamaConfig::linear_layers();
+  if (std::holds_alternative<ClipConfig>(config)) return ClipConfig::linear_layers();
   return {};
 }
 
@@ -163,6 +164,7 @@ const LoraSpec* lora_spec(const ModelConfig& config) {
   if (const auto* g = std::get_if<GptConfig>(&config)) return &g->lora;
   if (const auto* l = std::get_if<LlamaConfig>(&config)) return &l->lora;
   if (const auto* v = std::get_if<LlavaConfig>(&config)) return &v->text.lora;
+  if (const auto* k = std::get_if<ClipConfig>(&config)) return &k->lora;
   return nullptr;
 }
 

@@ -138,6 +138,9 @@ int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len,
 }
 
 Plan make_plan(const PlanInput& in) {
+  if (const auto* clip = std::get_if<models::ClipConfig>(&in.model); clip != nullptr && clip->lora.enabled()) {
+    throw std::invalid_argument("fsdp-plan does not model LoRA on a clip model yet (plan it without [lora]: an upper bound)");
+  }
   if (std::holds_alternative<models::LlavaConfig>(in.model)) {
     throw std::invalid_argument("fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); "
                                 "plan its Llama alone with --model for an upper bound of the language model's share");

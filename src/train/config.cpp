@@ -271,6 +271,7 @@ void finish_lora(const Reader& r, TrainConfig& c) {
   if (auto* g = std::get_if<models::GptConfig>(&c.model)) g->lora = lora;
   if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) l->lora = lora;
   if (auto* v = std::get_if<models::LlavaConfig>(&c.model)) v->text.lora = lora;
+  if (auto* k = std::get_if<models::ClipConfig>(&c.model)) k->lora = lora;
 }
 
 // Defaults that depend on other keys.

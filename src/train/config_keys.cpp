@@ -151,6 +151,7 @@ models::LoraSpec* mutable_lora(models::ModelConfig& model) {
   if (auto* g = std::get_if<models::GptConfig>(&model)) return &g->lora;
   if (auto* l = std::get_if<models::LlamaConfig>(&model)) return &l->lora;
   if (auto* v = std::get_if<models::LlavaConfig>(&model)) return &v->text.lora;
+  if (auto* k = std::get_if<models::ClipConfig>(&model)) return &k->lora;
   return nullptr;
 }
 
@@ -163,7 +164,7 @@ bool lora_enabled(const TrainConfig& c) {
 ConfigKey lora_key(ConfigKey k) {
   k.applies = has_lora;
   k.not_applicable = [](const TrainConfig& c) {
-    return "[lora] applies to the gpt, llama and llava families, not " + std::string(models::family_name(c.model));
+    return "[lora] applies to the gpt, llama, llava and clip families, not " + std::string(models::family_name(c.model));
   };
   k.written = [](const TrainConfig& c) { return lora_enabled(c); };
   return k;
@@ -652,7 +653,12 @@ std::vector<ConfigKey> declare() {
     ConfigKey k = lora_key(key("lora.base_dtype", MEMBER(lora_base_dtype),
                                "the frozen base's shards: auto (the weights' own dtype; nf4 for a transformers 4-bit directory) | bfloat16 | float32 | nf4 (QLoRA: linear weights in bitsandbytes' 4-bit NF4, the rest bfloat16)"));
     k.applies = has_lora;
-    k.check = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; }, {"auto", "bfloat16", "float32", "nf4"});
+    k.check = [](const TrainConfig& c) {
+      std::string error = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; }, {"auto", "bfloat16", "float32", "nf4"})(c);
+      if (!error.empty()) return error;
+      return unless(c.lora_base_dtype != "nf4" || !models::is_contrastive(c.model),
+                    "lora.base_dtype 'nf4' is not built for clip models (an NF4 base is a Llama's or GPT-2's; use bfloat16)");
+    };
     add(std::move(k));
   }
   {

@@ -150,7 +150,7 @@ expect_failure plan-group-size "12 ranks are not divisible by the shard group si
   "$plan" --model llama3-8b --ranks 12 --strategy hybrid_shard --shard-group-size 8
 expect_failure plan-memory-unit "memory '80': give a unit" "$plan" --model llama3-8b --ranks 8 --memory 80
 expect_failure plan-memory-bad-unit "unknown unit 'G'" "$plan" --model llama3-8b --ranks 8 --memory 80G
-expect_failure nf4-without-layers-to-adapt "[lora] applies to the gpt, llama and llava families, not vit" \
+expect_failure nf4-without-layers-to-adapt "[lora] applies to the gpt, llama, llava and clip families, not vit" \
   "${ranks[@]}" "$train" "$(config nf4-vit $'[model]\nname = "vit-test"\n[lora]\nbase_dtype = "nf4"')"
 expect_failure plan-lora-base-dtype "lora base dtype 'int4' (expected bfloat16, float32 or nf4)" \
   "$plan" --model llama3-8b --ranks 8 --lora-rank 16 --lora-base-dtype int4

@@ -7,6 +7,8 @@
 // logit_scale, a 0-D parameter, in the root), each rank on its 12 / N pairs, the loss through
 // train::contrastive_loss_share (features gathered across ranks, their gradients reduce-scattered).
 // 8 steps of 12 pairs: random images and byte captions of random labels (data::CaptionWriter).
+// LoRA on one tower: adapters on every linear layer of the text tower's blocks, everything else
+// (the image tower, embeddings, norms, projections, logit_scale) frozen.
 //
 // Tolerance 1e-5 on every step's loss and every final parameter, and 1e-5 relative on the gradient
 // norm (about 120 at step 0: fp32's rounding of it alone is 1e-5): only summation order differs.
@@ -44,11 +46,17 @@ struct Case {
   fsdp::runtime::ShardingStrategy strategy = fsdp::runtime::ShardingStrategy::FullShard;
   bool freeze_text = false, freeze_vision = false;
   bool tower_units = false;  // each tower one unit (fsdp.wrap = "tower"), else each block and embedding
+  int64_t lora_rank = 0;     // adapters on every linear layer of the towers not frozen (the rest frozen)
 
   fsdp::models::ClipConfig model() const {
     auto config = clip_test();
     config.freeze_text = freeze_text;
     config.freeze_vision = freeze_vision;
+    if (lora_rank > 0) {
+      config.lora.rank = lora_rank;
+      config.lora.alpha = 8.0;
+      config.lora.targets = {fsdp::models::LoraSpec::kAllLinear};
+    }
     return config;
   }
 };
@@ -143,7 +151,9 @@ void expect_parity(const Case& c) {
   const Trajectory sharded = run_fsdp(c);
   fsdp_test::expect_same_trajectory(reference, sharded, kTolerance);
   EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.05) << "the loss should fall";
-  EXPECT_NE(reference.params.at("logit_scale").item<double>(), std::log(1.0 / 0.07)) << "the temperature should train";
+  if (c.lora_rank == 0) {
+    EXPECT_NE(reference.params.at("logit_scale").item<double>(), std::log(1.0 / 0.07)) << "the temperature should train";
+  }
   // A frozen tower is where it started, to the bit.
   if (c.freeze_text || c.freeze_vision) {
     torch::manual_seed(7);
@@ -155,6 +165,15 @@ void expect_parity(const Case& c) {
       EXPECT_TRUE(sharded.params.at(item.key()).equal(item.value())) << item.key() << " moved though frozen";
     }
     EXPECT_GT(frozen, 10);
+  }
+  if (c.lora_rank > 0) {  // adapters in the trained tower only, and they trained
+    int64_t adapters = 0;
+    for (const auto& [name, tensor] : reference.params) {
+      if (name.find(".lora_") == std::string::npos) continue;
+      ++adapters;
+      EXPECT_EQ(name.rfind(c.freeze_vision ? "text_model." : "vision_model.", 0), 0u) << name << " is in the frozen tower";
+    }
+    EXPECT_EQ(adapters, 2 * 2 * 6) << "two blocks x six linear layers x (A, B)";
   }
 }
 
@@ -169,6 +188,8 @@ TEST(ClipParity, GlobalBatchLossHybridTwoByTwo) {
 TEST(ClipParity, EachTowerOneUnit) { expect_parity({ShardingStrategy::FullShard, false, false, true}); }
 TEST(ClipParity, FrozenImageTower) { expect_parity({ShardingStrategy::FullShard, false, true}); }
 TEST(ClipParity, FrozenTextTowerEachTowerOneUnit) { expect_parity({ShardingStrategy::FullShard, true, false, true}); }
+// LoRA on one tower (the image tower frozen): adapters in the text tower's blocks, all else frozen.
+TEST(ClipParity, LoraOnTheTextTower) { expect_parity({ShardingStrategy::FullShard, false, true, false, 4}); }
 
 // The loss's gather and reduce-scatter are over the group given; with one rank they are copies.
 TEST(ClipParity, MismatchedEmbeddingsAreRefusedByName) {

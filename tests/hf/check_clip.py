@@ -13,7 +13,12 @@
 2. Export. fsdp-ckpt import (2 ranks) then fsdp-ckpt export --hf-dir (3 ranks) gives a directory
    that from_pretrained loads as a CLIPModel with every tensor equal to the original's (logit_scale,
    a 0-D parameter, included) and the same logits.
-3. Refusals, one line each: a tensor CLIPModel has not (a bias on visual_projection) named; a
+3. LoRA on the towers. peft's own adapter over a transformers-made CLIPModel (q_proj and v_proj of
+   both towers, lora_B drawn, not zero) loads through lora.init_adapter: fsdp.cpp's logits_per_image
+   equal the PeftModel's within 1e-4 at 2 ranks; the adapter moves them (so the check sees it). And
+   out: a 2-step fsdp-train LoRA run from that base, exported with --peft-dir, loads with peft over
+   CLIPModel with the checkpoint's logits.
+4. Refusals, one line each: a tensor CLIPModel has not (a bias on visual_projection) named; a
    hidden_act other than quick_gelu; the legacy eos_token_id 2.
 """
 import argparse
@@ -30,7 +35,7 @@ EOS = 256
 CONTEXT = 48
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_hf_models import (EXPORT_TOLERANCE, LOGIT_TOLERANCE, check, failures, import_then_export, logits_tool,  # noqa: E402
+from check_hf_models import (EXPORT_TOLERANCE, LOGIT_TOLERANCE, check, failures, import_then_export, logits_tool, mpirun,  # noqa: E402
                              refused)
 
 
@@ -116,6 +121,68 @@ def check_export(args, work):
     check(error < EXPORT_TOLERANCE, f"export: the exported directory's logits within {EXPORT_TOLERANCE:g} of the original's ({error:.2e})")
 
 
+def check_peft(args, work):
+    import peft
+    base = make_clip(os.path.join(work, "clip-lora-base"), seed=11)
+    adapter = os.path.join(work, "clip-lora-adapter")
+    torch.manual_seed(12)
+    model = peft.get_peft_model(transformers.CLIPModel.from_pretrained(base, dtype=torch.float32),
+                                peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                                                init_lora_weights=False))
+    model.save_pretrained(adapter)
+    model.eval()
+    pixels, ids = inputs(seed=13)
+    with torch.no_grad():
+        theirs = model(input_ids=ids, pixel_values=pixels).logits_per_image
+    ours = logits_tool(args, base, {"ids": ids, "images": pixels}, 2, work, adapter=adapter)
+    error = (ours - theirs).abs().max().item()
+    moved = (theirs - hf_logits(base, pixels, ids)).abs().max().item()
+    check(error < LOGIT_TOLERANCE and moved > 100 * LOGIT_TOLERANCE,
+          f"LoRA: peft's adapter on both towers' q_proj and v_proj (lora.init_adapter) at 2 ranks: logits_per_image within "
+          f"{LOGIT_TOLERANCE:g} of the PeftModel's ({error:.2e}); the adapter moves them by {moved:.2e}")
+
+    # Out: fsdp-train trains adapters from that base (2 steps), fsdp-ckpt --peft-dir writes them,
+    # and peft loads them over transformers' CLIPModel with fsdp.cpp's logits.
+    run = os.path.join(work, "clip-lora-run")
+    config = os.path.join(work, "clip-lora.toml")
+    with open(config, "w") as f:
+        f.write(f"""name = "clip-lora"
+output_dir = "{run}"
+[model]
+init_from = "{base}"
+[data]
+source = "fashion_mnist"
+[train]
+steps = 2
+global_batch = 8
+[optimizer]
+lr = 0.01
+warmup_steps = 0
+[checkpoint]
+every = 2
+[eval]
+max_items = 8
+[lora]
+rank = 4
+alpha = 8
+targets = "q_proj v_proj fc1"
+""")
+    mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
+    step_dir = os.path.join(run, "checkpoints", sorted(os.listdir(os.path.join(run, "checkpoints")))[-1])
+    exported = os.path.join(work, "clip-lora-exported")
+    mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-ckpt"), "export", step_dir, "--peft-dir", exported])
+    loaded = peft.PeftModel.from_pretrained(transformers.CLIPModel.from_pretrained(base, dtype=torch.float32), exported)
+    loaded.eval()
+    with torch.no_grad():
+        theirs = loaded(input_ids=ids, pixel_values=pixels).logits_per_image
+    ours = logits_tool(args, step_dir, {"ids": ids, "images": pixels}, 2, work)
+    error = (ours - theirs).abs().max().item()
+    trained = (theirs - hf_logits(base, pixels, ids)).abs().max().item()
+    check(error < LOGIT_TOLERANCE and trained > 100 * LOGIT_TOLERANCE,
+          f"LoRA: a CLIP LoRA run's --peft-dir export loads with peft over CLIPModel: logits_per_image within "
+          f"{LOGIT_TOLERANCE:g} of fsdp.cpp's checkpoint ({error:.2e}); training moved them by {trained:.2e}")
+
+
 def refusal(args, work, model_dir, expected, what):
     pixels, ids = inputs()
     refused(args, work, model_dir, {"ids": ids, "images": pixels}, expected, what)
@@ -151,6 +218,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="fsdp_clip_") as work:
         check_logits(args, work)
         check_export(args, work)
+        check_peft(args, work)
         check_refusals(args, work)
     if failures:
         print(f"{len(failures)} check(s) failed")

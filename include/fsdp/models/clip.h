@@ -17,6 +17,8 @@
 
 #include <tuple>
 
+#include "fsdp/models/layers.h"
+
 namespace fsdp::models {
 
 // One tower's transformer: width, heads, blocks and MLP width.
@@ -45,12 +47,20 @@ struct ClipConfig {
   // state: train the text tower against a fixed image tower, or the reverse. logit_scale trains.
   bool freeze_vision = false;
   bool freeze_text = false;
+  // LoRA adapters on the linear layers of the towers that are not frozen (q_proj, k_proj, v_proj,
+  // out_proj, fc1, fc2 by name: PEFT's target_modules, which name both towers' layers alike);
+  // everything else is frozen then, logit_scale and the projections included, as PEFT freezes a
+  // base. LoRA on one tower: freeze the other.
+  LoraSpec lora;
+
+  static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t patches() const { return (image_size / patch) * (image_size / patch); }
   int64_t image_tokens() const { return patches() + 1; }
   int64_t parameter_count() const;
   int64_t vision_tower_parameter_count() const;  // the image tower alone (embeddings, norms, blocks)
+  int64_t lora_parameter_count() const;          // the adapters: rank x (in + out) per targeted layer
   // Training FLOPs (forward + backward) of one image-caption pair: 6 per weight per token of every
   // matmul in both towers, plus attention's 12 * layers * tokens^2 * dim.
   double flops_per_pair() const;
@@ -59,7 +69,7 @@ struct ClipConfig {
 struct ClipAttentionImpl : torch::nn::Module {
   ClipAttentionImpl(const ClipTowerShape& shape, bool causal);
   at::Tensor forward(const at::Tensor& x);  // [b, t, dim] -> [b, t, dim]
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+  AdaptedLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   int64_t heads;
   bool causal;
 };
@@ -68,15 +78,18 @@ TORCH_MODULE(ClipAttention);
 struct ClipMlpImpl : torch::nn::Module {
   explicit ClipMlpImpl(const ClipTowerShape& shape);
   at::Tensor forward(const at::Tensor& x);  // fc2(quick_gelu(fc1(x)))
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  AdaptedLinear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(ClipMlp);
 
-// One pre-norm block of either tower: the FSDP unit (wrap policy module type "ClipEncoderLayer").
-// frozen: its parameters are built with requires_grad false (before a wrapper shards the block).
+// The type name of CLIP's block (both towers'), which wrap policies select.
 inline constexpr const char* kClipBlockType = "ClipEncoderLayer";
+
+// One pre-norm block of either tower: the FSDP unit (wrap policy module type kClipBlockType).
+// frozen: its parameters are built with requires_grad false (before a wrapper shards the block);
+// else `lora` (when enabled) adds adapters and freezes the rest.
 struct ClipEncoderLayerImpl : torch::nn::Module {
-  ClipEncoderLayerImpl(const ClipTowerShape& shape, double norm_eps, bool causal, bool frozen = false);
+  ClipEncoderLayerImpl(const ClipTowerShape& shape, double norm_eps, bool causal, bool frozen = false, const LoraSpec& lora = {});
   at::Tensor forward(const at::Tensor& x);
   ClipAttention self_attn{nullptr};
   torch::nn::LayerNorm layer_norm1{nullptr}, layer_norm2{nullptr};

@@ -36,9 +36,9 @@ const char* family_name(const ModelConfig& config);  // "gpt", "llama", "vit", "
 const LoraSpec* lora_spec(const ModelConfig& config);
 // The linear layers of the family's blocks, by name (what LoRA may target, and what a QLoRA base
 // stores as NF4): q_proj ... down_proj (Llama, and LLaVA's language model), c_attn, c_proj, c_fc
-// (GPT); empty for ViT and CLIP.
+// (GPT), q_proj ... out_proj, fc1, fc2 (CLIP's towers); empty for ViT.
 std::vector<std::string> linear_layers(const ModelConfig& config);
-// The weights of those layers over every block (0 for ViT).
+// The weights of those layers over every block (0 for ViT and CLIP: a CLIP base is not stored in NF4).
 int64_t linear_weight_count(const ModelConfig& config);
 bool is_language_model(const ModelConfig& config);
 // CLIP: trained on image-caption pairs with a contrastive loss over the global batch (no labels
