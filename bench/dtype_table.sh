@@ -3,7 +3,8 @@
 # config trained STEPS steps at N = 2 in fp32; in bf16 as every bf16 run computed before 2026-12-02
 # (train.attention = "fused", train.bf16_matmul = "native": libtorch's bf16 kernels); in bf16
 # with both "auto" (attention in fp32 on the CPU; fp32 GEMMs on bf16 operands on a CPU without
-# bf16 instructions); and in fp16 with loss scaling, attention "auto". Rounds alternate the modes;
+# bf16 instructions); in bf16 with fp32 GEMMs on bf16 operands whatever the CPU
+# ("bf16-fp32gemm": train.bf16_matmul = "fp32"); and in fp16 with loss scaling, attention "auto". Rounds alternate the modes;
 # the table shows the median step's throughput and the peak memory per rank (fsdp-train's own,
 # metrics.jsonl). Prints a table, writes JSON.
 #   bash bench/dtype_table.sh [OUT.json]     (build/ made by scripts/setup.sh; STEPS=60, ROUNDS=2,
@@ -42,8 +43,9 @@ for round in $(seq 1 "$rounds"); do
         fp32) ;;
         bf16-native) dtype=bfloat16 attention=fused matmul=native ;;
         bf16-auto) dtype=bfloat16 ;;
+        bf16-fp32gemm) dtype=bfloat16 matmul=fp32 ;;
         fp16-auto) dtype=float16 ;;
-        *) echo "dtype_table.sh: unknown mode '$mode' in MODES (fp32, bf16-native, bf16-auto, fp16-auto)"; exit 2 ;;
+        *) echo "dtype_table.sh: unknown mode '$mode' in MODES (fp32, bf16-native, bf16-auto, bf16-fp32gemm, fp16-auto)"; exit 2 ;;
       esac
       mpirun --oversubscribe --bind-to none -np 2 build/apps/fsdp-train "$config" --set "output_dir=\"$work/$name-$mode-$round\"" \
         --set train.steps="$steps" --set eval.every=0 --set eval.batches=1 --set eval.max_items=100 --set eval.sample_tokens=0 \
