@@ -31,6 +31,11 @@ Batch TokenWindows::get(const std::vector<int64_t>& indices) const {
   return batch;
 }
 
+int64_t ImageDataset::target_count(int64_t index) const {
+  if (targets_per_label_.empty()) return 1;
+  return targets_per_label_.at(static_cast<size_t>(set_.labels.data_ptr<int64_t>()[index]));
+}
+
 Batch ImageDataset::get(const std::vector<int64_t>& indices) const {
   at::Tensor index = at::tensor(indices, at::kLong);
   return {set_.images.index_select(0, index), set_.labels.index_select(0, index), at::Tensor()};

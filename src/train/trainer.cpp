@@ -106,6 +106,10 @@ class Trainer {
           throw std::runtime_error("model.vocab " + std::to_string(llava->text.vocab) + " cannot hold the byte chats (bytes 0-255, end-of-text " +
                                    std::to_string(end_of_text) + " and image_token " + std::to_string(llava->image_token) + ")");
         }
+        // The loss is the mean over the global batch's answer tokens, counted as any masked loss's.
+        std::vector<int64_t> answer_tokens;
+        for (int64_t label = 0; label < chat_->classes(); ++label) answer_tokens.push_back(chat_->answer_tokens(label));
+        if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get())) images->set_targets_per_label(answer_tokens);
         if (chat_->row_length() > llava->text.context) {
           throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" + std::to_string(llava->image_tokens()) +
                                    " image tokens, the question and the longest answer); model.context is " +
@@ -356,13 +360,7 @@ class Trainer {
       // counts the whole global batch itself (no communication), and scales its sum by N / count:
       // the gradients' average over the N ranks is then the global mean's gradient.
       int64_t global_targets = 0;
-      if (chat_) {
-        // LLaVA: the answers' tokens (their lengths differ by class).
-        const at::Tensor labels = data_.train->get(sampler.indices(step, 0, 1)).targets;
-        for (int64_t i = 0; i < labels.numel(); ++i) global_targets += chat_->answer_tokens(labels[i].item<int64_t>());
-      } else {
-        for (int64_t index : sampler.indices(step, 0, 1)) global_targets += data_.train->target_count(index);
-      }
+      for (int64_t index : sampler.indices(step, 0, 1)) global_targets += data_.train->target_count(index);
       double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, global_targets));
       if (const auto fault = loss_faults.find(step + 1); fault != loss_faults.end()) loss_scale *= fault->second;
       // A batch a rollback skips is not trained: the step moves the schedule and nothing else.

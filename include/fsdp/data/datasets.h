@@ -54,10 +54,14 @@ class ImageDataset final : public Dataset {
   explicit ImageDataset(ImageSet set) : set_(std::move(set)) {}
   int64_t size() const override { return set_.images.size(0); }
   Batch get(const std::vector<int64_t>& indices) const override;
-  int64_t target_count(int64_t) const override { return 1; }
+  // 1 per image, or (set_targets_per_label) the trained tokens of its label's text: LLaVA's
+  // answers differ in length by class, and the loss is the mean over the global batch's tokens.
+  int64_t target_count(int64_t index) const override;
+  void set_targets_per_label(std::vector<int64_t> targets) { targets_per_label_ = std::move(targets); }
 
  private:
   ImageSet set_;
+  std::vector<int64_t> targets_per_label_;  // [classes], or empty: 1 per image
 };
 
 // Training augmentation for images: mirrors each image left-right with probability 1/2, decided by
