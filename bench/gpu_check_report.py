@@ -7,8 +7,10 @@ Reads DIR/stages.tsv (stage, exit code, seconds), DIR/fsdp_<run>/metrics.jsonl (
 per-step records) and DIR/torch_<peer>.json (bench/torch_fsdp2.py). fsdp.cpp's figures are
 medians over the steps after the first three; MFU is against the bf16 matmul peak fsdp-train
 measured on that GPU before training (peak_flops). One row per (fsdp.cpp run, peer): tokens/s
-of both, their ratio (> 1: fsdp.cpp is faster; the last row: fused ops against composed), peak memory reserved of both, and the issue's aim
-for that row where it sets one. Writes DIR/gpu-check.json.
+of both, their ratio (> 1: fsdp.cpp is faster; the last rows compare fsdp.cpp runs: fused ops
+against composed, fp16 against bf16, an NF4 base against a bf16 one), peak memory reserved of
+both, and the issue's aim for that row where it sets one; the NF4 decode's GB/s
+(DIR/nf4_decode.json). Writes DIR/gpu-check.json.
 """
 import argparse
 import json
@@ -26,6 +28,9 @@ ROWS = (
     ("gpt2", "hf_gpt2", "HF + FSDP2 eager", None),
     ("gpt2", "gpt2", "own FSDP2 model", None),
     ("llama1b", "fsdp:llama1b_composed", "fsdp.cpp, composed ops", None),
+    ("llama1b_fp16", "fsdp:llama1b", "fsdp.cpp, bf16", None),
+    ("llama1b", "fsdp:llama1b_fp32", "fsdp.cpp, fp32", None),
+    ("llama1b_qlora", "fsdp:llama1b_lora", "fsdp.cpp, bf16-base LoRA", None),
 )
 AIMS = {"llama1b_mfu": 0.60}
 
@@ -92,6 +97,15 @@ def main():
     if llama:
         report["llama1b_mfu"] = llama["mfu"]
         print(f"llama1b MFU {llama['mfu'] * 100:.1f}% (aim {AIMS['llama1b_mfu'] * 100:.0f}%)")
+    # The NF4 decode (bench/nf4_decode_bench.cpp): GB/s of each path on one 1B Llama block.
+    decode_path = d / "nf4_decode.json"
+    if decode_path.exists():
+        decode = json.loads(decode_path.read_text())
+        report["nf4_decode"] = decode
+        copy_rate = decode["rows"][-1]["gb_per_s"]
+        for r in decode["rows"]:
+            print(f"nf4 decode: {r['path']:<48} {r['seconds'] * 1e3:8.3f} ms {r['gb_per_s']:8.1f} GB/s "
+                  f"({r['gb_per_s'] / copy_rate:.2f}x the copy's)")
     offload = fsdp_run(d / "fsdp_llama1b_offload")
     report["offload"] = {"run": offload, "cap_fraction": a.cap_fraction,
                          "trained": bool(offload and stages.get("fsdp_llama1b_offload", {}).get("exit") == 0)}

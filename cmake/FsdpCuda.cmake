@@ -23,7 +23,8 @@ if(FSDP_CUDA)
   target_compile_definitions(fsdp_core PUBLIC FSDP_WITH_CUDA=1)
   message(STATUS "fsdp.cpp: CUDA path ON (libtorch ${Torch_VERSION}, NCCL ${FSDP_NCCL_LIBRARY})")
 
-  # fsdp.cpp's own kernels (src/models/fused_kernels.cu: SwiGLU, rotary) need a CUDA compiler;
+  # fsdp.cpp's own kernels (src/models/fused_kernels.cu: SwiGLU, rotary, norms; src/shard/
+  # nf4_kernels.cu: the NF4 decode) need a CUDA compiler;
   # without one the build goes on and CUDA tensors take the composed path
   # (fsdp::models::fused_kernels_compiled() says which). An object library of their own
   # (cmake/cuda_kernels/): nvcc sees neither libtorch's headers and flags nor the C++ targets'
@@ -35,11 +36,17 @@ if(FSDP_CUDA)
     enable_language(CUDA)
     add_subdirectory(${PROJECT_SOURCE_DIR}/cmake/cuda_kernels ${PROJECT_BINARY_DIR}/cuda_kernels)
     target_sources(fsdp_zoo PRIVATE $<TARGET_OBJECTS:fsdp_cuda_kernels>)
+    target_sources(fsdp_core PRIVATE $<TARGET_OBJECTS:fsdp_core_cuda_kernels>)
     target_compile_definitions(fsdp_zoo PRIVATE FSDP_HAVE_CUDA_KERNELS=1)
+    # The core's one user of its kernel alone: every target reuses the core's precompiled header,
+    # which GCC refuses (-Winvalid-pch: each test source then compiled libtorch's headers anew, a
+    # 291 s build on 16 cores, 2026-12-04) where it was made with a macro the user lacks.
+    set_source_files_properties(${PROJECT_SOURCE_DIR}/src/shard/nf4_storage.cpp PROPERTIES
+      COMPILE_DEFINITIONS FSDP_HAVE_CUDA_KERNELS=1)
     message(STATUS "fsdp.cpp: fused CUDA kernels ON (${CMAKE_CUDA_COMPILER}, architectures ${FSDP_CUDA_ARCHITECTURES})")
   else()
-    message(WARNING "fsdp.cpp: no CUDA compiler (nvcc): the fused SwiGLU and rotary kernels are left out; "
-                    "CUDA tensors take the composed path")
+    message(WARNING "fsdp.cpp: no CUDA compiler (nvcc): the fused kernels and the NF4 decode kernel are left "
+                    "out; CUDA tensors take the composed path")
   endif()
 endif()
 

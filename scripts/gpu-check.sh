@@ -8,7 +8,9 @@
 #     with fsdp.cpp's fused kernels where nvcc is found;
 #  2. runs the parity tests on the GPU (FSDP_TEST_DEVICE=cuda: NCCL, TF32 off, fp32 against the
 #     single-process CPU reference; CPU offload too) and the fused operations' tests (FusedOps.*:
-#     each kernel against its composed reference, forward and backward, fp32 and bf16), then
+#     each kernel against its composed reference, forward and backward, fp32 and bf16; the NF4
+#     decode kernel against the host's decode, to the bit), the NF4 decode's GB/s
+#     (bench/nf4_decode_bench: one 1B Llama block against the composed decode and a copy), then
 #     the parity tests at N = 2 and 4 on one GPU through the staged test backend
 #     (FSDP_DEVICE_COMM=staged), compute-sanitizer's racecheck on the add + RMSNorm kernels, two
 #     ranks on one GPU refused by NCCL's path, and fsdp-train at N = 2 on one GPU, staged;
@@ -18,7 +20,8 @@
 #  4. the same models, batch and sequence under PyTorch's FSDP2 (bench/torch_fsdp2.py): Hugging Face
 #     transformers' models compiled per block and eager, and the script's own models;
 #  5. the 1B Llama with activation checkpointing at 8 x 2048, against transformers' with it;
-#  6. the 1B Llama in fp16 (dynamic loss scaling), and again with CPU offload and the GPU capped
+#  6. the 1B Llama with LoRA on a bf16 base and on an NF4 base (QLoRA), step time and memory;
+#     the 1B Llama in fp16 (dynamic loss scaling), and again with CPU offload and the GPU capped
 #     (caching-allocator fraction) below its sharded state: it must still train; then the peers
 #     least needed (the GPT-2 eager ones);
 #  7. a table and OUT_DIR/gpu-check.json (bench/gpu_check_report.py), with the ratios.
@@ -27,7 +30,8 @@
 # class by op class (bench/compare_traces.py: OUT_DIR/trace-comparison.txt).
 # Each stage has its own time limit inside one overall budget (FSDP_GPU_CHECK_BUDGET seconds,
 # default 450, for a device call of at most 8 minutes); stages run most important first, a failed
-# or skipped stage is reported and the rest still run. The report is written on any exit.
+# or skipped stage is reported and the rest still run. FSDP_GPU_CHECK_ONLY="build kernels ..."
+# runs the stages named alone (a rerun of what a call's budget did not reach). The report is written on any exit.
 # Working files (logs, token files, metrics) go to /tmp/fsdp-gpu-check; OUT_DIR receives five:
 # gpu-check.json, report.txt, stages.tsv, gpu-check-logs.tar.gz (logs and metrics, no data) and
 # traces.tar.gz, because a device call brings back only a few files.
@@ -78,6 +82,9 @@ trap finish EXIT
 
 stage() {  # stage NAME SECONDS COMMAND...: runs it with a limit, logs to WORK/NAME.log, records the outcome
   local name=$1 limit=$2; shift 2
+  if [ -n "${FSDP_GPU_CHECK_ONLY:-}" ] && [[ " $FSDP_GPU_CHECK_ONLY " != *" $name "* ]]; then
+    return 1  # not asked for: a rerun of some stages (FSDP_GPU_CHECK_ONLY="build kernels ...")
+  fi
   local start=$SECONDS left=$((DEADLINE - SECONDS - 20))
   [ "$limit" -gt "$left" ] && limit=$left
   if [ "$limit" -lt 30 ]; then  # not enough of the budget left to be worth starting
@@ -152,9 +159,11 @@ if [ -z "${NCCL_ROOT:-}" ]; then
     echo "gpu-check: NCCL from $NCCL_ROOT"
   fi
 fi
-stage build 300 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=OFF \
+# Unity batches of 4 sources, not 16: 16 cores compile many small batches at once, not a few large
+# ones one after another.
+stage build 300 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=ON -DFSDP_UNITY_BATCH=4 \
     -DCMAKE_PREFIX_PATH='$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}' ${CMAKE_EXTRA[*]} && \
-    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests" || exit 1
+    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests nf4_decode_bench" || exit 1
 grep -h "fused CUDA kernels\|no CUDA compiler" "$WORK/build.log" | head -2
 
 # 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
@@ -162,7 +171,9 @@ GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')  # not nvidi
 stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_DEVICE=cuda \
   "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
 # The fused kernels against their composed references (a GPU that libtorch cannot see fails here).
-stage kernels 60 env FSDP_TEST_DEVICE=cuda "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.*'
+stage kernels 60 env FSDP_TEST_DEVICE=cuda "$BUILD/tests/fsdp_unit_tests" --gtest_filter='FusedOps.*:Nf4Storage.*'
+# The NF4 decode (QLoRA's per-unit dequantize) in GB/s: fsdp.cpp's kernel, the composed ops, a copy.
+stage nf4_decode 60 "$BUILD/bench/nf4_decode_bench" --device cuda --json "$WORK/nf4_decode.json"
 # The GPU path at N = 2 and 4 on this one GPU (issue 40): NCCL refuses two ranks on a device, the
 # staged test backend (comm/staged_process_group.h) does not: device tensors, CUDA streams and
 # events, host copies around MPI. Every strategy's parity (hybrid included) and CPU offload.
@@ -252,6 +263,10 @@ PROFILE=6:7  # steps 6 and 7 of 12: past the warm-up and compilation, before the
 train llama1b llama3-1b 128256 4 2048 --profile-steps "$PROFILE"
 torch_fsdp2 hf_llama1b_compiled 4 2048 --model hf-llama "${LLAMA1B[@]}" --compile --profile-steps "$PROFILE" \
   --trace "$WORK/torch_hf_llama1b_compiled.trace.json"
+# LoRA (rank 16 on every linear layer of the blocks) on an NF4 base, then on a bf16 base (issue 35).
+LORA=(--set lora.rank=16 --set lora.alpha=32 --set 'lora.targets="q_proj k_proj v_proj o_proj gate_proj up_proj down_proj"')
+train llama1b_qlora llama3-1b 128256 4 2048 "${LORA[@]}" --set 'lora.base_dtype="nf4"'
+train llama1b_lora llama3-1b 128256 4 2048 "${LORA[@]}" --set 'lora.base_dtype="bfloat16"'
 train gpt2 gpt2 50257 8 1024
 torch_fsdp2 hf_gpt2_compiled 8 1024 --model hf-gpt2 "${GPT2[@]}" --compile
 torch_fsdp2 hf_llama1b 4 2048 --model hf-llama "${LLAMA1B[@]}"
@@ -261,6 +276,8 @@ torch_fsdp2 hf_llama1b_ac 8 2048 --model hf-llama "${LLAMA1B[@]}" --checkpointin
 train llama1b_composed llama3-1b 128256 4 2048 --set 'train.fused_ops=false'  # what the fused ops buy
 # fp16 with dynamic loss scaling beside the bf16 run above (issue 38; the later --set wins).
 train llama1b_fp16 llama3-1b 128256 4 2048 --set 'fsdp.param_dtype="float16"'
+# fp32 compute (TF32 off) beside bf16: issue 39's dtype table, on the GPU.
+train llama1b_fp32 llama3-1b 128256 4 2048 --set 'fsdp.param_dtype="float32"'
 # CPU offload under a cap: 1.24 B parameters x 16 bytes of fp32 shard state = 19.8 GB per GPU
 # at N = 1; the cap (a fraction of total memory, computed here) leaves the device 16 GiB, less
 # than that. One 2048-token sequence per step: its logits (2048 x 128256) fit beside the units.

@@ -5,11 +5,19 @@
 
 #include <algorithm>
 #include <array>
-
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
 #include "fsdp/shard/nf4.h"
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "nf4_kernels.h"
+#endif
 
 namespace fsdp::shard {
 namespace {
@@ -72,7 +80,69 @@ void decode_codes_on_cpu(const at::Tensor& codes, const at::Tensor& absmax, int6
   }
 }
 
+#ifdef FSDP_HAVE_CUDA_KERNELS
+kernels::Dtype kernel_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return kernels::Dtype::Float32;
+    case at::kBFloat16: return kernels::Dtype::BFloat16;
+    case at::kHalf: return kernels::Dtype::Float16;
+    default: throw std::invalid_argument(std::string("nf4 storage: cannot decode into ") + c10::toString(dtype));
+  }
+}
+
+// dynamic_map_signed() on `device`, copied there once. Never freed: a device tensor destroyed
+// after the CUDA context at exit would fail.
+const at::Tensor& nested_map_on(const at::Device& device) {
+  static std::mutex mutex;
+  static auto* maps = new std::map<int, at::Tensor>();
+  std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& map = (*maps)[device.index()];
+  if (!map.defined()) map = dynamic_map_signed().to(device);
+  return map;
+}
+
+// The NF4 entry `place` of `bytes` (on a CUDA device) decoded into `target` (contiguous, same
+// device) by nf4_kernels.cu in one pass, on the current stream.
+void decode_entry_on_device(const Nf4StorageLayout& storage, const Nf4EntryLayout& place, const at::Tensor& bytes,
+                            const at::Tensor& target) {
+  const c10::cuda::CUDAGuard guard(bytes.device());
+  const auto* base = bytes.data_ptr<uint8_t>();
+  kernels::Nf4DecodeArgs args;
+  args.codes = base + place.codes.offset;
+  args.absmax = base + place.absmax.offset;
+  if (storage.double_quant) {
+    args.nested_absmax = reinterpret_cast<const float*>(base + place.nested_absmax.offset);
+    args.offset = reinterpret_cast<const float*>(base + place.offset.offset);
+    args.nested_map = nested_map_on(bytes.device()).data_ptr<float>();
+  }
+  std::copy(nf4_code().begin(), nf4_code().end(), args.code);
+  args.n = target.numel();
+  args.blocksize = storage.blocksize;
+  args.double_quant = storage.double_quant;
+  args.base_dtype = kernel_dtype(storage.raw_dtype);
+  args.out_dtype = kernel_dtype(target.scalar_type());
+  args.out = target.data_ptr();
+  kernels::nf4_decode(args, c10::cuda::getCurrentCUDAStream(bytes.device().index()).stream());
+}
+
+// Where this build has the NF4 decode kernel, it takes CUDA bytes decoded into a contiguous float
+// target; otherwise the composed nf4_values (a dozen kernels, int64 and fp32 temporaries).
+bool device_kernel_takes(const at::Tensor& bytes, const at::Tensor& target) {
+  const at::ScalarType dtype = target.scalar_type();
+  return bytes.is_cuda() && target.is_cuda() && target.is_contiguous() &&
+         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
+}
+#endif
+
 }  // namespace
+
+bool nf4_decode_kernel_compiled() {
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
 
 Nf4StorageLayout Nf4StorageLayout::make(const FlatLayout& layout, const std::vector<bool>& nf4, int num_shards,
                                         bool double_quant, at::ScalarType raw_dtype) {
@@ -195,6 +265,12 @@ void decode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layou
       target.copy_(part(place.raw, storage.raw_dtype));
       continue;
     }
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    if (device_kernel_takes(bytes, target)) {
+      decode_entry_on_device(storage, place, bytes, target);
+      continue;
+    }
+#endif
     const at::Tensor absmax = storage.double_quant
                                   ? nf4_absmax_from_codes(part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat),
                                                           part(place.offset, at::kFloat))

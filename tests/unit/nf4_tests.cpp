@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
+#include <iostream>
 #include <string>
 
 #include "fsdp/shard/nf4.h"
@@ -173,6 +175,59 @@ TEST(Nf4Storage, EachEntryIsQuantizeNf4sBytesAndDecodesToDequantizeNf4sValues) {
   EXPECT_NE(error_of([&] { fsdp::shard::Nf4StorageLayout::make(fsdp::shard::FlatLayout::make(entries, 2), {true}, 2); })
                 .find("1 flags for 4 entries"),
             std::string::npos);
+}
+
+// On a CUDA device (FSDP_TEST_DEVICE=cuda in scripts/gpu-check.sh, where a missing GPU is a
+// failure; skipped elsewhere), decode_nf4_storage gives the host's values to the bit: every base
+// dtype, with and without double quantization, into fp32, bf16 and fp16, into an aligned target and
+// one element off (the kernel's 16-byte stores then fall back to single ones). Entries cover a short
+// last block, fewer than 8 elements, an odd count, and more than 256 blocks (two nested absmax).
+// Where the build has the decode kernel, that is what runs; a wrong nibble order, a fused
+// multiply-add in absmax (one rounding instead of two) or a scale from the wrong block differ.
+TEST(Nf4Storage, DecodesOnTheDeviceAsOnTheHost) {
+  const char* wanted = std::getenv("FSDP_TEST_DEVICE");
+  const bool asked = wanted != nullptr && std::string(wanted) == "cuda";
+  if (!torch::cuda::is_available()) {
+    if (asked) FAIL() << "FSDP_TEST_DEVICE=cuda, but libtorch sees no CUDA device";
+    GTEST_SKIP() << "no CUDA device";
+  }
+  std::cout << "[ info ] NF4 decode kernel compiled: " << (fsdp::shard::nf4_decode_kernel_compiled() ? "yes" : "no") << "\n";
+  torch::manual_seed(11);
+  const std::vector<std::vector<int64_t>> shapes = {{20, 70}, {5}, {3, 5}, {256, 72}, {64}, {9, 7}};
+  const std::vector<bool> nf4 = {true, true, true, true, false, true};
+  std::vector<fsdp::shard::FlatEntry> entries;
+  std::vector<at::Tensor> values;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    values.push_back(torch::randn(shapes[i]) * torch::logspace(-3, 0, shapes[i].back()));
+    entries.push_back(fsdp::shard::FlatEntry{"e" + std::to_string(i), {}, shapes[i], 0, values.back().numel()});
+  }
+  const auto layout = fsdp::shard::FlatLayout::make(entries, 2);
+  at::Tensor unsharded = torch::zeros({layout.padded_numel});
+  for (size_t i = 0; i < values.size(); ++i) unsharded.narrow(0, layout.entries[i].offset, values[i].numel()).copy_(values[i].reshape(-1));
+  for (at::ScalarType base : {at::kBFloat16, at::kFloat, at::kHalf}) {
+    for (bool double_quant : {true, false}) {
+      const auto storage = fsdp::shard::Nf4StorageLayout::make(layout, nf4, 2, double_quant, base);
+      const at::Tensor bytes = fsdp::shard::encode_nf4_storage(storage, layout, unsharded);
+      const at::Tensor device_bytes = bytes.to(at::kCUDA);
+      for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        at::Tensor host = torch::full({layout.padded_numel}, 9.0).to(dtype);
+        fsdp::shard::decode_nf4_storage(storage, layout, bytes, host);
+        for (int64_t shift : {0, 1}) {
+          at::Tensor buffer = torch::full({layout.padded_numel + 1}, 9.0, at::TensorOptions().dtype(dtype).device(at::kCUDA));
+          at::Tensor device = buffer.narrow(0, shift, layout.padded_numel);
+          fsdp::shard::decode_nf4_storage(storage, layout, device_bytes, device);
+          const at::Tensor back = device.cpu();
+          for (size_t i = 0; i < values.size(); ++i) {
+            const at::Tensor got = back.narrow(0, layout.entries[i].offset, values[i].numel());
+            const at::Tensor want = host.narrow(0, layout.entries[i].offset, values[i].numel());
+            EXPECT_TRUE(got.equal(want)) << "entry " << i << ", base " << base << ", into " << dtype << ", double_quant "
+                                         << double_quant << ", shift " << shift << ": largest difference "
+                                         << (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace nf4_tests

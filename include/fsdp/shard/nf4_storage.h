@@ -69,7 +69,12 @@ at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout&
 
 // Writes each entry's values, decoded from `bytes` (uint8 [padded_bytes], 16-byte aligned, on any
 // device), into `unsharded` (any float dtype, >= layout.numel elements, same device) at its offset.
+// On a CUDA device, into a contiguous target, each NF4 entry is one launch of fsdp.cpp's decode
+// kernel where the build has it (nf4_decode_kernel_compiled()): the same values to the bit.
 void decode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& bytes,
                         const at::Tensor& unsharded);
+
+// Whether this build has the CUDA NF4 decode kernel (src/shard/nf4_kernels.cu; needs nvcc).
+bool nf4_decode_kernel_compiled();
 
 }  // namespace fsdp::shard
