@@ -3,10 +3,13 @@
 # config trained STEPS steps at N = 2 in fp32; in bf16 as every bf16 run computed before 2026-12-02
 # (train.attention = "fused", train.bf16_matmul = "native": libtorch's bf16 kernels); in bf16
 # with both "auto" (attention in fp32 on the CPU; fp32 GEMMs on bf16 operands on a CPU without
-# bf16 instructions); in bf16 with fp32 GEMMs on bf16 operands whatever the CPU
-# ("bf16-fp32gemm": train.bf16_matmul = "fp32"); and in fp16 with loss scaling, attention "auto". Rounds alternate the modes;
+# bf16 instructions, the faster of the two GEMMs, measured at start, on one with them); in bf16 with fp32 GEMMs on bf16 operands whatever the CPU
+# ("bf16-fp32gemm": train.bf16_matmul = "fp32"), or with libtorch's bf16 GEMMs and attention on
+# "auto" ("bf16-nativegemm": what "auto" took on a CPU with bf16 instructions before it measured);
+# and in fp16 with loss scaling, attention "auto". Rounds alternate the modes;
 # the table shows the median step's throughput and the peak memory per rank (fsdp-train's own,
-# metrics.jsonl). Prints a table, writes JSON.
+# metrics.jsonl), and which bf16 GEMMs "auto" measured faster at start where it measured (a CPU with
+# bf16 instructions). Prints a table, writes JSON.
 #   bash bench/dtype_table.sh [OUT.json]     (build/ made by scripts/setup.sh; STEPS=60, ROUNDS=2,
 #                                             MODES="fp32 bf16-native bf16-auto fp16-auto",
 #                                             CONFIGS="configs/a.toml ...": these only,
@@ -44,8 +47,9 @@ for round in $(seq 1 "$rounds"); do
         bf16-native) dtype=bfloat16 attention=fused matmul=native ;;
         bf16-auto) dtype=bfloat16 ;;
         bf16-fp32gemm) dtype=bfloat16 matmul=fp32 ;;
+        bf16-nativegemm) dtype=bfloat16 matmul=native ;;
         fp16-auto) dtype=float16 ;;
-        *) echo "dtype_table.sh: unknown mode '$mode' in MODES (fp32, bf16-native, bf16-auto, bf16-fp32gemm, fp16-auto)"; exit 2 ;;
+        *) echo "dtype_table.sh: unknown mode '$mode' in MODES (fp32, bf16-native, bf16-auto, bf16-fp32gemm, bf16-nativegemm, fp16-auto)"; exit 2 ;;
       esac
       mpirun --oversubscribe --bind-to none -np 2 build/apps/fsdp-train "$config" --set "output_dir=\"$work/$name-$mode-$round\"" \
         --set train.steps="$steps" --set eval.every=0 --set eval.batches=1 --set eval.max_items=100 --set eval.sample_tokens=0 \
@@ -70,7 +74,9 @@ for config in configs:
             key = "tokens_per_second" if "tokens_per_second" in steps[0] else "images_per_second"
             rates.append(statistics.median(x[key] for x in steps))
             peaks.append(max(max(x["peak_resident_bytes_per_rank"]) for x in steps))
-        row[mode] = {"rate": statistics.median(rates), "unit": key.split("_per_")[0], "peak_bytes": max(peaks)}
+        start = next(x for x in records if "run_start" in x)  # the last round's: which bf16 GEMMs "auto" took
+        row[mode] = {"rate": statistics.median(rates), "unit": key.split("_per_")[0], "peak_bytes": max(peaks),
+                     "bf16_matmul": start.get("bf16_matmul"), "bf16_matmul_seconds": start.get("bf16_matmul_seconds")}
     rows.append(row)
 print(f"{'config':26}" + "".join(f" {m:>12}" for m in modes) + "".join(f" {m + '/fp32':>15}" for m in modes if m != "fp32")
       + "".join(f" {'peak ' + m:>15}" for m in modes))
@@ -80,7 +86,8 @@ for row in rows:
     if "fp32" in modes:
         line += "".join(f" {row[m]['rate'] / row['fp32']['rate']:>14.2f}x" for m in modes if m != "fp32")
     line += "".join(f" {row[m]['peak_bytes'] / 2**20:>11.0f} MiB" for m in modes)
-    print(line)
+    chosen = [f"{m}: {row[m]['bf16_matmul']} GEMMs" for m in modes if row[m].get("bf16_matmul_seconds")]
+    print(line + ("  (" + ", ".join(chosen) + ", measured at start)" if chosen else ""))
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 json.dump({"date": datetime.date.today().isoformat(), "bench": "dtype_table", "ranks": 2, "cpu": cpu, "modes": modes, "rows": rows}, open(out, "w"), indent=1)
 print(f"wrote {out}")

@@ -3,7 +3,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 
 namespace fsdp::models {
@@ -73,5 +75,42 @@ at::Tensor matmul_in_compute_dtype(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor matmul_operand(const at::Tensor& t) { return widened(t) ? t.to(at::kFloat) : t; }
+
+Bf16MatmulTimes time_bf16_matmuls(const std::vector<LinearShape>& shapes, int repeats) {
+  const Bf16Matmul before = bf16_matmul();
+  const torch::AutoGradMode grad_mode(true);
+  const auto options = at::TensorOptions().dtype(at::kBFloat16);
+  std::vector<at::Tensor> xs, weights, grads;
+  for (const LinearShape& s : shapes) {
+    xs.push_back(torch::randn({s.rows, s.in}, options).requires_grad_(true));
+    weights.push_back((torch::randn({s.out, s.in}, options) * 0.02).requires_grad_(true));
+    grads.push_back(torch::randn({s.rows, s.out}, options));
+  }
+  auto round = [&](Bf16Matmul m) {
+    set_bf16_matmul(m);
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      models::linear(xs[i], weights[i]).backward(grads[i]);
+      xs[i].mutable_grad().reset();
+      weights[i].mutable_grad().reset();
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::vector<double> native, fp32;
+  // Warm-up: allocations, the GEMM libraries' first calls. A model whose layers take over a second
+  // each way gets one timed round (a start-up measurement, not a benchmark).
+  const double warm_up = round(Bf16Matmul::Native) + round(Bf16Matmul::Fp32);
+  if (warm_up > 2.0) repeats = 1;
+  for (int r = 0; r < std::max(1, repeats); ++r) {
+    native.push_back(round(Bf16Matmul::Native));
+    fp32.push_back(round(Bf16Matmul::Fp32));
+  }
+  set_bf16_matmul(before);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(native), median(fp32)};
+}
 
 }  // namespace fsdp::models

@@ -469,7 +469,7 @@ std::vector<ConfigKey> declare() {
           "auto (fused_fp32 for bf16 and fp16 compute on the CPU, else fused) | fused | fused_fp32 | math (models/attention.h)"))
       .check = one_of("train.attention", [](const TrainConfig& c) { return c.attention; }, {"auto", "fused", "fused_fp32", "math"});
   add(key("train.bf16_matmul", MEMBER(bf16_matmul),
-          "auto (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native) | native | fp32"))
+          "auto (on a CPU with bf16 instructions the faster for the model's linear layers, measured at start; fp32 GEMMs on bf16 operands on one without; native on a GPU) | native | fp32"))
       .check = one_of("train.bf16_matmul", [](const TrainConfig& c) { return c.bf16_matmul; }, {"auto", "native", "fp32"});
 
   // ---- [optimizer] ----

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "fsdp/comm/device_group.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/models/bf16_matmul.h"
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/device_memory.h"
 #include "fsdp/shard/storage.h"
@@ -191,6 +193,7 @@ class Trainer {
     at::Tensor rate = at::tensor({measure_matmul_flops(0.3, device_, peak_dtype)}, at::kDouble);
     if (n_ > 1) world_->all_reduce(rate, comm::ReduceOp::Sum)->wait();
     peak_flops_ = rate.item<double>();
+    choose_bf16_matmul();
 
     // Construction's freed blocks go back to the OS before training (see release_free_host_memory).
     shard::release_free_host_memory();
@@ -279,8 +282,15 @@ class Trainer {
     if (compute == at::kBFloat16) {
       const bool without_instructions = config_.device == "cpu" && !runtime::cpu_has_bf16_instructions();
       const bool native = models::bf16_matmul() == models::Bf16Matmul::Native;
-      progress_->message(std::string("  bf16 matmuls: ") + (native ? "native bf16 GEMMs" : "fp32 GEMMs on bf16 operands") +
-                         (without_instructions ? " (this CPU has no bf16 instructions: AVX512-BF16, AMX)" : "") +
+      std::string why = without_instructions ? " (this CPU has no bf16 instructions: AVX512-BF16, AMX)" : "";
+      if (bf16_matmul_times_) {
+        std::snprintf(line, sizeof(line),
+                      ", the faster here as measured at start (the model's linear layers, forward and backward: native "
+                      "%.1f ms, fp32 GEMMs %.1f ms; rank 0's measurement)",
+                      bf16_matmul_times_->native_seconds * 1e3, bf16_matmul_times_->fp32_seconds * 1e3);
+        why = line;
+      }
+      progress_->message(std::string("  bf16 matmuls: ") + (native ? "native bf16 GEMMs" : "fp32 GEMMs on bf16 operands") + why +
                          " (train.bf16_matmul = " + config_.bf16_matmul + ")");
       if (native && without_instructions) {
         progress_->message("  note: without bf16 instructions libtorch's bf16 GEMM widens element by element: 6-14x slower "
@@ -613,6 +623,48 @@ class Trainer {
     }
   }
 
+  // train.bf16_matmul = "auto" for bf16 compute on a CPU with bf16 instructions: libtorch's bf16
+  // GEMMs or fp32 GEMMs on the bf16 operands, whichever ran this model's linear layers faster here
+  // (models::time_bf16_matmuls; the flag alone does not say: docs/benchmarks.md). Every rank
+  // measures at once, as it will train, and takes rank 0's choice, so that all ranks compute alike.
+  // Like cuDNN's benchmark mode, two runs may choose differently where the two are close; a
+  // run that must repeat another's bf16 arithmetic to the bit names the way ("native", "fp32").
+  void choose_bf16_matmul() {
+    const bool bf16 = fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16;
+    if (config_.bf16_matmul != "auto" || !bf16 || !device_.is_cpu() || !runtime::cpu_has_bf16_instructions()) return;
+    // GEMM rows per micro-batch: its examples times the tokens each (a language model's window, a
+    // chat's row, an image's patches and class token).
+    int64_t tokens = 1;
+    if (language()) {
+      tokens = config_.seq_len;
+    } else if (chat_) {
+      tokens = chat_->row_length();
+    } else if (const auto* vit = std::get_if<models::VitConfig>(&model_config_)) {
+      tokens = vit->tokens();
+    } else if (const auto* clip = std::get_if<models::ClipConfig>(&model_config_)) {
+      tokens = (clip->image_size / clip->patch) * (clip->image_size / clip->patch) + 1;
+    }
+    const int64_t examples = std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
+    const int64_t rows = std::min<int64_t>(4096, examples * std::max<int64_t>(1, tokens));
+    std::vector<models::LinearShape> shapes;
+    for (const auto& named : model_.module->named_parameters(/*recurse=*/true)) {
+      const at::Tensor& p = named.value();
+      if (p.dim() != 2) continue;
+      const models::LinearShape shape{rows, p.size(1), p.size(0)};
+      const bool seen = std::any_of(shapes.begin(), shapes.end(),
+                                    [&](const models::LinearShape& s) { return s.in == shape.in && s.out == shape.out; });
+      if (!seen) shapes.push_back(shape);
+    }
+    if (shapes.empty()) return;
+    models::Bf16MatmulTimes times;
+    comm::on_every_rank(world_, "timing bf16 GEMMs (train.bf16_matmul = auto)", [&] { times = models::time_bf16_matmuls(shapes); });
+    at::Tensor measured = at::tensor({times.native_seconds, times.fp32_seconds}, at::kDouble);
+    if (n_ > 1) world_->broadcast(measured, 0)->wait();
+    times = {measured[0].item<double>(), measured[1].item<double>()};
+    models::set_bf16_matmul(times.faster());
+    bf16_matmul_times_ = times;
+  }
+
   // The first record of every start (and resume): what the report needs besides the steps.
   void record_run_start() {
     if (!leader() || !metrics_.is_open()) return;
@@ -620,6 +672,10 @@ class Trainer {
     resolved.model = model_config_;
     nlohmann::json record = {{"run_start", start_step_}, {"name", config_.name},       {"world_size", n_},
                              {"language", language()},  {"resumed_from", resumed_from_}, {"config", to_toml(resolved)}};
+    if (fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16) record["bf16_matmul"] = models::to_string(models::bf16_matmul());
+    if (bf16_matmul_times_) {
+      record["bf16_matmul_seconds"] = {{"native", bf16_matmul_times_->native_seconds}, {"fp32", bf16_matmul_times_->fp32_seconds}};
+    }
     try {
       plan::PlanInput input = plan_input(resolved, n_);
       // On the CPU the process's own memory is what it held before the data and the model came
@@ -778,6 +834,7 @@ class Trainer {
   std::set<int64_t> skipped_batches_;  // 0-based steps whose batches a rollback skips (rollback.h)
   StepGuard guard_{config_};           // which steps apply; its spike window is saved in checkpoints
   double peak_flops_ = 1.0;
+  std::optional<models::Bf16MatmulTimes> bf16_matmul_times_;  // measured by choose_bf16_matmul
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
   checkpoint::StagingBuffers staging_;  // checkpoint.async: host copies of this rank's tensors, kept between saves

@@ -495,6 +495,23 @@ TEST(Bf16Matmul, Fp32GemmsAreTheWidenedCompositionExactly) {
   fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Native);
 }
 
+// train.bf16_matmul = "auto"'s start-up measurement: both ways timed on the shapes given (each
+// positive), the faster named by the smaller time, and the process-wide mode it found restored
+// whichever it was (a measurement that left "fp32" set would silently decide the run).
+TEST(Bf16Matmul, StartUpTimingMeasuresBothWaysAndRestoresTheMode) {
+  const std::vector<fsdp::models::LinearShape> shapes = {{64, 32, 48}, {64, 48, 32}};
+  for (auto mode : {fsdp::models::Bf16Matmul::Fp32, fsdp::models::Bf16Matmul::Native}) {
+    fsdp::models::set_bf16_matmul(mode);
+    const fsdp::models::Bf16MatmulTimes times = fsdp::models::time_bf16_matmuls(shapes, 1);
+    EXPECT_GT(times.native_seconds, 0.0);
+    EXPECT_GT(times.fp32_seconds, 0.0);
+    EXPECT_EQ(fsdp::models::bf16_matmul(), mode);
+  }
+  EXPECT_EQ((fsdp::models::Bf16MatmulTimes{2.0, 1.0}.faster()), fsdp::models::Bf16Matmul::Fp32);
+  EXPECT_EQ((fsdp::models::Bf16MatmulTimes{1.0, 2.0}.faster()), fsdp::models::Bf16Matmul::Native);
+  fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Native);
+}
+
 }  // namespace model_tests
 
 namespace model_tests {

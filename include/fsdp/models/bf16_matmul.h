@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 namespace fsdp::models {
 
@@ -31,6 +32,25 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // a [n, k] @ b [k, m] without autograd (inside custom autograd functions), the same way; the
 // result in a's dtype. b may come already widened (matmul_operand).
 at::Tensor matmul_in_compute_dtype(const at::Tensor& a, const at::Tensor& b);
+
+// One linear layer's GEMMs: x [rows, in] times weight [out, in] transposed, and its backward.
+struct LinearShape {
+  int64_t rows = 0, in = 0, out = 0;
+};
+
+// Seconds a forward and backward (input and weight gradients) of linear() on bf16 operands of
+// every shape take together, on the CPU, computed each way: the median of `repeats` rounds after a
+// warm-up, the two ways alternating round by round so that both see the same load. What
+// train.bf16_matmul = "auto" chooses from on a CPU with bf16 instructions, where neither way is
+// faster everywhere (docs/benchmarks.md: native 1.5x fp32 on an AMD EPYC, 0.7-0.8x on an Intel
+// Xeon, both with AVX512-BF16). One timed round where the warm-up took over 2 s. Restores the
+// process-wide mode it found.
+struct Bf16MatmulTimes {
+  double native_seconds = 0.0;
+  double fp32_seconds = 0.0;
+  Bf16Matmul faster() const { return fp32_seconds < native_seconds ? Bf16Matmul::Fp32 : Bf16Matmul::Native; }
+};
+Bf16MatmulTimes time_bf16_matmuls(const std::vector<LinearShape>& shapes, int repeats = 3);
 
 // An operand several matmul_in_compute_dtype calls share (the head's weight across loss chunks),
 // widened once to fp32 where those calls would widen it each time; else the tensor itself.
