@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
                       }
                       const at::Tensor absmax = fsdp::shard::nf4_absmax_from_codes(
                           part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat), part(place.offset, at::kFloat));
-                      target.copy_(fsdp::shard::nf4_values(part(place.codes, at::kByte), absmax, entries[i].numel, 64, at::kBFloat16));
+                      target.copy_(fsdp::shard::nf4_values(part(place.codes, at::kByte), absmax, entries[i].numel, storage.blocksize, at::kBFloat16));
                     }
                   }),
                   moved});

@@ -77,14 +77,19 @@ at::Tensor matmul_in_compute_dtype(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor matmul_operand(const at::Tensor& t) { return widened(t) ? t.to(at::kFloat) : t; }
 
 Bf16MatmulTimes time_bf16_matmuls(const std::vector<LinearShape>& shapes, int repeats) {
-  const Bf16Matmul before = bf16_matmul();
+  // Restores the mode it found, on an exception too.
+  struct Restore {
+    Bf16Matmul before = bf16_matmul();
+    ~Restore() { set_bf16_matmul(before); }
+  } restore;
   const torch::AutoGradMode grad_mode(true);
-  const auto options = at::TensorOptions().dtype(at::kBFloat16);
+  // Its own generator: the global one drives dropout, and a resumed run restores it exactly.
+  auto generator = at::detail::createCPUGenerator(1);
   std::vector<at::Tensor> xs, weights, grads;
   for (const LinearShape& s : shapes) {
-    xs.push_back(torch::randn({s.rows, s.in}, options).requires_grad_(true));
-    weights.push_back((torch::randn({s.out, s.in}, options) * 0.02).requires_grad_(true));
-    grads.push_back(torch::randn({s.rows, s.out}, options));
+    xs.push_back(at::randn({s.rows, s.in}, generator).to(at::kBFloat16).requires_grad_(true));
+    weights.push_back((at::randn({s.out, s.in}, generator) * 0.02).to(at::kBFloat16).requires_grad_(true));
+    grads.push_back(at::randn({s.rows, s.out}, generator).to(at::kBFloat16));
   }
   auto round = [&](Bf16Matmul m) {
     set_bf16_matmul(m);
@@ -105,7 +110,6 @@ Bf16MatmulTimes time_bf16_matmuls(const std::vector<LinearShape>& shapes, int re
     native.push_back(round(Bf16Matmul::Native));
     fp32.push_back(round(Bf16Matmul::Fp32));
   }
-  set_bf16_matmul(before);
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];

@@ -127,9 +127,12 @@ void decode_entry_on_device(const Nf4StorageLayout& storage, const Nf4EntryLayou
 
 // Where this build has the NF4 decode kernel, it takes CUDA bytes decoded into a contiguous float
 // target; otherwise the composed nf4_values (a dozen kernels, int64 and fp32 temporaries).
+// The bytes must start 16-byte aligned, as the layout's parts assume (the kernel reads the fp32
+// parts in place; the composed path's view() refuses a misaligned one by name).
 bool device_kernel_takes(const at::Tensor& bytes, const at::Tensor& target) {
   const at::ScalarType dtype = target.scalar_type();
-  return bytes.is_cuda() && target.is_cuda() && target.is_contiguous() &&
+  return bytes.is_cuda() && target.device() == bytes.device() && bytes.is_contiguous() && target.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(bytes.data_ptr()) % 16 == 0 &&
          (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
 }
 #endif

@@ -631,7 +631,12 @@ class Trainer {
   // run that must repeat another's bf16 arithmetic to the bit names the way ("native", "fp32").
   void choose_bf16_matmul() {
     const bool bf16 = fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16;
-    if (config_.bf16_matmul != "auto" || !bf16 || !device_.is_cpu() || !runtime::cpu_has_bf16_instructions()) return;
+    if (config_.bf16_matmul != "auto" || !bf16 || !device_.is_cpu()) return;  // the same on every rank
+    // Measured only where every rank's CPU has bf16 instructions (hosts may differ); elsewhere each
+    // rank keeps bf16_matmul_for's choice (fp32 GEMMs without them).
+    at::Tensor with_instructions = at::tensor({runtime::cpu_has_bf16_instructions() ? 1.0 : 0.0}, at::kDouble);
+    if (n_ > 1) world_->all_reduce(with_instructions, comm::ReduceOp::Sum)->wait();
+    if (with_instructions.item<double>() < n_) return;
     // GEMM rows per micro-batch: its examples times the tokens each (a language model's window, a
     // chat's row, an image's patches and class token).
     int64_t tokens = 1;
@@ -646,11 +651,15 @@ class Trainer {
     }
     const int64_t examples = std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
     const int64_t rows = std::min<int64_t>(4096, examples * std::max<int64_t>(1, tokens));
+    // Each 2-D parameter's GEMM once, at most 2^30 multiply-adds each way (fewer rows for a wide
+    // one), leaving out those over 2^26 elements (a large vocabulary's embedding and head: their
+    // fp32 copies alone would take gigabytes).
     std::vector<models::LinearShape> shapes;
     for (const auto& named : model_.module->named_parameters(/*recurse=*/true)) {
       const at::Tensor& p = named.value();
-      if (p.dim() != 2) continue;
-      const models::LinearShape shape{rows, p.size(1), p.size(0)};
+      if (p.dim() != 2 || p.numel() > (int64_t{1} << 26)) continue;
+      const int64_t shape_rows = std::max<int64_t>(16, std::min<int64_t>(rows, (int64_t{1} << 30) / p.numel()));
+      const models::LinearShape shape{shape_rows, p.size(1), p.size(0)};
       const bool seen = std::any_of(shapes.begin(), shapes.end(),
                                     [&](const models::LinearShape& s) { return s.in == shape.in && s.out == shape.out; });
       if (!seen) shapes.push_back(shape);

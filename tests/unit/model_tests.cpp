@@ -496,13 +496,18 @@ TEST(Bf16Matmul, Fp32GemmsAreTheWidenedCompositionExactly) {
 }
 
 // train.bf16_matmul = "auto"'s start-up measurement: both ways timed on the shapes given (each
-// positive), the faster named by the smaller time, and the process-wide mode it found restored
-// whichever it was (a measurement that left "fp32" set would silently decide the run).
+// positive), the faster named by the smaller time, the process-wide mode it found restored
+// whichever it was (a measurement that left "fp32" set would silently decide the run), and the
+// global random generator untouched (it drives dropout; a resumed run restores it exactly).
 TEST(Bf16Matmul, StartUpTimingMeasuresBothWaysAndRestoresTheMode) {
   const std::vector<fsdp::models::LinearShape> shapes = {{64, 32, 48}, {64, 48, 32}};
   for (auto mode : {fsdp::models::Bf16Matmul::Fp32, fsdp::models::Bf16Matmul::Native}) {
     fsdp::models::set_bf16_matmul(mode);
+    torch::manual_seed(7);
+    const at::Tensor expected = torch::randn({4});
+    torch::manual_seed(7);
     const fsdp::models::Bf16MatmulTimes times = fsdp::models::time_bf16_matmuls(shapes, 1);
+    EXPECT_TRUE(torch::equal(torch::randn({4}), expected)) << "the timing drew from the global generator";
     EXPECT_GT(times.native_seconds, 0.0);
     EXPECT_GT(times.fp32_seconds, 0.0);
     EXPECT_EQ(fsdp::models::bf16_matmul(), mode);
