@@ -49,13 +49,13 @@ int main(int argc, char** argv) {
   int repeats = 9, inner = 10, threads = 0;
   int64_t dim = 2048, kv_dim = 512, ffn = 8192;
   std::string json_path, device_name = "cpu";
-  app.add_option("--device", device_name, "cpu or cuda")->capture_default_str();
-  app.add_option("--dim", dim, "model width")->capture_default_str();
-  app.add_option("--kv-dim", kv_dim, "width of k and v (kv heads x head dim)")->capture_default_str();
-  app.add_option("--ffn", ffn, "MLP width")->capture_default_str();
-  app.add_option("--repeats", repeats, "samples (the median is reported)")->capture_default_str();
-  app.add_option("--inner", inner, "decodes per sample")->capture_default_str();
-  app.add_option("--threads", threads, "intra-op threads on the CPU (0: libtorch's default)")->capture_default_str();
+  app.add_option("--device", device_name, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--dim", dim, "model width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--kv-dim", kv_dim, "width of k and v (kv heads x head dim)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--ffn", ffn, "MLP width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "samples (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--inner", inner, "decodes per sample")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "intra-op threads on the CPU (0: libtorch's default)")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--json", json_path, "write the rows as JSON here");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) torch::set_num_threads(threads);
@@ -128,6 +128,13 @@ int main(int argc, char** argv) {
     std::printf("%-48s %10.3f %10.1f %7.2fx\n", row.path.c_str(), row.seconds * 1e3, rate / 1e9, rate / copy_rate);
     json["rows"].push_back({{"path", row.path}, {"seconds", row.seconds}, {"bytes", row.bytes}, {"gb_per_s", rate / 1e9}});
   }
-  if (!json_path.empty()) std::ofstream(json_path) << json.dump(2) << "\n";
+  if (!json_path.empty()) {
+    std::ofstream file(json_path);
+    file << json.dump(2) << "\n";
+    if (!file.good()) {
+      std::fprintf(stderr, "nf4_decode_bench: could not write the JSON to '%s'\n", json_path.c_str());
+      return 1;
+    }
+  }
   return 0;
 }
