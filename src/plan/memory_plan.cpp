@@ -299,8 +299,13 @@ Plan make_plan(const PlanInput& in) {
     if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
     // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
     if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
-    // NF4: each unit in flight also holds its gathered bytes until they are decoded.
-    if (linear > 0 && s != "no_shard") mem.gathered += static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * (k + 1) * linear / std::max<int64_t>(layers, 1)));
+    // NF4: a unit in flight holds its gathered bytes alone; its values are decoded (allocated) when
+    // it runs, so only the computing unit holds them (shard::FlatParam::unshard_async).
+    if (linear > 0 && s != "no_shard") {
+      const int64_t nf4_unit_bytes = static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear / std::max<int64_t>(layers, 1)));
+      mem.gathered += k * nf4_unit_bytes;
+      if (s == "full_shard" || s == "hybrid_shard") mem.gathered -= c * k * largest_unit;
+    }
     if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
   }
   if (in.async_checkpoint) {

@@ -313,6 +313,7 @@ void Unit::wait_gather() {
   RECORD_USER_SCOPE("fsdp::wait_gather " + trace_name());
   for (auto& work : pending_gathers_) state_->wait(work);
   pending_gathers_.clear();
+  state_->on_memory_changed();  // an NF4 unit's values are allocated and decoded at the wait
 }
 
 void Unit::prepare_grads() {

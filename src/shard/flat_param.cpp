@@ -83,7 +83,7 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
   // shard_grad_ is allocated by the first reduction: building a model holds parameters only.
 }
 
-bool FlatParam::is_unsharded() const { return storage_is_allocated(unsharded_); }
+bool FlatParam::is_unsharded() const { return nf4_landing_ || storage_is_allocated(unsharded_); }
 
 void FlatParam::set_storage_dtype(at::ScalarType dtype) {
   if (nf4_) throw std::logic_error("FlatParam '" + unit_name_ + "': stored as NF4; its other entries' dtype was set with it");
@@ -170,12 +170,12 @@ at::ScalarType FlatParam::wire_dtype() const {
 
 comm::WorkPtr FlatParam::unshard_async() {
   if (replicate_ || is_unsharded()) return nullptr;
-  allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
-  // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
   const comm::CollectiveLabel label(unit_label(unit_name_));
   if (nf4_) {
     // [shard_bytes] uint8 on the device (offloaded: copied from pinned host memory on the
-    // caller's stream), gathered into [padded_bytes] uint8, decoded into unsharded_ at wait().
+    // caller's stream), gathered into [padded_bytes] uint8. unsharded_ is allocated and decoded
+    // into at wait(), when the unit is about to run: a prefetched unit holds its NF4 bytes alone
+    // (about 4.1 bits a weight), not its values in the compute dtype as well.
     at::Tensor input;
     if (offload_) {
       input = empty_from_cache(nf4_->shard_bytes, at::kByte, compute_device_);
@@ -183,13 +183,21 @@ comm::WorkPtr FlatParam::unshard_async() {
     }
     at::Tensor wire_output = empty_from_cache(nf4_->padded_bytes, at::kByte, compute_device_);
     comm::WorkPtr work = group_->all_gather(wire_output, input.defined() ? input : shard_);
+    nf4_landing_ = true;
     std::shared_ptr<const Nf4StorageLayout> storage = nf4_;
     const FlatLayout* layout = &layout_;
     at::Tensor unsharded = unsharded_;
-    return std::make_shared<GatherWork>(std::move(work), input, wire_output, [storage, layout, unsharded](const at::Tensor& bytes) {
+    const size_t unsharded_nbytes = static_cast<size_t>(unsharded_bytes());
+    bool* landing = &nf4_landing_;
+    return std::make_shared<GatherWork>(std::move(work), input, wire_output,
+                                        [storage, layout, unsharded, unsharded_nbytes, landing](const at::Tensor& bytes) {
+      allocate_storage(unsharded, unsharded_nbytes);  // the storage the params' views share
       decode_nf4_storage(*storage, *layout, bytes, unsharded.variable_data());
+      *landing = false;
     }, cache_buffers_);
   }
+  allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
+  // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
   const at::ScalarType wire = wire_dtype();
   if (wire == shard_.scalar_type() && wire == compute_dtype_ && !offload_) return group_->all_gather(unsharded_, shard_);
   // [shard_numel] wire dtype on the compute device, freed after the gather. Offloaded: a copy from
@@ -253,7 +261,8 @@ at::Tensor FlatParam::nf4_shard_from_entries(const std::function<at::Tensor(size
 
 int64_t FlatParam::gathered_bytes() const {
   int64_t bytes = 0;
-  if (!replicate_ && is_unsharded()) bytes += unsharded_bytes();
+  if (!replicate_ && storage_is_allocated(unsharded_)) bytes += unsharded_bytes();
+  if (nf4_landing_) bytes += nf4_->padded_bytes;  // gathered, not yet decoded
   if (unsharded_grad_.defined()) bytes += unsharded_grad_.nbytes();
   if (reduce_input_.defined()) bytes += reduce_input_.nbytes();
   return bytes;

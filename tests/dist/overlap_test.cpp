@@ -162,6 +162,52 @@ TEST(Prefetch, GatheredBytesStayWithinTheBudget) {
   }
 }
 
+// QLoRA: a prefetched unit whose frozen matrices are NF4 holds only the gathered bytes (about 4.1
+// bits a weight) until it runs; the values decoded to the compute dtype exist for the computing
+// unit alone. So prefetching K units ahead costs K x (the trainable part + the NF4 bytes), not K
+// decoded units (which is what the decoded buffer allocated at the gather's issue cost).
+TEST(Prefetch, Nf4UnitsInFlightHoldTheirBytesNotTheirDecodedValues) {
+  TinyConfig config = six_blocks();
+  config.freeze_mlp_in_every_block = true;
+  int64_t forward_peak_without_prefetch = 0;
+  for (int budget : {0, 1, 2, 3}) {
+    FsdpOptions options;
+    options.max_inflight = budget;
+    options.frozen_nf4 = [](const std::string&, const at::Tensor& p) { return p.dim() == 2; };
+    auto model = build_tiny(options, config);
+    int64_t trainable = 0, decoded = 0, nf4_bytes = 0;  // one block's
+    for (fsdp::shard::FlatParam* flat : model.state().flat_params()) {
+      if (flat->unit_name() != "blocks.0") continue;
+      if (flat->nf4_storage() != nullptr) {
+        decoded += flat->unsharded_bytes();
+        nf4_bytes += flat->gather_wire_bytes();
+      } else {
+        trainable += flat->unsharded_bytes();
+      }
+    }
+    ASSERT_GT(decoded, 0) << "blocks.0 has no NF4 matrices";
+    ASSERT_LT(nf4_bytes, decoded / 4);
+    at::Tensor ids = ids_of_step(0, model.state().group()->rank(), config.vocab);
+    loss_on(model, ids, config.vocab).backward();  // records the orders
+    model.state().zero_grad();
+    model.state().reset_peak_memory();
+    at::Tensor loss = loss_on(model, ids, config.vocab);
+    const auto forward = model.state().memory_stats();
+    loss.backward();
+    EXPECT_EQ(model.state().memory_stats().gathered_bytes, 0) << "everything is freed after backward";
+    if (model.state().group()->rank() == 0) {
+      std::printf("NF4 K=%d: block trainable %lld B, decoded %lld B, NF4 bytes %lld B; forward peak %lld B\n", budget,
+                  static_cast<long long>(trainable), static_cast<long long>(decoded), static_cast<long long>(nf4_bytes),
+                  static_cast<long long>(forward.peak_gathered_bytes));
+    }
+    if (budget == 0) {
+      forward_peak_without_prefetch = forward.peak_gathered_bytes;
+    } else {
+      EXPECT_EQ(forward.peak_gathered_bytes - forward_peak_without_prefetch, budget * (trainable + nf4_bytes)) << "K=" << budget;
+    }
+  }
+}
+
 TEST(Prefetch, ExposedCommunicationIsMeasured) {
   FsdpOptions options;
   const auto start = std::chrono::steady_clock::now();

@@ -127,8 +127,9 @@ class FlatParam {
   void zero_shard_grad();
   at::ScalarType reduce_dtype() const { return reduce_dtype_; }
 
-  // Gathers every rank's shard into the unsharded buffer (allocating it); params become usable.
-  // Returns nullptr when nothing had to be done (already unsharded, or replicated).
+  // Gathers every rank's shard into the unsharded buffer (allocating it; NF4: allocating it at the
+  // work's wait(), which decodes into it); params become usable once the work is waited for.
+  // Returns nullptr when nothing had to be done (already unsharded or in flight, or replicated).
   comm::WorkPtr unshard_async();
   void unshard();
   // Frees the unsharded buffer (not for replicated params, whose buffer is the shard).
@@ -170,7 +171,8 @@ class FlatParam {
   // Bytes of the unsharded parameter buffer in the compute dtype (what a gather allocates).
   int64_t unsharded_bytes() const { return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(compute_dtype_)); }
   // Bytes held now in unsharded buffers: gathered parameters (not for replicated ones, which are
-  // the shard), the unsharded gradient, and a gradient cast for reduction.
+  // the shard; NF4: the gathered bytes until wait() decodes them), the unsharded gradient, and a
+  // gradient cast for reduction.
   int64_t gathered_bytes() const;
 
   // Freed unsharded buffers (parameters, gradients) go to shard::storage's buffer cache, so the
@@ -200,6 +202,7 @@ class FlatParam {
   at::Tensor reduced_grad_;    // [shard_numel] reduce dtype output of the in-flight reduction
   comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce of reduced_grad_ across replicas
   std::shared_ptr<const Nf4StorageLayout> nf4_;  // set: shard_ is uint8 [shard_bytes] of the NF4 encoding
+  bool nf4_landing_ = false;  // an NF4 gather is in flight: unsharded_ is allocated and decoded at its wait()
 };
 
 // A 64-bit hash of a tensor's bytes (FNV-1a), to compare parameters across ranks.
