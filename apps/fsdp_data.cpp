@@ -19,6 +19,7 @@
 #include <thread>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 

@@ -24,7 +24,7 @@ if [ "${FSDP_CUDA_BUILD_CHECK:-auto}" != skip ]; then
   # behind; the same session, because Linux's autogroups weigh nice only within a session (setsid
   # would give the compiler an equal share beside the tests).
   set -m
-  nice -n 19 bash "$root_dir/scripts/cuda-build-check.sh" >"$cuda_check_log" 2>&1 &
+  nice -n 19 bash "$root_dir/scripts/cuda-build-check.sh" </dev/null >"$cuda_check_log" 2>&1 &
   cuda_check_pid=$!
   set +m
   trap '[ -z "$cuda_check_pid" ] || kill -- "-$cuda_check_pid" 2>/dev/null || true' EXIT

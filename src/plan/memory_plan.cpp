@@ -299,12 +299,17 @@ Plan make_plan(const PlanInput& in) {
     if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
     // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
     if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
-    // NF4: a unit in flight holds its gathered bytes alone; its values are decoded (allocated) when
-    // it runs, so only the computing unit holds them (shard::FlatParam::unshard_async).
+    // NF4: a block in flight holds its gathered bytes alone; its values are decoded (allocated) when
+    // it runs, so only the computing block holds them (shard::FlatParam::unshard_async), beside its
+    // own bytes while they are decoded. The embedding and the head are not NF4: one of them may be
+    // in flight whole while a block computes, or compute while K blocks are in flight.
     if (linear > 0 && s != "no_shard") {
       const int64_t nf4_unit_bytes = static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear / std::max<int64_t>(layers, 1)));
-      mem.gathered += k * nf4_unit_bytes;
-      if (s == "full_shard" || s == "hybrid_shard") mem.gathered -= c * k * largest_unit;
+      if (s == "full_shard" || s == "hybrid_shard") {
+        const int64_t outer = std::max(embedding, head);
+        mem.gathered = c * (root + std::max(block + (k > 0 ? outer : 0), outer)) + 2 * c * per_layer_adapters;
+      }
+      mem.gathered += (k + 1) * nf4_unit_bytes;
     }
     if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
   }

@@ -273,6 +273,8 @@ void FlatParam::unshard() {
 }
 
 void FlatParam::reshard() {
+  // An NF4 gather in flight would allocate and decode at its wait, after this: wait for it first.
+  if (nf4_landing_) throw std::logic_error("FlatParam '" + unit_name_ + "': reshard while its NF4 gather is in flight");
   if (!replicate_) free_storage(unsharded_, cache_buffers_);
 }
 
