@@ -25,6 +25,9 @@ ac=${AC:-0}
 # RUNS: which of full, lora and qlora to run (all three unless given).
 bf16_matmul=${BF16_MATMUL:-native}
 runs=${RUNS:-full lora qlora}
+for mode in $runs; do
+  case $mode in full | lora | qlora) ;; *) echo "lora_memory: RUNS holds '$mode' (expected full, lora or qlora)" >&2; exit 1 ;; esac
+done
 shape="dim = ${DIM:-1536}\nlayers = ${LAYERS:-12}\nheads = ${HEADS:-12}\nkv_heads = ${KV_HEADS:-4}\nffn_hidden = ${FFN:-4096}"
 common=$'[model]\nname = "llama-small"\n'"$(printf "$shape")"$'\ncontext = 128
 [data]\nsource = "fortunes"\n[train]\nsteps = 3\nglobal_batch = 8\nseq_len = 128\nthreads = 1\nreport_every = 0\nbf16_matmul = "'"$bf16_matmul"$'"
