@@ -19,6 +19,7 @@
 #include "fsdp/checkpoint/hf_model_dir.h"
 #include "fsdp/checkpoint/hf_weights.h"
 #include "fsdp/checkpoint/peft_adapter.h"
+#include "fsdp/checkpoint/published_files.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"
@@ -32,16 +33,6 @@ int64_t vocab_of(const fsdp::train::TrainConfig& config) {
   if (!fsdp::models::is_language_model(config.model)) return 0;
   if (config.model_vocab > 0) return config.model_vocab;
   return fsdp::models::vocab_size(config.model);
-}
-
-// A TOML basic string holding `text`.
-std::string toml_quote(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
 }
 
 int64_t parse_size(const std::string& text) {
@@ -118,7 +109,12 @@ int main(int argc, char** argv) {
   peft_option->excludes(output_option)->excludes(hf_dir_option);
   exporter->add_flag("--merge", merge, "LoRA: write the weights with the adapters merged in, W + (alpha / r) B A");
   exporter->add_option("--dtype", dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  exporter->add_option("--max-file-size", max_file_size, "write Hugging Face's sharded set of files of at most this size");
+  exporter->add_option("--max-file-size", max_file_size,
+                       "with --output DIR: write Hugging Face's sharded set of files of at most this size (and its index)");
+  bool overwrite = false;
+  exporter->add_flag("--overwrite", overwrite,
+                     "replace an existing output (the new one is written beside it, then swapped in); without it an "
+                     "existing output is refused");
 
   auto* importer = app.add_subcommand("import", "load safetensors weights into a sharded checkpoint (step 0, no optimizer)");
   std::string import_weights_path, import_config, import_output;
@@ -126,11 +122,30 @@ int main(int argc, char** argv) {
   importer->add_option("--config", import_config,
                        "training config naming the model (not needed for a Hugging Face directory with config.json)");
   importer->add_option("--output", import_output, "directory to write the checkpoint into")->required();
+  importer->add_flag("--overwrite", overwrite, "replace an existing step-00000000 under --output");
   CLI11_PARSE(app, argc, argv);
-  while (export_hf_dir.size() > 1 && export_hf_dir.back() == '/') export_hf_dir.pop_back();  // DIR/ is DIR
   if (exporter->parsed() && export_output.empty() && export_hf_dir.empty() && export_peft_dir.empty()) {
     std::fprintf(stderr, "fsdp-ckpt export: give --output FILE, --hf-dir DIR or --peft-dir DIR\n");
     return 2;
+  }
+  // What export writes: one file or directory, written as TARGET.partial and renamed into place.
+  // DIR/ is DIR: its .partial is a sibling, never inside it.
+  const std::string export_target = fsdp::checkpoint::without_trailing_slashes(
+      !export_hf_dir.empty() ? export_hf_dir : !export_peft_dir.empty() ? export_peft_dir : export_output);
+  if (exporter->parsed() && !max_file_size.empty()) {
+    std::error_code error;
+    const bool names_a_file = export_output.empty() ||
+                              (export_target.size() > 12 && export_target.rfind(".safetensors") == export_target.size() - 12) ||
+                              fs::is_regular_file(export_target, error);
+    if (!export_hf_dir.empty()) {
+      // --hf-dir takes the size as is (its default: 5GB, as transformers').
+    } else if (names_a_file) {
+      std::fprintf(stderr, "fsdp-ckpt export: --max-file-size writes Hugging Face's sharded set (model-0000N-of-0000M."
+                   "safetensors and model.safetensors.index.json) into a directory, and %s names a file: give --output "
+                   "a directory, or leave out --max-file-size for one file\n",
+                   export_output.empty() ? "--peft-dir" : ("--output '" + export_output + "'").c_str());
+      return 2;
+    }
   }
   if (importer->parsed() && import_config.empty() && !fsdp::checkpoint::is_hf_model_dir(import_weights_path)) {
     std::fprintf(stderr, "fsdp-ckpt import: --config is needed: '%s' is not a Hugging Face model directory (no config.json)\n",
@@ -158,56 +173,69 @@ int main(int argc, char** argv) {
       } else if (!import_config.empty()) {
         config = fsdp::train::load_train_config(import_config);
       } else {
-        config = fsdp::train::parse_train_config("[model]\ninit_from = " + toml_quote(import_weights_path) + "\n",
+        config = fsdp::train::parse_train_config("[model]\ninit_from = " + fsdp::train::toml_string(import_weights_path) + "\n",
                                                  import_weights_path + "/config.json");
       }
-      if (!export_hf_dir.empty() && fs::exists(export_hf_dir) && !fs::is_empty(export_hf_dir)) {
-        throw std::runtime_error("--hf-dir '" + export_hf_dir + "' exists and is not empty (choose a new directory)");
+      if (exporter->parsed() && !overwrite) {
+        fsdp::checkpoint::refuse_existing(export_target, "the export's output",
+                                          "give a new path, or --overwrite to replace it");
+      }
+      if (importer->parsed() && !overwrite) {
+        fsdp::checkpoint::refuse_existing(fs::path(import_output) / "step-00000000", "the import's output",
+                                          "give another --output, or --overwrite to replace it");
       }
     });
     auto sharded = fsdp::train::build_sharded_model(config, vocab_of(config), world);
     if (exporter->parsed()) {
       fsdp::checkpoint::load_checkpoint(export_dir, *sharded.state, nullptr);
-      if (!export_peft_dir.empty()) {
-        const std::string base = config.init_from.empty() ? config.model_name : config.init_from;
-        const int64_t bytes = fsdp::checkpoint::export_peft_adapter(*sharded.state, sharded.config, export_peft_dir, base);
-        if (world->rank() == 0) {
-          std::printf("exported %lld bytes of LoRA adapters (PEFT format) to %s\n", static_cast<long long>(bytes), export_peft_dir.c_str());
-        }
-        return 0;
-      }
       fsdp::checkpoint::ExportOptions options;
       options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
       options.merge_lora = merge;
       if (!max_file_size.empty()) options.max_file_bytes = parse_size(max_file_size);
-      if (!export_hf_dir.empty()) {
-        // Everything goes to <dir>.partial, renamed into place when complete: no half-written directory.
-        if (options.max_file_bytes == 0) options.max_file_bytes = static_cast<int64_t>(5e9);  // transformers' default shard size
-        const std::string partial = export_hf_dir + ".partial";
-        fsdp::comm::on_every_rank(world, "preparing " + partial, [&] {
-          if (world->rank() == 0) fs::remove_all(partial);
-        });
-        const int64_t bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, partial, options);
-        fsdp::comm::on_every_rank(world, "writing the Hugging Face directory " + export_hf_dir, [&] {
-          if (world->rank() != 0) return;
-          try {
-            write_hf_metadata(config, sharded.config, partial, dtype == "bf16" ? "bfloat16" : "float32");
-            if (fs::exists(export_hf_dir)) fs::remove(export_hf_dir);  // empty (checked above)
-            fs::rename(partial, export_hf_dir);
-          } catch (...) {
-            std::error_code ignored;
-            fs::remove_all(partial, ignored);
-            throw;
-          }
-        });
+      // transformers' default shard size for a model directory.
+      if (!export_hf_dir.empty() && options.max_file_bytes == 0) options.max_file_bytes = static_cast<int64_t>(5e9);
+      // Everything goes to TARGET.partial, renamed into place when complete: nothing half-written,
+      // and an existing output (--overwrite) is swapped out in one step.
+      const std::string partial = export_target + ".partial";
+      fsdp::comm::on_every_rank(world, "preparing " + partial, [&] {
+        // Never removed: it may be a user's; an interrupted export's is the user's to remove.
         if (world->rank() == 0) {
-          std::printf("exported %lld bytes of %s weights, config.json and tokenizer files to %s\n", static_cast<long long>(bytes),
-                      dtype.c_str(), export_hf_dir.c_str());
+          fsdp::checkpoint::refuse_existing(partial, "the export's scratch output",
+                                            "left by an interrupted export? remove it, then export again");
         }
-        return 0;
+      });
+      int64_t bytes = 0;
+      if (!export_peft_dir.empty()) {
+        const std::string base = config.init_from.empty() ? config.model_name : config.init_from;
+        bytes = fsdp::checkpoint::export_peft_adapter(*sharded.state, sharded.config, partial, base);
+      } else {
+        bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, partial, options);
       }
-      const int64_t bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, export_output, options);
-      if (world->rank() == 0) std::printf("exported %lld bytes of %s weights to %s\n", static_cast<long long>(bytes), dtype.c_str(), export_output.c_str());
+      fsdp::comm::on_every_rank(world, "publishing " + export_target, [&] {
+        if (world->rank() != 0) return;
+        try {
+          if (!export_hf_dir.empty()) {
+            write_hf_metadata(config, sharded.config, partial, dtype == "bf16" ? "bfloat16" : "float32");
+          }
+          fsdp::checkpoint::publish(partial, export_target, overwrite);
+        } catch (...) {
+          std::error_code ignored;
+          fs::remove_all(partial, ignored);
+          throw;
+        }
+      });
+      if (world->rank() == 0) {
+        if (!export_peft_dir.empty()) {
+          std::printf("exported %lld bytes of LoRA adapters (PEFT format) to %s\n", static_cast<long long>(bytes),
+                      export_target.c_str());
+        } else if (!export_hf_dir.empty()) {
+          std::printf("exported %lld bytes of %s weights, config.json and tokenizer files to %s\n",
+                      static_cast<long long>(bytes), dtype.c_str(), export_target.c_str());
+        } else {
+          std::printf("exported %lld bytes of %s weights to %s\n", static_cast<long long>(bytes), dtype.c_str(),
+                      export_target.c_str());
+        }
+      }
     } else {
       fsdp::checkpoint::import_weights(*sharded.state, sharded.config, import_weights_path);
       const std::string dir = fsdp::checkpoint::save_checkpoint(

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint/published_files.h"
 #include "fsdp/data/bpe_training.h"
 #include "fsdp/data/corpus_tokenizer.h"
 #include "fsdp/data/instructions.h"
@@ -168,7 +169,7 @@ void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::stri
 
 // A byte-level BPE tokenizer trained on the fortunes' training split (or on text files), written as
 // a Hugging Face directory's tokenizer files: DIR/tokenizer.json and DIR/tokenizer_config.json,
-// into DIR.partial first and renamed into place.
+// into DIR.partial first and renamed into place. DIR must be new or empty.
 void train_tokenizer(const std::string& output_dir, const std::vector<std::string>& inputs, const std::string& fortunes_dir,
                      int64_t vocab_size) {
   std::vector<std::string> texts;
@@ -186,9 +187,15 @@ void train_tokenizer(const std::string& output_dir, const std::vector<std::strin
   }
   fsdp::data::BpeTrainingOptions options;
   options.vocab_size = vocab_size;
+  // "out/" names the directory "out": its .partial is a sibling, never inside it. A directory that
+  // holds anything is refused before the work, not emptied: it may be a model's or a run's.
+  const std::string target = fsdp::checkpoint::without_trailing_slashes(output_dir);
+  const std::filesystem::path dir(target), partial(target + ".partial");
+  fsdp::checkpoint::refuse_existing(dir, "train-tokenizer: --output-dir",
+                                    "it holds files this command did not write; name a new or empty directory");
+  fsdp::checkpoint::refuse_existing(partial, "train-tokenizer: the scratch directory",
+                                    "left by an interrupted run? remove it, then run again");
   const fsdp::data::TrainedBpe trained = fsdp::data::train_byte_level_bpe(texts, options);
-  const std::filesystem::path dir(output_dir), partial(output_dir + ".partial");
-  std::filesystem::remove_all(partial);
   std::filesystem::create_directories(partial);
   for (const auto& [name, text] : {std::pair<std::string, std::string>{"tokenizer.json", trained.tokenizer_json},
                                    {"tokenizer_config.json", trained.tokenizer_config_json}}) {
@@ -197,8 +204,7 @@ void train_tokenizer(const std::string& output_dir, const std::vector<std::strin
     out.close();
     if (!out) throw std::runtime_error("train-tokenizer: writing '" + (partial / name).string() + "' failed");
   }
-  std::filesystem::remove_all(dir);
-  std::filesystem::rename(partial, dir);
+  fsdp::checkpoint::publish(partial, dir, /*replace=*/false);
   std::printf("%s: byte-level BPE, vocab %lld (%lld merges, %d special tokens) from %zu documents of %s, %lld distinct words\n",
               (dir / "tokenizer.json").string().c_str(), static_cast<long long>(trained.vocab_size),
               static_cast<long long>(trained.merges), static_cast<int>(options.special_tokens.size()), texts.size(),

@@ -131,17 +131,22 @@ void print_plan(const Plan& p, bool compact) {
               in.model_name.c_str(), p.parameters / 1e9, static_cast<long long>(p.layers),
               p.largest_unit_params / 1e6, p.embedding_params / 1e6, p.head_params / 1e6,
               p.tied_embedding ? " (tied: one unit)" : "", p.root_params / 1e6);
-  std::printf("  %d ranks (%d per node), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
+  // "2 ranks (one node)", "16 ranks (8 per node)": a node count only where there are several.
+  const std::string layout = in.ranks <= in.ranks_per_node ? "one node" : std::to_string(in.ranks_per_node) + " per node";
+  std::printf("  %d ranks (%s), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
               "activation checkpointing %s; CPU offload %s; %s\n",
-              in.ranks, in.ranks_per_node, in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
+              in.ranks, layout.c_str(), in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
               in.reduce_dtype.c_str(),
               !in.activation_checkpointing              ? "off"
               : in.activation_checkpointing_every == 1 ? "on"
                                                         : ("every " + std::to_string(in.activation_checkpointing_every) + " blocks").c_str(),
               in.cpu_offload ? "on" : "off",
               in.optimizer.c_str());
-  std::printf("  micro-batch %lld x %lld tokens, %lld micro-batch(es) per step, max_inflight %d, %s attention\n",
-              static_cast<long long>(in.micro_batch), static_cast<long long>(in.seq_len),
+  // Images (ViT, CLIP, LLaVA) are counted as samples; text in tokens.
+  const bool text = fsdp::models::is_language_model(in.model) && !fsdp::models::reads_image_and_text(in.model);
+  const std::string sample = text ? std::to_string(in.micro_batch) + " x " + std::to_string(in.seq_len) + " tokens"
+                                  : std::to_string(in.micro_batch) + " samples";
+  std::printf("  micro-batch %s, %lld micro-batch(es) per step, max_inflight %d, %s attention\n", sample.c_str(),
               static_cast<long long>(in.micro_batches), in.max_inflight,
               in.fused_attention ? (in.attention_fp32 ? "fused (in fp32)" : "fused") : "composed");
   const char* where = in.cpu_offload ? "host" : "device";

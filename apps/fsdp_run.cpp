@@ -5,16 +5,20 @@
 //   fsdp-run --ranks 4 --min-ranks 2 --launcher "srun --ntasks" -- CONFIG
 //
 // Each attempt runs `LAUNCHER RANKS fsdp-train CONFIG ARGS [--resume latest]` (the launcher's last
-// word takes the rank count: mpirun's -np, srun's --ntasks), adding --resume latest once a
-// checkpoint exists. A failed attempt (a non-zero exit other than 2, a bad command line, or 3, a
+// word takes the rank count: mpirun's -np, srun's --ntasks). The first attempt starts a new run (it
+// is refused if the output directory holds another: fsdp/train/run_directory.h), or continues the
+// directory's run when fsdp-run itself is given --resume latest; every later attempt continues the
+// run with --resume latest (from step 0 if it has no checkpoint yet). A run already done exits 0. A failed attempt (a non-zero exit other than 2, a bad command line, or 3, a
 // missed target; or a signal) is restarted up to --max-restarts times. With --min-ranks M below
 // --ranks N, each restart runs one rank fewer, down to M: the failed rank's host is taken as lost,
 // and the checkpoint reshards to the new count. Every attempt and restart is logged on stderr and
-// appended to <output_dir>/restarts.jsonl. SIGTERM and SIGINT go to the running attempt (which
-// saves a checkpoint and exits) and end the supervision.
+// appended to <output_dir>/restarts.jsonl. SIGTERM and SIGINT (Ctrl-C) end the supervision: the
+// running attempt is asked to save a checkpoint and exit (SIGUSR1 to its launcher, which relays it
+// to the ranks); a second one stops the launcher, a third kills it.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,15 +37,32 @@
 
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/train/config.h"
+#include "fsdp/train/run_directory.h"
 
 namespace {
 
 volatile sig_atomic_t forwarded_signal = 0;
 volatile pid_t running_child = 0;
 
+volatile sig_atomic_t stop_signals_received = 0;
+
+// SIGINT or SIGTERM to fsdp-run (Ctrl-C reaches fsdp-run alone: the attempt runs in a process group
+// of its own). The first is relayed to the attempt as SIGUSR1, which mpirun (and srun) pass to the
+// ranks at once and which fsdp-train takes as a stop request: every rank saves and exits. (SIGINT or
+// SIGTERM to mpirun would have it send SIGTERM 1 s later and SIGKILL 1 s after that, killing a rank
+// mid-save.) A second is relayed as SIGTERM (the launcher's own stop); any later one kills the
+// launcher.
 void forward_signal(int signal) {
   forwarded_signal = signal;
-  if (running_child > 0) kill(running_child, signal);
+  const int received = ++stop_signals_received;
+  if (running_child <= 0) return;
+  if (received == 1) {
+    kill(running_child, SIGUSR1);
+  } else if (received == 2) {
+    kill(running_child, SIGTERM);
+  } else {
+    kill(running_child, SIGKILL);  // its ranks, each in a process group of mpirun's making, lose their daemon and end
+  }
 }
 
 std::vector<std::string> split_words(const std::string& text) {
@@ -72,29 +93,54 @@ std::string default_trainer() {
 std::string resolved_config(const std::string& trainer, const std::vector<std::string>& train_args) {
   std::string command = "'" + trainer + "'";
   for (const auto& a : train_args) command += " '" + a + "'";  // arguments hold no quotes (checked)
-  command += " --print-config 2>&1";
+  // Standard output alone: an MPI or hwloc warning on standard error must not become TOML.
+  command += " --print-config";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) throw std::runtime_error("cannot run " + trainer);
   std::string text;
   std::array<char, 4096> buffer{};
   for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) text.append(buffer.data(), n);
-  if (pclose(pipe) != 0) throw std::runtime_error(trainer + " refused the job's arguments:\n" + text);
+  if (pclose(pipe) != 0) throw std::runtime_error(trainer + " refused the job's arguments (its message is above)");
   return text;
 }
 
-// Runs argv, waiting for it; returns the wait status.
+// Runs argv, waiting for it; returns the wait status. SIGTERM and SIGINT are blocked from before
+// the fork until the child is recorded, so that one arriving in between is forwarded (on unblocking)
+// rather than lost; the child starts with them unblocked and at their default actions.
 int run_attempt(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  sigset_t stop_signals, previous;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  sigprocmask(SIG_BLOCK, &stop_signals, &previous);
   const pid_t child = fork();
-  if (child < 0) throw std::runtime_error("fork failed");
+  if (child < 0) {
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
+    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  }
   if (child == 0) {
+    // A process group of its own, so that the terminal's Ctrl-C reaches fsdp-run alone (which
+    // relays it as above); standard input from /dev/null, as a background group reading the
+    // terminal would be stopped.
+    setpgid(0, 0);
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) {
+      dup2(null_fd, STDIN_FILENO);
+      close(null_fd);
+    }
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
     execvp(args[0], args.data());
     std::fprintf(stderr, "fsdp-run: cannot start '%s': %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
+  setpgid(child, child);  // as the child does itself: whichever runs first
   running_child = child;
+  sigprocmask(SIG_SETMASK, &previous, nullptr);  // a signal that came meanwhile is forwarded now
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
@@ -145,10 +191,24 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "fsdp-run: an argument holds a single quote, which fsdp-run does not pass on: %s\n", a.c_str());
       return 2;
     }
-    if (a == "--resume") {
-      std::fprintf(stderr, "fsdp-run: leave --resume out: fsdp-run resumes from the latest checkpoint itself\n");
+  }
+  // --resume latest: the first attempt continues the directory's run too (after a supervisor that
+  // gave up, or a lost node). Any other --resume is a new run's start, which fsdp-run does not pass on.
+  bool continue_run = false;
+  for (size_t i = 0; i < train_args.size(); ++i) {
+    if (train_args[i] != "--resume" && train_args[i].rfind("--resume=", 0) != 0) continue;
+    const std::string value = train_args[i] == "--resume" ? (i + 1 < train_args.size() ? train_args[i + 1] : "")
+                                                          : train_args[i].substr(9);
+    if (value != "latest") {
+      std::fprintf(stderr, "fsdp-run: --resume %s: fsdp-run continues a run with --resume latest only (it resumes "
+                   "from the run's newest checkpoint itself); start from another checkpoint with fsdp-train\n",
+                   value.c_str());
       return 2;
     }
+    continue_run = true;
+    train_args.erase(train_args.begin() + static_cast<long>(i), train_args.begin() + static_cast<long>(i) +
+                                                                    (train_args[i] == "--resume" ? 2 : 1));
+    --i;
   }
 
   std::string checkpoints, output_dir;
@@ -164,11 +224,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fsdp-run: error: %s\n", e.what());
     return 1;
   }
-  std::filesystem::create_directories(output_dir);
+  try {
+    std::filesystem::create_directories(output_dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp-run: error: cannot create output_dir '%s': %s\n", output_dir.c_str(), e.what());
+    return 1;
+  }
   const std::string log_path = output_dir + "/restarts.jsonl";
   auto log_event = [&](nlohmann::json event) {
     event["time"] = now_text();
-    std::ofstream(log_path, std::ios::app) << event.dump() << "\n";
+    std::ofstream(log_path, std::ios::app) << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   };
 
   struct sigaction action {};
@@ -179,12 +244,27 @@ int main(int argc, char** argv) {
 
   int current = ranks;
   for (int attempt = 0;; ++attempt) {
-    const std::string latest = fsdp::checkpoint::find_latest_checkpoint(checkpoints);
+    if (forwarded_signal != 0) {
+      std::fprintf(stderr, "fsdp-run: stopped by signal %d; not starting attempt %d\n", static_cast<int>(forwarded_signal),
+                   attempt + 1);
+      return 1;
+    }
+    // The first attempt starts the run (or continues it, asked to); each later one continues the
+    // run the first one started, from its newest checkpoint (from step 0 if it has none yet).
+    std::string latest;
+    try {
+      const std::string run_id = fsdp::train::read_run_id(output_dir);
+      if (attempt > 0 && !run_id.empty()) continue_run = true;
+      if (continue_run) latest = fsdp::checkpoint::find_latest_checkpoint(checkpoints, -1, run_id);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fsdp-run: error: %s\n", e.what());
+      return 1;
+    }
     std::vector<std::string> command = split_words(launcher);
     command.push_back(std::to_string(current));
     command.push_back(trainer);
     command.insert(command.end(), train_args.begin(), train_args.end());
-    if (!latest.empty()) {
+    if (continue_run) {
       command.push_back("--resume");
       command.push_back("latest");
     }
@@ -192,11 +272,24 @@ int main(int argc, char** argv) {
                  latest.empty() ? "" : (", from " + latest).c_str(), joined(command).c_str());
     log_event({{"event", "start"}, {"attempt", attempt + 1}, {"ranks", current}, {"resume_from", latest}});
     const auto started = std::chrono::steady_clock::now();
-    const int status = run_attempt(command);
+    int status = 0;
+    try {
+      status = run_attempt(command);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fsdp-run: error: %s\n", e.what());
+      return 1;
+    }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     log_event({{"event", ok ? "done" : "failed"}, {"attempt", attempt + 1}, {"ranks", current}, {"result", describe(status)},
                {"seconds", seconds}});
+    if (ok && forwarded_signal != 0) {
+      // Saved and stopped, not done: 128 + the signal, as a shell reports it, so that a script
+      // does not go on as if the run had finished.
+      std::fprintf(stderr, "fsdp-run: stopped by signal %d; the run saved a checkpoint (continue with fsdp-run ... "
+                   "--resume latest)\n", static_cast<int>(forwarded_signal));
+      return 128 + static_cast<int>(forwarded_signal);
+    }
     if (ok) {
       std::fprintf(stderr, "fsdp-run: done after %d attempt(s)\n", attempt + 1);
       return 0;

@@ -15,21 +15,26 @@
 #include "fsdp/models/registry.h"
 #include "fsdp/shard/storage.h"
 #include "fsdp/train/config.h"
+#include "fsdp/train/run_directory.h"
 #include "fsdp/train/trainer.h"
 
 namespace {
 
-// SIGTERM (a scheduler preempting the job) or SIGINT (Ctrl-C): save a checkpoint at the end of the
-// step and exit. A second signal falls back to the default action (SA_RESETHAND).
+// SIGTERM (a scheduler preempting the job), SIGINT (Ctrl-C) or SIGUSR1 (which mpirun relays to its
+// ranks at once, where it answers SIGINT and SIGTERM with SIGTERM 1 s later and SIGKILL 1 s after:
+// scripts/launch-ranks.sh, fsdp-run and Slurm's --signal=USR1@T send it): save a checkpoint at
+// the end of the step and exit. Every later signal asks the same: one stop may reach a rank more
+// than once, and none of them may kill it mid-save. To stop at once: SIGKILL.
 void on_stop_signal(int) { fsdp::train::request_stop(); }
 
 void install_stop_handlers() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
-  action.sa_flags = SA_RESETHAND;
+  action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
 }
 
 void list_models() {
@@ -53,7 +58,7 @@ int main(int argc, char** argv) {
       "  mpirun -np 2 fsdp-train configs/gpt-fortunes-tiny.toml --set train.steps=50 --set optimizer.lr=1e-3\n\n"
       "Writes config.toml, metrics.jsonl (one JSON object per step and evaluation), report.html\n"
       "(rewritten every train.report_every steps) and sample.txt into output_dir (default runs/<name>),\n"
-      "and checkpoints every checkpoint.every steps. SIGTERM or SIGINT: every rank saves a checkpoint at\n"
+      "and checkpoints every checkpoint.every steps. SIGTERM, SIGINT or SIGUSR1: every rank saves a checkpoint at\n"
       "the end of the step and exits; --resume latest continues. Exit status: 0 done, 1 error, 2 bad\n"
       "command line, 3 stopped by a missed target (targets.stop = true)."};
   std::string config_path;
@@ -96,7 +101,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (steps > 0) overrides.push_back("train.steps=" + std::to_string(steps));
-  if (!output_dir.empty()) overrides.push_back("output_dir=\"" + output_dir + "\"");
+  // A TOML string whatever the directory's name holds (backslashes, quotes).
+  if (!output_dir.empty()) overrides.push_back("output_dir=" + fsdp::train::toml_string(output_dir));
 
   fsdp::comm::ProcessGroupPtr world;
   try {
@@ -131,6 +137,22 @@ int main(int argc, char** argv) {
     }
     options.resume = resume;
     install_stop_handlers();
+    // The output directory: this run's alone (run_directory.h). A refusal is a usage error (exit 2,
+    // which fsdp-run does not retry); a finished run is done (exit 0).
+    try {
+      options.run = fsdp::train::RunDirectory::claim(config, resume, world);
+    } catch (const fsdp::train::RunDirectoryRefused& e) {
+      if (rank == 0) std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
+      return 2;
+    }
+    if (options.run->finished()) {
+      if (rank == 0) {
+        std::printf("fsdp-train: the run in %s is done: its newest checkpoint, %s, is at train.steps (%lld); nothing left "
+                    "to train\n", config.output_dir.c_str(), options.run->resume_from().c_str(),
+                    static_cast<long long>(config.steps));
+      }
+      return 0;
+    }
     options.progress = progress == "bar"     ? fsdp::train::ProgressStyle::Bar
                        : progress == "lines" ? fsdp::train::ProgressStyle::Lines
                                              : fsdp::train::ProgressStyle::Auto;

@@ -19,12 +19,21 @@ root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root_dir"
 FSDP_BUILD_TARGETS="fsdp-train fsdp-data fsdp-ckpt" bash scripts/setup.sh
 ranks=${FSDP_RANKS:-2}
-mpi_env=()
-if [ "$(id -u)" = 0 ]; then mpi_env=(-x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1); fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-run() { mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" "$@"; }
+# Ctrl-C: every rank saves a checkpoint at the end of its step, then exits (scripts/launch-ranks.sh).
+source "$root_dir/scripts/launch-ranks.sh"
+run() { launch_ranks "$ranks" "$@"; }
 # The newest published checkpoint of a run directory.
-latest_checkpoint() { ls -d "$1"/checkpoints/step-[0-9]* | grep -v '\.partial$' | sort | tail -1; }
+latest_checkpoint() { ls -d "$1"/checkpoints/step-[0-9]* | grep -E '/step-[0-9]+$' | sort | tail -1; }
+# A run of an earlier call of this script is moved aside (DIR.1, DIR.2, ...), never deleted:
+# fsdp-train refuses to start a new run in a directory holding another (docs/checkpoints.md).
+set_aside_previous_run() {
+  local dir=$1 n=1
+  [ -e "$dir/run.json" ] || [ -e "$dir/metrics.jsonl" ] || [ -d "$dir/checkpoints" ] || return 0
+  while [ -e "$dir.$n" ]; do n=$((n + 1)); done
+  echo "finetune: the previous run in $dir is kept as $dir.$n"
+  mv "$dir" "$dir.$n"
+}
 
 model_dir=${FSDP_MODEL_DIR:-}
 if [ -z "$model_dir" ]; then
@@ -37,11 +46,10 @@ if [ -z "$model_dir" ]; then
   model_dir=$pretrain/hf
   if [ ! -f "$model_dir/config.json" ]; then
     echo "finetune: 2. pretraining a small Llama on the fortunes (the stand-in for a downloaded model)"
-    rm -rf "$pretrain/checkpoints"
+    set_aside_previous_run "$pretrain"
     run build/apps/fsdp-train configs/llama-fortunes-pretrain.toml --set "data.tokenizer_json=\"$tokenizer/tokenizer.json\"" \
       --set "train.steps=${FSDP_PRETRAIN_STEPS:-400}" --set "checkpoint.every=${FSDP_PRETRAIN_STEPS:-400}" \
       --set "optimizer.warmup_steps=$(( ${FSDP_PRETRAIN_STEPS:-400} < 20 ? 1 : 20 ))" --progress lines
-    rm -rf "$model_dir"
     run build/apps/fsdp-ckpt export "$(latest_checkpoint "$pretrain")" --hf-dir "$model_dir"
   else
     echo "finetune: 1-2. reusing $model_dir (remove it to pretrain again)"
@@ -56,9 +64,9 @@ if [ ! -f "$data" ]; then
 fi
 echo "finetune: 4. fine-tuning $model_dir to answer with fortunes"
 output=runs/llama-finetune-fortunes
-rm -rf "$output/checkpoints"   # the export below takes this run's last checkpoint, not an older run's
+# The export below takes this run's last checkpoint, not an older run's (unless this call continues it).
+case " $* " in *" --resume "*) ;; *) set_aside_previous_run "$output" ;; esac
 run build/apps/fsdp-train configs/llama-finetune-fortunes.toml \
   --set "model.init_from=\"$model_dir\"" --set "data.train_jsonl=\"$data\"" "$@"
-rm -rf "$output/hf"
 run build/apps/fsdp-ckpt export "$(latest_checkpoint "$output")" --hf-dir "$output/hf"
 echo "fine-tuned model: $output/hf (transformers: AutoModelForCausalLM.from_pretrained(\"$output/hf\"))"

@@ -15,9 +15,8 @@ if [ $# -gt 0 ] && [[ "$1" == *.toml ]]; then
   shift
 fi
 ranks=${FSDP_RANKS:-2}
-mpi_env=()
-if [ "$(id -u)" = 0 ]; then mpi_env=(-x OMPI_ALLOW_RUN_AS_ROOT=1 -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1); fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd "$root_dir"
-exec mpirun --oversubscribe --bind-to none -np "$ranks" "${mpi_env[@]}" \
-  "$root_dir/build/apps/fsdp-train" "$config" "$@"
+# Ctrl-C: every rank saves a checkpoint at the end of its step, then exits (scripts/launch-ranks.sh).
+source "$root_dir/scripts/launch-ranks.sh"
+launch_ranks "$ranks" "$root_dir/build/apps/fsdp-train" "$config" "$@"

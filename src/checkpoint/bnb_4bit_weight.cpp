@@ -1,5 +1,7 @@
 #include "bnb_4bit_weight.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -77,7 +79,12 @@ std::optional<Bnb4bitWeight> read_bnb_4bit(const std::string& where, const std::
   if (w.shape != expected_shape) {
     throw fail("its quant_state gives shape " + shape_text(w.shape) + ", the model expects " + shape_text(expected_shape));
   }
+  // Every field is checked before it is used: a size is divided by, a count allocated.
   if (w.blocksize <= 0) throw fail("its quant_state gives block size " + std::to_string(w.blocksize));
+  if (w.double_quant && w.nested_blocksize <= 0) {
+    throw fail("its quant_state gives nested_blocksize " + std::to_string(w.nested_blocksize) + " (must be positive)");
+  }
+  if (w.double_quant && !std::isfinite(w.offset)) throw fail("its quant_state gives a nested_offset that is not finite");
   const int64_t n = w.numel(), blocks = w.blocks();
   w.packed = part("", at::kByte, (n + 1) / 2);
   w.absmax = part(".absmax", w.double_quant ? at::kByte : at::kFloat, blocks);

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +14,7 @@
 
 #include "bnb_4bit_weight.h"
 #include "fsdp/checkpoint/hf_model_dir.h"
+#include "fsdp/checkpoint/published_files.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
@@ -44,7 +46,9 @@ class WeightFiles {
         } catch (const std::exception& e) {
           throw std::runtime_error("weights index '" + index.string() + "' is not valid JSON: " + e.what());
         }
-        for (const auto& [name, file] : json.at("weight_map").items()) add(name, (fs::path(path) / file.get<std::string>()).string());
+        for (const auto& [name, file] : json.at("weight_map").items()) {
+          add(name, path_inside(path, file.get<std::string>(), "weights index '" + index.string() + "' (tensor '" + name + "')"));
+        }
         return;
       }
       const fs::path single = fs::path(path) / "model.safetensors";
@@ -314,19 +318,20 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       }
       return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
     };
+    // The tensors the model reads under their Hugging Face names (and the other names some hold).
+    std::set<std::string> expected = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids",
+                                      "vision_tower.vision_model.embeddings.position_ids"};
+    for (auto* flat : flats) {
+      for (const auto& entry : flat->layout().entries) {
+        if (is_adapter(entry.name)) continue;
+        expected.insert(hf_name(model, entry.name));
+        for (const std::string& other : hf_other_names(model, hf_name(model, entry.name))) expected.insert(other);
+      }
+    }
     if (models::is_contrastive(model) || models::reads_image_and_text(model)) {
       // A CLIP or LLaVA directory holds exactly transformers' tensors: one we would not read is a
       // variant we do not implement (biases on CLIP's projections, another pooling, a LLaVA
       // projector of other layers), named.
-      std::set<std::string> expected = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids",
-                                        "vision_tower.vision_model.embeddings.position_ids"};
-      for (auto* flat : flats) {
-        for (const auto& entry : flat->layout().entries) {
-          if (is_adapter(entry.name)) continue;
-          expected.insert(hf_name(model, entry.name));
-          for (const std::string& other : hf_other_names(model, hf_name(model, entry.name))) expected.insert(other);
-        }
-      }
       for (const auto& info : weights.tensors()) {
         if (expected.count(info.name) == 0) {
           const bool clip = models::is_contrastive(model);
@@ -334,6 +339,29 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
                                    " model fsdp.cpp implements (transformers' " + (clip ? "CLIPModel" : "LlavaForConditionalGeneration") +
                                    "): not read");
         }
+      }
+    } else if (group->rank() == 0) {
+      // GPT-2 and Llama: as transformers does, a tensor the model has no place for is not read,
+      // and said (a checkpoint of another variant, or of a larger model, loads otherwise silently
+      // wrong). Buffers transformers itself ignores (GPT-2's attention masks, rotary frequencies)
+      // and a 4-bit weight's parts are not counted.
+      std::vector<std::string> unused;
+      for (const auto& info : weights.tensors()) {
+        const std::string& name = info.name;
+        if (expected.count(name) != 0 || ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+            ends_with(name, ".rotary_emb.inv_freq")) {
+          continue;
+        }
+        const size_t dot = name.find(".weight.");
+        if (dot != std::string::npos && expected.count(name.substr(0, dot + 7)) != 0) continue;  // "x.weight.absmax"
+        unused.push_back(name);
+      }
+      if (!unused.empty()) {
+        std::string names;
+        for (size_t i = 0; i < unused.size() && i < 5; ++i) names += (i ? ", " : "") + unused[i];
+        if (unused.size() > 5) names += ", ...";
+        std::fprintf(stderr, "fsdp: warning: weights '%s': %zu tensor(s) the model does not use, not read: %s\n",
+                     path.c_str(), unused.size(), names.c_str());
       }
     }
     for (size_t f = 0; f < flats.size(); ++f) {

@@ -277,7 +277,10 @@ void SafetensorsFile::read_header() {
   }
   std::vector<const TensorInfo*> by_offset;
   for (const auto& t : tensors_) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  // By (begin, end): an empty tensor at the offset where the next one starts holds no byte of it
+  // (a rank's empty slice of a small flat), and sorts before it.
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     if (by_offset[i]->begin < by_offset[i - 1]->end) {
       fail("tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name + "' overlap");

@@ -19,6 +19,7 @@
 #include <system_error>
 #include <thread>
 
+#include "fsdp/checkpoint/published_files.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "flat_ranges.h"
 #include "manifest.h"
@@ -52,13 +53,6 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
-void fsync_path(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
 
 json layout_json(const std::vector<shard::FlatParam*>& flats) {
   json out = json::array();
@@ -341,6 +335,7 @@ void CheckpointSave::publish() {
                      {"model", info_.model_name},
                      {"config_toml", info_.config_toml},
                      {"trainer_state", info_.trainer_state},
+                     {"run_id", info_.run_id},
                      {"optimizer", optimizer_name_},
                      {"optimizer_state", optimizer_state_},
                      {"optimizer_steps", optimizer_steps_},
@@ -350,15 +345,30 @@ void CheckpointSave::publish() {
     const fs::path manifest_path = partial_dir / "manifest.json";
     {
       std::ofstream out(manifest_path);
-      out << manifest.dump(1) << "\n";
+      out << manifest.dump(1, ' ', false, json::error_handler_t::replace) << "\n";
       out.flush();
       if (!out) throw std::runtime_error("cannot write '" + manifest_path.string() + "'");
     }
     fsync_path(manifest_path);
     fsync_path(partial_dir);
-    fs::remove_all(final_dir);  // an older save of the same step
-    fs::rename(partial_dir, final_dir);
-    fsync_path(checkpoints_dir_);
+    // An older save of the same step (a rollback's or a resume's) is swapped out atomically: at no
+    // moment is there no checkpoint of this step. Another run's (a checkpoint.dir two runs share)
+    // is never replaced.
+    std::error_code exists_error;
+    if (!info_.run_id.empty() && fs::exists(final_dir / "manifest.json", exists_error)) {
+      std::string owner;
+      try {
+        std::ifstream in(final_dir / "manifest.json");
+        owner = json::parse(in).value("run_id", "");
+      } catch (const std::exception&) {
+      }
+      if (!owner.empty() && owner != info_.run_id) {
+        throw std::runtime_error("'" + final_dir.string() + "' is a checkpoint of another run (" + owner +
+                                 "): not replaced; give this run a checkpoint.dir of its own (this save is left at '" +
+                                 partial_dir.string() + "')");
+      }
+    }
+    checkpoint::publish(partial_dir, final_dir, /*replace=*/true);
   });
   published_ = final_dir.string();
 }
@@ -388,6 +398,7 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
     info.model_name = manifest.value("model", "");
     info.config_toml = manifest.value("config_toml", "");
     info.trainer_state = manifest.value("trainer_state", "");
+    info.run_id = manifest.value("run_id", "");
     const int saved_world = manifest.at("world_size").get<int>();
     const int version = manifest.at("version").get<int>();
     check_layout(checkpoint_dir, manifest.at("flat_params"), flats);
@@ -413,7 +424,8 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
       auto it = open_files.find(r);
       if (it != open_files.end()) return *it->second;
       const json& entry = files.at(r);
-      const std::string path = (fs::path(checkpoint_dir) / entry.at("file").get<std::string>()).string();
+      const std::string path =
+          path_inside(checkpoint_dir, entry.at("file").get<std::string>(), "checkpoint '" + checkpoint_dir + "': manifest.json");
       auto file = std::make_unique<SafetensorsFile>(path);
       if (file->file_bytes() != entry.at("bytes").get<int64_t>()) {
         throw std::runtime_error("checkpoint file '" + path + "' holds " + std::to_string(file->file_bytes()) +
@@ -532,59 +544,89 @@ CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpS
 }
 
 namespace {
-// The step of a published checkpoint directory's name ("step-00000012" -> 12), or -1.
-int64_t published_step(const fs::directory_entry& entry) {
-  const std::string name = entry.path().filename().string();
-  if (!entry.is_directory() || name.rfind("step-", 0) != 0 || name.find(".partial") != std::string::npos) return -1;
-  if (name.size() <= 5 || name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
-  if (!fs::exists(entry.path() / "manifest.json")) return -1;
+// "step-00000012" -> 12; -1 for any other name (a user's "step-00000500-best" or ".bak" copy, a
+// ".partial", more digits than an int64 holds).
+int64_t step_of_name(const std::string& name) {
+  if (name.size() <= 5 || name.size() > 5 + 18 || name.rfind("step-", 0) != 0) return -1;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
   return std::stoll(name.substr(5));
+}
+
+// The run id a published checkpoint's manifest names ("" for checkpoints before run ids, or an
+// unreadable manifest: then it belongs to no run in particular).
+std::string manifest_run_id(const fs::path& dir) {
+  try {
+    std::ifstream in(dir / "manifest.json");
+    const json manifest = json::parse(in);
+    return manifest.value("run_id", "");
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
+struct PublishedCheckpoint {
+  int64_t step;
+  fs::path path;
+};
+
+// The published checkpoints under `dir` (named step-<digits>, holding a manifest) of run `run_id`
+// ("" : of any run; a checkpoint saved before run ids counts as every run's), by step.
+std::vector<PublishedCheckpoint> published_checkpoints(const std::string& dir, const std::string& run_id) {
+  std::vector<PublishedCheckpoint> found;
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) return found;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    const int64_t step = step_of_name(entry.path().filename().string());
+    if (step < 0 || !entry.is_directory(error) || entry.is_symlink(error)) continue;
+    if (!fs::is_regular_file(entry.path() / "manifest.json", error)) continue;
+    if (!run_id.empty()) {
+      const std::string owner = manifest_run_id(entry.path());
+      if (!owner.empty() && owner != run_id) continue;
+    }
+    found.push_back({step, entry.path()});
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return found;
 }
 }  // namespace
 
-std::string find_latest_checkpoint(const std::string& checkpoints_dir, int64_t max_step) {
-  std::error_code error;
-  if (!fs::is_directory(checkpoints_dir, error)) return "";
-  int64_t best = -1;
-  std::string best_path;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
-    const int64_t step = published_step(entry);
-    if (step < 0 || (max_step >= 0 && step > max_step) || step <= best) continue;
-    best = step;
-    best_path = entry.path().string();
+std::string find_latest_checkpoint(const std::string& checkpoints_dir, int64_t max_step, const std::string& run_id) {
+  std::string best;
+  for (const auto& c : published_checkpoints(checkpoints_dir, run_id)) {
+    if (max_step < 0 || c.step <= max_step) best = c.path.string();
   }
-  return best_path;
+  return best;
 }
 
-void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step) {
+void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step, const std::string& run_id) {
   std::error_code error;
-  if (!fs::is_directory(checkpoints_dir, error)) return;
-  std::vector<fs::path> later;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
-    if (published_step(entry) > step) later.push_back(entry.path());
+  for (const auto& c : published_checkpoints(checkpoints_dir, run_id)) {
+    if (c.step > step) fs::remove_all(c.path, error);
   }
-  for (const auto& path : later) fs::remove_all(path, error);
 }
 
-void prune_checkpoints(const std::string& checkpoints_dir, int keep, int64_t keep_at_or_before) {
+void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep, int64_t keep_at_or_before,
+                       const std::string& run_id) {
   std::error_code error;
   if (!fs::is_directory(checkpoints_dir, error)) return;
-  std::vector<fs::path> published;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+  // Leftovers of this code's own interrupted saves: exactly step-<digits>.partial.
+  std::vector<fs::path> leftovers;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step-", 0) != 0) continue;
-    if (name.find(".partial") != std::string::npos) {
-      fs::remove_all(entry.path(), error);
-    } else {
-      published.push_back(entry.path());
+    const size_t suffix = name.size() >= 8 ? name.size() - 8 : 0;
+    if (suffix > 0 && name.compare(suffix, 8, ".partial") == 0 && step_of_name(name.substr(0, suffix)) >= 0 &&
+        entry.is_directory(error) && !entry.is_symlink(error)) {
+      leftovers.push_back(entry.path());
     }
   }
-  std::sort(published.begin(), published.end());
+  for (const auto& path : leftovers) fs::remove_all(path, error);
+  if (keep <= 0) return;
+  const std::vector<PublishedCheckpoint> published = published_checkpoints(checkpoints_dir, run_id);
   const std::string kept_for_rollback =
-      keep_at_or_before >= 0 ? find_latest_checkpoint(checkpoints_dir, keep_at_or_before) : std::string();
-  for (size_t i = 0; keep > 0 && i + keep < published.size(); ++i) {
-    if (!kept_for_rollback.empty() && fs::path(kept_for_rollback) == published[i]) continue;
-    fs::remove_all(published[i], error);
+      keep_at_or_before >= 0 ? find_latest_checkpoint(checkpoints_dir, keep_at_or_before, run_id) : std::string();
+  for (size_t i = 0; static_cast<int64_t>(i) + keep < static_cast<int64_t>(published.size()); ++i) {
+    if (!kept_for_rollback.empty() && fs::path(kept_for_rollback) == published[i].path) continue;
+    fs::remove_all(published[i].path, error);
   }
 }
 
@@ -595,6 +637,7 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) {
   info.model_name = manifest.value("model", "");
   info.config_toml = manifest.value("config_toml", "");
   info.trainer_state = manifest.value("trainer_state", "");
+  info.run_id = manifest.value("run_id", "");
   return info;
 }
 
@@ -603,29 +646,51 @@ bool is_checkpoint_dir(const std::string& path) {
   return fs::is_regular_file(fs::path(path) / "manifest.json", error);
 }
 
+namespace {
+// A manifest's string as a terminal may show it: control characters (an escape sequence that
+// would move the cursor or retitle the window) as \xNN.
+std::string shown(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte < 0x20 || byte == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+      out += escaped;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+std::string shown(const json& value) { return shown(value.is_string() ? value.get<std::string>() : value.dump()); }
+}  // namespace
+
 std::string describe_checkpoint(const std::string& checkpoint_dir) {
   const json manifest = read_manifest(checkpoint_dir);
   std::ostringstream out;
   int64_t parameters = 0;
   for (const auto& flat : manifest.at("flat_params")) parameters += flat.at("numel").get<int64_t>();
-  out << checkpoint_dir << ": step " << manifest.at("step") << ", model " << manifest.value("model", "?") << ", "
+  out << shown(checkpoint_dir) << ": step " << manifest.at("step") << ", model " << shown(manifest.value("model", "?")) << ", "
       << parameters << " parameters in " << manifest.at("flat_params").size() << " flat groups, saved by "
-      << manifest.at("world_size") << " ranks, optimizer " << manifest.value("optimizer", "none") << " ("
-      << manifest.value("optimizer_steps", 0) << " steps)\n";
+      << manifest.at("world_size") << " ranks, optimizer " << shown(manifest.value("optimizer", "none")) << " ("
+      << manifest.value("optimizer_steps", 0) << " steps)";
+  if (!manifest.value("run_id", "").empty()) out << ", run " << shown(manifest.value("run_id", ""));
+  out << "\n";
   for (const auto& file : manifest.at("files")) {
-    out << "  " << file.at("file").get<std::string>() << "  " << file.at("bytes") << " bytes  crc32 " << file.at("crc32");
+    out << "  " << shown(file.at("file")) << "  " << file.at("bytes") << " bytes  crc32 " << file.at("crc32");
     if (file.contains("tensors")) out << "  " << file.at("tensors").size() << " tensors, each with its crc32";
     out << "\n";
   }
   for (const auto& buffer : manifest.value("buffers", json::array())) {
-    out << "  buffer " << buffer.at("name").get<std::string>() << " " << shape_text(buffer.at("shape").get<std::vector<int64_t>>())
-        << " " << buffer.at("dtype").get<std::string>() << " (in rank 0's file)\n";
+    out << "  buffer " << shown(buffer.at("name")) << " " << shape_text(buffer.at("shape").get<std::vector<int64_t>>())
+        << " " << shown(buffer.at("dtype")) << " (in rank 0's file)\n";
   }
   for (const auto& flat : manifest.at("flat_params")) {
-    out << "  unit " << flat.at("unit").get<std::string>() << (flat.at("trainable").get<bool>() ? "" : " (frozen)") << ": "
+    out << "  unit " << shown(flat.at("unit")) << (flat.at("trainable").get<bool>() ? "" : " (frozen)") << ": "
         << flat.at("numel") << " elements\n";
     for (const auto& e : flat.at("entries")) {
-      out << "    " << e.at("name").get<std::string>() << " " << shape_text(e.at("shape").get<std::vector<int64_t>>())
+      out << "    " << shown(e.at("name")) << " " << shape_text(e.at("shape").get<std::vector<int64_t>>())
           << " at " << e.at("offset") << "\n";
     }
   }

@@ -145,7 +145,14 @@ int32_t end_of_turn(ChatFormat format, const Tokenizer& tokenizer) {
   return format == ChatFormat::Llama3 ? required_token(tokenizer, "<|eot_id|>") : tokenizer.end_of_text();
 }
 
-RenderedExample render_chat(const InstructionExample& example, ChatFormat format, const Tokenizer& tokenizer) {
+namespace {
+std::vector<int32_t> encode_content(const std::string& text, const Tokenizer& tokenizer, ContentSpecialTokens content) {
+  return content == ContentSpecialTokens::Text ? tokenizer.encode_plain(text) : tokenizer.encode(text);
+}
+}  // namespace
+
+RenderedExample render_chat(const InstructionExample& example, ChatFormat format, const Tokenizer& tokenizer,
+                            ContentSpecialTokens content) {
   RenderedExample out;
   const int32_t end = end_of_turn(format, tokenizer);
   for (size_t i = 0; i < example.messages.size(); ++i) {
@@ -156,27 +163,28 @@ RenderedExample render_chat(const InstructionExample& example, ChatFormat format
       // "\n\n", a pre-token of its own, so this equals encoding the template's whole string
       // (tests/hf/check_hf_models.py compares with transformers' apply_chat_template).
       append(out, llama3_header(message.role, i == 0, tokenizer), false);
-      append(out, tokenizer.encode(trim(message.content)), trained);
+      append(out, encode_content(trim(message.content), tokenizer, content), trained);
       append(out, {end}, trained);
     } else {
-      append(out, tokenizer.encode(message.content), trained);
+      append(out, encode_content(message.content, tokenizer, content), trained);
     }
   }
   if (format == ChatFormat::Plain && end >= 0) append(out, {end}, example.messages.back().role == "assistant");
   return out;
 }
 
-std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format, const Tokenizer& tokenizer) {
+std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format, const Tokenizer& tokenizer,
+                                   ContentSpecialTokens content) {
   RenderedExample out;
   if (format == ChatFormat::Llama3) {
     for (size_t i = 0; i < messages.size(); ++i) {
       append(out, llama3_header(messages[i].role, i == 0, tokenizer), false);
-      append(out, tokenizer.encode(trim(messages[i].content)), false);
+      append(out, encode_content(trim(messages[i].content), tokenizer, content), false);
       append(out, {end_of_turn(format, tokenizer)}, false);
     }
     append(out, llama3_header("assistant", messages.empty(), tokenizer), false);
   } else {
-    for (const auto& message : messages) append(out, tokenizer.encode(message.content), false);
+    for (const auto& message : messages) append(out, encode_content(message.content, tokenizer, content), false);
   }
   return out.tokens;
 }

@@ -6,6 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -143,7 +146,26 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   count_ = static_cast<int64_t>(header.count);
   vocab_ = header.vocab;
   token_bytes_ = static_cast<int>(header.token_bytes);
+  device_ = static_cast<uint64_t>(info.st_dev);
+  inode_ = static_cast<uint64_t>(info.st_ino);
+  modified_ns_ = static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* bytes = static_cast<const Bytef*>(mapping_);
+  const size_t block = 4096;
+  for (const size_t at : {size_t{0}, file_bytes / 2, file_bytes > block ? file_bytes - block : size_t{0}}) {
+    const size_t begin = std::min(at, file_bytes), length = std::min(block, file_bytes - begin);
+    crc = crc32(crc, bytes + begin, static_cast<uInt>(length));
+  }
+  char text[64];
+  std::snprintf(text, sizeof(text), "%zu bytes, crc32 %08lx", file_bytes, static_cast<unsigned long>(crc));
+  fingerprint_ = text;
 }
+
+namespace {
+int64_t modification_ns(const struct stat& info) {
+  return static_cast<int64_t>(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
+}
+}  // namespace
 
 TokenFile::~TokenFile() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapped_bytes_);
@@ -154,6 +176,21 @@ at::Tensor TokenFile::read(int64_t start, int64_t length) const {
   if (start < 0 || length < 0 || start + length > count_) {
     throw std::out_of_range("token file '" + path_ + "': tokens [" + std::to_string(start) + ", " +
                             std::to_string(start + length) + ") outside [0, " + std::to_string(count_) + ")");
+  }
+  // The file as it was opened? (One stat per read: a batch's windows, a few microseconds.)
+  struct stat now {};
+  if (::stat(path_.c_str(), &now) == 0 && static_cast<uint64_t>(now.st_dev) == device_ &&
+      static_cast<uint64_t>(now.st_ino) == inode_) {
+    if (static_cast<size_t>(now.st_size) < mapped_bytes_) {
+      throw std::runtime_error("token file '" + path_ + "' shrank from " + std::to_string(mapped_bytes_) + " to " +
+                               std::to_string(now.st_size) + " bytes while training read it (truncated or rewritten in "
+                               "place): restore it, and write new data beside it (fsdp-data renames into place)");
+    }
+    if (modification_ns(now) != modified_ns_) {
+      throw std::runtime_error("token file '" + path_ + "' was modified while training read it (rewritten in place, "
+                               "e.g. by cp or rsync --inplace): its tokens would change under the run; restore it, "
+                               "and write new data beside it (fsdp-data renames into place)");
+    }
   }
   const auto* base = static_cast<const unsigned char*>(mapping_) + kHeaderBytes + start * token_bytes_;
   at::Tensor out = at::empty({length}, at::kLong);

@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <glob.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cctype>
 #include <filesystem>
 #include <stdexcept>
@@ -83,6 +85,24 @@ TokenShards::TokenShards(const std::string& spec) : spec_(spec) {
     total_ += shard->size();
     shards_.push_back(std::move(shard));
   }
+}
+
+namespace {
+// A shard's file name without its directory: the same corpus mounted elsewhere compares equal.
+std::string fs_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
+}  // namespace
+
+std::string TokenShards::fingerprint() const {
+  if (shards_.size() == 1) return shards_.front()->fingerprint();
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& shard : shards_) {
+    const std::string line = fs_name(shard->path()) + ": " + shard->fingerprint() + "\n";
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(line.data()), static_cast<uInt>(line.size()));
+  }
+  char text[96];
+  std::snprintf(text, sizeof(text), "%zu shards, %lld tokens, crc32 %08lx of their names and fingerprints", shards_.size(),
+                static_cast<long long>(total_), static_cast<unsigned long>(crc));
+  return text;
 }
 
 at::Tensor TokenShards::read(int64_t start, int64_t length) const {

@@ -301,6 +301,12 @@ std::vector<int32_t> HfTokenizer::encode(const std::string& text) const {
   return ids;
 }
 
+std::vector<int32_t> HfTokenizer::encode_plain(const std::string& text) const {
+  std::vector<int32_t> ids;
+  if (!text.empty()) bpe_->encode_words(pre_tokenize(text), ids);
+  return ids;
+}
+
 std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string text;
   for (int32_t id : ids) {

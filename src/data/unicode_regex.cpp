@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cstdint>
+#include <new>
 #include <stdexcept>
 
 namespace fsdp::data {
@@ -15,9 +17,18 @@ std::string pcre2_message(int code) {
 }
 }  // namespace
 
+// Matching steps (PCRE2's match limit) one piece of text may take. A tokenizer's split pattern
+// takes a few per byte of its piece; PCRE2's default (10 M) lets a hostile tokenizer.json's pattern
+// stall every rank for seconds on each piece, effectively a hang.
+constexpr uint32_t kMatchLimit = 1000000;
+
 struct UnicodeRegex::Compiled {
   pcre2_code* code = nullptr;
-  ~Compiled() { pcre2_code_free(code); }
+  pcre2_match_context* context = nullptr;
+  ~Compiled() {
+    pcre2_match_context_free(context);
+    pcre2_code_free(code);
+  }
 };
 
 UnicodeRegex::UnicodeRegex(const std::string& pattern, const std::string& where)
@@ -31,6 +42,9 @@ UnicodeRegex::UnicodeRegex(const std::string& pattern, const std::string& where)
                                 std::to_string(offset) + ": " + pcre2_message(error));
   }
   pcre2_jit_compile(compiled_->code, PCRE2_JIT_COMPLETE);  // faster where the JIT exists; fine without
+  compiled_->context = pcre2_match_context_create(nullptr);
+  if (compiled_->context == nullptr) throw std::bad_alloc();
+  pcre2_set_match_limit(compiled_->context, kMatchLimit);
 }
 
 UnicodeRegex::~UnicodeRegex() = default;
@@ -43,12 +57,18 @@ std::vector<std::pair<size_t, size_t>> UnicodeRegex::find_all(std::string_view t
   size_t start = 0;
   uint32_t options = 0;  // the first call checks the UTF-8 once; later ones skip it
   while (start <= text.size()) {
-    const int rc = pcre2_match(compiled_->code, subject, text.size(), start, options, data.get(), nullptr);
+    const int rc = pcre2_match(compiled_->code, subject, text.size(), start, options, data.get(), compiled_->context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {
         throw std::invalid_argument(where_ + ": the text is not valid UTF-8 at byte " +
                                     std::to_string(pcre2_get_ovector_pointer(data.get())[0]) + " (" + pcre2_message(rc) + ")");
+      }
+      if (rc == PCRE2_ERROR_MATCHLIMIT) {
+        throw std::runtime_error(where_ + ": the pattern " + pattern_ + " took more than " + std::to_string(kMatchLimit) +
+                                 " matching steps on the text at byte " + std::to_string(start) +
+                                 " (a pattern that backtracks this much would stall training; a tokenizer's split "
+                                 "pattern takes a few per byte)");
       }
       throw std::runtime_error(where_ + ": matching " + pattern_ + " failed: " + pcre2_message(rc));
     }

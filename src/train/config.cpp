@@ -14,6 +14,8 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,6 +26,54 @@
 namespace fsdp::train {
 
 namespace {
+
+// The offset of the first byte of `text` that is not part of a well-formed UTF-8 sequence
+// (overlong forms, surrogates and code points past U+10FFFF included), or npos.
+size_t first_invalid_utf8(const std::string& text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char b = bytes[i];
+    size_t length = 0;
+    uint32_t code = 0, min = 0;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if ((b & 0xE0) == 0xC0) {
+      length = 2, code = b & 0x1F, min = 0x80;
+    } else if ((b & 0xF0) == 0xE0) {
+      length = 3, code = b & 0x0F, min = 0x800;
+    } else if ((b & 0xF8) == 0xF0) {
+      length = 4, code = b & 0x07, min = 0x10000;
+    } else {
+      return i;
+    }
+    if (i + length > n) return i;
+    for (size_t k = 1; k < length; ++k) {
+      if ((bytes[i + k] & 0xC0) != 0x80) return i;
+      code = (code << 6) | (bytes[i + k] & 0x3F);
+    }
+    if (code < min || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return i;
+    i += length;
+  }
+  return std::string::npos;
+}
+
+// The first `end` bytes of text, printable ASCII as is and the rest as \xNN: for error messages.
+std::string printable_prefix(const std::string& text, size_t end) {
+  std::string out;
+  for (size_t i = 0; i < end && i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out += text[i];
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+      out += escaped;
+    }
+  }
+  return out;
+}
 
 std::string section_of(const std::string& name) {
   const size_t dot = name.find('.');
@@ -67,7 +117,16 @@ class Reader {
         if (auto v = node->value_exact<int64_t>()) return ConfigValue(static_cast<double>(*v));
         fail(key + " must be a number, got " + type_of(*node));
       case ConfigType::String:
-        if (auto v = node->value_exact<std::string>()) return ConfigValue(*v);
+        if (auto v = node->value_exact<std::string>()) {
+          // Paths and names go into JSON (manifests, metrics) and TOML (config.toml), which hold
+          // UTF-8 only: refused here, by key, rather than at the first checkpoint's save.
+          const size_t bad = first_invalid_utf8(*v);
+          if (bad != std::string::npos) {
+            fail(key + " is not valid UTF-8 (byte " + std::to_string(bad) + " of \"" + printable_prefix(*v, bad) +
+                 "...\"): give paths and names as UTF-8");
+          }
+          return ConfigValue(*v);
+        }
         fail(key + " must be a string, got " + type_of(*node));
     }
     return std::nullopt;

@@ -50,6 +50,8 @@ std::string toml_value_text(const ConfigValue& value) {
   return quoted + "\"";
 }
 
+std::string toml_string(const std::string& text) { return toml_value_text(ConfigValue(text)); }
+
 namespace {
 
 // ---- How values travel between a member and a ConfigValue ----
@@ -407,6 +409,14 @@ std::vector<ConfigKey> declare() {
         return unless(!c.data.packing || c.data.source == "instructions",
                       "data.packing packs instruction examples (data.source 'instructions'); data.source is '" + c.data.source +
                           "' (for fortunes and token_files, data.document_masking keeps a window's documents apart)");
+      };
+  add(key("data.split_special_tokens", MEMBER(data.split_special_tokens),
+          "instructions: special-token text inside a message (\"<|eot_id|>\") stays text instead of becoming that control "
+          "token (false: transformers' apply_chat_template default)"))
+      .check = [](const TrainConfig& c) {
+        return unless(!c.data.split_special_tokens || c.data.source == "instructions",
+                      "data.split_special_tokens applies to instruction data (data.source 'instructions'); data.source is '" +
+                          c.data.source + "'");
       };
   add(key("data.document_masking", MEMBER(data.document_masking),
           "fortunes, token_files: a window's documents (ended by end-of-text) attend only to themselves, positions restarting"))

@@ -63,7 +63,7 @@ RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_s
                                " rollbacks (guard.max_rollbacks); the run does not recover by rolling back "
                                "(a lower optimizer.lr or another data mix may help)");
     }
-    back.path = checkpoint::find_latest_checkpoint(dir, first_skipped);
+    back.path = checkpoint::find_latest_checkpoint(dir, first_skipped, target.run_id);
     if (back.path.empty()) {
       throw std::runtime_error("guard: " + steps + " were skipped in a row (guard.rollback_after = " +
                                std::to_string(config.guard.rollback_after) + "), and no checkpoint at or before step " +
@@ -75,7 +75,7 @@ RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_s
   for (int64_t s = first_skipped; s <= last_skipped; ++s) target.skipped_batches.insert(s);
   comm::on_every_rank(target.world, "recording the rollback", [&] {
     if (!target.writes_files) return;
-    checkpoint::remove_checkpoints_after(dir, back.info.step);
+    checkpoint::remove_checkpoints_after(dir, back.info.step, target.run_id);
     save_skipped_batches(target.skipped_batches_path, target.skipped_batches);
   });
   return back;

@@ -25,6 +25,7 @@ struct RollbackTarget {
   std::set<int64_t>& skipped_batches;
   std::string skipped_batches_path;
   bool writes_files;  // this rank removes the later checkpoints and writes the skipped batches
+  std::string run_id;  // the run whose checkpoints it returns to and removes ("" : any)
 };
 struct RolledBack {
   std::string path;                 // the checkpoint returned to

@@ -12,6 +12,8 @@
 #include <map>
 #include <set>
 #include <atomic>
+#include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "fsdp/checkpoint/hf_weights.h"
@@ -21,6 +23,7 @@
 #include "fsdp/comm/device_group.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/comm/text_gather.h"
 #include "fsdp/models/bf16_matmul.h"
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/device_memory.h"
@@ -68,6 +71,11 @@ class Trainer {
  public:
   Trainer(const TrainConfig& config, comm::ProcessGroupPtr world, TrainerOptions options)
       : config_(config), world_(std::move(world)), options_(options), rank_(world_->rank()), n_(world_->size()) {}
+  ~Trainer() {
+    if (report_thread_.joinable()) report_thread_.join();
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   TrainSummary run() {
     prepare();
@@ -122,6 +130,10 @@ class Trainer {
       error = e.what();
     }
     comm::agree_on_failure(world_, error, "loading the data");
+    check_same_data_everywhere();
+
+    // The output directory: this run's, and no other job's (run_directory.h). Collective.
+    claim_run_directory();
 
     const comm::LaunchInfo launch = comm::launch_info_from_env();
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -137,7 +149,7 @@ class Trainer {
     }
     if (config_.device_memory_fraction > 0.0) runtime::set_device_memory_fraction(device_, config_.device_memory_fraction);
     parameters_ = models::parameter_count(model_config_);
-    if (!config_.init_from.empty() && options_.resume.empty()) {
+    if (!config_.init_from.empty() && resume_.empty()) {
       // Fine-tuning: published weights (Hugging Face names) or our own checkpoint's.
       if (checkpoint::is_checkpoint_dir(config_.init_from)) {
         checkpoint::load_checkpoint(config_.init_from, *state_, nullptr);
@@ -145,7 +157,7 @@ class Trainer {
         checkpoint::import_weights(*state_, model_config_, config_.init_from);
       }
     }
-    if (!config_.lora_init_adapter.empty() && options_.resume.empty()) {
+    if (!config_.lora_init_adapter.empty() && resume_.empty()) {
       // Continuing a LoRA fine-tune: the adapters from PEFT's directory (the base is init_from's).
       checkpoint::import_peft_adapter(*state_, model_config_, config_.lora_init_adapter);
     }
@@ -160,16 +172,8 @@ class Trainer {
 
     // Resuming: parameters, optimizer state and RNG from the checkpoint; the sampler and the
     // schedule need nothing but the step.
-    if (!options_.resume.empty()) {
-      std::string path = options_.resume;
-      comm::on_every_rank(world_, "finding the checkpoint to resume from", [&] {
-        if (path == "latest") {
-          path = checkpoint::find_latest_checkpoint(checkpoints_dir(config_));
-          if (path.empty()) {
-            throw std::runtime_error("--resume latest: no checkpoint under '" + checkpoints_dir(config_) + "'");
-          }
-        }
-      });
+    if (!resume_.empty()) {
+      const std::string& path = resume_;
       const checkpoint::CheckpointInfo info = checkpoint::load_checkpoint(path, *state_, optimizer_.get());
       comm::on_every_rank(world_, "restoring the loss-spike window and loss scale", [&] { guard_.restore(info.trainer_state); });
       comm::on_every_rank(world_, "checking the checkpoint's step", [&] {
@@ -201,6 +205,7 @@ class Trainer {
     // 4. Output files, now that nothing is left to reject.
     if (leader() && options_.write_files) {
       fs::create_directories(config_.output_dir);
+      run_->commit();
       TrainConfig resolved = config_;
       resolved.model = model_config_;
       std::ofstream(fs::path(config_.output_dir) / "config.toml") << to_toml(resolved);
@@ -267,6 +272,7 @@ class Trainer {
                   config_.micro_batches == 1 ? "" : "es", options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
     progress_->message(line);
     if (!resumed_from_.empty()) progress_->message("  resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
+    if (run_ && !run_->note().empty()) progress_->message("  " + run_->note());
     if (config_.fsdp.activation_checkpointing) {
       const std::vector<std::string> recomputed = state_->recomputed_unit_names();
       std::string names;
@@ -533,7 +539,7 @@ class Trainer {
         write_live_report();
         break;
       }
-      if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report();
+      if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report(/*in_background=*/true);
     }
     finish_save(/*wait=*/true);  // the end of the run (a stop request's and a target's included) waits for it
     summary.seconds = training_seconds;
@@ -558,6 +564,45 @@ class Trainer {
     return model_.image_text_loss(images, rows.ids.to(device_), rows.targets.to(device_), chunk);
   }
 
+  // Every rank must read the same token files: a different copy on another host would give its
+  // ranks other tokens (and another order), silently. Collective; every rank stops alike.
+  void check_same_data_everywhere() {
+    if (n_ == 1) return;
+    const std::vector<std::string> all = comm::all_gather_text(world_, data_.fingerprint);
+    std::string mismatch;
+    for (int r = 1; r < n_ && mismatch.empty(); ++r) {
+      if (all[r] != all[0]) {
+        mismatch = "the ranks read different data: rank 0 has " + all[0] + ", rank " + std::to_string(r) + " has " + all[r] +
+                   " (another copy of the token files on another host?)";
+      }
+    }
+    comm::agree_on_failure(world_, mismatch, "checking that every rank reads the same data");
+  }
+
+  // This run's id ("" when it writes nothing): its checkpoints carry it, pruning and rollbacks take
+  // only its own.
+  std::string run_id() const { return run_ ? run_->run_id() : std::string(); }
+
+  // Sets run_ and resume_: the directory claimed (or given claimed), or without files, `resume` as
+  // given ("latest": the newest checkpoint under checkpoint.dir).
+  void claim_run_directory() {
+    if (options_.write_files) {
+      run_ = options_.run ? options_.run : RunDirectory::claim(config_, options_.resume, world_);
+      if (run_->finished()) {
+        throw std::runtime_error("checkpoint '" + run_->resume_from() + "' is at step " + std::to_string(run_->resume_step()) +
+                                 ", and train.steps is " + std::to_string(config_.steps) + ": the run is done, nothing left to train");
+      }
+      resume_ = run_->resume_from();
+      return;
+    }
+    resume_ = options_.resume;
+    if (resume_ != "latest") return;
+    comm::on_every_rank(world_, "finding the checkpoint to resume from", [&] {
+      resume_ = checkpoint::find_latest_checkpoint(checkpoints_dir(config_));
+      if (resume_.empty()) throw std::runtime_error("--resume latest: no checkpoint under '" + checkpoints_dir(config_) + "'");
+    });
+  }
+
   // Where a rollback keeps the steps whose batches are skipped (rollback.h).
   std::string skipped_batches_path() const { return (fs::path(config_.output_dir) / "skipped_batches.json").string(); }
 
@@ -575,7 +620,7 @@ class Trainer {
                     std::vector<double>& step_seconds) {
     const RolledBack back = roll_back_to_checkpoint(
         {config_, world_, *state_, optimizer_.get(), guard_, skipped_batches_, skipped_batches_path(),
-         leader() && options_.write_files},
+         leader() && options_.write_files, run_id()},
         first_skipped, last_skipped, rollback);
     const checkpoint::CheckpointInfo& info = back.info;
     const std::string& path = back.path;
@@ -614,13 +659,41 @@ class Trainer {
 
   // <output_dir>/report.html from metrics.jsonl, rewritten atomically (rank 0), so a browser tab
   // shows the run as it goes. A failure here never stops training: one line says why.
-  void write_live_report() {
+  // in_background (every train.report_every steps): written by a thread of rank 0's own, off the
+  // step, since reading metrics.jsonl costs more the longer the run (a 100k-step run's is tens of
+  // MB); one at a time, and a call while one is still writing is skipped. The last one of a run is
+  // written in the step, after any in flight.
+  void write_live_report(bool in_background = false) {
     if (!leader() || !options_.write_files || !metrics_.is_open()) return;
-    try {
-      report::write_report({config_.output_dir}, (fs::path(config_.output_dir) / "report.html").string());
-    } catch (const std::exception& e) {
-      progress_->message(std::string("report.html not written: ") + e.what());
+    {
+      std::lock_guard<std::mutex> lock(report_mutex_);
+      if (!report_error_.empty()) progress_->message("report.html not written: " + report_error_);
+      report_error_.clear();
     }
+    if (in_background && report_busy_.load()) return;
+    if (report_thread_.joinable()) report_thread_.join();
+    auto write = [this] {
+      try {
+        report::write_report({config_.output_dir}, (fs::path(config_.output_dir) / "report.html").string());
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(report_mutex_);
+        report_error_ = e.what();
+      }
+      report_busy_.store(false);
+    };
+    report_busy_.store(true);
+    if (in_background) {
+      try {
+        report_thread_ = std::thread(write);
+        return;
+      } catch (const std::system_error&) {
+        // No thread to be had: written in the step, as before.
+      }
+    }
+    write();
+    std::lock_guard<std::mutex> lock(report_mutex_);
+    if (!report_error_.empty()) progress_->message("report.html not written: " + report_error_);
+    report_error_.clear();
   }
 
   // train.bf16_matmul = "auto" for bf16 compute on a CPU with bf16 instructions: libtorch's bf16
@@ -719,7 +792,7 @@ class Trainer {
     const auto start = Clock::now();
     TrainConfig resolved = config_;
     resolved.model = model_config_;
-    const checkpoint::CheckpointInfo info{steps, config_.model_name, to_toml(resolved), guard_.state()};
+    const checkpoint::CheckpointInfo info{steps, config_.model_name, to_toml(resolved), guard_.state(), run_id()};
     if (in_background) {
       pending_save_ = std::make_unique<checkpoint::CheckpointSave>(checkpoints_dir(config_), *state_, optimizer_.get(), info,
                                                                    /*in_background=*/true, &staging_);
@@ -763,7 +836,7 @@ class Trainer {
     // During a streak of skipped steps the checkpoint a rollback would return to stays, however
     // many newer ones `keep` would otherwise leave.
     if (leader()) {
-      checkpoint::prune_checkpoints(checkpoints_dir(config_), static_cast<int>(config_.checkpoint.keep), guard_.streak_start());
+      checkpoint::prune_checkpoints(checkpoints_dir(config_), config_.checkpoint.keep, guard_.streak_start(), run_id());
     }
     char line[512];
     if (in_flight < 0) {
@@ -806,14 +879,20 @@ class Trainer {
     if (!leader() || !options_.print) return;
     const EvalResult& first = summary.evals.front();
     const EvalResult& last = summary.evals.back();
-    char line[256];
+    char line[320];
+    // A resumed run ran only the steps after its checkpoint, and its time is theirs.
+    const std::string steps =
+        std::to_string(config_.steps) + " steps" +
+        (start_step_ > 0 ? " (" + std::to_string(config_.steps - start_step_) + " run here, resumed at step " +
+                               std::to_string(start_step_) + ")"
+                         : "");
     if (language()) {
-      std::snprintf(line, sizeof(line), "done: %lld steps in %s, %s tok/s (median); validation loss %.4f -> %.4f",
-                    static_cast<long long>(config_.steps), format_duration(summary.seconds).c_str(),
+      std::snprintf(line, sizeof(line), "done: %s in %s, %s tok/s (median); validation loss %.4f -> %.4f",
+                    steps.c_str(), format_duration(summary.seconds).c_str(),
                     format_count(summary.samples_per_second).c_str(), first.loss, last.loss);
     } else {
-      std::snprintf(line, sizeof(line), "done: %lld steps in %s, %s img/s (median); %s accuracy %.2f%% -> %.2f%%",
-                    static_cast<long long>(config_.steps), format_duration(summary.seconds).c_str(),
+      std::snprintf(line, sizeof(line), "done: %s in %s, %s img/s (median); %s accuracy %.2f%% -> %.2f%%",
+                    steps.c_str(), format_duration(summary.seconds).c_str(),
                     format_count(summary.samples_per_second).c_str(), captions_ ? "zero-shot" : chat_ ? "answer" : "test", 100.0 * first.accuracy,
                     100.0 * last.accuracy);
     }
@@ -839,6 +918,8 @@ class Trainer {
   int64_t parameters_ = 0;
   int64_t baseline_resident_bytes_ = 0;  // this process before data and model (the plan's overhead on a CPU)
   int64_t start_step_ = 0;
+  std::shared_ptr<RunDirectory> run_;  // the output directory's claim (null when nothing is written)
+  std::string resume_;                 // the checkpoint to start from ("" : step 0)
   std::string resumed_from_;
   std::set<int64_t> skipped_batches_;  // 0-based steps whose batches a rollback skips (rollback.h)
   StepGuard guard_{config_};           // which steps apply; its spike window is saved in checkpoints
@@ -849,6 +930,10 @@ class Trainer {
   checkpoint::StagingBuffers staging_;  // checkpoint.async: host copies of this rank's tensors, kept between saves
   std::unique_ptr<checkpoint::CheckpointSave> pending_save_;  // checkpoint.async: the save in flight (uses staging_)
   double pending_save_blocked_ = 0.0;                          // seconds its staging held the step
+  std::thread report_thread_;             // rank 0: the live report being written off the step
+  std::atomic<bool> report_busy_{false};  // ... until it is written
+  std::mutex report_mutex_;               // guards report_error_
+  std::string report_error_;              // the thread's failure, said at the next call
   Clock::time_point pending_save_start_;
 };
 

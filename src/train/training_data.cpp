@@ -51,7 +51,9 @@ LoadedData load_instructions(const TrainConfig& c) {
   const int32_t pad = end >= 0 ? end : 0;  // padding is never attended to by a real token, nor trained
   auto render = [&](const std::vector<data::InstructionExample>& examples) {
     std::vector<data::RenderedExample> rendered;
-    for (const auto& example : examples) rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer));
+    const data::ContentSpecialTokens content =
+        d.split_special_tokens ? data::ContentSpecialTokens::Text : data::ContentSpecialTokens::Control;
+    for (const auto& example : examples) rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer, content));
     return rendered;
   };
   std::vector<data::RenderedExample> rendered_train = render(train);
@@ -141,6 +143,7 @@ LoadedData load_data(const TrainConfig& c) {
       return shards.shard_count() == 1 ? shards.spec() : shards.spec() + " (" + std::to_string(shards.shard_count()) + " shards)";
     };
     loaded.description = "token files " + shards_of(*train_shards) + ", " + shards_of(*validation_shards) + ": ";
+    loaded.fingerprint = "train " + train_shards->fingerprint() + "; validation " + validation_shards->fingerprint();
   }
   loaded.vocab = train_tokens->vocab_size();
   loaded.description += format_count(static_cast<double>(train_tokens->size())) + " training and " +

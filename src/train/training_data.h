@@ -23,6 +23,8 @@ struct LoadedData {
   int64_t vocab = 0;
   std::string description;  // one line for the run's header
   std::string packing;      // data.packing: one line for the header (rows, their use, steps per epoch)
+  // Token files: their sizes and checksums, compared across ranks ("" for data read from text).
+  std::string fingerprint;
 };
 
 // Reads config.data (throws naming the file or directory that is missing or malformed).

@@ -135,11 +135,16 @@ every = 8
         losses = [r["loss"] for r in records]
 
         # Resumed from step 8: the same scales and losses from there on.
-        run(train, mpirun, config, ["--resume", os.path.join(out, "checkpoints", "step-00000008")])
-        resumed = steps_of(os.path.join(out, "metrics.jsonl"))
-        if [r["loss_scale"] for r in resumed] != ours:
-            sys.exit("FAIL: the resumed run's scales differ: " + str([r["loss_scale"] for r in resumed[8:]]))
-        if [r["loss"] for r in resumed] != losses:
+        # (A branch from an older checkpoint goes into a directory of its own: fsdp-train refuses to
+        # continue a run from a checkpoint older than its newest.)
+        branch = out + "-from-8"
+        run(train, mpirun, config, ["--resume", os.path.join(out, "checkpoints", "step-00000008"), "--output-dir", branch])
+        resumed = steps_of(os.path.join(branch, "metrics.jsonl"))
+        if [r["step"] for r in resumed] != list(range(9, STEPS + 1)):
+            sys.exit("FAIL: the resumed run's steps are " + str([r["step"] for r in resumed]))
+        if [r["loss_scale"] for r in resumed] != ours[8:]:
+            sys.exit("FAIL: the resumed run's scales differ: " + str([r["loss_scale"] for r in resumed]))
+        if [r["loss"] for r in resumed] != losses[8:]:
             sys.exit("FAIL: the resumed run's losses differ")
         print(f"OK: {STEPS} steps, {sum(overflowed)} overflows ({sum(plain_overflowed)} without the bad batch), the scale "
               f"history equals torch.amp.GradScaler's "

@@ -5,7 +5,9 @@
 #  2. SIGTERM to every rank (what a scheduler does when preempting): each saves a checkpoint at the
 #     end of the step and exits 0 within a bound; --resume latest continues from it;
 #  3. checkpoint.async: kill -9 one rank while its thread writes in the background (training going
-#     on): the partial checkpoint is never taken for valid, and --resume latest continues.
+#     on): the partial checkpoint is never taken for valid, and --resume latest continues;
+#  4. Ctrl-C typed on the terminal of scripts/train.sh's launcher and of fsdp-run: every rank saves
+#     and exits (a pseudo-terminal, as a user's keyboard).
 # Usage: checkpoint_faults.sh FSDP_TRAIN MPIRUN
 set -uo pipefail
 train=$1 mpirun=$2
@@ -103,4 +105,35 @@ timeout 120 "${ranks[@]}" "$train" "$work/run.toml" --progress lines --resume la
 grep -qF "resumed from $work/run/checkpoints/step-00000002 at step 2" "$work/log" || fail "async: did not resume from step 2"
 [ -f "$work/run/checkpoints/step-00000006/manifest.json" ] || fail "async: final checkpoint missing"
 echo "ok   checkpoint.async, kill -9 mid-write: step 4 left as .partial while training went on, step 2 intact, resumed"
+
+# 4. Ctrl-C typed on the terminal (a pseudo-terminal here: the kernel sends SIGINT to its foreground
+#    process group, as a user's keyboard does), for the two ways the docs launch a job:
+#    scripts/launch-ranks.sh (what scripts/train.sh runs after its set-up) and fsdp-run. mpirun in
+#    the foreground would not do: it answers SIGINT with SIGTERM to its ranks 1 s later and SIGKILL
+#    1 s after that, killing a rank mid-save; both relay the stop as SIGUSR1 instead.
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ctrl_c_check() {  # ctrl_c_check NAME: the run stopped on request, saved, and resumes
+  local name=$1 stopped
+  stopped=$(grep -o 'stopped on request after step [0-9]*' "$work/log" | grep -o '[0-9]*$')
+  [ -n "$stopped" ] || fail "$name: no 'stopped on request' after Ctrl-C (a rank killed mid-save?)"
+  [ -f "$work/run/checkpoints/$(printf 'step-%08d' "$stopped")/manifest.json" ] || fail "$name: no checkpoint of step $stopped"
+  echo "ok   Ctrl-C on $name's terminal: every rank saved step $stopped and exited 0"
+}
+rm -rf "$work/run"
+python3 "$here/ctrl_c.py" "$work/log" "step 3/" bash -c 'source "$1"; shift; launch_ranks 2 "$@"' _ \
+  "$here/../../scripts/launch-ranks.sh" "$train" "$work/long.toml" --progress lines
+status=$?
+# 130: stopped on request (the ranks saved and exited 0), so that a script does not go on (export).
+[ "$status" = 130 ] || fail "scripts/launch-ranks.sh: exit $status after Ctrl-C, not 130"
+ctrl_c_check "scripts/launch-ranks.sh (scripts/train.sh)"
+run=$(dirname "$train")/fsdp-run
+if [ -x "$run" ]; then
+  rm -rf "$work/run"
+  python3 "$here/ctrl_c.py" "$work/log" "step 3/" "$run" --ranks 2 --launcher "$mpirun --oversubscribe --bind-to none -np" \
+    -- "$work/long.toml" --progress lines
+  status=$?
+  [ "$status" = 130 ] || fail "fsdp-run: exit $status after Ctrl-C, not 130 (128 + SIGINT: saved and stopped)"
+  ctrl_c_check fsdp-run
+  ! grep -q "attempt 2" "$work/log" || fail "fsdp-run started another attempt after Ctrl-C"
+fi
 echo "all checkpoint fault cases behaved"

@@ -40,6 +40,17 @@ TrainConfig small_config(const std::string& model, const std::string& strategy) 
   return fsdp::train::parse_train_config(text, "trainer_test");
 }
 
+// A resume from a checkpoint older than the run's newest goes into a directory of its own (fsdp
+// refuses to continue a run from there: run_directory.h): `config` with DIR-branch, emptied first.
+// Collective.
+TrainConfig branch_of(const TrainConfig& config, const fsdp::comm::ProcessGroupPtr& world) {
+  TrainConfig branch = config;
+  branch.output_dir += "-branch";
+  if (world->rank() == 0) fs::remove_all(branch.output_dir);
+  world->barrier()->wait();
+  return branch;
+}
+
 fsdp::train::TrainerOptions quiet() { return {/*print=*/false, /*write_files=*/false}; }
 
 class TrainerRuns : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -137,7 +148,8 @@ TEST(Trainer, Fp16OverflowSkipsTheStepHalvesTheScaleAndResumes) {
   EXPECT_EQ(whole.loss_scales[3], whole.loss_scales[2] / 2) << "step 3's overflow halves it";
   fsdp::train::TrainerOptions resume{false, true};
   resume.resume = config.output_dir + "/checkpoints/step-00000004";
-  auto resumed = fsdp::train::train(config, world, resume);
+  const TrainConfig branch = branch_of(config, world);
+  auto resumed = fsdp::train::train(branch, world, resume);
   ASSERT_EQ(resumed.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(resumed.loss_scales[i], whole.loss_scales[4 + i]) << "step " << 5 + i;
@@ -145,18 +157,21 @@ TEST(Trainer, Fp16OverflowSkipsTheStepHalvesTheScaleAndResumes) {
   }
   if (world->rank() == 0) {
     // metrics.jsonl: every step's scale, the overflow's reason.
-    std::ifstream metrics(config.output_dir + "/metrics.jsonl");
     int scaled = 0, overflows = 0;
-    for (std::string line; std::getline(metrics, line);) {
-      const auto record = nlohmann::json::parse(line);
-      if (record.contains("loss_scale")) ++scaled;
-      if (record.value("skip_reason", std::string()) == "overflow") ++overflows;
+    for (const std::string& dir : {config.output_dir, branch.output_dir}) {
+      std::ifstream metrics(dir + "/metrics.jsonl");
+      for (std::string line; std::getline(metrics, line);) {
+        const auto record = nlohmann::json::parse(line);
+        if (record.contains("loss_scale")) ++scaled;
+        if (record.value("skip_reason", std::string()) == "overflow") ++overflows;
+      }
     }
     EXPECT_EQ(scaled, 12) << "8 steps, then 4 resumed";
     EXPECT_EQ(overflows, 1);
   }
   world->barrier()->wait();
   if (world->rank() == 0) fs::remove_all(config.output_dir);
+  if (world->rank() == 0) fs::remove_all(branch.output_dir);
 }
 
 // The same config at N ranks and at one rank (each rank alone in its own group) trains the same:
@@ -249,16 +264,21 @@ TEST(Trainer, ResumesExactly) {
   ASSERT_EQ(whole.losses.size(), 8u);
   fsdp::train::TrainerOptions resume{false, true};
   resume.resume = config.output_dir + "/checkpoints/step-00000004";
-  auto resumed = fsdp::train::train(config, world, resume);
+  const TrainConfig branch = branch_of(config, world);
+  auto resumed = fsdp::train::train(branch, world, resume);
   EXPECT_EQ(resumed.start_step, 4);
   ASSERT_EQ(resumed.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[4 + i]) << "step " << 5 + i;
   EXPECT_EQ(resumed.sample, whole.sample);
-  // keep = 3 by default: both checkpoints (4 and 8) are there, the newest is "latest".
+  // keep = 3 by default: both checkpoints (4 and 8) are there, the newest is "latest"; the branch
+  // saved its own step 8.
   EXPECT_EQ(fsdp::checkpoint::find_latest_checkpoint(config.output_dir + "/checkpoints"),
             config.output_dir + "/checkpoints/step-00000008");
+  EXPECT_EQ(fsdp::checkpoint::find_latest_checkpoint(branch.output_dir + "/checkpoints"),
+            branch.output_dir + "/checkpoints/step-00000008");
   world->barrier()->wait();
   if (world->rank() == 0) fs::remove_all(config.output_dir);
+  if (world->rank() == 0) fs::remove_all(branch.output_dir);
 }
 
 // A stop request on one rank (SIGTERM's handler calls request_stop) stops every rank after the
@@ -403,7 +423,8 @@ TEST(Guard, TheSpikeWindowSurvivesAResume) {
   auto whole = fsdp::train::train(config, world, {false, true});
   fsdp::train::TrainerOptions resume{false, true};
   resume.resume = config.output_dir + "/checkpoints/step-00000008";
-  auto resumed = fsdp::train::train(config, world, resume);
+  const TrainConfig branch = branch_of(config, world);
+  auto resumed = fsdp::train::train(branch, world, resume);
   unsetenv("FSDP_TEST_LOSS_FAULTS");
   EXPECT_EQ(whole.skipped_steps, 1) << "the uninterrupted run skips step 10 as a spike";
   EXPECT_EQ(resumed.skipped_steps, 1) << "the run resumed at step 8 must skip it too";
@@ -411,6 +432,7 @@ TEST(Guard, TheSpikeWindowSurvivesAResume) {
   EXPECT_EQ(resumed.losses[3], whole.losses[11]) << "both end in the same state";
   world->barrier()->wait();
   if (world->rank() == 0) fs::remove_all(config.output_dir);
+  if (world->rank() == 0) fs::remove_all(branch.output_dir);
 }
 
 // checkpoint.every = 1 with keep = 3 and rollback_after = 5: five skipped steps in a row need the

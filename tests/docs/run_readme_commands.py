@@ -7,7 +7,7 @@ Each command (a line, with its backslash continuations; comments dropped) runs f
 repository root under bash, in the README's order, so that a later command finds what an earlier
 one made. Training is cut short, never changed otherwise: scripts/train.sh and fsdp-train get
 --set train.steps=2 (evaluation at the ends only and short, 8 sampled tokens, output under
-runs/readme-check/),
+runs/readme-check/NNN, one directory a command, made anew each time),
 scripts/finetune.sh also FSDP_PRETRAIN_STEPS=4. Commands that are the test run itself
 (scripts/test.sh) or take long by design (benchmarks, GPU checks, packages) are listed as not run,
 each with the reason. Exit status 1 if any command fails; the failing command's output is shown.
@@ -16,6 +16,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -52,8 +53,9 @@ def commands(readme):
     return out
 
 
-def made_cheap(command):
-    """The command as it runs here: tokens (comments dropped), with training cut short."""
+def made_cheap(command, index):
+    """The command as it runs here: tokens (comments dropped), with training cut short, each
+    training command into a directory of its own (fsdp-train refuses one holding another run)."""
     tokens = shlex.split(command, comments=True)
     env = {}
     while tokens and re.match(r"^[A-Z_][A-Z0-9_]*=", tokens[0]):
@@ -61,8 +63,11 @@ def made_cheap(command):
         env[key] = value
     joined = " ".join(tokens)
     if "scripts/train.sh" in joined or "apps/fsdp-train" in joined:
-        if "--output-dir" not in tokens:
-            tokens += ["--set", f'output_dir="{CHECK_RUNS}/{len(joined) % 1000:03d}"']
+        if "--output-dir" in tokens:
+            at = tokens.index("--output-dir") + 1
+            tokens[at] = f"{CHECK_RUNS}/{index:03d}-{os.path.basename(tokens[at].rstrip('/'))}"
+        else:
+            tokens += ["--set", f'output_dir="{CHECK_RUNS}/{index:03d}"']
         tokens += SHORT
     if "scripts/finetune.sh" in joined:
         env.setdefault("FSDP_PRETRAIN_STEPS", "4")
@@ -77,12 +82,14 @@ def main():
     args = parser.parse_args()
     environment = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     ran = failed = 0
-    for command in commands(args.readme):
+    if not args.list:
+        shutil.rmtree(os.path.join(ROOT, CHECK_RUNS), ignore_errors=True)  # this check's own runs, from before
+    for index, command in enumerate(commands(args.readme)):
         reason = next((why for pattern, why in NOT_RUN if re.search(pattern, command)), None)
         if reason:
             print(f"not run  {command}\n         ({reason})")
             continue
-        env, tokens = made_cheap(command)
+        env, tokens = made_cheap(command, index)
         shown = " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + shlex.join(tokens)
         if args.list:
             print(f"would run  {shown}")

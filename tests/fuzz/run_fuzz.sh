@@ -32,7 +32,8 @@ failures=0
 mkdir -p "$findings"
 echo "fuzz: libFuzzer seed ${FUZZ_SEED:-1} (FUZZ_SEED; 0 draws one)"
 printf '%-22s %8s %10s %8s %s\n' target seconds executions corpus result
-for target in fuzz_safetensors fuzz_token_file fuzz_manifest fuzz_tokenizer_json fuzz_instructions fuzz_config; do
+for target in fuzz_safetensors fuzz_token_file fuzz_manifest fuzz_tokenizer_json fuzz_instructions fuzz_config \
+  fuzz_model_files fuzz_run_files; do
   regressions=("$here/regressions/$target"/*)
   if [ -e "${regressions[0]}" ]; then
     if ! "$out/$target" "${regressions[@]}" > "$out/$target.regressions.log" 2>&1; then

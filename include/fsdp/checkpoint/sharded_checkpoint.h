@@ -28,7 +28,8 @@
 // with buffers refuses them, naming the buffer.
 //
 // Publication is atomic: everything is written into step-00000100.partial/ (each file fsynced),
-// every rank agrees it succeeded, then rank 0 writes the manifest and renames the directory. A crash
+// every rank agrees it succeeded, then rank 0 writes the manifest and renames the directory (over
+// an older save of the same step, atomically exchanged: fsdp/checkpoint/published_files.h). A crash
 // at any point leaves at worst a *.partial directory, which is never loaded and is removed by the
 // next save.
 #pragma once
@@ -54,6 +55,9 @@ struct CheckpointInfo {
   // The trainer's own state beside the model's, as JSON text it writes and reads itself (the
   // loss-spike guard's window); "" when none (checkpoints before 2026-12-02 have none).
   std::string trainer_state;
+  // The run that saved it (fsdp/train/run_directory.h): pruning and --resume latest take only
+  // their own run's checkpoints. "" for checkpoints saved before run ids (2026-12-05).
+  std::string run_id;
 };
 
 // Collective: every rank of the state's group calls it. Returns the published directory.
@@ -117,15 +121,23 @@ class CheckpointSave {
 CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpState& state,
                                optim::ShardedOptimizer* optimizer);
 
+// A published checkpoint is a directory named exactly step-<digits> (at most 18) holding a
+// manifest.json; anything else beside them (a user's step-00000500-best or .bak copy) is never
+// taken, pruned or removed. `run_id` (non-empty): only that run's checkpoints (and those saved
+// before run ids, which name none) are considered.
+//
 // The newest published checkpoint under checkpoints_dir ("" if none); `partial` ones are ignored.
 // max_step >= 0: the newest at or before that step (a rollback's target).
-std::string find_latest_checkpoint(const std::string& checkpoints_dir, int64_t max_step = -1);
+std::string find_latest_checkpoint(const std::string& checkpoints_dir, int64_t max_step = -1,
+                                   const std::string& run_id = "");
 // Removes published checkpoints after `step` (a rollback discards the steps after its target).
-void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step);
-// Removes published checkpoints beyond the newest `keep`, and leftover *.partial directories.
+void remove_checkpoints_after(const std::string& checkpoints_dir, int64_t step, const std::string& run_id = "");
+// Removes published checkpoints beyond the newest `keep` (by step number), and leftover
+// step-<digits>.partial directories of interrupted saves. keep <= 0 keeps all.
 // keep_at_or_before >= 0: the newest checkpoint at or before that step is kept whatever `keep`
 // says (the one a rollback over the current streak of skipped steps would need).
-void prune_checkpoints(const std::string& checkpoints_dir, int keep, int64_t keep_at_or_before = -1);
+void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep, int64_t keep_at_or_before = -1,
+                       const std::string& run_id = "");
 
 // The manifest's step, model name and config, checked as load_checkpoint checks it (no data read).
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir);

@@ -56,10 +56,16 @@ struct RenderedExample {
   std::vector<uint8_t> trained;  // per token: 1 where the model is trained to produce it
 };
 
-RenderedExample render_chat(const InstructionExample& example, ChatFormat format, const Tokenizer& tokenizer);
+// special_tokens_in_content: how a message's own text is encoded. Control (the default, as
+// transformers' apply_chat_template then encode does): "<|eot_id|>" written in a message becomes
+// that control token. Text: it stays the characters it is (split_special_tokens=True).
+enum class ContentSpecialTokens { Control, Text };
+RenderedExample render_chat(const InstructionExample& example, ChatFormat format, const Tokenizer& tokenizer,
+                            ContentSpecialTokens content = ContentSpecialTokens::Control);
 // The prompt a model answers in the chat format: the messages, then the assistant's header (llama3),
 // as Llama 3's chat template renders it with add_generation_prompt.
-std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format, const Tokenizer& tokenizer);
+std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format, const Tokenizer& tokenizer,
+                                   ContentSpecialTokens content = ContentSpecialTokens::Control);
 // The token that ends an assistant turn: <|eot_id|> (llama3) or end-of-text (plain; -1 if none).
 int32_t end_of_turn(ChatFormat format, const Tokenizer& tokenizer);
 

@@ -60,8 +60,14 @@ class TokenFile final : public TokenSource {
   int64_t vocab_size() const override { return vocab_; }
   int bytes_per_token() const { return token_bytes_; }
   const std::string& path() const { return path_; }
-  // Tokens [start, start + length) as int64 [length]. Throws if out of range or a token >= vocab.
+  // Tokens [start, start + length) as int64 [length]. Throws if out of range or a token >= vocab,
+  // and, naming the file, if it was rewritten in place or shortened since it was opened: the
+  // mapping would otherwise show other tokens than the run started with, or die of SIGBUS.
   at::Tensor read(int64_t start, int64_t length) const override;
+  // "<bytes> bytes, crc32 <hex>": the size and a checksum of the header and three 4 KiB blocks
+  // (start, middle, end), taken at open. Ranks compare theirs: different copies on different hosts
+  // would give each rank other tokens, silently.
+  const std::string& fingerprint() const { return fingerprint_; }
 
  private:
   std::string path_;
@@ -71,6 +77,11 @@ class TokenFile final : public TokenSource {
   int64_t count_ = 0;
   int64_t vocab_ = 0;
   int token_bytes_ = 0;
+  std::string fingerprint_;
+  // The file as opened: a rewrite in place changes its modification time, a truncation its size
+  // (a replacement by rename, as fsdp-data writes, is another inode: the mapping keeps the old one).
+  uint64_t device_ = 0, inode_ = 0;
+  int64_t modified_ns_ = 0;
 };
 
 }  // namespace fsdp::data

@@ -32,6 +32,8 @@ class TokenShards final : public TokenSource {
   at::Tensor read(int64_t start, int64_t length) const override;
   size_t shard_count() const { return shards_.size(); }
   const std::string& spec() const { return spec_; }
+  // The shards' sizes and checksums (TokenFile::fingerprint) in one line, to compare across ranks.
+  std::string fingerprint() const;
 
  private:
   std::string spec_;

@@ -27,6 +27,10 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
+  // The text as plain text: special-token text in it ("<|eot_id|>") is encoded as its characters,
+  // never as the control token (Hugging Face's split_special_tokens=True). Tokenizers with no
+  // special tokens in text encode as encode() does.
+  virtual std::vector<int32_t> encode_plain(const std::string& text) const { return encode(text); }
   // Valid UTF-8 always: bytes that make no character (a sample cut mid-character) become U+FFFD,
   // one per maximal invalid stretch, as Hugging Face's decoders do (src/data/utf8_repair.h).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
@@ -73,6 +77,7 @@ class HfTokenizer : public Tokenizer {
   ~HfTokenizer() override;
   // Text must be valid UTF-8 (std::invalid_argument names the byte offset otherwise).
   std::vector<int32_t> encode(const std::string& text) const override;
+  std::vector<int32_t> encode_plain(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   std::string name() const override { return "hf"; }

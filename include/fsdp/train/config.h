@@ -62,6 +62,9 @@ struct DataConfig {
   // fortunes and token_files: a window's documents (ended by the end-of-text token) attend only to
   // themselves, positions restarting at each, as packed examples do
   bool document_masking = false;
+  // instructions: special-token text in a message ("<|eot_id|>") stays text (true) instead of
+  // becoming the control token (false, transformers' default)
+  bool split_special_tokens = false;
 };
 
 struct OptimizerConfig {
@@ -236,6 +239,9 @@ std::string resolved_lora_base_dtype(const TrainConfig& config);  // checkpoint.
 // The resolved configuration as TOML (written beside the run's metrics): every key that applies,
 // numbers as written (0.95, not 0.9499999999999996).
 std::string to_toml(const TrainConfig& config);
+// `text` as a TOML basic string, quotes, backslashes and control characters escaped: for building
+// an override (--output-dir DIR) or a config from text a user gave.
+std::string toml_string(const std::string& text);
 
 // Every key with its type, one line of help and its default, section by section (--list-keys).
 std::string list_config_keys();

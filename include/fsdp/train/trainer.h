@@ -3,8 +3,8 @@
 // records metrics. Every rank of `world` calls train() with the same config.
 //
 // What it writes (rank 0, into config.output_dir, only after the config and data were checked on
-// every rank): config.toml (the resolved configuration), metrics.jsonl (one object per step and
-// per evaluation), sample.txt (language models).
+// every rank): run.json (the run's id, run_directory.h), config.toml (the resolved configuration),
+// metrics.jsonl (one object per step and per evaluation), sample.txt (language models).
 #pragma once
 
 #include <stdexcept>
@@ -17,6 +17,7 @@
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/reporting.h"
+#include "fsdp/train/run_directory.h"
 #include "fsdp/train/sharded_model.h"  // build_sharded_model: what train() trains
 
 namespace fsdp::train {
@@ -58,6 +59,9 @@ struct TrainerOptions {
   // Continue from a checkpoint: a checkpoint directory, or "latest" (the newest under
   // checkpoint.dir). The loss trajectory then equals the uninterrupted run's (same N, fp32).
   std::string resume;
+  // The output directory as claimed for this run (run_directory.h); null: train() claims it itself
+  // (when write_files), from `resume`. Given, its resume_from() replaces `resume`.
+  std::shared_ptr<RunDirectory> run;
   // fsdp-train --profile-steps A:B: steps A to B (1-based, both included) are recorded by libtorch's
   // profiler into a Chrome trace per rank, <output_dir>/profile/trace-rank<R>.json. 0: off.
   int64_t profile_first = 0, profile_last = 0;
