@@ -47,6 +47,15 @@ struct TokenizerArgs {
   std::unique_ptr<fsdp::data::Tokenizer> make() const {
     return fsdp::data::make_tokenizer(kind, vocab_json, merges_txt, tokenizer_json);
   }
+  // The same tokenizer as fsdp-train's --set flags (the byte tokenizer is its default: none).
+  std::string train_settings() const {
+    auto set = [](const std::string& key, const std::string& value) {
+      return " --set " + key + "='\"" + value + "\"'";
+    };
+    if (kind == "gpt2") return set("data.tokenizer", "gpt2") + set("data.vocab_json", vocab_json) + set("data.merges_txt", merges_txt);
+    if (kind == "hf") return set("data.tokenizer", "hf") + set("data.tokenizer_json", tokenizer_json);
+    return "";
+  }
 };
 
 // Each line {"text": "..."} -> {"ids": [...]} (and "decoded" with --decode), written beside the
@@ -214,7 +223,7 @@ void train_tokenizer(const std::string& output_dir, const std::vector<std::strin
 // fsdp-data corpus: the progress on standard error (a bar redrawn in place on a terminal, else a
 // line each tenth), then the summary and the config lines that train on it.
 void run_corpus(const std::vector<std::string>& inputs, const fsdp::data::Tokenizer& tokenizer,
-                const fsdp::data::CorpusOptions& options) {
+                const fsdp::data::CorpusOptions& options, const std::string& tokenizer_settings) {
   const bool terminal = ::isatty(STDERR_FILENO) != 0;
   int64_t printed_tenth = 0;
   auto progress = [&](const fsdp::data::CorpusProgress& p) {
@@ -249,14 +258,17 @@ void run_corpus(const std::vector<std::string>& inputs, const fsdp::data::Tokeni
               static_cast<long long>(s.train_tokens), s.train_shards, s.train_shards == 1 ? "" : "s",
               static_cast<long long>(s.validation_tokens), s.validation_shards, s.validation_shards == 1 ? "" : "s");
   if (s.validation_shards > 0) {
+    // The tokenizer too: a run with another (the byte default) would be refused (the shards say
+    // which made them), and the sample needs it.
     std::printf("train on it with: --set data.source='\"token_files\"' --set data.train_tokens='\"%s/train\"' "
-                "--set data.validation_tokens='\"%s/validation\"'\n", options.output_dir.c_str(), options.output_dir.c_str());
+                "--set data.validation_tokens='\"%s/validation\"'%s\n", options.output_dir.c_str(), options.output_dir.c_str(),
+                tokenizer_settings.c_str());
   }
 }
 
 void write(const std::string& path, const std::vector<int32_t>& tokens, const fsdp::data::Tokenizer& tokenizer,
            size_t documents) {
-  fsdp::data::write_token_file(path, tokens, tokenizer.vocab_size());
+  fsdp::data::write_token_file(path, tokens, tokenizer.vocab_size(), tokenizer.stamp());
   std::printf("%s: %zu documents, %zu tokens (%s tokenizer, vocab %lld)\n", path.c_str(), documents, tokens.size(),
               tokenizer.name().c_str(), static_cast<long long>(tokenizer.vocab_size()));
 }
@@ -386,13 +398,14 @@ int main(int argc, char** argv) {
       auto documents = fsdp::data::read_text_files(inputs);
       write(output, fsdp::data::tokenize_documents(documents, *tokenizer), *tokenizer, documents.size());
     } else if (corpus->parsed()) {
-      run_corpus(corpus_inputs, *corpus_tokenizer.make(), corpus_options);
+      run_corpus(corpus_inputs, *corpus_tokenizer.make(), corpus_options, corpus_tokenizer.train_settings());
     } else if (tokenize->parsed()) {
       tokenize_lines(*tokenize_tokenizer.make(), tokenize_input, tokenize_output, tokenize_decode);
     } else if (inspect->parsed()) {
       fsdp::data::TokenFile file(inspect_path);
-      std::printf("%s: %lld tokens, vocab %lld, %d bytes per token\n", inspect_path.c_str(),
-                  static_cast<long long>(file.size()), static_cast<long long>(file.vocab_size()), file.bytes_per_token());
+      std::printf("%s: %lld tokens, vocab %lld, %d bytes per token, made with %s\n", inspect_path.c_str(),
+                  static_cast<long long>(file.size()), static_cast<long long>(file.vocab_size()), file.bytes_per_token(),
+                  file.tokenizer_stamp().describe().c_str());
       const int64_t n = std::min(show, file.size());
       at::Tensor first = file.read(0, n);
       std::vector<int32_t> ids(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + n);

@@ -13,7 +13,10 @@ start=$SECONDS
 echo "build: $what ($estimate; log: ${log#$PWD/})"
 terminal=0
 [ -t 1 ] && terminal=1
-"$@" >"$log" 2>&1 &
+# The log exists before tail looks: tail -F on a file not there yet retries by polling, and under
+# load the first lines then came as late as the build's end (CI, 2026-12-05: 4 s of a 4 s build).
+: >"$log"
+"$@" >>"$log" 2>&1 &
 build=$!
 # Debian's awk (mawk) reads a pipe in 4 KB blocks, which held every line back until the build
 # ended; -W interactive makes it read line by line (gawk reads lines as they come anyway).

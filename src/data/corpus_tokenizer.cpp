@@ -121,7 +121,8 @@ class DocumentReader {
 // One split's shards: tokens are appended in order and written shard_tokens at a time.
 class ShardWriter {
  public:
-  ShardWriter(fs::path dir, int64_t vocab, int64_t shard_tokens) : dir_(std::move(dir)), vocab_(vocab), shard_tokens_(shard_tokens) {}
+  ShardWriter(fs::path dir, int64_t vocab, int64_t shard_tokens, TokenizerStamp made_by)
+      : dir_(std::move(dir)), vocab_(vocab), shard_tokens_(shard_tokens), made_by_(made_by) {}
 
   void append(const std::vector<int32_t>& tokens) {
     buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
@@ -150,7 +151,7 @@ class ShardWriter {
     if (shards_ == 0) fs::create_directories(dir_);
     char name[32];
     std::snprintf(name, sizeof(name), "shard-%05d.tok", shards_++);
-    write_token_file((dir_ / name).string(), tokens, vocab_);
+    write_token_file((dir_ / name).string(), tokens, vocab_, made_by_);
   }
 
   fs::path dir_;
@@ -158,6 +159,7 @@ class ShardWriter {
   std::vector<int32_t> buffer_;  // int32 tokens not yet in a shard (< shard_tokens between appends)
   int64_t total_ = 0;
   int shards_ = 0;
+  TokenizerStamp made_by_;  // written into every shard's header
 };
 
 // Tokens of documents [begin, end) of a batch, each followed by the separator, by split.
@@ -222,8 +224,8 @@ CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Toke
   try {
     fs::create_directories(partial);
     const std::vector<int32_t> separator = document_separator(tokenizer);
-    ShardWriter train(partial / "train", tokenizer.vocab_size(), options.shard_tokens);
-    ShardWriter validation(partial / "validation", tokenizer.vocab_size(), options.shard_tokens);
+    ShardWriter train(partial / "train", tokenizer.vocab_size(), options.shard_tokens, tokenizer.stamp());
+    ShardWriter validation(partial / "validation", tokenizer.vocab_size(), options.shard_tokens, tokenizer.stamp());
     std::vector<RawDocument> batch;
     while (reader.next_batch(options.batch_bytes, batch)) {
       // Contiguous ranges of about equal bytes, one a thread; the calling thread takes the first.

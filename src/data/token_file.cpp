@@ -28,7 +28,7 @@ struct Header {
   uint32_t version;
   uint32_t token_bytes;
   uint32_t vocab;
-  uint32_t reserved;
+  uint32_t made_by;  // TokenizerStamp: kind << 24 | low 24 bits of the crc32 of its files
   uint64_t count;
 };
 static_assert(sizeof(Header) == kHeaderBytes, "token file header must be 32 bytes");
@@ -37,7 +37,8 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
-void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size) {
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
+                      TokenizerStamp made_by) {
   if (vocab_size <= 0 || vocab_size > (int64_t{1} << 32) - 1) {
     throw std::invalid_argument("write_token_file: vocabulary size " + std::to_string(vocab_size) + " out of range");
   }
@@ -48,6 +49,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   header.token_bytes = token_bytes;
   header.vocab = static_cast<uint32_t>(vocab_size);
   header.count = tokens.size();
+  header.made_by = (static_cast<uint32_t>(made_by.kind) << 24) | (made_by.checksum & 0xFFFFFFu);
 
   std::vector<unsigned char> body(tokens.size() * token_bytes);
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -145,6 +147,11 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   }
   count_ = static_cast<int64_t>(header.count);
   vocab_ = header.vocab;
+  const uint32_t kind = header.made_by >> 24;
+  if (kind > static_cast<uint32_t>(TokenizerKind::Hf)) {
+    fail("the header names tokenizer kind " + std::to_string(kind) + " (known: 1 byte, 2 gpt2, 3 hf; 0 none)");
+  }
+  stamp_ = {static_cast<TokenizerKind>(kind), header.made_by & 0xFFFFFFu};
   token_bytes_ = static_cast<int>(header.token_bytes);
   device_ = static_cast<uint64_t>(info.st_dev);
   inode_ = static_cast<uint64_t>(info.st_ino);

@@ -80,6 +80,11 @@ TokenShards::TokenShards(const std::string& spec) : spec_(spec) {
                                  "-byte tokens, '" + path + "' vocabulary " + std::to_string(shard->vocab_size()) + " in " +
                                  std::to_string(shard->bytes_per_token()) + "-byte tokens (a corpus is one tokenizer's)");
       }
+      if (shard->tokenizer_stamp() != first.tokenizer_stamp()) {
+        throw std::runtime_error("token shards of '" + spec + "' differ: '" + first.path() + "' was made with " +
+                                 first.tokenizer_stamp().describe() + ", '" + path + "' with " +
+                                 shard->tokenizer_stamp().describe() + " (a corpus is one tokenizer's)");
+      }
     }
     starts_.push_back(total_);
     total_ += shard->size();

@@ -1,10 +1,12 @@
 #include "fsdp/data/tokenizer.h"
 
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include <algorithm>
 #include <limits>
 #include <climits>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -14,6 +16,38 @@
 #include "unicode_regex.h"
 
 namespace fsdp::data {
+
+namespace {
+// The low 24 bits of the crc32 of the files' contents, in order (TokenizerStamp::checksum).
+uint32_t files_checksum(std::initializer_list<std::string> paths) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size()));
+  }
+  return static_cast<uint32_t>(crc) & 0xFFFFFFu;
+}
+}  // namespace
+
+const char* tokenizer_kind_name(TokenizerKind kind) {
+  switch (kind) {
+    case TokenizerKind::Byte: return "byte";
+    case TokenizerKind::Gpt2: return "gpt2";
+    case TokenizerKind::Hf: return "hf";
+    case TokenizerKind::Unknown: break;
+  }
+  return "";
+}
+
+std::string TokenizerStamp::describe() const {
+  if (kind == TokenizerKind::Unknown) return "an unknown tokenizer";
+  if (kind == TokenizerKind::Byte) return "the byte tokenizer";
+  char text[96];
+  std::snprintf(text, sizeof(text), "the %s tokenizer (%s crc32 ...%06x)", tokenizer_kind_name(kind),
+                kind == TokenizerKind::Hf ? "tokenizer.json's" : "vocab.json and merges.txt's", checksum);
+  return text;
+}
 
 std::vector<int32_t> ByteTokenizer::encode(const std::string& text) const {
   std::vector<int32_t> ids(text.size());
@@ -71,7 +105,8 @@ std::vector<std::string> Gpt2BpeTokenizer::split_words(const std::string& text) 
   return words;
 }
 
-Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_json_path, const std::string& merges_txt_path) {
+Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_json_path, const std::string& merges_txt_path)
+    : checksum_(files_checksum({vocab_json_path, merges_txt_path})) {
   const nlohmann::json vocab = read_json(vocab_json_path, "gpt2 tokenizer");
   if (!vocab.is_object() || vocab.empty()) {
     throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "' must be a JSON object of token -> id");
@@ -147,7 +182,7 @@ struct HfTokenizer::SplitStep {
   std::unique_ptr<UnicodeRegex> regex;
 };
 
-HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" + path + "'") {
+HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" + path + "'"), checksum_(files_checksum({path})) {
   const nlohmann::json root = read_json(path, "hf tokenizer");
   auto refuse = [&](const std::string& what) {
     throw std::runtime_error("hf tokenizer: " + source_ + ": " + what +

@@ -24,6 +24,22 @@ std::string fixed(double value, int decimals) {
 }
 
 // Instruction JSONL, rendered in the chat format: one padded row per example (data/instructions.h).
+// Token files that say which tokenizer made them (fsdp-data since 2026-12-05) are trained with that
+// one: data.tokenizer (and its files) must name it, else the run is refused, saying which: the model
+// would be sized to the files' vocabulary and no sample could be written, silently.
+void check_tokenizer_of(const data::TokenShards& shards, const DataConfig& d, const data::Tokenizer* tokenizer) {
+  const data::TokenizerStamp made_by = shards.tokenizer_stamp();
+  if (!made_by.known()) return;  // files from before the stamp: as before, the config is trusted
+  const data::TokenizerStamp configured = tokenizer ? tokenizer->stamp() : data::TokenizerStamp{};
+  if (configured == made_by) return;
+  const std::string wanted = data::tokenizer_kind_name(made_by.kind);
+  std::string how = "set data.tokenizer = \"" + wanted + "\"";
+  if (made_by.kind == data::TokenizerKind::Hf) how += " and data.tokenizer_json to that tokenizer.json";
+  if (made_by.kind == data::TokenizerKind::Gpt2) how += " and data.vocab_json, data.merges_txt to those files";
+  throw std::runtime_error("token files '" + shards.spec() + "' were made with " + made_by.describe() + ", and this run's is " +
+                           (tokenizer ? configured.describe() : "data.tokenizer = \"" + d.tokenizer + "\"") + ": " + how);
+}
+
 LoadedData load_instructions(const TrainConfig& c) {
   const auto& d = c.data;
   LoadedData loaded;
@@ -139,6 +155,8 @@ LoadedData load_data(const TrainConfig& c) {
     if (d.tokenizer == "gpt2" || d.tokenizer == "hf") {
       loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt, d.tokenizer_json);
     }
+    check_tokenizer_of(*train_shards, d, loaded.tokenizer.get());
+    check_tokenizer_of(*validation_shards, d, loaded.tokenizer.get());
     auto shards_of = [](const data::TokenShards& shards) {
       return shards.shard_count() == 1 ? shards.spec() : shards.spec() + " (" + std::to_string(shards.shard_count()) + " shards)";
     };

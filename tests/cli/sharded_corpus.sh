@@ -4,6 +4,7 @@
 # one token file holding the same tokens (the shards concatenated): every step's loss and gradient
 # norm must be bitwise equal (windows drawn across shard boundaries read the same tokens). A run
 # resumed from the sharded run's step-3 checkpoint must continue with its losses, also bitwise.
+# Shards made with an hf tokenizer refuse a run left with the byte one, naming it; the hint works.
 # Usage: sharded_corpus.sh FSDP_TRAIN FSDP_DATA MPIRUN
 set -uo pipefail
 train=$1 data=$2 mpirun=$3
@@ -89,3 +90,29 @@ if sorted(resumed) != [4, 5, 6] or any(resumed[s] != sharded[s] for s in resumed
 print(f"ok   6 steps on the shards equal one token file's bitwise (loss {sharded[1][0]:.4f} -> {sharded[6][0]:.4f}); "
       "resumed at step 3 from a glob of the shards, steps 4-6 equal")
 PY
+
+# Shards made with a Hugging Face tokenizer say so in their header: a run left with the byte
+# tokenizer (data.tokenizer's default, as docs/training.md's recipe once left it) is refused,
+# naming the tokenizer; with the settings fsdp-data corpus prints, it trains.
+log="$work/tokenizer.log"
+"$data" train-tokenizer --output-dir "$work/tok" --vocab-size 400 "$work/corpus.jsonl" >"$log" 2>&1 || fail "train-tokenizer failed"
+log="$work/hf-corpus.log"
+"$data" corpus --output-dir "$work/hf-corpus" --tokenizer hf --tokenizer-json "$work/tok/tokenizer.json" --threads 2 \
+  --shard-tokens 20000 --validation-percent 5 "$work/corpus.jsonl" >"$log" 2>&1 || fail "fsdp-data corpus with the hf tokenizer failed"
+hint=$(grep -o "train on it with: .*" "$log" | sed 's/^train on it with: //')
+grep -qF -- "--set data.tokenizer='\"hf\"' --set data.tokenizer_json='\"$work/tok/tokenizer.json\"'" <<<"$hint" ||
+  fail "fsdp-data corpus's hint leaves out the tokenizer: $hint"
+log="$work/wrong-tokenizer.log"
+if timeout 300 "$mpirun" --oversubscribe --bind-to none -np 2 "$train" "$work/base.toml" --progress lines \
+  --set "output_dir=\"$work/wrong-tokenizer\"" --set "data.train_tokens=\"$work/hf-corpus/train\"" \
+  --set "data.validation_tokens=\"$work/hf-corpus/validation\"" >"$log" 2>&1; then
+  fail "a run with the byte tokenizer on shards made with an hf one was not refused"
+fi
+grep -q "were made with the hf tokenizer" "$log" || fail "the refusal does not name the shards' tokenizer"
+echo "ok   shards of an hf tokenizer with data.tokenizer left as byte: $(grep -m1 'were made with' "$log" | cut -c1-200)"
+log="$work/right-tokenizer.log"
+eval "set -- $hint"
+timeout 300 "$mpirun" --oversubscribe --bind-to none -np 2 "$train" "$work/base.toml" --progress lines \
+  --set "output_dir=\"$work/right-tokenizer\"" --set train.steps=2 "$@" >"$log" 2>&1 ||
+  fail "training with the settings fsdp-data corpus printed failed"
+echo "ok   with the settings fsdp-data corpus printed, it trains: $(grep -m1 'data: ' "$log" | cut -c1-160)"

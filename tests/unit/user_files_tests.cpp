@@ -24,6 +24,7 @@
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/data/instructions.h"
 #include "fsdp/data/token_file.h"
+#include "fsdp/data/token_shards.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/train/config.h"
 
@@ -291,6 +292,26 @@ TEST(UserFiles, SpecialTokenTextInAMessageIsAControlTokenOnlyByDefault) {
   EXPECT_EQ(count_eot(fsdp::data::ContentSpecialTokens::Control), 3);  // the user's, and the two turns' ends
   EXPECT_EQ(count_eot(fsdp::data::ContentSpecialTokens::Text), 2);
   EXPECT_EQ(tokenizer.decode(tokenizer.encode_plain("say <|eot_id|> please")), "say <|eot_id|> please");
+}
+
+// A token file says which tokenizer made it; a corpus whose shards disagree is refused.
+TEST(UserFiles, TokenFilesSayWhichTokenizerMadeThem) {
+  Scratch s;
+  const fsdp::data::TokenizerStamp hf{fsdp::data::TokenizerKind::Hf, 0xabc123};
+  fs::create_directories(s.dir / "c");
+  fsdp::data::write_token_file((s.dir / "c" / "shard-00000.tok").string(), {1, 2, 3}, 300, hf);
+  EXPECT_EQ(fsdp::data::TokenFile((s.dir / "c" / "shard-00000.tok").string()).tokenizer_stamp(), hf);
+  fsdp::data::write_token_file((s.dir / "old.tok").string(), {1, 2, 3}, 300);  // says nothing, as before
+  EXPECT_FALSE(fsdp::data::TokenFile((s.dir / "old.tok").string()).tokenizer_stamp().known());
+  fsdp::data::write_token_file((s.dir / "c" / "shard-00001.tok").string(), {1, 2, 3}, 300,
+                               {fsdp::data::TokenizerKind::Hf, 0x123456});
+  try {
+    fsdp::data::TokenShards shards((s.dir / "c").string());
+    FAIL() << "shards of two tokenizers were taken";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("crc32 ...abc123"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fsdp::data::ByteTokenizer().stamp(), (fsdp::data::TokenizerStamp{fsdp::data::TokenizerKind::Byte, 0}));
 }
 
 }  // namespace user_files_tests

@@ -5,7 +5,9 @@
 //   bytes 8-11   uint32 format version (1)
 //   bytes 12-15  uint32 bytes per token: 2 (uint16, vocab <= 65536) or 4 (uint32)
 //   bytes 16-19  uint32 vocabulary size (every token is below it)
-//   bytes 20-23  uint32 reserved, 0
+//   bytes 20-23  uint32 the tokenizer that made it (0: not said, files before 2026-12-05): its kind in
+//                the high byte (1 byte, 2 gpt2, 3 hf), in the low 24 bits those of the crc32 of its
+//                files (TokenizerStamp, tokenizer.h); a run on the file checks its tokenizer is that one
 //   bytes 24-31  uint64 token count
 //   bytes 32-    count tokens
 #pragma once
@@ -16,13 +18,17 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/data/tokenizer.h"
+
 namespace fsdp::data {
 
 constexpr uint32_t kTokenFileVersion = 1;
 
 // Writes atomically: to a temporary file beside `path`, flushed to disk, then renamed over it.
 // Throws std::runtime_error naming the file (and std::invalid_argument for a token >= vocab).
-void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size);
+// `made_by`: the tokenizer the tokens come from (stored in the header; default: not said).
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size,
+                      TokenizerStamp made_by = {});
 
 // A sequence of token ids, on disk or in memory.
 class TokenSource {
@@ -68,6 +74,8 @@ class TokenFile final : public TokenSource {
   // (start, middle, end), taken at open. Ranks compare theirs: different copies on different hosts
   // would give each rank other tokens, silently.
   const std::string& fingerprint() const { return fingerprint_; }
+  // The tokenizer the header says made it (kind Unknown when it says none).
+  TokenizerStamp tokenizer_stamp() const { return stamp_; }
 
  private:
   std::string path_;
@@ -78,6 +86,7 @@ class TokenFile final : public TokenSource {
   int64_t vocab_ = 0;
   int token_bytes_ = 0;
   std::string fingerprint_;
+  TokenizerStamp stamp_;
   // The file as opened: a rewrite in place changes its modification time, a truncation its size
   // (a replacement by rename, as fsdp-data writes, is another inode: the mapping keeps the old one).
   uint64_t device_ = 0, inode_ = 0;

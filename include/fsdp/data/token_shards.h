@@ -34,6 +34,8 @@ class TokenShards final : public TokenSource {
   const std::string& spec() const { return spec_; }
   // The shards' sizes and checksums (TokenFile::fingerprint) in one line, to compare across ranks.
   std::string fingerprint() const;
+  // The tokenizer the shards say made them (all the same, checked when opened).
+  TokenizerStamp tokenizer_stamp() const { return shards_.front()->tokenizer_stamp(); }
 
  private:
   std::string spec_;

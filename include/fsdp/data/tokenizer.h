@@ -23,6 +23,22 @@
 
 namespace fsdp::data {
 
+// Which tokenizer made a sequence of ids: its kind and a checksum of the files it was read from
+// (tokenizer.json; vocab.json then merges.txt), so that token files can say what made them and a
+// run on them can check its own tokenizer is that one (token_file.h stores it in 4 bytes).
+enum class TokenizerKind : uint8_t { Unknown = 0, Byte = 1, Gpt2 = 2, Hf = 3 };
+struct TokenizerStamp {
+  TokenizerKind kind = TokenizerKind::Unknown;
+  uint32_t checksum = 0;  // the low 24 bits of the crc32 of the tokenizer's files; 0 for byte
+  bool known() const { return kind != TokenizerKind::Unknown; }
+  bool operator==(const TokenizerStamp& o) const { return kind == o.kind && checksum == o.checksum; }
+  bool operator!=(const TokenizerStamp& o) const { return !(*this == o); }
+  // "the hf tokenizer (files' crc32 ...a1b2c3)", "the byte tokenizer", "an unknown tokenizer"
+  std::string describe() const;
+};
+// The kind's name in a config (data.tokenizer): "byte", "gpt2", "hf", or "" when unknown.
+const char* tokenizer_kind_name(TokenizerKind kind);
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -38,6 +54,8 @@ class Tokenizer {
   virtual std::string name() const = 0;
   // End-of-text id placed between documents, or -1 when the vocabulary has none.
   virtual int32_t end_of_text() const { return -1; }
+  // What this tokenizer is, for token files (TokenizerStamp).
+  virtual TokenizerStamp stamp() const { return {}; }
 };
 
 class ByteTokenizer : public Tokenizer {
@@ -46,6 +64,7 @@ class ByteTokenizer : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return 256; }
   std::string name() const override { return "byte"; }
+  TokenizerStamp stamp() const override { return {TokenizerKind::Byte, 0}; }
 };
 
 class ByteLevelBpe;  // src/data/byte_level_bpe.h
@@ -61,6 +80,7 @@ class Gpt2BpeTokenizer : public Tokenizer {
   int64_t vocab_size() const override;
   std::string name() const override { return "gpt2"; }
   int32_t end_of_text() const override { return end_of_text_; }
+  TokenizerStamp stamp() const override { return {TokenizerKind::Gpt2, checksum_}; }
 
   // GPT-2's pre-tokenisation of text into pieces (exposed for tests). Text must be valid UTF-8.
   static std::vector<std::string> split_words(const std::string& text);
@@ -68,6 +88,7 @@ class Gpt2BpeTokenizer : public Tokenizer {
  private:
   std::unique_ptr<ByteLevelBpe> bpe_;
   int32_t end_of_text_ = -1;
+  uint32_t checksum_ = 0;  // of vocab.json then merges.txt (TokenizerStamp)
 };
 
 class HfTokenizer : public Tokenizer {
@@ -81,6 +102,7 @@ class HfTokenizer : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   std::string name() const override { return "hf"; }
+  TokenizerStamp stamp() const override { return {TokenizerKind::Hf, checksum_}; }
   // <|end_of_text|>, <|endoftext|> or </s>, the first that is an added token; else -1.
   int32_t end_of_text() const override { return end_of_text_; }
   // An added (or vocabulary) token's id, -1 when absent: "<|eot_id|>", "<|start_header_id|>".
@@ -100,6 +122,7 @@ class HfTokenizer : public Tokenizer {
   bool starts_added_[256] = {};                         // bytes an added token begins with
   int64_t vocab_size_ = 0;
   int32_t end_of_text_ = -1;
+  uint32_t checksum_ = 0;  // of tokenizer.json (TokenizerStamp)
 };
 
 // kind: "byte", "gpt2" (which needs vocab_json and merges_txt), or "hf" (which needs
