@@ -43,6 +43,9 @@ every = 2
 TOML
 
 # 1. kill -9 rank 1 while it is inside the save of step 4.
+# (Each case empties the log before its job starts in the background: the waits below must not
+# find the previous case's lines before the new job's redirection has truncated it.)
+: >"$work/log"
 FSDP_TEST_PAUSE_IN_SAVE_MS=120000 FSDP_TEST_PAUSE_RANK=1 FSDP_TEST_PAUSE_AT_STEP=4 \
   "${ranks[@]}" -x FSDP_TEST_PAUSE_IN_SAVE_MS -x FSDP_TEST_PAUSE_RANK -x FSDP_TEST_PAUSE_AT_STEP \
   "$train" "$work/run.toml" --progress lines >"$work/log" 2>&1 &
@@ -67,6 +70,7 @@ echo "ok   --resume latest after the crash: continued from step 2 to 6"
 # 2. SIGTERM to both ranks mid-run.
 sed -e 's/^steps = 6/steps = 100000/' -e 's/^every = 2/every = 0/' "$work/run.toml" >"$work/long.toml"
 rm -rf "$work/run"
+: >"$work/log"
 "${ranks[@]}" "$train" "$work/long.toml" --progress lines >"$work/log" 2>&1 &
 launcher=$!
 wait_for "$work/log" "step 3/" 120 || fail "training did not start"
@@ -88,6 +92,7 @@ echo "ok   --resume latest after SIGTERM: continued from step $stopped"
 # 3. checkpoint.async: kill -9 rank 1 while its background thread writes step 4 (the hook pauses
 #    the thread; the ranks train on meanwhile, then wait for it at the next save).
 rm -rf "$work/run"
+: >"$work/log"
 FSDP_TEST_PAUSE_IN_SAVE_MS=120000 FSDP_TEST_PAUSE_RANK=1 FSDP_TEST_PAUSE_AT_STEP=4 \
   "${ranks[@]}" -x FSDP_TEST_PAUSE_IN_SAVE_MS -x FSDP_TEST_PAUSE_RANK -x FSDP_TEST_PAUSE_AT_STEP \
   "$train" "$work/run.toml" --progress lines --set checkpoint.async=true >"$work/log" 2>&1 &
