@@ -88,8 +88,9 @@ nlohmann::json to_json(const Plan& p) {
       {"seq_len", in.seq_len}, {"loss_chunk_tokens", in.loss_chunk_tokens}, {"max_inflight", in.max_inflight},
       {"memory_bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                         {"gathered", m.gathered}, {"reduced", m.reduced}, {"activations", m.activations}, {"overhead", m.overhead},
-                        {"device_total", m.device_total()}, {"host_total", m.host_total},
+                        {"data", m.data}, {"device_total", m.device_total()}, {"host_total", m.host_total},
                         {"checkpoint_staging", m.checkpoint_staging}}},
+      {"cpu", in.cpu}, {"peak_bytes", p.peak_bytes},
       {"device_memory_bytes", in.device_memory_bytes}, {"fits", p.fits}, {"headroom_bytes", p.headroom_bytes},
       {"comm_bytes_per_step", {{"all_gather", p.comm.all_gather}, {"reduce_scatter", p.comm.reduce_scatter},
                                {"all_reduce", p.comm.all_reduce}, {"across_nodes", p.comm.across_nodes}}},
@@ -165,8 +166,14 @@ void print_plan(const Plan& p, bool compact) {
               in.device_memory_bytes > 0 ? format_bytes(static_cast<double>(in.device_memory_bytes)).c_str() : "-",
               verdict.c_str());
   if (m.host_total > 0) std::printf("  %-28s %12s\n", "host (offloaded shards)", format_bytes(static_cast<double>(m.host_total)).c_str());
+  if (m.data > 0) std::printf("  %-28s %12s\n", "host (data held)", format_bytes(static_cast<double>(m.data)).c_str());
   if (m.checkpoint_staging > 0) {
     std::printf("  %-28s %12s\n", "host (async save staging)", format_bytes(static_cast<double>(m.checkpoint_staging)).c_str());
+  }
+  if (in.cpu) {
+    std::printf("  %-28s %12s  (train.device = cpu: one process holds all of the above; the run's report\n"
+                "  %-28s %12s   compares its measured resident peak with this)\n",
+                "process peak", format_bytes(static_cast<double>(p.peak_bytes)).c_str(), "", "");
   }
   std::printf("communication per step per rank: all-gather %s, reduce-scatter %s, all-reduce %s (across nodes %s)\n",
               format_bytes(static_cast<double>(p.comm.all_gather)).c_str(),
@@ -253,7 +260,8 @@ int main(int argc, char** argv) {
   app.add_flag("--embeddings-in-root", embeddings_in_root,
                "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
   app.add_option("--max-inflight", max_inflight, "K: unit buffers alive besides the computing one")->check(CLI::NonNegativeNumber);
-  app.add_option("--overhead", overhead, "the process's own memory per rank, e.g. 2GiB (default 512MiB; --calibrate measures)");
+  app.add_option("--overhead", overhead, "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 128MiB for a config "
+                 "with train.device = cpu; --calibrate measures)");
   app.add_option("--tflops", tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")->check(CLI::NonNegativeNumber);
   app.add_option("--bandwidth", bandwidth_gbps, "per-rank collective bandwidth inside a shard group, GB/s")->check(CLI::NonNegativeNumber);
   app.add_option("--inter-node-bandwidth", inter_node_gbps, "per-rank bandwidth across nodes, GB/s")->check(CLI::NonNegativeNumber);
@@ -274,7 +282,19 @@ int main(int argc, char** argv) {
       const fsdp::train::TrainConfig c = fsdp::train::load_train_config(config_path, overrides);
       const int n = ranks > 0 ? ranks : (world ? world->size() : 1);
       const PlanInput flags = in;  // what the command line set before the config was read
-      in = fsdp::train::plan_input(c, n);
+      // With the data read as fsdp-train reads it (the vocabulary it gives the model, the bytes it
+      // holds): the same prediction as the run's report. Where the data cannot be read here
+      // (planning a run for elsewhere), the config alone, saying so.
+      try {
+        in = fsdp::train::plan_input_for_run(c, n);
+      } catch (const fsdp::train::ConfigError&) {
+        throw;
+      } catch (const std::exception& e) {
+        if (!world || world->rank() == 0) {
+          std::fprintf(stderr, "fsdp-plan: note: the data is not counted, nor the model's vocabulary taken from it: %s\n", e.what());
+        }
+        in = fsdp::train::plan_input(c, n);
+      }
       in.ranks_per_node = flags.ranks_per_node;
       in.cpu_offload = in.cpu_offload || flags.cpu_offload;
       if (composed_attention) in.fused_attention = false;  // else the config's train.attention decides

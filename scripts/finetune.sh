@@ -13,7 +13,8 @@
 #   bash scripts/finetune.sh --set train.steps=200                  # overrides go to step 4
 #   FSDP_MODEL_DIR=~/models/Llama-3.2-1B-Instruct bash scripts/finetune.sh   # your model: step 3-4
 # Steps 1-2 run once (runs/tokenizers/fortunes-bpe, runs/llama-fortunes-pretrain/hf are kept);
-# FSDP_PRETRAIN_STEPS sets step 2's length (400). Python is used nowhere.
+# FSDP_PRETRAIN_STEPS sets step 2's length (400). FSDP_RUNS_DIR puts everything this script writes
+# under another directory than runs/ (the guides' checks use their own). Python is used nowhere.
 set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root_dir"
@@ -36,18 +37,20 @@ set_aside_previous_run() {
 }
 
 model_dir=${FSDP_MODEL_DIR:-}
+runs=${FSDP_RUNS_DIR:-runs}
 if [ -z "$model_dir" ]; then
-  tokenizer=runs/tokenizers/fortunes-bpe
+  tokenizer=$runs/tokenizers/fortunes-bpe
   if [ ! -f "$tokenizer/tokenizer.json" ]; then
     echo "finetune: 1. a tokenizer for the fortunes"
     build/apps/fsdp-data train-tokenizer --output-dir "$tokenizer" --vocab-size 4096
   fi
-  pretrain=runs/llama-fortunes-pretrain
+  pretrain=$runs/llama-fortunes-pretrain
   model_dir=$pretrain/hf
   if [ ! -f "$model_dir/config.json" ]; then
     echo "finetune: 2. pretraining a small Llama on the fortunes (the stand-in for a downloaded model)"
     set_aside_previous_run "$pretrain"
-    run build/apps/fsdp-train configs/llama-fortunes-pretrain.toml --set "data.tokenizer_json=\"$tokenizer/tokenizer.json\"" \
+    run build/apps/fsdp-train configs/llama-fortunes-pretrain.toml --output-dir "$pretrain" \
+      --set "data.tokenizer_json=\"$tokenizer/tokenizer.json\"" \
       --set "train.steps=${FSDP_PRETRAIN_STEPS:-400}" --set "checkpoint.every=${FSDP_PRETRAIN_STEPS:-400}" \
       --set "optimizer.warmup_steps=$(( ${FSDP_PRETRAIN_STEPS:-400} < 20 ? 1 : 20 ))" --progress lines
     run build/apps/fsdp-ckpt export "$(latest_checkpoint "$pretrain")" --hf-dir "$model_dir"
@@ -56,17 +59,26 @@ if [ -z "$model_dir" ]; then
   fi
 fi
 
-data=runs/data/fortune-chat.jsonl
+data=$runs/data/fortune-chat.jsonl
 if [ ! -f "$data" ]; then
   echo "finetune: 3. instructions from the fortunes"
   mkdir -p "$(dirname "$data")"
   build/apps/fsdp-data instructions --output "$data"
 fi
 echo "finetune: 4. fine-tuning $model_dir to answer with fortunes"
-output=runs/llama-finetune-fortunes
+output=$runs/llama-finetune-fortunes
+output_given=no
+previous=
+for arg in "$@"; do  # a --output-dir of the caller's is the run's directory, and the export's
+  [ "$previous" = --output-dir ] && output=$arg && output_given=yes
+  case $arg in --output-dir=*) output=${arg#--output-dir=}; output_given=yes ;; esac
+  previous=$arg
+done
+output_flag=()
+[ $output_given = no ] && output_flag=(--output-dir "$output")
 # The export below takes this run's last checkpoint, not an older run's (unless this call continues it).
 case " $* " in *" --resume "*) ;; *) set_aside_previous_run "$output" ;; esac
-run build/apps/fsdp-train configs/llama-finetune-fortunes.toml \
+run build/apps/fsdp-train configs/llama-finetune-fortunes.toml "${output_flag[@]}" \
   --set "model.init_from=\"$model_dir\"" --set "data.train_jsonl=\"$data\"" "$@"
 run build/apps/fsdp-ckpt export "$(latest_checkpoint "$output")" --hf-dir "$output/hf"
 echo "fine-tuned model: $output/hf (transformers: AutoModelForCausalLM.from_pretrained(\"$output/hf\"))"

@@ -38,7 +38,7 @@ int64_t ImageDataset::target_count(int64_t index) const {
 
 Batch ImageDataset::get(const std::vector<int64_t>& indices) const {
   at::Tensor index = at::tensor(indices, at::kLong);
-  return {set_.images.index_select(0, index), set_.labels.index_select(0, index), at::Tensor()};
+  return {normalized_images(set_.pixels.index_select(0, index)), set_.labels.index_select(0, index), at::Tensor()};
 }
 
 namespace {

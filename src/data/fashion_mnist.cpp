@@ -67,10 +67,21 @@ ImageSet load_fashion_mnist(const std::string& dir, const std::string& split) {
                              std::to_string(labels.numel()) + " labels");
   }
   ImageSet set;
-  set.images = ((images.to(at::kFloat) / 255.0 - kFashionMnistMean) / kFashionMnistStd).unsqueeze(1).contiguous();
+  set.pixels = images.unsqueeze(1).contiguous();
   set.labels = labels.to(at::kLong);
   if (set.labels.max().item<int64_t>() >= 10) throw std::runtime_error("fashion-mnist: a label is not in [0, 10)");
   return set;
+}
+
+at::Tensor normalized_images(const at::Tensor& pixels) {
+  // In place after the one conversion: no fp32 temporaries beside the result.
+  return pixels.to(at::kFloat).div_(255.0).sub_(kFashionMnistMean).div_(kFashionMnistStd);
+}
+
+at::Tensor ImageSet::images(int64_t begin, int64_t rows) const { return normalized_images(pixels.narrow(0, begin, rows)); }
+
+int64_t ImageSet::held_bytes() const {
+  return static_cast<int64_t>(pixels.nbytes() + labels.nbytes());
 }
 
 }  // namespace fsdp::data

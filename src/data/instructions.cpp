@@ -224,4 +224,10 @@ Batch InstructionDataset::get(const std::vector<int64_t>& indices) const {
 
 int64_t InstructionDataset::target_count(int64_t index) const { return counts_.at(static_cast<size_t>(index)); }
 
+int64_t InstructionDataset::held_bytes() const {
+  size_t bytes = examples_.capacity() * sizeof(RenderedExample) + counts_.capacity() * sizeof(int64_t);
+  for (const auto& example : examples_) bytes += example.tokens.capacity() * sizeof(int32_t) + example.trained.capacity();
+  return static_cast<int64_t>(bytes);
+}
+
 }  // namespace fsdp::data

@@ -84,6 +84,12 @@ Batch PackedInstructionDataset::get(const std::vector<int64_t>& indices) const {
   return {inputs, targets, positions};
 }
 
+int64_t PackedInstructionDataset::held_bytes() const {
+  size_t bytes = rows_.capacity() * sizeof(rows_.front()) + counts_.capacity() * sizeof(int64_t);
+  for (const auto& row : rows_) bytes += row.capacity() * sizeof(int64_t);
+  return examples_->held_bytes() + static_cast<int64_t>(bytes);
+}
+
 double PackedInstructionDataset::window_use() const {
   return rows_.empty() ? 0.0 : static_cast<double>(used_places_) / static_cast<double>(size() * examples_->seq());
 }

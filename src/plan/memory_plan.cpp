@@ -358,7 +358,9 @@ Plan make_plan(const PlanInput& in) {
     mem.activations = in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
   }
   mem.overhead = in.overhead_bytes;
+  mem.data = in.data_bytes;
   const int64_t device = mem.device_total();
+  plan.peak_bytes = in.cpu ? device + mem.host_total + mem.data + mem.checkpoint_staging : device;
   if (in.device_memory_bytes > 0) {
     plan.headroom_bytes = in.device_memory_bytes - device;
     plan.fits = plan.headroom_bytes >= 0;

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "fsdp/train/sharded_model.h"
+#include "training_data.h"
 
 namespace fsdp::train {
 
@@ -37,6 +38,18 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.ranks = ranks;
   in.lora_base_dtype = c.lora_base_dtype;
   in.micro_batch = c.global_batch / (static_cast<int64_t>(ranks) * c.micro_batches);
+  in.cpu = c.device == "cpu";
+  in.overhead_bytes = in.cpu ? plan::kCpuProcessOverheadBytes : plan::kGpuProcessOverheadBytes;
+  return in;
+}
+
+plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks) {
+  validate_for_world(config, ranks);  // before reading any data
+  const LoadedData data = load_data(config);
+  TrainConfig resolved = config;
+  if (models::is_language_model(config.model)) resolved.model = resolve_model(config, data.vocab);
+  plan::PlanInput in = plan_input(resolved, ranks);
+  in.data_bytes = held_bytes(data);
   return in;
 }
 

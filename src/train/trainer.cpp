@@ -759,14 +759,12 @@ class Trainer {
       record["bf16_matmul_seconds"] = {{"native", bf16_matmul_times_->native_seconds}, {"fp32", bf16_matmul_times_->fp32_seconds}};
     }
     try {
+      // fsdp-plan's prediction for this config (fsdp-plan CONFIG --ranks N says the same), with the
+      // data this run holds.
       plan::PlanInput input = plan_input(resolved, n_);
-      // On the CPU the process's own memory is what it held before the data and the model came
-      // (libtorch, MPI): measured, rather than fsdp-plan's default for a GPU process.
-      if (device_.is_cpu() && baseline_resident_bytes_ > 0) input.overhead_bytes = baseline_resident_bytes_;
-      const plan::Plan plan = plan::make_plan(input);
-      // On the CPU the process holds everything fsdp-plan counts (offloaded shards included).
-      const double predicted = static_cast<double>(plan.memory.device_total() + (device_.is_cpu() ? plan.memory.host_total : 0));
-      record["predicted_peak_bytes_per_rank"] = predicted;
+      input.data_bytes = held_bytes(data_);
+      record["predicted_peak_bytes_per_rank"] = static_cast<double>(plan::make_plan(input).peak_bytes);
+      if (device_.is_cpu()) record["process_baseline_bytes"] = baseline_resident_bytes_;  // rank 0's, against plan::kCpuProcessOverheadBytes
     } catch (const std::exception&) {
       // No prediction for this configuration: the report says so.
     }
@@ -916,7 +914,7 @@ class Trainer {
   std::unique_ptr<optim::ShardedOptimizer> optimizer_;
   optim::WarmupCosineSchedule schedule_{1e-3, 1e-4, 0, 1};
   int64_t parameters_ = 0;
-  int64_t baseline_resident_bytes_ = 0;  // this process before data and model (the plan's overhead on a CPU)
+  int64_t baseline_resident_bytes_ = 0;  // this process before data and model (what plan::kCpuProcessOverheadBytes stands for)
   int64_t start_step_ = 0;
   std::shared_ptr<RunDirectory> run_;  // the output directory's claim (null when nothing is written)
   std::string resume_;                 // the checkpoint to start from ("" : step 0)

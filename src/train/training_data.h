@@ -30,6 +30,9 @@ struct LoadedData {
 // Reads config.data (throws naming the file or directory that is missing or malformed).
 LoadedData load_data(const TrainConfig& config);
 
+// What the loaded training and validation sets keep in memory (data::Dataset::held_bytes).
+inline int64_t held_bytes(const LoadedData& data) { return data.train->held_bytes() + data.validation->held_bytes(); }
+
 // Throws unless the training data holds one global batch and the validation data a sample per rank.
 void check_data_sizes(const LoadedData& data, const TrainConfig& config, int world_size);
 

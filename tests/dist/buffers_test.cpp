@@ -69,7 +69,7 @@ struct Result {
 at::Tensor eval_logits(torch::nn::Module& module, const std::function<at::Tensor(const at::Tensor&)>& forward) {
   torch::NoGradGuard no_grad;
   module.eval();
-  at::Tensor logits = forward(images().images.narrow(0, 5000, 16));
+  at::Tensor logits = forward(images().images(5000, 16));
   module.train();
   return logits;
 }
@@ -97,7 +97,7 @@ Result run_reference(int ranks) {
         for (auto& item : model->named_buffers()) item.value().copy_(start.at(item.key()));
       }
       const int64_t begin = step * kGlobalBatch + r * local;
-      auto loss = torch::nn::functional::cross_entropy(model->forward(images().images.narrow(0, begin, local)),
+      auto loss = torch::nn::functional::cross_entropy(model->forward(images().images(begin, local)),
                                                        images().labels.narrow(0, begin, local));
       (loss / ranks).backward();
       loss_sum += loss.item<double>();
@@ -132,7 +132,7 @@ Result run_fsdp() {
   for (int step = 0; step < kSteps; ++step) {
     optimizer.zero_grad();
     const int64_t begin = step * kGlobalBatch + world->rank() * local;
-    auto loss = torch::nn::functional::cross_entropy(model.forward(images().images.narrow(0, begin, local)),
+    auto loss = torch::nn::functional::cross_entropy(model.forward(images().images(begin, local)),
                                                      images().labels.narrow(0, begin, local));
     loss.backward();
     optimizer.step();

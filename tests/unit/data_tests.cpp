@@ -368,6 +368,7 @@ TEST(Packing, PackedRowsHoldThePaddedRowsBackToBack) {
 // start); without an end token the windows carry no positions.
 TEST(Packing, TokenWindowsRestartPositionsAfterEndOfText) {
   auto tokens = std::make_shared<TokenBuffer>(std::vector<int32_t>{5, 6, 9, 7, 9, 8, 8, 8, 9, 1}, 10);
+  EXPECT_EQ(tokens->held_bytes(), 10 * 4);  // int32 tokens in memory
   const TokenWindows masked(tokens, 4, /*document_end=*/9);
   const Batch batch = masked.get({0, 1});
   EXPECT_TRUE(batch.positions.equal(at::tensor({0, 1, 2, 0, 0, 0, 1, 2}, at::kLong).view({2, 4}))) << batch.positions;
@@ -431,11 +432,18 @@ TEST(Images, ReadsGzippedIdxAndRejectsTruncated) {
 
 TEST(Images, FashionMnistHasThePublishedSplit) {
   auto test = load_fashion_mnist(kFashionMnistDir, "test");
-  EXPECT_EQ(test.images.sizes(), (std::vector<int64_t>{10000, 1, 28, 28}));
+  EXPECT_EQ(test.pixels.sizes(), (std::vector<int64_t>{10000, 1, 28, 28}));
+  EXPECT_EQ(test.pixels.scalar_type(), at::kByte);  // held as stored: a quarter of fp32's memory
+  const at::Tensor images = test.images(0, 10000);
   EXPECT_EQ(test.labels.bincount().min().item<int64_t>(), 1000);  // 1,000 test images per class
   // Normalised with the training set's statistics: the test set's mean is near 0, std near 1.
-  EXPECT_NEAR(test.images.mean().item<double>(), 0.0, 0.05);
-  EXPECT_NEAR(test.images.std().item<double>(), 1.0, 0.05);
+  EXPECT_NEAR(images.mean().item<double>(), 0.0, 0.05);
+  EXPECT_NEAR(images.std().item<double>(), 1.0, 0.05);
+  // What the set keeps in memory: one byte a pixel and the labels (int64), not fp32 images.
+  EXPECT_EQ(test.held_bytes(), 10000 * 784 + 10000 * 8);
+  EXPECT_EQ(ImageDataset(test).held_bytes(), test.held_bytes());
+  // A batch's images do not depend on how the set is cut.
+  EXPECT_TRUE(at::equal(test.images(37, 5), images.narrow(0, 37, 5)));
 }
 
 TEST(Sampler, RanksTakeDisjointSharesOfTheSameGlobalBatch) {

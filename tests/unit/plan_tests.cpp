@@ -131,6 +131,32 @@ TEST(Plan, AsyncCheckpointStagingIsTheRanksShardAndMoments) {
   EXPECT_NEAR(static_cast<double>(make_plan(in).memory.checkpoint_staging), 8.0 * static_cast<double>(shard), 8.0 * 8);
 }
 
+// A CPU run's process holds the device total and the host's share (data held, offloaded shards,
+// async staging): its peak is their sum. On a GPU the peak is the device's, the data on the host.
+TEST(Plan, ACpuRunsPeakIsTheWholeProcess) {
+  PlanInput in = llama70b(8, "full_shard");
+  in.data_bytes = 55LL << 20;
+  const auto gpu = make_plan(in);
+  EXPECT_EQ(gpu.memory.data, 55LL << 20);
+  EXPECT_EQ(gpu.peak_bytes, gpu.memory.device_total());
+  in.cpu = true;
+  in.cpu_offload = true;
+  in.async_checkpoint = true;
+  const auto cpu = make_plan(in);
+  EXPECT_GT(cpu.memory.host_total, 0);
+  EXPECT_EQ(cpu.peak_bytes, cpu.memory.device_total() + cpu.memory.host_total + (55LL << 20) + cpu.memory.checkpoint_staging);
+}
+
+// fsdp-train's config keys decide the overhead: the measured CPU process, or a GPU's round figure.
+TEST(Plan, ProcessOverheadFollowsTheDevice) {
+  fsdp::train::TrainConfig config = fsdp::train::parse_train_config("[model]\nname = \"gpt-tiny\"\n", "test.toml");
+  EXPECT_EQ(fsdp::train::plan_input(config, 2).overhead_bytes, fsdp::plan::kCpuProcessOverheadBytes);
+  EXPECT_TRUE(fsdp::train::plan_input(config, 2).cpu);
+  config.device = "cuda";
+  EXPECT_EQ(fsdp::train::plan_input(config, 2).overhead_bytes, fsdp::plan::kGpuProcessOverheadBytes);
+  EXPECT_FALSE(fsdp::train::plan_input(config, 2).cpu);
+}
+
 TEST(Plan, CommunicationPerStrategy) {
   PlanInput in = llama70b(16, "full_shard");
   in.embedding_units = false;

@@ -27,6 +27,10 @@ class Dataset {
   // Targets of sample `index` the loss counts (those not -100): the loss of a global batch is the
   // mean over its counted targets, whatever rank or micro-batch holds them.
   virtual int64_t target_count(int64_t index) const = 0;
+  // Bytes this dataset keeps in the process's memory for the run's life (what fsdp-plan counts as
+  // data): tokens, pixels and labels held in memory; a memory-mapped file counts 0 (the kernel's
+  // page cache holds it, and may drop it).
+  virtual int64_t held_bytes() const = 0;
 };
 
 // Sample i: tokens [i * seq, i * seq + seq] of the source (seq + 1 tokens: inputs are the first
@@ -41,6 +45,7 @@ class TokenWindows final : public Dataset {
   int64_t size() const override;
   Batch get(const std::vector<int64_t>& indices) const override;
   int64_t target_count(int64_t) const override { return seq_; }
+  int64_t held_bytes() const override { return tokens_->held_bytes(); }
   const TokenSource& tokens() const { return *tokens_; }
 
  private:
@@ -52,11 +57,12 @@ class TokenWindows final : public Dataset {
 class ImageDataset final : public Dataset {
  public:
   explicit ImageDataset(ImageSet set) : set_(std::move(set)) {}
-  int64_t size() const override { return set_.images.size(0); }
+  int64_t size() const override { return set_.pixels.size(0); }
   Batch get(const std::vector<int64_t>& indices) const override;
   // 1 per image, or (set_targets_per_label) the trained tokens of its label's text: LLaVA's
   // answers differ in length by class, and the loss is the mean over the global batch's tokens.
   int64_t target_count(int64_t index) const override;
+  int64_t held_bytes() const override { return set_.held_bytes(); }
   void set_targets_per_label(std::vector<int64_t> targets) { targets_per_label_ = std::move(targets); }
 
  private:

@@ -78,6 +78,7 @@ class InstructionDataset final : public Dataset {
   // inputs [b, seq] int64 (padding: pad_id), targets [b, seq] int64 (kIgnoredTarget where untrained).
   Batch get(const std::vector<int64_t>& indices) const override;
   int64_t target_count(int64_t index) const override;
+  int64_t held_bytes() const override;
   int64_t dropped() const { return dropped_; }
   int64_t trained_tokens() const { return trained_tokens_; }
   int64_t seq() const { return seq_; }

@@ -35,6 +35,7 @@ class PackedInstructionDataset final : public Dataset {
   // inputs, targets, positions [b, seq] int64 (padding: pad_id, kIgnoredTarget, positions from 0).
   Batch get(const std::vector<int64_t>& indices) const override;
   int64_t target_count(int64_t index) const override { return counts_.at(static_cast<size_t>(index)); }
+  int64_t held_bytes() const override;  // the examples and the rows
 
   int64_t examples() const { return examples_->size(); }
   // The share of the rows' places holding an example's token, packed and padded one to a row.

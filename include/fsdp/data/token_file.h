@@ -38,6 +38,8 @@ class TokenSource {
   virtual int64_t vocab_size() const = 0;
   // Tokens [start, start + length) as int64 [length]. Throws std::out_of_range outside [0, size()).
   virtual at::Tensor read(int64_t start, int64_t length) const = 0;
+  // Bytes held in the process's memory (0 for a memory-mapped file).
+  virtual int64_t held_bytes() const = 0;
 };
 
 // Tokens held in memory (a corpus tokenised at start-up).
@@ -47,6 +49,7 @@ class TokenBuffer final : public TokenSource {
   int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
   int64_t vocab_size() const override { return vocab_; }
   at::Tensor read(int64_t start, int64_t length) const override;
+  int64_t held_bytes() const override { return static_cast<int64_t>(tokens_.capacity() * sizeof(int32_t)); }
 
  private:
   std::vector<int32_t> tokens_;
@@ -64,6 +67,7 @@ class TokenFile final : public TokenSource {
 
   int64_t size() const override { return count_; }
   int64_t vocab_size() const override { return vocab_; }
+  int64_t held_bytes() const override { return 0; }  // mapped
   int bytes_per_token() const { return token_bytes_; }
   const std::string& path() const { return path_; }
   // Tokens [start, start + length) as int64 [length]. Throws if out of range or a token >= vocab,

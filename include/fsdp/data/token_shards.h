@@ -28,6 +28,7 @@ class TokenShards final : public TokenSource {
 
   int64_t size() const override { return total_; }
   int64_t vocab_size() const override { return shards_.front()->vocab_size(); }
+  int64_t held_bytes() const override { return 0; }  // mapped
   // Tokens [start, start + length) as int64 [length], across shard boundaries.
   at::Tensor read(int64_t start, int64_t length) const override;
   size_t shard_count() const { return shards_.size(); }

@@ -24,8 +24,14 @@
 //   activations  saved tensors of every block for one micro-batch (block_activation_bytes) and one
 //                block's gradients in backward, or with activation checkpointing the block inputs
 //                plus one block recomputed; the logits and loss
-//   overhead     the process itself (libtorch, communication library; a CUDA context on a GPU)
+//   overhead     the process itself (libtorch, communication library; a CUDA context on a GPU):
+//                kGpuProcessOverheadBytes, or on the CPU kCpuProcessOverheadBytes (measured)
+//   data         the training and validation data the rank holds in memory (host memory; token
+//                files are memory-mapped and count 0). Evaluation runs a micro-batch at a time
+//                without saved activations: below the training's activations, never a peak of its own
 // With CPU offload the first three live in host memory and the device holds the rest.
+// A run on the CPU (train.device = cpu) holds all of it in one process: its peak is the device
+// total plus the host's (offloaded shards, data, async save staging), Plan::peak_bytes.
 // checkpoint.async adds host memory while a save is in flight (checkpoint_staging): a copy of what
 // the rank writes, its parameter shard (4 P / S, or with LoRA b P / S + 4 A / S) and its optimizer
 // moments (8 or 4 bytes per trained parameter / S); pinned on a GPU, beside the training's own on a CPU.
@@ -38,6 +44,13 @@
 #include "fsdp/models/registry.h"
 
 namespace fsdp::plan {
+
+// The process's own memory: libtorch, the communication library and their heap, before any model
+// or data. On a GPU, a CUDA context and NCCL's buffers (a round figure; --calibrate measures). On
+// the CPU, a rank of fsdp-train under Open MPI as measured on the 2-core Debian VM with the pinned
+// libtorch 2.11 (2026-12-05: 122-128 MiB at 2 ranks, resident before the data and the model).
+constexpr int64_t kGpuProcessOverheadBytes = 512LL << 20;
+constexpr int64_t kCpuProcessOverheadBytes = 128LL << 20;
 
 struct PlanInput {
   models::ModelConfig model;
@@ -73,7 +86,9 @@ struct PlanInput {
   // linear weights in NF4 with double quantization, the rest bf16).
   std::string lora_base_dtype = "bfloat16";
   int64_t device_memory_bytes = 0;    // per rank; 0: not checked
-  int64_t overhead_bytes = 512LL << 20;   // the process's own memory
+  int64_t overhead_bytes = kGpuProcessOverheadBytes;  // the process's own memory
+  bool cpu = false;                   // train.device = cpu: one process holds device and host memory
+  int64_t data_bytes = 0;             // training and validation data held in memory, per rank
   double compute_flops = 0;           // per rank, per second (0: no time estimate)
   double bandwidth_bytes = 0;         // per rank inside a shard group, bytes/s (algorithm bandwidth)
   double inter_node_bandwidth_bytes = 0;  // per rank across nodes (0: same as bandwidth_bytes)
@@ -81,6 +96,7 @@ struct PlanInput {
 
 struct MemoryBreakdown {
   int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, reduced = 0, activations = 0, overhead = 0;
+  int64_t data = 0;                   // host memory: the data sets held (PlanInput::data_bytes)
   int64_t device_total() const;       // what the device holds (offloaded shards excluded)
   int64_t host_total = 0;             // offloaded shards (host memory), 0 without offload
   int64_t checkpoint_staging = 0;     // checkpoint.async: host memory while a save is in flight, 0 without
@@ -106,6 +122,10 @@ struct Plan {
   double step_seconds_overlapped = 0;  // max(compute, communication): prefetch hides all of it
   double step_seconds_serial = 0;      // compute + communication: nothing hidden
   double tokens_per_second = 0;        // per rank, at the overlapped estimate
+  // What a rank's peak should be, as fsdp-train's report measures it: on a GPU the device total
+  // (the caching allocator's peak reservation); on the CPU the process's resident peak, device
+  // total + offloaded shards + data + async save staging.
+  int64_t peak_bytes = 0;
 };
 
 // Throws std::invalid_argument naming the bad field (strategy, dtype, S not dividing N, ...).

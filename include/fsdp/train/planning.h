@@ -8,7 +8,14 @@
 
 namespace fsdp::train {
 
-// Throws ConfigError when the batch does not divide over `ranks` (validate_for_world).
+// Throws ConfigError when the batch does not divide over `ranks` (validate_for_world). The data's
+// bytes are left 0: fsdp-train sets them from the data it loaded, fsdp-plan from held_data_bytes.
 plan::PlanInput plan_input(const TrainConfig& config, int ranks);
+
+// plan_input for the run fsdp-train would make of this config: reads and tokenizes the data as it
+// does, for the model's vocabulary (a language model takes the data's) and the bytes the data holds
+// in memory (data::Dataset::held_bytes). What the run's own prediction is made of. Throws as
+// fsdp-train would when the data cannot be read.
+plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks);
 
 }  // namespace fsdp::train
