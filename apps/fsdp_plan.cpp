@@ -287,8 +287,8 @@ int main(int argc, char** argv) {
       // (planning a run for elsewhere), the config alone, saying so.
       try {
         in = fsdp::train::plan_input_for_run(c, n);
-      } catch (const fsdp::train::ConfigError&) {
-        throw;
+      } catch (const std::invalid_argument&) {
+        throw;  // the config, or what the planner does not model (ConfigError is one too)
       } catch (const std::exception& e) {
         if (!world || world->rank() == 0) {
           std::fprintf(stderr, "fsdp-plan: note: the data is not counted, nor the model's vocabulary taken from it: %s\n", e.what());

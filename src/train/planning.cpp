@@ -44,7 +44,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
 }
 
 plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks) {
-  validate_for_world(config, ranks);  // before reading any data
+  plan_input(config, ranks);  // what cannot be planned is said before any data is read
   const LoadedData data = load_data(config);
   TrainConfig resolved = config;
   if (models::is_language_model(config.model)) resolved.model = resolve_model(config, data.vocab);
