@@ -15,6 +15,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/plan/memory_plan.h"
+#include "fsdp/shard/storage.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
@@ -24,16 +25,6 @@ namespace {
 using fsdp::plan::Plan;
 using fsdp::plan::PlanInput;
 using fsdp::train::format_bytes;
-
-// Resident memory now (VmRSS): the process with libtorch and MPI loaded, nothing trained.
-int64_t resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return 0;
-}
 
 // Matmul FLOP/s in `dtype` on square 1024 matrices for about `seconds`, with this process's threads.
 double matmul_rate(at::ScalarType dtype, double seconds) {
@@ -347,7 +338,7 @@ int main(int argc, char** argv) {
 
     if (calibrate) {
       const at::ScalarType dtype = in.param_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-      in.overhead_bytes = resident_bytes();
+      in.overhead_bytes = std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
       world->barrier()->wait();
       double rate = matmul_rate(dtype, 0.5);  // every rank at once, as in training
       at::Tensor slowest = at::tensor({rate}, at::kDouble);

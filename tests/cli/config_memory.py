@@ -37,6 +37,8 @@ KNOWN_SHORT = {
     "llama-finetune-fortunes": (0.30, STRANDED),
     "clip-fashion-mnist": (0.25, STRANDED),
     "vit-fashion-mnist": (0.20, STRANDED),
+    # +2% to +10.3% over eight runs on 2026-12-05: inside the aim most times, not every time.
+    "gpt-fortunes-tiny": (0.15, STRANDED + " (from run to run: +2% to +10.3%)"),
 }
 NOT_MODELLED = {"llava-fashion-mnist": "fsdp-plan does not model the llava family"}
 STEPS = ["--set", "train.steps=4", "--set", "eval.every=2", "--set", "train.log_every=1"]

@@ -9,7 +9,7 @@
 namespace fsdp::train {
 
 // Throws ConfigError when the batch does not divide over `ranks` (validate_for_world). The data's
-// bytes are left 0: fsdp-train sets them from the data it loaded, fsdp-plan from held_data_bytes.
+// bytes are left 0: fsdp-train sets them from the data it loaded, fsdp-plan through plan_input_for_run.
 plan::PlanInput plan_input(const TrainConfig& config, int ranks);
 
 // plan_input for the run fsdp-train would make of this config: reads and tokenizes the data as it
