@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -13,9 +14,33 @@ namespace {
 
 constexpr int64_t kIgnored = -100;
 
-// One chunk's fp32 logits [rows, vocab]: computed in the compute dtype, as the composed head is.
-at::Tensor chunk_logits(const at::Tensor& hidden_chunk, const at::Tensor& weight) {
-  return matmul_in_compute_dtype(hidden_chunk, weight.t()).to(at::kFloat);
+// One chunk's logits [rows, vocab], written as fp32 into `out` (a view of the op's chunk buffer):
+// computed in the compute dtype, as the composed head is (a bf16 product rounded to bf16, then
+// widened). fp32 operands: one GEMM straight into `out`, no temporary.
+void chunk_logits_into(at::Tensor out, const at::Tensor& hidden_chunk, const at::Tensor& weight) {
+  if (hidden_chunk.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
+    at::mm_out(out, hidden_chunk, weight.t());
+  } else {
+    out.copy_(matmul_in_compute_dtype(hidden_chunk, weight.t()));
+  }
+}
+
+// logsumexp over dim 1 of z [rows, vocab] fp32, in z's own memory (z holds exp(z - max) after):
+// the steps of at::logsumexp (ATen's logsumexp_out_impl: max, an infinite max taken as 0, exp of the
+// difference, sum, log, plus the max), without its [rows, vocab] temporary. Returns [rows] fp32.
+at::Tensor logsumexp_in_place(const at::Tensor& z) {
+  at::Tensor maxes = at::amax(z, {1}, /*keepdim=*/true);  // [rows, 1]
+  maxes.masked_fill_(maxes.abs() == INFINITY, 0);
+  at::Tensor sums = z.sub_(maxes).exp_().sum(1);
+  return sums.log_().add_(maxes.squeeze(1));
+}
+
+// The op's one [chunk_rows, vocab] fp32 buffer, reused by every chunk: a chunk's logits, then in
+// backward their gradient. One allocation per call, not two or three per chunk: on the host,
+// 16 MiB blocks allocated and freed chunk after chunk stranded about 50 MiB of glibc's heap
+// (llama-fortunes-pretrain, 2026-12-05).
+at::Tensor chunk_buffer(int64_t chunk_rows, int64_t n, const at::Tensor& weight) {
+  return at::empty({std::min(chunk_rows, n), weight.size(0)}, weight.options().dtype(at::kFloat));
 }
 
 struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
@@ -25,14 +50,16 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     at::Tensor lse = at::empty({n}, hidden.options().dtype(at::kFloat));  // [n] fp32, kept for backward
     at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
     const at::Tensor w = matmul_operand(weight);  // widened once for all chunks, where it is widened
+    const at::Tensor buffer = chunk_buffer(chunk_rows, n, weight);
     for (int64_t start = 0; start < n; start += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - start);
-      const at::Tensor z = chunk_logits(hidden.narrow(0, start, rows), w);  // [rows, vocab] fp32
+      const at::Tensor z = buffer.narrow(0, 0, rows);  // [rows, vocab] fp32
+      chunk_logits_into(z, hidden.narrow(0, start, rows), w);
       const at::Tensor t = targets.narrow(0, start, rows);
       const at::Tensor counted = t.ne(kIgnored);
-      const at::Tensor chunk_lse = at::logsumexp(z, 1);
+      const at::Tensor picked = z.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);  // before z is overwritten
+      const at::Tensor chunk_lse = logsumexp_in_place(z);
       lse.narrow(0, start, rows).copy_(chunk_lse);
-      const at::Tensor picked = z.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);
       total += at::where(counted, chunk_lse - picked, at::zeros_like(picked)).sum();
     }
     ctx->save_for_backward({hidden, weight, targets, lse});
@@ -56,17 +83,24 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const bool accumulate_in_weight_dtype = c10::elementSize(weight.scalar_type()) >= 4;
     at::Tensor grad_weight;
     if (need_weight) grad_weight = at::zeros(weight.sizes(), weight.options().dtype(accumulate_in_weight_dtype ? weight.scalar_type() : at::kFloat));
+    const at::Tensor buffer = need_hidden || need_weight ? chunk_buffer(chunk_rows, n, weight) : at::Tensor();
     for (int64_t start = 0; start < n && (need_hidden || need_weight); start += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - start);
       const at::Tensor h = hidden.narrow(0, start, rows);
       const at::Tensor t = targets.narrow(0, start, rows);
       // d loss / d z = softmax(z) - onehot(target) for counted rows, 0 for the others; times g.
-      at::Tensor dz = (chunk_logits(h, w) - lse.narrow(0, start, rows).unsqueeze(1)).exp_();  // [rows, vocab] fp32
+      const at::Tensor dz = buffer.narrow(0, 0, rows);  // [rows, vocab] fp32: the logits, then their gradient in place
+      chunk_logits_into(dz, h, w);
+      dz.sub_(lse.narrow(0, start, rows).unsqueeze(1)).exp_();
       const at::Tensor counted = t.ne(kIgnored);
       dz.scatter_add_(1, t.clamp_min(0).unsqueeze(1), at::full({rows, 1}, -1.0f, dz.options()));
       dz.mul_((counted.to(at::kFloat) * g).unsqueeze(1));
       const at::Tensor dz_compute = dz.to(hidden.scalar_type());
-      if (need_hidden) grad_hidden.narrow(0, start, rows).copy_(matmul_in_compute_dtype(dz_compute, w));
+      if (need_hidden) {
+        at::Tensor grad_rows = grad_hidden.narrow(0, start, rows);  // contiguous rows of grad_hidden
+        if (dz_compute.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat) at::mm_out(grad_rows, dz_compute, w);
+        else grad_rows.copy_(matmul_in_compute_dtype(dz_compute, w));
+      }
       if (need_weight) {
         if (accumulate_in_weight_dtype) {
           grad_weight.addmm_(dz_compute.t(), h);

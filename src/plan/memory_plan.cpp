@@ -129,9 +129,10 @@ int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len,
           // log-softmax's output and the logits' gradient (fp32): the loss is computed in fp32.
           const int64_t logits_per_token = c * m.vocab + (c == 4 ? 0 : 4 * m.vocab) + 8 * m.vocab;
           if (loss_chunk_tokens <= 0) return t * (2 * c * m.dim + logits_per_token);
-          // Chunked: the norm's output and a log-sum-exp per token; one chunk's logits, their fp32
-          // copy and gradient (models/linear_cross_entropy.h).
-          return t * (2 * c * m.dim + 4) + std::min(t, loss_chunk_tokens) * logits_per_token;
+          // Chunked: the norm's output and a log-sum-exp per token; the op's one fp32 chunk buffer
+          // (logits, then their gradient, in place) and, in bf16, the chunk's bf16 product or
+          // gradient beside it (models/linear_cross_entropy.h).
+          return t * (2 * c * m.dim + 4) + std::min(t, loss_chunk_tokens) * (4 + (c == 4 ? 0 : c)) * m.vocab;
         }
       },
       model);

@@ -244,6 +244,49 @@ TEST(LinearCrossEntropy, EqualsTheComposedHeadAndLoss) {
                std::invalid_argument);
 }
 
+// The op computes each chunk in one reused fp32 buffer (the logits, log-sum-exp in place, then the
+// logits' gradient in place) since 2026-12-05. In fp32 it gives the bits of the same chunked sums
+// written with a fresh tensor per step (at::logsumexp, out-of-place exp, matmul), the form it
+// replaced: loss, d hidden and d weight equal exactly, for chunks that divide the rows and do not.
+TEST(LinearCrossEntropy, OneChunkBufferGivesTheBitsOfFreshTensors) {
+  torch::manual_seed(4);
+  const int64_t n = 29, dim = 16, vocab = 67;
+  const at::Tensor hidden = torch::randn({n, dim}), weight = torch::randn({vocab, dim}) * 0.3;
+  at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
+  targets.index_put_({torch::arange(0, n, 4)}, -100);
+  const double g = 0.7;
+  for (int64_t chunk : {5, 29, 8}) {
+    torch::NoGradGuard no_grad;
+    at::Tensor total = at::zeros({}), lse = at::empty({n});
+    at::Tensor grad_hidden = at::empty_like(hidden), grad_weight = at::zeros_like(weight);
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t rows = std::min(chunk, n - start);
+      const at::Tensor h = hidden.narrow(0, start, rows), t = targets.narrow(0, start, rows), counted = t.ne(-100);
+      const at::Tensor z = at::matmul(h, weight.t());
+      const at::Tensor chunk_lse = at::logsumexp(z, 1);
+      lse.narrow(0, start, rows).copy_(chunk_lse);
+      const at::Tensor picked = z.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);
+      total += at::where(counted, chunk_lse - picked, at::zeros_like(picked)).sum();
+    }
+    for (int64_t start = 0; start < n; start += chunk) {
+      const int64_t rows = std::min(chunk, n - start);
+      const at::Tensor h = hidden.narrow(0, start, rows), t = targets.narrow(0, start, rows), counted = t.ne(-100);
+      at::Tensor dz = (at::matmul(h, weight.t()) - lse.narrow(0, start, rows).unsqueeze(1)).exp_();
+      dz.scatter_add_(1, t.clamp_min(0).unsqueeze(1), at::full({rows, 1}, -1.0f));
+      dz.mul_((counted.to(at::kFloat) * at::tensor(static_cast<float>(g))).unsqueeze(1));
+      grad_hidden.narrow(0, start, rows).copy_(at::matmul(dz, weight));
+      grad_weight.addmm_(dz.t(), h);
+    }
+    torch::AutoGradMode grad(true);
+    auto h = hidden.clone().set_requires_grad(true), w = weight.clone().set_requires_grad(true);
+    const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets, chunk);
+    loss.backward(at::tensor(static_cast<float>(g)));
+    EXPECT_TRUE(torch::equal(loss, total)) << "chunk " << chunk << ": " << loss.item<double>() << " vs " << total.item<double>();
+    EXPECT_TRUE(torch::equal(h.grad(), grad_hidden)) << "d hidden, chunk " << chunk;
+    EXPECT_TRUE(torch::equal(w.grad(), grad_weight)) << "d weight, chunk " << chunk;
+  }
+}
+
 // A target outside [0, vocab) other than the ignore index (-100) is refused, as cross_entropy
 // refuses it; before 2026-12-02 a negative one was clamped to class 0 and trained on.
 TEST(LinearCrossEntropy, RefusesTargetsOutOfBounds) {

@@ -6,8 +6,11 @@
 //   z = (hidden @ weight^T) in hidden's dtype, then fp32   (as linear + .to(float) + cross_entropy)
 //
 // Forward keeps hidden, weight, targets and the fp32 logsumexp per row [n]; backward recomputes each
-// chunk's logits. Peak extra memory: chunk_rows x vocab x (compute + 2 x fp32) bytes, where the
-// composed head holds tokens x vocab x (compute + 3 x fp32) from forward to backward. Backward
+// chunk's logits. Every chunk of a call uses one fp32 buffer [chunk_rows, vocab]: the logits, their
+// log-sum-exp computed in place, then in backward the logits' gradient in place. Peak extra memory:
+// chunk_rows x vocab x fp32 bytes, plus, for bf16, a chunk's bf16 product or gradient beside it
+// (chunk_rows x vocab x 2), where the composed head holds tokens x vocab x (compute + 3 x fp32)
+// from forward to backward. Backward
 // also holds the weight's gradient [vocab, dim] in fp32 while it sums the chunks, and, for a bf16
 // weight under native bf16 GEMMs, each chunk's [vocab, dim] bf16 product until it is added.
 #pragma once
