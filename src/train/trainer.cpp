@@ -51,11 +51,11 @@
 #include "step_profiler.h"
 #include "targets.h"
 #include "training_data.h"
+#include "training_loop.h"
 
 namespace fsdp::train {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 std::atomic<bool> g_stop_requested{false};
@@ -88,7 +88,19 @@ class Trainer {
 
   void prepare() {
     baseline_resident_bytes_ = peak_resident_bytes();
-    // 1. Everything that can be wrong with the config or the data, checked on every rank first.
+    load_and_check_data();
+    // The output directory: this run's, and no other job's (run_directory.h). Collective.
+    claim_run_directory();
+    set_threads();
+    build_model();
+    make_optimizer();
+    resume_run();
+    measure_peak_flops();
+    open_output();
+  }
+
+  // Everything that can be wrong with the config or the data, checked on every rank first.
+  void load_and_check_data() {
     std::string error;
     try {
       validate_for_world(config_, n_);
@@ -97,50 +109,58 @@ class Trainer {
       check_data_sizes(data_, config_, n_);
       if (models::is_language_model(config_.model)) model_config_ = resolve_model(config_, data_.vocab);
       else model_config_ = config_.model;
-      if (const auto* clip = std::get_if<models::ClipConfig>(&model_config_)) {
-        // Captions from the labels: bytes and the model's end-of-text token (data/captions.h).
-        captions_ = std::make_unique<data::CaptionWriter>(data::fashion_mnist_class_names(), data::caption_templates(),
-                                                          clip->context, clip->eos_token);
-        if (clip->vocab <= clip->eos_token || clip->vocab < 256) {
-          throw std::runtime_error("model.vocab " + std::to_string(clip->vocab) + " cannot hold the byte captions (bytes 0-255 and eos_token " +
-                                   std::to_string(clip->eos_token) + ")");
-        }
-      }
-      if (const auto* llava = std::get_if<models::LlavaConfig>(&model_config_)) {
-        // One-turn chats from the labels: bytes, end-of-text (the first id above the bytes that is
-        // not the image token) and the image token (data/image_chat.h).
-        const int64_t end_of_text = llava->image_token == 256 ? 257 : 256;
-        chat_ = std::make_unique<data::ImageChatWriter>(data::fashion_mnist_class_names(), llava->image_tokens(), llava->image_token,
-                                                        end_of_text);
-        if (llava->text.vocab <= std::max(end_of_text, llava->image_token)) {
-          throw std::runtime_error("model.vocab " + std::to_string(llava->text.vocab) + " cannot hold the byte chats (bytes 0-255, end-of-text " +
-                                   std::to_string(end_of_text) + " and image_token " + std::to_string(llava->image_token) + ")");
-        }
-        // The loss is the mean over the global batch's answer tokens, counted as any masked loss's.
-        std::vector<int64_t> answer_tokens;
-        for (int64_t label = 0; label < chat_->classes(); ++label) answer_tokens.push_back(chat_->answer_tokens(label));
-        if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get())) images->set_targets_per_label(answer_tokens);
-        if (chat_->row_length() > llava->text.context) {
-          throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" + std::to_string(llava->image_tokens()) +
-                                   " image tokens, the question and the longest answer); model.context is " +
-                                   std::to_string(llava->text.context));
-        }
-      }
+      make_family_writers();
     } catch (const std::exception& e) {
       error = e.what();
     }
     comm::agree_on_failure(world_, error, "loading the data");
     check_same_data_everywhere();
+  }
 
-    // The output directory: this run's, and no other job's (run_directory.h). Collective.
-    claim_run_directory();
+  // The family's writer of its examples from the labelled images: CLIP's captions, LLaVA's chats.
+  void make_family_writers() {
+    if (const auto* clip = std::get_if<models::ClipConfig>(&model_config_)) {
+      // Captions from the labels: bytes and the model's end-of-text token (data/captions.h).
+      captions_ = std::make_unique<data::CaptionWriter>(data::fashion_mnist_class_names(), data::caption_templates(),
+                                                        clip->context, clip->eos_token);
+      if (clip->vocab <= clip->eos_token || clip->vocab < 256) {
+        throw std::runtime_error("model.vocab " + std::to_string(clip->vocab) + " cannot hold the byte captions (bytes 0-255 and eos_token " +
+                                 std::to_string(clip->eos_token) + ")");
+      }
+    }
+    if (const auto* llava = std::get_if<models::LlavaConfig>(&model_config_)) {
+      // One-turn chats from the labels: bytes, end-of-text (the first id above the bytes that is
+      // not the image token) and the image token (data/image_chat.h).
+      const int64_t end_of_text = llava->image_token == 256 ? 257 : 256;
+      chat_ = std::make_unique<data::ImageChatWriter>(data::fashion_mnist_class_names(), llava->image_tokens(), llava->image_token,
+                                                      end_of_text);
+      if (llava->text.vocab <= std::max(end_of_text, llava->image_token)) {
+        throw std::runtime_error("model.vocab " + std::to_string(llava->text.vocab) + " cannot hold the byte chats (bytes 0-255, end-of-text " +
+                                 std::to_string(end_of_text) + " and image_token " + std::to_string(llava->image_token) + ")");
+      }
+      // The loss is the mean over the global batch's answer tokens, counted as any masked loss's.
+      std::vector<int64_t> answer_tokens;
+      for (int64_t label = 0; label < chat_->classes(); ++label) answer_tokens.push_back(chat_->answer_tokens(label));
+      if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get())) images->set_targets_per_label(answer_tokens);
+      if (chat_->row_length() > llava->text.context) {
+        throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" + std::to_string(llava->image_tokens()) +
+                                 " image tokens, the question and the longest answer); model.context is " +
+                                 std::to_string(llava->text.context));
+      }
+    }
+  }
 
+  // Intra-op threads: train.threads, or the cores shared among this node's ranks.
+  void set_threads() {
     const comm::LaunchInfo launch = comm::launch_info_from_env();
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads_ = config_.threads > 0 ? static_cast<int>(config_.threads) : std::max(1, cores / std::max(1, launch.local_world_size));
     torch::set_num_threads(threads_);
+  }
 
-    // 2. The model, sharded block by block as it is built (same seed on every rank).
+  // The model, sharded block by block as it is built (same seed on every rank), and the weights a
+  // fine-tune starts from.
+  void build_model() {
     {
       ShardedModel sharded = build_sharded_model(config_, language() ? models::vocab_size(model_config_) : 0, world_);
       model_ = sharded.model;
@@ -161,7 +181,9 @@ class Trainer {
       // Continuing a LoRA fine-tune: the adapters from PEFT's directory (the base is init_from's).
       checkpoint::import_peft_adapter(*state_, model_config_, config_.lora_init_adapter);
     }
+  }
 
+  void make_optimizer() {
     const auto& o = config_.optimizer;
     if (o.name == "adamw") {
       optimizer_ = std::make_unique<optim::ShardedAdamW>(*state_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
@@ -169,9 +191,11 @@ class Trainer {
       optimizer_ = std::make_unique<optim::ShardedSgd>(*state_, optim::SgdOptions{o.lr, o.momentum, o.weight_decay});
     }
     schedule_ = optim::WarmupCosineSchedule{o.lr, o.min_lr, o.warmup_steps, config_.steps};
+  }
 
-    // Resuming: parameters, optimizer state and RNG from the checkpoint; the sampler and the
-    // schedule need nothing but the step.
+  // Resuming: parameters, optimizer state and RNG from the checkpoint; the sampler and the
+  // schedule need nothing but the step.
+  void resume_run() {
     if (!resume_.empty()) {
       const std::string& path = resume_;
       const checkpoint::CheckpointInfo info = checkpoint::load_checkpoint(path, *state_, optimizer_.get());
@@ -189,8 +213,11 @@ class Trainer {
         skipped_batches_ = read_skipped_batches(skipped_batches_path());
       });
     }
+  }
 
-    // 3. The matmul rate MFU is measured against: every rank at once, as during training.
+  // The matmul rate MFU is measured against: every rank at once, as during training; then how bf16
+  // matmuls compute, and the heap trimmed before the first step.
+  void measure_peak_flops() {
     world_->barrier()->wait();
     // On a GPU against the compute dtype's peak (bf16: tensor cores); on the CPU against fp32's, as before.
     const at::ScalarType peak_dtype = device_.is_cpu() ? at::kFloat : fsdp_options(config_).mixed_precision.param_dtype;
@@ -201,8 +228,10 @@ class Trainer {
 
     // Construction's freed blocks go back to the OS before training (see release_free_host_memory).
     shard::release_free_host_memory();
+  }
 
-    // 4. Output files, now that nothing is left to reject.
+  // Output files, now that nothing is left to reject; the header and the run's first record.
+  void open_output() {
     if (leader() && options_.write_files) {
       fs::create_directories(config_.output_dir);
       run_->commit();
@@ -237,6 +266,35 @@ class Trainer {
                             ? "staged, a test backend (FSDP_DEVICE_COMM=staged: device copies around MPI)"
                             : config_.device == "cuda" ? "NCCL, host tensors over MPI" : "MPI"));
     if (!data_.packing.empty()) progress_->message("  packing: " + data_.packing);
+    print_family_lines();
+    std::snprintf(line, sizeof(line),
+                  "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
+                  format_bytes(static_cast<double>(stats.sharded_param_bytes)).c_str(),
+                  format_bytes(static_cast<double>(optimizer_->state_bytes())).c_str(), peak_flops_ / 1e9);
+    progress_->message(line);
+    std::snprintf(line, sizeof(line), "  %lld steps of %lld %s (%lld per rank in %lld micro-batch%s), output in %s",
+                  static_cast<long long>(config_.steps), static_cast<long long>(config_.global_batch),
+                  language() ? ((data_.packing.empty() ? "windows of " : "packed rows of ") + std::to_string(config_.seq_len) + " tokens").c_str() : "images",
+                  static_cast<long long>(config_.global_batch / n_), static_cast<long long>(config_.micro_batches),
+                  config_.micro_batches == 1 ? "" : "es", options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
+    progress_->message(line);
+    if (!resumed_from_.empty()) progress_->message("  resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
+    if (run_ && !run_->note().empty()) progress_->message("  " + run_->note());
+    if (config_.fsdp.activation_checkpointing) {
+      const std::vector<std::string> recomputed = state_->recomputed_unit_names();
+      std::string names;
+      for (const auto& name : recomputed) names += (names.empty() ? "" : ", ") + name;
+      progress_->message("  activation checkpointing: " + std::to_string(recomputed.size()) + " of " +
+                         std::to_string(state_->checkpointable_units()) + " blocks recomputed in backward (" +
+                         (recomputed.size() <= 8 ? names : "one block in " + std::to_string(config_.fsdp.activation_checkpointing_every)) +
+                         "; fsdp.activation_checkpointing_every = " + std::to_string(config_.fsdp.activation_checkpointing_every) + ")");
+    }
+    print_compute_lines();
+  }
+
+  // CLIP's captions and LLaVA's chats, as the header says them.
+  void print_family_lines() {
+    char line[512];
     if (captions_) {
       std::snprintf(line, sizeof(line),
                     "  captions: %lld classes x %zu templates as bytes + end-of-text %lld; longest %lld bytes of a %lld-token context%s; "
@@ -260,28 +318,11 @@ class Trainer {
                     chat_->answer(7).c_str(), static_cast<long long>(chat_->row_length()));
       progress_->message(line);
     }
-    std::snprintf(line, sizeof(line),
-                  "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
-                  format_bytes(static_cast<double>(stats.sharded_param_bytes)).c_str(),
-                  format_bytes(static_cast<double>(optimizer_->state_bytes())).c_str(), peak_flops_ / 1e9);
-    progress_->message(line);
-    std::snprintf(line, sizeof(line), "  %lld steps of %lld %s (%lld per rank in %lld micro-batch%s), output in %s",
-                  static_cast<long long>(config_.steps), static_cast<long long>(config_.global_batch),
-                  language() ? ((data_.packing.empty() ? "windows of " : "packed rows of ") + std::to_string(config_.seq_len) + " tokens").c_str() : "images",
-                  static_cast<long long>(config_.global_batch / n_), static_cast<long long>(config_.micro_batches),
-                  config_.micro_batches == 1 ? "" : "es", options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
-    progress_->message(line);
-    if (!resumed_from_.empty()) progress_->message("  resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
-    if (run_ && !run_->note().empty()) progress_->message("  " + run_->note());
-    if (config_.fsdp.activation_checkpointing) {
-      const std::vector<std::string> recomputed = state_->recomputed_unit_names();
-      std::string names;
-      for (const auto& name : recomputed) names += (names.empty() ? "" : ", ") + name;
-      progress_->message("  activation checkpointing: " + std::to_string(recomputed.size()) + " of " +
-                         std::to_string(state_->checkpointable_units()) + " blocks recomputed in backward (" +
-                         (recomputed.size() <= 8 ? names : "one block in " + std::to_string(config_.fsdp.activation_checkpointing_every)) +
-                         "; fsdp.activation_checkpointing_every = " + std::to_string(config_.fsdp.activation_checkpointing_every) + ")");
-    }
+  }
+
+  // How the step computes: attention, bf16 matmuls, loss scaling, a warm-up longer than the run.
+  void print_compute_lines() {
+    char line[512];
     const at::ScalarType compute = fsdp_options(config_).mixed_precision.param_dtype;
     progress_->message(std::string("  attention: ") + models::to_string(models::attention_path(compute)) + " for " +
                        c10::toString(compute) + " compute (train.attention = " + config_.attention + ")");
@@ -321,235 +362,278 @@ class Trainer {
 
   bool language() const { return models::is_language_model(model_config_); }
 
+  // The story of a run: evaluate, then step after step (run_step), every rank's figures agreed on
+  // (agree_on_step) and recorded (record_step), and what follows a step (after_step): a rollback,
+  // a stop, a checkpoint, targets, an evaluation, the live report.
   TrainSummary train_loop() {
-    TrainSummary summary;
-    summary.parameters = parameters_;
-    summary.dropped_examples = data_.dropped_examples;
-    data::GlobalBatchSampler sampler(data_.train->size(), config_.global_batch, config_.seed);
-    const int64_t local = config_.global_batch / n_;
-    const int64_t micro = local / config_.micro_batches;
-    const double samples_per_step =
-        static_cast<double>(config_.global_batch) * (language() ? static_cast<double>(config_.seq_len) : 1.0);
-    const double flops_per_step = samples_per_step * models::flops_per_sample(model_config_, chat_ ? chat_->row_length() : config_.seq_len);
+    LoopState loop = start_loop();
+    for (int64_t step = start_step_; step < config_.steps; ++step) {
+      const StepResult result = run_step(step, loop);
+      const AgreedStep agreed = agree_on_step(result, loop);
+      record_step(result, agreed, loop);
+      const AfterStep next = after_step(result, agreed, loop);
+      if (next.end) break;
+      if (next.resume_at >= 0) step = next.resume_at - 1;  // rolled back: the loop's ++step continues at the checkpoint's step
+    }
+    return finish_loop(loop);
+  }
 
-    summary.start_step = start_step_;
-    summary.evals.push_back(evaluate(start_step_));
-    std::vector<double> step_seconds;
-    double communication_before = state_->communication_seconds();  // every sharding group
-    double exposed_before = state_->comm_stats().exposed_seconds;
-    double training_seconds = 0.0;
+  LoopState start_loop() {
     // Non-finite steps, loss spikes and set-aside batches are skipped (step_guard.h); a streak of
     // them rolls the run back (guard.rollback_after). Counts start afresh on resume; the spike
     // window comes from the checkpoint.
-    const std::map<int64_t, double> loss_faults = loss_faults_from_env();
-    int64_t rollbacks = 0;
-    TargetMonitor targets(config_.targets, n_, language());
-    double agreed_training_seconds = 0.0;  // sum of the agreed step times (the cost target's clock)
-    bool stopped_early = false;            // targets.stop before the last step
-    int64_t last_saved_step = -1;
+    LoopState loop(data::GlobalBatchSampler(data_.train->size(), config_.global_batch, config_.seed),
+              TargetMonitor(config_.targets, n_, language()));
+    loop.summary.parameters = parameters_;
+    loop.summary.dropped_examples = data_.dropped_examples;
+    loop.micro = config_.global_batch / n_ / config_.micro_batches;
+    loop.samples_per_step = static_cast<double>(config_.global_batch) * (language() ? static_cast<double>(config_.seq_len) : 1.0);
+    loop.flops_per_step =
+        loop.samples_per_step * models::flops_per_sample(model_config_, chat_ ? chat_->row_length() : config_.seq_len);
+    loop.summary.start_step = start_step_;
+    loop.summary.evals.push_back(evaluate(start_step_));
+    loop.communication_before = state_->communication_seconds();
+    loop.exposed_before = state_->comm_stats().exposed_seconds;
+    loop.loss_faults = loss_faults_from_env();
     // A resumed run profiles what is left of the range (none of it: said, not an error).
-    int64_t profile_first = options_.profile_first;
-    if (profile_first > 0 && profile_first <= start_step_) {
-      profile_first = options_.profile_last > start_step_ ? start_step_ + 1 : 0;
-      if (profile_first == 0) {
+    loop.profile_first = options_.profile_first;
+    if (loop.profile_first > 0 && loop.profile_first <= start_step_) {
+      loop.profile_first = options_.profile_last > start_step_ ? start_step_ + 1 : 0;
+      if (loop.profile_first == 0) {
         progress_->message("  --profile-steps " + std::to_string(options_.profile_first) + ":" +
                            std::to_string(options_.profile_last) + ": the run resumes after step " +
                            std::to_string(start_step_) + ", so nothing is profiled");
       }
     }
-    StepProfiler profiler(profile_first, options_.profile_last,
-                          config_.output_dir + "/profile/trace-rank" + std::to_string(rank_) + ".json", device_);
-    for (int64_t step = start_step_; step < config_.steps; ++step) {
-      const auto start = Clock::now();
-      comm::begin_collective_step(step + 1);  // the step's collectives are fingerprinted from here
-      const int64_t gathered_bytes_before = state_->comm_stats().gathered_bytes;  // (evaluations' gathers are not the step's)
-      profiler.begin_step(step + 1);
-      const bool profiled = profiler.active();
-      const double lr = schedule_.lr_at(step);
-      optimizer_->set_lr(lr);
-      optimizer_->zero_grad();
-      trace_memory(rank_, step, "start");
-      const bool save_in_flight = pending_save_ != nullptr;  // checkpoint.async: written beside this step
-      const std::vector<int64_t> indices = sampler.indices(step, rank_, n_);
-      // The loss is the mean over the global batch's counted targets (instruction examples count
-      // only their trained tokens, so ranks and micro-batches hold different counts). Every rank
-      // counts the whole global batch itself (no communication), and scales its sum by N / count:
-      // the gradients' average over the N ranks is then the global mean's gradient.
-      int64_t global_targets = 0;
-      for (int64_t index : sampler.indices(step, 0, 1)) global_targets += data_.train->target_count(index);
-      double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, global_targets));
-      if (const auto fault = loss_faults.find(step + 1); fault != loss_faults.end()) loss_scale *= fault->second;
-      // A batch a rollback skips is not trained: the step moves the schedule and nothing else.
-      const bool batch_skipped = skipped_batches_.count(step) > 0;
-      // Summed on the model's device and read once after the optimizer: an .item() per micro-batch
-      // would make the host wait for each backward on a GPU.
-      at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-      // float16 compute: backward runs on the loss times the scale (optim/loss_scaler.h); the
-      // gradient shards are divided by it before the norm. The recorded loss is unscaled.
-      optim::DynamicLossScaler* const scaler = guard_.scaler();
-      const float step_loss_scale = scaler != nullptr ? scaler->scale() : 1.0f;
-      for (int64_t m = 0; m < (batch_skipped ? 0 : config_.micro_batches); ++m) {
-        std::vector<int64_t> part(indices.begin() + m * micro, indices.begin() + (m + 1) * micro);
-        data::Batch batch = data_.train->get(part);
-        const std::string& augment = config_.data.augment;
-        if (augment == "shift" || augment == "shift+hflip") {
-          // Background: a black pixel after normalisation.
-          data::random_shift(batch.inputs, part, step, config_.seed, 2, -data::kFashionMnistMean / data::kFashionMnistStd);
-        }
-        if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
-        state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
-        const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
-        const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
-        // Language models: the head fused with the loss a chunk of tokens at a time (no [tokens,
-        // vocab] logits) unless train.loss_chunk_tokens is 0.
-        // CLIP: captions drawn for this step from the labels; the loss over the global batch.
-        at::Tensor loss = (captions_ ? contrastive_loss_share(model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_)
-                           : chat_ ? chat_loss_sum(inputs, batch.targets)
-                           : model_.has_loss_sum() && config_.loss_chunk_tokens > 0
-                               ? model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions)
-                               : loss_of(model_.forward(inputs, positions), targets, torch::kSum)) *
-                          loss_scale;
-        trace_memory(rank_, step, "forward");
-        (scaler != nullptr ? loss * step_loss_scale : loss).backward();
-        trace_memory(rank_, step, "backward");
-        loss_sum += loss.detach();
-      }
-      if (scaler != nullptr && !batch_skipped) optim::unscale_grad_shards(*state_, *scaler);
-      const double norm = batch_skipped            ? 0.0
-                          : config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip)
-                                                  : optim::grad_norm(*state_);
-      trace_memory(rank_, step, "clip");
-      // Every rank judges the same all-reduced norm (and loss): the same verdict everywhere.
-      const double agreed_loss = guard_.needs_loss(norm) && !batch_skipped ? all_ranks_loss(loss_sum) : 0.0;
-      const StepGuard::Verdict verdict = guard_.judge(step, batch_skipped, norm, agreed_loss);
-      const bool apply = verdict.apply;
-      if (apply) optimizer_->step();
-      trace_memory(rank_, step, "optimizer");
-      shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
-      const std::string trace = profiler.end_step(step + 1);
-      if (!trace.empty()) progress_->message("  profile of steps " + std::to_string(profile_first) + "-" +
-                                             std::to_string(options_.profile_last) + " written: " + trace + " (and the other ranks')");
+    loop.profiler = std::make_unique<StepProfiler>(loop.profile_first, options_.profile_last,
+                                                   config_.output_dir + "/profile/trace-rank" + std::to_string(rank_) + ".json", device_);
+    return loop;
+  }
 
-      // One small all-gather per step: every rank's loss, peak memory, communication time (busy,
-      // and exposed: the time this thread waited for it), and whether it was asked to stop (so
-      // every rank stops at the same step).
-      const double communication_now = state_->communication_seconds();
-      const double exposed_now = state_->comm_stats().exposed_seconds;
-      RankStepFacts mine;
-      mine.loss = loss_sum.item<double>();
-      mine.peak_resident_bytes = static_cast<double>(peak_resident_bytes());
-      mine.communication_seconds = communication_now - communication_before;
-      mine.stop_requested = stop_requested();
-      mine.exposed_seconds = exposed_now - exposed_before;
-      mine.device_peak_reserved_bytes = static_cast<double>(runtime::device_peak_reserved_bytes(device_));
-      mine.step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      mine.collectives = comm::collective_fingerprint();
-      communication_before = communication_now;
-      exposed_before = exposed_now;
-      const StepMetrics metrics = gather_step_metrics(world_, mine, device_.is_cpu());
-      // Ranks whose collectives differed (a silent wrong pairing, or one about to hang) stop here,
-      // before a checkpoint could keep the damage, naming the first collective that differed.
-      comm::check_collectives_agree(world_, metrics.collectives);
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      training_seconds += seconds;
-
-      const bool stop = metrics.stop;
-      const double loss = metrics.loss;
-      summary.losses.push_back(loss);
-      summary.grad_norms.push_back(norm);
-      step_seconds.push_back(seconds);
-      if (apply && !std::isfinite(loss)) {  // a non-finite loss whose gradients were finite (a skipped step is the guard's)
-        throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
-                                 " (lower optimizer.lr or set train.grad_clip)");
-      }
-      summary.skipped_steps = guard_.skipped_steps();
-      summary.overflow_steps = guard_.overflow_steps();
-      if (scaler != nullptr) summary.loss_scales.push_back(step_loss_scale);
-
-      StepFigures figures;
-      figures.step = step;
-      figures.lr = lr;
-      figures.grad_norm = norm;
-      figures.seconds = seconds;
-      figures.samples_per_step = samples_per_step;
-      figures.trained_tokens = global_targets;
-      figures.save_in_flight = save_in_flight;
-      figures.flops_per_step = flops_per_step;
-      figures.peak_flops = peak_flops_;
-      figures.language = language();
-      figures.on_cpu = device_.is_cpu();
-      figures.peak_gathered_bytes = state_->memory_stats().peak_gathered_bytes;
-      figures.gathered_wire_bytes = state_->comm_stats().gathered_bytes - gathered_bytes_before;
-      figures.skipped = !apply;
-      figures.skipped_steps = guard_.skipped_steps();
-      figures.skip_reason = verdict.reason;
-      figures.loss_zscore = verdict.zscore;
-      figures.loss_scale = scaler != nullptr ? step_loss_scale : 0.0;
-      figures.overflow_steps = guard_.overflow_steps();
-      figures.profiled = profiled;
-      progress_->step(step, step_line(metrics, figures), training_seconds);
-      if (leader() && metrics_.is_open()) metrics_.write(step_record(metrics, figures).dump());
-      if (guard_.rollback_due()) {
-        // Back to the last checkpoint before the skipped steps; their batches are skipped from now on.
-        finish_save(/*wait=*/true);  // the checkpoint to return to may be the one in flight
-        const int64_t to = roll_back(guard_.streak_start(), step, ++rollbacks, summary, step_seconds);
-        guard_.rolled_back();
-        step = to - 1;  // the loop's ++step continues at the checkpoint's step
-        continue;
-      }
-      // Every rank reached the same decision from the same norm: they stop together, rank 0 says why.
-      if (!verdict.stop.empty()) {
-        finish_save(/*wait=*/true);  // a checkpoint in flight is published first: the one to resume from
-        throw comm::AgreedStop(verdict.stop, leader());
-      }
-      const bool last = step + 1 == config_.steps;
-      finish_save(/*wait=*/false);  // checkpoint.async: published once every rank has written it
-      if (stop) {
-        g_stop_requested.store(false);  // handled: a later train() in this process starts afresh
-        summary.last_checkpoint = save(step + 1, /*in_background=*/false);  // the run ends on it: nothing to overlap
-        summary.preempted = true;
-        progress_->message("stopped on request after step " + std::to_string(step + 1) + "; checkpoint " +
-                           summary.last_checkpoint + " (continue with --resume latest)");
-        write_live_report();
-        break;
-      }
-      if (config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last)) {
-        summary.last_checkpoint = save(step + 1);
-        last_saved_step = step + 1;
-      }
-      // Targets judge figures every rank holds alike (all-gathered, or all-reduced evaluations), so
-      // every rank reaches the same verdict at the same step: the agreed step time (the slowest
-      // rank's, up to the gather), the largest rank's peak memory, the training time so far.
-      agreed_training_seconds += metrics.step_seconds;
-      std::vector<TargetMiss> misses =
-          targets.after_step(step + 1, samples_per_step / metrics.step_seconds, metrics.step_seconds, metrics.peak_memory, agreed_training_seconds);
-      if (last || (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0)) {
-        summary.evals.push_back(evaluate(step + 1));
-        for (auto& miss : targets.after_evaluation(step + 1, summary.evals.back().loss, last)) misses.push_back(std::move(miss));
-      }
-      for (const auto& miss : misses) record_missed_target(miss, summary);
-      if (!misses.empty() && config_.targets.stop) {
-        // Every rank saw the same figures: all stop here, with a checkpoint (exit status 3).
-        summary.stopped_by_target = true;
-        if (last) continue;  // the run ends here anyway: finish it (sample, footer, report)
-        if (last_saved_step != step + 1) summary.last_checkpoint = save(step + 1, /*in_background=*/false);
-        progress_->message("stopping after step " + std::to_string(step + 1) + " (targets.stop = true); checkpoint " +
-                           summary.last_checkpoint);
-        stopped_early = true;
-        write_live_report();
-        break;
-      }
-      if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report(/*in_background=*/true);
+  // One step on this rank: its micro-batches forward and backward, the gradient norm (clipped),
+  // the guard's verdict (every rank judges the same all-reduced figures) and the optimizer.
+  StepResult run_step(int64_t step, LoopState& loop) {
+    StepResult r;
+    r.step = step;
+    r.start = Clock::now();
+    comm::begin_collective_step(step + 1);  // the step's collectives are fingerprinted from here
+    r.gathered_bytes_before = state_->comm_stats().gathered_bytes;
+    loop.profiler->begin_step(step + 1);
+    r.profiled = loop.profiler->active();
+    r.lr = schedule_.lr_at(step);
+    optimizer_->set_lr(r.lr);
+    optimizer_->zero_grad();
+    trace_memory(rank_, step, "start");
+    r.save_in_flight = pending_save_ != nullptr;
+    const std::vector<int64_t> indices = loop.sampler.indices(step, rank_, n_);
+    // The loss is the mean over the global batch's counted targets (instruction examples count
+    // only their trained tokens, so ranks and micro-batches hold different counts). Every rank
+    // counts the whole global batch itself (no communication), and scales its sum by N / count:
+    // the gradients' average over the N ranks is then the global mean's gradient.
+    for (int64_t index : loop.sampler.indices(step, 0, 1)) r.global_targets += data_.train->target_count(index);
+    double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, r.global_targets));
+    if (const auto fault = loop.loss_faults.find(step + 1); fault != loop.loss_faults.end()) loss_scale *= fault->second;
+    // A batch a rollback skips is not trained: the step moves the schedule and nothing else.
+    const bool batch_skipped = skipped_batches_.count(step) > 0;
+    // Summed on the model's device and read once after the optimizer: an .item() per micro-batch
+    // would make the host wait for each backward on a GPU.
+    r.loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    // float16 compute: backward runs on the loss times the scale (optim/loss_scaler.h); the
+    // gradient shards are divided by it before the norm. The recorded loss is unscaled.
+    optim::DynamicLossScaler* const scaler = guard_.scaler();
+    r.loss_scaled = scaler != nullptr;
+    r.loss_scale = scaler != nullptr ? scaler->scale() : 1.0f;
+    for (int64_t m = 0; m < (batch_skipped ? 0 : config_.micro_batches); ++m) {
+      const std::vector<int64_t> part(indices.begin() + m * loop.micro, indices.begin() + (m + 1) * loop.micro);
+      state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
+      const at::Tensor loss = micro_batch_loss(part, step) * loss_scale;
+      trace_memory(rank_, step, "forward");
+      (scaler != nullptr ? loss * r.loss_scale : loss).backward();
+      trace_memory(rank_, step, "backward");
+      r.loss_sum += loss.detach();
     }
+    if (scaler != nullptr && !batch_skipped) optim::unscale_grad_shards(*state_, *scaler);
+    r.norm = batch_skipped            ? 0.0
+             : config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip)
+                                     : optim::grad_norm(*state_);
+    trace_memory(rank_, step, "clip");
+    // Every rank judges the same all-reduced norm (and loss): the same verdict everywhere.
+    const double agreed_loss = guard_.needs_loss(r.norm) && !batch_skipped ? all_ranks_loss(r.loss_sum) : 0.0;
+    r.verdict = guard_.judge(step, batch_skipped, r.norm, agreed_loss);
+    if (r.verdict.apply) optimizer_->step();
+    trace_memory(rank_, step, "optimizer");
+    shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
+    const std::string trace = loop.profiler->end_step(step + 1);
+    if (!trace.empty()) progress_->message("  profile of steps " + std::to_string(loop.profile_first) + "-" +
+                                           std::to_string(options_.profile_last) + " written: " + trace + " (and the other ranks')");
+    return r;
+  }
+
+  // One micro-batch's summed loss (before the step's scale), forward only: the examples `part`,
+  // augmented as data.augment says, through the family's loss.
+  at::Tensor micro_batch_loss(const std::vector<int64_t>& part, int64_t step) {
+    data::Batch batch = data_.train->get(part);
+    const std::string& augment = config_.data.augment;
+    if (augment == "shift" || augment == "shift+hflip") {
+      // Background: a black pixel after normalisation.
+      data::random_shift(batch.inputs, part, step, config_.seed, 2, -data::kFashionMnistMean / data::kFashionMnistStd);
+    }
+    if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
+    const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
+    const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
+    // CLIP: captions drawn for this step from the labels; the loss over the global batch.
+    if (captions_) {
+      return contrastive_loss_share(model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_);
+    }
+    if (chat_) return chat_loss_sum(inputs, batch.targets);
+    // Language models: the head fused with the loss a chunk of tokens at a time (no [tokens,
+    // vocab] logits) unless train.loss_chunk_tokens is 0.
+    if (model_.has_loss_sum() && config_.loss_chunk_tokens > 0) return model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions);
+    return loss_of(model_.forward(inputs, positions), targets, torch::kSum);
+  }
+
+  // One small all-gather per step: every rank's loss, peak memory, communication time (busy, and
+  // exposed: the time this thread waited for it), and whether it was asked to stop (so every rank
+  // stops at the same step). Ranks whose collectives differed stop here.
+  AgreedStep agree_on_step(const StepResult& r, LoopState& loop) {
+    const double communication_now = state_->communication_seconds();
+    const double exposed_now = state_->comm_stats().exposed_seconds;
+    RankStepFacts mine;
+    mine.loss = r.loss_sum.item<double>();
+    mine.peak_resident_bytes = static_cast<double>(peak_resident_bytes());
+    mine.communication_seconds = communication_now - loop.communication_before;
+    mine.stop_requested = stop_requested();
+    mine.exposed_seconds = exposed_now - loop.exposed_before;
+    mine.device_peak_reserved_bytes = static_cast<double>(runtime::device_peak_reserved_bytes(device_));
+    mine.step_seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
+    mine.collectives = comm::collective_fingerprint();
+    loop.communication_before = communication_now;
+    loop.exposed_before = exposed_now;
+    AgreedStep agreed;
+    agreed.metrics = gather_step_metrics(world_, mine, device_.is_cpu());
+    // A silent wrong pairing, or one about to hang, stops every rank before a checkpoint could keep
+    // the damage, naming the first collective that differed.
+    comm::check_collectives_agree(world_, agreed.metrics.collectives);
+    agreed.seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
+    loop.training_seconds += agreed.seconds;
+    return agreed;
+  }
+
+  // The step in the summary, the progress line and metrics.jsonl.
+  void record_step(const StepResult& r, const AgreedStep& agreed, LoopState& loop) {
+    const double loss = agreed.metrics.loss;
+    loop.summary.losses.push_back(loss);
+    loop.summary.grad_norms.push_back(r.norm);
+    loop.step_seconds.push_back(agreed.seconds);
+    if (r.verdict.apply && !std::isfinite(loss)) {  // a non-finite loss whose gradients were finite (a skipped step is the guard's)
+      throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(r.step) +
+                               " (lower optimizer.lr or set train.grad_clip)");
+    }
+    loop.summary.skipped_steps = guard_.skipped_steps();
+    loop.summary.overflow_steps = guard_.overflow_steps();
+    if (r.loss_scaled) loop.summary.loss_scales.push_back(r.loss_scale);
+
+    StepFigures figures;
+    figures.step = r.step;
+    figures.lr = r.lr;
+    figures.grad_norm = r.norm;
+    figures.seconds = agreed.seconds;
+    figures.samples_per_step = loop.samples_per_step;
+    figures.trained_tokens = r.global_targets;
+    figures.save_in_flight = r.save_in_flight;
+    figures.flops_per_step = loop.flops_per_step;
+    figures.peak_flops = peak_flops_;
+    figures.language = language();
+    figures.on_cpu = device_.is_cpu();
+    figures.peak_gathered_bytes = state_->memory_stats().peak_gathered_bytes;
+    figures.gathered_wire_bytes = state_->comm_stats().gathered_bytes - r.gathered_bytes_before;
+    figures.skipped = !r.verdict.apply;
+    figures.skipped_steps = guard_.skipped_steps();
+    figures.skip_reason = r.verdict.reason;
+    figures.loss_zscore = r.verdict.zscore;
+    figures.loss_scale = r.loss_scaled ? r.loss_scale : 0.0;
+    figures.overflow_steps = guard_.overflow_steps();
+    figures.profiled = r.profiled;
+    progress_->step(r.step, step_line(agreed.metrics, figures), loop.training_seconds);
+    if (leader() && metrics_.is_open()) metrics_.write(step_record(agreed.metrics, figures).dump());
+  }
+
+  // What follows a step, in order: a rollback the guard asks for, a stop it decided, the async save
+  // published, a stop request (checkpoint and end), the checkpoint cadence, targets and the
+  // evaluation they may judge, the live report. Every rank decides alike from agreed figures.
+  AfterStep after_step(const StepResult& r, const AgreedStep& agreed, LoopState& loop) {
+    const int64_t step = r.step;
+    TrainSummary& summary = loop.summary;
+    if (guard_.rollback_due()) {
+      // Back to the last checkpoint before the skipped steps; their batches are skipped from now on.
+      finish_save(/*wait=*/true);  // the checkpoint to return to may be the one in flight
+      const int64_t to = roll_back(guard_.streak_start(), step, ++loop.rollbacks, summary, loop.step_seconds);
+      guard_.rolled_back();
+      return {false, to};
+    }
+    // Every rank reached the same decision from the same norm: they stop together, rank 0 says why.
+    if (!r.verdict.stop.empty()) {
+      finish_save(/*wait=*/true);  // a checkpoint in flight is published first: the one to resume from
+      throw comm::AgreedStop(r.verdict.stop, leader());
+    }
+    const bool last = step + 1 == config_.steps;
+    finish_save(/*wait=*/false);  // checkpoint.async: published once every rank has written it
+    if (agreed.metrics.stop) {
+      g_stop_requested.store(false);  // handled: a later train() in this process starts afresh
+      summary.last_checkpoint = save(step + 1, /*in_background=*/false);  // the run ends on it: nothing to overlap
+      summary.preempted = true;
+      progress_->message("stopped on request after step " + std::to_string(step + 1) + "; checkpoint " + summary.last_checkpoint +
+                         " (continue with --resume latest)");
+      write_live_report();
+      return {true, -1};
+    }
+    if (config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last)) {
+      summary.last_checkpoint = save(step + 1);
+      loop.last_saved_step = step + 1;
+    }
+    if (judge_targets(step, last, agreed.metrics, loop)) return {true, -1};
+    if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report(/*in_background=*/true);
+    return {};
+  }
+
+  // Targets judge figures every rank holds alike (all-gathered, or all-reduced evaluations), so
+  // every rank reaches the same verdict at the same step: the agreed step time (the slowest rank's,
+  // up to the gather), the largest rank's peak memory, the training time so far. Evaluates where
+  // eval.every (or the last step) says. Returns true where targets.stop ends the run here.
+  bool judge_targets(int64_t step, bool last, const StepMetrics& metrics, LoopState& loop) {
+    TrainSummary& summary = loop.summary;
+    loop.agreed_training_seconds += metrics.step_seconds;
+    std::vector<TargetMiss> misses = loop.targets.after_step(step + 1, loop.samples_per_step / metrics.step_seconds, metrics.step_seconds,
+                                                             metrics.peak_memory, loop.agreed_training_seconds);
+    if (last || (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0)) {
+      summary.evals.push_back(evaluate(step + 1));
+      for (auto& miss : loop.targets.after_evaluation(step + 1, summary.evals.back().loss, last)) misses.push_back(std::move(miss));
+    }
+    for (const auto& miss : misses) record_missed_target(miss, summary);
+    if (misses.empty() || !config_.targets.stop) return false;
+    // Every rank saw the same figures: all stop here, with a checkpoint (exit status 3).
+    summary.stopped_by_target = true;
+    if (last) return false;  // the run ends here anyway: finish it (sample, footer, report)
+    if (loop.last_saved_step != step + 1) summary.last_checkpoint = save(step + 1, /*in_background=*/false);
+    progress_->message("stopping after step " + std::to_string(step + 1) + " (targets.stop = true); checkpoint " + summary.last_checkpoint);
+    loop.stopped_early = true;
+    write_live_report();
+    return true;
+  }
+
+  // The end of the loop: the save in flight waited for; a run that ran to its end gets its rate,
+  // a sample, the footer and the report.
+  TrainSummary finish_loop(LoopState& loop) {
+    TrainSummary& summary = loop.summary;
     finish_save(/*wait=*/true);  // the end of the run (a stop request's and a target's included) waits for it
-    summary.seconds = training_seconds;
-    if (summary.preempted || stopped_early) return summary;
-    if (step_seconds.size() > 1) {
-      std::vector<double> rest(step_seconds.begin() + 1, step_seconds.end());
+    summary.seconds = loop.training_seconds;
+    if (summary.preempted || loop.stopped_early) return summary;
+    if (loop.step_seconds.size() > 1) {
+      std::vector<double> rest(loop.step_seconds.begin() + 1, loop.step_seconds.end());
       std::nth_element(rest.begin(), rest.begin() + rest.size() / 2, rest.end());
-      summary.samples_per_second = samples_per_step / rest[rest.size() / 2];
+      summary.samples_per_second = loop.samples_per_step / rest[rest.size() / 2];
     } else {
-      summary.samples_per_second = samples_per_step / step_seconds.front();
+      summary.samples_per_second = loop.samples_per_step / loop.step_seconds.front();
     }
     if (language() && config_.eval.sample_tokens > 0 && data_.tokenizer) summary.sample = generate();
     print_footer(summary);
