@@ -138,7 +138,11 @@ int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len,
       model);
 }
 
-Plan make_plan(const PlanInput& in) {
+namespace {
+
+// Everything wrong with the input that can be told before anything is computed; throws
+// std::invalid_argument naming the field.
+void check_plan_input(const PlanInput& in) {
   if (const auto* clip = std::get_if<models::ClipConfig>(&in.model); clip != nullptr && clip->lora.enabled()) {
     throw std::invalid_argument("fsdp-plan does not model LoRA on a clip model yet (plan it without [lora]: an upper bound)");
   }
@@ -146,8 +150,6 @@ Plan make_plan(const PlanInput& in) {
     throw std::invalid_argument("fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); "
                                 "plan its Llama alone with --model for an upper bound of the language model's share");
   }
-  Plan plan;
-  plan.input = in;
   models::validate(in.model);
   if (in.ranks < 1) throw std::invalid_argument("ranks must be at least 1, got " + std::to_string(in.ranks));
   if (in.ranks_per_node < 1) throw std::invalid_argument("ranks per node must be at least 1");
@@ -170,74 +172,108 @@ Plan make_plan(const PlanInput& in) {
   if (in.shard_group_size != 0 && s != "hybrid_shard") {
     throw std::invalid_argument("a shard group size applies to hybrid_shard only (strategy is " + s + ")");
   }
-  const int n = in.ranks;
-  int shard = n;
-  if (s == "no_shard") shard = 1;
+}
+
+// What every part of the plan reads: the dtypes, the sharding and the units' sizes (parameters).
+struct PlanShape {
+  const PlanInput* in = nullptr;
+  std::string strategy;
+  int64_t c = 4, r = 4;  // bytes per compute and per reduce element
+  int n = 1, shard = 1;  // N ranks; S, the ranks a unit is sharded over
+  int64_t p = 0, layers = 0;
+  int64_t block = 0;       // the largest block (CLIP: of either tower)
+  int64_t embedding = 0;   // the token embedding's unit (CLIP: the text tower's embeddings)
+  int64_t head = 0;        // the output head's unit, 0 when tied (CLIP: the image tower's embeddings)
+  bool tied = false;
+  int64_t root = 0, largest_unit = 0, k = 0;
+  int64_t shard_numel = 0, largest_unit_shard = 0;  // per rank: every parameter's shard, the largest unit's
+  const models::ClipConfig* clip = nullptr;
+};
+
+// S and R, and the units (models::embedding_and_head_paths): recorded in the plan and returned.
+PlanShape shape_of(const PlanInput& in, Plan& plan) {
+  PlanShape x;
+  x.in = &in;
+  x.strategy = in.strategy;
+  const std::string& s = x.strategy;
+  x.c = dtype_bytes(in.param_dtype, "param_dtype");
+  x.r = dtype_bytes(in.reduce_dtype, "reduce_dtype");
+  x.n = in.ranks;
+  x.shard = x.n;
+  if (s == "no_shard") x.shard = 1;
   if (s == "hybrid_shard") {
-    shard = in.shard_group_size > 0 ? in.shard_group_size : std::min(in.ranks_per_node, n);
-    if (n % shard != 0) {
-      throw std::invalid_argument(std::to_string(n) + " ranks are not divisible by the shard group size " +
-                                  std::to_string(shard) + " (hybrid_shard needs N = R x S)");
+    x.shard = in.shard_group_size > 0 ? in.shard_group_size : std::min(in.ranks_per_node, x.n);
+    if (x.n % x.shard != 0) {
+      throw std::invalid_argument(std::to_string(x.n) + " ranks are not divisible by the shard group size " +
+                                  std::to_string(x.shard) + " (hybrid_shard needs N = R x S)");
     }
   }
-  plan.shard_ranks = shard;
-  plan.replicas = s == "no_shard" ? n : n / shard;
+  plan.shard_ranks = x.shard;
+  plan.replicas = s == "no_shard" ? x.n : x.n / x.shard;
 
-  const int64_t p = models::parameter_count(in.model);
-  const int64_t layers = layers_of(in.model);
-  const models::ClipConfig* clip = std::get_if<models::ClipConfig>(&in.model);
+  x.p = models::parameter_count(in.model);
+  x.layers = layers_of(in.model);
+  x.clip = std::get_if<models::ClipConfig>(&in.model);
+  const models::ClipConfig* clip = x.clip;
   // The largest block, and all blocks together (CLIP: both towers' blocks, of two sizes).
-  const int64_t block = clip != nullptr ? std::max(clip_block_params(clip->vision), clip_block_params(clip->text))
-                        : layers > 0    ? p - models::parameter_count(with_layers(in.model, layers - 1))
-                                        : 0;
+  x.block = clip != nullptr ? std::max(clip_block_params(clip->vision), clip_block_params(clip->text))
+            : x.layers > 0  ? x.p - models::parameter_count(with_layers(in.model, x.layers - 1))
+                            : 0;
   const int64_t all_blocks = clip != nullptr ? clip->vision.layers * clip_block_params(clip->vision) +
                                                    clip->text.layers * clip_block_params(clip->text)
-                                             : layers * block;
-  plan.parameters = p;
-  plan.layers = layers;
+                                             : x.layers * x.block;
+  plan.parameters = x.p;
+  plan.layers = x.layers;
   // The token embedding and the output head, when units of their own (models::embedding_and_head_paths).
   // CLIP: the text tower's embeddings in `embedding`, the image tower's in `head` (two units).
-  int64_t embedding = 0, head = 0;
-  bool tied = false;
   if (clip != nullptr) {
     if (in.embedding_units) {
-      embedding = clip_text_embedding_params(*clip);
-      head = clip_vision_embedding_params(*clip);
+      x.embedding = clip_text_embedding_params(*clip);
+      x.head = clip_vision_embedding_params(*clip);
     }
   } else if (in.embedding_units && !models::embedding_and_head_paths(in.model).empty()) {
     visit_planned(
         [&](const auto& m) {
           using Config = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<Config, models::GptConfig>) {
-            embedding = m.vocab * m.dim;
-            tied = true;
+            x.embedding = m.vocab * m.dim;
+            x.tied = true;
           } else if constexpr (std::is_same_v<Config, models::LlamaConfig>) {
-            embedding = m.vocab * m.dim;
-            tied = m.tie_embeddings;
-            head = tied ? 0 : m.vocab * m.dim;
+            x.embedding = m.vocab * m.dim;
+            x.tied = m.tie_embeddings;
+            x.head = x.tied ? 0 : m.vocab * m.dim;
           }
         },
         in.model);
   }
-  plan.embedding_params = embedding;
-  plan.head_params = head;
-  plan.tied_embedding = tied;
-  const int64_t largest_unit = std::max({block, embedding, head});
-  plan.largest_unit_params = largest_unit;
-  plan.root_params = p - all_blocks - embedding - head;
-  const int64_t root = plan.root_params, k = in.max_inflight;
+  plan.embedding_params = x.embedding;
+  plan.head_params = x.head;
+  plan.tied_embedding = x.tied;
+  x.largest_unit = std::max({x.block, x.embedding, x.head});
+  plan.largest_unit_params = x.largest_unit;
+  plan.root_params = x.p - all_blocks - x.embedding - x.head;
+  x.root = plan.root_params;
+  x.k = in.max_inflight;
+  // Rounded up as the shards are: every unit padded to a multiple of S.
+  x.shard_numel = (x.p + x.shard - 1) / x.shard;
+  x.largest_unit_shard = (std::max(x.largest_unit, x.root) + x.shard - 1) / x.shard;
+  return x;
+}
 
-  // Model states, per rank (rounded up as the shards are: every unit padded to a multiple of S).
-  const int64_t shard_numel = (p + shard - 1) / shard;
+// Model states per rank (parameters, gradients, optimizer state; on the host with CPU offload) and
+// the gathered and reduced buffers the runtime holds at its peak. Returns the trainable parameters.
+int64_t add_model_states(const PlanShape& x, Plan& plan) {
+  const PlanInput& in = *x.in;
+  const std::string& s = x.strategy;
+  const int64_t c = x.c, r = x.r, p = x.p, k = x.k, root = x.root, block = x.block, embedding = x.embedding;
   MemoryBreakdown& mem = plan.memory;
-  mem.parameters = 4 * shard_numel;
-  mem.gradients = 4 * shard_numel;
+  mem.parameters = 4 * x.shard_numel;
+  mem.gradients = 4 * x.shard_numel;
   // AdamW: two moments, and one fp32 scratch as large as the largest unit's shard (its denominator).
-  const int64_t largest_unit_shard = (std::max(largest_unit, root) + shard - 1) / shard;
-  mem.optimizer = in.optimizer == "adamw" ? 8 * shard_numel + 4 * largest_unit_shard : 4 * shard_numel;
+  mem.optimizer = in.optimizer == "adamw" ? 8 * x.shard_numel + 4 * x.largest_unit_shard : 4 * x.shard_numel;
   // CLIP with a frozen tower: that tower's parameters get no gradient and no optimizer state.
   int64_t trainable = p;
-  if (clip != nullptr) {
+  if (const models::ClipConfig* clip = x.clip) {
     if (clip->freeze_text) {
       trainable -= clip->text.layers * clip_block_params(clip->text) + clip_text_embedding_params(*clip) + 2 * clip->text.dim +
                    clip->text.dim * clip->projection_dim;
@@ -246,135 +282,160 @@ Plan make_plan(const PlanInput& in) {
       trainable -= clip->vision.layers * clip_block_params(clip->vision) + clip_vision_embedding_params(*clip) +
                    4 * clip->vision.dim + clip->vision.dim * clip->projection_dim;
     }
-    const int64_t trainable_shard = (trainable + shard - 1) / shard;
+    const int64_t trainable_shard = (trainable + x.shard - 1) / x.shard;
     mem.gradients = 4 * trainable_shard;
-    mem.optimizer = in.optimizer == "adamw" ? 8 * trainable_shard + 4 * largest_unit_shard : 4 * trainable_shard;
+    mem.optimizer = in.optimizer == "adamw" ? 8 * trainable_shard + 4 * x.largest_unit_shard : 4 * trainable_shard;
   }
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
   // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit
   // gathered through backward plus the gradient buffer of the unit being reduced.
   if (s == "no_shard") {
-    mem.gathered = (k + 1) * 4 * largest_unit;
+    mem.gathered = (k + 1) * 4 * x.largest_unit;
   } else if (s == "shard_grad_op") {
-    mem.gathered = c * p + std::max(c, r) * largest_unit;
-  } else if (tied) {
-    mem.gathered = c * (2 * root + 2 * embedding + (k + 2) * block) + (r != c ? r * largest_unit : 0);
+    mem.gathered = c * p + std::max(c, r) * x.largest_unit;
+  } else if (x.tied) {
+    mem.gathered = c * (2 * root + 2 * embedding + (k + 2) * block) + (r != c ? r * x.largest_unit : 0);
   } else if (embedding > 0) {
-    mem.gathered = c * (2 * root + 2 * largest_unit + k * std::max(block, head)) + (r != c ? r * largest_unit : 0);
+    mem.gathered = c * (2 * root + 2 * x.largest_unit + k * std::max(block, x.head)) + (r != c ? r * x.largest_unit : 0);
   } else {
     mem.gathered = c * (2 * root + (k + 2) * block) + (r != c ? r * block : 0);
   }
   // Each pending reduction holds its output shard until it is added into the gradient shard.
-  if (s != "no_shard") mem.reduced = k * r * largest_unit_shard;
-  // QLoRA: the blocks' linear weights stored, gathered and sent as NF4 with double quantization
-  // (shard/nf4_storage.h: 4 bits, an 8-bit absmax code per 64 weights, an fp32 per 256 x 64).
-  constexpr double kNf4BytesPerWeight = 0.5 + 1.0 / 64 + 4.0 / (64 * 256);
-  int64_t linear = 0;
+  if (s != "no_shard") mem.reduced = k * r * x.largest_unit_shard;
+  return trainable;
+}
+
+// QLoRA: the blocks' linear weights stored, gathered and sent as NF4 with double quantization
+// (shard/nf4_storage.h: 4 bits, an 8-bit absmax code per 64 weights, an fp32 per 256 x 64).
+constexpr double kNf4BytesPerWeight = 0.5 + 1.0 / 64 + 4.0 / (64 * 256);
+
+// LoRA: a frozen base (bf16, fp32, or NF4 linear weights) and trainable adapters replace the model
+// states above. Returns the linear weights stored as NF4 (0 without QLoRA).
+int64_t add_lora_states(const PlanShape& x, Plan& plan) {
+  const PlanInput& in = *x.in;
   const models::LoraSpec* lora = models::lora_spec(in.model);
-  if (lora != nullptr && lora->enabled()) {
-    if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32" && in.lora_base_dtype != "nf4") {
-      throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16, float32 or nf4)");
+  if (lora == nullptr || !lora->enabled()) return 0;
+  const std::string& s = x.strategy;
+  const int64_t c = x.c, r = x.r, p = x.p, k = x.k, root = x.root, shard = x.shard, layers = x.layers;
+  MemoryBreakdown& mem = plan.memory;
+  if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32" && in.lora_base_dtype != "nf4") {
+    throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16, float32 or nf4)");
+  }
+  const int64_t adapters = visit_planned(
+      [](const auto& m) -> int64_t {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, models::VitConfig> || std::is_same_v<M, models::ClipConfig>) {
+          return 0;
+        } else {
+          return m.lora_parameter_count();
+        }
+      },
+      in.model);
+  plan.adapter_params = adapters;
+  // The frozen base per rank: bf16 or fp32 values; or (nf4) the blocks' linear weights in NF4
+  // and the rest in bf16.
+  const int64_t linear = in.lora_base_dtype == "nf4" ? models::linear_weight_count(in.model) : 0;
+  const int64_t base_total = in.lora_base_dtype == "float32" ? 4 * p
+                             : static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear)) + 2 * (p - linear);
+  const int64_t adapter_shard = (adapters + shard - 1) / shard;
+  const int64_t per_layer_adapters = layers > 0 ? (adapters + layers - 1) / layers : adapters;
+  mem.parameters = (base_total + shard - 1) / shard + 4 * adapter_shard;
+  mem.gradients = 4 * adapter_shard;
+  mem.optimizer = in.optimizer == "adamw" ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard) : 4 * adapter_shard;
+  if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
+  // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
+  if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * x.largest_unit) + 2 * c * per_layer_adapters;
+  // NF4: a block in flight holds its gathered bytes alone; its values are decoded (allocated) when
+  // it runs, so only the computing block holds them (shard::FlatParam::unshard_async), beside its
+  // own bytes while they are decoded. The embedding and the head are not NF4: one of them may be
+  // in flight whole while a block computes, or compute while K blocks are in flight.
+  if (linear > 0 && s != "no_shard") {
+    const int64_t nf4_unit_bytes = static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear / std::max<int64_t>(layers, 1)));
+    if (s == "full_shard" || s == "hybrid_shard") {
+      const int64_t outer = std::max(x.embedding, x.head);
+      mem.gathered = c * (root + std::max(x.block + (k > 0 ? outer : 0), outer)) + 2 * c * per_layer_adapters;
     }
-    const int64_t adapters = visit_planned(
-        [](const auto& m) -> int64_t {
-          using M = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<M, models::VitConfig> || std::is_same_v<M, models::ClipConfig>) {
-            return 0;
-          } else {
-            return m.lora_parameter_count();
-          }
-        },
-        in.model);
-    plan.adapter_params = adapters;
-    // The frozen base per rank: bf16 or fp32 values; or (nf4) the blocks' linear weights in NF4
-    // and the rest in bf16.
-    linear = in.lora_base_dtype == "nf4" ? models::linear_weight_count(in.model) : 0;
-    const int64_t base_total = in.lora_base_dtype == "float32" ? 4 * p
-                               : static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear)) + 2 * (p - linear);
-    const int64_t adapter_shard = (adapters + shard - 1) / shard;
-    const int64_t per_layer_adapters = layers > 0 ? (adapters + layers - 1) / layers : adapters;
-    mem.parameters = (base_total + shard - 1) / shard + 4 * adapter_shard;
-    mem.gradients = 4 * adapter_shard;
-    mem.optimizer = in.optimizer == "adamw" ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard) : 4 * adapter_shard;
-    if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
-    // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
-    if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * largest_unit) + 2 * c * per_layer_adapters;
-    // NF4: a block in flight holds its gathered bytes alone; its values are decoded (allocated) when
-    // it runs, so only the computing block holds them (shard::FlatParam::unshard_async), beside its
-    // own bytes while they are decoded. The embedding and the head are not NF4: one of them may be
-    // in flight whole while a block computes, or compute while K blocks are in flight.
-    if (linear > 0 && s != "no_shard") {
-      const int64_t nf4_unit_bytes = static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear / std::max<int64_t>(layers, 1)));
-      if (s == "full_shard" || s == "hybrid_shard") {
-        const int64_t outer = std::max(embedding, head);
-        mem.gathered = c * (root + std::max(block + (k > 0 ? outer : 0), outer)) + 2 * c * per_layer_adapters;
-      }
-      mem.gathered += (k + 1) * nf4_unit_bytes;
-    }
-    if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
+    mem.gathered += (k + 1) * nf4_unit_bytes;
   }
-  if (in.async_checkpoint) {
-    // What the rank writes, copied: its parameter shard and its optimizer moments (not AdamW's scratch).
-    const int64_t trained = plan.adapter_params > 0 ? (plan.adapter_params + shard - 1) / shard : shard_numel;
-    mem.checkpoint_staging = (plan.adapter_params > 0 ? mem.parameters : 4 * shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
-  }
-  if (clip != nullptr) {
-    // Both towers' blocks for one pair (with checkpointing, each block's input only), one block
-    // more for the backward's peak; the loss: both modalities' gathered features [B, p] fp32 and
-    // their gradients, this rank's logits [b, B] in both directions, their softmax and gradients.
-    const int64_t image_tokens = clip->image_tokens(), text_tokens = clip->context;
-    const int64_t vision_block = clip_block_activation_bytes(clip->vision, image_tokens, c, in.fused_attention, in.attention_fp32);
-    const int64_t text_block = clip_block_activation_bytes(clip->text, text_tokens, c, in.fused_attention, in.attention_fp32);
-    const int64_t vision_input = c * image_tokens * clip->vision.dim, text_input = c * text_tokens * clip->text.dim;
-    const bool recompute = in.activation_checkpointing;
-    // A frozen tower saves nothing for backward: its input needs no gradient and neither do its
-    // parameters, so autograd records none of its forward.
-    const int64_t vision_saved = clip->freeze_vision ? 0 : clip->vision.layers * (recompute ? vision_input : vision_block);
-    const int64_t text_saved = clip->freeze_text ? 0 : clip->text.layers * (recompute ? text_input : text_block);
-    const int64_t backward_block = std::max(clip->freeze_vision ? 0 : vision_block, clip->freeze_text ? 0 : text_block);
-    const int64_t per_pair = vision_saved + text_saved + (recompute ? 2 : 1) * backward_block + c * image_tokens * clip->vision.dim;
-    const int64_t global = in.micro_batch * n;
-    const int64_t loss = 2 * 2 * 4 * global * clip->projection_dim + 2 * 3 * 4 * in.micro_batch * global;
-    mem.activations = in.micro_batch * per_pair + loss;
-  }
-  int64_t per_block = clip != nullptr ? 0 : block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
-  if (clip == nullptr && in.attention_fp32 && c < 4) {
+  if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
+  return linear;
+}
+
+// checkpoint.async: what the rank writes, copied: its parameter shard and its optimizer moments
+// (not AdamW's scratch).
+void add_checkpoint_staging(const PlanShape& x, Plan& plan) {
+  const PlanInput& in = *x.in;
+  if (!in.async_checkpoint) return;
+  MemoryBreakdown& mem = plan.memory;
+  const int64_t trained = plan.adapter_params > 0 ? (plan.adapter_params + x.shard - 1) / x.shard : x.shard_numel;
+  mem.checkpoint_staging = (plan.adapter_params > 0 ? mem.parameters : 4 * x.shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
+}
+
+// CLIP: both towers' blocks for one pair (with checkpointing, each block's input only), one block
+// more for the backward's peak; the loss: both modalities' gathered features [B, p] fp32 and their
+// gradients, this rank's logits [b, B] in both directions, their softmax and gradients.
+int64_t clip_activation_bytes(const PlanShape& x) {
+  const PlanInput& in = *x.in;
+  const models::ClipConfig* clip = x.clip;
+  const int64_t c = x.c;
+  const int64_t image_tokens = clip->image_tokens(), text_tokens = clip->context;
+  const int64_t vision_block = clip_block_activation_bytes(clip->vision, image_tokens, c, in.fused_attention, in.attention_fp32);
+  const int64_t text_block = clip_block_activation_bytes(clip->text, text_tokens, c, in.fused_attention, in.attention_fp32);
+  const int64_t vision_input = c * image_tokens * clip->vision.dim, text_input = c * text_tokens * clip->text.dim;
+  const bool recompute = in.activation_checkpointing;
+  // A frozen tower saves nothing for backward: its input needs no gradient and neither do its
+  // parameters, so autograd records none of its forward.
+  const int64_t vision_saved = clip->freeze_vision ? 0 : clip->vision.layers * (recompute ? vision_input : vision_block);
+  const int64_t text_saved = clip->freeze_text ? 0 : clip->text.layers * (recompute ? text_input : text_block);
+  const int64_t backward_block = std::max(clip->freeze_vision ? 0 : vision_block, clip->freeze_text ? 0 : text_block);
+  const int64_t per_pair = vision_saved + text_saved + (recompute ? 2 : 1) * backward_block + c * image_tokens * clip->vision.dim;
+  const int64_t global = in.micro_batch * x.n;
+  const int64_t loss = 2 * 2 * 4 * global * clip->projection_dim + 2 * 3 * 4 * in.micro_batch * global;
+  return in.micro_batch * per_pair + loss;
+}
+
+// Blocks recomputed in backward: every k-th of them with activation checkpointing (layers / k).
+int64_t recomputed_blocks(const PlanShape& x) {
+  return x.in->activation_checkpointing ? x.layers / x.in->activation_checkpointing_every : 0;
+}
+
+// The activations a micro-batch keeps for backward at its peak (the single-tower families).
+int64_t block_stack_activation_bytes(const PlanShape& x) {
+  const PlanInput& in = *x.in;
+  const int64_t c = x.c, layers = x.layers;
+  int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
+  const int64_t width = visit_planned([](const auto& m) { return m.dim; }, in.model);
+  if (in.attention_fp32 && c < 4) {
     // Attention in fp32 (models/attention.h, FusedFp32) keeps fp32 copies of q, k, v and its output
     // besides the compute-dtype tensors the block keeps anyway: 4 x (heads x head_dim) x 4 bytes a token.
-    const int64_t width = visit_planned([](const auto& m) { return m.dim; }, in.model);
     per_block += 4 * 4 * tokens_per_sample(in.model, in.seq_len) * width;
   }
-  const int64_t block_inputs = clip != nullptr ? 0 : c * tokens_per_sample(in.model, in.seq_len) *
-                                                       visit_planned([](const auto& m) { return m.dim; }, in.model);
+  const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) * width;
   // Backward of the last block holds its activations' gradients beside everything saved: one
   // block more (with checkpointing, the block being recomputed and its gradients). A recomputed
   // block keeps only its input; every k-th block is (layers / k of them).
-  const int64_t recomputed = in.activation_checkpointing ? layers / in.activation_checkpointing_every : 0;
+  const int64_t recomputed = recomputed_blocks(x);
   // The recomputed block plus its gradients (+2) is the peak only when backward meets a recomputed
   // block first (the last, when layers % k == 0); else the last block and its gradients (+1).
   const bool last_recomputed = recomputed > 0 && layers % in.activation_checkpointing_every == 0;
   const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
-  if (clip == nullptr) {
-    mem.activations = in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
-  }
-  mem.overhead = in.overhead_bytes;
-  mem.data = in.data_bytes;
-  const int64_t device = mem.device_total();
-  plan.peak_bytes = in.cpu ? device + mem.host_total + mem.data + mem.checkpoint_staging : device;
-  if (in.device_memory_bytes > 0) {
-    plan.headroom_bytes = in.device_memory_bytes - device;
-    plan.fits = plan.headroom_bytes >= 0;
-  }
+  return in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
+}
 
-  // Bytes each rank sends per optimizer step; every micro-batch gathers and reduces.
+// Bytes each rank sends per optimizer step; every micro-batch gathers and reduces.
+void add_communication(const PlanShape& x, Plan& plan, int64_t linear, int64_t trainable) {
+  const PlanInput& in = *x.in;
+  const std::string& s = x.strategy;
+  const int64_t c = x.c, r = x.r, p = x.p, root = x.root;
+  const int n = x.n, shard = x.shard;
   const double in_group = shard > 1 ? static_cast<double>(shard - 1) / shard : 0.0;
   CommVolume& comm = plan.comm;
   const int64_t m = in.micro_batches;
   if (s == "full_shard" || s == "hybrid_shard") {
     // Units twice (forward, backward), the root once, a tied embedding three times (embedding,
     // head, and once in backward).
-    const int64_t tied_params = tied ? embedding : 0;
+    const int64_t tied_params = x.tied ? x.embedding : 0;
     comm.all_gather = static_cast<int64_t>(m * c * (2 * (p - root - tied_params) + 3 * tied_params + root) * in_group);
   } else if (s == "shard_grad_op") {
     comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
@@ -389,7 +450,7 @@ Plan make_plan(const PlanInput& in) {
   } else {
     comm.reduce_scatter = static_cast<int64_t>(m * r * reduced_params * in_group);
     if (plan.replicas > 1) {
-      comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * shard_numel * (plan.replicas - 1) / plan.replicas);
+      comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * x.shard_numel * (plan.replicas - 1) / plan.replicas);
     }
   }
   // Which collectives cross nodes: a group wider than a node, or hybrid's replica all-reduce.
@@ -401,9 +462,13 @@ Plan make_plan(const PlanInput& in) {
       comm.across_nodes = comm.total();
     }
   }
+}
 
-  // Time: compute at the given rate (+1/3 for the recomputed forward), communication at the
-  // bandwidths (the slower one for bytes that cross nodes).
+// Time: compute at the given rate (+1/3 for the recomputed forward), communication at the
+// bandwidths (the slower one for bytes that cross nodes).
+void add_step_time(const PlanShape& x, Plan& plan) {
+  const PlanInput& in = *x.in;
+  const int64_t layers = x.layers, recomputed = recomputed_blocks(x);
   const int64_t samples = in.micro_batch * in.micro_batches;
   const bool language = models::is_language_model(in.model);
   const double flops = models::flops_per_sample(in.model, in.seq_len) * samples * (language ? in.seq_len : 1) *
@@ -411,14 +476,40 @@ Plan make_plan(const PlanInput& in) {
   if (in.compute_flops > 0) plan.compute_seconds = flops / in.compute_flops;
   if (in.bandwidth_bytes > 0) {
     const double inter = in.inter_node_bandwidth_bytes > 0 ? in.inter_node_bandwidth_bytes : in.bandwidth_bytes;
-    plan.comm_seconds = static_cast<double>(comm.total() - comm.across_nodes) / in.bandwidth_bytes +
-                        static_cast<double>(comm.across_nodes) / inter;
+    plan.comm_seconds = static_cast<double>(plan.comm.total() - plan.comm.across_nodes) / in.bandwidth_bytes +
+                        static_cast<double>(plan.comm.across_nodes) / inter;
   }
   plan.step_seconds_overlapped = std::max(plan.compute_seconds, plan.comm_seconds);
   plan.step_seconds_serial = plan.compute_seconds + plan.comm_seconds;
   if (plan.step_seconds_overlapped > 0) {
     plan.tokens_per_second = static_cast<double>(samples * (language ? in.seq_len : 1)) / plan.step_seconds_overlapped;
   }
+}
+
+}  // namespace
+
+// A plan, part by part: the input checked, its shape (sharding, units), model states (or LoRA's),
+// async save staging, activations, the peak, communication and step time.
+Plan make_plan(const PlanInput& in) {
+  check_plan_input(in);
+  Plan plan;
+  plan.input = in;
+  const PlanShape x = shape_of(in, plan);
+  const int64_t trainable = add_model_states(x, plan);
+  const int64_t linear = add_lora_states(x, plan);
+  add_checkpoint_staging(x, plan);
+  MemoryBreakdown& mem = plan.memory;
+  mem.activations = x.clip != nullptr ? clip_activation_bytes(x) : block_stack_activation_bytes(x);
+  mem.overhead = in.overhead_bytes;
+  mem.data = in.data_bytes;
+  const int64_t device = mem.device_total();
+  plan.peak_bytes = in.cpu ? device + mem.host_total + mem.data + mem.checkpoint_staging : device;
+  if (in.device_memory_bytes > 0) {
+    plan.headroom_bytes = in.device_memory_bytes - device;
+    plan.fits = plan.headroom_bytes >= 0;
+  }
+  add_communication(x, plan, linear, trainable);
+  add_step_time(x, plan);
   return plan;
 }
 
