@@ -193,6 +193,192 @@ void print_plan(const Plan& p, bool compact) {
               format_bytes(static_cast<double>(m.device_total() - m.activations - m.overhead)).c_str());
 }
 
+// The command line: every flag, and the PlanInput fields a flag sets directly.
+struct PlanFlags {
+  std::string config_path, model_name, memory, overhead, json_path;
+  std::vector<std::string> overrides;
+  PlanInput in;  // ranks_per_node, cpu_offload, async_checkpoint
+  int ranks = 0;
+  double tflops = 0, bandwidth_gbps = 0, inter_node_gbps = 0;
+  bool calibrate = false, compact = false;
+  std::string strategy, param_dtype, reduce_dtype, optimizer;
+  int shard_group_size = -1, max_inflight = -1;
+  int64_t micro_batch = 0, micro_batches = 0, seq = 0;
+  bool checkpointing = false;
+  int64_t checkpointing_every = 0;
+  bool composed_attention = false;
+  int64_t lora_rank = 0;
+  std::string lora_targets, lora_base_dtype;
+  int64_t loss_chunk = -1;
+  bool embeddings_in_root = false;
+};
+
+void declare_flags(CLI::App& app, PlanFlags& f) {
+  PlanInput& in = f.in;
+  app.add_option("config", f.config_path, "TOML training configuration (optional)");
+  app.add_option("--set", f.overrides, "override a config key, as fsdp-train --set");
+  app.add_option("--model", f.model_name, "a model of the zoo (fsdp-train --list-models)");
+  app.add_option("--ranks", f.ranks, "N, ranks in all (default: the config's launch, else 1)")->check(CLI::PositiveNumber);
+  app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")->check(CLI::PositiveNumber);
+  app.add_option("--memory", f.memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
+  app.add_option("--strategy", f.strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard");
+  app.add_option("--shard-group-size", f.shard_group_size, "hybrid_shard: S (default: ranks per node)")->check(CLI::PositiveNumber);
+  app.add_option("--param-dtype", f.param_dtype, "float32 | bfloat16 | float16");
+  app.add_option("--reduce-dtype", f.reduce_dtype, "float32 | bfloat16 | float16");
+  app.add_flag("--activation-checkpointing", f.checkpointing, "recompute each block in backward");
+  app.add_option("--activation-checkpointing-every", f.checkpointing_every,
+                 "with --activation-checkpointing: every k-th block only (fsdp.activation_checkpointing_every)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
+  app.add_flag("--async-checkpoint", in.async_checkpoint, "checkpoint.async: count the save's staging copies (host memory)");
+  app.add_flag("--composed-attention", f.composed_attention,
+               "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "
+               "fused (scaled_dot_product_attention, as fsdp.cpp's models)");
+  app.add_option("--optimizer", f.optimizer, "adamw | sgd");
+  app.add_option("--lora-rank", f.lora_rank, "LoRA: adapters of this rank over a frozen base")->check(CLI::PositiveNumber);
+  app.add_option("--lora-targets", f.lora_targets,
+                 "LoRA: the adapted layers, e.g. \"q_proj v_proj\" (default: every linear layer of the blocks)");
+  app.add_option("--lora-base-dtype", f.lora_base_dtype, "LoRA: bfloat16 (default), float32 or nf4 (QLoRA: linear weights in 4-bit NF4, the rest bf16) storage of the frozen base");
+  app.add_option("--micro-batch", f.micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
+  app.add_option("--micro-batches", f.micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
+  app.add_option("--seq", f.seq, "tokens per sample")->check(CLI::PositiveNumber);
+  app.add_option("--loss-chunk", f.loss_chunk,
+                 "language models: the head and loss this many tokens at a time (train.loss_chunk_tokens; "
+                 "default 1024, or the config's; 0: whole logits)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--embeddings-in-root", f.embeddings_in_root,
+               "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
+  app.add_option("--max-inflight", f.max_inflight, "K: unit buffers alive besides the computing one")->check(CLI::NonNegativeNumber);
+  app.add_option("--overhead", f.overhead, "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 128MiB for a config "
+                 "with train.device = cpu; --calibrate measures)");
+  app.add_option("--tflops", f.tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")->check(CLI::NonNegativeNumber);
+  app.add_option("--bandwidth", f.bandwidth_gbps, "per-rank collective bandwidth inside a shard group, GB/s")->check(CLI::NonNegativeNumber);
+  app.add_option("--inter-node-bandwidth", f.inter_node_gbps, "per-rank bandwidth across nodes, GB/s")->check(CLI::NonNegativeNumber);
+  app.add_flag("--calibrate", f.calibrate,
+               "measure compute rate (matmuls in the compute dtype), all-gather bandwidth (under mpirun, >= 2 "
+               "ranks) and the process overhead on this machine, with the project's own kernels and collectives");
+  app.add_flag("--compact", f.compact, "one line per plan");
+  app.add_option("--json", f.json_path, "write the plan here as JSON");
+}
+
+// The plan's input from a config file, as fsdp-train reads it: with its data (the vocabulary it
+// gives the model, the bytes it holds), the same prediction as the run's report. Where the data
+// cannot be read here (planning a run for elsewhere), the config alone, saying so.
+PlanInput input_from_config(const PlanFlags& f, const fsdp::comm::ProcessGroupPtr& world) {
+  std::vector<std::string> overrides = f.overrides;
+  if (!f.model_name.empty()) overrides.push_back("model.name=\"" + f.model_name + "\"");
+  const fsdp::train::TrainConfig c = fsdp::train::load_train_config(f.config_path, overrides);
+  const int n = f.ranks > 0 ? f.ranks : (world ? world->size() : 1);
+  PlanInput in;
+  try {
+    in = fsdp::train::plan_input_for_run(c, n);
+  } catch (const std::invalid_argument&) {
+    throw;  // the config, or what the planner does not model (ConfigError is one too)
+  } catch (const std::exception& e) {
+    if (!world || world->rank() == 0) {
+      std::fprintf(stderr, "fsdp-plan: note: the data is not counted, nor the model's vocabulary taken from it: %s\n", e.what());
+    }
+    in = fsdp::train::plan_input(c, n);
+  }
+  // What the command line set before the config was read.
+  in.ranks_per_node = f.in.ranks_per_node;
+  in.cpu_offload = in.cpu_offload || f.in.cpu_offload;
+  if (f.composed_attention) in.fused_attention = false;  // else the config's train.attention decides
+  return in;
+}
+
+// The plan's input for a model of the zoo, with fsdp-train's defaults.
+PlanInput input_from_model(const PlanFlags& f, const fsdp::comm::ProcessGroupPtr& world) {
+  if (f.model_name.empty()) throw std::invalid_argument("give --model NAME or a config file (--help)");
+  if (!f.overrides.empty()) throw std::invalid_argument("--set needs a config file");
+  PlanInput in = f.in;
+  if (f.composed_attention) in.fused_attention = false;
+  in.model = fsdp::models::model_config(f.model_name);
+  in.model_name = f.model_name;
+  in.ranks = f.ranks > 0 ? f.ranks : (world ? world->size() : 1);
+  if (const auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) in.seq_len = std::min<int64_t>(g->context, 1024);
+  if (const auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) in.seq_len = std::min<int64_t>(l->context, 4096);
+  in.loss_chunk_tokens = fsdp::train::TrainConfig{}.loss_chunk_tokens;  // as fsdp-train by default
+  return in;
+}
+
+// --lora-rank: adapters on every linear layer of the blocks, or --lora-targets'.
+void apply_lora_flags(const PlanFlags& f, PlanInput& in) {
+  if (f.lora_rank > 0) {
+    fsdp::models::LoraSpec spec;
+    spec.rank = f.lora_rank;
+    spec.targets = fsdp::models::LoraSpec::parse_targets(f.lora_targets);
+    const bool gpt = std::holds_alternative<fsdp::models::GptConfig>(in.model);
+    if (spec.targets.empty()) {
+      spec.targets = gpt ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
+                         : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    }
+    if (auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) g->lora = spec;
+    else if (auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) l->lora = spec;
+    else throw std::invalid_argument("--lora-rank applies to gpt and llama models");
+    fsdp::models::validate(in.model);
+  }
+  if (!f.lora_base_dtype.empty()) in.lora_base_dtype = f.lora_base_dtype;
+}
+
+// The flags that override the config's (or the defaults') settings.
+void apply_flags(const PlanFlags& f, PlanInput& in) {
+  if (f.loss_chunk >= 0) in.loss_chunk_tokens = f.loss_chunk;
+  if (!f.strategy.empty()) in.strategy = f.strategy;
+  if (f.shard_group_size > 0) in.shard_group_size = f.shard_group_size;
+  if (!f.param_dtype.empty()) in.param_dtype = f.param_dtype;
+  if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype;
+  if (f.checkpointing) in.activation_checkpointing = true;
+  if (f.checkpointing_every > 0) {
+    if (!in.activation_checkpointing) throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
+    in.activation_checkpointing_every = f.checkpointing_every;
+  }
+  if (!f.optimizer.empty()) in.optimizer = f.optimizer;
+  if (f.micro_batch > 0) in.micro_batch = f.micro_batch;
+  if (f.micro_batches > 0) in.micro_batches = f.micro_batches;
+  if (f.seq > 0) in.seq_len = f.seq;
+  if (f.max_inflight >= 0) in.max_inflight = f.max_inflight;
+  if (f.embeddings_in_root) in.embedding_units = false;
+  apply_lora_flags(f, in);
+  if (!f.memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(f.memory);
+  if (!f.overhead.empty()) in.overhead_bytes = fsdp::plan::parse_bytes(f.overhead);
+  in.compute_flops = f.tflops * 1e12;
+  in.bandwidth_bytes = f.bandwidth_gbps * 1e9;
+  in.inter_node_bandwidth_bytes = f.inter_node_gbps * 1e9;
+}
+
+// --calibrate: the process overhead, the slowest rank's matmul rate and the all-gather bandwidth,
+// measured here (collective: every rank of `world`).
+void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool leader) {
+  const at::ScalarType dtype = in.param_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  in.overhead_bytes = std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
+  world->barrier()->wait();
+  double rate = matmul_rate(dtype, 0.5);  // every rank at once, as in training
+  at::Tensor slowest = at::tensor({rate}, at::kDouble);
+  world->all_reduce(slowest, fsdp::comm::ReduceOp::Sum)->wait();
+  in.compute_flops = slowest.item<double>() / world->size();
+  if (world->size() > 1) in.bandwidth_bytes = all_gather_bandwidth(world);
+  if (leader) {
+    char bandwidth[64] = "not measured (run under mpirun -np 2 or more)";
+    if (world->size() > 1) std::snprintf(bandwidth, sizeof(bandwidth), "%.2f GB/s", in.bandwidth_bytes / 1e9);
+    std::printf("calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul), all-gather %s per rank, "
+                "process overhead %s\n",
+                world->size(), in.compute_flops / 1e9, in.param_dtype.c_str(), bandwidth,
+                format_bytes(static_cast<double>(in.overhead_bytes)).c_str());
+  }
+}
+
+// The plan as JSON at `path`, never half a file there.
+void write_json(const Plan& plan, const std::string& path) {
+  const std::string partial = path + ".partial";
+  std::ofstream out(partial);
+  out << to_json(plan).dump(2) << "\n";
+  out.close();
+  if (!out || std::rename(partial.c_str(), path.c_str()) != 0) {
+    std::remove(partial.c_str());
+    throw std::runtime_error("cannot write '" + path + "'");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,171 +388,21 @@ int main(int argc, char** argv) {
       "  fsdp-plan configs/gpt-fortunes-tiny.toml --ranks 2 --memory 5GiB\n"
       "  mpirun -np 2 fsdp-plan configs/gpt-fortunes-tiny.toml --calibrate   # rates measured here\n\n"
       "A config file gives the model, batch, sequence length and [fsdp] settings; flags override it."};
-  std::string config_path, model_name, memory, overhead, json_path;
-  std::vector<std::string> overrides;
-  PlanInput in;
-  int ranks = 0;
-  double tflops = 0, bandwidth_gbps = 0, inter_node_gbps = 0;
-  bool calibrate = false, compact = false;
-  std::string strategy, param_dtype, reduce_dtype, optimizer;
-  int shard_group_size = -1, max_inflight = -1;
-  int64_t micro_batch = 0, micro_batches = 0, seq = 0;
-  bool checkpointing = false;
-  app.add_option("config", config_path, "TOML training configuration (optional)");
-  app.add_option("--set", overrides, "override a config key, as fsdp-train --set");
-  app.add_option("--model", model_name, "a model of the zoo (fsdp-train --list-models)");
-  app.add_option("--ranks", ranks, "N, ranks in all (default: the config's launch, else 1)")->check(CLI::PositiveNumber);
-  app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")->check(CLI::PositiveNumber);
-  app.add_option("--memory", memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
-  app.add_option("--strategy", strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard");
-  app.add_option("--shard-group-size", shard_group_size, "hybrid_shard: S (default: ranks per node)")->check(CLI::PositiveNumber);
-  app.add_option("--param-dtype", param_dtype, "float32 | bfloat16 | float16");
-  app.add_option("--reduce-dtype", reduce_dtype, "float32 | bfloat16 | float16");
-  app.add_flag("--activation-checkpointing", checkpointing, "recompute each block in backward");
-  int64_t checkpointing_every = 0;
-  app.add_option("--activation-checkpointing-every", checkpointing_every,
-                 "with --activation-checkpointing: every k-th block only (fsdp.activation_checkpointing_every)")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
-  app.add_flag("--async-checkpoint", in.async_checkpoint, "checkpoint.async: count the save's staging copies (host memory)");
-  bool composed_attention = false;
-  app.add_flag("--composed-attention", composed_attention,
-               "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "
-               "fused (scaled_dot_product_attention, as fsdp.cpp's models)");
-  app.add_option("--optimizer", optimizer, "adamw | sgd");
-  int64_t lora_rank = 0;
-  std::string lora_targets, lora_base_dtype;
-  app.add_option("--lora-rank", lora_rank, "LoRA: adapters of this rank over a frozen base")->check(CLI::PositiveNumber);
-  app.add_option("--lora-targets", lora_targets,
-                 "LoRA: the adapted layers, e.g. \"q_proj v_proj\" (default: every linear layer of the blocks)");
-  app.add_option("--lora-base-dtype", lora_base_dtype, "LoRA: bfloat16 (default), float32 or nf4 (QLoRA: linear weights in 4-bit NF4, the rest bf16) storage of the frozen base");
-  app.add_option("--micro-batch", micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
-  app.add_option("--micro-batches", micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
-  app.add_option("--seq", seq, "tokens per sample")->check(CLI::PositiveNumber);
-  int64_t loss_chunk = -1;
-  app.add_option("--loss-chunk", loss_chunk,
-                 "language models: the head and loss this many tokens at a time (train.loss_chunk_tokens; "
-                 "default 1024, or the config's; 0: whole logits)")->check(CLI::NonNegativeNumber);
-  bool embeddings_in_root = false;
-  app.add_flag("--embeddings-in-root", embeddings_in_root,
-               "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
-  app.add_option("--max-inflight", max_inflight, "K: unit buffers alive besides the computing one")->check(CLI::NonNegativeNumber);
-  app.add_option("--overhead", overhead, "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 128MiB for a config "
-                 "with train.device = cpu; --calibrate measures)");
-  app.add_option("--tflops", tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")->check(CLI::NonNegativeNumber);
-  app.add_option("--bandwidth", bandwidth_gbps, "per-rank collective bandwidth inside a shard group, GB/s")->check(CLI::NonNegativeNumber);
-  app.add_option("--inter-node-bandwidth", inter_node_gbps, "per-rank bandwidth across nodes, GB/s")->check(CLI::NonNegativeNumber);
-  app.add_flag("--calibrate", calibrate,
-               "measure compute rate (matmuls in the compute dtype), all-gather bandwidth (under mpirun, >= 2 "
-               "ranks) and the process overhead on this machine, with the project's own kernels and collectives");
-  app.add_flag("--compact", compact, "one line per plan");
-  app.add_option("--json", json_path, "write the plan here as JSON");
+  PlanFlags flags;
+  declare_flags(app, flags);
   CLI11_PARSE(app, argc, argv);
-  if (composed_attention) in.fused_attention = false;
 
   fsdp::comm::ProcessGroupPtr world;
   try {
-    if (calibrate) world = fsdp::comm::init_world();
+    if (flags.calibrate) world = fsdp::comm::init_world();
     const bool leader = !world || world->rank() == 0;
-    if (!config_path.empty()) {
-      if (!model_name.empty()) overrides.push_back("model.name=\"" + model_name + "\"");
-      const fsdp::train::TrainConfig c = fsdp::train::load_train_config(config_path, overrides);
-      const int n = ranks > 0 ? ranks : (world ? world->size() : 1);
-      const PlanInput flags = in;  // what the command line set before the config was read
-      // With the data read as fsdp-train reads it (the vocabulary it gives the model, the bytes it
-      // holds): the same prediction as the run's report. Where the data cannot be read here
-      // (planning a run for elsewhere), the config alone, saying so.
-      try {
-        in = fsdp::train::plan_input_for_run(c, n);
-      } catch (const std::invalid_argument&) {
-        throw;  // the config, or what the planner does not model (ConfigError is one too)
-      } catch (const std::exception& e) {
-        if (!world || world->rank() == 0) {
-          std::fprintf(stderr, "fsdp-plan: note: the data is not counted, nor the model's vocabulary taken from it: %s\n", e.what());
-        }
-        in = fsdp::train::plan_input(c, n);
-      }
-      in.ranks_per_node = flags.ranks_per_node;
-      in.cpu_offload = in.cpu_offload || flags.cpu_offload;
-      if (composed_attention) in.fused_attention = false;  // else the config's train.attention decides
-    } else {
-      if (model_name.empty()) throw std::invalid_argument("give --model NAME or a config file (--help)");
-      if (!overrides.empty()) throw std::invalid_argument("--set needs a config file");
-      in.model = fsdp::models::model_config(model_name);
-      in.model_name = model_name;
-      in.ranks = ranks > 0 ? ranks : (world ? world->size() : 1);
-      if (const auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) in.seq_len = std::min<int64_t>(g->context, 1024);
-      if (const auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) in.seq_len = std::min<int64_t>(l->context, 4096);
-      in.loss_chunk_tokens = fsdp::train::TrainConfig{}.loss_chunk_tokens;  // as fsdp-train by default
-    }
-    if (loss_chunk >= 0) in.loss_chunk_tokens = loss_chunk;
-    if (!strategy.empty()) in.strategy = strategy;
-    if (shard_group_size > 0) in.shard_group_size = shard_group_size;
-    if (!param_dtype.empty()) in.param_dtype = param_dtype;
-    if (!reduce_dtype.empty()) in.reduce_dtype = reduce_dtype;
-    if (checkpointing) in.activation_checkpointing = true;
-    if (checkpointing_every > 0) {
-      if (!in.activation_checkpointing) throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
-      in.activation_checkpointing_every = checkpointing_every;
-    }
-    if (!optimizer.empty()) in.optimizer = optimizer;
-    if (micro_batch > 0) in.micro_batch = micro_batch;
-    if (micro_batches > 0) in.micro_batches = micro_batches;
-    if (seq > 0) in.seq_len = seq;
-    if (max_inflight >= 0) in.max_inflight = max_inflight;
-    if (embeddings_in_root) in.embedding_units = false;
-    if (lora_rank > 0) {
-      fsdp::models::LoraSpec spec;
-      spec.rank = lora_rank;
-      spec.targets = fsdp::models::LoraSpec::parse_targets(lora_targets);
-      const bool gpt = std::holds_alternative<fsdp::models::GptConfig>(in.model);
-      if (spec.targets.empty()) {
-        spec.targets = gpt ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
-                           : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-      }
-      if (auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) g->lora = spec;
-      else if (auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) l->lora = spec;
-      else throw std::invalid_argument("--lora-rank applies to gpt and llama models");
-      fsdp::models::validate(in.model);
-    }
-    if (!lora_base_dtype.empty()) in.lora_base_dtype = lora_base_dtype;
-    if (!memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(memory);
-    if (!overhead.empty()) in.overhead_bytes = fsdp::plan::parse_bytes(overhead);
-    in.compute_flops = tflops * 1e12;
-    in.bandwidth_bytes = bandwidth_gbps * 1e9;
-    in.inter_node_bandwidth_bytes = inter_node_gbps * 1e9;
-
-    if (calibrate) {
-      const at::ScalarType dtype = in.param_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-      in.overhead_bytes = std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
-      world->barrier()->wait();
-      double rate = matmul_rate(dtype, 0.5);  // every rank at once, as in training
-      at::Tensor slowest = at::tensor({rate}, at::kDouble);
-      world->all_reduce(slowest, fsdp::comm::ReduceOp::Sum)->wait();
-      in.compute_flops = slowest.item<double>() / world->size();
-      if (world->size() > 1) in.bandwidth_bytes = all_gather_bandwidth(world);
-      if (leader) {
-        char bandwidth[64] = "not measured (run under mpirun -np 2 or more)";
-        if (world->size() > 1) std::snprintf(bandwidth, sizeof(bandwidth), "%.2f GB/s", in.bandwidth_bytes / 1e9);
-        std::printf("calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul), all-gather %s per rank, "
-                    "process overhead %s\n",
-                    world->size(), in.compute_flops / 1e9, in.param_dtype.c_str(), bandwidth,
-                    format_bytes(static_cast<double>(in.overhead_bytes)).c_str());
-      }
-    }
+    PlanInput in = flags.config_path.empty() ? input_from_model(flags, world) : input_from_config(flags, world);
+    apply_flags(flags, in);
+    if (flags.calibrate) calibrate(in, world, leader);
     const Plan plan = fsdp::plan::make_plan(in);
     if (leader) {
-      print_plan(plan, compact);
-      if (!json_path.empty()) {
-        const std::string partial = json_path + ".partial";  // never half a file at json_path
-        std::ofstream out(partial);
-        out << to_json(plan).dump(2) << "\n";
-        out.close();
-        if (!out || std::rename(partial.c_str(), json_path.c_str()) != 0) {
-          std::remove(partial.c_str());
-          throw std::runtime_error("cannot write '" + json_path + "'");
-        }
-      }
+      print_plan(plan, flags.compact);
+      if (!flags.json_path.empty()) write_json(plan, flags.json_path);
     }
     return 0;
   } catch (const std::exception& e) {
