@@ -378,168 +378,214 @@ std::string save_checkpoint(const std::string& checkpoints_dir, runtime::FsdpSta
   return CheckpointSave(checkpoints_dir, state, optimizer, info, /*in_background=*/false).wait_and_publish();
 }
 
-CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpState& state,
-                               optim::ShardedOptimizer* optimizer) {
-  const comm::ProcessGroupPtr& group = state.group();
-  const int rank = group->rank(), world = group->size();
-  const std::vector<shard::FlatParam*> flats = state.flat_params();
-  CheckpointInfo info;
-  // Read everything into new tensors first; only when every rank succeeded are they copied in.
-  std::vector<at::Tensor> params(flats.size());
-  std::vector<std::vector<at::Tensor>> optimizer_state(optimizer ? optimizer->slot_count() : 0);
-  const std::vector<std::pair<std::string, at::Tensor>> buffers = module_buffers(state.root_module());
-  std::vector<at::Tensor> buffer_values(buffers.size());
-  at::Tensor rng, device_rng;
-  const at::Device device = state.options().device;
-  int64_t optimizer_steps = 0;
-  comm::on_every_rank(group, "loading checkpoint '" + checkpoint_dir + "'", [&] {
-    const json manifest = read_manifest(checkpoint_dir);
-    info.step = manifest.at("step").get<int64_t>();
-    info.model_name = manifest.value("model", "");
-    info.config_toml = manifest.value("config_toml", "");
-    info.trainer_state = manifest.value("trainer_state", "");
-    info.run_id = manifest.value("run_id", "");
-    const int saved_world = manifest.at("world_size").get<int>();
-    const int version = manifest.at("version").get<int>();
-    check_layout(checkpoint_dir, manifest.at("flat_params"), flats);
-    check_buffers(checkpoint_dir, manifest.value("buffers", json::array()), buffers);  // version 1: none
-    if (optimizer != nullptr) {
-      const auto saved_names = manifest.value("optimizer_state", std::vector<std::string>{});
-      if (manifest.value("optimizer", "") != optimizer->name() || saved_names != optimizer->state_names()) {
-        throw std::runtime_error("checkpoint '" + checkpoint_dir + "' holds " + manifest.value("optimizer", "no") +
-                                 " optimizer state; this run uses " + optimizer->name());
-      }
-      optimizer_steps = manifest.value("optimizer_steps", int64_t{0});
-    }
-    const json& files = manifest.at("files");
-    if (static_cast<int>(files.size()) != saved_world) {
-      throw std::runtime_error("checkpoint '" + checkpoint_dir + "': manifest lists " + std::to_string(files.size()) +
-                               " files for " + std::to_string(saved_world) + " ranks");
-    }
-    // Open only the files that hold part of what this rank needs, and read from them only the
-    // tensors it needs, each checked against the manifest's crc32 before it is used. (Version 1
-    // has no per-tensor checksums: each file it opens is checked whole instead.)
-    std::map<int, std::unique_ptr<SafetensorsFile>> open_files;
-    auto file_of = [&](int r) -> SafetensorsFile& {
-      auto it = open_files.find(r);
-      if (it != open_files.end()) return *it->second;
-      const json& entry = files.at(r);
-      const std::string path =
-          path_inside(checkpoint_dir, entry.at("file").get<std::string>(), "checkpoint '" + checkpoint_dir + "': manifest.json");
-      auto file = std::make_unique<SafetensorsFile>(path);
-      if (file->file_bytes() != entry.at("bytes").get<int64_t>()) {
-        throw std::runtime_error("checkpoint file '" + path + "' holds " + std::to_string(file->file_bytes()) +
-                                 " bytes, the manifest says " + std::to_string(entry.at("bytes").get<int64_t>()) +
-                                 ": truncated or replaced");
-      }
-      if (version == 1) {
-        const uint32_t crc = file->file_crc32();
-        if (crc != entry.at("crc32").get<uint32_t>()) {
-          throw std::runtime_error("checkpoint file '" + path + "' fails its checksum (crc32 " + std::to_string(crc) +
-                                   ", manifest says " + std::to_string(entry.at("crc32").get<uint32_t>()) +
-                                   "): corrupt or replaced");
-        }
-      }
-      return *open_files.emplace(r, std::move(file)).first->second;
-    };
-    // Saved tensor `name` of rank r's file, whole, checked against its crc32.
-    auto read_checked = [&](int r, const std::string& name) {
-      SafetensorsFile& file = file_of(r);
-      at::Tensor tensor = file.read(name);
-      if (version == 1) return tensor;  // the whole file was checked when opened
-      const json& crcs = files.at(r).at("tensors");
-      if (!crcs.contains(name)) {
-        throw std::runtime_error("checkpoint file '" + file.path() + "': the manifest holds no checksum for tensor '" + name + "'");
-      }
-      const uint32_t crc = crc32_of_bytes(tensor), expected = crcs.at(name).get<uint32_t>();
-      if (crc != expected) {
-        throw std::runtime_error("checkpoint file '" + file.path() + "': tensor '" + name + "' fails its checksum (crc32 " +
-                                 std::to_string(crc) + ", manifest says " + std::to_string(expected) + "): corrupt or replaced");
-      }
-      return tensor;
-    };
-    // Elements [begin, end) of a FlatParam's tensor (param or optimizer state), from the saved
-    // pieces that overlap them: each such piece is read whole (its checksum covers all of it).
-    auto gather = [&](const std::string& tensor_suffix, size_t flat_index, int64_t begin, int64_t end) {
-      // An NF4 base is stored as its bytes, anything else as values (read as fp32, kept in the shard's dtype).
-      const bool nf4 = flats[flat_index]->nf4_storage() != nullptr;
-      at::Tensor out = at::empty({end - begin}, nf4 ? at::kByte : at::kFloat);
-      const int64_t numel = stored_numel(*flats[flat_index]);
-      const std::string name = "p" + std::to_string(flat_index) + "." + tensor_suffix;
-      for (int r = 0; r < saved_world; ++r) {
-        const auto [b, e] = saved_range(numel, saved_world, r);
-        const int64_t lo = std::max(b, begin), hi = std::min(e, end);
-        if (lo >= hi) continue;
-        const at::Tensor piece = read_checked(r, name);
-        if ((piece.scalar_type() == at::kByte) != nf4) {
-          throw std::runtime_error("checkpoint file '" + file_of(r).path() + "': unit '" + flats[flat_index]->unit_name() +
-                                   "' is stored " + (nf4 ? "as values (" + std::string(c10::toString(piece.scalar_type())) + ")" : std::string("as NF4 bytes")) +
-                                   ", and this run keeps that unit's frozen base " + (nf4 ? "in NF4" : "as values") +
-                                   " (lora.base_dtype must be the one the checkpoint was written with)");
-        }
-        if (piece.numel() != e - b) {
-          throw std::runtime_error("checkpoint file '" + file_of(r).path() + "': tensor '" + name + "' holds " +
-                                   std::to_string(piece.numel()) + " elements, the layout says " + std::to_string(e - b));
-        }
-        out.narrow(0, lo - begin, hi - lo).copy_(piece.narrow(0, lo - b, hi - lo));
-      }
-      return out;
-    };
-    for (size_t i = 0; i < flats.size(); ++i) {
-      const auto [begin, end] = held_range(*flats[i]);
-      params[i] = gather("param", i, begin, end);
-    }
-    if (optimizer != nullptr) {
-      const auto names = optimizer->state_names();
-      for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
-        const size_t i = std::find(flats.begin(), flats.end(), optimizer->flat_of_slot(slot)) - flats.begin();
-        const auto [begin, end] = held_range(*flats[i]);
-        for (const auto& name : names) optimizer_state[slot].push_back(gather(name, i, begin, end));
-      }
-    }
-    // Buffers are replicated: every rank reads them from rank 0's file.
-    for (size_t k = 0; k < buffers.size(); ++k) {
-      buffer_values[k] = read_checked(0, kBufferPrefix + buffers[k].first);
-      if (buffer_values[k].sizes() != buffers[k].second.sizes() || buffer_values[k].scalar_type() != buffers[k].second.scalar_type()) {
-        throw std::runtime_error("checkpoint file '" + file_of(0).path() + "': tensor '" + kBufferPrefix + buffers[k].first +
-                                 "' differs in shape or dtype from what the manifest lists");
-      }
-    }
-    if (saved_world == world) {
-      rng = read_checked(rank, "rng");
-      // A checkpoint saved on the CPU, resumed on a GPU, leaves the device's generator as seeded.
-      if (!device.is_cpu() && file_of(rank).contains(device_rng_name(device))) device_rng = read_checked(rank, device_rng_name(device));
-    }
-  });
+namespace {
 
-  // Every rank read its pieces: now copy them in (padding stays as it is: zeros).
+// A checkpoint's rank files, opened as they are needed, and its tensors read from them, each
+// checked before it is used: every file against the manifest's size (version 1: its crc32 whole),
+// every tensor against its crc32 (version 2).
+class CheckpointFiles {
+ public:
+  CheckpointFiles(const std::string& dir, const json& manifest)
+      : dir_(dir), files_(manifest.at("files")), version_(manifest.at("version").get<int>()),
+        saved_world_(manifest.at("world_size").get<int>()) {
+    if (static_cast<int>(files_.size()) != saved_world_) {
+      throw std::runtime_error("checkpoint '" + dir_ + "': manifest lists " + std::to_string(files_.size()) + " files for " +
+                               std::to_string(saved_world_) + " ranks");
+    }
+  }
+  int saved_world() const { return saved_world_; }
+
+  SafetensorsFile& file(int r) {
+    auto it = open_.find(r);
+    if (it != open_.end()) return *it->second;
+    const json& entry = files_.at(r);
+    const std::string path = path_inside(dir_, entry.at("file").get<std::string>(), "checkpoint '" + dir_ + "': manifest.json");
+    auto file = std::make_unique<SafetensorsFile>(path);
+    if (file->file_bytes() != entry.at("bytes").get<int64_t>()) {
+      throw std::runtime_error("checkpoint file '" + path + "' holds " + std::to_string(file->file_bytes()) + " bytes, the manifest says " +
+                               std::to_string(entry.at("bytes").get<int64_t>()) + ": truncated or replaced");
+    }
+    if (version_ == 1) {
+      const uint32_t crc = file->file_crc32();
+      if (crc != entry.at("crc32").get<uint32_t>()) {
+        throw std::runtime_error("checkpoint file '" + path + "' fails its checksum (crc32 " + std::to_string(crc) + ", manifest says " +
+                                 std::to_string(entry.at("crc32").get<uint32_t>()) + "): corrupt or replaced");
+      }
+    }
+    return *open_.emplace(r, std::move(file)).first->second;
+  }
+
+  // Saved tensor `name` of rank r's file, whole, checked against its crc32.
+  at::Tensor read_checked(int r, const std::string& name) {
+    SafetensorsFile& f = file(r);
+    at::Tensor tensor = f.read(name);
+    if (version_ == 1) return tensor;  // the whole file was checked when opened
+    const json& crcs = files_.at(r).at("tensors");
+    if (!crcs.contains(name)) {
+      throw std::runtime_error("checkpoint file '" + f.path() + "': the manifest holds no checksum for tensor '" + name + "'");
+    }
+    const uint32_t crc = crc32_of_bytes(tensor), expected = crcs.at(name).get<uint32_t>();
+    if (crc != expected) {
+      throw std::runtime_error("checkpoint file '" + f.path() + "': tensor '" + name + "' fails its checksum (crc32 " + std::to_string(crc) +
+                               ", manifest says " + std::to_string(expected) + "): corrupt or replaced");
+    }
+    return tensor;
+  }
+
+  // Elements [begin, end) of FlatParam `flat_index`'s tensor (param or optimizer state), from the
+  // saved pieces that overlap them: each such piece is read whole (its checksum covers all of it).
+  at::Tensor gather(const shard::FlatParam& flat, size_t flat_index, const std::string& tensor_suffix, int64_t begin, int64_t end) {
+    // An NF4 base is stored as its bytes, anything else as values (read as fp32, kept in the shard's dtype).
+    const bool nf4 = flat.nf4_storage() != nullptr;
+    at::Tensor out = at::empty({end - begin}, nf4 ? at::kByte : at::kFloat);
+    const int64_t numel = stored_numel(flat);
+    const std::string name = "p" + std::to_string(flat_index) + "." + tensor_suffix;
+    for (int r = 0; r < saved_world_; ++r) {
+      const auto [b, e] = saved_range(numel, saved_world_, r);
+      const int64_t lo = std::max(b, begin), hi = std::min(e, end);
+      if (lo >= hi) continue;
+      const at::Tensor piece = read_checked(r, name);
+      if ((piece.scalar_type() == at::kByte) != nf4) {
+        throw std::runtime_error("checkpoint file '" + file(r).path() + "': unit '" + flat.unit_name() + "' is stored " +
+                                 (nf4 ? "as values (" + std::string(c10::toString(piece.scalar_type())) + ")" : std::string("as NF4 bytes")) +
+                                 ", and this run keeps that unit's frozen base " + (nf4 ? "in NF4" : "as values") +
+                                 " (lora.base_dtype must be the one the checkpoint was written with)");
+      }
+      if (piece.numel() != e - b) {
+        throw std::runtime_error("checkpoint file '" + file(r).path() + "': tensor '" + name + "' holds " + std::to_string(piece.numel()) +
+                                 " elements, the layout says " + std::to_string(e - b));
+      }
+      out.narrow(0, lo - begin, hi - lo).copy_(piece.narrow(0, lo - b, hi - lo));
+    }
+    return out;
+  }
+
+ private:
+  std::string dir_;
+  const json& files_;
+  int version_ = 0, saved_world_ = 0;
+  std::map<int, std::unique_ptr<SafetensorsFile>> open_;
+};
+
+// What a rank reads from a checkpoint before any of it is copied in.
+struct LoadedState {
+  std::vector<at::Tensor> params;                       // per FlatParam: the elements this rank holds
+  std::vector<std::vector<at::Tensor>> optimizer_state;  // per optimizer slot: each state tensor's held elements
+  int64_t optimizer_steps = 0;
+  std::vector<at::Tensor> buffer_values;  // module buffers, replicated (rank 0's file)
+  at::Tensor rng, device_rng;             // this rank's generators, at the same world size only
+};
+
+// The manifest's description, checked against this run's layout, buffers and optimizer.
+CheckpointInfo checked_manifest_info(const std::string& dir, const json& manifest, const std::vector<shard::FlatParam*>& flats,
+                                     const std::vector<std::pair<std::string, at::Tensor>>& buffers,
+                                     const optim::ShardedOptimizer* optimizer) {
+  CheckpointInfo info;
+  info.step = manifest.at("step").get<int64_t>();
+  info.model_name = manifest.value("model", "");
+  info.config_toml = manifest.value("config_toml", "");
+  info.trainer_state = manifest.value("trainer_state", "");
+  info.run_id = manifest.value("run_id", "");
+  check_layout(dir, manifest.at("flat_params"), flats);
+  check_buffers(dir, manifest.value("buffers", json::array()), buffers);  // version 1: none
+  if (optimizer != nullptr) {
+    const auto saved_names = manifest.value("optimizer_state", std::vector<std::string>{});
+    if (manifest.value("optimizer", "") != optimizer->name() || saved_names != optimizer->state_names()) {
+      throw std::runtime_error("checkpoint '" + dir + "' holds " + manifest.value("optimizer", "no") + " optimizer state; this run uses " +
+                               optimizer->name());
+    }
+  }
+  return info;
+}
+
+// Reads what this rank needs (its shards' elements, the optimizer state, buffers, generators).
+// Only the files that hold part of it are opened, and from them only the tensors it needs.
+LoadedState read_rank_state(CheckpointFiles& files, const json& manifest, const std::vector<shard::FlatParam*>& flats,
+                            const std::vector<std::pair<std::string, at::Tensor>>& buffers, optim::ShardedOptimizer* optimizer,
+                            int rank, int world, at::Device device) {
+  LoadedState loaded;
+  loaded.params.resize(flats.size());
   for (size_t i = 0; i < flats.size(); ++i) {
-    flats[i]->shard().narrow(0, 0, params[i].numel()).copy_(params[i]);
+    const auto [begin, end] = held_range(*flats[i]);
+    loaded.params[i] = files.gather(*flats[i], i, "param", begin, end);
   }
   if (optimizer != nullptr) {
+    loaded.optimizer_steps = manifest.value("optimizer_steps", int64_t{0});
+    loaded.optimizer_state.resize(optimizer->slot_count());
+    const auto names = optimizer->state_names();
     for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
-      for (size_t w = 0; w < optimizer_state[slot].size(); ++w) {
+      const size_t i = std::find(flats.begin(), flats.end(), optimizer->flat_of_slot(slot)) - flats.begin();
+      const auto [begin, end] = held_range(*flats[i]);
+      for (const auto& name : names) loaded.optimizer_state[slot].push_back(files.gather(*flats[i], i, name, begin, end));
+    }
+  }
+  // Buffers are replicated: every rank reads them from rank 0's file.
+  loaded.buffer_values.resize(buffers.size());
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    loaded.buffer_values[k] = files.read_checked(0, kBufferPrefix + buffers[k].first);
+    if (loaded.buffer_values[k].sizes() != buffers[k].second.sizes() || loaded.buffer_values[k].scalar_type() != buffers[k].second.scalar_type()) {
+      throw std::runtime_error("checkpoint file '" + files.file(0).path() + "': tensor '" + kBufferPrefix + buffers[k].first +
+                               "' differs in shape or dtype from what the manifest lists");
+    }
+  }
+  if (files.saved_world() == world) {
+    loaded.rng = files.read_checked(rank, "rng");
+    // A checkpoint saved on the CPU, resumed on a GPU, leaves the device's generator as seeded.
+    if (!device.is_cpu() && files.file(rank).contains(device_rng_name(device))) {
+      loaded.device_rng = files.read_checked(rank, device_rng_name(device));
+    }
+  }
+  return loaded;
+}
+
+// Every rank read its pieces: now they are copied in (padding stays as it is: zeros).
+void install(const LoadedState& loaded, const std::vector<shard::FlatParam*>& flats,
+             const std::vector<std::pair<std::string, at::Tensor>>& buffers, optim::ShardedOptimizer* optimizer, at::Device device) {
+  for (size_t i = 0; i < flats.size(); ++i) flats[i]->shard().narrow(0, 0, loaded.params[i].numel()).copy_(loaded.params[i]);
+  if (optimizer != nullptr) {
+    for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
+      for (size_t w = 0; w < loaded.optimizer_state[slot].size(); ++w) {
         at::Tensor& target = optimizer->state_tensor(slot, w);
         target.zero_();
-        target.narrow(0, 0, optimizer_state[slot][w].numel()).copy_(optimizer_state[slot][w]);
+        target.narrow(0, 0, loaded.optimizer_state[slot][w].numel()).copy_(loaded.optimizer_state[slot][w]);
       }
     }
-    optimizer->set_step_count(optimizer_steps);
+    optimizer->set_step_count(loaded.optimizer_steps);
   }
   {
     at::NoGradGuard no_grad;  // a buffer that requires grad (none usually does) is still restored in place
-    for (size_t k = 0; k < buffers.size(); ++k) buffers[k].second.copy_(buffer_values[k]);
+    for (size_t k = 0; k < buffers.size(); ++k) buffers[k].second.copy_(loaded.buffer_values[k]);
   }
-  if (rng.defined()) {
+  if (loaded.rng.defined()) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle on the global generator
     std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(rng);
+    generator.set_state(loaded.rng);
   }
-  if (device_rng.defined()) {
+  if (loaded.device_rng.defined()) {
     at::Generator generator = at::globalContext().defaultGenerator(device);
     std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(device_rng);
+    generator.set_state(loaded.device_rng);
   }
+}
+
+}  // namespace
+
+CheckpointInfo load_checkpoint(const std::string& checkpoint_dir, runtime::FsdpState& state,
+                               optim::ShardedOptimizer* optimizer) {
+  const comm::ProcessGroupPtr& group = state.group();
+  const std::vector<shard::FlatParam*> flats = state.flat_params();
+  const std::vector<std::pair<std::string, at::Tensor>> buffers = module_buffers(state.root_module());
+  const at::Device device = state.options().device;
+  CheckpointInfo info;
+  LoadedState loaded;
+  // Read everything into new tensors first; only when every rank succeeded are they copied in.
+  comm::on_every_rank(group, "loading checkpoint '" + checkpoint_dir + "'", [&] {
+    const json manifest = read_manifest(checkpoint_dir);
+    info = checked_manifest_info(checkpoint_dir, manifest, flats, buffers, optimizer);
+    CheckpointFiles files(checkpoint_dir, manifest);
+    loaded = read_rank_state(files, manifest, flats, buffers, optimizer, group->rank(), group->size(), device);
+  });
+  install(loaded, flats, buffers, optimizer, device);
   return info;
 }
 
