@@ -279,9 +279,12 @@ PlanInput input_from_config(const PlanFlags& f, const fsdp::comm::ProcessGroupPt
     }
     in = fsdp::train::plan_input(c, n);
   }
+  // --lora-rank on a config without adapters: its lora.base_dtype "auto" as the run would resolve it.
+  if (f.lora_rank > 0 && in.lora_base_dtype == "auto") in.lora_base_dtype = fsdp::train::resolved_lora_base_dtype(c);
   // What the command line set before the config was read.
   in.ranks_per_node = f.in.ranks_per_node;
   in.cpu_offload = in.cpu_offload || f.in.cpu_offload;
+  in.async_checkpoint = in.async_checkpoint || f.in.async_checkpoint;
   if (f.composed_attention) in.fused_attention = false;  // else the config's train.attention decides
   return in;
 }

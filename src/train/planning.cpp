@@ -36,7 +36,10 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.attention_fp32 = attention == models::AttentionPath::FusedFp32 && c.fsdp.param_dtype != "float32";
   in.micro_batches = c.micro_batches;
   in.ranks = ranks;
-  in.lora_base_dtype = c.lora_base_dtype;
+  // lora.base_dtype "auto" as the run resolves it (model.init_from's weights' own dtype) where there
+  // are adapters; without them nothing is stored apart, and init_from need not be read.
+  const models::LoraSpec* lora = models::lora_spec(c.model);
+  in.lora_base_dtype = lora != nullptr && lora->enabled() ? resolved_lora_base_dtype(c) : c.lora_base_dtype;
   in.micro_batch = c.global_batch / (static_cast<int64_t>(ranks) * c.micro_batches);
   in.cpu = c.device == "cpu";
   in.overhead_bytes = in.cpu ? plan::kCpuProcessOverheadBytes : plan::kGpuProcessOverheadBytes;

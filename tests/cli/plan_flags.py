@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""fsdp-plan's flags reach the plan, with a config file and with --model.
+
+    python3 tests/cli/plan_flags.py FSDP_PLAN
+
+Each flag that sets a plan input is given alone, once on top of configs/gpt-fortunes-tiny.toml
+and once on top of --model gpt-tiny, and the plan's JSON must show it: the field it sets, or the
+memory term it adds. A flag dropped on one of the two paths (as --async-checkpoint was with a
+config until 2026-12-05: the config's input replaced the command line's) fails here, naming the
+flag and the path. A config with adapters and lora.base_dtype "auto" is planned too.
+"""
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# flag arguments -> a check of the plan's JSON (and what it shows, for the message)
+FLAGS = [
+    (["--async-checkpoint"], lambda p: p["memory_bytes"]["checkpoint_staging"] > 0, "checkpoint staging counted"),
+    (["--cpu-offload"], lambda p: p["cpu_offload"] and p["memory_bytes"]["host_total"] > 0, "cpu_offload"),
+    (["--strategy", "shard_grad_op"], lambda p: p["strategy"] == "shard_grad_op", "strategy"),
+    (["--param-dtype", "bfloat16"], lambda p: p["param_dtype"] == "bfloat16", "param_dtype"),
+    (["--reduce-dtype", "bfloat16"], lambda p: p["reduce_dtype"] == "bfloat16", "reduce_dtype"),
+    (["--activation-checkpointing", "--activation-checkpointing-every", "2"],
+     lambda p: p["activation_checkpointing"] and p["activation_checkpointing_every"] == 2, "activation checkpointing every 2"),
+    (["--optimizer", "sgd"], lambda p: p["optimizer"] == "sgd", "optimizer"),
+    (["--micro-batch", "3"], lambda p: p["micro_batch"] == 3, "micro_batch"),
+    (["--micro-batches", "5"], lambda p: p["micro_batches"] == 5, "micro_batches"),
+    (["--seq", "96"], lambda p: p["seq_len"] == 96, "seq_len"),
+    (["--loss-chunk", "0"], lambda p: p["loss_chunk_tokens"] == 0, "loss_chunk_tokens"),
+    (["--max-inflight", "0"], lambda p: p["max_inflight"] == 0, "max_inflight"),
+    (["--composed-attention"], lambda p: not p["fused_attention"], "fused_attention off"),
+    (["--embeddings-in-root"], lambda p: p["embedding_params"] == 0, "no embedding unit"),
+    (["--ranks-per-node", "1"], lambda p: p["ranks_per_node"] == 1, "ranks_per_node"),
+    (["--memory", "5GiB"], lambda p: p["device_memory_bytes"] == 5 << 30, "device memory"),
+    (["--overhead", "1GiB"], lambda p: p["memory_bytes"]["overhead"] == 1 << 30, "overhead"),
+    (["--tflops", "2"], lambda p: p["compute_flops_per_second"] == 2e12, "compute rate"),
+    (["--lora-rank", "4"], lambda p: p["adapter_parameters"] > 0, "adapters"),
+]
+
+
+def plan(executable, args, out):
+    done = subprocess.run([executable, *args, "--json", out], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"plan_flags: fsdp-plan {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
+    return json.loads(Path(out).read_text())
+
+
+def main():
+    executable = sys.argv[1]
+    failures, checked = [], 0
+    with tempfile.TemporaryDirectory() as work:
+        out = str(Path(work) / "plan.json")
+        for base_name, base in [("config", ["configs/gpt-fortunes-tiny.toml", "--ranks", "2"]),
+                                ("--model", ["--model", "gpt-tiny", "--ranks", "2"])]:
+            for flag, shows, what in FLAGS:
+                before = plan(executable, base, out)
+                if shows(before):
+                    failures.append(f"{base_name}: {' '.join(flag)}: the plan shows {what} without the flag; the check cannot see it")
+                    continue
+                if not shows(plan(executable, base + flag, out)):
+                    failures.append(f"{base_name}: {' '.join(flag)}: the plan does not show {what}")
+                checked += 1
+        # A config with adapters and lora.base_dtype left "auto" (the default): planned with the
+        # dtype the run resolves (a random base: float32), not refused as "lora base dtype 'auto'"
+        # (fsdp-plan before 2026-12-05).
+        lora = plan(executable, ["configs/llama-fortunes-small.toml", "--ranks", "2", "--set", "lora.rank=8",
+                                 "--set", 'lora.targets="all-linear"'], out)
+        if lora["adapter_parameters"] <= 0:
+            failures.append("config with [lora]: the plan shows no adapters")
+        checked += 1
+    if failures:
+        print("\n".join(["plan_flags: FAILED"] + failures))
+        return 1
+    print(f"plan_flags: {checked} flag checks passed ({len(FLAGS)} flags, with a config and with --model)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
