@@ -99,6 +99,17 @@ json read_manifest(const std::string& dir) {
   return parse_manifest(text.str(), dir);
 }
 
+// The description a manifest gives of its checkpoint (step, model, config, trainer state, run id).
+CheckpointInfo info_of(const json& manifest) {
+  CheckpointInfo info;
+  info.step = manifest.at("step").get<int64_t>();
+  info.model_name = manifest.value("model", "");
+  info.config_toml = manifest.value("config_toml", "");
+  info.trainer_state = manifest.value("trainer_state", "");
+  info.run_id = manifest.value("run_id", "");
+  return info;
+}
+
 // The checkpoint's layout must be the model's: same FlatParams, same parameters, shapes, offsets.
 void check_layout(const std::string& dir, const json& saved, const std::vector<shard::FlatParam*>& flats) {
   if (saved.size() != flats.size()) {
@@ -480,12 +491,7 @@ struct LoadedState {
 CheckpointInfo checked_manifest_info(const std::string& dir, const json& manifest, const std::vector<shard::FlatParam*>& flats,
                                      const std::vector<std::pair<std::string, at::Tensor>>& buffers,
                                      const optim::ShardedOptimizer* optimizer) {
-  CheckpointInfo info;
-  info.step = manifest.at("step").get<int64_t>();
-  info.model_name = manifest.value("model", "");
-  info.config_toml = manifest.value("config_toml", "");
-  info.trainer_state = manifest.value("trainer_state", "");
-  info.run_id = manifest.value("run_id", "");
+  CheckpointInfo info = info_of(manifest);
   check_layout(dir, manifest.at("flat_params"), flats);
   check_buffers(dir, manifest.value("buffers", json::array()), buffers);  // version 1: none
   if (optimizer != nullptr) {
@@ -677,14 +683,7 @@ void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep, int64_t
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint_dir) {
-  const json manifest = read_manifest(checkpoint_dir);
-  CheckpointInfo info;
-  info.step = manifest.at("step").get<int64_t>();
-  info.model_name = manifest.value("model", "");
-  info.config_toml = manifest.value("config_toml", "");
-  info.trainer_state = manifest.value("trainer_state", "");
-  info.run_id = manifest.value("run_id", "");
-  return info;
+  return info_of(read_manifest(checkpoint_dir));
 }
 
 bool is_checkpoint_dir(const std::string& path) {
