@@ -298,8 +298,7 @@ PlanInput input_from_model(const PlanFlags& f, const fsdp::comm::ProcessGroupPtr
   in.model = fsdp::models::model_config(f.model_name);
   in.model_name = f.model_name;
   in.ranks = f.ranks > 0 ? f.ranks : (world ? world->size() : 1);
-  if (const auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) in.seq_len = std::min<int64_t>(g->context, 1024);
-  if (const auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) in.seq_len = std::min<int64_t>(l->context, 4096);
+  if (const int64_t seq = fsdp::models::family_of(in.model).plan_sequence(in.model); seq > 0) in.seq_len = seq;
   in.loss_chunk_tokens = fsdp::train::TrainConfig{}.loss_chunk_tokens;  // as fsdp-train by default
   return in;
 }
@@ -310,14 +309,12 @@ void apply_lora_flags(const PlanFlags& f, PlanInput& in) {
     fsdp::models::LoraSpec spec;
     spec.rank = f.lora_rank;
     spec.targets = fsdp::models::LoraSpec::parse_targets(f.lora_targets);
-    const bool gpt = std::holds_alternative<fsdp::models::GptConfig>(in.model);
-    if (spec.targets.empty()) {
-      spec.targets = gpt ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
-                         : std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    if (spec.targets.empty()) spec.targets = fsdp::models::linear_layers(in.model);
+    fsdp::models::LoraSpec* lora = fsdp::models::mutable_lora_spec(in.model);
+    if (lora == nullptr || !fsdp::models::is_language_model(in.model)) {
+      throw std::invalid_argument(std::string("--lora-rank applies to language models, not ") + fsdp::models::family_name(in.model));
     }
-    if (auto* g = std::get_if<fsdp::models::GptConfig>(&in.model)) g->lora = spec;
-    else if (auto* l = std::get_if<fsdp::models::LlamaConfig>(&in.model)) l->lora = spec;
-    else throw std::invalid_argument("--lora-rank applies to gpt and llama models");
+    *lora = spec;
     fsdp::models::validate(in.model);
   }
   if (!f.lora_base_dtype.empty()) in.lora_base_dtype = f.lora_base_dtype;

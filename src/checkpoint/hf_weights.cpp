@@ -103,32 +103,13 @@ std::vector<int64_t> stored_shape(const std::vector<int64_t>& shape, bool transp
 
 bool is_adapter(const std::string& name) { return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos; }
 
-std::string hf_name(const models::ModelConfig& model, const std::string& name) {
-  if (std::holds_alternative<models::LlamaConfig>(model) && name.rfind("lm_head", 0) != 0) return "model." + name;
-  if (std::holds_alternative<models::LlavaConfig>(model)) {
-    const std::string language = "language_model.";
-    if (name.rfind(language, 0) == 0 && name.rfind(language + "lm_head", 0) != 0) return language + "model." + name.substr(language.size());
-  }
-  return name;
-}
+std::string hf_name(const models::ModelConfig& model, const std::string& name) { return models::family_of(model).hf_name(model, name); }
 
 std::vector<std::string> hf_other_names(const models::ModelConfig& model, const std::string& hf) {
-  if (!std::holds_alternative<models::LlavaConfig>(model)) return {};
-  auto after = [&](const std::string& prefix) { return hf.rfind(prefix, 0) == 0 ? hf.substr(prefix.size()) : std::string(); };
-  // The hub's older files nest the tower (vision_tower.vision_model.*); transformers 5 holds the
-  // model as model.{vision_tower, multi_modal_projector, language_model} and lm_head.
-  if (hf.rfind("vision_tower.", 0) == 0) return {"vision_tower.vision_model." + after("vision_tower."), "model." + hf};
-  if (hf.rfind("multi_modal_projector.", 0) == 0) return {"model." + hf};
-  if (hf == "language_model.lm_head.weight") return {"lm_head.weight"};
-  if (hf.rfind("language_model.model.", 0) == 0) return {"model.language_model." + after("language_model.model.")};
-  return {};
+  return models::family_of(model).hf_other_names(model, hf);
 }
 
-bool hf_transposed(const models::ModelConfig& model, const std::string& name) {
-  if (!std::holds_alternative<models::GptConfig>(model)) return false;
-  return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
-         ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight");
-}
+bool hf_transposed(const models::ModelConfig& model, const std::string& name) { return models::family_of(model).hf_transposed(model, name); }
 
 int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path,
                        const ExportOptions& options) {
@@ -273,11 +254,9 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
     WeightFiles weights(path);
     auto contains = [&](const std::string& tensor) { return weights.contains(tensor); };
     auto read = [&](const std::string& tensor) { return weights.file_of(tensor).read(tensor); };
-    // The files' name of `entry`. GPT2LMHeadModel.save_pretrained prefixes the body with
-    // "transformer."; the hub's gpt2 files do not. Both load.
+    // The files' name of `entry`: its Hugging Face name, or one older files give it.
     auto stored_name = [&](const shard::FlatEntry& entry) {
       std::string name = hf_name(model, entry.name);
-      if (!weights.contains(name) && weights.contains("transformer." + name)) name = "transformer." + name;
       for (const std::string& other : hf_other_names(model, name)) {
         if (!weights.contains(name) && weights.contains(other)) name = other;
       }
@@ -319,8 +298,8 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
     };
     // The tensors the model reads under their Hugging Face names (and the other names some hold).
-    std::set<std::string> expected = {"text_model.embeddings.position_ids", "vision_model.embeddings.position_ids",
-                                      "vision_tower.vision_model.embeddings.position_ids"};
+    const models::ModelFamily& family = models::family_of(model);
+    std::set<std::string> expected;
     for (auto* flat : flats) {
       for (const auto& entry : flat->layout().entries) {
         if (is_adapter(entry.name)) continue;
@@ -328,30 +307,24 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
         for (const std::string& other : hf_other_names(model, hf_name(model, entry.name))) expected.insert(other);
       }
     }
-    if (models::is_contrastive(model) || models::reads_image_and_text(model)) {
-      // A CLIP or LLaVA directory holds exactly transformers' tensors: one we would not read is a
+    if (const std::string architecture = family.hf_exact_architecture(); !architecture.empty()) {
+      // Files that hold exactly transformers' tensors (CLIP's, LLaVA's): one we would not read is a
       // variant we do not implement (biases on CLIP's projections, another pooling, a LLaVA
       // projector of other layers), named.
       for (const auto& info : weights.tensors()) {
-        if (expected.count(info.name) == 0) {
-          const bool clip = models::is_contrastive(model);
-          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the " + (clip ? "CLIP" : "LLaVA") +
-                                   " model fsdp.cpp implements (transformers' " + (clip ? "CLIPModel" : "LlavaForConditionalGeneration") +
-                                   "): not read");
+        if (expected.count(info.name) == 0 && !family.hf_unread_buffer(info.name)) {
+          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the " + family.display_name() +
+                                   " model fsdp.cpp implements (transformers' " + architecture + "): not read");
         }
       }
     } else if (group->rank() == 0) {
-      // GPT-2 and Llama: as transformers does, a tensor the model has no place for is not read,
-      // and said (a checkpoint of another variant, or of a larger model, loads otherwise silently
-      // wrong). Buffers transformers itself ignores (GPT-2's attention masks, rotary frequencies)
-      // and a 4-bit weight's parts are not counted.
+      // As transformers does, a tensor the model has no place for is not read, and said (a
+      // checkpoint of another variant, or of a larger model, loads otherwise silently wrong).
+      // Buffers transformers itself ignores and a 4-bit weight's parts are not counted.
       std::vector<std::string> unused;
       for (const auto& info : weights.tensors()) {
         const std::string& name = info.name;
-        if (expected.count(name) != 0 || ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
-            ends_with(name, ".rotary_emb.inv_freq")) {
-          continue;
-        }
+        if (expected.count(name) != 0 || family.hf_unread_buffer(name)) continue;
         const size_t dot = name.find(".weight.");
         if (dot != std::string::npos && expected.count(name.substr(0, dot + 7)) != 0) continue;  // "x.weight.absmax"
         unused.push_back(name);

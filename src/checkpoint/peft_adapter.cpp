@@ -111,21 +111,15 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
 std::string peft_tensor_name(const models::ModelConfig& model, const std::string& name) {
   // PEFT wraps the model: base_model.model.<the causal LM's own name>; GPT2LMHeadModel keeps its
   // body under "transformer.".
-  const bool gpt = std::holds_alternative<models::GptConfig>(model);
-  return "base_model.model." + std::string(gpt ? "transformer." : "") + hf_name(model, name);
+  return "base_model.model." + models::family_of(model).peft_body_prefix() + hf_name(model, name);
 }
 
 int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir,
                             const std::string& base_model_name) {
   const models::LoraSpec* lora = models::lora_spec(model);
   if (lora == nullptr || !lora->enabled()) throw std::invalid_argument("export_peft_adapter: the model has no LoRA adapters");
-  if (models::reads_image_and_text(model)) {
-    throw std::invalid_argument("export_peft_adapter: PEFT directories of a llava model are not written yet (its adapters' names "
-                                "are not checked against peft); export the merged model (--merge --hf-dir)");
-  }
-  if (const auto* clip = std::get_if<models::ClipConfig>(&model); clip != nullptr && (clip->freeze_vision || clip->freeze_text)) {
-    throw std::invalid_argument("export_peft_adapter: LoRA on one CLIP tower has no PEFT directory here (target_modules names layers "
-                                "of both towers alike; peft would adapt the frozen tower too); export the merged model (--merge --hf-dir)");
+  if (const std::string why = models::family_of(model).peft_export_refusal(model); !why.empty()) {
+    throw std::invalid_argument("export_peft_adapter: " + why);
   }
   const comm::ProcessGroupPtr& group = state.group();
   std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -142,7 +136,6 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
     if (group->rank() != 0) return;
     fs::create_directories(dir);
     write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}});
-    const bool gpt = std::holds_alternative<models::GptConfig>(model);
     nlohmann::json config = {{"peft_type", "LORA"},
                              // A language model's adapter is PEFT's causal-LM kind; CLIP's the plain PeftModel's.
                              {"task_type", models::is_language_model(model) ? nlohmann::json("CAUSAL_LM") : nlohmann::json(nullptr)},
@@ -152,7 +145,7 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
                              {"use_rslora", lora->rslora},
                              {"target_modules", lora->target_layers(models::linear_layers(model))},
                              {"bias", "none"},
-                             {"fan_in_fan_out", gpt},  // GPT-2's Conv1D stores its weights transposed
+                             {"fan_in_fan_out", models::family_of(model).peft_fan_in_fan_out()},
                              {"base_model_name_or_path", base_model_name},
                              {"inference_mode", true},
                              {"init_lora_weights", true},

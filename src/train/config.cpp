@@ -223,18 +223,10 @@ bool read_model_source(const Reader& r, TrainConfig& c) {
   auto family = r.string("model.family");
   if (auto init_from = r.string("model.init_from")) c.init_from = *init_from;
   if (family) {
-    if (*family == "gpt") {
-      c.model = models::GptConfig{};
-    } else if (*family == "llama") {
-      c.model = models::LlamaConfig{};
-    } else if (*family == "vit") {
-      c.model = models::VitConfig{};
-    } else if (*family == "clip") {
-      c.model = models::ClipConfig{};
-    } else if (*family == "llava") {
-      c.model = models::LlavaConfig{};
-    } else {
-      r.fail("model.family '" + *family + "' (expected gpt, llama, vit, clip or llava)");
+    try {
+      c.model = models::default_model_config(models::family_named(*family));
+    } catch (const std::invalid_argument& e) {
+      r.fail("model." + std::string(e.what()));
     }
     c.model_name = name ? *name : *family;
     return false;
@@ -327,10 +319,7 @@ void finish_lora(const Reader& r, TrainConfig& c) {
   } catch (const std::invalid_argument& e) {
     r.fail(std::string("[lora] ") + e.what());
   }
-  if (auto* g = std::get_if<models::GptConfig>(&c.model)) g->lora = lora;
-  if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) l->lora = lora;
-  if (auto* v = std::get_if<models::LlavaConfig>(&c.model)) v->text.lora = lora;
-  if (auto* k = std::get_if<models::ClipConfig>(&c.model)) k->lora = lora;
+  if (models::LoraSpec* spec = models::mutable_lora_spec(c.model)) *spec = lora;
 }
 
 // Defaults that depend on other keys.

@@ -2,8 +2,10 @@
 // TrainConfig (fsdp/train/config.h) with its default, and one entry below with its help and check.
 #include "config_keys.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 
 #include "fsdp/comm/nccl_process_group.h"
@@ -118,43 +120,113 @@ std::function<std::string(const TrainConfig&)> one_of(const std::string& name, s
   };
 }
 
-// ---- [model]: each key applies to the families that have the field ----
+// ---- [model]: the keys are the families' fields (ModelFamily::fields), one key per field name ----
 
-struct NotInFamily {};
-constexpr NotInFamily none{};
+// The field `key` of the config's family; nullopt where the family has no such field.
+std::optional<models::ModelField> model_field(TrainConfig& c, const std::string& key) {
+  for (models::ModelField& f : models::family_of(c.model).fields(c.model)) {
+    if (f.key == key) return f;
+  }
+  return std::nullopt;
+}
 
-// The address of a model field in the family the config holds; nullptr for a family without it.
-template <class T, class Gpt, class Llama, class Vit, class Clip = NotInFamily, class Llava = NotInFamily>
-auto model_field(Gpt gpt, Llama llama, Vit vit, Clip clip = none, Llava llava = none) {
-  return [=](TrainConfig& c) -> T* {
-    auto pick = [](auto accessor, auto& family) -> T* {
-      if constexpr (std::is_same_v<decltype(accessor), NotInFamily>) return nullptr;
-      else return accessor(family);
+ConfigValue field_value(const models::ModelField& f) {
+  if (const auto* b = std::get_if<bool*>(&f.address)) {
+    if (!f.on_word.empty()) return std::string(**b ? f.on_word : f.off_word);
+    return **b;
+  }
+  if (const auto* i = std::get_if<int64_t*>(&f.address)) return **i;
+  return *std::get<double*>(f.address);
+}
+
+void set_field(const models::ModelField& f, const ConfigValue& v) {
+  if (auto* b = std::get_if<bool*>(&f.address)) {
+    if (f.on_word.empty()) {
+      **b = std::get<bool>(v);
+      return;
+    }
+    const std::string text = std::get<std::string>(v);
+    if (text != f.on_word && text != f.off_word) throw std::invalid_argument("'" + text + "' (expected " + f.on_word + " or " + f.off_word + ")");
+    **b = text == f.on_word;
+  } else if (auto* i = std::get_if<int64_t*>(&f.address)) {
+    **i = std::get<int64_t>(v);
+  } else {
+    *std::get<double*>(f.address) = std::get<double>(v);
+  }
+}
+
+ConfigType field_type(const models::ModelField& f) {
+  if (std::holds_alternative<bool*>(f.address)) return f.on_word.empty() ? ConfigType::Boolean : ConfigType::String;
+  return std::holds_alternative<int64_t*>(f.address) ? ConfigType::Integer : ConfigType::Number;
+}
+
+// model.<field> for every field name any family declares, in the order the families declare them
+// (registration order); a field several families have is one key, its help each family's own.
+std::vector<ConfigKey> model_keys() {
+  std::vector<ConfigKey> keys;
+  std::vector<std::vector<std::pair<std::string, std::vector<std::string>>>> helps;  // per key: (help, its families)
+  for (const models::ModelFamily* family : models::model_families()) {
+    models::ModelConfig example = models::default_model_config(*family);
+    for (const models::ModelField& f : family->fields(example)) {
+      const std::string name = "model." + f.key;
+      auto it = std::find_if(keys.begin(), keys.end(), [&](const ConfigKey& k) { return k.name == name; });
+      if (it == keys.end()) {
+        ConfigKey k;
+        k.name = name;
+        k.type = field_type(f);
+        k.get = [key = f.key](const TrainConfig& c) { return field_value(*model_field(const_cast<TrainConfig&>(c), key)); };
+        k.set = [key = f.key](TrainConfig& c, const ConfigValue& v) { set_field(*model_field(c, key), v); };
+        k.applies = [key = f.key](const TrainConfig& c) { return model_field(const_cast<TrainConfig&>(c), key).has_value(); };
+        k.written = [key = f.key](const TrainConfig& c) { return model_field(const_cast<TrainConfig&>(c), key)->written; };
+        k.free_beside_hf_config = [key = f.key](const TrainConfig& c) {
+          return model_field(const_cast<TrainConfig&>(c), key)->free_beside_hf_config;
+        };
+        k.not_applicable = [name](const TrainConfig& c) {
+          return name + " does not apply to " + std::string(models::family_name(c.model)) + " models";
+        };
+        k.set_by_hf_config = true;
+        k.default_text = f.default_text.empty() ? "the model's" : f.default_text;
+        keys.push_back(std::move(k));
+        helps.emplace_back();
+        it = keys.end() - 1;
+      } else if (it->type != field_type(f)) {
+        throw std::logic_error(name + " is declared with two types (the " + family->name() + " family's differs)");
+      }
+      it->may_be_negative = it->may_be_negative || f.may_be_negative;
+      auto& key_helps = helps[static_cast<size_t>(it - keys.begin())];
+      auto same = std::find_if(key_helps.begin(), key_helps.end(), [&](const auto& h) { return h.first == f.help; });
+      if (same == key_helps.end()) key_helps.push_back({f.help, {family->name()}});
+      else same->second.push_back(family->name());
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (const auto& [help, families] : helps[i]) {
+      std::string names;
+      for (const auto& n : families) names += (names.empty() ? "" : ", ") + n;
+      keys[i].help += (keys[i].help.empty() ? "" : "; ") + help + " [" + names + "]";
+    }
+  }
+  // model.vocab also records that the config gave a vocabulary (TrainConfig::model_vocab).
+  for (ConfigKey& k : keys) {
+    if (k.name != "model.vocab") continue;
+    k.set = [plain_set = k.set](TrainConfig& c, const ConfigValue& v) {
+      plain_set(c, v);
+      c.model_vocab = std::get<int64_t>(v);
     };
-    if (auto* g = std::get_if<models::GptConfig>(&c.model)) return pick(gpt, *g);
-    if (auto* l = std::get_if<models::LlamaConfig>(&c.model)) return pick(llama, *l);
-    if (auto* v = std::get_if<models::VitConfig>(&c.model)) return pick(vit, *v);
-    if (auto* k = std::get_if<models::ClipConfig>(&c.model)) return pick(clip, *k);
-    if (auto* v = std::get_if<models::LlavaConfig>(&c.model)) return pick(llava, *v);
-    return nullptr;
-  };
+  }
+  return keys;
 }
 
-ConfigKey model_key(ConfigKey k) {
-  k.not_applicable = [name = k.name](const TrainConfig& c) {
-    return name + " does not apply to " + std::string(models::family_name(c.model)) + " models";
-  };
-  k.set_by_hf_config = true;
-  k.default_text = "the model's";
-  return k;
-}
-
-models::LoraSpec* mutable_lora(models::ModelConfig& model) {
-  if (auto* g = std::get_if<models::GptConfig>(&model)) return &g->lora;
-  if (auto* l = std::get_if<models::LlamaConfig>(&model)) return &l->lora;
-  if (auto* v = std::get_if<models::LlavaConfig>(&model)) return &v->text.lora;
-  if (auto* k = std::get_if<models::ClipConfig>(&model)) return &k->lora;
-  return nullptr;
+// "gpt, llama, vit, clip and llava": the registered families (with adapters only, with_lora).
+std::string family_names(bool with_lora) {
+  std::vector<std::string> names;
+  for (const models::ModelFamily* family : models::model_families()) {
+    models::ModelConfig example = models::default_model_config(*family);
+    if (!with_lora || family->lora(example) != nullptr) names.push_back(family->name());
+  }
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) text += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return text;
 }
 
 bool has_lora(const TrainConfig& c) { return models::lora_spec(c.model) != nullptr; }
@@ -166,7 +238,7 @@ bool lora_enabled(const TrainConfig& c) {
 ConfigKey lora_key(ConfigKey k) {
   k.applies = has_lora;
   k.not_applicable = [](const TrainConfig& c) {
-    return "[lora] applies to the gpt, llama, llava and clip families, not " + std::string(models::family_name(c.model));
+    return "[lora] applies to the " + family_names(true) + " families, not " + std::string(models::family_name(c.model));
   };
   k.written = [](const TrainConfig& c) { return lora_enabled(c); };
   return k;
@@ -193,11 +265,6 @@ std::vector<ConfigKey> declare() {
     keys.push_back(std::move(k));
     return keys.back();
   };
-  using models::GptConfig;
-  using models::LlamaConfig;
-  using models::VitConfig;
-  using models::ClipConfig;
-  using models::LlavaConfig;
 
   // ---- top level ----
   add(key("name", MEMBER(name), "run name; output_dir defaults to runs/<name>"));
@@ -215,7 +282,7 @@ std::vector<ConfigKey> declare() {
     ConfigKey k;
     k.name = "model.family";
     k.type = ConfigType::String;
-    k.help = "gpt | llama | vit | clip | llava with every shape key given (as a resolved config.toml has it)";
+    k.help = "the family (" + family_names(false) + "), with every shape key given (as a resolved config.toml has it)";
     k.get = [](const TrainConfig& c) { return ConfigValue(std::string(models::family_name(c.model))); };
     k.set = [](TrainConfig&, const ConfigValue&) {};  // read by parse_train_config (read_first)
     k.read_first = true;
@@ -225,126 +292,7 @@ std::vector<ConfigKey> declare() {
   add(key("model.init_from", MEMBER(init_from),
           "initial weights: a Hugging Face model directory (its config.json gives the shape), safetensors, or a checkpoint"))
       .read_first = true;
-  {
-    ConfigKey k = model_key(key("model.vocab",
-                                model_field<int64_t>([](GptConfig& g) { return &g.vocab; }, [](LlamaConfig& l) { return &l.vocab; }, none,
-                                                    [](ClipConfig& k) { return &k.vocab; }, [](LlavaConfig& v) { return &v.text.vocab; }),
-                                "embedding rows; 0 = the tokenizer's, else at least it (clip: the text tower's)"));
-    auto plain_set = k.set;
-    k.set = [plain_set](TrainConfig& c, const ConfigValue& v) {
-      plain_set(c, v);
-      c.model_vocab = std::get<int64_t>(v);
-    };
-    add(std::move(k));
-  }
-  add(model_key(key("model.context", model_field<int64_t>([](GptConfig& g) { return &g.context; }, [](LlamaConfig& l) { return &l.context; }, none,
-                                                          [](ClipConfig& k) { return &k.context; }, [](LlavaConfig& v) { return &v.text.context; }),
-                    "longest sequence (GPT-2: rows of the position embedding; clip: of a caption)")))
-      .free_beside_hf_config = [](const TrainConfig& c) { return std::holds_alternative<LlamaConfig>(c.model); };
-  add(model_key(key("model.dim", model_field<int64_t>([](GptConfig& g) { return &g.dim; }, [](LlamaConfig& l) { return &l.dim; },
-                                                      [](VitConfig& v) { return &v.dim; }, none,
-                                                      [](LlavaConfig& v) { return &v.text.dim; }),
-                    "width of the residual stream")));
-  add(model_key(key("model.heads", model_field<int64_t>([](GptConfig& g) { return &g.heads; }, [](LlamaConfig& l) { return &l.heads; },
-                                                        [](VitConfig& v) { return &v.heads; }, none,
-                                                      [](LlavaConfig& v) { return &v.text.heads; }),
-                    "attention heads")));
-  add(model_key(key("model.kv_heads", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.kv_heads; }, none, none, [](LlavaConfig& v) { return &v.text.kv_heads; }),
-                    "key/value heads (grouped-query attention)")));
-  add(model_key(key("model.layers", model_field<int64_t>([](GptConfig& g) { return &g.layers; }, [](LlamaConfig& l) { return &l.layers; },
-                                                         [](VitConfig& v) { return &v.layers; }, none,
-                                                      [](LlavaConfig& v) { return &v.text.layers; }),
-                    "transformer blocks")));
-  add(model_key(key("model.ffn_hidden", model_field<int64_t>(none, [](LlamaConfig& l) { return &l.ffn_hidden; }, none, none, [](LlavaConfig& v) { return &v.text.ffn_hidden; }),
-                    "SwiGLU width")));
-  add(model_key(key("model.mlp_hidden", model_field<int64_t>([](GptConfig& g) { return &g.mlp_hidden; }, none, [](VitConfig& v) { return &v.mlp_hidden; }),
-                    "MLP width (GPT: 0 = 4 x dim)")));
-  add(model_key(key("model.patch", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.patch; }, [](ClipConfig& k) { return &k.patch; }, [](LlavaConfig& v) { return &v.vision.patch; }), "patch side in pixels")));
-  add(model_key(key("model.image_size", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.image_size; }, [](ClipConfig& k) { return &k.image_size; }, [](LlavaConfig& v) { return &v.vision.image_size; }), "image side in pixels")));
-  add(model_key(key("model.channels", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.channels; }, [](ClipConfig& k) { return &k.channels; }, [](LlavaConfig& v) { return &v.vision.channels; }), "image channels")));
-  add(model_key(key("model.classes", model_field<int64_t>(none, none, [](VitConfig& v) { return &v.classes; }), "classes of the head")));
-  // CLIP's two towers and the shared space.
-  auto clip_key = [&](const char* name, auto field, const char* help) { add(model_key(key(name, model_field<int64_t>(none, none, none, field), help))); };
-  // The image tower's shape: CLIP's and LLaVA's.
-  auto tower_key = [&](const char* name, auto field, const char* help) {
-    add(model_key(key(name, model_field<int64_t>(none, none, none, [field](ClipConfig& k) { return field(k.vision); },
-                                                 [field](LlavaConfig& v) { return field(v.vision.vision); }),
-                      help)));
-  };
-  tower_key("model.vision_dim", [](models::ClipTowerShape& t) { return &t.dim; }, "image tower: width");
-  tower_key("model.vision_heads", [](models::ClipTowerShape& t) { return &t.heads; }, "image tower: attention heads");
-  tower_key("model.vision_layers", [](models::ClipTowerShape& t) { return &t.layers; }, "image tower: blocks");
-  tower_key("model.vision_mlp_hidden", [](models::ClipTowerShape& t) { return &t.mlp_hidden; }, "image tower: MLP width");
-  // LLaVA's joint: where the image tower is read, and which token stands for the image.
-  auto llava_key = [&](const char* name, auto field, const char* help) {
-    add(model_key(key(name, model_field<std::decay_t<decltype(*field(std::declval<LlavaConfig&>()))>>(none, none, none, none, field), help)));
-  };
-  llava_key("model.image_token", [](LlavaConfig& v) { return &v.image_token; }, "llava: the token each image feature replaces");
-  add(model_key(key("model.vision_feature_layer",
-                    model_field<int64_t>(none, none, none, none, [](LlavaConfig& v) { return &v.vision_feature_layer; }),
-                    "llava: the image tower's hidden state read (0: its embeddings, k: block k's output; -2: the last block but one's)")))
-      .may_be_negative = true;
-  llava_key("model.keep_class_token", [](LlavaConfig& v) { return &v.keep_class_token; },
-            "llava: the class token's feature is read too (transformers' strategy \"full\")");
-  llava_key("model.vision_norm_eps", [](LlavaConfig& v) { return &v.vision.norm_eps; }, "llava: epsilon of the image tower's LayerNorms");
-  clip_key("model.text_dim", [](ClipConfig& k) { return &k.text.dim; }, "text tower: width");
-  clip_key("model.text_heads", [](ClipConfig& k) { return &k.text.heads; }, "text tower: attention heads");
-  clip_key("model.text_layers", [](ClipConfig& k) { return &k.text.layers; }, "text tower: blocks");
-  clip_key("model.text_mlp_hidden", [](ClipConfig& k) { return &k.text.mlp_hidden; }, "text tower: MLP width");
-  clip_key("model.eos_token", [](ClipConfig& k) { return &k.eos_token; }, "end-of-text token: a caption's feature is read there");
-  clip_key("model.projection_dim", [](ClipConfig& k) { return &k.projection_dim; }, "width of the shared image-text space");
-  auto freeze_key = [&](const char* name, auto field, const char* help, auto llava_field) {
-    ConfigKey& k = add(model_key(key(name, model_field<bool>(none, none, none, field, llava_field), help)));
-    k.free_beside_hf_config = [](const TrainConfig&) { return true; };
-    k.default_text = "false";
-  };
-  freeze_key("model.freeze_vision", [](ClipConfig& k) { return &k.freeze_vision; },
-             "clip, llava: the image tower gets no gradient (train the rest against it)", [](LlavaConfig& v) { return &v.freeze_vision; });
-  freeze_key("model.freeze_text", [](ClipConfig& k) { return &k.freeze_text; },
-             "clip: the text tower gets no gradient (train the image tower against it)", none);
-  add(model_key(key("model.dropout", model_field<double>([](GptConfig& g) { return &g.dropout; }, none, none),
-                    "dropout after attention, MLP and embeddings (0: off)")))
-      .free_beside_hf_config = [](const TrainConfig&) { return true; };
-  add(model_key(key("model.qkv_bias", model_field<bool>([](GptConfig& g) { return &g.qkv_bias; }, none, none), "biases on the Linear layers")));
-  add(model_key(key("model.norm_eps", model_field<double>([](GptConfig& g) { return &g.norm_eps; }, [](LlamaConfig& l) { return &l.norm_eps; }, none,
-                                                           [](ClipConfig& k) { return &k.norm_eps; }, [](LlavaConfig& v) { return &v.text.norm_eps; }),
-                    "epsilon of the norms (LayerNorm, RMSNorm)")));
-  add(model_key(key("model.tie_embeddings", model_field<bool>(none, [](LlamaConfig& l) { return &l.tie_embeddings; }, none, none,
-                                    [](LlavaConfig& v) { return &v.text.tie_embeddings; }),
-                    "output head tied to the token embedding")));
-  add(model_key(key("model.rope_theta", model_field<double>(none, [](LlamaConfig& l) { return &l.rope_theta; }, none, none,
-                                    [](LlavaConfig& v) { return &v.text.rope_theta; }),
-                    "rotary base")));
-  {
-    ConfigKey k = model_key(key("model.rope_scaling", model_field<bool>(none, [](LlamaConfig& l) { return &l.rope_scaling.enabled; }, none, none,
-                                                      [](LlavaConfig& v) { return &v.text.rope_scaling.enabled; }),
-                                "llama3 (Llama 3.1's long-context frequency scaling) | none"));
-    auto set_enabled = k.set;
-    auto get_enabled = k.get;
-    k.type = ConfigType::String;
-    k.get = [get_enabled](const TrainConfig& c) { return ConfigValue(std::string(std::get<bool>(get_enabled(c)) ? "llama3" : "none")); };
-    k.set = [set_enabled](TrainConfig& c, const ConfigValue& v) {
-      const std::string text = std::get<std::string>(v);
-      if (text != "llama3" && text != "none") throw std::invalid_argument("'" + text + "' (expected llama3 or none)");
-      set_enabled(c, text == "llama3");
-    };
-    add(std::move(k));
-  }
-  auto rope_scaling_key = [&](const char* name, auto field, const char* help) {
-    ConfigKey& k = add(model_key(key(name, model_field<std::remove_pointer_t<decltype(field(std::declval<LlamaConfig&>()))>>(
-                                               none, field, none, none, [field](LlavaConfig& v) { return field(v.text); }),
-                                     help)));
-    k.written = [](const TrainConfig& c) {
-      const auto* l = std::get_if<LlamaConfig>(&c.model);
-      const auto* v = std::get_if<LlavaConfig>(&c.model);
-      return (l != nullptr && l->rope_scaling.enabled) || (v != nullptr && v->text.rope_scaling.enabled);
-    };
-  };
-  rope_scaling_key("model.rope_scaling_factor", [](LlamaConfig& l) { return &l.rope_scaling.factor; }, "llama3 scaling: factor");
-  rope_scaling_key("model.rope_low_freq_factor", [](LlamaConfig& l) { return &l.rope_scaling.low_freq_factor; }, "llama3 scaling: low_freq_factor");
-  rope_scaling_key("model.rope_high_freq_factor", [](LlamaConfig& l) { return &l.rope_scaling.high_freq_factor; }, "llama3 scaling: high_freq_factor");
-  rope_scaling_key("model.rope_original_context", [](LlamaConfig& l) { return &l.rope_scaling.original_context; },
-                   "llama3 scaling: original_max_position_embeddings");
+  for (ConfigKey& k : model_keys()) add(std::move(k));
 
   // ---- [data] ----
   ConfigKey& source = add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist"));
@@ -640,7 +588,7 @@ std::vector<ConfigKey> declare() {
   // ---- [lora] ----
   auto lora_field = [](auto member) {
     return [member](TrainConfig& c) -> std::remove_reference_t<decltype(models::LoraSpec().*member)>* {
-      models::LoraSpec* lora = mutable_lora(c.model);
+      models::LoraSpec* lora = models::mutable_lora_spec(c.model);
       return lora == nullptr ? nullptr : &(lora->*member);
     };
   };
@@ -656,7 +604,7 @@ std::vector<ConfigKey> declare() {
       for (const auto& t : models::lora_spec(c.model)->targets) text += (text.empty() ? "" : " ") + t;
       return ConfigValue(text);
     };
-    k.set = [](TrainConfig& c, const ConfigValue& v) { mutable_lora(c.model)->targets = models::LoraSpec::parse_targets(std::get<std::string>(v)); };
+    k.set = [](TrainConfig& c, const ConfigValue& v) { models::mutable_lora_spec(c.model)->targets = models::LoraSpec::parse_targets(std::get<std::string>(v)); };
     add(std::move(k));
   }
   {
@@ -666,8 +614,10 @@ std::vector<ConfigKey> declare() {
     k.check = [](const TrainConfig& c) {
       std::string error = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; }, {"auto", "bfloat16", "float32", "nf4"})(c);
       if (!error.empty()) return error;
-      return unless(c.lora_base_dtype != "nf4" || !models::is_contrastive(c.model),
-                    "lora.base_dtype 'nf4' is not built for clip models (an NF4 base is a Llama's or GPT-2's; use bfloat16)");
+      // A family whose base is not stored in NF4 counts no linear weights for it (ModelFamily).
+      return unless(c.lora_base_dtype != "nf4" || models::linear_weight_count(c.model) > 0,
+                    "lora.base_dtype 'nf4' is not built for " + std::string(models::family_name(c.model)) +
+                        " models (an NF4 base is a Llama's or GPT-2's; use bfloat16)");
     };
     add(std::move(k));
   }

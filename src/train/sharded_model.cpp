@@ -85,8 +85,7 @@ models::Bf16Matmul bf16_matmul_for(const TrainConfig& c) {
 ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group) {
   ShardedModel sharded;
   sharded.config = config.model;
-  if (auto* g = std::get_if<models::GptConfig>(&sharded.config)) g->vocab = vocab;
-  if (auto* l = std::get_if<models::LlamaConfig>(&sharded.config)) l->vocab = vocab;
+  models::family_of(sharded.config).take_data_vocab(sharded.config, vocab);
   TrainConfig resolved = config;
   resolved.model = sharded.config;
   runtime::FsdpOptions options = fsdp_options(resolved);

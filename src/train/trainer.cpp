@@ -117,35 +117,42 @@ class Trainer {
     check_same_data_everywhere();
   }
 
-  // The family's writer of its examples from the labelled images: CLIP's captions, LLaVA's chats.
+  // The writer of the task's examples from the labelled images: a contrastive model's captions, an
+  // image-text model's chats.
   void make_family_writers() {
-    if (const auto* clip = std::get_if<models::ClipConfig>(&model_config_)) {
+    const models::ModelFamily& family = models::family_of(model_config_);
+    const int64_t vocab = family.vocab_size(model_config_);
+    if (family.task() == models::ModelTask::Contrastive) {
       // Captions from the labels: bytes and the model's end-of-text token (data/captions.h).
+      const int64_t eos_token = family.end_of_text_token(model_config_);
       captions_ = std::make_unique<data::CaptionWriter>(data::fashion_mnist_class_names(), data::caption_templates(),
-                                                        clip->context, clip->eos_token);
-      if (clip->vocab <= clip->eos_token || clip->vocab < 256) {
-        throw std::runtime_error("model.vocab " + std::to_string(clip->vocab) + " cannot hold the byte captions (bytes 0-255 and eos_token " +
-                                 std::to_string(clip->eos_token) + ")");
+                                                        family.text_context(model_config_), eos_token);
+      if (vocab <= eos_token || vocab < 256) {
+        throw std::runtime_error("model.vocab " + std::to_string(vocab) + " cannot hold the byte captions (bytes 0-255 and eos_token " +
+                                 std::to_string(eos_token) + ")");
       }
     }
-    if (const auto* llava = std::get_if<models::LlavaConfig>(&model_config_)) {
+    if (family.task() == models::ModelTask::ImageText) {
       // One-turn chats from the labels: bytes, end-of-text (the first id above the bytes that is
       // not the image token) and the image token (data/image_chat.h).
-      const int64_t end_of_text = llava->image_token == 256 ? 257 : 256;
-      chat_ = std::make_unique<data::ImageChatWriter>(data::fashion_mnist_class_names(), llava->image_tokens(), llava->image_token,
-                                                      end_of_text);
-      if (llava->text.vocab <= std::max(end_of_text, llava->image_token)) {
-        throw std::runtime_error("model.vocab " + std::to_string(llava->text.vocab) + " cannot hold the byte chats (bytes 0-255, end-of-text " +
-                                 std::to_string(end_of_text) + " and image_token " + std::to_string(llava->image_token) + ")");
+      const int64_t image_token = family.image_token(model_config_);
+      const int64_t end_of_text = image_token == 256 ? 257 : 256;
+      chat_ = std::make_unique<data::ImageChatWriter>(data::fashion_mnist_class_names(), family.image_input(model_config_).tokens,
+                                                      image_token, end_of_text);
+      if (vocab <= std::max(end_of_text, image_token)) {
+        throw std::runtime_error("model.vocab " + std::to_string(vocab) + " cannot hold the byte chats (bytes 0-255, end-of-text " +
+                                 std::to_string(end_of_text) + " and image_token " + std::to_string(image_token) + ")");
       }
       // The loss is the mean over the global batch's answer tokens, counted as any masked loss's.
       std::vector<int64_t> answer_tokens;
       for (int64_t label = 0; label < chat_->classes(); ++label) answer_tokens.push_back(chat_->answer_tokens(label));
       if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get())) images->set_targets_per_label(answer_tokens);
-      if (chat_->row_length() > llava->text.context) {
-        throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" + std::to_string(llava->image_tokens()) +
+      const int64_t context = family.text_context(model_config_);
+      if (chat_->row_length() > context) {
+        throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" +
+                                 std::to_string(family.image_input(model_config_).tokens) +
                                  " image tokens, the question and the longest answer); model.context is " +
-                                 std::to_string(llava->text.context));
+                                 std::to_string(context));
       }
     }
   }
@@ -300,7 +307,7 @@ class Trainer {
                     "  captions: %lld classes x %zu templates as bytes + end-of-text %lld; longest %lld bytes of a %lld-token context%s; "
                     "contrastive loss over the global batch (features gathered across the %d ranks); zero-shot eval with \"%s\"",
                     static_cast<long long>(captions_->classes()), data::caption_templates().size(),
-                    static_cast<long long>(std::get<models::ClipConfig>(model_config_).eos_token),
+                    static_cast<long long>(models::family_of(model_config_).end_of_text_token(model_config_)),
                     static_cast<long long>(captions_->longest_bytes()), static_cast<long long>(captions_->context()),
                     captions_->truncated_pairs() > 0
                         ? (", " + std::to_string(captions_->truncated_pairs()) + " captions cut to fit (raise model.context)").c_str()
@@ -314,7 +321,7 @@ class Trainer {
       std::snprintf(line, sizeof(line),
                     "  chats: %lld image tokens + \"%s\" + the answer (\"%s\", ...) as bytes + end-of-text, rows of %lld tokens; "
                     "only the answer trained; eval: greedy answers, exact match",
-                    static_cast<long long>(std::get<models::LlavaConfig>(model_config_).image_tokens()), question.c_str(),
+                    static_cast<long long>(models::family_of(model_config_).image_input(model_config_).tokens), question.c_str(),
                     chat_->answer(7).c_str(), static_cast<long long>(chat_->row_length()));
       progress_->message(line);
     }
@@ -801,10 +808,8 @@ class Trainer {
       tokens = config_.seq_len;
     } else if (chat_) {
       tokens = chat_->row_length();
-    } else if (const auto* vit = std::get_if<models::VitConfig>(&model_config_)) {
-      tokens = vit->tokens();
-    } else if (const auto* clip = std::get_if<models::ClipConfig>(&model_config_)) {
-      tokens = (clip->image_size / clip->patch) * (clip->image_size / clip->patch) + 1;
+    } else {
+      tokens = models::family_of(model_config_).image_input(model_config_).tokens;
     }
     const int64_t examples = std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
     const int64_t rows = std::min<int64_t>(4096, examples * std::max<int64_t>(1, tokens));

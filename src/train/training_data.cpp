@@ -191,10 +191,8 @@ void check_data_sizes(const LoadedData& data, const TrainConfig& config, int wor
                              " samples (rows, when packed), fewer than the " + std::to_string(world_size) + " ranks");
   }
   // Image models: the images must be the model's (a mismatch would otherwise stop the first forward).
-  int64_t image_size = 0, channels = 0;
-  if (const auto* v = std::get_if<models::VitConfig>(&config.model)) image_size = v->image_size, channels = v->channels;
-  if (const auto* k = std::get_if<models::ClipConfig>(&config.model)) image_size = k->image_size, channels = k->channels;
-  if (const auto* l = std::get_if<models::LlavaConfig>(&config.model)) image_size = l->vision.image_size, channels = l->vision.channels;
+  const models::ImageInput image = models::family_of(config.model).image_input(config.model);
+  const int64_t image_size = image.side, channels = image.channels;
   if (image_size > 0) {
     const at::Tensor first = data.train->get({0}).inputs;  // [1, channels, side, side]
     if (first.dim() != 4 || first.size(1) != channels || first.size(2) != image_size || first.size(3) != image_size) {
@@ -215,8 +213,7 @@ models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab) {
   // tokenizer never produces); else the data's.
   const int64_t rows = c.model_vocab > 0 ? c.model_vocab : vocab;
   models::ModelConfig model = c.model;
-  if (auto* g = std::get_if<models::GptConfig>(&model)) g->vocab = rows;
-  if (auto* l = std::get_if<models::LlamaConfig>(&model)) l->vocab = rows;
+  models::family_of(model).take_data_vocab(model, rows);
   return model;
 }
 

@@ -6,12 +6,11 @@
 //   tokenizer.json, tokenizer_config.json, special_tokens_map.json   (or GPT-2's vocab.json and
 //                                    merges.txt)
 //
-// Supported families: "llama" (LlamaForCausalLM: Llama 3, 3.1, 3.2, including rope_scaling of
-// rope_type "llama3", tied or untied head, grouped-query attention) and "gpt2" (GPT2LMHeadModel).
-// Whatever changes the computation and is not implemented here (another model_type, biases on the
-// Llama projections, another activation, another rope_scaling type, a head_dim other than
-// hidden_size / heads, ...) is refused naming the key; keys that do not change it (torch_dtype,
-// bos_token_id, architectures, ...) are ignored.
+// Each family with a Hugging Face form reads and writes its own config.json (models::ModelFamily:
+// hf_model_types, read_hf_config, write_hf_config; today llama, gpt2, clip and llava). Whatever
+// changes the computation and is not implemented (another model_type, biases on the Llama
+// projections, another activation, another rope_scaling type, ...) is refused naming the key; keys
+// that do not change it (torch_dtype, bos_token_id, architectures, ...) are ignored.
 #pragma once
 
 #include <string>

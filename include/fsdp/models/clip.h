@@ -21,6 +21,8 @@
 
 namespace fsdp::models {
 
+class ModelFamily;
+
 // One tower's transformer: width, heads, blocks and MLP width.
 struct ClipTowerShape {
   int64_t dim = 512;
@@ -55,6 +57,7 @@ struct ClipConfig {
 
   static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
+  static const ModelFamily& family();  // its spec (clip_family.cpp)
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t patches() const { return (image_size / patch) * (image_size / patch); }
   int64_t image_tokens() const { return patches() + 1; }

@@ -21,6 +21,8 @@
 
 namespace fsdp::models {
 
+class ModelFamily;
+
 struct GptConfig {
   int64_t vocab = 50257;
   int64_t context = 1024;  // longest sequence (rows of wpe)
@@ -36,6 +38,7 @@ struct GptConfig {
   int64_t mlp_width() const { return mlp_hidden > 0 ? mlp_hidden : 4 * dim; }
   static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
+  static const ModelFamily& family();  // its spec (gpt_family.cpp)
   void validate() const;   // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer

@@ -18,6 +18,8 @@
 
 namespace fsdp::models {
 
+class ModelFamily;
+
 struct LlamaConfig {
   int64_t vocab = 128256;
   int64_t context = 8192;
@@ -34,6 +36,7 @@ struct LlamaConfig {
 
   static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
+  static const ModelFamily& family();  // its spec (llama_family.cpp)
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer

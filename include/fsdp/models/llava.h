@@ -25,6 +25,8 @@
 
 namespace fsdp::models {
 
+class ModelFamily;
+
 struct LlavaConfig {
   // The image tower: image_size, patch, channels, vision (its shape) and norm_eps of a CLIP config;
   // its text fields are not used.
@@ -39,6 +41,7 @@ struct LlavaConfig {
   // A frozen image tower gets no gradient and no optimizer state (LLaVA's usual setting).
   bool freeze_vision = false;
 
+  static const ModelFamily& family();  // its spec (llava_family.cpp)
   void validate() const;  // throws std::invalid_argument naming the bad field
   int64_t read_blocks() const;  // vision blocks run: vision_feature_layer as a count from the start
   int64_t image_tokens() const { return vision.patches() + (keep_class_token ? 1 : 0); }

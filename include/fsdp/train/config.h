@@ -1,29 +1,13 @@
 // fsdp/train/config.h: the training configuration: a TOML file plus command-line overrides.
 //
-//   name = "gpt-fortunes-tiny"        # run name (output_dir defaults to runs/<name>)
-//   seed = 1234
-//   [model]      name = "gpt-tiny", and optional size overrides (dim, layers, heads, ...); or
-//                init_from = a Hugging Face model directory, whose config.json gives the shape
-//                (name optional); or family = "gpt" | "llama" | "vit" with every field (as a
-//                run's resolved config.toml has it)
-//   [data]       source = "fortunes" | "token_files" | "instructions" | "fashion_mnist", tokenizer,
-//                paths, split, chat_format
-//   [train]      steps, global_batch, micro_batches, seq_len, grad_clip, max_nonfinite_steps,
-//                log_every, threads, device, device_memory_fraction
-//   [optimizer]  name = "adamw" | "sgd", lr, min_lr, warmup_steps, weight_decay, betas, eps
-//   [fsdp]       strategy, wrap = "block" | "root" | "min_params", min_params, embedding_units, prefetch, max_inflight,
-//                param_dtype, reduce_dtype = "float32" | "bfloat16" | "float16", activation_checkpointing
-//   [loss_scale] init, growth_factor, backoff_factor, growth_interval, min (float16 compute only)
-//   [eval]       every, batches, max_items, sample_tokens, prompt, temperature, top_k
-//   [checkpoint] every, keep, dir
-//   [lora]       rank, alpha, dropout, rslora, targets = "q_proj v_proj" | "all-linear",
-//                base_dtype = "auto" | "bfloat16" | "float32" | "nf4",
-//                init_adapter = "PEFT adapter directory" (continue training it)
-//   [targets]    min_tokens_per_second, max_step_seconds, max_memory_per_rank ("8GiB"),
-//                max_validation_loss (+ max_validation_loss_step), price_per_device_hour + max_cost, stop
-// Every key is declared once (src/train/config_keys.cpp: name, member, type, help, check);
-// `fsdp-train --list-keys` lists them with their defaults. Every key is optional except model.name
-// (or init_from, or family). Unknown keys, values of the wrong type and impossible values are
+// Its keys are not listed here (such a list drifts): `fsdp-train --list-keys` prints every key with
+// its type, help and default, from the one declaration each has. The sections: top level (name,
+// seed, output_dir), [model], [data], [train], [optimizer], [fsdp], [loss_scale], [eval],
+// [checkpoint], [guard], [lora], [targets]. [model] takes the model from the zoo (name), a Hugging
+// Face directory (init_from) or a family with every shape key (family, as a resolved config.toml
+// writes it); its shape keys are the families' fields (models::ModelFamily::fields).
+// Every key is declared once (src/train/config_keys.cpp: name, member, type, help, check). Every
+// key is optional except model.name (or init_from, or family). Unknown keys, values of the wrong type and impossible values are
 // errors that name the key and the file.
 // Overrides use the same dotted keys: `--set train.steps=50 --set optimizer.lr=1e-3`; the value is
 // read as TOML (a bare word that is not TOML is taken as a string).

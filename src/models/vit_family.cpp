@@ -1,0 +1,89 @@
+// ViT's family spec (an image classifier): its sizes, [model] fields, units and entry point.
+#include <torch/torch.h>
+
+#include "fsdp/models/model_family.h"
+#include "fsdp/nn/hooks.h"
+
+namespace fsdp::models {
+
+namespace {
+
+VitConfig vit(int64_t image, int64_t patch, int64_t channels, int64_t classes, int64_t layers, int64_t dim, int64_t heads,
+              int64_t mlp) {
+  VitConfig c;
+  c.image_size = image;
+  c.patch = patch;
+  c.channels = channels;
+  c.classes = classes;
+  c.layers = layers;
+  c.dim = dim;
+  c.heads = heads;
+  c.mlp_hidden = mlp;
+  return c;
+}
+
+class VitFamily final : public ModelFamily {
+  static const VitConfig& of(const ModelConfig& c) { return std::get<VitConfig>(c); }
+  static VitConfig& of(ModelConfig& c) { return std::get<VitConfig>(c); }
+
+ public:
+  const char* name() const override { return "vit"; }
+  const char* display_name() const override { return "ViT"; }
+  ModelTask task() const override { return ModelTask::ImageClassification; }
+  std::vector<std::pair<std::string, ModelConfig>> sizes() const override {
+    return {
+        // A test size, a Fashion-MNIST size (28x28 greyscale, 10 classes), and the published
+        // ImageNet shapes at 224x224 with 1000 classes.
+        {"vit-test", vit(28, 7, 1, 10, 2, 32, 2, 64)},
+        {"vit-fmnist", vit(28, 7, 1, 10, 6, 128, 4, 256)},
+        {"vit-s16", vit(224, 16, 3, 1000, 12, 384, 6, 1536)},
+        {"vit-b16", vit(224, 16, 3, 1000, 12, 768, 12, 3072)},
+        {"vit-l16", vit(224, 16, 3, 1000, 24, 1024, 16, 4096)},
+    };
+  }
+  std::vector<ModelField> fields(ModelConfig& config) const override {
+    VitConfig& c = of(config);
+    return {
+        field("dim", c.dim, "width of the residual stream"),
+        field("heads", c.heads, "attention heads"),
+        field("layers", c.layers, "transformer blocks"),
+        field("mlp_hidden", c.mlp_hidden, "MLP width"),
+        field("patch", c.patch, "patch side in pixels"),
+        field("image_size", c.image_size, "image side in pixels"),
+        field("channels", c.channels, "image channels"),
+        field("classes", c.classes, "classes of the head"),
+    };
+  }
+  void validate(const ModelConfig& config) const override { of(config).validate(); }
+  BuiltModel build(const ModelConfig& config) const override {
+    auto module = std::make_shared<VitImpl>(of(config));
+    BuiltModel built;
+    built.module = module;
+    built.forward_function = [module](const at::Tensor& images, const at::Tensor& positions) {
+      TORCH_CHECK(!positions.defined(), "vit: images have no token positions");
+      return fsdp::nn::call(module, images);
+    };
+    return built;
+  }
+  int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
+  int64_t vocab_size(const ModelConfig&) const override { return 0; }
+  int64_t text_context(const ModelConfig&) const override { return 0; }
+  double flops_per_sample(const ModelConfig& config, int64_t) const override { return of(config).flops_per_image(); }
+  ImageInput image_input(const ModelConfig& config) const override {
+    const VitConfig& c = of(config);
+    return {c.image_size, c.channels, c.tokens()};
+  }
+  std::vector<std::string> block_type_names(const ModelConfig&) const override { return {"VitBlock"}; }
+  // None: the patch embedding and the class head are small (dim x 768 and dim x classes), well
+  // below one block, and stay in the root unit.
+  std::vector<std::string> embedding_and_head_paths(const ModelConfig&) const override { return {}; }
+};
+
+}  // namespace
+
+const ModelFamily& VitConfig::family() {
+  static const VitFamily family;
+  return family;
+}
+
+}  // namespace fsdp::models
