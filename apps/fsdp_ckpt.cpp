@@ -39,8 +39,13 @@ int64_t parse_size(const std::string& text) {
   size_t used = 0;
   const double value = std::stod(text, &used);
   const std::string unit = text.substr(used);
-  const double scale = unit.empty() || unit == "B" ? 1 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : -1;
-  if (scale < 0 || value <= 0) throw std::invalid_argument("--max-file-size '" + text + "': expected e.g. 500MB or 5GB");
+  const double scale = unit.empty() || unit == "B" ? 1
+                       : unit == "KB"              ? 1e3
+                       : unit == "MB"              ? 1e6
+                       : unit == "GB"              ? 1e9
+                                                   : -1;
+  if (scale < 0 || value <= 0)
+    throw std::invalid_argument("--max-file-size '" + text + "': expected e.g. 500MB or 5GB");
   return static_cast<int64_t>(value * scale);
 }
 
@@ -48,8 +53,8 @@ namespace fs = std::filesystem;
 
 // A Hugging Face model directory from an exported weight set in `dir`: config.json,
 // generation_config.json and the tokenizer's files (the run's, or its init_from directory's).
-void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::models::ModelConfig& model, const std::string& dir,
-                       const std::string& dtype) {
+void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::models::ModelConfig& model,
+                       const std::string& dir, const std::string& dtype) {
   const auto& d = config.data;
   const bool from_hf_dir = fsdp::checkpoint::is_hf_model_dir(config.init_from);
   const std::string source_config = from_hf_dir ? config.init_from + "/config.json" : "";
@@ -76,17 +81,20 @@ void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::model
       if (!have) files.push_back(file);
     }
   }
-  fsdp::checkpoint::write_text_file(dir + "/config.json", fsdp::checkpoint::hf_config_text(model, source_config, dtype));
+  fsdp::checkpoint::write_text_file(dir + "/config.json",
+                                    fsdp::checkpoint::hf_config_text(model, source_config, dtype));
   fsdp::checkpoint::write_text_file(dir + "/generation_config.json",
                                     fsdp::checkpoint::hf_generation_config_text(source_config, bos, eos, extra_eos));
-  for (const auto& file : files) fs::copy_file(file, fs::path(dir) / fs::path(file).filename(), fs::copy_options::overwrite_existing);
+  for (const auto& file : files)
+    fs::copy_file(file, fs::path(dir) / fs::path(file).filename(), fs::copy_options::overwrite_existing);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-ckpt: inspect sharded checkpoints, export them as safetensors with Hugging Face names,\n"
-               "and import such weights. export/import run under mpirun at any rank count."};
+  CLI::App app{
+      "fsdp-ckpt: inspect sharded checkpoints, export them as safetensors with Hugging Face names,\n"
+      "and import such weights. export/import run under mpirun at any rank count."};
   app.require_subcommand(1);
   auto* inspect = app.add_subcommand("inspect", "summarise a checkpoint's manifest");
   std::string inspect_dir;
@@ -96,10 +104,12 @@ int main(int argc, char** argv) {
   std::string export_dir, export_output, dtype = "fp32", max_file_size;
   exporter->add_option("checkpoint", export_dir, "checkpoint directory")->required();
   std::string export_hf_dir;
-  auto* output_option = exporter->add_option("--output", export_output, "a .safetensors file, or a directory with --max-file-size");
-  auto* hf_dir_option = exporter->add_option("--hf-dir", export_hf_dir,
-                                             "a Hugging Face model directory (config.json, sharded safetensors + index, "
-                                             "generation_config.json, tokenizer files) that transformers' from_pretrained loads");
+  auto* output_option =
+      exporter->add_option("--output", export_output, "a .safetensors file, or a directory with --max-file-size");
+  auto* hf_dir_option =
+      exporter->add_option("--hf-dir", export_hf_dir,
+                           "a Hugging Face model directory (config.json, sharded safetensors + index, "
+                           "generation_config.json, tokenizer files) that transformers' from_pretrained loads");
   output_option->excludes(hf_dir_option);
   std::string export_peft_dir;
   bool merge = false;
@@ -109,14 +119,16 @@ int main(int argc, char** argv) {
   peft_option->excludes(output_option)->excludes(hf_dir_option);
   exporter->add_flag("--merge", merge, "LoRA: write the weights with the adapters merged in, W + (alpha / r) B A");
   exporter->add_option("--dtype", dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
-  exporter->add_option("--max-file-size", max_file_size,
-                       "with --output DIR: write Hugging Face's sharded set of files of at most this size (and its index)");
+  exporter->add_option(
+      "--max-file-size", max_file_size,
+      "with --output DIR: write Hugging Face's sharded set of files of at most this size (and its index)");
   bool overwrite = false;
   exporter->add_flag("--overwrite", overwrite,
                      "replace an existing output (the new one is written beside it, then swapped in); without it an "
                      "existing output is refused");
 
-  auto* importer = app.add_subcommand("import", "load safetensors weights into a sharded checkpoint (step 0, no optimizer)");
+  auto* importer =
+      app.add_subcommand("import", "load safetensors weights into a sharded checkpoint (step 0, no optimizer)");
   std::string import_weights_path, import_config, import_output;
   importer->add_option("weights", import_weights_path, "a .safetensors file or a directory with an index")->required();
   importer->add_option("--config", import_config,
@@ -130,17 +142,21 @@ int main(int argc, char** argv) {
   }
   // What export writes: one file or directory, written as TARGET.partial and renamed into place.
   // DIR/ is DIR: its .partial is a sibling, never inside it.
-  const std::string export_target = fsdp::checkpoint::without_trailing_slashes(
-      !export_hf_dir.empty() ? export_hf_dir : !export_peft_dir.empty() ? export_peft_dir : export_output);
+  const std::string export_target =
+      fsdp::checkpoint::without_trailing_slashes(!export_hf_dir.empty()     ? export_hf_dir
+                                                 : !export_peft_dir.empty() ? export_peft_dir
+                                                                            : export_output);
   if (exporter->parsed() && !max_file_size.empty()) {
     std::error_code error;
-    const bool names_a_file = export_output.empty() ||
-                              (export_target.size() > 12 && export_target.rfind(".safetensors") == export_target.size() - 12) ||
-                              fs::is_regular_file(export_target, error);
+    const bool names_a_file =
+        export_output.empty() ||
+        (export_target.size() > 12 && export_target.rfind(".safetensors") == export_target.size() - 12) ||
+        fs::is_regular_file(export_target, error);
     if (!export_hf_dir.empty()) {
       // --hf-dir takes the size as is (its default: 5GB, as transformers').
     } else if (names_a_file) {
-      std::fprintf(stderr, "fsdp-ckpt export: --max-file-size writes Hugging Face's sharded set (model-0000N-of-0000M."
+      std::fprintf(stderr,
+                   "fsdp-ckpt export: --max-file-size writes Hugging Face's sharded set (model-0000N-of-0000M."
                    "safetensors and model.safetensors.index.json) into a directory, and %s names a file: give --output "
                    "a directory, or leave out --max-file-size for one file\n",
                    export_output.empty() ? "--peft-dir" : ("--output '" + export_output + "'").c_str());
@@ -148,7 +164,8 @@ int main(int argc, char** argv) {
     }
   }
   if (importer->parsed() && import_config.empty() && !fsdp::checkpoint::is_hf_model_dir(import_weights_path)) {
-    std::fprintf(stderr, "fsdp-ckpt import: --config is needed: '%s' is not a Hugging Face model directory (no config.json)\n",
+    std::fprintf(stderr,
+                 "fsdp-ckpt import: --config is needed: '%s' is not a Hugging Face model directory (no config.json)\n",
                  import_weights_path.c_str());
     return 2;
   }
@@ -173,8 +190,9 @@ int main(int argc, char** argv) {
       } else if (!import_config.empty()) {
         config = fsdp::train::load_train_config(import_config);
       } else {
-        config = fsdp::train::parse_train_config("[model]\ninit_from = " + fsdp::train::toml_string(import_weights_path) + "\n",
-                                                 import_weights_path + "/config.json");
+        config = fsdp::train::parse_train_config(
+            "[model]\ninit_from = " + fsdp::train::toml_string(import_weights_path) + "\n",
+            import_weights_path + "/config.json");
       }
       if (exporter->parsed() && !overwrite) {
         fsdp::checkpoint::refuse_existing(export_target, "the export's output",
@@ -238,9 +256,10 @@ int main(int argc, char** argv) {
       }
     } else {
       fsdp::checkpoint::import_weights(*sharded.state, sharded.config, import_weights_path);
-      const std::string dir = fsdp::checkpoint::save_checkpoint(
-          import_output, *sharded.state, nullptr, {0, config.model_name, fsdp::train::to_toml(config)});
-      if (world->rank() == 0) std::printf("imported %s into %s (use it as model.init_from)\n", import_weights_path.c_str(), dir.c_str());
+      const std::string dir = fsdp::checkpoint::save_checkpoint(import_output, *sharded.state, nullptr,
+                                                                {0, config.model_name, fsdp::train::to_toml(config)});
+      if (world->rank() == 0)
+        std::printf("imported %s into %s (use it as model.init_from)\n", import_weights_path.c_str(), dir.c_str());
     }
     return 0;
   } catch (const fsdp::comm::AgreedStop& e) {

@@ -2,13 +2,13 @@
 //
 //   fsdp-data fortunes --output-dir data/fortunes        # Debian's fortunes, train/validation split
 //   fsdp-data encode --output notes.tok notes/*.txt      # any text files, one document each
-//   fsdp-data corpus --output-dir data/web --tokenizer hf --tokenizer-json tokenizer.json web/   # any size, every core, shards
-//   fsdp-data encode --tokenizer gpt2 --vocab-json vocab.json --merges-txt merges.txt --output x.tok in.txt
-//   fsdp-data inspect data/fortunes/train.tok
-//   fsdp-data tokenize --tokenizer hf --tokenizer-json tokenizer.json --input texts.jsonl --output ids.jsonl
-//   fsdp-data instructions --output data/fortune-chat.jsonl   # an instruction set: a request, a fortune
-//   fsdp-data render --tokenizer hf --tokenizer-json tokenizer.json --input chat.jsonl --output rendered.jsonl
-//   fsdp-data train-tokenizer --output-dir runs/tokenizer --vocab-size 4096   # byte-level BPE on the fortunes
+//   fsdp-data corpus --output-dir data/web --tokenizer hf --tokenizer-json tokenizer.json web/   # any size, every
+//   core, shards fsdp-data encode --tokenizer gpt2 --vocab-json vocab.json --merges-txt merges.txt --output x.tok
+//   in.txt fsdp-data inspect data/fortunes/train.tok fsdp-data tokenize --tokenizer hf --tokenizer-json tokenizer.json
+//   --input texts.jsonl --output ids.jsonl fsdp-data instructions --output data/fortune-chat.jsonl   # an instruction
+//   set: a request, a fortune fsdp-data render --tokenizer hf --tokenizer-json tokenizer.json --input chat.jsonl
+//   --output rendered.jsonl fsdp-data train-tokenizer --output-dir runs/tokenizer --vocab-size 4096   # byte-level BPE
+//   on the fortunes
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -37,8 +37,10 @@ struct TokenizerArgs {
   std::string kind = "byte";
   std::string vocab_json, merges_txt, tokenizer_json;
   void add_to(CLI::App& command) {
-    command.add_option("--tokenizer", kind, "byte (vocab 256, built in), gpt2 (needs --vocab-json, --merges-txt) "
-                                            "or hf (needs --tokenizer-json)")
+    command
+        .add_option("--tokenizer", kind,
+                    "byte (vocab 256, built in), gpt2 (needs --vocab-json, --merges-txt) "
+                    "or hf (needs --tokenizer-json)")
         ->check(CLI::IsMember({"byte", "gpt2", "hf"}));
     command.add_option("--vocab-json", vocab_json, "GPT-2 BPE vocabulary (token -> id JSON)");
     command.add_option("--merges-txt", merges_txt, "GPT-2 BPE merges, one pair per line");
@@ -52,7 +54,8 @@ struct TokenizerArgs {
     auto set = [](const std::string& key, const std::string& value) {
       return " --set " + key + "='\"" + value + "\"'";
     };
-    if (kind == "gpt2") return set("data.tokenizer", "gpt2") + set("data.vocab_json", vocab_json) + set("data.merges_txt", merges_txt);
+    if (kind == "gpt2")
+      return set("data.tokenizer", "gpt2") + set("data.vocab_json", vocab_json) + set("data.merges_txt", merges_txt);
     if (kind == "hf") return set("data.tokenizer", "hf") + set("data.tokenizer_json", tokenizer_json);
     return "";
   }
@@ -75,7 +78,8 @@ void write_tokenized_lines(const fsdp::data::Tokenizer& tokenizer, const std::st
     try {
       text = nlohmann::json::parse(line).at("text").get<std::string>();
     } catch (const std::exception& e) {
-      throw std::runtime_error("tokenize: " + input + ":" + std::to_string(number) + ": expected {\"text\": ...}: " + e.what());
+      throw std::runtime_error("tokenize: " + input + ":" + std::to_string(number) +
+                               ": expected {\"text\": ...}: " + e.what());
     }
     std::vector<int32_t> ids;
     try {
@@ -91,8 +95,9 @@ void write_tokenized_lines(const fsdp::data::Tokenizer& tokenizer, const std::st
   out.close();
   if (!out) throw std::runtime_error("tokenize: writing '" + partial + "' failed");
   std::filesystem::rename(partial, output);
-  std::printf("%s: %lld texts, %lld tokens (%s tokenizer, vocab %lld)\n", output.c_str(), static_cast<long long>(number),
-              static_cast<long long>(tokens), tokenizer.name().c_str(), static_cast<long long>(tokenizer.vocab_size()));
+  std::printf("%s: %lld texts, %lld tokens (%s tokenizer, vocab %lld)\n", output.c_str(),
+              static_cast<long long>(number), static_cast<long long>(tokens), tokenizer.name().c_str(),
+              static_cast<long long>(tokenizer.vocab_size()));
 }
 
 void tokenize_lines(const fsdp::data::Tokenizer& tokenizer, const std::string& input, const std::string& output,
@@ -130,8 +135,8 @@ void write_lines_atomically(const std::string& output, WriteLines&& write_lines)
 // fortune as the answer. The request's wording varies with a hash of the fortune (deterministic).
 void write_fortune_instructions(const std::string& dir, const std::string& output, const std::string& format,
                                 const std::string& system) {
-  static const char* requests[] = {"Tell me a fortune about %s.", "Give me a %s fortune.", "Share a fortune on the topic of %s.",
-                                   "I would like a fortune about %s, please."};
+  static const char* requests[] = {"Tell me a fortune about %s.", "Give me a %s fortune.",
+                                   "Share a fortune on the topic of %s.", "I would like a fortune about %s, please."};
   const auto documents = fsdp::data::read_fortunes(dir);
   write_lines_atomically(output, [&](std::ofstream& out) {
     for (const auto& document : documents) {
@@ -152,14 +157,15 @@ void write_fortune_instructions(const std::string& dir, const std::string& outpu
       out << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
   });
-  std::printf("%s: %zu instruction examples (%s) from %s\n", output.c_str(), documents.size(), format.c_str(), dir.c_str());
+  std::printf("%s: %zu instruction examples (%s) from %s\n", output.c_str(), documents.size(), format.c_str(),
+              dir.c_str());
 }
 
 // Each instruction example rendered in the chat format: {"ids": [...], "trained": [0/1, ...],
 // "prompt_ids": [...]} (prompt_ids: the messages before the last, with the assistant's header),
 // what the trainer sees, for checking against transformers' apply_chat_template.
-void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::string& chat_format, const std::string& input,
-                         const std::string& output) {
+void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::string& chat_format,
+                         const std::string& input, const std::string& output) {
   const auto format = fsdp::data::chat_format_from_name(chat_format, tokenizer);
   const auto examples = fsdp::data::read_instruction_jsonl(input);
   write_lines_atomically(output, [&](std::ofstream& out) {
@@ -173,14 +179,15 @@ void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::stri
       out << record.dump() << "\n";
     }
   });
-  std::printf("%s: %zu examples rendered (%s format)\n", output.c_str(), examples.size(), fsdp::data::chat_format_name(format));
+  std::printf("%s: %zu examples rendered (%s format)\n", output.c_str(), examples.size(),
+              fsdp::data::chat_format_name(format));
 }
 
 // A byte-level BPE tokenizer trained on the fortunes' training split (or on text files), written as
 // a Hugging Face directory's tokenizer files: DIR/tokenizer.json and DIR/tokenizer_config.json,
 // into DIR.partial first and renamed into place. DIR must be new or empty.
-void train_tokenizer(const std::string& output_dir, const std::vector<std::string>& inputs, const std::string& fortunes_dir,
-                     int64_t vocab_size) {
+void train_tokenizer(const std::string& output_dir, const std::vector<std::string>& inputs,
+                     const std::string& fortunes_dir, int64_t vocab_size) {
   std::vector<std::string> texts;
   std::string source;
   if (inputs.empty()) {
@@ -214,10 +221,11 @@ void train_tokenizer(const std::string& output_dir, const std::vector<std::strin
     if (!out) throw std::runtime_error("train-tokenizer: writing '" + (partial / name).string() + "' failed");
   }
   fsdp::checkpoint::publish(partial, dir, /*replace=*/false);
-  std::printf("%s: byte-level BPE, vocab %lld (%lld merges, %d special tokens) from %zu documents of %s, %lld distinct words\n",
-              (dir / "tokenizer.json").string().c_str(), static_cast<long long>(trained.vocab_size),
-              static_cast<long long>(trained.merges), static_cast<int>(options.special_tokens.size()), texts.size(),
-              source.c_str(), static_cast<long long>(trained.words));
+  std::printf(
+      "%s: byte-level BPE, vocab %lld (%lld merges, %d special tokens) from %zu documents of %s, %lld distinct words\n",
+      (dir / "tokenizer.json").string().c_str(), static_cast<long long>(trained.vocab_size),
+      static_cast<long long>(trained.merges), static_cast<int>(options.special_tokens.size()), texts.size(),
+      source.c_str(), static_cast<long long>(trained.words));
 }
 
 // fsdp-data corpus: the progress on standard error (a bar redrawn in place on a terminal, else a
@@ -233,9 +241,11 @@ void run_corpus(const std::vector<std::string>& inputs, const fsdp::data::Tokeni
       // A file that grows while read can make bytes_read pass the total taken at start.
       const double fraction = std::min(1.0, static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total));
       const int width = 30, filled = static_cast<int>(fraction * width);
-      std::snprintf(line, sizeof(line), "[%s%s] %5.1f%% %.1f of %.1f MiB, %.1f MiB/s, %lld documents, %lld tokens, ETA %.0f s",
-                    std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(width - filled), ' ').c_str(),
-                    100.0 * fraction, mib, p.bytes_total / 1048576.0, rate, static_cast<long long>(p.documents),
+      std::snprintf(line, sizeof(line),
+                    "[%s%s] %5.1f%% %.1f of %.1f MiB, %.1f MiB/s, %lld documents, %lld tokens, ETA %.0f s",
+                    std::string(static_cast<size_t>(filled), '#').c_str(),
+                    std::string(static_cast<size_t>(width - filled), ' ').c_str(), 100.0 * fraction, mib,
+                    p.bytes_total / 1048576.0, rate, static_cast<long long>(p.documents),
                     static_cast<long long>(p.tokens), rate > 0 ? (p.bytes_total / 1048576.0 - mib) / rate : 0.0);
       if (!terminal) {
         const int64_t tenth = static_cast<int64_t>(fraction * 10);
@@ -250,19 +260,22 @@ void run_corpus(const std::vector<std::string>& inputs, const fsdp::data::Tokeni
   };
   const fsdp::data::CorpusSummary s = fsdp::data::tokenize_corpus(inputs, tokenizer, options, progress);
   if (terminal) std::fprintf(stderr, "\n");
-  std::printf("%s: %lld documents, %.1f MiB of text in %.2f s on %d thread%s (%.1f MiB/s); %s tokenizer, vocab %lld, %s tokens\n"
-              "  train: %lld tokens in %d shard%s; validation: %lld tokens in %d shard%s\n",
-              options.output_dir.c_str(), static_cast<long long>(s.documents), s.bytes / 1048576.0, s.seconds, s.threads,
-              s.threads == 1 ? "" : "s", s.seconds > 0 ? s.bytes / 1048576.0 / s.seconds : 0.0, tokenizer.name().c_str(),
-              static_cast<long long>(tokenizer.vocab_size()), tokenizer.vocab_size() <= 65536 ? "uint16" : "uint32",
-              static_cast<long long>(s.train_tokens), s.train_shards, s.train_shards == 1 ? "" : "s",
-              static_cast<long long>(s.validation_tokens), s.validation_shards, s.validation_shards == 1 ? "" : "s");
+  std::printf(
+      "%s: %lld documents, %.1f MiB of text in %.2f s on %d thread%s (%.1f MiB/s); %s tokenizer, vocab %lld, %s "
+      "tokens\n"
+      "  train: %lld tokens in %d shard%s; validation: %lld tokens in %d shard%s\n",
+      options.output_dir.c_str(), static_cast<long long>(s.documents), s.bytes / 1048576.0, s.seconds, s.threads,
+      s.threads == 1 ? "" : "s", s.seconds > 0 ? s.bytes / 1048576.0 / s.seconds : 0.0, tokenizer.name().c_str(),
+      static_cast<long long>(tokenizer.vocab_size()), tokenizer.vocab_size() <= 65536 ? "uint16" : "uint32",
+      static_cast<long long>(s.train_tokens), s.train_shards, s.train_shards == 1 ? "" : "s",
+      static_cast<long long>(s.validation_tokens), s.validation_shards, s.validation_shards == 1 ? "" : "s");
   if (s.validation_shards > 0) {
     // The tokenizer too: a run with another (the byte default) would be refused (the shards say
     // which made them), and the sample needs it.
-    std::printf("train on it with: --set data.source='\"token_files\"' --set data.train_tokens='\"%s/train\"' "
-                "--set data.validation_tokens='\"%s/validation\"'%s\n", options.output_dir.c_str(), options.output_dir.c_str(),
-                tokenizer_settings.c_str());
+    std::printf(
+        "train on it with: --set data.source='\"token_files\"' --set data.train_tokens='\"%s/train\"' "
+        "--set data.validation_tokens='\"%s/validation\"'%s\n",
+        options.output_dir.c_str(), options.output_dir.c_str(), tokenizer_settings.c_str());
   }
 }
 
@@ -279,7 +292,8 @@ int main(int argc, char** argv) {
   CLI::App app{"fsdp-data: make token files for fsdp-train (a 32-byte header, then uint16 or uint32 tokens)."};
   app.require_subcommand(1);
 
-  auto* fortunes = app.add_subcommand("fortunes", "tokenize Debian's fortunes corpus into train.tok and validation.tok");
+  auto* fortunes =
+      app.add_subcommand("fortunes", "tokenize Debian's fortunes corpus into train.tok and validation.tok");
   std::string fortunes_dir = fsdp::data::kFortunesDir, output_dir;
   int validation_percent = 5;
   TokenizerArgs fortunes_tokenizer;
@@ -298,25 +312,29 @@ int main(int argc, char** argv) {
   encode->add_option("--output", output, "token file to write")->required();
   encode_tokenizer.add_to(*encode);
 
-  auto* corpus = app.add_subcommand("corpus", "tokenize a corpus of any size on every core into token shards "
-                                               "(OUTPUT/train/shard-*.tok, OUTPUT/validation/shard-*.tok)");
+  auto* corpus = app.add_subcommand("corpus",
+                                    "tokenize a corpus of any size on every core into token shards "
+                                    "(OUTPUT/train/shard-*.tok, OUTPUT/validation/shard-*.tok)");
   std::vector<std::string> corpus_inputs;
   fsdp::data::CorpusOptions corpus_options;
   corpus_options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   TokenizerArgs corpus_tokenizer;
-  corpus->add_option("inputs", corpus_inputs,
-                     "text files (one document each), JSON-lines files (*.jsonl, {\"text\": ...} a line), directories "
-                     "of them, or - (JSON lines on standard input)")
+  corpus
+      ->add_option("inputs", corpus_inputs,
+                   "text files (one document each), JSON-lines files (*.jsonl, {\"text\": ...} a line), directories "
+                   "of them, or - (JSON lines on standard input)")
       ->required();
-  corpus->add_option("--output-dir", corpus_options.output_dir, "where train/ and validation/ go (must not exist)")->required();
+  corpus->add_option("--output-dir", corpus_options.output_dir, "where train/ and validation/ go (must not exist)")
+      ->required();
   corpus->add_option("--threads", corpus_options.threads, "tokenizing threads (default: every core)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   corpus->add_option("--shard-tokens", corpus_options.shard_tokens, "tokens per shard")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
-  corpus->add_option("--validation-percent", corpus_options.validation_percent,
-                     "share of documents held out for validation, by text hash (0: none)")
+  corpus
+      ->add_option("--validation-percent", corpus_options.validation_percent,
+                   "share of documents held out for validation, by text hash (0: none)")
       ->check(CLI::Range(0, 50))
       ->capture_default_str();
   corpus_tokenizer.add_to(*corpus);
@@ -338,9 +356,11 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--decode", tokenize_decode, "also write \"decoded\": the ids decoded again");
   tokenize_tokenizer.add_to(*tokenize);
 
-  auto* instructions = app.add_subcommand("instructions", "make an instruction set (JSONL) from Debian's fortunes: a request "
-                                                           "naming the fortune's topic, and the fortune as the answer");
-  std::string instructions_dir = fsdp::data::kFortunesDir, instructions_output, instructions_format = "messages", system_prompt;
+  auto* instructions = app.add_subcommand("instructions",
+                                          "make an instruction set (JSONL) from Debian's fortunes: a request "
+                                          "naming the fortune's topic, and the fortune as the answer");
+  std::string instructions_dir = fsdp::data::kFortunesDir, instructions_output, instructions_format = "messages",
+              system_prompt;
   instructions->add_option("--dir", instructions_dir, "fortune files")->capture_default_str();
   instructions->add_option("--output", instructions_output, "JSONL file to write")->required();
   instructions->add_option("--format", instructions_format, "messages ({\"messages\": [...]}) or prompt-completion")
@@ -348,7 +368,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   instructions->add_option("--system", system_prompt, "a system message opening each example (messages format)");
 
-  auto* render = app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
+  auto* render =
+      app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
   std::string render_input, render_output, render_format = "auto";
   TokenizerArgs render_tokenizer;
   render->add_option("--input", render_input, "instruction JSONL")->required();
@@ -356,12 +377,14 @@ int main(int argc, char** argv) {
   render->add_option("--chat-format", render_format, "auto, llama3 or plain")->capture_default_str();
   render_tokenizer.add_to(*render);
 
-  auto* train_bpe = app.add_subcommand("train-tokenizer", "train a byte-level BPE tokenizer (Hugging Face tokenizer.json, "
-                                                         "Llama 3's layout and chat tokens) on the fortunes or on text files");
+  auto* train_bpe = app.add_subcommand("train-tokenizer",
+                                       "train a byte-level BPE tokenizer (Hugging Face tokenizer.json, "
+                                       "Llama 3's layout and chat tokens) on the fortunes or on text files");
   std::string train_bpe_dir, train_bpe_fortunes = fsdp::data::kFortunesDir;
   std::vector<std::string> train_bpe_inputs;
   int64_t train_bpe_vocab = 4096;
-  train_bpe->add_option("inputs", train_bpe_inputs, "text files or directories (default: the fortunes' training split)");
+  train_bpe->add_option("inputs", train_bpe_inputs,
+                        "text files or directories (default: the fortunes' training split)");
   train_bpe->add_option("--output-dir", train_bpe_dir, "where tokenizer.json and tokenizer_config.json go")->required();
   train_bpe->add_option("--vocab-size", train_bpe_vocab, "tokens in all: 256 bytes, merges, 5 special tokens")
       ->check(CLI::Range(int64_t{261}, int64_t{1} << 24))
@@ -376,7 +399,8 @@ int main(int argc, char** argv) {
     }
     if (instructions->parsed()) {
       if (!system_prompt.empty() && instructions_format != "messages") {
-        throw std::invalid_argument("instructions: --system needs --format messages (prompt-completion has no system turn)");
+        throw std::invalid_argument(
+            "instructions: --system needs --format messages (prompt-completion has no system turn)");
       }
       write_fortune_instructions(instructions_dir, instructions_output, instructions_format, system_prompt);
       return 0;
@@ -404,8 +428,8 @@ int main(int argc, char** argv) {
     } else if (inspect->parsed()) {
       fsdp::data::TokenFile file(inspect_path);
       std::printf("%s: %lld tokens, vocab %lld, %d bytes per token, made with %s\n", inspect_path.c_str(),
-                  static_cast<long long>(file.size()), static_cast<long long>(file.vocab_size()), file.bytes_per_token(),
-                  file.tokenizer_stamp().describe().c_str());
+                  static_cast<long long>(file.size()), static_cast<long long>(file.vocab_size()),
+                  file.bytes_per_token(), file.tokenizer_stamp().describe().c_str());
       const int64_t n = std::min(show, file.size());
       at::Tensor first = file.read(0, n);
       std::vector<int32_t> ids(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + n);

@@ -66,33 +66,65 @@ double all_gather_bandwidth(const fsdp::comm::ProcessGroupPtr& world) {
 nlohmann::json to_json(const Plan& p) {
   const auto& in = p.input;
   const auto& m = p.memory;
-  nlohmann::json out = {
-      {"model", in.model_name}, {"parameters", p.parameters}, {"adapter_parameters", p.adapter_params}, {"layers", p.layers},
-      {"largest_unit_params", p.largest_unit_params}, {"root_params", p.root_params},
-      {"embedding_params", p.embedding_params}, {"head_params", p.head_params}, {"tied_embedding", p.tied_embedding}, {"ranks", in.ranks},
-      {"ranks_per_node", in.ranks_per_node}, {"strategy", in.strategy}, {"shard_ranks", p.shard_ranks},
-      {"replicas", p.replicas}, {"param_dtype", in.param_dtype}, {"reduce_dtype", in.reduce_dtype},
-      {"activation_checkpointing", in.activation_checkpointing},
-      {"activation_checkpointing_every", in.activation_checkpointing_every}, {"cpu_offload", in.cpu_offload},
-      {"fused_attention", in.fused_attention},
-      {"optimizer", in.optimizer}, {"micro_batch", in.micro_batch}, {"micro_batches", in.micro_batches},
-      {"seq_len", in.seq_len}, {"loss_chunk_tokens", in.loss_chunk_tokens}, {"max_inflight", in.max_inflight},
-      {"memory_bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
-                        {"gathered", m.gathered}, {"reduced", m.reduced}, {"activations", m.activations}, {"overhead", m.overhead},
-                        {"data", m.data}, {"device_total", m.device_total()}, {"host_total", m.host_total},
-                        {"checkpoint_staging", m.checkpoint_staging}}},
-      {"cpu", in.cpu}, {"peak_bytes", p.peak_bytes},
-      {"device_memory_bytes", in.device_memory_bytes}, {"fits", p.fits}, {"headroom_bytes", p.headroom_bytes},
-      {"comm_bytes_per_step", {{"all_gather", p.comm.all_gather}, {"reduce_scatter", p.comm.reduce_scatter},
-                               {"all_reduce", p.comm.all_reduce}, {"across_nodes", p.comm.across_nodes}}},
-      {"compute_flops_per_second", in.compute_flops}, {"bandwidth_bytes_per_second", in.bandwidth_bytes},
-      {"compute_seconds", p.compute_seconds}, {"comm_seconds", p.comm_seconds},
-      {"step_seconds_overlapped", p.step_seconds_overlapped}, {"step_seconds_serial", p.step_seconds_serial},
-      {"tokens_per_second_per_rank", p.tokens_per_second}};
+  nlohmann::json out = {{"model", in.model_name},
+                        {"parameters", p.parameters},
+                        {"adapter_parameters", p.adapter_params},
+                        {"layers", p.layers},
+                        {"largest_unit_params", p.largest_unit_params},
+                        {"root_params", p.root_params},
+                        {"embedding_params", p.embedding_params},
+                        {"head_params", p.head_params},
+                        {"tied_embedding", p.tied_embedding},
+                        {"ranks", in.ranks},
+                        {"ranks_per_node", in.ranks_per_node},
+                        {"strategy", in.strategy},
+                        {"shard_ranks", p.shard_ranks},
+                        {"replicas", p.replicas},
+                        {"param_dtype", in.param_dtype},
+                        {"reduce_dtype", in.reduce_dtype},
+                        {"activation_checkpointing", in.activation_checkpointing},
+                        {"activation_checkpointing_every", in.activation_checkpointing_every},
+                        {"cpu_offload", in.cpu_offload},
+                        {"fused_attention", in.fused_attention},
+                        {"optimizer", in.optimizer},
+                        {"micro_batch", in.micro_batch},
+                        {"micro_batches", in.micro_batches},
+                        {"seq_len", in.seq_len},
+                        {"loss_chunk_tokens", in.loss_chunk_tokens},
+                        {"max_inflight", in.max_inflight},
+                        {"memory_bytes",
+                         {{"parameters", m.parameters},
+                          {"gradients", m.gradients},
+                          {"optimizer", m.optimizer},
+                          {"gathered", m.gathered},
+                          {"reduced", m.reduced},
+                          {"activations", m.activations},
+                          {"overhead", m.overhead},
+                          {"data", m.data},
+                          {"device_total", m.device_total()},
+                          {"host_total", m.host_total},
+                          {"checkpoint_staging", m.checkpoint_staging}}},
+                        {"cpu", in.cpu},
+                        {"peak_bytes", p.peak_bytes},
+                        {"device_memory_bytes", in.device_memory_bytes},
+                        {"fits", p.fits},
+                        {"headroom_bytes", p.headroom_bytes},
+                        {"comm_bytes_per_step",
+                         {{"all_gather", p.comm.all_gather},
+                          {"reduce_scatter", p.comm.reduce_scatter},
+                          {"all_reduce", p.comm.all_reduce},
+                          {"across_nodes", p.comm.across_nodes}}},
+                        {"compute_flops_per_second", in.compute_flops},
+                        {"bandwidth_bytes_per_second", in.bandwidth_bytes},
+                        {"compute_seconds", p.compute_seconds},
+                        {"comm_seconds", p.comm_seconds},
+                        {"step_seconds_overlapped", p.step_seconds_overlapped},
+                        {"step_seconds_serial", p.step_seconds_serial},
+                        {"tokens_per_second_per_rank", p.tokens_per_second}};
   const int nodes = std::max(1, in.ranks / in.ranks_per_node);
   const int per_node = std::min(in.ranks, in.ranks_per_node);
   for (const auto& d : fsdp::plan::deepspeed_zero3_estimate(p.parameters, fsdp::plan::largest_module_params(in.model),
-                                                             per_node, nodes)) {
+                                                            per_node, nodes)) {
     out["deepspeed_zero3"][d.offload] = {{"gpu_bytes_per_rank", d.gpu_bytes_per_rank},
                                          {"cpu_bytes_per_node", d.cpu_bytes_per_node}};
   }
@@ -102,38 +134,42 @@ nlohmann::json to_json(const Plan& p) {
 void print_plan(const Plan& p, bool compact) {
   const auto& in = p.input;
   const auto& m = p.memory;
-  const std::string verdict =
-      in.device_memory_bytes <= 0 ? "no device memory given"
-      : p.fits                    ? "fits, headroom " + format_bytes(static_cast<double>(p.headroom_bytes))
+  const std::string verdict = in.device_memory_bytes <= 0 ? "no device memory given"
+                              : p.fits
+                                  ? "fits, headroom " + format_bytes(static_cast<double>(p.headroom_bytes))
                                   : "DOES NOT FIT, short by " + format_bytes(static_cast<double>(-p.headroom_bytes));
   const std::string mode = p.adapter_params > 0 ? "LoRA(" + std::to_string(p.adapter_params / 1000000) + "M)" : "full";
   if (compact) {
-    std::printf("%-13s %-10s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(), mode.c_str(),
-                in.ranks, in.strategy.c_str(), p.shard_ranks, in.param_dtype.c_str(), in.activation_checkpointing,
-                in.cpu_offload, static_cast<long long>(in.micro_batch),
+    std::printf("%-13s %-10s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(),
+                mode.c_str(), in.ranks, in.strategy.c_str(), p.shard_ranks, in.param_dtype.c_str(),
+                in.activation_checkpointing, in.cpu_offload, static_cast<long long>(in.micro_batch),
                 format_bytes(static_cast<double>(m.device_total())).c_str(), verdict.c_str());
     return;
   }
   if (p.adapter_params > 0) {
-    std::printf("LoRA: %.1f M adapter parameters (trainable, fp32, AdamW) over a frozen %s base (no gradients, no optimizer state)\n",
-                p.adapter_params / 1e6, in.lora_base_dtype.c_str());
+    std::printf(
+        "LoRA: %.1f M adapter parameters (trainable, fp32, AdamW) over a frozen %s base (no gradients, no optimizer "
+        "state)\n",
+        p.adapter_params / 1e6, in.lora_base_dtype.c_str());
   }
-  std::printf("fsdp-plan: %s, %.3f B parameters (%lld blocks, largest unit %.1f M, embedding %.1f M and head %.1f M "
-              "as units%s, %.1f M in the root)\n",
-              in.model_name.c_str(), p.parameters / 1e9, static_cast<long long>(p.layers),
-              p.largest_unit_params / 1e6, p.embedding_params / 1e6, p.head_params / 1e6,
-              p.tied_embedding ? " (tied: one unit)" : "", p.root_params / 1e6);
+  std::printf(
+      "fsdp-plan: %s, %.3f B parameters (%lld blocks, largest unit %.1f M, embedding %.1f M and head %.1f M "
+      "as units%s, %.1f M in the root)\n",
+      in.model_name.c_str(), p.parameters / 1e9, static_cast<long long>(p.layers), p.largest_unit_params / 1e6,
+      p.embedding_params / 1e6, p.head_params / 1e6, p.tied_embedding ? " (tied: one unit)" : "", p.root_params / 1e6);
   // "2 ranks (one node)", "16 ranks (8 per node)": a node count only where there are several.
-  const std::string layout = in.ranks <= in.ranks_per_node ? "one node" : std::to_string(in.ranks_per_node) + " per node";
-  std::printf("  %d ranks (%s), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
-              "activation checkpointing %s; CPU offload %s; %s\n",
-              in.ranks, layout.c_str(), in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
-              in.reduce_dtype.c_str(),
-              !in.activation_checkpointing              ? "off"
-              : in.activation_checkpointing_every == 1 ? "on"
-                                                        : ("every " + std::to_string(in.activation_checkpointing_every) + " blocks").c_str(),
-              in.cpu_offload ? "on" : "off",
-              in.optimizer.c_str());
+  const std::string layout =
+      in.ranks <= in.ranks_per_node ? "one node" : std::to_string(in.ranks_per_node) + " per node";
+  std::printf(
+      "  %d ranks (%s), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
+      "activation checkpointing %s; CPU offload %s; %s\n",
+      in.ranks, layout.c_str(), in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
+      in.reduce_dtype.c_str(),
+      !in.activation_checkpointing ? "off"
+      : in.activation_checkpointing_every == 1
+          ? "on"
+          : ("every " + std::to_string(in.activation_checkpointing_every) + " blocks").c_str(),
+      in.cpu_offload ? "on" : "off", in.optimizer.c_str());
   // Images (ViT, CLIP, LLaVA) are counted as samples; text in tokens.
   const bool text = fsdp::models::is_language_model(in.model) && !fsdp::models::reads_image_and_text(in.model);
   const std::string sample = text ? std::to_string(in.micro_batch) + " x " + std::to_string(in.seq_len) + " tokens"
@@ -143,9 +179,11 @@ void print_plan(const Plan& p, bool compact) {
               in.fused_attention ? (in.attention_fp32 ? "fused (in fp32)" : "fused") : "composed");
   const char* where = in.cpu_offload ? "host" : "device";
   std::printf("per rank\n");
-  const std::string parameters_label =
-      p.adapter_params > 0 ? "parameters (" + in.lora_base_dtype.substr(0, 4) + " base, fp32 adapters)" : "parameters (fp32 shards)";
-  std::printf("  %-28s %12s  (%s)\n", parameters_label.c_str(), format_bytes(static_cast<double>(m.parameters)).c_str(), where);
+  const std::string parameters_label = p.adapter_params > 0
+                                           ? "parameters (" + in.lora_base_dtype.substr(0, 4) + " base, fp32 adapters)"
+                                           : "parameters (fp32 shards)";
+  std::printf("  %-28s %12s  (%s)\n", parameters_label.c_str(), format_bytes(static_cast<double>(m.parameters)).c_str(),
+              where);
   std::printf("  %-28s %12s  (%s)\n", p.adapter_params > 0 ? "gradients (adapters only)" : "gradients (fp32 shards)",
               format_bytes(static_cast<double>(m.gradients)).c_str(), where);
   std::printf("  %-28s %12s  (%s)\n", "optimizer state", format_bytes(static_cast<double>(m.optimizer)).c_str(), where);
@@ -156,15 +194,18 @@ void print_plan(const Plan& p, bool compact) {
   std::printf("  %-28s %12s  of %s: %s\n", "device total", format_bytes(static_cast<double>(m.device_total())).c_str(),
               in.device_memory_bytes > 0 ? format_bytes(static_cast<double>(in.device_memory_bytes)).c_str() : "-",
               verdict.c_str());
-  if (m.host_total > 0) std::printf("  %-28s %12s\n", "host (offloaded shards)", format_bytes(static_cast<double>(m.host_total)).c_str());
+  if (m.host_total > 0)
+    std::printf("  %-28s %12s\n", "host (offloaded shards)", format_bytes(static_cast<double>(m.host_total)).c_str());
   if (m.data > 0) std::printf("  %-28s %12s\n", "host (data held)", format_bytes(static_cast<double>(m.data)).c_str());
   if (m.checkpoint_staging > 0) {
-    std::printf("  %-28s %12s\n", "host (async save staging)", format_bytes(static_cast<double>(m.checkpoint_staging)).c_str());
+    std::printf("  %-28s %12s\n", "host (async save staging)",
+                format_bytes(static_cast<double>(m.checkpoint_staging)).c_str());
   }
   if (in.cpu) {
-    std::printf("  %-28s %12s  (train.device = cpu: one process holds all of the above; the run's report\n"
-                "  %-28s %12s   compares its measured resident peak with this)\n",
-                "process peak", format_bytes(static_cast<double>(p.peak_bytes)).c_str(), "", "");
+    std::printf(
+        "  %-28s %12s  (train.device = cpu: one process holds all of the above; the run's report\n"
+        "  %-28s %12s   compares its measured resident peak with this)\n",
+        "process peak", format_bytes(static_cast<double>(p.peak_bytes)).c_str(), "", "");
   }
   std::printf("communication per step per rank: all-gather %s, reduce-scatter %s, all-reduce %s (across nodes %s)\n",
               format_bytes(static_cast<double>(p.comm.all_gather)).c_str(),
@@ -172,19 +213,22 @@ void print_plan(const Plan& p, bool compact) {
               format_bytes(static_cast<double>(p.comm.all_reduce)).c_str(),
               format_bytes(static_cast<double>(p.comm.across_nodes)).c_str());
   if (in.compute_flops > 0 || in.bandwidth_bytes > 0) {
-    std::printf("step estimate: compute %.3f s (%.1f TFLOP/s per rank), communication %.3f s (%.1f GB/s per rank): "
-                "%.3f s overlapped, %.3f s serial; %.0f tokens/s per rank\n",
-                p.compute_seconds, in.compute_flops / 1e12, p.comm_seconds, in.bandwidth_bytes / 1e9,
-                p.step_seconds_overlapped, p.step_seconds_serial, p.tokens_per_second);
+    std::printf(
+        "step estimate: compute %.3f s (%.1f TFLOP/s per rank), communication %.3f s (%.1f GB/s per rank): "
+        "%.3f s overlapped, %.3f s serial; %.0f tokens/s per rank\n",
+        p.compute_seconds, in.compute_flops / 1e12, p.comm_seconds, in.bandwidth_bytes / 1e9, p.step_seconds_overlapped,
+        p.step_seconds_serial, p.tokens_per_second);
   } else {
     std::printf("step estimate: give --tflops and --bandwidth, or --calibrate\n");
   }
   const int nodes = std::max(1, in.ranks / in.ranks_per_node);
   const int per_node = std::min(in.ranks, in.ranks_per_node);
-  std::printf("DeepSpeed ZeRO-3 model states (estimate_zero3_model_states_mem_needs, %d GPUs x %d node(s), "
-              "largest layer %.1f M):\n", per_node, nodes, fsdp::plan::largest_module_params(in.model) / 1e6);
+  std::printf(
+      "DeepSpeed ZeRO-3 model states (estimate_zero3_model_states_mem_needs, %d GPUs x %d node(s), "
+      "largest layer %.1f M):\n",
+      per_node, nodes, fsdp::plan::largest_module_params(in.model) / 1e6);
   for (const auto& d : fsdp::plan::deepspeed_zero3_estimate(p.parameters, fsdp::plan::largest_module_params(in.model),
-                                                             per_node, nodes)) {
+                                                            per_node, nodes)) {
     std::printf("  offload %-17s GPU %12s per rank, CPU %12s per node\n", d.offload.c_str(),
                 format_bytes(static_cast<double>(d.gpu_bytes_per_rank)).c_str(),
                 format_bytes(static_cast<double>(d.cpu_bytes_per_node)).c_str());
@@ -218,11 +262,14 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
   app.add_option("config", f.config_path, "TOML training configuration (optional)");
   app.add_option("--set", f.overrides, "override a config key, as fsdp-train --set");
   app.add_option("--model", f.model_name, "a model of the zoo (fsdp-train --list-models)");
-  app.add_option("--ranks", f.ranks, "N, ranks in all (default: the config's launch, else 1)")->check(CLI::PositiveNumber);
-  app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")->check(CLI::PositiveNumber);
+  app.add_option("--ranks", f.ranks, "N, ranks in all (default: the config's launch, else 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--memory", f.memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
   app.add_option("--strategy", f.strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard");
-  app.add_option("--shard-group-size", f.shard_group_size, "hybrid_shard: S (default: ranks per node)")->check(CLI::PositiveNumber);
+  app.add_option("--shard-group-size", f.shard_group_size, "hybrid_shard: S (default: ranks per node)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--param-dtype", f.param_dtype, "float32 | bfloat16 | float16");
   app.add_option("--reduce-dtype", f.reduce_dtype, "float32 | bfloat16 | float16");
   app.add_flag("--activation-checkpointing", f.checkpointing, "recompute each block in backward");
@@ -230,29 +277,39 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
                  "with --activation-checkpointing: every k-th block only (fsdp.activation_checkpointing_every)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
-  app.add_flag("--async-checkpoint", in.async_checkpoint, "checkpoint.async: count the save's staging copies (host memory)");
+  app.add_flag("--async-checkpoint", in.async_checkpoint,
+               "checkpoint.async: count the save's staging copies (host memory)");
   app.add_flag("--composed-attention", f.composed_attention,
                "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "
                "fused (scaled_dot_product_attention, as fsdp.cpp's models)");
   app.add_option("--optimizer", f.optimizer, "adamw | sgd");
-  app.add_option("--lora-rank", f.lora_rank, "LoRA: adapters of this rank over a frozen base")->check(CLI::PositiveNumber);
+  app.add_option("--lora-rank", f.lora_rank, "LoRA: adapters of this rank over a frozen base")
+      ->check(CLI::PositiveNumber);
   app.add_option("--lora-targets", f.lora_targets,
                  "LoRA: the adapted layers, e.g. \"q_proj v_proj\" (default: every linear layer of the blocks)");
-  app.add_option("--lora-base-dtype", f.lora_base_dtype, "LoRA: bfloat16 (default), float32 or nf4 (QLoRA: linear weights in 4-bit NF4, the rest bf16) storage of the frozen base");
+  app.add_option("--lora-base-dtype", f.lora_base_dtype,
+                 "LoRA: bfloat16 (default), float32 or nf4 (QLoRA: linear weights in 4-bit NF4, the rest bf16) storage "
+                 "of the frozen base");
   app.add_option("--micro-batch", f.micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
   app.add_option("--micro-batches", f.micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
   app.add_option("--seq", f.seq, "tokens per sample")->check(CLI::PositiveNumber);
   app.add_option("--loss-chunk", f.loss_chunk,
                  "language models: the head and loss this many tokens at a time (train.loss_chunk_tokens; "
-                 "default 1024, or the config's; 0: whole logits)")->check(CLI::NonNegativeNumber);
+                 "default 1024, or the config's; 0: whole logits)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--embeddings-in-root", f.embeddings_in_root,
                "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
-  app.add_option("--max-inflight", f.max_inflight, "K: unit buffers alive besides the computing one")->check(CLI::NonNegativeNumber);
-  app.add_option("--overhead", f.overhead, "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 128MiB for a config "
+  app.add_option("--max-inflight", f.max_inflight, "K: unit buffers alive besides the computing one")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--overhead", f.overhead,
+                 "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 128MiB for a config "
                  "with train.device = cpu; --calibrate measures)");
-  app.add_option("--tflops", f.tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")->check(CLI::NonNegativeNumber);
-  app.add_option("--bandwidth", f.bandwidth_gbps, "per-rank collective bandwidth inside a shard group, GB/s")->check(CLI::NonNegativeNumber);
-  app.add_option("--inter-node-bandwidth", f.inter_node_gbps, "per-rank bandwidth across nodes, GB/s")->check(CLI::NonNegativeNumber);
+  app.add_option("--tflops", f.tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--bandwidth", f.bandwidth_gbps, "per-rank collective bandwidth inside a shard group, GB/s")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--inter-node-bandwidth", f.inter_node_gbps, "per-rank bandwidth across nodes, GB/s")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--calibrate", f.calibrate,
                "measure compute rate (matmuls in the compute dtype), all-gather bandwidth (under mpirun, >= 2 "
                "ranks) and the process overhead on this machine, with the project's own kernels and collectives");
@@ -275,7 +332,8 @@ PlanInput input_from_config(const PlanFlags& f, const fsdp::comm::ProcessGroupPt
     throw;  // the config, or what the planner does not model (ConfigError is one too)
   } catch (const std::exception& e) {
     if (!world || world->rank() == 0) {
-      std::fprintf(stderr, "fsdp-plan: note: the data is not counted, nor the model's vocabulary taken from it: %s\n", e.what());
+      std::fprintf(stderr, "fsdp-plan: note: the data is not counted, nor the model's vocabulary taken from it: %s\n",
+                   e.what());
     }
     in = fsdp::train::plan_input(c, n);
   }
@@ -312,7 +370,8 @@ void apply_lora_flags(const PlanFlags& f, PlanInput& in) {
     if (spec.targets.empty()) spec.targets = fsdp::models::linear_layers(in.model);
     fsdp::models::LoraSpec* lora = fsdp::models::mutable_lora_spec(in.model);
     if (lora == nullptr || !fsdp::models::is_language_model(in.model)) {
-      throw std::invalid_argument(std::string("--lora-rank applies to language models, not ") + fsdp::models::family_name(in.model));
+      throw std::invalid_argument(std::string("--lora-rank applies to language models, not ") +
+                                  fsdp::models::family_name(in.model));
     }
     *lora = spec;
     fsdp::models::validate(in.model);
@@ -329,7 +388,8 @@ void apply_flags(const PlanFlags& f, PlanInput& in) {
   if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype;
   if (f.checkpointing) in.activation_checkpointing = true;
   if (f.checkpointing_every > 0) {
-    if (!in.activation_checkpointing) throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
+    if (!in.activation_checkpointing)
+      throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
     in.activation_checkpointing_every = f.checkpointing_every;
   }
   if (!f.optimizer.empty()) in.optimizer = f.optimizer;
@@ -350,7 +410,8 @@ void apply_flags(const PlanFlags& f, PlanInput& in) {
 // measured here (collective: every rank of `world`).
 void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool leader) {
   const at::ScalarType dtype = in.param_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-  in.overhead_bytes = std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
+  in.overhead_bytes =
+      std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
   world->barrier()->wait();
   double rate = matmul_rate(dtype, 0.5);  // every rank at once, as in training
   at::Tensor slowest = at::tensor({rate}, at::kDouble);
@@ -360,10 +421,11 @@ void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool lea
   if (leader) {
     char bandwidth[64] = "not measured (run under mpirun -np 2 or more)";
     if (world->size() > 1) std::snprintf(bandwidth, sizeof(bandwidth), "%.2f GB/s", in.bandwidth_bytes / 1e9);
-    std::printf("calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul), all-gather %s per rank, "
-                "process overhead %s\n",
-                world->size(), in.compute_flops / 1e9, in.param_dtype.c_str(), bandwidth,
-                format_bytes(static_cast<double>(in.overhead_bytes)).c_str());
+    std::printf(
+        "calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul), all-gather %s per rank, "
+        "process overhead %s\n",
+        world->size(), in.compute_flops / 1e9, in.param_dtype.c_str(), bandwidth,
+        format_bytes(static_cast<double>(in.overhead_bytes)).c_str());
   }
 }
 

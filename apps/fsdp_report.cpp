@@ -12,16 +12,19 @@
 #include "fsdp/report/run_report.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"fsdp-report: a run at a glance: loss, learning rate, throughput, MFU, memory (measured and planned),\n"
-               "communication, gradient norm, events and targets, as one HTML file that works offline."};
+  CLI::App app{
+      "fsdp-report: a run at a glance: loss, learning rate, throughput, MFU, memory (measured and planned),\n"
+      "communication, gradient norm, events and targets, as one HTML file that works offline."};
   std::vector<std::string> runs;
   std::string output;
   app.add_option("runs", runs, "run directories (each with metrics.jsonl)")->required();
-  app.add_option("-o,--output", output, "HTML file to write (default: RUN/report.html for one run, report.html for several)");
+  app.add_option("-o,--output", output,
+                 "HTML file to write (default: RUN/report.html for one run, report.html for several)");
   CLI11_PARSE(app, argc, argv);
   if (output.empty()) output = runs.size() == 1 ? runs.front() + "/report.html" : "report.html";
   try {
-    for (const auto& warning : fsdp::report::write_report(runs, output)) std::fprintf(stderr, "fsdp-report: warning: %s\n", warning.c_str());
+    for (const auto& warning : fsdp::report::write_report(runs, output))
+      std::fprintf(stderr, "fsdp-report: warning: %s\n", warning.c_str());
     std::printf("%s\n", output.c_str());
     return 0;
   } catch (const std::exception& e) {

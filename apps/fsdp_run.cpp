@@ -8,8 +8,9 @@
 // word takes the rank count: mpirun's -np, srun's --ntasks). The first attempt starts a new run (it
 // is refused if the output directory holds another: fsdp/train/run_directory.h), or continues the
 // directory's run when fsdp-run itself is given --resume latest; every later attempt continues the
-// run with --resume latest (from step 0 if it has no checkpoint yet). A run already done exits 0. A failed attempt (a non-zero exit other than 2, a bad command line, or 3, a
-// missed target; or a signal) is restarted up to --max-restarts times. With --min-ranks M below
+// run with --resume latest (from step 0 if it has no checkpoint yet). A run already done exits 0. A failed attempt (a
+// non-zero exit other than 2, a bad command line, or 3, a missed target; or a signal) is restarted up to --max-restarts
+// times. With --min-ranks M below
 // --ranks N, each restart runs one rank fewer, down to M: the failed rank's host is taken as lost,
 // and the checkpoint reshards to the new count. Every attempt and restart is logged on stderr and
 // appended to <output_dir>/restarts.jsonl. SIGTERM and SIGINT (Ctrl-C) end the supervision: the
@@ -174,12 +175,15 @@ int main(int argc, char** argv) {
                  "restart each time on one rank fewer, down to this many (a failed rank's host is taken as lost; "
                  "the checkpoint reshards). Default: --ranks")
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-restarts", max_restarts, "restarts after failures before giving up")->check(CLI::NonNegativeNumber);
-  app.add_option("--launcher", launcher, "the launch command, its last word taking the rank count "
-                                         "(default \"mpirun --bind-to none -np\"; \"srun --ntasks\")");
+  app.add_option("--max-restarts", max_restarts, "restarts after failures before giving up")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--launcher", launcher,
+                 "the launch command, its last word taking the rank count "
+                 "(default \"mpirun --bind-to none -np\"; \"srun --ntasks\")");
   app.add_option("--trainer", trainer, "the fsdp-train program (default: the one beside fsdp-run)");
   app.add_option("train_args", train_args, "after --: CONFIG and fsdp-train's own options")->required();
-  app.footer("Example: fsdp-run --ranks 4 --max-restarts 3 -- configs/gpt-fortunes-tiny.toml --set checkpoint.every=50");
+  app.footer(
+      "Example: fsdp-run --ranks 4 --max-restarts 3 -- configs/gpt-fortunes-tiny.toml --set checkpoint.every=50");
   CLI11_PARSE(app, argc, argv);
   if (min_ranks == 0) min_ranks = ranks;
   if (min_ranks > ranks) {
@@ -188,7 +192,8 @@ int main(int argc, char** argv) {
   }
   for (const auto& a : train_args) {
     if (a.find('\'') != std::string::npos) {
-      std::fprintf(stderr, "fsdp-run: an argument holds a single quote, which fsdp-run does not pass on: %s\n", a.c_str());
+      std::fprintf(stderr, "fsdp-run: an argument holds a single quote, which fsdp-run does not pass on: %s\n",
+                   a.c_str());
       return 2;
     }
   }
@@ -197,24 +202,25 @@ int main(int argc, char** argv) {
   bool continue_run = false;
   for (size_t i = 0; i < train_args.size(); ++i) {
     if (train_args[i] != "--resume" && train_args[i].rfind("--resume=", 0) != 0) continue;
-    const std::string value = train_args[i] == "--resume" ? (i + 1 < train_args.size() ? train_args[i + 1] : "")
-                                                          : train_args[i].substr(9);
+    const std::string value =
+        train_args[i] == "--resume" ? (i + 1 < train_args.size() ? train_args[i + 1] : "") : train_args[i].substr(9);
     if (value != "latest") {
-      std::fprintf(stderr, "fsdp-run: --resume %s: fsdp-run continues a run with --resume latest only (it resumes "
+      std::fprintf(stderr,
+                   "fsdp-run: --resume %s: fsdp-run continues a run with --resume latest only (it resumes "
                    "from the run's newest checkpoint itself); start from another checkpoint with fsdp-train\n",
                    value.c_str());
       return 2;
     }
     continue_run = true;
-    train_args.erase(train_args.begin() + static_cast<long>(i), train_args.begin() + static_cast<long>(i) +
-                                                                    (train_args[i] == "--resume" ? 2 : 1));
+    train_args.erase(train_args.begin() + static_cast<long>(i),
+                     train_args.begin() + static_cast<long>(i) + (train_args[i] == "--resume" ? 2 : 1));
     --i;
   }
 
   std::string checkpoints, output_dir;
   try {
-    const fsdp::train::TrainConfig config =
-        fsdp::train::parse_train_config(resolved_config(trainer, train_args), "the resolved config of " + train_args.front());
+    const fsdp::train::TrainConfig config = fsdp::train::parse_train_config(
+        resolved_config(trainer, train_args), "the resolved config of " + train_args.front());
     checkpoints = fsdp::train::checkpoints_dir(config);
     output_dir = config.output_dir;
     if (config.checkpoint.every <= 0) {
@@ -233,7 +239,8 @@ int main(int argc, char** argv) {
   const std::string log_path = output_dir + "/restarts.jsonl";
   auto log_event = [&](nlohmann::json event) {
     event["time"] = now_text();
-    std::ofstream(log_path, std::ios::app) << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::ofstream(log_path, std::ios::app)
+        << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   };
 
   struct sigaction action {};
@@ -245,8 +252,8 @@ int main(int argc, char** argv) {
   int current = ranks;
   for (int attempt = 0;; ++attempt) {
     if (forwarded_signal != 0) {
-      std::fprintf(stderr, "fsdp-run: stopped by signal %d; not starting attempt %d\n", static_cast<int>(forwarded_signal),
-                   attempt + 1);
+      std::fprintf(stderr, "fsdp-run: stopped by signal %d; not starting attempt %d\n",
+                   static_cast<int>(forwarded_signal), attempt + 1);
       return 1;
     }
     // The first attempt starts the run (or continues it, asked to); each later one continues the
@@ -281,20 +288,26 @@ int main(int argc, char** argv) {
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    log_event({{"event", ok ? "done" : "failed"}, {"attempt", attempt + 1}, {"ranks", current}, {"result", describe(status)},
+    log_event({{"event", ok ? "done" : "failed"},
+               {"attempt", attempt + 1},
+               {"ranks", current},
+               {"result", describe(status)},
                {"seconds", seconds}});
     if (ok && forwarded_signal != 0) {
       // Saved and stopped, not done: 128 + the signal, as a shell reports it, so that a script
       // does not go on as if the run had finished.
-      std::fprintf(stderr, "fsdp-run: stopped by signal %d; the run saved a checkpoint (continue with fsdp-run ... "
-                   "--resume latest)\n", static_cast<int>(forwarded_signal));
+      std::fprintf(stderr,
+                   "fsdp-run: stopped by signal %d; the run saved a checkpoint (continue with fsdp-run ... "
+                   "--resume latest)\n",
+                   static_cast<int>(forwarded_signal));
       return 128 + static_cast<int>(forwarded_signal);
     }
     if (ok) {
       std::fprintf(stderr, "fsdp-run: done after %d attempt(s)\n", attempt + 1);
       return 0;
     }
-    std::fprintf(stderr, "fsdp-run: attempt %d failed (%s) after %.1f s\n", attempt + 1, describe(status).c_str(), seconds);
+    std::fprintf(stderr, "fsdp-run: attempt %d failed (%s) after %.1f s\n", attempt + 1, describe(status).c_str(),
+                 seconds);
     if (forwarded_signal != 0) {
       std::fprintf(stderr, "fsdp-run: stopped by signal %d; not restarting\n", static_cast<int>(forwarded_signal));
       return 1;

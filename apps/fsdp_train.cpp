@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (config_path.empty()) {
-    std::fprintf(stderr, "fsdp-train: error: give a config file, e.g. configs/gpt-fortunes-tiny.toml (--help for more)\n");
+    std::fprintf(stderr,
+                 "fsdp-train: error: give a config file, e.g. configs/gpt-fortunes-tiny.toml (--help for more)\n");
     return 2;
   }
   if (steps > 0) overrides.push_back("train.steps=" + std::to_string(steps));
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
       if (!profile_steps.empty()) {
         std::tie(options.profile_first, options.profile_last) = fsdp::train::parse_profile_steps(profile_steps);
         if (options.profile_last > config.steps) {
-          throw std::invalid_argument("--profile-steps " + profile_steps + ": the run has " + std::to_string(config.steps) +
-                                      " steps (train.steps)");
+          throw std::invalid_argument("--profile-steps " + profile_steps + ": the run has " +
+                                      std::to_string(config.steps) + " steps (train.steps)");
         }
       }
     } catch (const std::exception& e) {
@@ -147,9 +148,10 @@ int main(int argc, char** argv) {
     }
     if (options.run->finished()) {
       if (rank == 0) {
-        std::printf("fsdp-train: the run in %s is done: its newest checkpoint, %s, is at train.steps (%lld); nothing left "
-                    "to train\n", config.output_dir.c_str(), options.run->resume_from().c_str(),
-                    static_cast<long long>(config.steps));
+        std::printf(
+            "fsdp-train: the run in %s is done: its newest checkpoint, %s, is at train.steps (%lld); nothing left "
+            "to train\n",
+            config.output_dir.c_str(), options.run->resume_from().c_str(), static_cast<long long>(config.steps));
       }
       return 0;
     }
@@ -159,7 +161,8 @@ int main(int argc, char** argv) {
     const fsdp::train::TrainSummary summary = fsdp::train::train(config, world, options);
     if (summary.stopped_by_target) {
       // A run that ended early on purpose: distinguishable from success (0) and failure (1).
-      if (rank == 0) std::fprintf(stderr, "fsdp-train: stopped: %s (targets.stop = true)\n", summary.missed_targets.front().c_str());
+      if (rank == 0)
+        std::fprintf(stderr, "fsdp-train: stopped: %s (targets.stop = true)\n", summary.missed_targets.front().c_str());
       return 3;
     }
     return 0;

@@ -33,9 +33,11 @@ int main(int argc, char** argv) {
   int threads = 1, repeats = 9;
   int64_t longest = 2048;
   std::string json_path, device_name = "cpu";
-  app.add_option("--threads", threads, "intra-op threads (a rank of a 2-rank job on 2 cores has 1)")->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads (a rank of a 2-rank job on 2 cores has 1)")
+      ->capture_default_str();
   app.add_option("--repeats", repeats, "timed repetitions per path (the median is reported)")->capture_default_str();
-  app.add_option("--longest", longest, "leave out shapes with longer sequences (the smoke test: 160)")->capture_default_str();
+  app.add_option("--longest", longest, "leave out shapes with longer sequences (the smoke test: 160)")
+      ->capture_default_str();
   app.add_option("--device", device_name, "cpu or cuda")->capture_default_str();
   app.add_option("--json", json_path, "write the rows as JSON here");
   CLI11_PARSE(app, argc, argv);
@@ -53,17 +55,18 @@ int main(int argc, char** argv) {
       {"seq 2048, hd 64", 1, 8, 8, 2048, 64, true},
   };
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("%-50s %-9s %10s %12s %10s  %s\n", "shape [b, heads, t, hd]", "dtype", "fused ms", "fused_fp32 ms", "math ms",
-              "fastest");
+  std::printf("%-50s %-9s %10s %12s %10s  %s\n", "shape [b, heads, t, hd]", "dtype", "fused ms", "fused_fp32 ms",
+              "math ms", "fastest");
   for (const Shape& s : shapes) {
     if (s.t > longest) continue;
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-      const auto timings = fsdp::models::time_attention_paths(s.batch, s.heads, s.kv_heads, s.t, s.head_dim, s.causal, dtype,
-                                                              device, repeats);
+      const auto timings = fsdp::models::time_attention_paths(s.batch, s.heads, s.kv_heads, s.t, s.head_dim, s.causal,
+                                                              dtype, device, repeats);
       double fused = -1, fp32 = -1, math = -1;
       const fsdp::models::AttentionTiming* best = &timings.front();
-      nlohmann::json row = {{"shape", s.name}, {"batch", s.batch}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"t", s.t},
-                            {"head_dim", s.head_dim}, {"causal", s.causal}, {"dtype", c10::toString(dtype)}};
+      nlohmann::json row = {
+          {"shape", s.name}, {"batch", s.batch},       {"heads", s.heads},   {"kv_heads", s.kv_heads},
+          {"t", s.t},        {"head_dim", s.head_dim}, {"causal", s.causal}, {"dtype", c10::toString(dtype)}};
       for (const auto& timing : timings) {
         row[std::string(fsdp::models::to_string(timing.path)) + "_seconds"] = timing.seconds;
         if (timing.path == fsdp::models::AttentionPath::Fused) fused = timing.seconds;
@@ -74,8 +77,9 @@ int main(int argc, char** argv) {
       row["fastest"] = fsdp::models::to_string(best->path);
       rows.push_back(row);
       char label[96];
-      std::snprintf(label, sizeof(label), "%s [%lld, %lld, %lld, %lld]", s.name.substr(0, 24).c_str(), static_cast<long long>(s.batch),
-                    static_cast<long long>(s.heads), static_cast<long long>(s.t), static_cast<long long>(s.head_dim));
+      std::snprintf(label, sizeof(label), "%s [%lld, %lld, %lld, %lld]", s.name.substr(0, 24).c_str(),
+                    static_cast<long long>(s.batch), static_cast<long long>(s.heads), static_cast<long long>(s.t),
+                    static_cast<long long>(s.head_dim));
       auto ms = [](double v) { return v < 0 ? std::string("-") : std::to_string(v * 1e3).substr(0, 7); };
       std::printf("%-50s %-9s %10s %12s %10s  %s\n", label, c10::toString(dtype), ms(fused).c_str(), ms(fp32).c_str(),
                   ms(math).c_str(), fsdp::models::to_string(best->path));
@@ -94,7 +98,8 @@ int main(int argc, char** argv) {
       for (int64_t n : lengths) positions[r].narrow(0, start, n).copy_(torch::arange(n, at::kLong)), start += n;
     }
     const at::Tensor allowed = fsdp::models::document_causal_mask(positions.to(device));
-    auto time = [&](int64_t batch, int64_t length, const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run) {
+    auto time = [&](int64_t batch, int64_t length,
+                    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& run) {
       at::Tensor q = at::randn({batch, heads, length, hd}, options).requires_grad_(true);
       at::Tensor k = at::randn({batch, kv_heads, length, hd}, options).requires_grad_(true);
       at::Tensor v = at::randn({batch, kv_heads, length, hd}, options).requires_grad_(true);
@@ -118,18 +123,21 @@ int main(int argc, char** argv) {
                         }));
     }
     fsdp::models::set_attention_path(at::kFloat, fsdp::models::AttentionPath::Fused);
-    ways.emplace_back("per example (causal, fused)", time(rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-      std::vector<at::Tensor> parts;
-      int64_t start = 0;
-      for (int64_t n : lengths) {
-        parts.push_back(fsdp::models::attention(q.narrow(2, start, n), k.narrow(2, start, n), v.narrow(2, start, n), true));
-        start += n;
-      }
-      return at::cat(parts, 2);
-    }));
-    ways.emplace_back("padded: 12 rows, one example each", time(3 * rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-      return fsdp::models::attention(q, k, v, true);
-    }));
+    ways.emplace_back("per example (causal, fused)",
+                      time(rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                        std::vector<at::Tensor> parts;
+                        int64_t start = 0;
+                        for (int64_t n : lengths) {
+                          parts.push_back(fsdp::models::attention(q.narrow(2, start, n), k.narrow(2, start, n),
+                                                                  v.narrow(2, start, n), true));
+                          start += n;
+                        }
+                        return at::cat(parts, 2);
+                      }));
+    ways.emplace_back("padded: 12 rows, one example each",
+                      time(3 * rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                        return fsdp::models::attention(q, k, v, true);
+                      }));
     std::printf("\npacked rows [4, 4 heads over 2, 160, 32] fp32, examples of 64 + 48 + 38 tokens a row:\n");
     for (const auto& [way, seconds] : ways) {
       std::printf("  %-40s %8.3f ms\n", way.c_str(), seconds * 1e3);
@@ -137,8 +145,12 @@ int main(int argc, char** argv) {
     }
   }
   if (!json_path.empty()) {
-    std::ofstream(json_path) << nlohmann::json{{"bench", "attention"}, {"threads", threads}, {"device", device_name}, {"rows", rows},
-                                               {"packed_rows", packed_rows}}.dump(1)
+    std::ofstream(json_path) << nlohmann::json{{"bench", "attention"},
+                                               {"threads", threads},
+                                               {"device", device_name},
+                                               {"rows", rows},
+                                               {"packed_rows", packed_rows}}
+                                    .dump(1)
                              << "\n";
     std::printf("wrote %s\n", json_path.c_str());
   }

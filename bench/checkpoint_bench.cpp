@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < repeats; ++r) {
     world->barrier()->wait();
     auto start = Clock::now();
-    const std::string saved = fsdp::checkpoint::save_checkpoint(dir + "/ckpt", *sharded.state, &optimizer, {r + 1, model, ""});
+    const std::string saved =
+        fsdp::checkpoint::save_checkpoint(dir + "/ckpt", *sharded.state, &optimizer, {r + 1, model, ""});
     world->barrier()->wait();
     save_s.push_back(seconds_since(start));
     if (rank == 0) checkpoint_bytes = directory_bytes(saved);
@@ -89,7 +90,8 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     const double gb = 1e9;
-    std::printf("checkpoint_bench: %s, %.1f M parameters, %d ranks, median of %d\n", model.c_str(), parameters / 1e6, n, repeats);
+    std::printf("checkpoint_bench: %s, %.1f M parameters, %d ranks, median of %d\n", model.c_str(), parameters / 1e6, n,
+                repeats);
     std::printf("%-28s %12s %10s %10s\n", "operation", "bytes", "seconds", "GB/s");
     std::printf("%-28s %12lld %10.3f %10.3f\n", "save (params + AdamW)", static_cast<long long>(checkpoint_bytes),
                 median(save_s), checkpoint_bytes / median(save_s) / gb);
@@ -98,9 +100,14 @@ int main(int argc, char** argv) {
     std::printf("%-28s %12lld %10.3f %10.3f\n", "export safetensors fp32", static_cast<long long>(export_bytes),
                 median(export_s), export_bytes / median(export_s) / gb);
     if (!json_path.empty()) {
-      nlohmann::json out = {{"model", model},         {"parameters", parameters},      {"ranks", n},
-                            {"repeats", repeats},     {"checkpoint_bytes", checkpoint_bytes},
-                            {"save_seconds", save_s}, {"load_seconds", load_s},        {"export_bytes", export_bytes},
+      nlohmann::json out = {{"model", model},
+                            {"parameters", parameters},
+                            {"ranks", n},
+                            {"repeats", repeats},
+                            {"checkpoint_bytes", checkpoint_bytes},
+                            {"save_seconds", save_s},
+                            {"load_seconds", load_s},
+                            {"export_bytes", export_bytes},
                             {"export_seconds", export_s}};
       std::ofstream(json_path) << out.dump(2) << "\n";
     }

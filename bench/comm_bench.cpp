@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
   nlohmann::json results = nlohmann::json::array();
   if (rank == 0) {
     std::printf("comm_bench: %d ranks, fp32, median of interleaved repetitions\n", n);
-    std::printf("%-15s %10s %11s %11s %10s %10s %8s\n", "op", "size", "ours_us", "mpi_us", "algbw_GB/s",
-                "busbw_GB/s", "ratio");
+    std::printf("%-15s %10s %11s %11s %10s %10s %8s\n", "op", "size", "ours_us", "mpi_us", "algbw_GB/s", "busbw_GB/s",
+                "ratio");
   }
   for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
     const int64_t total = bytes / 4 / n * n;  // elements, divisible by N
@@ -77,10 +77,10 @@ int main(int argc, char** argv) {
            MPI_Allgather(small.data_ptr(), static_cast<int>(part), MPI_FLOAT, big.data_ptr(), static_cast<int>(part),
                          MPI_FLOAT, plain);
          }},
-        {"reduce_scatter", (n - 1.0) / n,
-         [&] { world->reduce_scatter(small, big, fsdp::comm::ReduceOp::Sum)->wait(); },
+        {"reduce_scatter", (n - 1.0) / n, [&] { world->reduce_scatter(small, big, fsdp::comm::ReduceOp::Sum)->wait(); },
          [&] {
-           MPI_Reduce_scatter_block(big.data_ptr(), small.data_ptr(), static_cast<int>(part), MPI_FLOAT, MPI_SUM, plain);
+           MPI_Reduce_scatter_block(big.data_ptr(), small.data_ptr(), static_cast<int>(part), MPI_FLOAT, MPI_SUM,
+                                    plain);
          }},
         {"all_reduce", 2.0 * (n - 1.0) / n, [&] { world->all_reduce(big, fsdp::comm::ReduceOp::Sum)->wait(); },
          [&] { MPI_Allreduce(MPI_IN_PLACE, big.data_ptr(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, plain); }},
@@ -103,9 +103,15 @@ int main(int argc, char** argv) {
                     t_ours * 1e6, t_mpi * 1e6, algbw, algbw * op.bus_factor, t_mpi / t_ours);
         std::fflush(stdout);
       }
-      results.push_back({{"op", op.name}, {"ranks", n}, {"bytes", total * 4}, {"ours_us", t_ours * 1e6},
-                         {"mpi_us", t_mpi * 1e6}, {"algbw_gbps", algbw}, {"busbw_gbps", algbw * op.bus_factor},
-                         {"ratio_mpi_over_ours", t_mpi / t_ours}, {"repetitions", reps}});
+      results.push_back({{"op", op.name},
+                         {"ranks", n},
+                         {"bytes", total * 4},
+                         {"ours_us", t_ours * 1e6},
+                         {"mpi_us", t_mpi * 1e6},
+                         {"algbw_gbps", algbw},
+                         {"busbw_gbps", algbw * op.bus_factor},
+                         {"ratio_mpi_over_ours", t_mpi / t_ours},
+                         {"repetitions", reps}});
     }
   }
   if (rank == 0 && !json_path.empty()) {

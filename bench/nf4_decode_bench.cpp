@@ -51,11 +51,17 @@ int main(int argc, char** argv) {
   std::string json_path, device_name = "cpu";
   app.add_option("--device", device_name, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dim", dim, "model width")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--kv-dim", kv_dim, "width of k and v (kv heads x head dim)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--kv-dim", kv_dim, "width of k and v (kv heads x head dim)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--ffn", ffn, "MLP width")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--repeats", repeats, "samples (the median is reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "samples (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--inner", inner, "decodes per sample")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "intra-op threads on the CPU (0: libtorch's default)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "intra-op threads on the CPU (0: libtorch's default)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--json", json_path, "write the rows as JSON here");
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) torch::set_num_threads(threads);
@@ -67,8 +73,8 @@ int main(int argc, char** argv) {
 
   // One Llama block: names, shapes, NF4 or not (the norms stay in the base dtype).
   const std::vector<std::pair<std::vector<int64_t>, bool>> shapes = {
-      {{dim, dim}, true},    {{kv_dim, dim}, true}, {{kv_dim, dim}, true}, {{dim, dim}, true},
-      {{ffn, dim}, true},    {{ffn, dim}, true},    {{dim, ffn}, true},    {{dim}, false}, {{dim}, false}};
+      {{dim, dim}, true}, {{kv_dim, dim}, true}, {{kv_dim, dim}, true}, {{dim, dim}, true}, {{ffn, dim}, true},
+      {{ffn, dim}, true}, {{dim, ffn}, true},    {{dim}, false},        {{dim}, false}};
   std::vector<fsdp::shard::FlatEntry> entries;
   std::vector<bool> nf4;
   int64_t nf4_elements = 0;
@@ -93,40 +99,55 @@ int main(int argc, char** argv) {
     double seconds, bytes;
   };
   std::vector<Row> rows;
-  rows.push_back({device.is_cuda() && fsdp::shard::nf4_decode_kernel_compiled() ? "decode_nf4_storage (fsdp.cpp's kernel)"
-                                                                                 : "decode_nf4_storage",
-                  median_seconds(device, repeats, inner, [&] { fsdp::shard::decode_nf4_storage(storage, layout, bytes, out); }),
-                  moved});
-  auto part = [&](const fsdp::shard::Nf4Part& p, at::ScalarType dtype) { return bytes.narrow(0, p.offset, p.bytes).view(dtype); };
-  rows.push_back({"composed (nf4_absmax_from_codes + nf4_values)", median_seconds(device, repeats, inner, [&] {
-                    for (size_t i = 0; i < entries.size(); ++i) {
-                      const auto& place = storage.entries[i];
-                      at::Tensor target = out.narrow(0, layout.entries[i].offset, entries[i].numel);
-                      if (!place.nf4) {
-                        target.copy_(part(place.raw, at::kBFloat16));
-                        continue;
-                      }
-                      const at::Tensor absmax = fsdp::shard::nf4_absmax_from_codes(
-                          part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat), part(place.offset, at::kFloat));
-                      target.copy_(fsdp::shard::nf4_values(part(place.codes, at::kByte), absmax, entries[i].numel, storage.blocksize, at::kBFloat16));
-                    }
-                  }),
+  rows.push_back(
+      {device.is_cuda() && fsdp::shard::nf4_decode_kernel_compiled() ? "decode_nf4_storage (fsdp.cpp's kernel)"
+                                                                     : "decode_nf4_storage",
+       median_seconds(device, repeats, inner, [&] { fsdp::shard::decode_nf4_storage(storage, layout, bytes, out); }),
+       moved});
+  auto part = [&](const fsdp::shard::Nf4Part& p, at::ScalarType dtype) {
+    return bytes.narrow(0, p.offset, p.bytes).view(dtype);
+  };
+  rows.push_back({"composed (nf4_absmax_from_codes + nf4_values)",
+                  median_seconds(device, repeats, inner,
+                                 [&] {
+                                   for (size_t i = 0; i < entries.size(); ++i) {
+                                     const auto& place = storage.entries[i];
+                                     at::Tensor target = out.narrow(0, layout.entries[i].offset, entries[i].numel);
+                                     if (!place.nf4) {
+                                       target.copy_(part(place.raw, at::kBFloat16));
+                                       continue;
+                                     }
+                                     const at::Tensor absmax = fsdp::shard::nf4_absmax_from_codes(
+                                         part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat),
+                                         part(place.offset, at::kFloat));
+                                     target.copy_(fsdp::shard::nf4_values(part(place.codes, at::kByte), absmax,
+                                                                          entries[i].numel, storage.blocksize,
+                                                                          at::kBFloat16));
+                                   }
+                                 }),
                   moved});
   const at::Tensor source = out.clone();
-  rows.push_back({"copy of the bf16 weights (bandwidth)", median_seconds(device, repeats, inner, [&] { out.copy_(source); }),
+  rows.push_back({"copy of the bf16 weights (bandwidth)",
+                  median_seconds(device, repeats, inner, [&] { out.copy_(source); }),
                   4.0 * static_cast<double>(layout.numel)});
 
   std::printf("nf4_decode_bench: one block of %lld NF4 weights (+ %lld other), %s, storage %.1f MB\n",
-              static_cast<long long>(nf4_elements), static_cast<long long>(layout.numel - nf4_elements), device_name.c_str(),
-              storage.bytes / 1e6);
+              static_cast<long long>(nf4_elements), static_cast<long long>(layout.numel - nf4_elements),
+              device_name.c_str(), storage.bytes / 1e6);
   std::printf("%-48s %10s %10s %8s\n", "path", "ms", "GB/s", "of copy");
   const double copy_rate = rows.back().bytes / rows.back().seconds;
-  nlohmann::json json = {{"device", device_name}, {"dim", dim}, {"kv_dim", kv_dim}, {"ffn", ffn},
-                         {"nf4_elements", nf4_elements}, {"storage_bytes", storage.bytes}, {"rows", nlohmann::json::array()}};
+  nlohmann::json json = {{"device", device_name},
+                         {"dim", dim},
+                         {"kv_dim", kv_dim},
+                         {"ffn", ffn},
+                         {"nf4_elements", nf4_elements},
+                         {"storage_bytes", storage.bytes},
+                         {"rows", nlohmann::json::array()}};
   for (const Row& row : rows) {
     const double rate = row.bytes / row.seconds;
     std::printf("%-48s %10.3f %10.1f %7.2fx\n", row.path.c_str(), row.seconds * 1e3, rate / 1e9, rate / copy_rate);
-    json["rows"].push_back({{"path", row.path}, {"seconds", row.seconds}, {"bytes", row.bytes}, {"gb_per_s", rate / 1e9}});
+    json["rows"].push_back(
+        {{"path", row.path}, {"seconds", row.seconds}, {"bytes", row.bytes}, {"gb_per_s", rate / 1e9}});
   }
   if (!json_path.empty()) {
     std::ofstream file(json_path);

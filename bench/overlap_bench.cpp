@@ -138,27 +138,39 @@ int main(int argc, char** argv) {
   const double compute = median(modes[0].times.step);
   nlohmann::json results = nlohmann::json::array();
   if (rank == 0) {
-    std::printf("overlap_bench: %d ranks, %lld blocks of %lld -> %lld -> %lld (%.1f MiB fp32 each), %lld rows per rank, "
-                "%d threads per rank, K = %d%s; medians of %lld steps (slowest rank)\n",
-                n, static_cast<long long>(depth), static_cast<long long>(dim), static_cast<long long>(4 * dim),
-                static_cast<long long>(dim), 8.0 * dim * dim * 4 / 1048576.0, static_cast<long long>(tokens),
-                torch::get_num_threads(), max_inflight, fresh_pages ? ", fresh pages" : "", static_cast<long long>(steps));
-    std::printf("%-14s %10s %12s %10s %11s %8s\n", "mode", "step (s)", "vs compute", "comm (s)", "exposed (s)", "hidden");
+    std::printf(
+        "overlap_bench: %d ranks, %lld blocks of %lld -> %lld -> %lld (%.1f MiB fp32 each), %lld rows per rank, "
+        "%d threads per rank, K = %d%s; medians of %lld steps (slowest rank)\n",
+        n, static_cast<long long>(depth), static_cast<long long>(dim), static_cast<long long>(4 * dim),
+        static_cast<long long>(dim), 8.0 * dim * dim * 4 / 1048576.0, static_cast<long long>(tokens),
+        torch::get_num_threads(), max_inflight, fresh_pages ? ", fresh pages" : "", static_cast<long long>(steps));
+    std::printf("%-14s %10s %12s %10s %11s %8s\n", "mode", "step (s)", "vs compute", "comm (s)", "exposed (s)",
+                "hidden");
   }
   for (const Mode& mode : modes) {
     const double step = median(mode.times.step), busy = median(mode.times.busy), exposed = median(mode.times.exposed);
     const double hidden = busy > 0 ? std::max(0.0, 1.0 - exposed / busy) : 0.0;
     if (rank == 0) {
-      std::printf("%-14s %10.3f %11.2fx %10.3f %11.3f %7.0f%%\n", mode.name.c_str(), step, step / compute, busy, exposed,
-                  100.0 * hidden);
+      std::printf("%-14s %10.3f %11.2fx %10.3f %11.3f %7.0f%%\n", mode.name.c_str(), step, step / compute, busy,
+                  exposed, 100.0 * hidden);
     }
-    results.push_back({{"mode", mode.name}, {"ranks", n}, {"step_seconds", step}, {"vs_compute_only", step / compute},
-                       {"communication_seconds", busy}, {"exposed_seconds", exposed}, {"hidden_fraction", hidden},
-                       {"step_seconds_all", mode.times.step}, {"exposed_seconds_all", mode.times.exposed}});
+    results.push_back({{"mode", mode.name},
+                       {"ranks", n},
+                       {"step_seconds", step},
+                       {"vs_compute_only", step / compute},
+                       {"communication_seconds", busy},
+                       {"exposed_seconds", exposed},
+                       {"hidden_fraction", hidden},
+                       {"step_seconds_all", mode.times.step},
+                       {"exposed_seconds_all", mode.times.exposed}});
   }
   if (rank == 0 && !json_path.empty()) {
-    nlohmann::json doc = {{"benchmark", "overlap"}, {"dim", dim}, {"depth", depth}, {"tokens_per_rank", tokens},
-                          {"threads_per_rank", torch::get_num_threads()}, {"max_inflight", max_inflight},
+    nlohmann::json doc = {{"benchmark", "overlap"},
+                          {"dim", dim},
+                          {"depth", depth},
+                          {"tokens_per_rank", tokens},
+                          {"threads_per_rank", torch::get_num_threads()},
+                          {"max_inflight", max_inflight},
                           {"fresh_pages", fresh_pages},
                           {"results", results}};
     std::ofstream(json_path) << doc.dump(2) << "\n";

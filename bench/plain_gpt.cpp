@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
     auto window = at::randint(0, config.vocab, {batch, seq + 1}, generator, at::TensorOptions().dtype(at::kLong));
     const auto start = std::chrono::steady_clock::now();
     for (auto& p : model->parameters()) p.mutable_grad().reset();  // set to none (1.13's zero_grad() zeroes)
-    auto logits = model->forward(window.narrow(1, 0, seq));  // [batch, seq, vocab] fp32
+    auto logits = model->forward(window.narrow(1, 0, seq));        // [batch, seq, vocab] fp32
     auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, config.vocab}),
                                                      window.narrow(1, 1, seq).reshape({-1}));
     loss.backward();

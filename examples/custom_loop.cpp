@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
         step_loss += loss.item<double>();
       }
       const double norm = fsdp::optim::clip_grad_norm(model.state(), 1.0);  // collective
-      const bool stepped = guard.should_step(norm, step);  // the same decision on every rank
+      const bool stepped = guard.should_step(norm, step);                   // the same decision on every rank
       if (stepped) optimizer.step();
       at::Tensor global = at::tensor({step_loss}, at::kDouble);
       world->all_reduce(global, fsdp::comm::ReduceOp::Average)->wait();
@@ -65,12 +65,13 @@ int main(int argc, char** argv) {
     const auto memory = model.state().memory_stats();
     const auto comm = model.state().comm_stats();
     if (world->rank() == 0) {
-      std::printf("rank 0: shards %lld B, peak gathered %lld B (largest unit %lld B); %lld gathers (%lld prefetched), "
-                  "%lld reductions, %.3f s exposed communication\n",
-                  static_cast<long long>(memory.sharded_param_bytes), static_cast<long long>(memory.peak_gathered_bytes),
-                  static_cast<long long>(memory.largest_unit_bytes), static_cast<long long>(comm.gathers),
-                  static_cast<long long>(comm.prefetched_gathers), static_cast<long long>(comm.reductions),
-                  comm.exposed_seconds);
+      std::printf(
+          "rank 0: shards %lld B, peak gathered %lld B (largest unit %lld B); %lld gathers (%lld prefetched), "
+          "%lld reductions, %.3f s exposed communication\n",
+          static_cast<long long>(memory.sharded_param_bytes), static_cast<long long>(memory.peak_gathered_bytes),
+          static_cast<long long>(memory.largest_unit_bytes), static_cast<long long>(comm.gathers),
+          static_cast<long long>(comm.prefetched_gathers), static_cast<long long>(comm.reductions),
+          comm.exposed_seconds);
     }
     return 0;
   } catch (const std::exception& e) {

@@ -64,7 +64,7 @@ struct Sharded {
 Sharded build(const fsdp::comm::ProcessGroupPtr& world, uint64_t seed) {
   fsdp::runtime::FsdpOptions options;
   options.wrap_policy.module_types = {"ResidualBlock"};  // each block is a unit; the rest, the root
-  torch::manual_seed(seed);  // the same on every rank: initial values must agree (checked)
+  torch::manual_seed(seed);                              // the same on every rank: initial values must agree (checked)
   auto model = fsdp::runtime::fully_shard(std::make_shared<ResidualMlpImpl>(8, 32, 4), world, options);
   auto optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(model.state(), adamw());
   return {model, std::move(optimizer)};

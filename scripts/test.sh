@@ -7,8 +7,9 @@ set -euo pipefail
 root_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # The check scripts compare against Hugging Face's libraries (tokenizers, transformers) from PyPI;
 # the report's check opens it in Debian's headless Chromium (selenium from PyPI drives it).
-# clang and its libFuzzer runtime (libclang-rt-dev) build the fuzz targets (tests/fuzz/).
-FSDP_EXTRA_PACKAGES="chromium chromium-driver clang libclang-rt-dev ${FSDP_EXTRA_PACKAGES:-}" \
+# clang and its libFuzzer runtime (libclang-rt-dev) build the fuzz targets (tests/fuzz/);
+# clang-format checks the layout (CTest `format`).
+FSDP_EXTRA_PACKAGES="chromium chromium-driver clang clang-format libclang-rt-dev ${FSDP_EXTRA_PACKAGES:-}" \
   FSDP_EXTRA_REQUIREMENTS="$root_dir/scripts/requirements-peers.txt" bash "$root_dir/scripts/setup.sh"
 
 # The CUDA compile check runs beside the tests, at the lowest CPU priority: the tests leave about a

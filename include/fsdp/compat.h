@@ -24,7 +24,8 @@ namespace fsdp::compat {
 // memory-efficient attention on CUDA, a blocked one on the CPU, which takes a mask since 2.3).
 inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                bool causal, const at::Tensor& allowed = {}) {
-  return at::scaled_dot_product_attention(q, k, v, allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt,
+  return at::scaled_dot_product_attention(q, k, v,
+                                          allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt,
                                           /*dropout_p=*/0.0, causal);
 }
 

@@ -23,7 +23,8 @@ bool is_hf_model_dir(const std::string& path) {
 
 models::ModelConfig read_hf_config(const std::string& dir_or_file) {
   std::error_code error;
-  const std::string file = fs::is_directory(dir_or_file, error) ? (fs::path(dir_or_file) / "config.json").string() : dir_or_file;
+  const std::string file =
+      fs::is_directory(dir_or_file, error) ? (fs::path(dir_or_file) / "config.json").string() : dir_or_file;
   std::ifstream in(file);
   if (!in) throw std::runtime_error("cannot read model config '" + file + "'");
   nlohmann::json json;
@@ -41,7 +42,8 @@ models::ModelConfig read_hf_config(const std::string& dir_or_file) {
     for (const models::ModelFamily* f : models::model_families()) {
       for (const auto& t : f->hf_model_types()) supported += (supported.empty() ? "" : ", ") + t;
     }
-    reader.fail(type.empty() ? "no model_type" : "model_type '" + type + "' is not supported (supported: " + supported + ")");
+    reader.fail(type.empty() ? "no model_type"
+                             : "model_type '" + type + "' is not supported (supported: " + supported + ")");
   }
   const models::ModelConfig model = family->read_hf_config(reader);
   try {
@@ -70,7 +72,8 @@ nlohmann::json read_source_config(const std::string& path) {
 
 }  // namespace
 
-std::string hf_config_text(const models::ModelConfig& model, const std::string& source_config, const std::string& torch_dtype) {
+std::string hf_config_text(const models::ModelConfig& model, const std::string& source_config,
+                           const std::string& torch_dtype) {
   const nlohmann::json source = read_source_config(source_config);
   nlohmann::json out = nlohmann::json::object();
   // Keys that describe the tokenizer's ids, not the network: kept from the model's origin.
@@ -115,7 +118,8 @@ std::string hf_generation_config_text(const std::string& source_config, int64_t 
 std::vector<std::string> tokenizer_files_in(const std::string& dir) {
   std::vector<std::string> found;
   if (dir.empty()) return found;
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"}) {
+  for (const char* name :
+       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"}) {
     const fs::path path = fs::path(dir) / name;
     std::error_code error;
     if (fs::is_regular_file(path, error)) found.push_back(path.string());

@@ -47,13 +47,15 @@ class WeightFiles {
           throw std::runtime_error("weights index '" + index.string() + "' is not valid JSON: " + e.what());
         }
         for (const auto& [name, file] : json.at("weight_map").items()) {
-          add(name, path_inside(path, file.get<std::string>(), "weights index '" + index.string() + "' (tensor '" + name + "')"));
+          add(name, path_inside(path, file.get<std::string>(),
+                                "weights index '" + index.string() + "' (tensor '" + name + "')"));
         }
         return;
       }
       const fs::path single = fs::path(path) / "model.safetensors";
       if (!fs::exists(single)) {
-        throw std::runtime_error("weights directory '" + path + "' holds neither model.safetensors.index.json nor model.safetensors");
+        throw std::runtime_error("weights directory '" + path +
+                                 "' holds neither model.safetensors.index.json nor model.safetensors");
       }
       add_file(single.string());
       return;
@@ -101,15 +103,21 @@ std::vector<int64_t> stored_shape(const std::vector<int64_t>& shape, bool transp
 
 }  // namespace
 
-bool is_adapter(const std::string& name) { return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos; }
+bool is_adapter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
 
-std::string hf_name(const models::ModelConfig& model, const std::string& name) { return models::family_of(model).hf_name(model, name); }
+std::string hf_name(const models::ModelConfig& model, const std::string& name) {
+  return models::family_of(model).hf_name(model, name);
+}
 
 std::vector<std::string> hf_other_names(const models::ModelConfig& model, const std::string& hf) {
   return models::family_of(model).hf_other_names(model, hf);
 }
 
-bool hf_transposed(const models::ModelConfig& model, const std::string& name) { return models::family_of(model).hf_transposed(model, name); }
+bool hf_transposed(const models::ModelConfig& model, const std::string& name) {
+  return models::family_of(model).hf_transposed(model, name);
+}
 
 int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path,
                        const ExportOptions& options) {
@@ -121,8 +129,9 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
   const int64_t element = options.dtype == at::kFloat ? 4 : 2;
   const models::LoraSpec* lora = models::lora_spec(model);
   if (lora != nullptr && lora->enabled() && !options.merge_lora) {
-    throw std::invalid_argument("export_weights: the model has LoRA adapters: merge them into the weights (--merge), "
-                                "or export the adapters alone (--peft-dir)");
+    throw std::invalid_argument(
+        "export_weights: the model has LoRA adapters: merge them into the weights (--merge), "
+        "or export the adapters alone (--peft-dir)");
   }
   // Merging: the adapters first (small: rank x (in + out) per layer), by name. Each layer's
   // full-size delta scale B A is computed on the writing rank just before its weight is written,
@@ -191,7 +200,8 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
       for (const auto& p : plan) {
         if (p.file == i) declared.push_back(p.info);
       }
-      writers.push_back(std::make_unique<SafetensorsWriter>(file_name(i), declared, std::map<std::string, std::string>{{"format", "pt"}}));
+      writers.push_back(std::make_unique<SafetensorsWriter>(file_name(i), declared,
+                                                            std::map<std::string, std::string>{{"format", "pt"}}));
     }
   });
   int64_t written = 0;
@@ -241,7 +251,8 @@ bool stored_as_bnb_nf4(const std::string& path) {
   const WeightFiles weights(path);
   const std::string state = ".quant_state.bitsandbytes__nf4";
   for (const auto& info : weights.tensors()) {
-    if (info.name.size() > state.size() && info.name.compare(info.name.size() - state.size(), state.size(), state) == 0) return true;
+    if (info.name.size() > state.size() && info.name.compare(info.name.size() - state.size(), state.size(), state) == 0)
+      return true;
   }
   return false;
 }
@@ -267,7 +278,8 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       const std::string name = stored_name(entry);
       if (!is_bnb_4bit(contains, name)) return std::nullopt;
       if (hf_transposed(model, entry.name)) {
-        throw std::runtime_error("weights '" + path + "': tensor '" + name + "' is stored 4-bit by bitsandbytes in a layer "
+        throw std::runtime_error("weights '" + path + "': tensor '" + name +
+                                 "' is stored 4-bit by bitsandbytes in a layer "
                                  "fsdp.cpp keeps transposed (GPT-2's Conv1D): not read; use the model's bf16 weights");
       }
       return read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read);
@@ -277,7 +289,10 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
     auto read_values = [&](const shard::FlatEntry& entry, int64_t lo, int64_t hi) {
       const std::string name = stored_name(entry);
       if (auto quantized = four_bit(entry)) {
-        return shard::dequantize_nf4(quantized->weight, quantized->dtype).to(at::kFloat).reshape(-1).narrow(0, lo - entry.offset, hi - lo);
+        return shard::dequantize_nf4(quantized->weight, quantized->dtype)
+            .to(at::kFloat)
+            .reshape(-1)
+            .narrow(0, lo - entry.offset, hi - lo);
       }
       const bool transposed = hf_transposed(model, entry.name);
       const SafetensorsFile& file = weights.file_of(name);
@@ -313,8 +328,9 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       // projector of other layers), named.
       for (const auto& info : weights.tensors()) {
         if (expected.count(info.name) == 0 && !family.hf_unread_buffer(info.name)) {
-          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the " + family.display_name() +
-                                   " model fsdp.cpp implements (transformers' " + architecture + "): not read");
+          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the " +
+                                   family.display_name() + " model fsdp.cpp implements (transformers' " + architecture +
+                                   "): not read");
         }
       }
     } else if (group->rank() == 0) {
@@ -347,9 +363,10 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
           if (storage->entries[i].nf4) {
             if (auto quantized = four_bit(entry)) {
               if (quantized->dtype != storage->raw_dtype) {
-                throw std::runtime_error("weights '" + path + "': tensor '" + stored_name(entry) + "' was quantized from " +
-                                         c10::toString(quantized->dtype) + " values; the NF4 base is quantized from and decodes to " +
-                                         c10::toString(storage->raw_dtype) + " (load the model with dtype bfloat16 before quantizing)");
+                throw std::runtime_error(
+                    "weights '" + path + "': tensor '" + stored_name(entry) + "' was quantized from " +
+                    c10::toString(quantized->dtype) + " values; the NF4 base is quantized from and decodes to " +
+                    c10::toString(storage->raw_dtype) + " (load the model with dtype bfloat16 before quantizing)");
               }
               try {
                 return shard::nf4_entry_bytes(*storage, i, quantized->weight);

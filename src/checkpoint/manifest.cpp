@@ -45,7 +45,8 @@ void validate_manifest(const json& m, const std::string& dir, int version) {
   each_object(m, "flat_params", "", [&](const json& flat, const std::string& where) {
     text(flat, "unit", where);
     integer(flat, "numel", where, 0);
-    if (!flat.contains("trainable") || !flat.at("trainable").is_boolean()) fail(where + "'trainable' is missing or not a boolean");
+    if (!flat.contains("trainable") || !flat.at("trainable").is_boolean())
+      fail(where + "'trainable' is missing or not a boolean");
     each_object(flat, "entries", where, [&](const json& entry, const std::string& at) {
       text(entry, "name", at);
       shape(entry, at);
@@ -57,7 +58,8 @@ void validate_manifest(const json& m, const std::string& dir, int version) {
     integer(file, "bytes", where, 0);
     integer(file, "crc32", where, 0);
     if (version < 2) return;
-    if (!file.contains("tensors") || !file.at("tensors").is_object()) fail(where + "'tensors' is missing or not an object");
+    if (!file.contains("tensors") || !file.at("tensors").is_object())
+      fail(where + "'tensors' is missing or not an object");
     for (const auto& [name, crc] : file.at("tensors").items()) {
       if (!crc.is_number_unsigned()) fail(where + "tensors['" + name + "'] is not a crc32");
     }
@@ -98,8 +100,9 @@ json parse_manifest(const std::string& text, const std::string& dir) {
   }
   const int version = manifest.at("version").get<int>();
   if (version < kOldestReadableVersion || version > kNewestReadableVersion) {
-    throw std::runtime_error("checkpoint '" + dir + "': format version " + std::to_string(version) + ", this build reads versions " +
-                             std::to_string(kOldestReadableVersion) + " to " + std::to_string(kNewestReadableVersion));
+    throw std::runtime_error("checkpoint '" + dir + "': format version " + std::to_string(version) +
+                             ", this build reads versions " + std::to_string(kOldestReadableVersion) + " to " +
+                             std::to_string(kNewestReadableVersion));
   }
   validate_manifest(manifest, dir, version);
   return manifest;

@@ -35,7 +35,9 @@ bool is_peft_adapter_dir(const std::string& dir) {
 PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / kConfigFile).string();
   std::ifstream in(path);
-  if (!in) throw std::runtime_error("PEFT adapter '" + dir + "': cannot read " + kConfigFile + " (is it an adapter directory?)");
+  if (!in)
+    throw std::runtime_error("PEFT adapter '" + dir + "': cannot read " + kConfigFile +
+                             " (is it an adapter directory?)");
   nlohmann::json json;
   try {
     in >> json;
@@ -55,7 +57,8 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
     config.rank = json.at("r").get<int64_t>();
     config.alpha = json.contains("lora_alpha") ? json.at("lora_alpha").get<double>() : 8.0;  // peft's default
     config.dropout = json.contains("lora_dropout") ? json.at("lora_dropout").get<double>() : 0.0;
-    config.rslora = json.contains("use_rslora") && !json.at("use_rslora").is_null() && json.at("use_rslora").get<bool>();
+    config.rslora =
+        json.contains("use_rslora") && !json.at("use_rslora").is_null() && json.at("use_rslora").get<bool>();
     const std::string bias = json.value("bias", std::string("none"));
     if (bias != "none") fail("bias is '" + bias + "'; only adapters without trained biases (\"none\") load");
     const auto& targets = json.contains("target_modules") ? json.at("target_modules") : nlohmann::json();
@@ -74,8 +77,10 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
       // first one missing, by name.)
       for (const auto& entry : targets) {
         const std::string path = entry.get<std::string>();
-        const std::string name = path.substr(path.find_last_of('.') == std::string::npos ? 0 : path.find_last_of('.') + 1);
-        if (std::find(config.targets.begin(), config.targets.end(), name) == config.targets.end()) config.targets.push_back(name);
+        const std::string name =
+            path.substr(path.find_last_of('.') == std::string::npos ? 0 : path.find_last_of('.') + 1);
+        if (std::find(config.targets.begin(), config.targets.end(), name) == config.targets.end())
+          config.targets.push_back(name);
       }
     } else {
       fail("target_modules must be a list of layer names (e.g. [\"q_proj\", \"v_proj\"]) or \"all-linear\"");
@@ -83,12 +88,12 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
     if (config.targets.empty()) fail("target_modules is empty");
     // Keys read above, keys that change nothing about what the trained adapter computes (where
     // the model came from, how its adapters were initialised before training), and the rest.
-    static const std::set<std::string> read = {"peft_type", "r", "lora_alpha", "lora_dropout", "use_rslora", "bias",
-                                               "target_modules", "base_model_name_or_path"};
+    static const std::set<std::string> read = {"peft_type",  "r",    "lora_alpha",     "lora_dropout",
+                                               "use_rslora", "bias", "target_modules", "base_model_name_or_path"};
     static const std::set<std::string> harmless = {
-        "task_type", "revision", "inference_mode", "init_lora_weights", "fan_in_fan_out", "auto_mapping", "peft_version",
-        "megatron_config", "megatron_core", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
-        "qalora_group_size", "ensure_weight_tying"};
+        "task_type",    "revision",     "inference_mode",  "init_lora_weights", "fan_in_fan_out",
+        "auto_mapping", "peft_version", "megatron_config", "megatron_core",     "loftq_config",
+        "eva_config",   "corda_config", "lora_ga_config",  "qalora_group_size", "ensure_weight_tying"};
     for (const auto& [key, value] : json.items()) {
       if (read.count(key) || harmless.count(key)) continue;
       const bool unset = value.is_null() || (value.is_boolean() && !value.get<bool>()) ||
@@ -117,7 +122,8 @@ std::string peft_tensor_name(const models::ModelConfig& model, const std::string
 int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir,
                             const std::string& base_model_name) {
   const models::LoraSpec* lora = models::lora_spec(model);
-  if (lora == nullptr || !lora->enabled()) throw std::invalid_argument("export_peft_adapter: the model has no LoRA adapters");
+  if (lora == nullptr || !lora->enabled())
+    throw std::invalid_argument("export_peft_adapter: the model has no LoRA adapters");
   if (const std::string why = models::family_of(model).peft_export_refusal(model); !why.empty()) {
     throw std::invalid_argument("export_peft_adapter: " + why);
   }
@@ -136,20 +142,21 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
     if (group->rank() != 0) return;
     fs::create_directories(dir);
     write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}});
-    nlohmann::json config = {{"peft_type", "LORA"},
-                             // A language model's adapter is PEFT's causal-LM kind; CLIP's the plain PeftModel's.
-                             {"task_type", models::is_language_model(model) ? nlohmann::json("CAUSAL_LM") : nlohmann::json(nullptr)},
-                             {"r", lora->rank},
-                             {"lora_alpha", lora->alpha},
-                             {"lora_dropout", lora->dropout},
-                             {"use_rslora", lora->rslora},
-                             {"target_modules", lora->target_layers(models::linear_layers(model))},
-                             {"bias", "none"},
-                             {"fan_in_fan_out", models::family_of(model).peft_fan_in_fan_out()},
-                             {"base_model_name_or_path", base_model_name},
-                             {"inference_mode", true},
-                             {"init_lora_weights", true},
-                             {"modules_to_save", nullptr}};
+    nlohmann::json config = {
+        {"peft_type", "LORA"},
+        // A language model's adapter is PEFT's causal-LM kind; CLIP's the plain PeftModel's.
+        {"task_type", models::is_language_model(model) ? nlohmann::json("CAUSAL_LM") : nlohmann::json(nullptr)},
+        {"r", lora->rank},
+        {"lora_alpha", lora->alpha},
+        {"lora_dropout", lora->dropout},
+        {"use_rslora", lora->rslora},
+        {"target_modules", lora->target_layers(models::linear_layers(model))},
+        {"bias", "none"},
+        {"fan_in_fan_out", models::family_of(model).peft_fan_in_fan_out()},
+        {"base_model_name_or_path", base_model_name},
+        {"inference_mode", true},
+        {"init_lora_weights", true},
+        {"modules_to_save", nullptr}};
     write_text_file((fs::path(dir) / kConfigFile).string(), config.dump(2) + "\n");
     for (const auto& [name, t] : tensors) bytes += t.numel() * 4;
   });
@@ -158,10 +165,12 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
 
 void import_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& dir) {
   const models::LoraSpec* lora = models::lora_spec(model);
-  if (lora == nullptr || !lora->enabled()) throw std::invalid_argument("import_peft_adapter: the model has no LoRA adapters");
+  if (lora == nullptr || !lora->enabled())
+    throw std::invalid_argument("import_peft_adapter: the model has no LoRA adapters");
   if (models::reads_image_and_text(model)) {
-    throw std::invalid_argument("import_peft_adapter: PEFT directories of a llava model are not read yet (its adapters' names "
-                                "are not checked against peft)");
+    throw std::invalid_argument(
+        "import_peft_adapter: PEFT directories of a llava model are not read yet (its adapters' names "
+        "are not checked against peft)");
   }
   const comm::ProcessGroupPtr& group = state.group();
   const auto flats = state.flat_params();
@@ -185,8 +194,8 @@ void import_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& m
         used.insert(name);
         const TensorInfo& info = file.info(name);
         if (info.shape != entry.shape) {
-          throw std::runtime_error("PEFT adapter '" + path + "': tensor '" + name + "' has shape " + shape_text(info.shape) +
-                                   ", this model's layer needs " + shape_text(entry.shape) +
+          throw std::runtime_error("PEFT adapter '" + path + "': tensor '" + name + "' has shape " +
+                                   shape_text(info.shape) + ", this model's layer needs " + shape_text(entry.shape) +
                                    " (an adapter for another base model, or another rank r)");
         }
         if (info.dtype != at::kFloat && info.dtype != at::kBFloat16 && info.dtype != at::kHalf) {
@@ -201,7 +210,8 @@ void import_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& m
     }
     for (const auto& info : file.tensors()) {
       if (used.count(info.name)) continue;
-      const bool adapter = info.name.find(".lora_A.") != std::string::npos || info.name.find(".lora_B.") != std::string::npos;
+      const bool adapter =
+          info.name.find(".lora_A.") != std::string::npos || info.name.find(".lora_B.") != std::string::npos;
       throw std::runtime_error("PEFT adapter '" + path + "' holds '" + info.name + "', " +
                                (adapter ? "a layer this model does not adapt (lora.targets must cover the adapter's "
                                           "target_modules)"

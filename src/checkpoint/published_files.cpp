@@ -81,7 +81,8 @@ void publish(const fs::path& ready, const fs::path& target, bool replace) {
     return;
   }
   if (!replace) {
-    throw std::runtime_error("'" + target.string() + "' exists; not replaced (the new one is left at '" + ready.string() + "')");
+    throw std::runtime_error("'" + target.string() + "' exists; not replaced (the new one is left at '" +
+                             ready.string() + "')");
   }
   if (fs::is_directory(fs::symlink_status(target, error)) != fs::is_directory(fs::symlink_status(ready, error))) {
     throw std::runtime_error("'" + target.string() + "' is a " +

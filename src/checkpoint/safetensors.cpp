@@ -44,8 +44,9 @@ void pread_exact(int fd, void* out, size_t bytes, int64_t offset, const std::str
   while (bytes > 0) {
     const ssize_t got = ::pread(fd, p, bytes, offset);
     if (got <= 0) {
-      throw std::runtime_error("safetensors '" + path + "': cannot read " + std::to_string(bytes) + " bytes at offset " +
-                               std::to_string(offset) + (got == 0 ? " (file truncated)" : ": " + errno_text()));
+      throw std::runtime_error("safetensors '" + path + "': cannot read " + std::to_string(bytes) +
+                               " bytes at offset " + std::to_string(offset) +
+                               (got == 0 ? " (file truncated)" : ": " + errno_text()));
     }
     p += got;
     bytes -= static_cast<size_t>(got);
@@ -108,12 +109,14 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> d
   if (!metadata.empty()) header["__metadata__"] = metadata;
   int64_t expected = 0;
   for (const auto& info : declared_) {
-    if (info.begin != expected || info.end - info.begin != info.numel() * static_cast<int64_t>(c10::elementSize(info.dtype))) {
-      throw std::invalid_argument("safetensors writer: '" + info.name + "' is not laid out back to back (use layout_tensors)");
+    if (info.begin != expected ||
+        info.end - info.begin != info.numel() * static_cast<int64_t>(c10::elementSize(info.dtype))) {
+      throw std::invalid_argument("safetensors writer: '" + info.name +
+                                  "' is not laid out back to back (use layout_tensors)");
     }
     expected = info.end;
-    header[info.name] = {{"dtype", safetensors_dtype_name(info.dtype)}, {"shape", info.shape},
-                         {"data_offsets", {info.begin, info.end}}};
+    header[info.name] = {
+        {"dtype", safetensors_dtype_name(info.dtype)}, {"shape", info.shape}, {"data_offsets", {info.begin, info.end}}};
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as the reference pads
@@ -154,7 +157,8 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor)
   while (left > 0) {
     const size_t piece = std::min<size_t>(left, 1u << 30);
     put(bytes, piece);
-    tensor_crc = static_cast<uint32_t>(::crc32(tensor_crc, reinterpret_cast<const Bytef*>(bytes), static_cast<uInt>(piece)));
+    tensor_crc =
+        static_cast<uint32_t>(::crc32(tensor_crc, reinterpret_cast<const Bytef*>(bytes), static_cast<uInt>(piece)));
     bytes += piece;
     left -= piece;
   }
@@ -164,8 +168,8 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor)
 
 void SafetensorsWriter::finish() {
   if (next_ != declared_.size()) {
-    throw std::logic_error("safetensors writer: only " + std::to_string(next_) + " of " + std::to_string(declared_.size()) +
-                           " declared tensors were written to '" + path_ + "'");
+    throw std::logic_error("safetensors writer: only " + std::to_string(next_) + " of " +
+                           std::to_string(declared_.size()) + " declared tensors were written to '" + path_ + "'");
   }
   const bool flushed = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
   const std::string reason = flushed ? "" : errno_text();
@@ -240,9 +244,11 @@ void SafetensorsFile::read_header() {
       auto sizes = [&](const char* key) {
         const nlohmann::json& list = fields.at(key);
         std::vector<int64_t> values;
-        if (!list.is_array()) fail("tensor '" + tensor + "': " + key + " " + list.dump() + " is not a list of non-negative integers");
+        if (!list.is_array())
+          fail("tensor '" + tensor + "': " + key + " " + list.dump() + " is not a list of non-negative integers");
         for (const auto& value : list) {
-          if (!value.is_number_unsigned() || value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          if (!value.is_number_unsigned() ||
+              value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
             fail("tensor '" + tensor + "': " + key + " " + list.dump() + " is not a list of non-negative integers");
           }
           values.push_back(value.get<int64_t>());
@@ -258,7 +264,8 @@ void SafetensorsFile::read_header() {
         if (d < 0) fail("tensor '" + name + "': negative dimension");
       }
       int64_t expected = 0;
-      if (info.numel() < 0 || __builtin_mul_overflow(info.numel(), static_cast<int64_t>(c10::elementSize(info.dtype)), &expected)) {
+      if (info.numel() < 0 ||
+          __builtin_mul_overflow(info.numel(), static_cast<int64_t>(c10::elementSize(info.dtype)), &expected)) {
         fail("tensor '" + name + "': its shape has too many elements");
       }
       if (info.begin < 0 || info.end < info.begin || info.end - info.begin != expected) {
@@ -312,7 +319,8 @@ at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t first, i
   }
   at::Tensor out = at::empty({count}, at::TensorOptions().dtype(t.dtype));
   const int64_t element = static_cast<int64_t>(c10::elementSize(t.dtype));
-  pread_exact(fd_, out.data_ptr(), static_cast<size_t>(count * element), data_start_ + t.begin + first * element, path_);
+  pread_exact(fd_, out.data_ptr(), static_cast<size_t>(count * element), data_start_ + t.begin + first * element,
+              path_);
   return out;
 }
 

@@ -39,7 +39,9 @@ namespace {
 constexpr const char* kBufferPrefix = "buffer.";
 
 // The rank file's entry for a device's generator state: "rng.cuda".
-std::string device_rng_name(at::Device device) { return "rng." + c10::DeviceTypeName(device.type(), /*lower_case=*/true); }
+std::string device_rng_name(at::Device device) {
+  return "rng." + c10::DeviceTypeName(device.type(), /*lower_case=*/true);
+}
 
 std::string rank_file_name(int rank, int world) {
   char name[64];
@@ -53,7 +55,6 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
-
 json layout_json(const std::vector<shard::FlatParam*>& flats) {
   json out = json::array();
   for (const shard::FlatParam* flat : flats) {
@@ -61,7 +62,9 @@ json layout_json(const std::vector<shard::FlatParam*>& flats) {
     for (const auto& e : flat->layout().entries) {
       entries.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}, {"numel", e.numel}});
     }
-    json unit = {{"unit", flat->unit_name()}, {"trainable", flat->trainable()}, {"numel", flat->layout().numel},
+    json unit = {{"unit", flat->unit_name()},
+                 {"trainable", flat->trainable()},
+                 {"numel", flat->layout().numel},
                  {"entries", entries}};
     // A QLoRA base's files hold the bytes of its NF4 encoding (shard/nf4_storage.h), not values.
     if (flat->nf4_storage() != nullptr) unit["nf4_bytes"] = flat->nf4_storage()->bytes;
@@ -83,7 +86,8 @@ std::vector<std::pair<std::string, at::Tensor>> module_buffers(torch::nn::Module
 json buffers_json(const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
   json out = json::array();
   for (const auto& [name, tensor] : buffers) {
-    out.push_back({{"name", name}, {"shape", tensor.sizes().vec()}, {"dtype", safetensors_dtype_name(tensor.scalar_type())}});
+    out.push_back(
+        {{"name", name}, {"shape", tensor.sizes().vec()}, {"dtype", safetensors_dtype_name(tensor.scalar_type())}});
   }
   return out;
 }
@@ -92,7 +96,8 @@ json read_manifest(const std::string& dir) {
   const fs::path path = fs::path(dir) / "manifest.json";
   std::ifstream in(path);
   if (!in) {
-    throw std::runtime_error("checkpoint '" + dir + "': no manifest.json (not a checkpoint, or one whose save never finished)");
+    throw std::runtime_error("checkpoint '" + dir +
+                             "': no manifest.json (not a checkpoint, or one whose save never finished)");
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -122,9 +127,11 @@ void check_layout(const std::string& dir, const json& saved, const std::vector<s
     const int64_t saved_nf4 = saved.at(i).value("nf4_bytes", int64_t{0});
     const int64_t nf4 = flats[i]->nf4_storage() != nullptr ? flats[i]->nf4_storage()->bytes : 0;
     if (saved_nf4 != nf4) {
-      auto form = [](int64_t bytes) { return bytes > 0 ? "as NF4 (" + std::to_string(bytes) + " bytes)" : std::string("as values"); };
-      throw std::runtime_error("checkpoint '" + dir + "': unit '" + flats[i]->unit_name() + "' is stored " + form(saved_nf4) +
-                               ", this run keeps it " + form(nf4) +
+      auto form = [](int64_t bytes) {
+        return bytes > 0 ? "as NF4 (" + std::to_string(bytes) + " bytes)" : std::string("as values");
+      };
+      throw std::runtime_error("checkpoint '" + dir + "': unit '" + flats[i]->unit_name() + "' is stored " +
+                               form(saved_nf4) + ", this run keeps it " + form(nf4) +
                                " (lora.base_dtype must be the one the checkpoint was written with)");
     }
     const json& s = saved.at(i).at("entries");
@@ -136,7 +143,8 @@ void check_layout(const std::string& dir, const json& saved, const std::vector<s
     for (size_t j = 0; j < entries.size(); ++j) {
       const auto shape = s.at(j).at("shape").get<std::vector<int64_t>>();
       const auto name = s.at(j).at("name").get<std::string>();
-      if (name != entries[j].name || shape != entries[j].shape || s.at(j).at("offset").get<int64_t>() != entries[j].offset) {
+      if (name != entries[j].name || shape != entries[j].shape ||
+          s.at(j).at("offset").get<int64_t>() != entries[j].offset) {
         throw std::runtime_error("checkpoint '" + dir + "' was saved from another model: it holds " + name + " " +
                                  shape_text(shape) + " where this model has " + entries[j].name + " " +
                                  shape_text(entries[j].shape));
@@ -146,7 +154,8 @@ void check_layout(const std::string& dir, const json& saved, const std::vector<s
 }
 
 // The checkpoint's buffers must be the model's: same names, shapes and dtypes (all or nothing).
-void check_buffers(const std::string& dir, const json& saved, const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
+void check_buffers(const std::string& dir, const json& saved,
+                   const std::vector<std::pair<std::string, at::Tensor>>& buffers) {
   std::map<std::string, const json*> saved_by_name;
   for (const json& entry : saved) saved_by_name[entry.at("name").get<std::string>()] = &entry;
   for (const auto& [name, tensor] : buffers) {
@@ -154,8 +163,8 @@ void check_buffers(const std::string& dir, const json& saved, const std::vector<
     const std::vector<int64_t> shape = tensor.sizes().vec();
     auto it = saved_by_name.find(name);
     if (it == saved_by_name.end()) {
-      throw std::runtime_error("checkpoint '" + dir + "' holds no buffer '" + name + "' " + shape_text(shape) + " " + dtype +
-                               " that this model has (a checkpoint of another model, or of one without it)");
+      throw std::runtime_error("checkpoint '" + dir + "' holds no buffer '" + name + "' " + shape_text(shape) + " " +
+                               dtype + " that this model has (a checkpoint of another model, or of one without it)");
     }
     const auto saved_shape = it->second->at("shape").get<std::vector<int64_t>>();
     const auto saved_dtype = it->second->at("dtype").get<std::string>();
@@ -236,18 +245,21 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
       }
     }
     if (rank == 0) {
-      for (const auto& [name, buffer] : module_buffers(state.root_module())) tensors.emplace_back(kBufferPrefix + name, buffer.detach());
+      for (const auto& [name, buffer] : module_buffers(state.root_module()))
+        tensors.emplace_back(kBufferPrefix + name, buffer.detach());
     }
     tensors.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
     // On a GPU, dropout draws from the device's generator: its seed and offset resume too.
     const at::Device device = state.options().device;
-    if (!device.is_cpu()) tensors.emplace_back(device_rng_name(device), at::globalContext().defaultGenerator(device).get_state());
+    if (!device.is_cpu())
+      tensors.emplace_back(device_rng_name(device), at::globalContext().defaultGenerator(device).get_state());
     if (in_background) {
       at::NoGradGuard no_grad;  // the copies are data, not part of any graph
       for (auto& [name, tensor] : tensors) {
         const bool pinned = !device.is_cpu();
-        at::Tensor copy = staging != nullptr ? staging->buffer_for(name, tensor, pinned)
-                                             : at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(pinned));
+        at::Tensor copy = staging != nullptr
+                              ? staging->buffer_for(name, tensor, pinned)
+                              : at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(pinned));
         copy.copy_(tensor);
         staged_bytes_ += copy.nbytes();
         tensor = copy;
@@ -264,7 +276,9 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
                                  {{"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}});
         for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
         writer.finish();
-        file_facts_ = json{{"bytes", writer.bytes_written()}, {"crc32", writer.crc32()}, {"tensors", writer.tensor_crc32s()}}.dump();
+        file_facts_ =
+            json{{"bytes", writer.bytes_written()}, {"crc32", writer.crc32()}, {"tensors", writer.tensor_crc32s()}}
+                .dump();
       }
     } catch (const std::exception& e) {
       write_error_ = e.what()[0] != '\0' ? e.what() : "unknown error";
@@ -336,8 +350,11 @@ void CheckpointSave::publish() {
     json files = json::array();
     for (int r = 0; r < world; ++r) {
       const json facts = json::parse(all_facts[r]);
-      files.push_back({{"rank", r}, {"file", rank_file_name(r, world)}, {"bytes", facts.at("bytes")},
-                       {"crc32", facts.at("crc32")}, {"tensors", facts.at("tensors")}});
+      files.push_back({{"rank", r},
+                       {"file", rank_file_name(r, world)},
+                       {"bytes", facts.at("bytes")},
+                       {"crc32", facts.at("crc32")},
+                       {"tensors", facts.at("tensors")}});
     }
     json manifest = {{"format", kManifestFormat},
                      {"version", kCheckpointFormatVersion},
@@ -397,11 +414,13 @@ namespace {
 class CheckpointFiles {
  public:
   CheckpointFiles(const std::string& dir, const json& manifest)
-      : dir_(dir), files_(manifest.at("files")), version_(manifest.at("version").get<int>()),
+      : dir_(dir),
+        files_(manifest.at("files")),
+        version_(manifest.at("version").get<int>()),
         saved_world_(manifest.at("world_size").get<int>()) {
     if (static_cast<int>(files_.size()) != saved_world_) {
-      throw std::runtime_error("checkpoint '" + dir_ + "': manifest lists " + std::to_string(files_.size()) + " files for " +
-                               std::to_string(saved_world_) + " ranks");
+      throw std::runtime_error("checkpoint '" + dir_ + "': manifest lists " + std::to_string(files_.size()) +
+                               " files for " + std::to_string(saved_world_) + " ranks");
     }
   }
   int saved_world() const { return saved_world_; }
@@ -410,17 +429,20 @@ class CheckpointFiles {
     auto it = open_.find(r);
     if (it != open_.end()) return *it->second;
     const json& entry = files_.at(r);
-    const std::string path = path_inside(dir_, entry.at("file").get<std::string>(), "checkpoint '" + dir_ + "': manifest.json");
+    const std::string path =
+        path_inside(dir_, entry.at("file").get<std::string>(), "checkpoint '" + dir_ + "': manifest.json");
     auto file = std::make_unique<SafetensorsFile>(path);
     if (file->file_bytes() != entry.at("bytes").get<int64_t>()) {
-      throw std::runtime_error("checkpoint file '" + path + "' holds " + std::to_string(file->file_bytes()) + " bytes, the manifest says " +
-                               std::to_string(entry.at("bytes").get<int64_t>()) + ": truncated or replaced");
+      throw std::runtime_error("checkpoint file '" + path + "' holds " + std::to_string(file->file_bytes()) +
+                               " bytes, the manifest says " + std::to_string(entry.at("bytes").get<int64_t>()) +
+                               ": truncated or replaced");
     }
     if (version_ == 1) {
       const uint32_t crc = file->file_crc32();
       if (crc != entry.at("crc32").get<uint32_t>()) {
-        throw std::runtime_error("checkpoint file '" + path + "' fails its checksum (crc32 " + std::to_string(crc) + ", manifest says " +
-                                 std::to_string(entry.at("crc32").get<uint32_t>()) + "): corrupt or replaced");
+        throw std::runtime_error("checkpoint file '" + path + "' fails its checksum (crc32 " + std::to_string(crc) +
+                                 ", manifest says " + std::to_string(entry.at("crc32").get<uint32_t>()) +
+                                 "): corrupt or replaced");
       }
     }
     return *open_.emplace(r, std::move(file)).first->second;
@@ -433,19 +455,22 @@ class CheckpointFiles {
     if (version_ == 1) return tensor;  // the whole file was checked when opened
     const json& crcs = files_.at(r).at("tensors");
     if (!crcs.contains(name)) {
-      throw std::runtime_error("checkpoint file '" + f.path() + "': the manifest holds no checksum for tensor '" + name + "'");
+      throw std::runtime_error("checkpoint file '" + f.path() + "': the manifest holds no checksum for tensor '" +
+                               name + "'");
     }
     const uint32_t crc = crc32_of_bytes(tensor), expected = crcs.at(name).get<uint32_t>();
     if (crc != expected) {
-      throw std::runtime_error("checkpoint file '" + f.path() + "': tensor '" + name + "' fails its checksum (crc32 " + std::to_string(crc) +
-                               ", manifest says " + std::to_string(expected) + "): corrupt or replaced");
+      throw std::runtime_error("checkpoint file '" + f.path() + "': tensor '" + name + "' fails its checksum (crc32 " +
+                               std::to_string(crc) + ", manifest says " + std::to_string(expected) +
+                               "): corrupt or replaced");
     }
     return tensor;
   }
 
   // Elements [begin, end) of FlatParam `flat_index`'s tensor (param or optimizer state), from the
   // saved pieces that overlap them: each such piece is read whole (its checksum covers all of it).
-  at::Tensor gather(const shard::FlatParam& flat, size_t flat_index, const std::string& tensor_suffix, int64_t begin, int64_t end) {
+  at::Tensor gather(const shard::FlatParam& flat, size_t flat_index, const std::string& tensor_suffix, int64_t begin,
+                    int64_t end) {
     // An NF4 base is stored as its bytes, anything else as values (read as fp32, kept in the shard's dtype).
     const bool nf4 = flat.nf4_storage() != nullptr;
     at::Tensor out = at::empty({end - begin}, nf4 ? at::kByte : at::kFloat);
@@ -457,14 +482,16 @@ class CheckpointFiles {
       if (lo >= hi) continue;
       const at::Tensor piece = read_checked(r, name);
       if ((piece.scalar_type() == at::kByte) != nf4) {
-        throw std::runtime_error("checkpoint file '" + file(r).path() + "': unit '" + flat.unit_name() + "' is stored " +
-                                 (nf4 ? "as values (" + std::string(c10::toString(piece.scalar_type())) + ")" : std::string("as NF4 bytes")) +
+        throw std::runtime_error("checkpoint file '" + file(r).path() + "': unit '" + flat.unit_name() +
+                                 "' is stored " +
+                                 (nf4 ? "as values (" + std::string(c10::toString(piece.scalar_type())) + ")"
+                                      : std::string("as NF4 bytes")) +
                                  ", and this run keeps that unit's frozen base " + (nf4 ? "in NF4" : "as values") +
                                  " (lora.base_dtype must be the one the checkpoint was written with)");
       }
       if (piece.numel() != e - b) {
-        throw std::runtime_error("checkpoint file '" + file(r).path() + "': tensor '" + name + "' holds " + std::to_string(piece.numel()) +
-                                 " elements, the layout says " + std::to_string(e - b));
+        throw std::runtime_error("checkpoint file '" + file(r).path() + "': tensor '" + name + "' holds " +
+                                 std::to_string(piece.numel()) + " elements, the layout says " + std::to_string(e - b));
       }
       out.narrow(0, lo - begin, hi - lo).copy_(piece.narrow(0, lo - b, hi - lo));
     }
@@ -480,7 +507,7 @@ class CheckpointFiles {
 
 // What a rank reads from a checkpoint before any of it is copied in.
 struct LoadedState {
-  std::vector<at::Tensor> params;                       // per FlatParam: the elements this rank holds
+  std::vector<at::Tensor> params;                        // per FlatParam: the elements this rank holds
   std::vector<std::vector<at::Tensor>> optimizer_state;  // per optimizer slot: each state tensor's held elements
   int64_t optimizer_steps = 0;
   std::vector<at::Tensor> buffer_values;  // module buffers, replicated (rank 0's file)
@@ -488,7 +515,8 @@ struct LoadedState {
 };
 
 // The manifest's description, checked against this run's layout, buffers and optimizer.
-CheckpointInfo checked_manifest_info(const std::string& dir, const json& manifest, const std::vector<shard::FlatParam*>& flats,
+CheckpointInfo checked_manifest_info(const std::string& dir, const json& manifest,
+                                     const std::vector<shard::FlatParam*>& flats,
                                      const std::vector<std::pair<std::string, at::Tensor>>& buffers,
                                      const optim::ShardedOptimizer* optimizer) {
   CheckpointInfo info = info_of(manifest);
@@ -497,8 +525,8 @@ CheckpointInfo checked_manifest_info(const std::string& dir, const json& manifes
   if (optimizer != nullptr) {
     const auto saved_names = manifest.value("optimizer_state", std::vector<std::string>{});
     if (manifest.value("optimizer", "") != optimizer->name() || saved_names != optimizer->state_names()) {
-      throw std::runtime_error("checkpoint '" + dir + "' holds " + manifest.value("optimizer", "no") + " optimizer state; this run uses " +
-                               optimizer->name());
+      throw std::runtime_error("checkpoint '" + dir + "' holds " + manifest.value("optimizer", "no") +
+                               " optimizer state; this run uses " + optimizer->name());
     }
   }
   return info;
@@ -507,8 +535,8 @@ CheckpointInfo checked_manifest_info(const std::string& dir, const json& manifes
 // Reads what this rank needs (its shards' elements, the optimizer state, buffers, generators).
 // Only the files that hold part of it are opened, and from them only the tensors it needs.
 LoadedState read_rank_state(CheckpointFiles& files, const json& manifest, const std::vector<shard::FlatParam*>& flats,
-                            const std::vector<std::pair<std::string, at::Tensor>>& buffers, optim::ShardedOptimizer* optimizer,
-                            int rank, int world, at::Device device) {
+                            const std::vector<std::pair<std::string, at::Tensor>>& buffers,
+                            optim::ShardedOptimizer* optimizer, int rank, int world, at::Device device) {
   LoadedState loaded;
   loaded.params.resize(flats.size());
   for (size_t i = 0; i < flats.size(); ++i) {
@@ -522,16 +550,18 @@ LoadedState read_rank_state(CheckpointFiles& files, const json& manifest, const 
     for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
       const size_t i = std::find(flats.begin(), flats.end(), optimizer->flat_of_slot(slot)) - flats.begin();
       const auto [begin, end] = held_range(*flats[i]);
-      for (const auto& name : names) loaded.optimizer_state[slot].push_back(files.gather(*flats[i], i, name, begin, end));
+      for (const auto& name : names)
+        loaded.optimizer_state[slot].push_back(files.gather(*flats[i], i, name, begin, end));
     }
   }
   // Buffers are replicated: every rank reads them from rank 0's file.
   loaded.buffer_values.resize(buffers.size());
   for (size_t k = 0; k < buffers.size(); ++k) {
     loaded.buffer_values[k] = files.read_checked(0, kBufferPrefix + buffers[k].first);
-    if (loaded.buffer_values[k].sizes() != buffers[k].second.sizes() || loaded.buffer_values[k].scalar_type() != buffers[k].second.scalar_type()) {
-      throw std::runtime_error("checkpoint file '" + files.file(0).path() + "': tensor '" + kBufferPrefix + buffers[k].first +
-                               "' differs in shape or dtype from what the manifest lists");
+    if (loaded.buffer_values[k].sizes() != buffers[k].second.sizes() ||
+        loaded.buffer_values[k].scalar_type() != buffers[k].second.scalar_type()) {
+      throw std::runtime_error("checkpoint file '" + files.file(0).path() + "': tensor '" + kBufferPrefix +
+                               buffers[k].first + "' differs in shape or dtype from what the manifest lists");
     }
   }
   if (files.saved_world() == world) {
@@ -546,8 +576,10 @@ LoadedState read_rank_state(CheckpointFiles& files, const json& manifest, const 
 
 // Every rank read its pieces: now they are copied in (padding stays as it is: zeros).
 void install(const LoadedState& loaded, const std::vector<shard::FlatParam*>& flats,
-             const std::vector<std::pair<std::string, at::Tensor>>& buffers, optim::ShardedOptimizer* optimizer, at::Device device) {
-  for (size_t i = 0; i < flats.size(); ++i) flats[i]->shard().narrow(0, 0, loaded.params[i].numel()).copy_(loaded.params[i]);
+             const std::vector<std::pair<std::string, at::Tensor>>& buffers, optim::ShardedOptimizer* optimizer,
+             at::Device device) {
+  for (size_t i = 0; i < flats.size(); ++i)
+    flats[i]->shard().narrow(0, 0, loaded.params[i].numel()).copy_(loaded.params[i]);
   if (optimizer != nullptr) {
     for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
       for (size_t w = 0; w < loaded.optimizer_state[slot].size(); ++w) {
@@ -716,8 +748,8 @@ std::string describe_checkpoint(const std::string& checkpoint_dir) {
   std::ostringstream out;
   int64_t parameters = 0;
   for (const auto& flat : manifest.at("flat_params")) parameters += flat.at("numel").get<int64_t>();
-  out << shown(checkpoint_dir) << ": step " << manifest.at("step") << ", model " << shown(manifest.value("model", "?")) << ", "
-      << parameters << " parameters in " << manifest.at("flat_params").size() << " flat groups, saved by "
+  out << shown(checkpoint_dir) << ": step " << manifest.at("step") << ", model " << shown(manifest.value("model", "?"))
+      << ", " << parameters << " parameters in " << manifest.at("flat_params").size() << " flat groups, saved by "
       << manifest.at("world_size") << " ranks, optimizer " << shown(manifest.value("optimizer", "none")) << " ("
       << manifest.value("optimizer_steps", 0) << " steps)";
   if (!manifest.value("run_id", "").empty()) out << ", run " << shown(manifest.value("run_id", ""));
@@ -735,8 +767,8 @@ std::string describe_checkpoint(const std::string& checkpoint_dir) {
     out << "  unit " << shown(flat.at("unit")) << (flat.at("trainable").get<bool>() ? "" : " (frozen)") << ": "
         << flat.at("numel") << " elements\n";
     for (const auto& e : flat.at("entries")) {
-      out << "    " << shown(e.at("name")) << " " << shape_text(e.at("shape").get<std::vector<int64_t>>())
-          << " at " << e.at("offset") << "\n";
+      out << "    " << shown(e.at("name")) << " " << shape_text(e.at("shape").get<std::vector<int64_t>>()) << " at "
+          << e.at("offset") << "\n";
     }
   }
   return out.str();

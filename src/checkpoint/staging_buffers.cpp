@@ -6,7 +6,8 @@ namespace fsdp::checkpoint {
 
 at::Tensor StagingBuffers::buffer_for(const std::string& name, const at::Tensor& like, bool pinned) {
   at::Tensor& kept = buffers_[name];
-  if (!kept.defined() || kept.sizes() != like.sizes() || kept.scalar_type() != like.scalar_type() || kept.is_pinned() != pinned) {
+  if (!kept.defined() || kept.sizes() != like.sizes() || kept.scalar_type() != like.scalar_type() ||
+      kept.is_pinned() != pinned) {
     kept = at::empty(like.sizes(), like.options().device(at::kCPU).pinned_memory(pinned));
   }
   return kept;

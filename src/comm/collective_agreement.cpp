@@ -91,7 +91,7 @@ bool collective_agreement_due(CollectiveAgreementMode mode) {
 }
 
 std::shared_ptr<PendingAgreement> post_collective_agreement(ProcessGroup& host, const std::string& channel,
-                                                           const std::string& description, const std::string& place) {
+                                                            const std::string& description, const std::string& place) {
   auto pending = std::make_shared<PendingAgreement>();
   pending->host = &host;
   pending->channel = channel;
@@ -130,7 +130,8 @@ void check_collective_agreement(PendingAgreement& pending) {
     for (size_t s = 0; s < sides.size(); ++s) {
       std::string ranks;
       for (int r : sides[s].second) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      message += std::string(s ? ";" : "") + " on rank" + (sides[s].second.size() > 1 ? "s " : " ") + ranks + ": " + sides[s].first;
+      message += std::string(s ? ";" : "") + " on rank" + (sides[s].second.size() > 1 ? "s " : " ") + ranks + ": " +
+                 sides[s].first;
     }
     message += " (a code path that differs between ranks; ranks are the group's)";
     if (pending.host->channel() == "world") throw AgreedStop(message, rank == 0);

@@ -30,17 +30,17 @@ uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
 // One communicator's records in this step, in issue order.
 struct ChannelLog {
   int64_t count = 0;
-  uint64_t hash = kFnvOffset;          // FNV-1a over the records' own hashes
-  std::vector<uint64_t> hashes;        // [kept] each record's own hash
-  std::vector<std::string> records;    // [kept] "unit 'blocks.1': all_gather(4096 x 2 Float)"
+  uint64_t hash = kFnvOffset;        // FNV-1a over the records' own hashes
+  std::vector<uint64_t> hashes;      // [kept] each record's own hash
+  std::vector<std::string> records;  // [kept] "unit 'blocks.1': all_gather(4096 x 2 Float)"
 };
 
 struct StepLog {
   std::mutex mutex;
-  int64_t step = 0;    // 0: before the first step (construction, loading)
-  int64_t first_step = -1;  // the first step begun (a resumed run's is not 1); -1: none yet
-  int64_t count = 0;   // every channel's records (a record's place in messages)
-  size_t kept = 0;     // records kept in full, every channel
+  int64_t step = 0;                            // 0: before the first step (construction, loading)
+  int64_t first_step = -1;                     // the first step begun (a resumed run's is not 1); -1: none yet
+  int64_t count = 0;                           // every channel's records (a record's place in messages)
+  size_t kept = 0;                             // records kept in full, every channel
   std::map<std::string, ChannelLog> channels;  // by channel name: the order fingerprints combine in
   // Each channel's count when collective_fingerprint was last called: what the ranks compared
   // (the comparison's own collectives come after).
@@ -75,7 +75,8 @@ thread_local bool carrying = false;
 thread_local std::string carried_place;
 }  // namespace
 
-CarriedCollectives::CarriedCollectives(std::string place) : previous_(std::move(carried_place)), was_carrying_(carrying) {
+CarriedCollectives::CarriedCollectives(std::string place)
+    : previous_(std::move(carried_place)), was_carrying_(carrying) {
   carried_place = std::move(place);
   carrying = true;
 }
@@ -85,7 +86,9 @@ CarriedCollectives::~CarriedCollectives() {
 }
 const std::string* carried_collective_place() { return carrying ? &carried_place : nullptr; }
 
-CollectiveLabel::CollectiveLabel(std::string label) : previous_(std::move(current_label)) { current_label = std::move(label); }
+CollectiveLabel::CollectiveLabel(std::string label) : previous_(std::move(current_label)) {
+  current_label = std::move(label);
+}
 CollectiveLabel::~CollectiveLabel() { current_label = std::move(previous_); }
 
 std::string record_collective(const std::string& channel, const std::string& what) {
@@ -196,8 +199,8 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
   } else if (first < static_cast<int64_t>(records.size())) {
     text = records[static_cast<size_t>(first)];
   } else {
-    text = "nothing: its step had " + std::to_string(records.size()) + " collective" + (records.size() == 1 ? "" : "s") +
-           " in all";
+    text = "nothing: its step had " + std::to_string(records.size()) + " collective" +
+           (records.size() == 1 ? "" : "s") + " in all";
   }
   at::Tensor slot = at::zeros({kDescriptionBytes / 8}, at::kLong);
   std::memcpy(slot.data_ptr(), text.data(), std::min<size_t>(text.size(), kDescriptionBytes - 1));
@@ -209,8 +212,8 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
     return std::string(start, strnlen(start, kDescriptionBytes));
   };
   std::string message = "ranks issued different collectives in step " + std::to_string(step) +
-                        (first < 0 ? " past the first " + std::to_string(kKeptRecords) : "") + ": on rank 0: " +
-                        description_of(0);
+                        (first < 0 ? " past the first " + std::to_string(kKeptRecords) : "") +
+                        ": on rank 0: " + description_of(0);
   int listed = 0;
   for (int r = 1; r < n && listed < 4; ++r) {
     const std::string other = description_of(r);
@@ -218,8 +221,9 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
     message += "; on rank " + std::to_string(r) + ": " + other;
     ++listed;
   }
-  message += ". Every rank must run the same collectives in the same order on each group (a model or loop whose "
-             "control flow depends on the rank, or on data that differs between ranks, breaks this)";
+  message +=
+      ". Every rank must run the same collectives in the same order on each group (a model or loop whose "
+      "control flow depends on the rank, or on data that differs between ranks, breaks this)";
   throw AgreedStop(message, rank == 0);
 }
 

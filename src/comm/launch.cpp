@@ -30,12 +30,14 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
   int first_node = 0;
   while (position < tasks_per_node.size()) {
     const size_t comma = tasks_per_node.find(',', position);
-    const std::string group = tasks_per_node.substr(position, comma == std::string::npos ? std::string::npos : comma - position);
+    const std::string group =
+        tasks_per_node.substr(position, comma == std::string::npos ? std::string::npos : comma - position);
     int count = 0, repeat = 1;
     char close = 0;
     if (std::sscanf(group.c_str(), "%d(x%d%c", &count, &repeat, &close) == 3) {
       if (close != ')') return -1;
-    } else if (std::sscanf(group.c_str(), "%d", &count) == 1 && group.find_first_not_of("0123456789") == std::string::npos) {
+    } else if (std::sscanf(group.c_str(), "%d", &count) == 1 &&
+               group.find_first_not_of("0123456789") == std::string::npos) {
       repeat = 1;
     } else {
       return -1;
@@ -58,7 +60,8 @@ LaunchInfo launch_info_from_env() {
     const char* local_size;
   };
   const Source sources[] = {
-      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
       {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
       {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
   };

@@ -56,7 +56,8 @@ MPI_Datatype transport_type(at::ScalarType type) {
     case at::kFloat: return MPI_FLOAT;
     case at::kDouble: return MPI_DOUBLE;
     case at::kLong: return MPI_INT64_T;
-    case at::kBFloat16: case at::kHalf: return MPI_UINT16_T;
+    case at::kBFloat16:
+    case at::kHalf: return MPI_UINT16_T;
     case at::kByte: return MPI_UINT8_T;  // packed bytes (NF4): gathered and broadcast only
     default: throw std::invalid_argument(std::string("mpi: unsupported dtype ") + c10::toString(type));
   }
@@ -185,9 +186,10 @@ void ring_all_gather(const void* input, void* output, int count, MPI_Datatype ty
     const int send_block = (rank - step + size) % size;
     const int receive_block = (rank - step - 1 + 2 * size) % size;
     MPI_Request requests[2];
-    check_mpi(MPI_Irecv(out + receive_block * block_bytes, count, type, previous, kTag, comm, &requests[0]), "MPI_Irecv",
+    check_mpi(MPI_Irecv(out + receive_block * block_bytes, count, type, previous, kTag, comm, &requests[0]),
+              "MPI_Irecv", where);
+    check_mpi(MPI_Isend(out + send_block * block_bytes, count, type, next, kTag, comm, &requests[1]), "MPI_Isend",
               where);
-    check_mpi(MPI_Isend(out + send_block * block_bytes, count, type, next, kTag, comm, &requests[1]), "MPI_Isend", where);
     complete_backoff(requests, 2, "MPI_Isend/MPI_Irecv", where);
   }
 }
@@ -218,7 +220,8 @@ std::string peers_of(MPI_Comm comm, int rank, int size) {
   MPI_Comm_group(comm, &group);
   MPI_Comm_group(MPI_COMM_WORLD, &world);
   std::vector<int> ranks, world_ranks;
-  for (int r = 0; r < size; ++r) if (r != rank) ranks.push_back(r);
+  for (int r = 0; r < size; ++r)
+    if (r != rank) ranks.push_back(r);
   world_ranks.resize(ranks.size());
   MPI_Group_translate_ranks(group, static_cast<int>(ranks.size()), ranks.data(), world, world_ranks.data());
   MPI_Group_free(&group);
@@ -242,7 +245,7 @@ constexpr std::chrono::seconds kPositionsGrace{3};
 constexpr std::chrono::seconds kLauncherGrace{4};
 
 struct Positions {
-  std::string lines;     // to print after the timeout's message
+  std::string lines;        // to print after the timeout's message
   bool every_rank = false;  // every rank answered
 };
 
@@ -260,7 +263,8 @@ Positions positions_at_timeout(const std::string& mine) {
   std::vector<char> slot(kSlot, '\0'), all(static_cast<size_t>(kSlot) * size, '\0');
   std::memcpy(slot.data(), mine.data(), std::min<size_t>(mine.size(), kSlot - 1));
   MPI_Request request = MPI_REQUEST_NULL;
-  if (MPI_Iallgather(slot.data(), kSlot, MPI_CHAR, all.data(), kSlot, MPI_CHAR, g_watchdog, &request) != MPI_SUCCESS) return {};
+  if (MPI_Iallgather(slot.data(), kSlot, MPI_CHAR, all.data(), kSlot, MPI_CHAR, g_watchdog, &request) != MPI_SUCCESS)
+    return {};
   const auto deadline = Clock::now() + kPositionsGrace;
   int done = 0;
   while (!done && Clock::now() < deadline) {
@@ -285,10 +289,16 @@ std::atomic<bool> g_timed_out{false};  // the first timeout reports; later ones 
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string description, std::string who, std::string peers, std::string place, std::chrono::milliseconds timeout,
-          std::shared_ptr<PendingAgreement> agreement, const std::vector<at::Tensor>& tensors)
-      : description_(std::move(description)), who_(std::move(who)), peers_(std::move(peers)), place_(std::move(place)),
-        timeout_(timeout), agreement_(std::move(agreement)), in_flight_(tensors, description_ + " [" + place_ + "]") {}
+  MpiWork(std::string description, std::string who, std::string peers, std::string place,
+          std::chrono::milliseconds timeout, std::shared_ptr<PendingAgreement> agreement,
+          const std::vector<at::Tensor>& tensors)
+      : description_(std::move(description)),
+        who_(std::move(who)),
+        peers_(std::move(peers)),
+        place_(std::move(place)),
+        timeout_(timeout),
+        agreement_(std::move(agreement)),
+        in_flight_(tensors, description_ + " [" + place_ + "]") {}
 
   void wait() override {
     if (agreement_) check_collective_agreement(*agreement_);  // before the result is used
@@ -364,8 +374,8 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     MPI_Comm_size(comm_, &size_);
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    who_ = "[fsdp rank " + std::to_string(world_rank) + ", group " + name_ + " rank " + std::to_string(rank_) +
-           "/" + std::to_string(size_) + "]";
+    who_ = "[fsdp rank " + std::to_string(world_rank) + ", group " + name_ + " rank " + std::to_string(rank_) + "/" +
+           std::to_string(size_) + "]";
     peers_ = peers_of(comm_, rank_, size_);
     thread_ = std::thread([this] { run(); });
   }
@@ -395,76 +405,95 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     check_all_gather_args(*this, output, input);
     std::string what = "all_gather(" + std::to_string(input.numel()) + " x " + std::to_string(size_) + " " +
                        c10::toString(input.scalar_type()) + ")";
-    return enqueue(what, [this, output, input, what] {
-      int count = checked_count(input.numel(), who_ + " " + what);
-      MPI_Datatype type = transport_type(input.scalar_type());
-      if (options_.wait == CommWait::kBackoff && static_cast<int64_t>(count) * size_ >= kRingAllGatherMinCount) {
-        ring_all_gather(input.data_ptr(), output.data_ptr(), count, type, comm_, rank_, size_, who_ + " " + what);
-        return;
-      }
-      collective("MPI_Allgather", who_ + " " + what,
-                 [&] { return MPI_Allgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_); },
-                 [&](MPI_Request* r) {
-                   return MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_, r);
-                 });
-    }, {output, input});
+    return enqueue(
+        what,
+        [this, output, input, what] {
+          int count = checked_count(input.numel(), who_ + " " + what);
+          MPI_Datatype type = transport_type(input.scalar_type());
+          if (options_.wait == CommWait::kBackoff && static_cast<int64_t>(count) * size_ >= kRingAllGatherMinCount) {
+            ring_all_gather(input.data_ptr(), output.data_ptr(), count, type, comm_, rank_, size_, who_ + " " + what);
+            return;
+          }
+          collective(
+              "MPI_Allgather", who_ + " " + what,
+              [&] { return MPI_Allgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_); },
+              [&](MPI_Request* r) {
+                return MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count, type, comm_, r);
+              });
+        },
+        {output, input});
   }
 
   WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     check_reduce_scatter_args(*this, output, input, op);
-    std::string what = std::string("reduce_scatter(") + to_string(op) + ", " + std::to_string(output.numel()) +
-                       " x " + std::to_string(size_) + " " + c10::toString(input.scalar_type()) + ")";
-    return enqueue(what, [this, output, input, op, what] {
-      int count = checked_count(output.numel(), who_ + " " + what);
-      const bool ring = op != ReduceOp::Max && count >= kRingReduceScatterMinCount;
-      if (is_16_bit_float(input.scalar_type())) {
-        std::vector<float> in32 = to_float(input), out32(static_cast<size_t>(output.numel()));
-        if (ring) {
-          ring_reduce_scatter_sum(in32.data(), out32.data(), count, MPI_FLOAT, comm_, rank_, size_, options_.wait,
-                                  who_ + " " + what);
-        } else {
-          collective("MPI_Reduce_scatter_block", who_ + " " + what,
-                     [&] { return MPI_Reduce_scatter_block(in32.data(), out32.data(), count, MPI_FLOAT, mpi_op(op), comm_); },
-                     [&](MPI_Request* r) {
-                       return MPI_Ireduce_scatter_block(in32.data(), out32.data(), count, MPI_FLOAT, mpi_op(op), comm_, r);
-                     });
-        }
-        from_float(out32, output, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
-        return;
-      }
-      MPI_Datatype type = transport_type(input.scalar_type());
-      if (ring && input.scalar_type() == at::kFloat) {
-        ring_reduce_scatter_sum(static_cast<const float*>(input.data_ptr()), static_cast<float*>(output.data_ptr()), count,
-                                type, comm_, rank_, size_, options_.wait, who_ + " " + what);
-      } else if (ring && input.scalar_type() == at::kDouble) {
-        ring_reduce_scatter_sum(static_cast<const double*>(input.data_ptr()), static_cast<double*>(output.data_ptr()),
-                                count, type, comm_, rank_, size_, options_.wait, who_ + " " + what);
-      } else {
-        collective("MPI_Reduce_scatter_block", who_ + " " + what,
-                   [&] { return MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type, mpi_op(op), comm_); },
-                   [&](MPI_Request* r) {
-                     return MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type, mpi_op(op), comm_, r);
-                   });
-      }
-      if (op == ReduceOp::Average) divide_in_place(output.data_ptr(), output.scalar_type(), output.numel(), size_);
-    }, {output, input});
+    std::string what = std::string("reduce_scatter(") + to_string(op) + ", " + std::to_string(output.numel()) + " x " +
+                       std::to_string(size_) + " " + c10::toString(input.scalar_type()) + ")";
+    return enqueue(
+        what,
+        [this, output, input, op, what] {
+          int count = checked_count(output.numel(), who_ + " " + what);
+          const bool ring = op != ReduceOp::Max && count >= kRingReduceScatterMinCount;
+          if (is_16_bit_float(input.scalar_type())) {
+            std::vector<float> in32 = to_float(input), out32(static_cast<size_t>(output.numel()));
+            if (ring) {
+              ring_reduce_scatter_sum(in32.data(), out32.data(), count, MPI_FLOAT, comm_, rank_, size_, options_.wait,
+                                      who_ + " " + what);
+            } else {
+              collective(
+                  "MPI_Reduce_scatter_block", who_ + " " + what,
+                  [&] {
+                    return MPI_Reduce_scatter_block(in32.data(), out32.data(), count, MPI_FLOAT, mpi_op(op), comm_);
+                  },
+                  [&](MPI_Request* r) {
+                    return MPI_Ireduce_scatter_block(in32.data(), out32.data(), count, MPI_FLOAT, mpi_op(op), comm_, r);
+                  });
+            }
+            from_float(out32, output, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
+            return;
+          }
+          MPI_Datatype type = transport_type(input.scalar_type());
+          if (ring && input.scalar_type() == at::kFloat) {
+            ring_reduce_scatter_sum(static_cast<const float*>(input.data_ptr()), static_cast<float*>(output.data_ptr()),
+                                    count, type, comm_, rank_, size_, options_.wait, who_ + " " + what);
+          } else if (ring && input.scalar_type() == at::kDouble) {
+            ring_reduce_scatter_sum(static_cast<const double*>(input.data_ptr()),
+                                    static_cast<double*>(output.data_ptr()), count, type, comm_, rank_, size_,
+                                    options_.wait, who_ + " " + what);
+          } else {
+            collective(
+                "MPI_Reduce_scatter_block", who_ + " " + what,
+                [&] {
+                  return MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type, mpi_op(op), comm_);
+                },
+                [&](MPI_Request* r) {
+                  return MPI_Ireduce_scatter_block(input.data_ptr(), output.data_ptr(), count, type, mpi_op(op), comm_,
+                                                   r);
+                });
+          }
+          if (op == ReduceOp::Average) divide_in_place(output.data_ptr(), output.scalar_type(), output.numel(), size_);
+        },
+        {output, input});
   }
 
   WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) override {
     check_all_reduce_args(*this, tensor, op);
     std::string what = std::string("all_reduce(") + to_string(op) + ", " + std::to_string(tensor.numel()) + " " +
                        c10::toString(tensor.scalar_type()) + ")";
-    return enqueue(what, [this, tensor, op, what] {
-      int count = checked_count(tensor.numel(), who_ + " " + what);
-      if (is_16_bit_float(tensor.scalar_type())) {
-        std::vector<float> values = to_float(tensor);
-        all_reduce_values(values.data(), count, MPI_FLOAT, op, who_ + " " + what);
-        from_float(values, tensor, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
-        return;
-      }
-      all_reduce_values(tensor.data_ptr(), count, transport_type(tensor.scalar_type()), op, who_ + " " + what);
-      if (op == ReduceOp::Average) divide_in_place(tensor.data_ptr(), tensor.scalar_type(), tensor.numel(), size_);
-    }, {tensor});
+    return enqueue(what,
+                   [this, tensor, op, what] {
+                     int count = checked_count(tensor.numel(), who_ + " " + what);
+                     if (is_16_bit_float(tensor.scalar_type())) {
+                       std::vector<float> values = to_float(tensor);
+                       all_reduce_values(values.data(), count, MPI_FLOAT, op, who_ + " " + what);
+                       from_float(values, tensor, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
+                       return;
+                     }
+                     all_reduce_values(tensor.data_ptr(), count, transport_type(tensor.scalar_type()), op,
+                                       who_ + " " + what);
+                     if (op == ReduceOp::Average)
+                       divide_in_place(tensor.data_ptr(), tensor.scalar_type(), tensor.numel(), size_);
+                   },
+                   {tensor});
   }
 
   // Sums (or maxima) of `count` values in place. Under kBackoff, a large float or double sum that
@@ -481,8 +510,9 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
       }
       return;
     }
-    collective("MPI_Allreduce", where, [&] { return MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_op(op), comm_); },
-               [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op(op), comm_, r); });
+    collective(
+        "MPI_Allreduce", where, [&] { return MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi_op(op), comm_); },
+        [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op(op), comm_, r); });
   }
 
   template <class T>
@@ -498,18 +528,23 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     check_broadcast_args(*this, tensor, root);
     std::string what = "broadcast(" + std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type()) +
                        " from rank " + std::to_string(root) + ")";
-    return enqueue(what, [this, tensor, root, what] {
-      int count = checked_count(tensor.numel(), who_ + " " + what);
-      const MPI_Datatype type = transport_type(tensor.scalar_type());
-      collective("MPI_Bcast", who_ + " " + what, [&] { return MPI_Bcast(tensor.data_ptr(), count, type, root, comm_); },
-                 [&](MPI_Request* r) { return MPI_Ibcast(tensor.data_ptr(), count, type, root, comm_, r); });
-    }, {tensor});
+    return enqueue(what,
+                   [this, tensor, root, what] {
+                     int count = checked_count(tensor.numel(), who_ + " " + what);
+                     const MPI_Datatype type = transport_type(tensor.scalar_type());
+                     collective(
+                         "MPI_Bcast", who_ + " " + what,
+                         [&] { return MPI_Bcast(tensor.data_ptr(), count, type, root, comm_); },
+                         [&](MPI_Request* r) { return MPI_Ibcast(tensor.data_ptr(), count, type, root, comm_, r); });
+                   },
+                   {tensor});
   }
 
   WorkPtr barrier() override {
     return enqueue("barrier", [this] {
-      collective("MPI_Barrier", who_ + " barrier", [&] { return MPI_Barrier(comm_); },
-                 [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+      collective(
+          "MPI_Barrier", who_ + " barrier", [&] { return MPI_Barrier(comm_); },
+          [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
     });
   }
 
@@ -524,8 +559,8 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     // rank, whatever its color.
     const std::string channel = channel_ + "/split#" + std::to_string(++splits_);
     if (*new_comm == MPI_COMM_NULL) return nullptr;
-    return std::make_shared<MpiProcessGroup>(*new_comm, name_ + "/split(color=" + std::to_string(color) + ")",
-                                             channel, options_);
+    return std::make_shared<MpiProcessGroup>(*new_comm, name_ + "/split(color=" + std::to_string(color) + ")", channel,
+                                             options_);
   }
 
   [[noreturn]] void abort(const std::string& why) override {
@@ -563,7 +598,8 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     const std::string place = carried != nullptr ? *carried : record_collective(channel_, recorded);
     std::shared_ptr<PendingAgreement> agreement;
     if (carried == nullptr && collective_agreement_due(collective_agreement_mode(CollectiveAgreementMode::kOff))) {
-      agreement = post_collective_agreement(*this, channel_, describe_collective(recorded), place);  // queued before the body
+      agreement =
+          post_collective_agreement(*this, channel_, describe_collective(recorded), place);  // queued before the body
     }
     auto work = std::make_shared<MpiWork>(what, who_, peers_, place, options_.timeout, std::move(agreement), tensors);
     {

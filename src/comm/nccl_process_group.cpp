@@ -73,8 +73,11 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 class NcclWork final : public Work {
  public:
   NcclWork(std::string description, int device_index, std::vector<at::Tensor> tensors)
-      : description_(std::move(description)), device_index_(device_index), tensors_(std::move(tensors)),
-        in_flight_(tensors_, description_), enqueued_(Clock::now()) {
+      : description_(std::move(description)),
+        device_index_(device_index),
+        tensors_(std::move(tensors)),
+        in_flight_(tensors_, description_),
+        enqueued_(Clock::now()) {
     check_cuda(cudaEventCreate(&start_), "cudaEventCreate", description_);
     check_cuda(cudaEventCreate(&done_), "cudaEventCreate", description_);
   }
@@ -115,7 +118,7 @@ class NcclWork final : public Work {
   std::string description_;
   int device_index_;
   std::vector<at::Tensor> tensors_;
-  InFlightStorage in_flight_;  // tensors_' storages, until wait() or completion (in_flight_storage.h)
+  InFlightStorage in_flight_;                    // tensors_' storages, until wait() or completion (in_flight_storage.h)
   std::shared_ptr<PendingAgreement> agreement_;  // collective_agreement.h
   Clock::time_point enqueued_;
   cudaEvent_t start_ = nullptr;
@@ -127,7 +130,9 @@ class NcclWork final : public Work {
 class NcclProcessGroup final : public ProcessGroup {
  public:
   NcclProcessGroup(ProcessGroupPtr bootstrap, int device_index, ProcessGroupOptions options)
-      : bootstrap_(std::move(bootstrap)), device_index_(device_index), options_(options),
+      : bootstrap_(std::move(bootstrap)),
+        device_index_(device_index),
+        options_(options),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device_index))) {
     rank_ = bootstrap_->rank();
     size_ = bootstrap_->size();
@@ -184,8 +189,9 @@ class NcclProcessGroup final : public ProcessGroup {
     std::unique_lock<std::mutex> lock(init->mutex);
     if (!init->done_cv.wait_for(lock, options_.timeout, [&] { return init->done; })) {
       throw std::runtime_error(who_ + ": ncclCommInitRank did not complete within " +
-                               std::to_string(std::chrono::duration<double>(options_.timeout).count()) + " s (FSDP_COMM_TIMEOUT_MS): a rank of the " +
-                               std::to_string(size_) + " did not join it (did one die after the NCCL id was broadcast?)");
+                               std::to_string(std::chrono::duration<double>(options_.timeout).count()) +
+                               " s (FSDP_COMM_TIMEOUT_MS): a rank of the " + std::to_string(size_) +
+                               " did not join it (did one die after the NCCL id was broadcast?)");
     }
     check_nccl(init->result, "ncclCommInitRank", who_);
     return init->comm;
@@ -238,8 +244,8 @@ class NcclProcessGroup final : public ProcessGroup {
     if (on_host(tensor, tensor)) return bootstrap_->broadcast(tensor, root);
     check_broadcast_args(*this, tensor, root);
     check_device(tensor, "broadcast");
-    const std::string what = "broadcast(" + std::to_string(tensor.numel()) + " " +
-                             c10::toString(tensor.scalar_type()) + " from rank " + std::to_string(root) + ")";
+    const std::string what = "broadcast(" + std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type()) +
+                             " from rank " + std::to_string(root) + ")";
     return enqueue(what, {tensor}, [&] {
       return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                            nccl_type(tensor.scalar_type()), root, comm_, stream_.stream());
@@ -251,8 +257,9 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr barrier() override {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
     check_cuda(cudaStreamSynchronize(stream_.stream()), "cudaStreamSynchronize", who_ + " barrier");
-    check_cuda(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_)).stream()),
-               "cudaStreamSynchronize", who_ + " barrier");
+    check_cuda(
+        cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_)).stream()),
+        "cudaStreamSynchronize", who_ + " barrier");
     return bootstrap_->barrier();
   }
 
@@ -278,8 +285,8 @@ class NcclProcessGroup final : public ProcessGroup {
 
   void check_device(const at::Tensor& t, const char* op) const {
     if (t.device().index() != device_index_) {
-      throw std::invalid_argument(who_ + " " + op + ": the tensor is on " + t.device().str() + ", this group's device is cuda:" +
-                                  std::to_string(device_index_));
+      throw std::invalid_argument(who_ + " " + op + ": the tensor is on " + t.device().str() +
+                                  ", this group's device is cuda:" + std::to_string(device_index_));
     }
   }
 
@@ -296,7 +303,8 @@ class NcclProcessGroup final : public ProcessGroup {
     // The collective reads what the caller's stream wrote: order it after that stream's queued work.
     c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
     check_cuda(cudaEventRecord(work->start_event(), caller.stream()), "cudaEventRecord", work->description());
-    check_cuda(cudaStreamWaitEvent(stream_.stream(), work->start_event(), 0), "cudaStreamWaitEvent", work->description());
+    check_cuda(cudaStreamWaitEvent(stream_.stream(), work->start_event(), 0), "cudaStreamWaitEvent",
+               work->description());
     // Re-recorded on the communication stream: the device time measured starts when it may start.
     check_cuda(cudaEventRecord(work->start_event(), stream_.stream()), "cudaEventRecord", work->description());
     check_nccl(launch(), "nccl collective", work->description());
@@ -341,8 +349,8 @@ class NcclProcessGroup final : public ProcessGroup {
       ncclResult_t async_error = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async_error);
       if (state != cudaErrorNotReady || async_error != ncclSuccess) {
-        abort(oldest->description() + " failed: " +
-              (async_error != ncclSuccess ? ncclGetErrorString(async_error) : cudaGetErrorString(state)));
+        abort(oldest->description() +
+              " failed: " + (async_error != ncclSuccess ? ncclGetErrorString(async_error) : cudaGetErrorString(state)));
       }
       if (Clock::now() - oldest->enqueued() > options_.timeout) {
         abort(oldest->description() + " did not complete within " + std::to_string(options_.timeout.count()) +
@@ -377,13 +385,14 @@ int local_device_index() {
   return device_index_for(launch_info_from_env(), devices);
 }
 
-ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& bootstrap, int device_index, const ProcessGroupOptions& options) {
+ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& bootstrap, int device_index,
+                                const ProcessGroupOptions& options) {
   if (!bootstrap) throw std::invalid_argument("make_nccl_group: no bootstrap group");
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", "make_nccl_group");
   if (device_index < 0 || device_index >= devices) {
-    throw std::invalid_argument("make_nccl_group: device index " + std::to_string(device_index) + " is not one of the " +
-                                std::to_string(devices) + " visible CUDA devices");
+    throw std::invalid_argument("make_nccl_group: device index " + std::to_string(device_index) +
+                                " is not one of the " + std::to_string(devices) + " visible CUDA devices");
   }
   check_cuda(cudaSetDevice(device_index), "cudaSetDevice", "make_nccl_group");
   // One rank per device, agreed before NCCL starts (comm/device_assignment.h): every rank gets
@@ -397,7 +406,8 @@ ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& bootstrap, int device_ind
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   std::vector<DeviceClaim> claims;
-  for (const std::string& text : all_gather_text(bootstrap, to_text(DeviceClaim{host, std::string("GPU-") + uuid, device_index}))) {
+  for (const std::string& text :
+       all_gather_text(bootstrap, to_text(DeviceClaim{host, std::string("GPU-") + uuid, device_index}))) {
     claims.push_back(claim_from_text(text));
   }
   check_one_rank_per_device(claims, launch_info_from_env(), devices);

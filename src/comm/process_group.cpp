@@ -12,7 +12,8 @@ std::chrono::milliseconds comm_timeout_from_env(std::chrono::milliseconds fallba
   char* end = nullptr;
   const long ms = std::strtol(env, &end, 10);
   if (*end != '\0' || ms <= 0) {
-    throw std::runtime_error(std::string("FSDP_COMM_TIMEOUT_MS='") + env + "' is not a positive number of milliseconds");
+    throw std::runtime_error(std::string("FSDP_COMM_TIMEOUT_MS='") + env +
+                             "' is not a positive number of milliseconds");
   }
   return std::chrono::milliseconds(ms);
 }
@@ -57,16 +58,23 @@ void check_tensor(const ProcessGroup& group, const char* op, const char* role, c
   if (!t.defined()) fail(group, op, std::string(role) + " is an undefined tensor");
   if (!t.is_contiguous()) fail(group, op, std::string(role) + " must be contiguous, got " + describe(t));
   if (t.device().type() != group.device_type()) {
-    fail(group, op, std::string(role) + " is on " + t.device().str() +
-                        (group.device_type() == at::kCPU
-                             ? ": the MPI backend takes CPU tensors (CUDA tensors need the NCCL backend)"
-                             : ": the NCCL backend takes CUDA tensors (CPU tensors need the MPI backend)"));
+    fail(group, op,
+         std::string(role) + " is on " + t.device().str() +
+             (group.device_type() == at::kCPU
+                  ? ": the MPI backend takes CPU tensors (CUDA tensors need the NCCL backend)"
+                  : ": the NCCL backend takes CUDA tensors (CPU tensors need the MPI backend)"));
   }
   switch (t.scalar_type()) {
-    case at::kFloat: case at::kDouble: case at::kLong: case at::kBFloat16: case at::kHalf: case at::kByte: break;
+    case at::kFloat:
+    case at::kDouble:
+    case at::kLong:
+    case at::kBFloat16:
+    case at::kHalf:
+    case at::kByte: break;
     default:
-      fail(group, op, std::string(role) + " has unsupported dtype " + describe(t) +
-                          " (supported: float32, float64, int64, bfloat16, float16, uint8)");
+      fail(group, op,
+           std::string(role) + " has unsupported dtype " + describe(t) +
+               " (supported: float32, float64, int64, bfloat16, float16, uint8)");
   }
 }
 
@@ -88,9 +96,9 @@ void check_all_gather_args(const ProcessGroup& group, const at::Tensor& output, 
     fail(group, "all_gather", "dtypes differ: output " + describe(output) + ", input " + describe(input));
   }
   if (output.numel() != input.numel() * group.size()) {
-    fail(group, "all_gather", "output must hold " + std::to_string(group.size()) + " x " +
-                                  std::to_string(input.numel()) + " elements, got output " + describe(output) +
-                                  ", input " + describe(input));
+    fail(group, "all_gather",
+         "output must hold " + std::to_string(group.size()) + " x " + std::to_string(input.numel()) +
+             " elements, got output " + describe(output) + ", input " + describe(input));
   }
 }
 
@@ -103,9 +111,9 @@ void check_reduce_scatter_args(const ProcessGroup& group, const at::Tensor& outp
     fail(group, "reduce_scatter", "dtypes differ: output " + describe(output) + ", input " + describe(input));
   }
   if (input.numel() != output.numel() * group.size()) {
-    fail(group, "reduce_scatter", "input must hold " + std::to_string(group.size()) + " x " +
-                                      std::to_string(output.numel()) + " elements, got input " + describe(input) +
-                                      ", output " + describe(output));
+    fail(group, "reduce_scatter",
+         "input must hold " + std::to_string(group.size()) + " x " + std::to_string(output.numel()) +
+             " elements, got input " + describe(input) + ", output " + describe(output));
   }
 }
 
@@ -117,8 +125,8 @@ void check_all_reduce_args(const ProcessGroup& group, const at::Tensor& tensor, 
 void check_broadcast_args(const ProcessGroup& group, const at::Tensor& tensor, int root) {
   check_tensor(group, "broadcast", "tensor", tensor);
   if (root < 0 || root >= group.size()) {
-    fail(group, "broadcast", "root " + std::to_string(root) + " is not a rank of a group of size " +
-                                 std::to_string(group.size()));
+    fail(group, "broadcast",
+         "root " + std::to_string(root) + " is not a rank of a group of size " + std::to_string(group.size()));
   }
 }
 

@@ -81,8 +81,8 @@ class StagedProcessGroup final : public ProcessGroup {
     const std::string what = "all_gather(" + std::to_string(input.numel()) + " x " + std::to_string(size()) + " " +
                              c10::toString(input.scalar_type()) + ")";
     const at::Tensor staged_in = stage(input), staged_out = copies_->host_buffer(output);
-    return issue(what, {output, input}, [&] { return data_->all_gather(staged_out, staged_in); },
-                 copy_back(output, staged_out));
+    return issue(
+        what, {output, input}, [&] { return data_->all_gather(staged_out, staged_in); }, copy_back(output, staged_out));
   }
 
   WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -93,8 +93,9 @@ class StagedProcessGroup final : public ProcessGroup {
     const std::string what = std::string("reduce_scatter(") + to_string(op) + ", " + std::to_string(output.numel()) +
                              " x " + std::to_string(size()) + " " + c10::toString(input.scalar_type()) + ")";
     const at::Tensor staged_in = stage(input), staged_out = copies_->host_buffer(output);
-    return issue(what, {output, input}, [&] { return data_->reduce_scatter(staged_out, staged_in, op); },
-                 copy_back(output, staged_out));
+    return issue(
+        what, {output, input}, [&] { return data_->reduce_scatter(staged_out, staged_in, op); },
+        copy_back(output, staged_out));
   }
 
   WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) override {
@@ -104,7 +105,8 @@ class StagedProcessGroup final : public ProcessGroup {
     const std::string what = std::string("all_reduce(") + to_string(op) + ", " + std::to_string(tensor.numel()) + " " +
                              c10::toString(tensor.scalar_type()) + ")";
     const at::Tensor staged = stage(tensor);
-    return issue(what, {tensor}, [&] { return data_->all_reduce(staged, op); }, copy_back(tensor, staged));
+    return issue(
+        what, {tensor}, [&] { return data_->all_reduce(staged, op); }, copy_back(tensor, staged));
   }
 
   WorkPtr broadcast(const at::Tensor& tensor, int root) override {
@@ -114,14 +116,16 @@ class StagedProcessGroup final : public ProcessGroup {
     const std::string what = "broadcast(" + std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type()) +
                              " from rank " + std::to_string(root) + ")";
     const at::Tensor staged = stage(tensor);
-    return issue(what, {tensor}, [&] { return data_->broadcast(staged, root); }, copy_back(tensor, staged));
+    return issue(
+        what, {tensor}, [&] { return data_->broadcast(staged, root); }, copy_back(tensor, staged));
   }
 
   // Host-blocking, as the contract says: the caller's queued work and this group's earlier
   // collectives finish (the data communicator runs them in order), then the ranks meet.
   WorkPtr barrier() override {
     copies_->synchronize();
-    return issue("barrier", {}, [&] { return data_->barrier(); }, nullptr);
+    return issue(
+        "barrier", {}, [&] { return data_->barrier(); }, nullptr);
   }
 
   // Split through the bootstrap group (same colors and keys), then a staged group over each part.
@@ -145,8 +149,8 @@ class StagedProcessGroup final : public ProcessGroup {
 
   void check_device(const at::Tensor& t, const char* op) const {
     if (t.device().type() != device_.type() || (device_.has_index() && t.device().index() != device_.index())) {
-      throw std::invalid_argument(who_ + " " + op + ": the tensor is on " + t.device().str() + ", this group's device is " +
-                                  device_.str());
+      throw std::invalid_argument(who_ + " " + op + ": the tensor is on " + t.device().str() +
+                                  ", this group's device is " + device_.str());
     }
   }
 
@@ -188,7 +192,9 @@ class StagedProcessGroup final : public ProcessGroup {
 // Plain host copies: CPU tensors stand in for device memory.
 class HostStagingCopies final : public StagingCopies {
  public:
-  at::Tensor host_buffer(const at::Tensor& like) const override { return at::empty_like(like, at::MemoryFormat::Contiguous); }
+  at::Tensor host_buffer(const at::Tensor& like) const override {
+    return at::empty_like(like, at::MemoryFormat::Contiguous);
+  }
   void to_host(const at::Tensor& host, const at::Tensor& device) override { host.copy_(device); }
   void to_device(const at::Tensor& device, const at::Tensor& host) override { device.copy_(host); }
   void synchronize() override {}
@@ -202,7 +208,8 @@ std::unique_ptr<StagingCopies> make_staging_copies(at::Device device) {
   throw std::invalid_argument("staged group: no staging copies for device " + device.str() + " (cpu or cuda)");
 }
 
-ProcessGroupPtr make_staged_group(const ProcessGroupPtr& bootstrap, at::Device device, const ProcessGroupOptions& options) {
+ProcessGroupPtr make_staged_group(const ProcessGroupPtr& bootstrap, at::Device device,
+                                  const ProcessGroupOptions& options) {
   if (!bootstrap) throw std::invalid_argument("make_staged_group: no bootstrap group");
   ProcessGroupOptions resolved = options;
   resolved.timeout = comm_timeout_from_env(options.timeout);

@@ -68,6 +68,8 @@ class CudaStagingCopies final : public StagingCopies {
 
 }  // namespace
 
-std::unique_ptr<StagingCopies> make_cuda_staging_copies(at::Device device) { return std::make_unique<CudaStagingCopies>(device); }
+std::unique_ptr<StagingCopies> make_cuda_staging_copies(at::Device device) {
+  return std::make_unique<CudaStagingCopies>(device);
+}
 
 }  // namespace fsdp::comm

@@ -6,7 +6,8 @@
 namespace fsdp::comm {
 
 std::unique_ptr<StagingCopies> make_cuda_staging_copies(at::Device device) {
-  throw std::runtime_error("staged group on " + device.str() + ": this build has no CUDA support; configure with "
+  throw std::runtime_error("staged group on " + device.str() +
+                           ": this build has no CUDA support; configure with "
                            "-DFSDP_CUDA=ON against a CUDA libtorch (see docs/gpu.md)");
 }
 

@@ -65,7 +65,8 @@ class PairCounts {
     for (size_t w : candidates) {
       std::vector<int32_t>& symbols = words_[w];
       bool present = false;
-      for (size_t i = 0; i + 1 < symbols.size() && !present; ++i) present = symbols[i] == left && symbols[i + 1] == right;
+      for (size_t i = 0; i + 1 < symbols.size() && !present; ++i)
+        present = symbols[i] == left && symbols[i + 1] == right;
       if (!present) continue;
       add_word(w, -1);
       std::vector<int32_t> out;
@@ -109,7 +110,8 @@ TrainedBpe train_byte_level_bpe(const std::vector<std::string>& documents, const
   const int64_t specials = static_cast<int64_t>(options.special_tokens.size());
   if (options.vocab_size < 256 + specials) {
     throw std::invalid_argument("train_byte_level_bpe: vocab_size " + std::to_string(options.vocab_size) +
-                                " leaves no room for the 256 bytes and the " + std::to_string(specials) + " special tokens");
+                                " leaves no room for the 256 bytes and the " + std::to_string(specials) +
+                                " special tokens");
   }
   // Word frequencies over the corpus, as the split pattern cuts it (what encoding will see).
   const UnicodeRegex split(kSplitPattern, "train_byte_level_bpe");
@@ -178,7 +180,8 @@ TrainedBpe train_byte_level_bpe(const std::vector<std::string>& documents, const
         {"pretokenizers",
          {{{"type", "Split"}, {"pattern", {{"Regex", kSplitPattern}}}, {"behavior", "Isolated"}, {"invert", false}},
           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
-      {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
+      {"post_processor",
+       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
       {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
       {"model",
        {{"type", "BPE"},
@@ -193,7 +196,10 @@ TrainedBpe train_byte_level_bpe(const std::vector<std::string>& documents, const
         {"merges", merges}}}};
   trained.tokenizer_json = tokenizer.dump(1) + "\n";
 
-  auto special = [&](const char* token) { return std::find(options.special_tokens.begin(), options.special_tokens.end(), token) != options.special_tokens.end(); };
+  auto special = [&](const char* token) {
+    return std::find(options.special_tokens.begin(), options.special_tokens.end(), token) !=
+           options.special_tokens.end();
+  };
   nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                            {"model_max_length", 1000000},
                            {"clean_up_tokenization_spaces", false}};

@@ -71,8 +71,8 @@ ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const
   int32_t largest = -1;
   for (const auto& [token, id] : token_to_id_) {
     if (id < 0 || id >= size) {
-      throw std::runtime_error(source + ": token '" + token + "' has id " + std::to_string(id) + ", expected an id in [0, " +
-                               std::to_string(size) + ") (the vocabulary's size)");
+      throw std::runtime_error(source + ": token '" + token + "' has id " + std::to_string(id) +
+                               ", expected an id in [0, " + std::to_string(size) + ") (the vocabulary's size)");
     }
     largest = std::max(largest, id);
   }

@@ -7,16 +7,21 @@
 namespace fsdp::data {
 
 const std::vector<std::string>& fashion_mnist_class_names() {
-  static const std::vector<std::string> names = {"t-shirt", "pair of trousers", "pullover", "dress",  "coat",
-                                                 "sandal",  "shirt",            "sneaker",  "bag",    "ankle boot"};
+  static const std::vector<std::string> names = {
+      "t-shirt", "pair of trousers", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot"};
   return names;
 }
 
 const std::vector<std::string>& caption_templates() {
   static const std::vector<std::string> templates = {
-      "a photo of a {}.",          "a {} on a plain background.", "a black and white photo of a {}.",
-      "a low resolution photo of a {}.", "a picture of a {}.",    "a small photo of the {}.",
-      "a grayscale image of a {}.", "a cropped photo of the {}.",
+      "a photo of a {}.",
+      "a {} on a plain background.",
+      "a black and white photo of a {}.",
+      "a low resolution photo of a {}.",
+      "a picture of a {}.",
+      "a small photo of the {}.",
+      "a grayscale image of a {}.",
+      "a cropped photo of the {}.",
   };
   return templates;
 }
@@ -40,12 +45,18 @@ uint64_t mix(uint64_t x) {
 
 CaptionWriter::CaptionWriter(std::vector<std::string> class_names, std::vector<std::string> templates, int64_t context,
                              int64_t end_of_text)
-    : class_names_(std::move(class_names)), templates_(std::move(templates)), context_(context), end_of_text_(end_of_text) {
-  if (context_ < 2) throw std::invalid_argument("captions: text context " + std::to_string(context_) + " is below 2 tokens");
+    : class_names_(std::move(class_names)),
+      templates_(std::move(templates)),
+      context_(context),
+      end_of_text_(end_of_text) {
+  if (context_ < 2)
+    throw std::invalid_argument("captions: text context " + std::to_string(context_) + " is below 2 tokens");
   if (end_of_text_ < 256) {
-    throw std::invalid_argument("captions: end-of-text token " + std::to_string(end_of_text_) + " collides with the bytes 0-255");
+    throw std::invalid_argument("captions: end-of-text token " + std::to_string(end_of_text_) +
+                                " collides with the bytes 0-255");
   }
-  if (class_names_.empty() || templates_.empty()) throw std::invalid_argument("captions: no class names or no templates");
+  if (class_names_.empty() || templates_.empty())
+    throw std::invalid_argument("captions: no class names or no templates");
   for (const std::string& name : class_names_) {
     for (const std::string& text : templates_) {
       const std::string caption = fill(text, name);
@@ -63,11 +74,13 @@ std::vector<int64_t> CaptionWriter::encode(const std::string& text) const {
   return ids;
 }
 
-at::Tensor CaptionWriter::captions(const at::Tensor& labels, const std::vector<int64_t>& indices, int64_t step, uint64_t seed) const {
+at::Tensor CaptionWriter::captions(const at::Tensor& labels, const std::vector<int64_t>& indices, int64_t step,
+                                   uint64_t seed) const {
   const at::Tensor cpu_labels = labels.to(at::kCPU).to(at::kLong).contiguous();
   const int64_t b = cpu_labels.numel();
   if (b != static_cast<int64_t>(indices.size())) {
-    throw std::invalid_argument("captions: " + std::to_string(b) + " labels for " + std::to_string(indices.size()) + " samples");
+    throw std::invalid_argument("captions: " + std::to_string(b) + " labels for " + std::to_string(indices.size()) +
+                                " samples");
   }
   at::Tensor ids = at::empty({b, context_}, at::kLong);
   const int64_t* label = cpu_labels.data_ptr<int64_t>();
@@ -75,10 +88,12 @@ at::Tensor CaptionWriter::captions(const at::Tensor& labels, const std::vector<i
   const int64_t templates = static_cast<int64_t>(templates_.size());
   for (int64_t i = 0; i < b; ++i) {
     if (label[i] < 0 || label[i] >= classes()) {
-      throw std::invalid_argument("captions: label " + std::to_string(label[i]) + " of sample " + std::to_string(indices[i]) +
-                                  " is outside the " + std::to_string(classes()) + " classes");
+      throw std::invalid_argument("captions: label " + std::to_string(label[i]) + " of sample " +
+                                  std::to_string(indices[i]) + " is outside the " + std::to_string(classes()) +
+                                  " classes");
     }
-    const uint64_t draw = mix(seed ^ mix(static_cast<uint64_t>(step) * 0x100000001b3ULL + static_cast<uint64_t>(indices[i])));
+    const uint64_t draw =
+        mix(seed ^ mix(static_cast<uint64_t>(step) * 0x100000001b3ULL + static_cast<uint64_t>(indices[i])));
     const auto& caption = encoded_[static_cast<size_t>(label[i] * templates + static_cast<int64_t>(draw % templates))];
     std::copy(caption.begin(), caption.end(), out + i * context_);
   }

@@ -42,7 +42,8 @@ class DocumentReader {
       } else if (fs::is_directory(input, error)) {
         std::vector<fs::path> found;
         // Hidden files and directories (.git, editors' swap files) are not the corpus.
-        for (auto entry = fs::recursive_directory_iterator(input); entry != fs::recursive_directory_iterator(); ++entry) {
+        for (auto entry = fs::recursive_directory_iterator(input); entry != fs::recursive_directory_iterator();
+             ++entry) {
           const bool hidden = entry->path().filename().string().front() == '.';
           if (hidden && entry->is_directory()) entry.disable_recursion_pending();
           if (!hidden && entry->is_regular_file()) found.push_back(entry->path());
@@ -102,7 +103,8 @@ class DocumentReader {
       bytes_read_ += static_cast<int64_t>(line.size()) + 1;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       bytes += static_cast<int64_t>(line.size());
-      batch.push_back({std::move(line), true, (current_ == "-" ? "standard input" : current_.string()) + ":" + std::to_string(line_number_)});
+      batch.push_back({std::move(line), true,
+                       (current_ == "-" ? "standard input" : current_.string()) + ":" + std::to_string(line_number_)});
     }
     return !batch.empty();
   }
@@ -200,13 +202,16 @@ void tokenize_range(const std::vector<RawDocument>& batch, size_t begin, size_t 
 
 }  // namespace
 
-CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Tokenizer& tokenizer, const CorpusOptions& options,
+CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Tokenizer& tokenizer,
+                              const CorpusOptions& options,
                               const std::function<void(const CorpusProgress&)>& progress) {
   if (options.output_dir.empty()) throw std::invalid_argument("corpus: no output directory");
-  if (options.threads < 1) throw std::invalid_argument("corpus: threads must be 1 or more, got " + std::to_string(options.threads));
+  if (options.threads < 1)
+    throw std::invalid_argument("corpus: threads must be 1 or more, got " + std::to_string(options.threads));
   if (options.shard_tokens < 1) throw std::invalid_argument("corpus: shard tokens must be 1 or more");
   if (options.validation_percent < 0 || options.validation_percent > 50) {
-    throw std::invalid_argument("corpus: validation percent " + std::to_string(options.validation_percent) + " outside [0, 50]");
+    throw std::invalid_argument("corpus: validation percent " + std::to_string(options.validation_percent) +
+                                " outside [0, 50]");
   }
   // "out/" names the directory "out": its .partial is a sibling, not a file inside it.
   std::string output_dir = options.output_dir;
@@ -214,7 +219,8 @@ CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Toke
   const fs::path output(output_dir), partial(output_dir + ".partial");
   std::error_code error;
   if (fs::exists(output, error)) {
-    throw std::runtime_error("corpus: output directory '" + options.output_dir + "' exists (remove it, or name another)");
+    throw std::runtime_error("corpus: output directory '" + options.output_dir +
+                             "' exists (remove it, or name another)");
   }
   DocumentReader reader(inputs);
   const auto start = std::chrono::steady_clock::now();

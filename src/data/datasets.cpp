@@ -55,8 +55,8 @@ uint64_t sample_hash(uint64_t seed, int64_t step, int64_t index, uint64_t salt) 
 }
 }  // namespace
 
-void random_shift(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed, int64_t max_shift,
-                  double background) {
+void random_shift(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed,
+                  int64_t max_shift, double background) {
   const int64_t h = images.size(-2), w = images.size(-1), span = 2 * max_shift + 1;
   for (size_t row = 0; row < indices.size(); ++row) {
     const uint64_t x = sample_hash(seed, step, indices[row], 0x5348494654ull);

@@ -36,7 +36,8 @@ at::Tensor read_idx(const std::string& path) {
     throw std::runtime_error("IDX file '" + path + "': not an unsigned-byte IDX file (bad magic)");
   }
   const int dims = magic[3];
-  if (dims < 1 || dims > 4) throw std::runtime_error("IDX file '" + path + "': " + std::to_string(dims) + " dimensions");
+  if (dims < 1 || dims > 4)
+    throw std::runtime_error("IDX file '" + path + "': " + std::to_string(dims) + " dimensions");
   std::vector<int64_t> shape(dims);
   int64_t total = 1;
   for (int d = 0; d < dims; ++d) {
@@ -78,10 +79,10 @@ at::Tensor normalized_images(const at::Tensor& pixels) {
   return pixels.to(at::kFloat).div_(255.0).sub_(kFashionMnistMean).div_(kFashionMnistStd);
 }
 
-at::Tensor ImageSet::images(int64_t begin, int64_t rows) const { return normalized_images(pixels.narrow(0, begin, rows)); }
-
-int64_t ImageSet::held_bytes() const {
-  return static_cast<int64_t>(pixels.nbytes() + labels.nbytes());
+at::Tensor ImageSet::images(int64_t begin, int64_t rows) const {
+  return normalized_images(pixels.narrow(0, begin, rows));
 }
+
+int64_t ImageSet::held_bytes() const { return static_cast<int64_t>(pixels.nbytes() + labels.nbytes()); }
 
 }  // namespace fsdp::data

@@ -12,7 +12,8 @@ namespace {
 
 // "sneaker" -> "A sneaker."; "ankle boot" -> "An ankle boot."
 std::string answer_for(const std::string& name) {
-  const bool vowel = !name.empty() && std::string("aeiou").find(static_cast<char>(std::tolower(name.front()))) != std::string::npos;
+  const bool vowel =
+      !name.empty() && std::string("aeiou").find(static_cast<char>(std::tolower(name.front()))) != std::string::npos;
   return (vowel ? "An " : "A ") + name + ".";
 }
 
@@ -21,7 +22,8 @@ std::string answer_for(const std::string& name) {
 ImageChatWriter::ImageChatWriter(const std::vector<std::string>& class_names, int64_t image_tokens, int64_t image_token,
                                  int64_t end_of_text)
     : question_("USER: What is in this picture?\nASSISTANT: "), end_of_text_(end_of_text) {
-  if (image_tokens < 1) throw std::invalid_argument("image chat: image_tokens must be at least 1, got " + std::to_string(image_tokens));
+  if (image_tokens < 1)
+    throw std::invalid_argument("image chat: image_tokens must be at least 1, got " + std::to_string(image_tokens));
   if (end_of_text < 256 || image_token < 256 || end_of_text == image_token) {
     throw std::invalid_argument("image chat: end-of-text " + std::to_string(end_of_text) + " and the image token " +
                                 std::to_string(image_token) + " must be two different ids above the bytes (>= 256)");
@@ -30,13 +32,15 @@ ImageChatWriter::ImageChatWriter(const std::vector<std::string>& class_names, in
   for (unsigned char byte : question_) prompt_.push_back(byte);
   for (const std::string& name : class_names) {
     answers_.push_back(answer_for(name));
-    longest_answer_tokens_ = std::max<int64_t>(longest_answer_tokens_, static_cast<int64_t>(answers_.back().size()) + 1);
+    longest_answer_tokens_ =
+        std::max<int64_t>(longest_answer_tokens_, static_cast<int64_t>(answers_.back().size()) + 1);
   }
 }
 
 const std::string& ImageChatWriter::answer(int64_t label) const {
   if (label < 0 || label >= classes()) {
-    throw std::out_of_range("image chat: label " + std::to_string(label) + " outside [0, " + std::to_string(classes()) + ")");
+    throw std::out_of_range("image chat: label " + std::to_string(label) + " outside [0, " + std::to_string(classes()) +
+                            ")");
   }
   return answers_[static_cast<size_t>(label)];
 }

@@ -76,24 +76,28 @@ InstructionExample parse_instruction_line(const std::string& text, const std::st
   } catch (const std::exception& e) {
     throw std::runtime_error(where + ": not valid JSON (" + e.what() + ")");
   }
-  if (!json.is_object()) throw std::runtime_error(where + ": expected a JSON object, got " + std::string(json.type_name()));
+  if (!json.is_object())
+    throw std::runtime_error(where + ": expected a JSON object, got " + std::string(json.type_name()));
   auto string_field = [&](const nlohmann::json& object, const char* key, const std::string& what) {
     if (!object.contains(key)) throw std::runtime_error(where + ": " + what + " has no \"" + key + "\"");
     if (!object.at(key).is_string()) {
-      throw std::runtime_error(where + ": " + what + "'s \"" + key + "\" must be a string, got " + object.at(key).type_name());
+      throw std::runtime_error(where + ": " + what + "'s \"" + key + "\" must be a string, got " +
+                               object.at(key).type_name());
     }
     return object.at(key).get<std::string>();
   };
   InstructionExample example;
   if (json.contains("messages")) {
     const auto& messages = json.at("messages");
-    if (!messages.is_array() || messages.empty()) throw std::runtime_error(where + ": \"messages\" must be a non-empty array");
+    if (!messages.is_array() || messages.empty())
+      throw std::runtime_error(where + ": \"messages\" must be a non-empty array");
     for (size_t i = 0; i < messages.size(); ++i) {
       const std::string what = "message " + std::to_string(i + 1);
       if (!messages[i].is_object()) throw std::runtime_error(where + ": " + what + " is not an object");
       ChatMessage message{string_field(messages[i], "role", what), string_field(messages[i], "content", what)};
       if (message.role != "system" && message.role != "user" && message.role != "assistant") {
-        throw std::runtime_error(where + ": " + what + " has unknown role '" + message.role + "' (expected system, user or assistant)");
+        throw std::runtime_error(where + ": " + what + " has unknown role '" + message.role +
+                                 "' (expected system, user or assistant)");
       }
       example.messages.push_back(std::move(message));
     }
@@ -131,8 +135,9 @@ ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& token
   if (name == "plain") return ChatFormat::Plain;
   if (name == "llama3") {
     if (!has_headers) {
-      throw std::invalid_argument("chat format llama3 needs a tokenizer with <|start_header_id|> (Llama 3's tokenizer.json); the " +
-                                  tokenizer.name() + " tokenizer has none");
+      throw std::invalid_argument(
+          "chat format llama3 needs a tokenizer with <|start_header_id|> (Llama 3's tokenizer.json); the " +
+          tokenizer.name() + " tokenizer has none");
     }
     return ChatFormat::Llama3;
   }
@@ -173,8 +178,8 @@ RenderedExample render_chat(const InstructionExample& example, ChatFormat format
   return out;
 }
 
-std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format, const Tokenizer& tokenizer,
-                                   ContentSpecialTokens content) {
+std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format,
+                                   const Tokenizer& tokenizer, ContentSpecialTokens content) {
   RenderedExample out;
   if (format == ChatFormat::Llama3) {
     for (size_t i = 0; i < messages.size(); ++i) {
@@ -226,7 +231,8 @@ int64_t InstructionDataset::target_count(int64_t index) const { return counts_.a
 
 int64_t InstructionDataset::held_bytes() const {
   size_t bytes = examples_.capacity() * sizeof(RenderedExample) + counts_.capacity() * sizeof(int64_t);
-  for (const auto& example : examples_) bytes += example.tokens.capacity() * sizeof(int32_t) + example.trained.capacity();
+  for (const auto& example : examples_)
+    bytes += example.tokens.capacity() * sizeof(int32_t) + example.trained.capacity();
   return static_cast<int64_t>(bytes);
 }
 

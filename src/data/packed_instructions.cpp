@@ -24,8 +24,8 @@ std::vector<std::vector<int64_t>> pack_best_fit(const std::vector<int64_t>& leng
   for (int64_t index : order) {
     const int64_t length = lengths[index];
     if (length < 1 || length > capacity) {
-      throw std::invalid_argument("pack_best_fit: example " + std::to_string(index) + " takes " + std::to_string(length) +
-                                  " places, expected 1 to " + std::to_string(capacity));
+      throw std::invalid_argument("pack_best_fit: example " + std::to_string(index) + " takes " +
+                                  std::to_string(length) + " places, expected 1 to " + std::to_string(capacity));
     }
     auto best = room.lower_bound(length);  // the row with the least room that still holds it
     size_t row;
@@ -95,7 +95,9 @@ double PackedInstructionDataset::window_use() const {
 }
 
 double PackedInstructionDataset::padded_window_use() const {
-  return examples_->size() == 0 ? 0.0 : static_cast<double>(used_places_) / static_cast<double>(examples_->size() * examples_->seq());
+  return examples_->size() == 0
+             ? 0.0
+             : static_cast<double>(used_places_) / static_cast<double>(examples_->size() * examples_->seq());
 }
 
 }  // namespace fsdp::data

@@ -70,8 +70,8 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   FILE* file = std::fopen(temporary.c_str(), "wb");
   if (file == nullptr) throw std::runtime_error("write_token_file: cannot create '" + temporary + "': " + errno_text());
   const bool written = std::fwrite(&header, sizeof(header), 1, file) == 1 &&
-                       (body.empty() || std::fwrite(body.data(), body.size(), 1, file) == 1) && std::fflush(file) == 0 &&
-                       ::fsync(::fileno(file)) == 0;
+                       (body.empty() || std::fwrite(body.data(), body.size(), 1, file) == 1) &&
+                       std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
   const std::string reason = written ? "" : errno_text();
   std::fclose(file);
   if (!written || std::rename(temporary.c_str(), path.c_str()) != 0) {
@@ -81,7 +81,8 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   }
 }
 
-TokenBuffer::TokenBuffer(std::vector<int32_t> tokens, int64_t vocab_size) : tokens_(std::move(tokens)), vocab_(vocab_size) {
+TokenBuffer::TokenBuffer(std::vector<int32_t> tokens, int64_t vocab_size)
+    : tokens_(std::move(tokens)), vocab_(vocab_size) {
   for (size_t i = 0; i < tokens_.size(); ++i) {
     if (tokens_[i] < 0 || tokens_[i] >= vocab_) {
       throw std::invalid_argument("token buffer: token " + std::to_string(tokens_[i]) + " at position " +
@@ -125,7 +126,8 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   fd_ = -1;
   Header header{};
   std::memcpy(&header, mapping_, sizeof(header));
-  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) fail("not a token file (bad magic; make one with fsdp-data)");
+  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0)
+    fail("not a token file (bad magic; make one with fsdp-data)");
   if (header.version != kTokenFileVersion) {
     fail("format version " + std::to_string(header.version) + ", this build reads version " +
          std::to_string(kTokenFileVersion));
@@ -142,8 +144,8 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   const size_t expected = header.count <= room ? kHeaderBytes + header.count * header.token_bytes : 0;
   if (header.count > room || file_bytes != expected) {
     fail("header says " + std::to_string(header.count) + " tokens (" +
-         (header.count > room ? std::string("more than the file can hold") : std::to_string(expected) + " bytes") + ") but the file has " +
-         std::to_string(file_bytes) + " bytes (truncated or corrupt)");
+         (header.count > room ? std::string("more than the file can hold") : std::to_string(expected) + " bytes") +
+         ") but the file has " + std::to_string(file_bytes) + " bytes (truncated or corrupt)");
   }
   count_ = static_cast<int64_t>(header.count);
   vocab_ = header.vocab;
@@ -190,11 +192,13 @@ at::Tensor TokenFile::read(int64_t start, int64_t length) const {
       static_cast<uint64_t>(now.st_ino) == inode_) {
     if (static_cast<size_t>(now.st_size) < mapped_bytes_) {
       throw std::runtime_error("token file '" + path_ + "' shrank from " + std::to_string(mapped_bytes_) + " to " +
-                               std::to_string(now.st_size) + " bytes while training read it (truncated or rewritten in "
+                               std::to_string(now.st_size) +
+                               " bytes while training read it (truncated or rewritten in "
                                "place): restore it, and write new data beside it (fsdp-data renames into place)");
     }
     if (modification_ns(now) != modified_ns_) {
-      throw std::runtime_error("token file '" + path_ + "' was modified while training read it (rewritten in place, "
+      throw std::runtime_error("token file '" + path_ +
+                               "' was modified while training read it (rewritten in place, "
                                "e.g. by cp or rsync --inplace): its tokens would change under the run; restore it, "
                                "and write new data beside it (fsdp-data renames into place)");
     }

@@ -71,14 +71,16 @@ std::vector<std::string> token_shard_paths(const std::string& spec) {
 TokenShards::TokenShards(const std::string& spec) : spec_(spec) {
   for (const std::string& path : token_shard_paths(spec)) {
     auto shard = std::make_unique<TokenFile>(path);
-    if (shard->size() == 0) throw std::runtime_error("token shard '" + path + "' holds no tokens (of corpus '" + spec + "')");
+    if (shard->size() == 0)
+      throw std::runtime_error("token shard '" + path + "' holds no tokens (of corpus '" + spec + "')");
     if (!shards_.empty()) {
       const TokenFile& first = *shards_.front();
       if (shard->vocab_size() != first.vocab_size() || shard->bytes_per_token() != first.bytes_per_token()) {
         throw std::runtime_error("token shards of '" + spec + "' differ: '" + first.path() + "' has vocabulary " +
                                  std::to_string(first.vocab_size()) + " in " + std::to_string(first.bytes_per_token()) +
-                                 "-byte tokens, '" + path + "' vocabulary " + std::to_string(shard->vocab_size()) + " in " +
-                                 std::to_string(shard->bytes_per_token()) + "-byte tokens (a corpus is one tokenizer's)");
+                                 "-byte tokens, '" + path + "' vocabulary " + std::to_string(shard->vocab_size()) +
+                                 " in " + std::to_string(shard->bytes_per_token()) +
+                                 "-byte tokens (a corpus is one tokenizer's)");
       }
       if (shard->tokenizer_stamp() != first.tokenizer_stamp()) {
         throw std::runtime_error("token shards of '" + spec + "' differ: '" + first.path() + "' was made with " +
@@ -105,8 +107,8 @@ std::string TokenShards::fingerprint() const {
     crc = crc32(crc, reinterpret_cast<const Bytef*>(line.data()), static_cast<uInt>(line.size()));
   }
   char text[96];
-  std::snprintf(text, sizeof(text), "%zu shards, %lld tokens, crc32 %08lx of their names and fingerprints", shards_.size(),
-                static_cast<long long>(total_), static_cast<unsigned long>(crc));
+  std::snprintf(text, sizeof(text), "%zu shards, %lld tokens, crc32 %08lx of their names and fingerprints",
+                shards_.size(), static_cast<long long>(total_), static_cast<unsigned long>(crc));
   return text;
 }
 

@@ -120,7 +120,8 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_json_path, const std
     }
     const int32_t index = id.get<int32_t>();
     if (seen[static_cast<size_t>(index)]) {
-      throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "': id " + std::to_string(index) + " appears twice");
+      throw std::runtime_error("gpt2 tokenizer: '" + vocab_json_path + "': id " + std::to_string(index) +
+                               " appears twice");
     }
     seen[static_cast<size_t>(index)] = true;
     token_to_id[token] = index;
@@ -182,7 +183,8 @@ struct HfTokenizer::SplitStep {
   std::unique_ptr<UnicodeRegex> regex;
 };
 
-HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" + path + "'"), checksum_(files_checksum({path})) {
+HfTokenizer::HfTokenizer(const std::string& path)
+    : source_("tokenizer.json '" + path + "'"), checksum_(files_checksum({path})) {
   const nlohmann::json root = read_json(path, "hf tokenizer");
   auto refuse = [&](const std::string& what) {
     throw std::runtime_error("hf tokenizer: " + source_ + ": " + what +
@@ -199,7 +201,8 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
       const std::string type = step.at("type").get<std::string>();
       if (type == "Split") {
         if (!step.at("pattern").contains("Regex")) refuse("a Split on a plain string");
-        if (step.at("behavior").get<std::string>() != "Isolated") refuse("Split behaviour " + step.at("behavior").dump());
+        if (step.at("behavior").get<std::string>() != "Isolated")
+          refuse("Split behaviour " + step.at("behavior").dump());
         if (step.value("invert", false)) refuse("an inverted Split");
         SplitStep split;
         split.regex = std::make_unique<UnicodeRegex>(step.at("pattern").at("Regex").get<std::string>(),
@@ -241,8 +244,8 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
                         : id.is_number_integer() ? id.get<int64_t>() >= 0 && id.get<int64_t>() < limit
                                                  : false;
       if (!fits) {
-        throw std::runtime_error("hf tokenizer: " + source_ + ": " + what + " has id " + id.dump() + ", expected an id in [0, " +
-                                 std::to_string(limit) + ")" + expected);
+        throw std::runtime_error("hf tokenizer: " + source_ + ": " + what + " has id " + id.dump() +
+                                 ", expected an id in [0, " + std::to_string(limit) + ")" + expected);
       }
       return static_cast<int32_t>(id.get<int64_t>());
     };
@@ -270,7 +273,8 @@ HfTokenizer::HfTokenizer(const std::string& path) : source_("tokenizer.json '" +
       // Added tokens extend the vocabulary (Llama 3's 256 after 128000) or name some of its tokens
       // (GPT-2's <|endoftext|>): at most one new id per added token.
       const int64_t limit = bpe_->id_limit() + static_cast<int64_t>(root.at("added_tokens").size());
-      const int32_t id = id_below(token.at("id"), limit, "added token '" + content + "'", " (the vocabulary plus the added tokens)");
+      const int32_t id =
+          id_below(token.at("id"), limit, "added token '" + content + "'", " (the vocabulary plus the added tokens)");
       added_[content] = id;
       added_by_id_[id] = content;
       if (!content.empty()) starts_added_[static_cast<unsigned char>(content[0])] = true;
@@ -303,7 +307,6 @@ std::vector<std::string> HfTokenizer::pre_tokenize(const std::string& text) cons
   }
   return pieces;
 }
-
 
 std::vector<int32_t> HfTokenizer::encode(const std::string& text) const {
   // Added tokens first: the leftmost occurrence of any, the longest at that position; the text

@@ -62,11 +62,13 @@ std::vector<std::pair<size_t, size_t>> UnicodeRegex::find_all(std::string_view t
     if (rc < 0) {
       if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {
         throw std::invalid_argument(where_ + ": the text is not valid UTF-8 at byte " +
-                                    std::to_string(pcre2_get_ovector_pointer(data.get())[0]) + " (" + pcre2_message(rc) + ")");
+                                    std::to_string(pcre2_get_ovector_pointer(data.get())[0]) + " (" +
+                                    pcre2_message(rc) + ")");
       }
       if (rc == PCRE2_ERROR_MATCHLIMIT) {
-        throw std::runtime_error(where_ + ": the pattern " + pattern_ + " took more than " + std::to_string(kMatchLimit) +
-                                 " matching steps on the text at byte " + std::to_string(start) +
+        throw std::runtime_error(where_ + ": the pattern " + pattern_ + " took more than " +
+                                 std::to_string(kMatchLimit) + " matching steps on the text at byte " +
+                                 std::to_string(start) +
                                  " (a pattern that backtracks this much would stall training; a tokenizer's split "
                                  "pattern takes a few per byte)");
       }

@@ -20,7 +20,8 @@ std::map<at::ScalarType, AttentionPath>& paths() {
 }
 
 // softmax(q k^T / sqrt(hd) [+ causal mask | allowed]) v by autograd's composition; the softmax in fp32.
-at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& allowed) {
+at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                          const at::Tensor& allowed) {
   const int64_t t = q.size(2), s = k.size(2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
   if (causal) {
@@ -57,12 +58,14 @@ AttentionPath attention_path(at::ScalarType dtype) {
   return it == paths().end() ? AttentionPath::Fused : it->second;
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, const at::Tensor& allowed) {
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                     const at::Tensor& allowed) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [b, heads, t, hd]");
   TORCH_CHECK(!(causal && allowed.defined()), "attention: a mask of allowed keys replaces causal, which must be false");
   TORCH_CHECK(!allowed.defined() || (allowed.scalar_type() == at::kBool && allowed.dim() == 4 && allowed.size(1) == 1 &&
                                      allowed.size(2) == q.size(2) && allowed.size(3) == k.size(2)),
-              "attention: allowed must be bool [b, 1, t, s], got ", allowed.defined() ? allowed.sizes() : at::IntArrayRef{});
+              "attention: allowed must be bool [b, 1, t, s], got ",
+              allowed.defined() ? allowed.sizes() : at::IntArrayRef{});
   const int64_t heads = q.size(1), kv_heads = k.size(1);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " query heads are not a multiple of ",
               kv_heads, " key/value heads");
@@ -75,30 +78,31 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   switch (attention_path(q.scalar_type())) {
     case AttentionPath::FusedFp32:
       if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble) {
-        return compat::scaled_dot_product_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat), causal, allowed)
+        return compat::scaled_dot_product_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat),
+                                                    causal, allowed)
             .to(q.scalar_type());
       }
       break;
-    case AttentionPath::Math:
-      return math_attention(q, keys, values, causal, allowed);
-    case AttentionPath::Fused:
-      break;
+    case AttentionPath::Math: return math_attention(q, keys, values, causal, allowed);
+    case AttentionPath::Fused: break;
   }
   return compat::scaled_dot_product_attention(q, keys, values, causal, allowed);
 }
 
 at::Tensor document_causal_mask(const at::Tensor& positions) {
-  TORCH_CHECK(positions.dim() == 2 && positions.scalar_type() == at::kLong, "document_causal_mask: positions must be [b, t] int64, got ",
-              positions.sizes(), " ", positions.scalar_type());
+  TORCH_CHECK(positions.dim() == 2 && positions.scalar_type() == at::kLong,
+              "document_causal_mask: positions must be [b, t] int64, got ", positions.sizes(), " ",
+              positions.scalar_type());
   const int64_t t = positions.size(1);
-  const at::Tensor documents = positions.eq(0).cumsum(1);  // [b, t]: which example each token is in
+  const at::Tensor documents = positions.eq(0).cumsum(1);                     // [b, t]: which example each token is in
   const at::Tensor same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [b, t, t]
   const at::Tensor past = at::ones({t, t}, positions.options().dtype(at::kBool)).tril();
   return same.logical_and(past).unsqueeze(1);
 }
 
-std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t, int64_t head_dim,
-                                                  bool causal, at::ScalarType dtype, at::Device device, int repeats) {
+std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t,
+                                                  int64_t head_dim, bool causal, at::ScalarType dtype,
+                                                  at::Device device, int repeats) {
   const AttentionPath previous = attention_path(dtype);
   const auto options = at::TensorOptions().dtype(dtype).device(device);
   at::Tensor q = at::randn({batch, heads, t, head_dim}, options).requires_grad_(true);
@@ -107,7 +111,8 @@ std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, 
   const at::Tensor grad = at::randn({batch, heads, t, head_dim}, options);
   std::vector<AttentionTiming> timings;
   for (AttentionPath path : {AttentionPath::Fused, AttentionPath::FusedFp32, AttentionPath::Math}) {
-    if (path == AttentionPath::FusedFp32 && (dtype == at::kFloat || dtype == at::kDouble)) continue;  // the same as Fused
+    if (path == AttentionPath::FusedFp32 && (dtype == at::kFloat || dtype == at::kDouble))
+      continue;  // the same as Fused
     set_attention_path(dtype, path);
     std::vector<double> seconds;
     for (int i = 0; i <= repeats; ++i) {

@@ -21,13 +21,15 @@ void validate_tower(const ClipTowerShape& s, const char* tower) {
   require_positive(prefix.c_str(), s.layers, "layers");
   require_positive(prefix.c_str(), s.mlp_hidden, "mlp_hidden");
   if (s.dim % s.heads != 0) {
-    throw std::invalid_argument(prefix + ": dim " + std::to_string(s.dim) + " is not divisible by heads " + std::to_string(s.heads));
+    throw std::invalid_argument(prefix + ": dim " + std::to_string(s.dim) + " is not divisible by heads " +
+                                std::to_string(s.heads));
   }
 }
 
 // Weights of one block: attention's four projections with biases, two LayerNorms, the MLP.
 int64_t block_parameters(const ClipTowerShape& s) {
-  return 4 * (s.dim * s.dim + s.dim) + 2 * 2 * s.dim + s.dim * s.mlp_hidden + s.mlp_hidden + s.mlp_hidden * s.dim + s.dim;
+  return 4 * (s.dim * s.dim + s.dim) + 2 * 2 * s.dim + s.dim * s.mlp_hidden + s.mlp_hidden + s.mlp_hidden * s.dim +
+         s.dim;
 }
 
 double tower_flops(const ClipTowerShape& s, double tokens) {
@@ -56,7 +58,8 @@ void ClipConfig::validate() const {
   require_positive("clip", context, "context");
   require_positive("clip", projection_dim, "projection_dim");
   if (image_size % patch != 0) {
-    throw std::invalid_argument("clip: image_size " + std::to_string(image_size) + " is not divisible by patch " + std::to_string(patch));
+    throw std::invalid_argument("clip: image_size " + std::to_string(image_size) + " is not divisible by patch " +
+                                std::to_string(patch));
   }
   if (eos_token < 0 || eos_token >= vocab) {
     throw std::invalid_argument("clip: eos_token " + std::to_string(eos_token) + " is outside the vocabulary [0, " +
@@ -66,8 +69,9 @@ void ClipConfig::validate() const {
   validate_tower(text, "text");
   lora.validate("clip", linear_layers());
   if (lora.enabled() && freeze_vision && freeze_text) {
-    throw std::invalid_argument("clip: LoRA adapters go into the towers that are not frozen, and both are (model.freeze_vision, "
-                                "model.freeze_text)");
+    throw std::invalid_argument(
+        "clip: LoRA adapters go into the towers that are not frozen, and both are (model.freeze_vision, "
+        "model.freeze_text)");
   }
 }
 
@@ -100,9 +104,10 @@ int64_t ClipConfig::vision_tower_parameter_count() const {
 
 int64_t ClipConfig::parameter_count() const {
   const int64_t text_tower = vocab * text.dim + context * text.dim  // token and position embeddings
-                             + 2 * text.dim                          // final_layer_norm
+                             + 2 * text.dim                         // final_layer_norm
                              + text.layers * block_parameters(text);
-  return vision_tower_parameter_count() + text_tower + projection_dim * (vision.dim + text.dim) + 1;  // projections, logit_scale
+  return vision_tower_parameter_count() + text_tower + projection_dim * (vision.dim + text.dim) +
+         1;  // projections, logit_scale
 }
 
 double ClipConfig::flops_per_pair() const {
@@ -113,7 +118,8 @@ double ClipConfig::flops_per_pair() const {
          6.0 * projection_dim * static_cast<double>(vision.dim + text.dim);
 }
 
-ClipAttentionImpl::ClipAttentionImpl(const ClipTowerShape& s, bool causal_attention) : heads(s.heads), causal(causal_attention) {
+ClipAttentionImpl::ClipAttentionImpl(const ClipTowerShape& s, bool causal_attention)
+    : heads(s.heads), causal(causal_attention) {
   q_proj = register_module("q_proj", AdaptedLinear(s.dim, s.dim, /*bias=*/true));
   k_proj = register_module("k_proj", AdaptedLinear(s.dim, s.dim, /*bias=*/true));
   v_proj = register_module("v_proj", AdaptedLinear(s.dim, s.dim, /*bias=*/true));
@@ -136,7 +142,8 @@ ClipMlpImpl::ClipMlpImpl(const ClipTowerShape& s) {
 
 at::Tensor ClipMlpImpl::forward(const at::Tensor& x) { return fc2(quick_gelu(fc1(x))); }
 
-ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTowerShape& s, double norm_eps, bool causal, bool frozen, const LoraSpec& lora) {
+ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTowerShape& s, double norm_eps, bool causal, bool frozen,
+                                           const LoraSpec& lora) {
   self_attn = register_module("self_attn", ClipAttention(s, causal));
   layer_norm1 = register_module("layer_norm1", layer_norm(s.dim, norm_eps));
   mlp = register_module("mlp", ClipMlp(s));
@@ -167,7 +174,8 @@ at::Tensor ClipTextEmbeddingsImpl::forward(const at::Tensor& ids) {
 ClipVisionEmbeddingsImpl::ClipVisionEmbeddingsImpl(const ClipConfig& c) : config(c) {
   class_embedding = register_parameter("class_embedding", torch::empty({c.vision.dim}));
   patch_embedding = register_module(
-      "patch_embedding", torch::nn::Conv2d(torch::nn::Conv2dOptions(c.channels, c.vision.dim, c.patch).stride(c.patch).bias(false)));
+      "patch_embedding",
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(c.channels, c.vision.dim, c.patch).stride(c.patch).bias(false)));
   position_embedding = register_module("position_embedding", torch::nn::Embedding(c.image_tokens(), c.vision.dim));
   torch::NoGradGuard no_grad;
   class_embedding.normal_(0.0, 0.02);
@@ -178,13 +186,15 @@ ClipVisionEmbeddingsImpl::ClipVisionEmbeddingsImpl(const ClipConfig& c) : config
 at::Tensor ClipVisionEmbeddingsImpl::forward(const at::Tensor& images) {
   // The strided convolution as one GEMM over the patches (see VitImpl::embed_patches: the same
   // function up to summation order, and the GEMM follows models::linear's choices in every dtype).
-  const int64_t b = images.size(0), c = config.channels, p = config.patch, side = config.image_size / p, dim = config.vision.dim;
+  const int64_t b = images.size(0), c = config.channels, p = config.patch, side = config.image_size / p,
+                dim = config.vision.dim;
   const at::Tensor pixels = images.to(patch_embedding->weight.scalar_type())
                                 .reshape({b, c, side, p, side, p})
                                 .permute({0, 2, 4, 1, 3, 5})  // [b, row, column, channel, y, x]
                                 .reshape({b, side * side, c * p * p});
   const at::Tensor patches = models::linear(pixels, patch_embedding->weight.reshape({dim, c * p * p}));
-  return torch::cat({class_embedding.view({1, 1, dim}).expand({b, 1, dim}), patches}, 1) + position_embedding->weight.unsqueeze(0);
+  return torch::cat({class_embedding.view({1, 1, dim}).expand({b, 1, dim}), patches}, 1) +
+         position_embedding->weight.unsqueeze(0);
 }
 
 ClipTextTransformerImpl::ClipTextTransformerImpl(const ClipConfig& c) : eos_token(c.eos_token) {
@@ -224,15 +234,16 @@ ClipVisionTransformerImpl::ClipVisionTransformerImpl(const ClipConfig& c, int64_
   layers = encoder->register_module("layers", torch::nn::ModuleList());
   register_module("encoder", encoder);
   for (int64_t i = 0; i < c.vision.layers; ++i) {
-    fsdp::nn::push_block(layers, ClipEncoderLayer(c.vision, c.norm_eps, /*causal=*/false, c.freeze_vision || i >= trained_blocks, c.lora));
+    fsdp::nn::push_block(layers, ClipEncoderLayer(c.vision, c.norm_eps, /*causal=*/false,
+                                                  c.freeze_vision || i >= trained_blocks, c.lora));
   }
   post_layernorm = register_module("post_layernorm", layer_norm(c.vision.dim, c.norm_eps));
   if (frozen_base || read_blocks >= 0) freeze(*post_layernorm);
 }
 
 at::Tensor ClipVisionTransformerImpl::forward(const at::Tensor& images, int64_t blocks) {
-  TORCH_CHECK(blocks >= 0 && blocks <= static_cast<int64_t>(layers->size()), "clip vision: hidden_states after ", blocks,
-              " blocks of ", layers->size());
+  TORCH_CHECK(blocks >= 0 && blocks <= static_cast<int64_t>(layers->size()), "clip vision: hidden_states after ",
+              blocks, " blocks of ", layers->size());
   at::Tensor x = pre_layrnorm(fsdp::nn::call(embeddings, images));
   for (int64_t i = 0; i < blocks; ++i) x = fsdp::nn::call(layers->ptr<ClipEncoderLayerImpl>(i), x);
   return x;
@@ -248,8 +259,10 @@ ClipImpl::ClipImpl(const ClipConfig& c) : config_(c) {
   c.validate();
   text_model = register_module("text_model", ClipTextTransformer(c));
   vision_model = register_module("vision_model", ClipVisionTransformer(c));
-  visual_projection = register_module("visual_projection", torch::nn::Linear(torch::nn::LinearOptions(c.vision.dim, c.projection_dim).bias(false)));
-  text_projection = register_module("text_projection", torch::nn::Linear(torch::nn::LinearOptions(c.text.dim, c.projection_dim).bias(false)));
+  visual_projection = register_module(
+      "visual_projection", torch::nn::Linear(torch::nn::LinearOptions(c.vision.dim, c.projection_dim).bias(false)));
+  text_projection = register_module(
+      "text_projection", torch::nn::Linear(torch::nn::LinearOptions(c.text.dim, c.projection_dim).bias(false)));
   logit_scale = register_parameter("logit_scale", torch::full({}, std::log(1.0 / 0.07)));
   torch::NoGradGuard no_grad;
   visual_projection->weight.normal_(0.0, std::pow(static_cast<double>(c.vision.dim), -0.5));
@@ -262,8 +275,8 @@ ClipImpl::ClipImpl(const ClipConfig& c) : config_(c) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ClipImpl::forward(const at::Tensor& images, const at::Tensor& ids) {
   TORCH_CHECK(images.dim() == 4 && images.size(1) == config_.channels && images.size(2) == config_.image_size &&
                   images.size(3) == config_.image_size,
-              "clip: expected images [b, ", config_.channels, ", ", config_.image_size, ", ", config_.image_size, "], got ",
-              images.sizes());
+              "clip: expected images [b, ", config_.channels, ", ", config_.image_size, ", ", config_.image_size,
+              "], got ", images.sizes());
   TORCH_CHECK(ids.dim() == 2, "clip: expected token ids [b, t], got ", ids.sizes());
   at::Tensor image = models::linear(fsdp::nn::call(vision_model, images), visual_projection->weight);
   at::Tensor text = models::linear(fsdp::nn::call(text_model, ids), text_projection->weight);

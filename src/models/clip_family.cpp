@@ -49,8 +49,8 @@ ClipConfig clip_from_hf_config(const HfConfigReader& r) {
   c.vocab = text.integer_or("vocab_size", 49408);
   c.context = text.integer_or("max_position_embeddings", 77);
   c.eos_token = text.integer_or("eos_token_id", 49407);
-  c.text = {text.integer_or("hidden_size", 512), text.integer_or("num_attention_heads", 8), text.integer_or("num_hidden_layers", 12),
-            text.integer_or("intermediate_size", 2048)};
+  c.text = {text.integer_or("hidden_size", 512), text.integer_or("num_attention_heads", 8),
+            text.integer_or("num_hidden_layers", 12), text.integer_or("intermediate_size", 2048)};
   c.vision = {vision.integer_or("hidden_size", 768), vision.integer_or("num_attention_heads", 12),
               vision.integer_or("num_hidden_layers", 12), vision.integer_or("intermediate_size", 3072)};
   c.image_size = vision.integer_or("image_size", 224);
@@ -58,8 +58,8 @@ ClipConfig clip_from_hf_config(const HfConfigReader& r) {
   c.channels = vision.integer_or("num_channels", 3);
   c.norm_eps = text.number_or("layer_norm_eps", 1e-5);
   if (vision.number_or("layer_norm_eps", 1e-5) != c.norm_eps) {
-    vision.fail("layer_norm_eps " + std::to_string(vision.number_or("layer_norm_eps", 1e-5)) + " differs from the text tower's " +
-                std::to_string(c.norm_eps) + " (one epsilon for both towers here)");
+    vision.fail("layer_norm_eps " + std::to_string(vision.number_or("layer_norm_eps", 1e-5)) +
+                " differs from the text tower's " + std::to_string(c.norm_eps) + " (one epsilon for both towers here)");
   }
   text.require_value("hidden_act", "quick_gelu", "the CLIP MLP here is quick_gelu, OpenAI's");
   vision.require_value("hidden_act", "quick_gelu", "the CLIP MLP here is quick_gelu, OpenAI's");
@@ -70,8 +70,9 @@ ClipConfig clip_from_hf_config(const HfConfigReader& r) {
     }
   }
   if (c.eos_token == 2) {
-    text.fail("eos_token_id = 2 is transformers' legacy pooling at each caption's highest token id: not supported (set the "
-              "tokenizer's real end-of-text id)");
+    text.fail(
+        "eos_token_id = 2 is transformers' legacy pooling at each caption's highest token id: not supported (set the "
+        "tokenizer's real end-of-text id)");
   }
   return c;
 }
@@ -126,13 +127,16 @@ class ClipFamily final : public ModelFamily {
         field("context", c.context, "longest caption"),
     };
     for (ModelField& f : clip_image_tower_fields(c)) fields.push_back(f);
-    for (ModelField f : {field("text_dim", c.text.dim, "text tower: width"), field("text_heads", c.text.heads, "text tower: attention heads"),
+    for (ModelField f : {field("text_dim", c.text.dim, "text tower: width"),
+                         field("text_heads", c.text.heads, "text tower: attention heads"),
                          field("text_layers", c.text.layers, "text tower: blocks"),
                          field("text_mlp_hidden", c.text.mlp_hidden, "text tower: MLP width"),
                          field("eos_token", c.eos_token, "end-of-text token: a caption's feature is read there"),
                          field("projection_dim", c.projection_dim, "width of the shared image-text space"),
-                         freeze_field("freeze_vision", c.freeze_vision, "the image tower gets no gradient (train the rest against it)"),
-                         freeze_field("freeze_text", c.freeze_text, "the text tower gets no gradient (train the image tower against it)"),
+                         freeze_field("freeze_vision", c.freeze_vision,
+                                      "the image tower gets no gradient (train the rest against it)"),
+                         freeze_field("freeze_text", c.freeze_text,
+                                      "the text tower gets no gradient (train the image tower against it)"),
                          field("norm_eps", c.norm_eps, "epsilon of the norms (LayerNorm, RMSNorm)")}) {
       fields.push_back(f);
     }
@@ -146,7 +150,9 @@ class ClipFamily final : public ModelFamily {
     built.forward_function = [](const at::Tensor&, const at::Tensor&) -> at::Tensor {
       throw std::logic_error("clip: a contrastive model has no single-input forward (BuiltModel::contrastive)");
     };
-    built.contrastive_function = [module](const at::Tensor& images, const at::Tensor& ids) { return fsdp::nn::call(module, images, ids); };
+    built.contrastive_function = [module](const at::Tensor& images, const at::Tensor& ids) {
+      return fsdp::nn::call(module, images, ids);
+    };
     return built;
   }
   int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
@@ -206,7 +212,8 @@ class ClipFamily final : public ModelFamily {
   std::string hf_exact_architecture() const override { return "CLIPModel"; }
   std::string peft_export_refusal(const ModelConfig& config) const override {
     if (!of(config).freeze_vision && !of(config).freeze_text) return "";
-    return "LoRA on one CLIP tower has no PEFT directory here (target_modules names layers of both towers alike; peft would adapt "
+    return "LoRA on one CLIP tower has no PEFT directory here (target_modules names layers of both towers alike; peft "
+           "would adapt "
            "the frozen tower too); export the merged model (--merge --hf-dir)";
   }
 };

@@ -132,7 +132,7 @@ __global__ void add_rms_norm_backward_kernel(const T* grad_normed, const T* grad
 }
 
 constexpr int kThreads = 256;
-constexpr int kNormThreads = 256;      // per row: 8 columns per thread at dim 2048
+constexpr int kNormThreads = 256;          // per row: 8 columns per thread at dim 2048
 constexpr int kNormBackwardBlocks = 1024;  // the weight partials: [1024, dim] fp32 at most (8 MiB at dim 2048)
 
 int blocks_for(int64_t work) {

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <utility>
 
-
 #ifdef FSDP_HAVE_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -97,7 +96,8 @@ void* current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 // The kernel's closed form, in fp32 (fp64 for fp64), a cache-sized chunk at a time: fp32 temporaries of the whole
 // [tokens, ffn] tensors would outweigh the activation the fused op saves (in bf16, 4x over).
 //   d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g)
-std::pair<at::Tensor, at::Tensor> swiglu_backward_host(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up) {
+std::pair<at::Tensor, at::Tensor> swiglu_backward_host(const at::Tensor& grad_out, const at::Tensor& gate,
+                                                       const at::Tensor& up) {
   constexpr int64_t kChunk = 1 << 16;  // elements: 256 KiB per fp32 temporary
   const at::ScalarType math = at::promote_types(gate.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
   const at::Tensor g_all = gate.contiguous().view(-1), u_all = up.contiguous().view(-1);
@@ -140,8 +140,8 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
       const at::Tensor dy = grad_out.to(gate.scalar_type()).contiguous();
       const c10::cuda::CUDAGuard device(gate.device());
       at::Tensor grad_gate = at::empty_like(gate), grad_up = at::empty_like(up);
-      kernels::swiglu_backward(dy.data_ptr(), gate.data_ptr(), up.data_ptr(), grad_gate.data_ptr(),
-                               grad_up.data_ptr(), gate.numel(), kernel_dtype(gate), current_stream());
+      kernels::swiglu_backward(dy.data_ptr(), gate.data_ptr(), up.data_ptr(), grad_gate.data_ptr(), grad_up.data_ptr(),
+                               gate.numel(), kernel_dtype(gate), current_stream());
       return {grad_gate, grad_up};
     }
 #endif
@@ -304,8 +304,8 @@ struct AddRmsNormFunction : torch::autograd::Function<AddRmsNormFunction> {
       at::Tensor grad_h = at::empty_like(sum);
       kernels::add_rms_norm_backward(dy.data_ptr(), dsum.defined() ? dsum.data_ptr() : nullptr, sum.data_ptr(),
                                      weight.data_ptr(), rstd.data_ptr<float>(), grad_h.data_ptr(),
-                                     need_weight_grad ? weight_partials.data_ptr<float>() : nullptr, rows, dim,
-                                     blocks, kernel_dtype(sum), current_stream());
+                                     need_weight_grad ? weight_partials.data_ptr<float>() : nullptr, rows, dim, blocks,
+                                     kernel_dtype(sum), current_stream());
       at::Tensor grad_weight = need_weight_grad ? weight_partials.sum(0).to(weight.scalar_type()) : at::Tensor();
       return {grad_h, grad_h, grad_weight, at::Tensor()};
     }
@@ -341,12 +341,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 AddRmsNorm add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.sizes() == delta.sizes() && x.scalar_type() == delta.scalar_type(), "add_rms_norm: x ", x.sizes(), " ",
-              x.scalar_type(), " and delta ", delta.sizes(), " ", delta.scalar_type(), " must have one shape and dtype");
+              x.scalar_type(), " and delta ", delta.sizes(), " ", delta.scalar_type(),
+              " must have one shape and dtype");
   TORCH_CHECK(weight.dim() == 1 && x.dim() >= 1 && weight.size(0) == x.size(-1), "add_rms_norm: weight ",
               weight.sizes(), " must be [dim] for x ", x.sizes());
   TORCH_CHECK(x.device() == delta.device() && x.device() == weight.device(), "add_rms_norm: x on ", x.device(),
               ", delta on ", delta.device(), ", weight on ", weight.device());
-  if (!fused_ops_enabled() || (x.is_cuda() && !cuda_kernels_take(x))) return add_rms_norm_reference(x, delta, weight, eps);
+  if (!fused_ops_enabled() || (x.is_cuda() && !cuda_kernels_take(x)))
+    return add_rms_norm_reference(x, delta, weight, eps);
   // CUDA kernels take one dtype for all three (the weight's cast is autograd's, outside the kernel).
   const bool cuda = x.is_cuda();
   const variable_list out =
@@ -356,11 +358,11 @@ AddRmsNorm add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.dim() == 4 && x.size(-1) % 2 == 0, "rotary: x must be [b, t, heads, head_dim] with an even head_dim, got ",
-              x.sizes());
+  TORCH_CHECK(x.dim() == 4 && x.size(-1) % 2 == 0,
+              "rotary: x must be [b, t, heads, head_dim] with an even head_dim, got ", x.sizes());
   TORCH_CHECK(cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3) && sin.sizes() == cos.sizes(),
-              "rotary: cos and sin must be [t, head_dim] = [", x.size(1), ", ", x.size(3), "], got ", cos.sizes(), " and ",
-              sin.sizes());
+              "rotary: cos and sin must be [t, head_dim] = [", x.size(1), ", ", x.size(3), "], got ", cos.sizes(),
+              " and ", sin.sizes());
   TORCH_CHECK(!cos.requires_grad() && !sin.requires_grad(), "rotary: the tables are constants (no gradient)");
   TORCH_CHECK(cos.device() == x.device() && sin.device() == x.device(), "rotary: x on ", x.device(), ", the tables on ",
               cos.device(), " and ", sin.device());

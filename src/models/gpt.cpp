@@ -18,7 +18,8 @@ void GptConfig::validate() const {
   require_positive("gpt", heads, "heads");
   require_positive("gpt", layers, "layers");
   if (dim % heads != 0) {
-    throw std::invalid_argument("gpt: dim " + std::to_string(dim) + " is not divisible by heads " + std::to_string(heads));
+    throw std::invalid_argument("gpt: dim " + std::to_string(dim) + " is not divisible by heads " +
+                                std::to_string(heads));
   }
   if (!(norm_eps > 0.0)) throw std::invalid_argument("gpt: norm_eps must be positive");
   lora.validate("gpt", linear_layers());
@@ -33,17 +34,15 @@ const std::vector<std::string>& GptConfig::linear_layers() {
 int64_t GptConfig::parameter_count() const {
   const int64_t bias = qkv_bias ? 3 * dim : 0;
   const int64_t m = mlp_width();
-  const int64_t block = 2 * (2 * dim)                // ln_1, ln_2 (weight and bias)
-                        + dim * 3 * dim + bias       // c_attn
-                        + dim * dim + dim            // attn.c_proj
-                        + dim * m + m                // mlp.c_fc
-                        + m * dim + dim;             // mlp.c_proj
+  const int64_t block = 2 * (2 * dim)                             // ln_1, ln_2 (weight and bias)
+                        + dim * 3 * dim + bias                    // c_attn
+                        + dim * dim + dim                         // attn.c_proj
+                        + dim * m + m                             // mlp.c_fc
+                        + m * dim + dim;                          // mlp.c_proj
   return vocab * dim + context * dim + layers * block + 2 * dim;  // tied head adds nothing
 }
 
-int64_t GptConfig::linear_weight_count() const {
-  return layers * (dim * 3 * dim + dim * dim + 2 * dim * mlp_width());
-}
+int64_t GptConfig::linear_weight_count() const { return layers * (dim * 3 * dim + dim * dim + 2 * dim * mlp_width()); }
 
 int64_t GptConfig::lora_parameter_count() const {
   if (!lora.enabled()) return 0;
@@ -129,7 +128,8 @@ at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& positions) 
   return fsdp::nn::call(wte, hidden_states(ids, positions));  // tied head: logits = ln_f(x) wte^T
 }
 
-at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions) {
+at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+                            const at::Tensor& positions) {
   return fsdp::nn::call(wte, hidden_states(ids, positions), targets, chunk_rows);
 }
 

@@ -69,10 +69,14 @@ class GptFamily final : public ModelFamily {
   int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig& config) const override { return of(config).vocab; }
   int64_t text_context(const ModelConfig& config) const override { return of(config).context; }
-  double flops_per_sample(const ModelConfig& config, int64_t seq) const override { return of(config).flops_per_token(seq); }
+  double flops_per_sample(const ModelConfig& config, int64_t seq) const override {
+    return of(config).flops_per_token(seq);
+  }
   void take_data_vocab(ModelConfig& config, int64_t rows) const override { of(config).vocab = rows; }
   // GPT-2 was trained on 1024-token rows.
-  int64_t plan_sequence(const ModelConfig& config) const override { return std::min<int64_t>(of(config).context, 1024); }
+  int64_t plan_sequence(const ModelConfig& config) const override {
+    return std::min<int64_t>(of(config).context, 1024);
+  }
   std::vector<std::string> block_type_names(const ModelConfig&) const override { return {"GptBlock"}; }
   // The tied embedding and head: one module called twice.
   std::vector<std::string> embedding_and_head_paths(const ModelConfig&) const override { return {"wte"}; }
@@ -123,12 +127,14 @@ class GptFamily final : public ModelFamily {
     out["tie_word_embeddings"] = true;
   }
   bool hf_transposed(const ModelConfig&, const std::string& name) const override {
-    return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_fc.weight") ||
-           ends_with(name, "mlp.c_proj.weight");
+    return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+           ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight");
   }
   // GPT2LMHeadModel.save_pretrained prefixes the body with "transformer."; the hub's gpt2 files
   // do not. Both load.
-  std::vector<std::string> hf_other_names(const ModelConfig&, const std::string& hf) const override { return {"transformer." + hf}; }
+  std::vector<std::string> hf_other_names(const ModelConfig&, const std::string& hf) const override {
+    return {"transformer." + hf};
+  }
   bool hf_unread_buffer(const std::string& name) const override {
     return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
   }

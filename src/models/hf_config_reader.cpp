@@ -12,7 +12,9 @@ int64_t HfConfigReader::integer(const char* key) const {
   return value.get<int64_t>();
 }
 
-int64_t HfConfigReader::integer_or(const char* key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
+int64_t HfConfigReader::integer_or(const char* key, int64_t fallback) const {
+  return has(key) ? integer(key) : fallback;
+}
 
 double HfConfigReader::number_or(const char* key, double fallback) const {
   if (!has(key)) return fallback;
@@ -42,7 +44,8 @@ nlohmann::json HfConfigReader::section(const char* key) const {
 }
 
 void HfConfigReader::require_value(const char* key, const nlohmann::json& expected, const std::string& why) const {
-  if (has(key) && json_.at(key) != expected) fail(std::string(key) + " = " + json_.at(key).dump() + " is not supported (" + why + ")");
+  if (has(key) && json_.at(key) != expected)
+    fail(std::string(key) + " = " + json_.at(key).dump() + " is not supported (" + why + ")");
 }
 
 void HfConfigReader::fail(const std::string& what) const { throw std::runtime_error(file_ + ": " + what); }

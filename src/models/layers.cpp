@@ -25,13 +25,14 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, dou
     const double high_freq_wavelength = old_context / scaling.high_freq_factor;
     auto wavelength = 2.0 * M_PI / inverse_frequency;
     auto scaled = torch::where(wavelength > low_freq_wavelength, inverse_frequency / scaling.factor, inverse_frequency);
-    auto smooth = (old_context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
+    auto smooth =
+        (old_context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
     auto smoothed = (1.0 - smooth) * scaled / scaling.factor + smooth * scaled;
     auto medium = (wavelength >= high_freq_wavelength).logical_and(wavelength <= low_freq_wavelength);
     inverse_frequency = torch::where(medium, smoothed, scaled);
   }
   auto angles = torch::outer(torch::arange(t, torch::kFloat), inverse_frequency);  // [t, hd/2] fp32
-  angles = torch::cat({angles, angles}, 1);                                         // [t, hd]
+  angles = torch::cat({angles, angles}, 1);                                        // [t, hd]
   return {angles.cos(), angles.sin()};
 }
 
@@ -73,22 +74,25 @@ std::vector<std::string> LoraSpec::parse_targets(const std::string& text) {
 
 void LoraSpec::validate(const char* family, const std::vector<std::string>& layers) const {
   if (rank == 0 && targets.empty()) return;
-  if (rank <= 0) throw std::invalid_argument(std::string(family) + ": lora rank must be positive, got " + std::to_string(rank));
+  if (rank <= 0)
+    throw std::invalid_argument(std::string(family) + ": lora rank must be positive, got " + std::to_string(rank));
   if (targets.empty()) throw std::invalid_argument(std::string(family) + ": lora needs target layers");
   if (!(alpha > 0.0)) throw std::invalid_argument(std::string(family) + ": lora alpha must be positive");
-  if (!(dropout >= 0.0 && dropout < 1.0)) throw std::invalid_argument(std::string(family) + ": lora dropout must be in [0, 1)");
+  if (!(dropout >= 0.0 && dropout < 1.0))
+    throw std::invalid_argument(std::string(family) + ": lora dropout must be in [0, 1)");
   if (all_linear()) return;
   for (const auto& target : targets) {
     if (target == kAllLinear) {
-      throw std::invalid_argument(std::string(family) + ": lora target 'all-linear' means every linear layer: give it alone");
+      throw std::invalid_argument(std::string(family) +
+                                  ": lora target 'all-linear' means every linear layer: give it alone");
     }
     bool known = false;
     for (const auto& layer : layers) known = known || layer == target;
     if (!known) {
       std::string names;
       for (const auto& layer : layers) names += (names.empty() ? "" : ", ") + layer;
-      throw std::invalid_argument(std::string(family) + ": lora target '" + target + "' matches no layer (its linear layers: " +
-                                  names + ")");
+      throw std::invalid_argument(std::string(family) + ": lora target '" + target +
+                                  "' matches no layer (its linear layers: " + names + ")");
     }
   }
 }

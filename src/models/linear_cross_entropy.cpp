@@ -82,7 +82,9 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     // (bf16 sums of many chunks would round each time), cast once at the end.
     const bool accumulate_in_weight_dtype = c10::elementSize(weight.scalar_type()) >= 4;
     at::Tensor grad_weight;
-    if (need_weight) grad_weight = at::zeros(weight.sizes(), weight.options().dtype(accumulate_in_weight_dtype ? weight.scalar_type() : at::kFloat));
+    if (need_weight)
+      grad_weight = at::zeros(weight.sizes(),
+                              weight.options().dtype(accumulate_in_weight_dtype ? weight.scalar_type() : at::kFloat));
     const at::Tensor buffer = need_hidden || need_weight ? chunk_buffer(chunk_rows, n, weight) : at::Tensor();
     for (int64_t start = 0; start < n && (need_hidden || need_weight); start += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - start);
@@ -98,7 +100,8 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       const at::Tensor dz_compute = dz.to(hidden.scalar_type());
       if (need_hidden) {
         at::Tensor grad_rows = grad_hidden.narrow(0, start, rows);  // contiguous rows of grad_hidden
-        if (dz_compute.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat) at::mm_out(grad_rows, dz_compute, w);
+        if (dz_compute.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat)
+          at::mm_out(grad_rows, dz_compute, w);
         else grad_rows.copy_(matmul_in_compute_dtype(dz_compute, w));
       }
       if (need_weight) {
@@ -117,7 +120,8 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
         }
       }
     }
-    if (need_weight && grad_weight.scalar_type() != weight.scalar_type()) grad_weight = grad_weight.to(weight.scalar_type());
+    if (need_weight && grad_weight.scalar_type() != weight.scalar_type())
+      grad_weight = grad_weight.to(weight.scalar_type());
     return {grad_hidden, grad_weight, at::Tensor(), at::Tensor()};
   }
 };
@@ -126,7 +130,9 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
 
 at::Tensor linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                     int64_t chunk_rows) {
-  if (chunk_rows <= 0) throw std::invalid_argument("linear_cross_entropy_sum: chunk_rows must be positive, got " + std::to_string(chunk_rows));
+  if (chunk_rows <= 0)
+    throw std::invalid_argument("linear_cross_entropy_sum: chunk_rows must be positive, got " +
+                                std::to_string(chunk_rows));
   if (hidden.dim() != 2 || weight.dim() != 2 || hidden.size(1) != weight.size(1)) {
     throw std::invalid_argument("linear_cross_entropy_sum: hidden [n, dim] and weight [vocab, dim] expected");
   }
@@ -143,7 +149,8 @@ at::Tensor linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& 
       const int64_t index = invalid.nonzero()[0][0].item<int64_t>();
       throw std::invalid_argument("linear_cross_entropy_sum: target " + std::to_string(targets[index].item<int64_t>()) +
                                   " at row " + std::to_string(index) + " is out of bounds (classes [0, " +
-                                  std::to_string(vocab) + "), or " + std::to_string(kIgnored) + " for a row not counted)");
+                                  std::to_string(vocab) + "), or " + std::to_string(kIgnored) +
+                                  " for a row not counted)");
     }
   } else {
     at::_assert_async(invalid.logical_not().all(), "linear_cross_entropy_sum: a target is out of bounds");

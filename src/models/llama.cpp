@@ -20,7 +20,8 @@ void LlamaConfig::validate() const {
   require_positive("llama", layers, "layers");
   require_positive("llama", ffn_hidden, "ffn_hidden");
   if (dim % heads != 0) {
-    throw std::invalid_argument("llama: dim " + std::to_string(dim) + " is not divisible by heads " + std::to_string(heads));
+    throw std::invalid_argument("llama: dim " + std::to_string(dim) + " is not divisible by heads " +
+                                std::to_string(heads));
   }
   if (heads % kv_heads != 0) {
     throw std::invalid_argument("llama: heads " + std::to_string(heads) + " is not a multiple of kv_heads " +
@@ -35,21 +36,23 @@ void LlamaConfig::validate() const {
   }
   if (!(norm_eps > 0.0)) throw std::invalid_argument("llama: norm_eps must be positive");
   lora.validate("llama", linear_layers());
-  if ((dim / heads) % 2 != 0) throw std::invalid_argument("llama: the head dimension (dim / heads) must be even for rotary embeddings");
+  if ((dim / heads) % 2 != 0)
+    throw std::invalid_argument("llama: the head dimension (dim / heads) must be even for rotary embeddings");
 }
 
 int64_t LlamaConfig::parameter_count() const {
   const int64_t head_dim = dim / heads;
-  const int64_t block = 2 * dim                                  // two RMSNorm weights
-                        + dim * dim                              // q_proj
-                        + 2 * dim * kv_heads * head_dim          // k_proj, v_proj
-                        + dim * dim                              // o_proj
-                        + 3 * dim * ffn_hidden;                  // gate, up, down
+  const int64_t block = 2 * dim                          // two RMSNorm weights
+                        + dim * dim                      // q_proj
+                        + 2 * dim * kv_heads * head_dim  // k_proj, v_proj
+                        + dim * dim                      // o_proj
+                        + 3 * dim * ffn_hidden;          // gate, up, down
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
 }
 
 const std::vector<std::string>& LlamaConfig::linear_layers() {
-  static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
   return names;
 }
 
@@ -125,10 +128,11 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {
   apply_lora(*this, c.lora);  // after the base's draws; before the block is announced (and sharded)
 }
 
-at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed) {
+at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                   const at::Tensor& allowed) {
   // The residual add and the post-attention norm in one pass (fused_ops.h): h and its norm.
-  auto [h, normed] = add_rms_norm(x, self_attn->forward(input_layernorm(x), cos, sin, allowed), post_attention_layernorm->weight,
-                                  post_attention_layernorm->eps);
+  auto [h, normed] = add_rms_norm(x, self_attn->forward(input_layernorm(x), cos, sin, allowed),
+                                  post_attention_layernorm->weight, post_attention_layernorm->eps);
   return h + mlp(normed);
 }
 
@@ -159,7 +163,8 @@ at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& positions
   return head(hidden_states(embed(ids), positions));
 }
 
-at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions) {
+at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+                              const at::Tensor& positions) {
   TORCH_CHECK(!positions.defined() || positions.sizes() == ids.sizes(), "llama: positions ", positions.sizes(),
               " do not match the ids ", ids.sizes());
   return head(hidden_states(embed(ids), positions), targets, chunk_rows);

@@ -12,7 +12,8 @@ namespace fsdp::models {
 std::vector<ModelField> llama_fields(LlamaConfig& c) {
   ModelField context = field("context", c.context, "longest sequence");
   context.free_beside_hf_config = true;  // a fine-tune may train on shorter rows than config.json allows
-  ModelField scaling = field("rope_scaling", c.rope_scaling.enabled, "llama3 (Llama 3.1's long-context frequency scaling) | none");
+  ModelField scaling =
+      field("rope_scaling", c.rope_scaling.enabled, "llama3 (Llama 3.1's long-context frequency scaling) | none");
   scaling.on_word = "llama3";
   scaling.off_word = "none";
   std::vector<ModelField> fields = {
@@ -28,11 +29,12 @@ std::vector<ModelField> llama_fields(LlamaConfig& c) {
       field("rope_theta", c.rope_theta, "rotary base"),
       scaling,
   };
-  for (ModelField scaled : {field("rope_scaling_factor", c.rope_scaling.factor, "llama3 scaling: factor"),
-                            field("rope_low_freq_factor", c.rope_scaling.low_freq_factor, "llama3 scaling: low_freq_factor"),
-                            field("rope_high_freq_factor", c.rope_scaling.high_freq_factor, "llama3 scaling: high_freq_factor"),
-                            field("rope_original_context", c.rope_scaling.original_context,
-                                  "llama3 scaling: original_max_position_embeddings")}) {
+  for (ModelField scaled :
+       {field("rope_scaling_factor", c.rope_scaling.factor, "llama3 scaling: factor"),
+        field("rope_low_freq_factor", c.rope_scaling.low_freq_factor, "llama3 scaling: low_freq_factor"),
+        field("rope_high_freq_factor", c.rope_scaling.high_freq_factor, "llama3 scaling: high_freq_factor"),
+        field("rope_original_context", c.rope_scaling.original_context,
+              "llama3 scaling: original_max_position_embeddings")}) {
     scaled.written = c.rope_scaling.enabled;
     fields.push_back(scaled);
   }
@@ -52,7 +54,8 @@ RopeScaling read_rope_scaling(const HfConfigReader& r) {
   HfConfigReader inner(rope, r.file() + " (" + key + ")");
   const std::string type = inner.string_or("rope_type", inner.string_or("type", "default"));
   if (type == "default") return scaling;
-  if (type != "llama3") r.fail(std::string(key) + ".rope_type '" + type + "' is not supported (supported: default, llama3)");
+  if (type != "llama3")
+    r.fail(std::string(key) + ".rope_type '" + type + "' is not supported (supported: default, llama3)");
   scaling.enabled = true;
   scaling.factor = inner.number_or("factor", scaling.factor);
   scaling.low_freq_factor = inner.number_or("low_freq_factor", scaling.low_freq_factor);
@@ -76,7 +79,8 @@ LlamaConfig llama_from_hf_config(const HfConfigReader& r) {
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
   double theta = r.number_or("rope_theta", 10000.0);
   if (r.json().contains("rope_parameters") && r.json().at("rope_parameters").is_object()) {
-    theta = HfConfigReader(r.json().at("rope_parameters"), r.file() + " (rope_parameters)").number_or("rope_theta", theta);
+    theta =
+        HfConfigReader(r.json().at("rope_parameters"), r.file() + " (rope_parameters)").number_or("rope_theta", theta);
   }
   c.rope_theta = theta;
   c.rope_scaling = read_rope_scaling(r);
@@ -84,8 +88,8 @@ LlamaConfig llama_from_hf_config(const HfConfigReader& r) {
   r.require_value("attention_bias", false, "the Llama projections here have no biases");
   r.require_value("mlp_bias", false, "the Llama MLP here has no biases");
   if (r.has("head_dim") && c.heads > 0 && r.integer("head_dim") * c.heads != c.dim) {
-    r.fail("head_dim " + std::to_string(r.integer("head_dim")) + " differs from hidden_size / num_attention_heads = " +
-           std::to_string(c.dim / c.heads) + " (not supported)");
+    r.fail("head_dim " + std::to_string(r.integer("head_dim")) +
+           " differs from hidden_size / num_attention_heads = " + std::to_string(c.dim / c.heads) + " (not supported)");
   }
   return c;
 }
@@ -122,8 +126,8 @@ nlohmann::json llama_hf_config(const LlamaConfig& l) {
 
 namespace {
 
-LlamaConfig llama(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t context,
-                  double theta, bool tied) {
+LlamaConfig llama(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
+                  int64_t context, double theta, bool tied) {
   LlamaConfig c;
   c.layers = layers;
   c.dim = dim;
@@ -164,10 +168,14 @@ class LlamaFamily final : public ModelFamily {
   int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig& config) const override { return of(config).vocab; }
   int64_t text_context(const ModelConfig& config) const override { return of(config).context; }
-  double flops_per_sample(const ModelConfig& config, int64_t seq) const override { return of(config).flops_per_token(seq); }
+  double flops_per_sample(const ModelConfig& config, int64_t seq) const override {
+    return of(config).flops_per_token(seq);
+  }
   void take_data_vocab(ModelConfig& config, int64_t rows) const override { of(config).vocab = rows; }
   // Fine-tuning rows rarely reach Llama 3's 8192 positions.
-  int64_t plan_sequence(const ModelConfig& config) const override { return std::min<int64_t>(of(config).context, 4096); }
+  int64_t plan_sequence(const ModelConfig& config) const override {
+    return std::min<int64_t>(of(config).context, 4096);
+  }
   std::vector<std::string> block_type_names(const ModelConfig&) const override { return {"LlamaBlock"}; }
   // A tied embedding and head is one module called twice, so one path.
   std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) const override {
@@ -190,7 +198,8 @@ class LlamaFamily final : public ModelFamily {
   }
   bool hf_unread_buffer(const std::string& name) const override {
     const std::string inv_freq = ".rotary_emb.inv_freq";
-    return name.size() >= inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+    return name.size() >= inv_freq.size() &&
+           name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
   }
 };
 

@@ -14,16 +14,18 @@ void LlavaConfig::validate() const {
   vision.validate();
   text.validate();
   if (image_token < 0 || image_token >= text.vocab) {
-    throw std::invalid_argument("llava: image_token " + std::to_string(image_token) + " is outside the language model's vocabulary [0, " +
-                                std::to_string(text.vocab) + ")");
+    throw std::invalid_argument("llava: image_token " + std::to_string(image_token) +
+                                " is outside the language model's vocabulary [0, " + std::to_string(text.vocab) + ")");
   }
   if (vision_feature_layer < -(vision.vision.layers + 1) || vision_feature_layer > vision.vision.layers) {
-    throw std::invalid_argument("llava: vision_feature_layer " + std::to_string(vision_feature_layer) + " is outside the image tower's " +
-                                std::to_string(vision.vision.layers + 1) + " hidden states (-" +
-                                std::to_string(vision.vision.layers + 1) + " .. " + std::to_string(vision.vision.layers) + ")");
+    throw std::invalid_argument("llava: vision_feature_layer " + std::to_string(vision_feature_layer) +
+                                " is outside the image tower's " + std::to_string(vision.vision.layers + 1) +
+                                " hidden states (-" + std::to_string(vision.vision.layers + 1) + " .. " +
+                                std::to_string(vision.vision.layers) + ")");
   }
   if (image_tokens() >= text.context) {
-    throw std::invalid_argument("llava: " + std::to_string(image_tokens()) + " image tokens leave no room in the language model's context of " +
+    throw std::invalid_argument("llava: " + std::to_string(image_tokens()) +
+                                " image tokens leave no room in the language model's context of " +
                                 std::to_string(text.context));
   }
 }
@@ -42,9 +44,10 @@ double LlavaConfig::flops_per_example(int64_t seq) const {
   const ClipTowerShape& v = vision.vision;
   const double tokens = static_cast<double>(vision.image_tokens());
   const double blocks = static_cast<double>(read_blocks());
-  const double tower = 6.0 * tokens * blocks * (4.0 * v.dim * v.dim + 2.0 * v.dim * v.mlp_hidden) +
-                       12.0 * blocks * tokens * tokens * v.dim +
-                       6.0 * static_cast<double>(vision.patches()) * v.dim * vision.channels * vision.patch * vision.patch;
+  const double tower =
+      6.0 * tokens * blocks * (4.0 * v.dim * v.dim + 2.0 * v.dim * v.mlp_hidden) +
+      12.0 * blocks * tokens * tokens * v.dim +
+      6.0 * static_cast<double>(vision.patches()) * v.dim * vision.channels * vision.patch * vision.patch;
   const double projector = 6.0 * static_cast<double>(image_tokens()) * (v.dim * text.dim + text.dim * text.dim);
   return tower + projector + static_cast<double>(seq) * text.flops_per_token(seq);
 }
@@ -56,7 +59,8 @@ LlavaProjectorImpl::LlavaProjectorImpl(int64_t vision_dim, int64_t text_dim) {
 
 at::Tensor LlavaProjectorImpl::forward(const at::Tensor& features) {
   // transformers' "gelu": the exact (erf) form.
-  return models::linear(torch::gelu(models::linear(features, linear_1->weight, linear_1->bias)), linear_2->weight, linear_2->bias);
+  return models::linear(torch::gelu(models::linear(features, linear_1->weight, linear_1->bias)), linear_2->weight,
+                        linear_2->bias);
 }
 
 LlavaImpl::LlavaImpl(const LlavaConfig& c) : config_(c) {
@@ -72,14 +76,18 @@ LlavaImpl::LlavaImpl(const LlavaConfig& c) : config_(c) {
 
 at::Tensor LlavaImpl::input_embeddings(const at::Tensor& images, const at::Tensor& ids) {
   const ClipConfig& v = config_.vision;
-  TORCH_CHECK(images.dim() == 4 && images.size(1) == v.channels && images.size(2) == v.image_size && images.size(3) == v.image_size,
-              "llava: expected images [b, ", v.channels, ", ", v.image_size, ", ", v.image_size, "], got ", images.sizes());
-  TORCH_CHECK(ids.dim() == 2 && ids.size(0) == images.size(0), "llava: expected token ids [", images.size(0), ", t], got ", ids.sizes());
+  TORCH_CHECK(images.dim() == 4 && images.size(1) == v.channels && images.size(2) == v.image_size &&
+                  images.size(3) == v.image_size,
+              "llava: expected images [b, ", v.channels, ", ", v.image_size, ", ", v.image_size, "], got ",
+              images.sizes());
+  TORCH_CHECK(ids.dim() == 2 && ids.size(0) == images.size(0), "llava: expected token ids [", images.size(0),
+              ", t], got ", ids.sizes());
   const at::Tensor is_image = ids.eq(config_.image_token);  // [b, t]
   // Every row holds exactly its image's tokens; a wrong count would shift features between rows.
   const at::Tensor per_row = is_image.sum(1);
-  TORCH_CHECK(per_row.eq(config_.image_tokens()).all().item<bool>(), "llava: each row must hold ", config_.image_tokens(),
-              " image tokens (id ", config_.image_token, "), got ", per_row.min().item<int64_t>(), "-", per_row.max().item<int64_t>());
+  TORCH_CHECK(per_row.eq(config_.image_tokens()).all().item<bool>(), "llava: each row must hold ",
+              config_.image_tokens(), " image tokens (id ", config_.image_token, "), got ",
+              per_row.min().item<int64_t>(), "-", per_row.max().item<int64_t>());
   at::Tensor states = fsdp::nn::call(vision_tower, images, config_.read_blocks());  // [b, patches + 1, vision dim]
   if (!config_.keep_class_token) states = states.narrow(1, 1, states.size(1) - 1);
   const at::Tensor features = multi_modal_projector(states);  // [b, image tokens, text dim]
@@ -91,7 +99,8 @@ at::Tensor LlavaImpl::forward(const at::Tensor& images, const at::Tensor& ids) {
   return language_model->logits_from_embeddings(input_embeddings(images, ids));
 }
 
-at::Tensor LlavaImpl::forward(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) {
+at::Tensor LlavaImpl::forward(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets,
+                              int64_t chunk_rows) {
   return language_model->loss_from_embeddings(input_embeddings(images, ids), targets, chunk_rows);
 }
 

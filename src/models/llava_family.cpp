@@ -12,7 +12,8 @@ namespace fsdp::models {
 
 namespace {
 
-ClipConfig image_tower(int64_t image, int64_t patch, int64_t channels, int64_t layers, int64_t dim, int64_t heads, int64_t mlp) {
+ClipConfig image_tower(int64_t image, int64_t patch, int64_t channels, int64_t layers, int64_t dim, int64_t heads,
+                       int64_t mlp) {
   ClipConfig c;
   c.image_size = image;
   c.patch = patch;
@@ -21,7 +22,8 @@ ClipConfig image_tower(int64_t image, int64_t patch, int64_t channels, int64_t l
   return c;
 }
 
-LlamaConfig language_model(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t context) {
+LlamaConfig language_model(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
+                           int64_t context) {
   LlamaConfig c;
   c.layers = layers;
   c.dim = dim;
@@ -63,12 +65,14 @@ LlavaConfig llava_from_hf_config(const HfConfigReader& r) {
   c.vision.norm_eps = vision.number_or("layer_norm_eps", 1e-5);
   c.image_token = r.has("image_token_index") ? r.integer("image_token_index") : r.integer_or("image_token_id", 32000);
   if (r.has("vision_feature_layer") && !r.json().at("vision_feature_layer").is_number_integer()) {
-    r.fail("vision_feature_layer = " + r.json().at("vision_feature_layer").dump() + " is not supported (one layer, an integer: features "
+    r.fail("vision_feature_layer = " + r.json().at("vision_feature_layer").dump() +
+           " is not supported (one layer, an integer: features "
            "of several layers concatenated are not implemented)");
   }
   c.vision_feature_layer = r.integer_or("vision_feature_layer", -2);
   const std::string strategy = r.string_or("vision_feature_select_strategy", "default");
-  if (strategy != "default" && strategy != "full") r.fail("vision_feature_select_strategy '" + strategy + "' is not supported (default, full)");
+  if (strategy != "default" && strategy != "full")
+    r.fail("vision_feature_select_strategy '" + strategy + "' is not supported (default, full)");
   c.keep_class_token = strategy == "full";
   return c;
 }
@@ -88,8 +92,10 @@ class LlavaFamily final : public ModelFamily {
         // llava-1.5-7b (CLIP ViT-L/14 at 336 pixels, Llama 2 7B's shape with 32064 tokens, the
         // image token 32000: the hub's llava-hf/llava-1.5-7b-hf config).
         {"llava-test", llava(image_tower(28, 7, 1, 2, 32, 2, 64), language_model(2, 32, 4, 2, 64, 258, 128), 257)},
-        {"llava-fmnist", llava(image_tower(28, 7, 1, 6, 128, 4, 256), language_model(4, 128, 4, 2, 352, 258, 128), 257)},
-        {"llava-1.5-7b", llava(image_tower(336, 14, 3, 24, 1024, 16, 4096), language_model(32, 4096, 32, 32, 11008, 32064, 4096), 32000)},
+        {"llava-fmnist",
+         llava(image_tower(28, 7, 1, 6, 128, 4, 256), language_model(4, 128, 4, 2, 352, 258, 128), 257)},
+        {"llava-1.5-7b", llava(image_tower(336, 14, 3, 24, 1024, 16, 4096),
+                               language_model(32, 4096, 32, 32, 11008, 32064, 4096), 32000)},
     };
   }
   std::vector<ModelField> fields(ModelConfig& config) const override {
@@ -99,17 +105,19 @@ class LlavaFamily final : public ModelFamily {
       if (f.key == "context") f.free_beside_hf_config = false;  // the image tokens count against it
     }
     for (ModelField& f : clip_image_tower_fields(c.vision)) fields.push_back(f);
-    ModelField feature_layer =
-        field("vision_feature_layer", c.vision_feature_layer,
-              "the image tower's hidden state read (0: its embeddings, k: block k's output; -2: the last block but one's)");
+    ModelField feature_layer = field(
+        "vision_feature_layer", c.vision_feature_layer,
+        "the image tower's hidden state read (0: its embeddings, k: block k's output; -2: the last block but one's)");
     feature_layer.may_be_negative = true;
-    ModelField freeze = field("freeze_vision", c.freeze_vision, "the image tower gets no gradient (train the rest against it)");
+    ModelField freeze =
+        field("freeze_vision", c.freeze_vision, "the image tower gets no gradient (train the rest against it)");
     freeze.free_beside_hf_config = true;
     freeze.default_text = "false";
-    for (ModelField f : {field("image_token", c.image_token, "the token each image feature replaces"), feature_layer,
-                         field("keep_class_token", c.keep_class_token,
-                               "the class token's feature is read too (transformers' strategy \"full\")"),
-                         field("vision_norm_eps", c.vision.norm_eps, "epsilon of the image tower's LayerNorms"), freeze}) {
+    for (ModelField f :
+         {field("image_token", c.image_token, "the token each image feature replaces"), feature_layer,
+          field("keep_class_token", c.keep_class_token,
+                "the class token's feature is read too (transformers' strategy \"full\")"),
+          field("vision_norm_eps", c.vision.norm_eps, "epsilon of the image tower's LayerNorms"), freeze}) {
       fields.push_back(f);
     }
     return fields;
@@ -125,20 +133,26 @@ class LlavaFamily final : public ModelFamily {
     built.image_text_logits_function = [module](const at::Tensor& images, const at::Tensor& ids) {
       return fsdp::nn::call(module, images, ids);
     };
-    built.image_text_loss_function = [module](const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets,
-                                              int64_t chunk_rows) { return fsdp::nn::call(module, images, ids, targets, chunk_rows); };
+    built.image_text_loss_function = [module](const at::Tensor& images, const at::Tensor& ids,
+                                              const at::Tensor& targets, int64_t chunk_rows) {
+      return fsdp::nn::call(module, images, ids, targets, chunk_rows);
+    };
     return built;
   }
   int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig& config) const override { return of(config).text.vocab; }
   int64_t text_context(const ModelConfig& config) const override { return of(config).text.context; }
-  double flops_per_sample(const ModelConfig& config, int64_t seq) const override { return of(config).flops_per_example(seq); }
+  double flops_per_sample(const ModelConfig& config, int64_t seq) const override {
+    return of(config).flops_per_example(seq);
+  }
   ImageInput image_input(const ModelConfig& config) const override {
     const LlavaConfig& c = of(config);
     return {c.vision.image_size, c.vision.channels, c.image_tokens()};
   }
   int64_t image_token(const ModelConfig& config) const override { return of(config).image_token; }
-  std::vector<std::string> block_type_names(const ModelConfig&) const override { return {kClipBlockType, "LlamaBlock"}; }
+  std::vector<std::string> block_type_names(const ModelConfig&) const override {
+    return {kClipBlockType, "LlamaBlock"};
+  }
   // The Llama's (under "language_model.") and the image tower's embeddings.
   std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) const override {
     std::vector<std::string> paths = {"language_model.embed_tokens", "vision_tower.embeddings"};
@@ -148,7 +162,9 @@ class LlavaFamily final : public ModelFamily {
   std::vector<std::string> tower_paths(const ModelConfig&) const override { return {"vision_tower"}; }
   LoraSpec* lora(ModelConfig& config) const override { return &of(config).text.lora; }
   std::vector<std::string> linear_layers(const ModelConfig&) const override { return LlamaConfig::linear_layers(); }
-  int64_t linear_weight_count(const ModelConfig& config) const override { return of(config).text.linear_weight_count(); }
+  int64_t linear_weight_count(const ModelConfig& config) const override {
+    return of(config).text.linear_weight_count();
+  }
 
   // LlavaForConditionalGeneration (transformers 5's names and the hub's older ones).
   std::vector<std::string> hf_model_types() const override { return {"llava"}; }
@@ -179,23 +195,30 @@ class LlavaFamily final : public ModelFamily {
   // The Llama's body under language_model.model., its head as language_model.lm_head.
   std::string hf_name(const ModelConfig&, const std::string& name) const override {
     const std::string language = "language_model.";
-    if (name.rfind(language, 0) == 0 && name.rfind(language + "lm_head", 0) != 0) return language + "model." + name.substr(language.size());
+    if (name.rfind(language, 0) == 0 && name.rfind(language + "lm_head", 0) != 0)
+      return language + "model." + name.substr(language.size());
     return name;
   }
   // The hub's older files nest the tower (vision_tower.vision_model.*); transformers 5 holds the
   // model as model.{vision_tower, multi_modal_projector, language_model} and lm_head.
   std::vector<std::string> hf_other_names(const ModelConfig&, const std::string& hf) const override {
-    auto after = [&](const std::string& prefix) { return hf.rfind(prefix, 0) == 0 ? hf.substr(prefix.size()) : std::string(); };
-    if (hf.rfind("vision_tower.", 0) == 0) return {"vision_tower.vision_model." + after("vision_tower."), "model." + hf};
+    auto after = [&](const std::string& prefix) {
+      return hf.rfind(prefix, 0) == 0 ? hf.substr(prefix.size()) : std::string();
+    };
+    if (hf.rfind("vision_tower.", 0) == 0)
+      return {"vision_tower.vision_model." + after("vision_tower."), "model." + hf};
     if (hf.rfind("multi_modal_projector.", 0) == 0) return {"model." + hf};
     if (hf == "language_model.lm_head.weight") return {"lm_head.weight"};
     if (hf.rfind("language_model.model.", 0) == 0) return {"model.language_model." + after("language_model.model.")};
     return {};
   }
-  bool hf_unread_buffer(const std::string& name) const override { return name == "vision_tower.vision_model.embeddings.position_ids"; }
+  bool hf_unread_buffer(const std::string& name) const override {
+    return name == "vision_tower.vision_model.embeddings.position_ids";
+  }
   std::string hf_exact_architecture() const override { return "LlavaForConditionalGeneration"; }
   std::string peft_export_refusal(const ModelConfig&) const override {
-    return "PEFT directories of a llava model are not written yet (its adapters' names are not checked against peft); export the "
+    return "PEFT directories of a llava model are not written yet (its adapters' names are not checked against peft); "
+           "export the "
            "merged model (--merge --hf-dir)";
   }
 };

@@ -50,7 +50,8 @@ const char* to_string(ModelTask task) {
 }
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = families_of(std::make_index_sequence<std::variant_size_v<ModelConfig>>());
+  static const std::vector<const ModelFamily*> families =
+      families_of(std::make_index_sequence<std::variant_size_v<ModelConfig>>());
   return families;
 }
 
@@ -69,8 +70,10 @@ const ModelFamily& family_named(const std::string& name) {
 ModelConfig default_model_config(const ModelFamily& family) {
   const auto& families = model_families();
   const auto at = std::find(families.begin(), families.end(), &family);
-  if (at == families.end()) throw std::logic_error(std::string("model family '") + family.name() + "' is not registered");
-  return default_config_at(static_cast<size_t>(at - families.begin()), std::make_index_sequence<std::variant_size_v<ModelConfig>>());
+  if (at == families.end())
+    throw std::logic_error(std::string("model family '") + family.name() + "' is not registered");
+  return default_config_at(static_cast<size_t>(at - families.begin()),
+                           std::make_index_sequence<std::variant_size_v<ModelConfig>>());
 }
 
 ModelConfig ModelFamily::read_hf_config(const HfConfigReader&) const {
@@ -118,8 +121,12 @@ int64_t linear_weight_count(const ModelConfig& config) { return family_of(config
 int64_t parameter_count(const ModelConfig& config) { return family_of(config).parameter_count(config); }
 int64_t vocab_size(const ModelConfig& config) { return family_of(config).vocab_size(config); }
 int64_t text_context(const ModelConfig& config) { return family_of(config).text_context(config); }
-double flops_per_sample(const ModelConfig& config, int64_t seq) { return family_of(config).flops_per_sample(config, seq); }
-std::vector<std::string> block_type_names(const ModelConfig& config) { return family_of(config).block_type_names(config); }
+double flops_per_sample(const ModelConfig& config, int64_t seq) {
+  return family_of(config).flops_per_sample(config, seq);
+}
+std::vector<std::string> block_type_names(const ModelConfig& config) {
+  return family_of(config).block_type_names(config);
+}
 std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) {
   return family_of(config).embedding_and_head_paths(config);
 }

@@ -24,7 +24,8 @@ void VitConfig::validate() const {
                                 std::to_string(patch));
   }
   if (dim % heads != 0) {
-    throw std::invalid_argument("vit: dim " + std::to_string(dim) + " is not divisible by heads " + std::to_string(heads));
+    throw std::invalid_argument("vit: dim " + std::to_string(dim) + " is not divisible by heads " +
+                                std::to_string(heads));
   }
 }
 
@@ -40,7 +41,8 @@ int64_t VitConfig::parameter_count() const {
 double VitConfig::flops_per_image() const {
   const double t = static_cast<double>(tokens());
   const double per_block = 4.0 * dim * dim + 2.0 * dim * mlp_hidden;
-  const double weights_x_tokens = t * layers * per_block + static_cast<double>(patches()) * dim * channels * patch * patch +
+  const double weights_x_tokens = t * layers * per_block +
+                                  static_cast<double>(patches()) * dim * channels * patch * patch +
                                   static_cast<double>(dim) * classes;
   return 6.0 * weights_x_tokens + 12.0 * layers * t * t * dim;
 }

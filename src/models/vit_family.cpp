@@ -8,8 +8,8 @@ namespace fsdp::models {
 
 namespace {
 
-VitConfig vit(int64_t image, int64_t patch, int64_t channels, int64_t classes, int64_t layers, int64_t dim, int64_t heads,
-              int64_t mlp) {
+VitConfig vit(int64_t image, int64_t patch, int64_t channels, int64_t classes, int64_t layers, int64_t dim,
+              int64_t heads, int64_t mlp) {
   VitConfig c;
   c.image_size = image;
   c.patch = patch;
@@ -34,24 +34,18 @@ class VitFamily final : public ModelFamily {
     return {
         // A test size, a Fashion-MNIST size (28x28 greyscale, 10 classes), and the published
         // ImageNet shapes at 224x224 with 1000 classes.
-        {"vit-test", vit(28, 7, 1, 10, 2, 32, 2, 64)},
-        {"vit-fmnist", vit(28, 7, 1, 10, 6, 128, 4, 256)},
-        {"vit-s16", vit(224, 16, 3, 1000, 12, 384, 6, 1536)},
-        {"vit-b16", vit(224, 16, 3, 1000, 12, 768, 12, 3072)},
+        {"vit-test", vit(28, 7, 1, 10, 2, 32, 2, 64)},          {"vit-fmnist", vit(28, 7, 1, 10, 6, 128, 4, 256)},
+        {"vit-s16", vit(224, 16, 3, 1000, 12, 384, 6, 1536)},   {"vit-b16", vit(224, 16, 3, 1000, 12, 768, 12, 3072)},
         {"vit-l16", vit(224, 16, 3, 1000, 24, 1024, 16, 4096)},
     };
   }
   std::vector<ModelField> fields(ModelConfig& config) const override {
     VitConfig& c = of(config);
     return {
-        field("dim", c.dim, "width of the residual stream"),
-        field("heads", c.heads, "attention heads"),
-        field("layers", c.layers, "transformer blocks"),
-        field("mlp_hidden", c.mlp_hidden, "MLP width"),
-        field("patch", c.patch, "patch side in pixels"),
-        field("image_size", c.image_size, "image side in pixels"),
-        field("channels", c.channels, "image channels"),
-        field("classes", c.classes, "classes of the head"),
+        field("dim", c.dim, "width of the residual stream"), field("heads", c.heads, "attention heads"),
+        field("layers", c.layers, "transformer blocks"),     field("mlp_hidden", c.mlp_hidden, "MLP width"),
+        field("patch", c.patch, "patch side in pixels"),     field("image_size", c.image_size, "image side in pixels"),
+        field("channels", c.channels, "image channels"),     field("classes", c.classes, "classes of the head"),
     };
   }
   void validate(const ModelConfig& config) const override { of(config).validate(); }

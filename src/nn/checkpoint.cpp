@@ -16,7 +16,7 @@ using torch::autograd::variable_list;
 // What backward needs besides the saved inputs: the closure and the generator state of the first run.
 struct Recompute final : torch::CustomClassHolder {
   RecomputeFn run;
-  at::Tensor rng_state;  // the generator's state before the first run
+  at::Tensor rng_state;          // the generator's state before the first run
   at::Device device = at::kCPU;  // whose generator: the inputs' device (dropout on a GPU draws from its own)
   size_t num_inputs = 0;
 };
@@ -84,7 +84,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     variable_list grads;
     for (size_t i = 0; i < saved.size(); ++i) {
       grads.push_back(i < detached.size() && detached[i].defined() && detached[i].requires_grad() ? detached[i].grad()
-                                                                                                : at::Tensor());
+                                                                                                  : at::Tensor());
     }
     grads.emplace_back();  // for the Recompute argument
     return grads;

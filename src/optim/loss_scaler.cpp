@@ -17,7 +17,8 @@ DynamicLossScaler::DynamicLossScaler(const LossScalerOptions& options) : options
   if (!(options.growth_factor > 1.0f)) fail("growth_factor must be above 1");
   if (!(options.backoff_factor > 0.0f && options.backoff_factor < 1.0f)) fail("backoff_factor must be in (0, 1)");
   if (options.growth_interval < 1) fail("growth_interval must be at least 1");
-  if (!(options.min_scale > 0.0f && options.min_scale <= options.init_scale)) fail("min_scale must be in (0, init_scale]");
+  if (!(options.min_scale > 0.0f && options.min_scale <= options.init_scale))
+    fail("min_scale must be in (0, init_scale]");
 }
 
 float DynamicLossScaler::inv_scale() const { return static_cast<float>(1.0 / static_cast<double>(scale_)); }
@@ -51,10 +52,12 @@ void DynamicLossScaler::restore(const std::string& state) {
     scale = parsed.at("scale").get<float>();
     tracker = parsed.at("growth_tracker").get<int64_t>();
   } catch (const std::exception& e) {
-    throw std::runtime_error("loss scale state '" + state + "' is not {\"scale\": ..., \"growth_tracker\": ...}: " + e.what());
+    throw std::runtime_error("loss scale state '" + state +
+                             "' is not {\"scale\": ..., \"growth_tracker\": ...}: " + e.what());
   }
   if (!(std::isfinite(scale) && scale > 0) || tracker < 0) {
-    throw std::runtime_error("loss scale state '" + state + "' is out of range (scale finite and positive, growth_tracker >= 0)");
+    throw std::runtime_error("loss scale state '" + state +
+                             "' is out of range (scale finite and positive, growth_tracker >= 0)");
   }
   scale_ = scale;
   // A run resumed with a shorter growth_interval than it saved with: one more clean step grows the

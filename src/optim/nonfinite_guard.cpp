@@ -15,7 +15,8 @@ std::string nonfinite_text(double value) {
 
 NonFiniteStepGuard::NonFiniteStepGuard(int64_t max_consecutive) : max_consecutive_(max_consecutive) {
   if (max_consecutive < 1) {
-    throw std::invalid_argument("NonFiniteStepGuard: max_consecutive must be at least 1, got " + std::to_string(max_consecutive));
+    throw std::invalid_argument("NonFiniteStepGuard: max_consecutive must be at least 1, got " +
+                                std::to_string(max_consecutive));
   }
 }
 

@@ -81,8 +81,7 @@ bool ShardedAdamW::step_fused() {
       }
     }
   }
-  compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, lr_, options_.beta1, options_.beta2,
-                      options_.eps);
+  compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, lr_, options_.beta1, options_.beta2, options_.eps);
   return true;
 }
 

@@ -40,7 +40,8 @@ models::ModelConfig with_layers(models::ModelConfig model, int64_t layers) {
   std::visit(
       [&](auto& c) {
         using M = std::decay_t<decltype(c)>;
-        if constexpr (!std::is_same_v<M, models::ClipConfig> && !std::is_same_v<M, models::LlavaConfig>) c.layers = layers;
+        if constexpr (!std::is_same_v<M, models::ClipConfig> && !std::is_same_v<M, models::LlavaConfig>)
+          c.layers = layers;
       },
       model);
   return model;
@@ -144,11 +145,13 @@ namespace {
 // std::invalid_argument naming the field.
 void check_plan_input(const PlanInput& in) {
   if (const auto* clip = std::get_if<models::ClipConfig>(&in.model); clip != nullptr && clip->lora.enabled()) {
-    throw std::invalid_argument("fsdp-plan does not model LoRA on a clip model yet (plan it without [lora]: an upper bound)");
+    throw std::invalid_argument(
+        "fsdp-plan does not model LoRA on a clip model yet (plan it without [lora]: an upper bound)");
   }
   if (std::holds_alternative<models::LlavaConfig>(in.model)) {
-    throw std::invalid_argument("fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); "
-                                "plan its Llama alone with --model for an upper bound of the language model's share");
+    throw std::invalid_argument(
+        "fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); "
+        "plan its Llama alone with --model for an upper bound of the language model's share");
   }
   models::validate(in.model);
   if (in.ranks < 1) throw std::invalid_argument("ranks must be at least 1, got " + std::to_string(in.ranks));
@@ -164,7 +167,8 @@ void check_plan_input(const PlanInput& in) {
   if (s != "full_shard" && s != "shard_grad_op" && s != "no_shard" && s != "hybrid_shard") {
     throw std::invalid_argument("strategy '" + s + "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
   }
-  if (s == "no_shard" && (c != 4 || r != 4)) throw std::invalid_argument("no_shard keeps float32 (as the runtime does)");
+  if (s == "no_shard" && (c != 4 || r != 4))
+    throw std::invalid_argument("no_shard keeps float32 (as the runtime does)");
   if (in.activation_checkpointing_every < 1) {
     throw std::invalid_argument("activation checkpointing every " + std::to_string(in.activation_checkpointing_every) +
                                 " blocks: it must be 1 or more");
@@ -181,9 +185,9 @@ struct PlanShape {
   int64_t c = 4, r = 4;  // bytes per compute and per reduce element
   int n = 1, shard = 1;  // N ranks; S, the ranks a unit is sharded over
   int64_t p = 0, layers = 0;
-  int64_t block = 0;       // the largest block (CLIP: of either tower)
-  int64_t embedding = 0;   // the token embedding's unit (CLIP: the text tower's embeddings)
-  int64_t head = 0;        // the output head's unit, 0 when tied (CLIP: the image tower's embeddings)
+  int64_t block = 0;      // the largest block (CLIP: of either tower)
+  int64_t embedding = 0;  // the token embedding's unit (CLIP: the text tower's embeddings)
+  int64_t head = 0;       // the output head's unit, 0 when tied (CLIP: the image tower's embeddings)
   bool tied = false;
   int64_t root = 0, largest_unit = 0, k = 0;
   int64_t shard_numel = 0, largest_unit_shard = 0;  // per rank: every parameter's shard, the largest unit's
@@ -275,8 +279,8 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
   int64_t trainable = p;
   if (const models::ClipConfig* clip = x.clip) {
     if (clip->freeze_text) {
-      trainable -= clip->text.layers * clip_block_params(clip->text) + clip_text_embedding_params(*clip) + 2 * clip->text.dim +
-                   clip->text.dim * clip->projection_dim;
+      trainable -= clip->text.layers * clip_block_params(clip->text) + clip_text_embedding_params(*clip) +
+                   2 * clip->text.dim + clip->text.dim * clip->projection_dim;
     }
     if (clip->freeze_vision) {
       trainable -= clip->vision.layers * clip_block_params(clip->vision) + clip_vision_embedding_params(*clip) +
@@ -297,7 +301,8 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
   } else if (x.tied) {
     mem.gathered = c * (2 * root + 2 * embedding + (k + 2) * block) + (r != c ? r * x.largest_unit : 0);
   } else if (embedding > 0) {
-    mem.gathered = c * (2 * root + 2 * x.largest_unit + k * std::max(block, x.head)) + (r != c ? r * x.largest_unit : 0);
+    mem.gathered =
+        c * (2 * root + 2 * x.largest_unit + k * std::max(block, x.head)) + (r != c ? r * x.largest_unit : 0);
   } else {
     mem.gathered = c * (2 * root + (k + 2) * block) + (r != c ? r * block : 0);
   }
@@ -336,22 +341,26 @@ int64_t add_lora_states(const PlanShape& x, Plan& plan) {
   // The frozen base per rank: bf16 or fp32 values; or (nf4) the blocks' linear weights in NF4
   // and the rest in bf16.
   const int64_t linear = in.lora_base_dtype == "nf4" ? models::linear_weight_count(in.model) : 0;
-  const int64_t base_total = in.lora_base_dtype == "float32" ? 4 * p
-                             : static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear)) + 2 * (p - linear);
+  const int64_t base_total = in.lora_base_dtype == "float32"
+                                 ? 4 * p
+                                 : static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear)) + 2 * (p - linear);
   const int64_t adapter_shard = (adapters + shard - 1) / shard;
   const int64_t per_layer_adapters = layers > 0 ? (adapters + layers - 1) / layers : adapters;
   mem.parameters = (base_total + shard - 1) / shard + 4 * adapter_shard;
   mem.gradients = 4 * adapter_shard;
-  mem.optimizer = in.optimizer == "adamw" ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard) : 4 * adapter_shard;
+  mem.optimizer =
+      in.optimizer == "adamw" ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard) : 4 * adapter_shard;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
-  if (s == "full_shard" || s == "hybrid_shard") mem.gathered = c * (root + (k + 1) * x.largest_unit) + 2 * c * per_layer_adapters;
+  if (s == "full_shard" || s == "hybrid_shard")
+    mem.gathered = c * (root + (k + 1) * x.largest_unit) + 2 * c * per_layer_adapters;
   // NF4: a block in flight holds its gathered bytes alone; its values are decoded (allocated) when
   // it runs, so only the computing block holds them (shard::FlatParam::unshard_async), beside its
   // own bytes while they are decoded. The embedding and the head are not NF4: one of them may be
   // in flight whole while a block computes, or compute while K blocks are in flight.
   if (linear > 0 && s != "no_shard") {
-    const int64_t nf4_unit_bytes = static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear / std::max<int64_t>(layers, 1)));
+    const int64_t nf4_unit_bytes =
+        static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear / std::max<int64_t>(layers, 1)));
     if (s == "full_shard" || s == "hybrid_shard") {
       const int64_t outer = std::max(x.embedding, x.head);
       mem.gathered = c * (root + std::max(x.block + (k > 0 ? outer : 0), outer)) + 2 * c * per_layer_adapters;
@@ -369,7 +378,8 @@ void add_checkpoint_staging(const PlanShape& x, Plan& plan) {
   if (!in.async_checkpoint) return;
   MemoryBreakdown& mem = plan.memory;
   const int64_t trained = plan.adapter_params > 0 ? (plan.adapter_params + x.shard - 1) / x.shard : x.shard_numel;
-  mem.checkpoint_staging = (plan.adapter_params > 0 ? mem.parameters : 4 * x.shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
+  mem.checkpoint_staging =
+      (plan.adapter_params > 0 ? mem.parameters : 4 * x.shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
 }
 
 // CLIP: both towers' blocks for one pair (with checkpointing, each block's input only), one block
@@ -380,16 +390,20 @@ int64_t clip_activation_bytes(const PlanShape& x) {
   const models::ClipConfig* clip = x.clip;
   const int64_t c = x.c;
   const int64_t image_tokens = clip->image_tokens(), text_tokens = clip->context;
-  const int64_t vision_block = clip_block_activation_bytes(clip->vision, image_tokens, c, in.fused_attention, in.attention_fp32);
-  const int64_t text_block = clip_block_activation_bytes(clip->text, text_tokens, c, in.fused_attention, in.attention_fp32);
+  const int64_t vision_block =
+      clip_block_activation_bytes(clip->vision, image_tokens, c, in.fused_attention, in.attention_fp32);
+  const int64_t text_block =
+      clip_block_activation_bytes(clip->text, text_tokens, c, in.fused_attention, in.attention_fp32);
   const int64_t vision_input = c * image_tokens * clip->vision.dim, text_input = c * text_tokens * clip->text.dim;
   const bool recompute = in.activation_checkpointing;
   // A frozen tower saves nothing for backward: its input needs no gradient and neither do its
   // parameters, so autograd records none of its forward.
-  const int64_t vision_saved = clip->freeze_vision ? 0 : clip->vision.layers * (recompute ? vision_input : vision_block);
+  const int64_t vision_saved =
+      clip->freeze_vision ? 0 : clip->vision.layers * (recompute ? vision_input : vision_block);
   const int64_t text_saved = clip->freeze_text ? 0 : clip->text.layers * (recompute ? text_input : text_block);
   const int64_t backward_block = std::max(clip->freeze_vision ? 0 : vision_block, clip->freeze_text ? 0 : text_block);
-  const int64_t per_pair = vision_saved + text_saved + (recompute ? 2 : 1) * backward_block + c * image_tokens * clip->vision.dim;
+  const int64_t per_pair =
+      vision_saved + text_saved + (recompute ? 2 : 1) * backward_block + c * image_tokens * clip->vision.dim;
   const int64_t global = in.micro_batch * x.n;
   const int64_t loss = 2 * 2 * 4 * global * clip->projection_dim + 2 * 3 * 4 * in.micro_batch * global;
   return in.micro_batch * per_pair + loss;
@@ -419,7 +433,8 @@ int64_t block_stack_activation_bytes(const PlanShape& x) {
   // The recomputed block plus its gradients (+2) is the peak only when backward meets a recomputed
   // block first (the last, when layers % k == 0); else the last block and its gradients (+1).
   const bool last_recomputed = recomputed > 0 && layers % in.activation_checkpointing_every == 0;
-  const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
+  const int64_t blocks =
+      recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
   return in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
 }
 
@@ -531,8 +546,8 @@ std::vector<DeepSpeedEstimate> deepspeed_zero3_estimate(int64_t total_params, in
 
 int64_t largest_module_params(const models::ModelConfig& model) {
   if (const auto* clip = std::get_if<models::ClipConfig>(&model)) {
-    return std::max({clip_text_embedding_params(*clip), clip_vision_embedding_params(*clip), clip->vision.dim * clip->vision.mlp_hidden,
-                     clip->text.dim * clip->text.mlp_hidden});
+    return std::max({clip_text_embedding_params(*clip), clip_vision_embedding_params(*clip),
+                     clip->vision.dim * clip->vision.mlp_hidden, clip->text.dim * clip->text.mlp_hidden});
   }
   return visit_planned(
       [](const auto& m) -> int64_t {
@@ -556,8 +571,8 @@ int64_t parse_bytes(const std::string& text) {
   while (j < text.size() && text[j] == ' ') ++j;
   const std::string unit = text.substr(j);
   static const std::vector<std::pair<std::string, double>> units = {
-      {"B", 1.0},       {"kB", 1e3},           {"KB", 1e3},           {"MB", 1e6},           {"GB", 1e9},
-      {"TB", 1e12},     {"KiB", 1024.0},       {"MiB", 1048576.0},    {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+      {"B", 1.0},   {"kB", 1e3},     {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   double scale = 0;
   for (const auto& [name, factor] : units) {
     if (unit == name) scale = factor;
@@ -566,8 +581,8 @@ int64_t parse_bytes(const std::string& text) {
     throw std::invalid_argument("memory '" + text + "': expected a number and a unit, e.g. 80GB or 5GiB");
   }
   if (scale == 0) {
-    throw std::invalid_argument("memory '" + text + "': " +
-                                (unit.empty() ? std::string("give a unit") : "unknown unit '" + unit + "'") +
+    throw std::invalid_argument("memory '" + text +
+                                "': " + (unit.empty() ? std::string("give a unit") : "unknown unit '" + unit + "'") +
                                 " (B, kB, MB, GB, TB, or KiB, MiB, GiB, TiB; e.g. 80GB, 5GiB)");
   }
   const double bytes = std::stod(number) * scale;

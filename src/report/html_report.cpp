@@ -101,14 +101,15 @@ std::string render_html(const std::vector<RunData>& runs) {
   html += "<h1>fsdp.cpp run report</h1>\n<div class=\"runs\">";
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i];
-    html += "<span class=\"run\" data-run=\"" + escape_xml(r.name) + "\"><span class=\"swatch\" style=\"background:" +
-            std::string(colour_of(i)) + "\"></span>" + escape_xml(r.name) + " (" + escape_xml(r.dir) + "; " +
-            std::to_string(r.world_size) + " rank" + (r.world_size == 1 ? "" : "s") + ", " +
-            std::to_string(r.steps.back().step) + " steps)</span>";
+    html += "<span class=\"run\" data-run=\"" + escape_xml(r.name) +
+            "\"><span class=\"swatch\" style=\"background:" + std::string(colour_of(i)) + "\"></span>" +
+            escape_xml(r.name) + " (" + escape_xml(r.dir) + "; " + std::to_string(r.world_size) + " rank" +
+            (r.world_size == 1 ? "" : "s") + ", " + std::to_string(r.steps.back().step) + " steps)</span>";
   }
-  html += "</div>\n<p>Markers on every plot: <span style=\"color:#d62728\">skipped step</span>, "
-          "<span style=\"color:#999\">checkpoint</span>, <span style=\"color:#1f77b4\">restart</span>, "
-          "<span style=\"color:#ff7f0e\">missed target</span> (hover for details).</p>\n";
+  html +=
+      "</div>\n<p>Markers on every plot: <span style=\"color:#d62728\">skipped step</span>, "
+      "<span style=\"color:#999\">checkpoint</span>, <span style=\"color:#1f77b4\">restart</span>, "
+      "<span style=\"color:#ff7f0e\">missed target</span> (hover for details).</p>\n";
   for (const auto& r : runs) {
     for (const auto& w : r.warnings) html += "<p class=\"warning\">" + escape_xml(w) + "</p>\n";
   }
@@ -122,7 +123,8 @@ std::string render_html(const std::vector<RunData>& runs) {
   {
     ChartSpec c{"loss", "Loss", language ? "cross-entropy (nats/token)" : "cross-entropy", {}, markers, false, {}};
     for (size_t i = 0; i < runs.size(); ++i) {
-      c.series.push_back(series_of(runs[i], label(runs, i, "training"), colour_of(i), [](const StepPoint& p) { return p.loss; }));
+      c.series.push_back(
+          series_of(runs[i], label(runs, i, "training"), colour_of(i), [](const StepPoint& p) { return p.loss; }));
       Series v{label(runs, i, "validation"), colour_of(i), {}, true};
       for (const auto& e : runs[i].evals) v.points.push_back({static_cast<double>(e.step), e.loss});
       c.series.push_back(v);
@@ -132,22 +134,27 @@ std::string render_html(const std::vector<RunData>& runs) {
   auto per_run = [&](const std::string& id, const std::string& title, const std::string& y_label, auto get,
                      std::function<std::string(double)> format, bool from_zero) {
     ChartSpec c{id, title, y_label, {}, markers, from_zero, format};
-    for (size_t i = 0; i < runs.size(); ++i) c.series.push_back(series_of(runs[i], label(runs, i, ""), colour_of(i), get));
+    for (size_t i = 0; i < runs.size(); ++i)
+      c.series.push_back(series_of(runs[i], label(runs, i, ""), colour_of(i), get));
     if (runs.size() == 1) c.series.front().label = title;
     charts.push_back(c);
   };
-  per_run("lr", "Learning rate", "lr", [](const StepPoint& p) { return p.lr; }, nullptr, true);
-  per_run("throughput", language ? "Tokens per second" : "Images per second", language ? "tokens/s" : "images/s",
-          [](const StepPoint& p) { return p.rate; }, count_text, true);
-  per_run("mfu", "MFU", "model FLOPs utilisation", [](const StepPoint& p) { return p.mfu; }, percent_text, true);
+  per_run(
+      "lr", "Learning rate", "lr", [](const StepPoint& p) { return p.lr; }, nullptr, true);
+  per_run(
+      "throughput", language ? "Tokens per second" : "Images per second", language ? "tokens/s" : "images/s",
+      [](const StepPoint& p) { return p.rate; }, count_text, true);
+  per_run(
+      "mfu", "MFU", "model FLOPs utilisation", [](const StepPoint& p) { return p.mfu; }, percent_text, true);
   {
     ChartSpec c{"memory", "Peak memory per rank", "bytes", {}, markers, true, bytes_text, /*binary_ticks=*/true};
     for (size_t i = 0; i < runs.size(); ++i) {
       const size_t ranks = runs[i].steps.back().peak_memory_per_rank.size();
       for (size_t r = 0; r < ranks; ++r) {
         // One run: a colour per rank. Several: the run's colour for all its ranks.
-        c.series.push_back(series_of(runs[i], label(runs, i, "rank " + std::to_string(r)), runs.size() == 1 ? colour_of(r) : colour_of(i),
-                                     [r](const StepPoint& p) { return r < p.peak_memory_per_rank.size() ? p.peak_memory_per_rank[r] : NAN; }));
+        c.series.push_back(series_of(
+            runs[i], label(runs, i, "rank " + std::to_string(r)), runs.size() == 1 ? colour_of(r) : colour_of(i),
+            [r](const StepPoint& p) { return r < p.peak_memory_per_rank.size() ? p.peak_memory_per_rank[r] : NAN; }));
       }
       if (runs[i].predicted_peak_bytes > 0) {
         Series plan{label(runs, i, "fsdp-plan"), runs.size() == 1 ? "#000000" : colour_of(i), {}, true};
@@ -161,21 +168,26 @@ std::string render_html(const std::vector<RunData>& runs) {
   {
     ChartSpec c{"communication", "Communication per step (largest rank)", "seconds", {}, markers, true, {}};
     for (size_t i = 0; i < runs.size(); ++i) {
-      c.series.push_back(series_of(runs[i], label(runs, i, "busy"), colour_of(i), [](const StepPoint& p) { return p.communication; }));
-      Series exposed = series_of(runs[i], label(runs, i, "exposed"), colour_of(i),
-                                 [](const StepPoint& p) { return p.exposed >= 0 ? p.exposed : NAN; }, true);
+      c.series.push_back(
+          series_of(runs[i], label(runs, i, "busy"), colour_of(i), [](const StepPoint& p) { return p.communication; }));
+      Series exposed = series_of(
+          runs[i], label(runs, i, "exposed"), colour_of(i),
+          [](const StepPoint& p) { return p.exposed >= 0 ? p.exposed : NAN; }, true);
       if (!exposed.points.empty()) c.series.push_back(exposed);
     }
     charts.push_back(c);
   }
-  per_run("grad_norm", "Gradient norm (before clipping)", "global L2 norm", [](const StepPoint& p) { return p.grad_norm; }, nullptr, true);
+  per_run(
+      "grad_norm", "Gradient norm (before clipping)", "global L2 norm", [](const StepPoint& p) { return p.grad_norm; },
+      nullptr, true);
   // float16 runs: the loss scale, halved at each overflow (a skipped-step marker), grown after clean runs.
   const bool any_loss_scale = std::any_of(runs.begin(), runs.end(), [](const RunData& run) {
     return std::any_of(run.steps.begin(), run.steps.end(), [](const StepPoint& p) { return p.loss_scale > 0; });
   });
   if (any_loss_scale) {
-    per_run("loss_scale", "Loss scale (float16)", "scale", [](const StepPoint& p) { return p.loss_scale > 0 ? p.loss_scale : NAN; },
-            count_text, true);
+    per_run(
+        "loss_scale", "Loss scale (float16)", "scale",
+        [](const StepPoint& p) { return p.loss_scale > 0 ? p.loss_scale : NAN; }, count_text, true);
   }
 
   html += "<div class=\"plots\">\n";
@@ -183,7 +195,9 @@ std::string render_html(const std::vector<RunData>& runs) {
   html += "</div>\n";
 
   // Measured against predicted memory.
-  html += "<h2>Memory: measured and planned</h2>\n<table class=\"memory\"><tr><th>run</th><th>fsdp-plan per rank</th><th>measured peak (largest rank)</th><th>measured / planned</th></tr>\n";
+  html +=
+      "<h2>Memory: measured and planned</h2>\n<table class=\"memory\"><tr><th>run</th><th>fsdp-plan per "
+      "rank</th><th>measured peak (largest rank)</th><th>measured / planned</th></tr>\n";
   for (const auto& r : runs) {
     double measured = 0;
     for (const auto& p : r.steps) {
@@ -191,8 +205,9 @@ std::string render_html(const std::vector<RunData>& runs) {
     }
     char ratio[32] = "-";
     if (r.predicted_peak_bytes > 0) std::snprintf(ratio, sizeof(ratio), "%.2f", measured / r.predicted_peak_bytes);
-    html += "<tr><td>" + escape_xml(r.name) + "</td><td>" + (r.predicted_peak_bytes > 0 ? bytes_text(r.predicted_peak_bytes) : "-") +
-            "</td><td>" + bytes_text(measured) + "</td><td>" + ratio + "</td></tr>\n";
+    html += "<tr><td>" + escape_xml(r.name) + "</td><td>" +
+            (r.predicted_peak_bytes > 0 ? bytes_text(r.predicted_peak_bytes) : "-") + "</td><td>" +
+            bytes_text(measured) + "</td><td>" + ratio + "</td></tr>\n";
   }
   html += "</table>\n";
 
@@ -208,9 +223,11 @@ std::string render_html(const std::vector<RunData>& runs) {
         char number[32];
         std::snprintf(number, sizeof(number), "%g", t.limit);
         const std::string limit = t.key.find("memory") != std::string::npos ? bytes_text(t.limit) : number;
-        html += "<tr class=\"" + std::string(t.missed ? "target-missed" : "target-met") + "\" data-target=\"" + escape_xml(t.key) +
-                "\"><td>" + escape_xml(r.name) + "</td><td>" + escape_xml(t.key) + "</td><td>" + limit + "</td><td>" +
-                (t.missed ? "missed at step " + std::to_string(t.step) + ": " + escape_xml(t.message) : "met so far") + "</td></tr>\n";
+        html += "<tr class=\"" + std::string(t.missed ? "target-missed" : "target-met") + "\" data-target=\"" +
+                escape_xml(t.key) + "\"><td>" + escape_xml(r.name) + "</td><td>" + escape_xml(t.key) + "</td><td>" +
+                limit + "</td><td>" +
+                (t.missed ? "missed at step " + std::to_string(t.step) + ": " + escape_xml(t.message) : "met so far") +
+                "</td></tr>\n";
       }
     }
     html += "</table>\n";
@@ -230,8 +247,8 @@ std::string render_html(const std::vector<RunData>& runs) {
 
   html += "<h2>Configuration</h2>\n";
   for (const auto& r : runs) {
-    html += "<details open><summary>" + escape_xml(r.name) + " (resolved config.toml)</summary><pre>" + escape_xml(r.config_toml) +
-            "</pre></details>\n";
+    html += "<details open><summary>" + escape_xml(r.name) + " (resolved config.toml)</summary><pre>" +
+            escape_xml(r.config_toml) + "</pre></details>\n";
   }
   html += "</body>\n</html>\n";
   return html;

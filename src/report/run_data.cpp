@@ -45,14 +45,15 @@ void add_step(RunData& run, const nlohmann::json& r) {
   p.communication = max_of(r, "communication_seconds_per_rank", 0);
   p.exposed = max_of(r, "exposed_communication_seconds_per_rank", -1);
   const char* memory_key = r.contains("peak_device_reserved_bytes_per_rank") ? "peak_device_reserved_bytes_per_rank"
-                                                                              : "peak_resident_bytes_per_rank";
+                                                                             : "peak_resident_bytes_per_rank";
   if (r.contains(memory_key) && r.at(memory_key).is_array()) {
     for (const auto& v : r.at(memory_key)) p.peak_memory_per_rank.push_back(v.is_number() ? v.get<double>() : 0);
   }
   p.skipped = r.value("skipped", false);
   if (p.skipped) {
-    run.events.push_back({RunEvent::Kind::Skipped, p.step,
-                          "step " + std::to_string(p.step) + " skipped (" + r.value("skip_reason", std::string("non-finite")) + ")"});
+    run.events.push_back(
+        {RunEvent::Kind::Skipped, p.step,
+         "step " + std::to_string(p.step) + " skipped (" + r.value("skip_reason", std::string("non-finite")) + ")"});
   }
   // A resumed run appends: its steps replace any the first run recorded past its checkpoint.
   while (!run.steps.empty() && run.steps.back().step >= p.step) run.steps.pop_back();
@@ -97,7 +98,8 @@ RunData read_run(const std::string& dir) {
                                (ends_with_newline ? "not valid JSON" : "truncated") + "; left out");
         continue;
       }
-      throw std::runtime_error(metrics.string() + ": line " + std::to_string(i + 1) + " is not a JSON object (" + e.what() + ")");
+      throw std::runtime_error(metrics.string() + ": line " + std::to_string(i + 1) + " is not a JSON object (" +
+                               e.what() + ")");
     }
     try {
       if (r.contains("run_start")) {
@@ -109,15 +111,18 @@ RunData read_run(const std::string& dir) {
         if (r.contains("config") && r.at("config").is_string()) run.config_toml = r.at("config").get<std::string>();
         // A resume discards what the first run did after its checkpoint: so do its markers.
         if (start > 0) {
-          run.events.erase(std::remove_if(run.events.begin(), run.events.end(),
-                                          [&](const RunEvent& e) { return e.step > start && e.kind != RunEvent::Kind::Restart; }),
-                           run.events.end());
+          run.events.erase(
+              std::remove_if(run.events.begin(), run.events.end(),
+                             [&](const RunEvent& e) { return e.step > start && e.kind != RunEvent::Kind::Restart; }),
+              run.events.end());
           for (auto& t : run.targets) {
             if (t.missed && t.step > start) t = {t.key, t.limit, false, 0, ""};
           }
         }
         const std::string resumed = r.value("resumed_from", std::string());
-        if (!resumed.empty()) run.events.push_back({RunEvent::Kind::Restart, start, "resumed at step " + std::to_string(start) + " from " + resumed});
+        if (!resumed.empty())
+          run.events.push_back(
+              {RunEvent::Kind::Restart, start, "resumed at step " + std::to_string(start) + " from " + resumed});
         if (r.contains("targets") && r.at("targets").is_object()) {
           for (const auto& [key, limit] : r.at("targets").items()) {
             if (!limit.is_number() || target_index.count(key)) continue;
@@ -128,12 +133,15 @@ RunData read_run(const std::string& dir) {
       } else if (r.contains("rollback_to")) {
         // A rollback ([guard]) discards the steps after its checkpoint, as a resume does.
         const int64_t to = r.at("rollback_to").get<int64_t>();
-        run.events.erase(std::remove_if(run.events.begin(), run.events.end(),
-                                        [&](const RunEvent& e) { return e.step > to && e.kind == RunEvent::Kind::Checkpoint; }),
-                         run.events.end());
-        run.events.push_back({RunEvent::Kind::Restart, to, r.value("message", "rolled back to step " + std::to_string(to))});
+        run.events.erase(
+            std::remove_if(run.events.begin(), run.events.end(),
+                           [&](const RunEvent& e) { return e.step > to && e.kind == RunEvent::Kind::Checkpoint; }),
+            run.events.end());
+        run.events.push_back(
+            {RunEvent::Kind::Restart, to, r.value("message", "rolled back to step " + std::to_string(to))});
       } else if (r.contains("eval_step")) {
-        EvalPoint e{r.at("eval_step").get<int64_t>(), number_or(r, "validation_loss", 0), number_or(r, "test_accuracy", -1)};
+        EvalPoint e{r.at("eval_step").get<int64_t>(), number_or(r, "validation_loss", 0),
+                    number_or(r, "test_accuracy", -1)};
         while (!run.evals.empty() && run.evals.back().step >= e.step) run.evals.pop_back();
         run.evals.push_back(e);
       } else if (r.contains("checkpoint_step")) {

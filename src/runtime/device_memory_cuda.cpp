@@ -18,9 +18,11 @@ int64_t device_peak_reserved_bytes(at::Device device) {
 }
 
 void set_device_memory_fraction(at::Device device, double fraction) {
-  if (!device.is_cuda()) throw std::invalid_argument("set_device_memory_fraction: " + device.str() + " is not a CUDA device");
+  if (!device.is_cuda())
+    throw std::invalid_argument("set_device_memory_fraction: " + device.str() + " is not a CUDA device");
   if (!(fraction > 0.0 && fraction <= 1.0)) {
-    throw std::invalid_argument("set_device_memory_fraction: fraction " + std::to_string(fraction) + " is not in (0, 1]");
+    throw std::invalid_argument("set_device_memory_fraction: fraction " + std::to_string(fraction) +
+                                " is not in (0, 1]");
   }
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device.index());
 }

@@ -42,7 +42,9 @@ std::set<const torch::nn::Module*> g_wrapped_roots;
 
 FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group, FsdpOptions options,
                      std::vector<std::shared_ptr<Unit>> prebuilt)
-    : root_(std::move(root)), group_(std::move(group)), options_(std::move(options)),
+    : root_(std::move(root)),
+      group_(std::move(group)),
+      options_(std::move(options)),
       scheduler_(std::make_unique<PrefetchScheduler>(options_)) {
   if (!group_) throw std::invalid_argument("fully_shard: the process group is null");
   if (options_.activation_checkpointing_every < 1) {
@@ -50,7 +52,8 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
                                 std::to_string(options_.activation_checkpointing_every));
   }
   if (options_.max_inflight < 0) {
-    throw std::invalid_argument("fully_shard: max_inflight must be 0 or more, got " + std::to_string(options_.max_inflight));
+    throw std::invalid_argument("fully_shard: max_inflight must be 0 or more, got " +
+                                std::to_string(options_.max_inflight));
   }
   // Units built by build_fully_sharded already split the groups: reuse theirs (a split is collective).
   groups_ = prebuilt.empty() ? make_sharding_groups(group_, options_) : prebuilt.front()->groups();
@@ -65,8 +68,9 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   for (const auto& unit : prebuilt) {
     auto found = path_of.find(unit->module().get());
     if (found == path_of.end()) {
-      throw std::invalid_argument("build_fully_sharded: a block given to fsdp::nn::push_block is not part of the "
-                                  "built model (was it pushed into a list the model does not register?)");
+      throw std::invalid_argument(
+          "build_fully_sharded: a block given to fsdp::nn::push_block is not part of the "
+          "built model (was it pushed into a list the model does not register?)");
     }
     unit->adopt(this, found->second);
     prebuilt_modules.insert(unit->module().get());
@@ -91,7 +95,8 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
     }
   }
   for (const std::string& wanted : options_.wrap_policy.module_paths) {
-    if (!path_of.empty() && std::none_of(path_of.begin(), path_of.end(), [&](const auto& e) { return e.second == wanted; })) {
+    if (!path_of.empty() &&
+        std::none_of(path_of.begin(), path_of.end(), [&](const auto& e) { return e.second == wanted; })) {
       throw std::invalid_argument("fully_shard: the wrap policy names module path '" + wanted + "', which " +
                                   root_->name() + " does not have");
     }
@@ -115,7 +120,8 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   }
   // Children in model order (prebuilt ones came first, in construction order).
   std::unordered_map<const torch::nn::Module*, size_t> order;
-  for (const auto& item : root_->named_modules("", /*include_self=*/false)) order.emplace(item.value().get(), order.size());
+  for (const auto& item : root_->named_modules("", /*include_self=*/false))
+    order.emplace(item.value().get(), order.size());
   std::stable_sort(units_.begin(), units_.end(),
                    [&](const auto& a, const auto& b) { return order[a->module().get()] < order[b->module().get()]; });
   check_parameter_ties();
@@ -123,7 +129,8 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
     // Every k-th block in model order (torchtitan's selective_ac_option = k counts from 1).
     int block = 0;
     for (const auto& unit : units_) {
-      if (unit->checkpointable()) unit->set_activation_checkpointing(++block % options_.activation_checkpointing_every == 0);
+      if (unit->checkpointable())
+        unit->set_activation_checkpointing(++block % options_.activation_checkpointing_every == 0);
     }
   }
   auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, groups_, options_);
@@ -171,7 +178,8 @@ void FsdpState::check_parameter_ties() {
       }
     }
   }
-  auto refuse = [](const std::string& name, const std::string& where, const std::pair<std::string, std::string>& other) {
+  auto refuse = [](const std::string& name, const std::string& where,
+                   const std::pair<std::string, std::string>& other) {
     throw std::invalid_argument("fully_shard: parameter '" + name + "' " + where + " is the same tensor as '" +
                                 other.second + "' of unit '" + other.first +
                                 "'; a parameter may belong to one unit only: tie it inside one module that the model "
@@ -224,7 +232,8 @@ void FsdpState::prepare_buffers() {
         for (const auto& item : root_->named_buffers(true)) {
           if (item.value().unsafeGetTensorImpl() == buffers_[i].unsafeGetTensorImpl()) name = item.key();
         }
-        throw std::invalid_argument("fully_shard: buffer '" + name + "' differs across ranks (initialise with the same "
+        throw std::invalid_argument("fully_shard: buffer '" + name +
+                                    "' differs across ranks (initialise with the same "
                                     "seed, or set sync_module_states to take rank 0's)");
       }
     }
@@ -287,7 +296,8 @@ std::vector<std::string> FsdpState::recomputed_unit_names() const {
 }
 
 int FsdpState::checkpointable_units() const {
-  return static_cast<int>(std::count_if(units_.begin(), units_.end(), [](const auto& unit) { return unit->checkpointable(); }));
+  return static_cast<int>(
+      std::count_if(units_.begin(), units_.end(), [](const auto& unit) { return unit->checkpointable(); }));
 }
 
 void FsdpState::zero_grad() {
@@ -314,7 +324,9 @@ MemoryStats FsdpState::memory_stats() const {
   MemoryStats stats;
   for (const auto& unit : units_) {
     for (shard::FlatParam* flat : unit->flat_params()) {
-      stats.sharded_param_bytes += flat->shard().numel() * static_cast<int64_t>(flat->shard().element_size());  // a bf16 frozen base: 2 per element; NF4: its bytes
+      stats.sharded_param_bytes +=
+          flat->shard().numel() *
+          static_cast<int64_t>(flat->shard().element_size());  // a bf16 frozen base: 2 per element; NF4: its bytes
       if (flat->trainable()) stats.sharded_grad_bytes += flat->layout().shard_numel * 4;
     }
     if (unit->is_root()) {
@@ -394,7 +406,8 @@ void FsdpState::explain_forward_failure(const std::string& what) const {
   std::vector<const Unit*> suspects;
   const auto& previous = scheduler_->forward_order();
   for (const Unit* unit : previous) {
-    if (!unit->ran_forward() && std::find(suspects.begin(), suspects.end(), unit) == suspects.end()) suspects.push_back(unit);
+    if (!unit->ran_forward() && std::find(suspects.begin(), suspects.end(), unit) == suspects.end())
+      suspects.push_back(unit);
   }
   for (const auto& unit : units_) {
     if (!unit->is_root() && !unit->ran_forward() &&
@@ -404,7 +417,8 @@ void FsdpState::explain_forward_failure(const std::string& what) const {
   }
   if (suspects.empty()) return;
   std::string others;
-  for (size_t i = 1; i < suspects.size(); ++i) others += (others.empty() ? "" : ", ") + ("'" + suspects[i]->name() + "'");
+  for (size_t i = 1; i < suspects.size(); ++i)
+    others += (others.empty() ? "" : ", ") + ("'" + suspects[i]->name() + "'");
   throw std::logic_error(
       "fsdp [rank " + std::to_string(group_->rank()) + "]: unit '" + suspects.front()->name() + "' (" +
       short_type_name(*suspects.front()->module()) +

@@ -46,7 +46,8 @@ void PrefetchScheduler::prefetch_units(const std::vector<Unit*>& order, size_t f
 
 void PrefetchScheduler::prefetch_forward_from(size_t first) {
   // Forward: up to K units ahead (no reductions compete for the budget).
-  if (options_.forward_prefetch) prefetch_units(forward_order_, first, static_cast<size_t>(std::max(0, options_.max_inflight)));
+  if (options_.forward_prefetch)
+    prefetch_units(forward_order_, first, static_cast<size_t>(std::max(0, options_.max_inflight)));
 }
 
 void PrefetchScheduler::prefetch_forward_after(Unit* unit, size_t position) {

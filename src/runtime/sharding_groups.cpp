@@ -21,13 +21,16 @@ ShardingGroups make_sharding_groups(const comm::ProcessGroupPtr& world, const Fs
     const comm::LaunchInfo launch = comm::launch_info_from_env();
     if (!launch.local_world_size_known && n > 1) {
       // Assumed to be the whole world, it would quietly make hybrid sharding full sharding.
-      throw std::invalid_argument("fully_shard: hybrid_shard's shard group is the ranks of one node (shard_group_size = 0), "
-                                  "and the launcher (" + launch.launcher + ") does not say how many run on a node (" +
-                                  launch.local_world_size_variable + " unset): set the shard group size (fsdp.shard_group_size)");
+      throw std::invalid_argument(
+          "fully_shard: hybrid_shard's shard group is the ranks of one node (shard_group_size = 0), "
+          "and the launcher (" +
+          launch.launcher + ") does not say how many run on a node (" + launch.local_world_size_variable +
+          " unset): set the shard group size (fsdp.shard_group_size)");
     }
     s = launch.local_world_size;
   }
-  if (s < 0) throw std::invalid_argument("fully_shard: shard_group_size must be 0 (one node) or more, got " + std::to_string(s));
+  if (s < 0)
+    throw std::invalid_argument("fully_shard: shard_group_size must be 0 (one node) or more, got " + std::to_string(s));
   if (s < 1 || n % s != 0) {
     throw std::invalid_argument("fully_shard: hybrid_shard needs the shard group size to divide the " +
                                 std::to_string(n) + " ranks, got " + std::to_string(s) +

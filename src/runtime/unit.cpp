@@ -23,7 +23,10 @@ struct Unit::GradReadyHook final : torch::autograd::FunctionPostHook {
 
 Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_root,
            const std::unordered_set<const void*>& excluded, const ShardingGroups& groups, const FsdpOptions& options)
-    : module_(std::move(module)), name_(std::move(name)), is_root_(is_root), strategy_(options.strategy),
+    : module_(std::move(module)),
+      name_(std::move(name)),
+      is_root_(is_root),
+      strategy_(options.strategy),
       // Blocks only (as torchtitan): recomputing an embedding lookup saves nothing, and recomputing
       // the output head would repeat the step's largest matmul.
       checkpointable_(!is_root && fsdp::nn::is_pushed_block(module_.get())),
@@ -64,7 +67,8 @@ Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_
     bool nf4 = false;
     if (kind == 1 && options.frozen_nf4) {  // QLoRA: encoded while the values are whole
       std::vector<bool> selected;
-      for (size_t i = 0; i < params[kind].size(); ++i) selected.push_back(options.frozen_nf4(names[kind][i], params[kind][i]));
+      for (size_t i = 0; i < params[kind].size(); ++i)
+        selected.push_back(options.frozen_nf4(names[kind][i], params[kind][i]));
       nf4 = std::find(selected.begin(), selected.end(), true) != selected.end();
       if (nf4) flat->set_nf4_storage(selected, options.nf4_double_quant, options.frozen_dtype);
     }
@@ -199,8 +203,10 @@ void Unit::post_backward() {
   if (post_backward_done_) return;
   post_backward_done_ = true;
   if (trainable_ && state_->requires_gradient_sync()) {
-    RECORD_USER_SCOPE("fsdp::reduce_grad " + trace_name());  // marks the unit in --profile-steps traces (reduce-scatter, or all-reduce unsharded)
-    prepare_grads();  // a unit unused in this step reduces zeros, so every rank joins
+    RECORD_USER_SCOPE(
+        "fsdp::reduce_grad " +
+        trace_name());  // marks the unit in --profile-steps traces (reduce-scatter, or all-reduce unsharded)
+    prepare_grads();    // a unit unused in this step reduces zeros, so every rank joins
     pending_reduce_ = trainable_->reduce_grad_async();
     replica_reduce_ = nullptr;
     state_->on_memory_changed();

@@ -105,8 +105,8 @@ class Unit {
   bool pre_backward_ran_ = false;
   bool post_backward_done_ = false;
   size_t grads_ready_ = 0;
-  comm::WorkPtr pending_reduce_;   // the reduce-scatter (or NO_SHARD all-reduce) in flight
-  comm::WorkPtr replica_reduce_;   // HybridShard: the all-reduce across replicas, once issued
+  comm::WorkPtr pending_reduce_;  // the reduce-scatter (or NO_SHARD all-reduce) in flight
+  comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce across replicas, once issued
 };
 
 }  // namespace fsdp::runtime

@@ -47,8 +47,11 @@ std::vector<ShardSegment> FlatLayout::segments_of_shard(int shard_index) const {
 FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std::vector<at::Tensor> params,
                      std::vector<std::vector<std::string>> aliases, comm::ProcessGroupPtr group, bool replicate,
                      bool trainable)
-    : unit_name_(std::move(unit_name)), params_(std::move(params)), group_(std::move(group)),
-      replicate_(replicate), trainable_(trainable) {
+    : unit_name_(std::move(unit_name)),
+      params_(std::move(params)),
+      group_(std::move(group)),
+      replicate_(replicate),
+      trainable_(trainable) {
   std::vector<FlatEntry> entries;
   const at::Device device = params_.empty() ? at::Device(group_->device_type()) : params_[0].device();
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -86,12 +89,16 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
 bool FlatParam::is_unsharded() const { return nf4_landing_ || storage_is_allocated(unsharded_); }
 
 void FlatParam::set_storage_dtype(at::ScalarType dtype) {
-  if (nf4_) throw std::logic_error("FlatParam '" + unit_name_ + "': stored as NF4; its other entries' dtype was set with it");
+  if (nf4_)
+    throw std::logic_error("FlatParam '" + unit_name_ + "': stored as NF4; its other entries' dtype was set with it");
   if (dtype == shard_.scalar_type()) return;
   if (trainable_) throw std::invalid_argument("fully_shard: only frozen parameters may be stored in another dtype");
-  if (replicate_) throw std::invalid_argument("fully_shard: frozen parameters in another dtype need a sharding strategy (not no_shard)");
+  if (replicate_)
+    throw std::invalid_argument(
+        "fully_shard: frozen parameters in another dtype need a sharding strategy (not no_shard)");
   if (dtype != at::kFloat && dtype != at::kBFloat16) {
-    throw std::invalid_argument(std::string("fully_shard: frozen parameters are stored in float32 or bfloat16, not ") + c10::toString(dtype));
+    throw std::invalid_argument(std::string("fully_shard: frozen parameters are stored in float32 or bfloat16, not ") +
+                                c10::toString(dtype));
   }
   torch::NoGradGuard no_grad;
   shard_ = shard_.to(dtype);
@@ -100,16 +107,18 @@ void FlatParam::set_storage_dtype(at::ScalarType dtype) {
 void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
   for (at::ScalarType dtype : {compute, reduce}) {
     if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
-      throw std::invalid_argument(std::string("fully_shard: mixed precision supports float32, bfloat16 and float16, not ") +
-                                  c10::toString(dtype));
+      throw std::invalid_argument(
+          std::string("fully_shard: mixed precision supports float32, bfloat16 and float16, not ") +
+          c10::toString(dtype));
     }
   }
   reduce_dtype_ = reduce;
   if (compute == compute_dtype_) return;
   if (replicate_) {
-    throw std::invalid_argument(std::string("fully_shard: a ") + c10::toString(compute) +
-                                " parameter dtype needs sharded parameters (full_shard, shard_grad_op or hybrid_shard); "
-                                "no_shard keeps float32 parameters");
+    throw std::invalid_argument(
+        std::string("fully_shard: a ") + c10::toString(compute) +
+        " parameter dtype needs sharded parameters (full_shard, shard_grad_op or hybrid_shard); "
+        "no_shard keeps float32 parameters");
   }
   if (!unsharded_grad_.defined() && is_unsharded()) reshard();
   compute_dtype_ = compute;
@@ -134,7 +143,10 @@ class GatherWork final : public comm::Work {
  public:
   using Land = std::function<void(const at::Tensor& wire_output)>;
   GatherWork(comm::WorkPtr inner, at::Tensor input, at::Tensor wire_output, Land land, bool cache)
-      : inner_(std::move(inner)), input_(std::move(input)), wire_output_(std::move(wire_output)), land_(std::move(land)),
+      : inner_(std::move(inner)),
+        input_(std::move(input)),
+        wire_output_(std::move(wire_output)),
+        land_(std::move(land)),
         cache_(cache) {}
   void wait() override {
     inner_->wait();
@@ -189,17 +201,20 @@ comm::WorkPtr FlatParam::unshard_async() {
     at::Tensor unsharded = unsharded_;
     const size_t unsharded_nbytes = static_cast<size_t>(unsharded_bytes());
     bool* landing = &nf4_landing_;
-    return std::make_shared<GatherWork>(std::move(work), input, wire_output,
-                                        [storage, layout, unsharded, unsharded_nbytes, landing](const at::Tensor& bytes) {
-      allocate_storage(unsharded, unsharded_nbytes);  // the storage the params' views share
-      decode_nf4_storage(*storage, *layout, bytes, unsharded.variable_data());
-      *landing = false;
-    }, cache_buffers_);
+    return std::make_shared<GatherWork>(
+        std::move(work), input, wire_output,
+        [storage, layout, unsharded, unsharded_nbytes, landing](const at::Tensor& bytes) {
+          allocate_storage(unsharded, unsharded_nbytes);  // the storage the params' views share
+          decode_nf4_storage(*storage, *layout, bytes, unsharded.variable_data());
+          *landing = false;
+        },
+        cache_buffers_);
   }
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
   const at::ScalarType wire = wire_dtype();
-  if (wire == shard_.scalar_type() && wire == compute_dtype_ && !offload_) return group_->all_gather(unsharded_, shard_);
+  if (wire == shard_.scalar_type() && wire == compute_dtype_ && !offload_)
+    return group_->all_gather(unsharded_, shard_);
   // [shard_numel] wire dtype on the compute device, freed after the gather. Offloaded: a copy from
   // pinned host memory, asynchronous on the caller's stream (the gather is ordered after it).
   at::Tensor input;
@@ -210,11 +225,12 @@ comm::WorkPtr FlatParam::unshard_async() {
   // [padded_numel] wire dtype: where a narrower gather lands before widening into unsharded_.
   at::Tensor wire_output;
   if (wire != compute_dtype_) wire_output = empty_from_cache(layout_.padded_numel, wire, compute_device_);
-  comm::WorkPtr work = group_->all_gather(wire_output.defined() ? wire_output : unsharded_, input.defined() ? input : shard_);
+  comm::WorkPtr work =
+      group_->all_gather(wire_output.defined() ? wire_output : unsharded_, input.defined() ? input : shard_);
   at::Tensor unsharded = unsharded_;
-  return std::make_shared<GatherWork>(std::move(work), input, wire_output, [unsharded](const at::Tensor& wire_values) {
-    unsharded.variable_data().copy_(wire_values);
-  }, cache_buffers_);
+  return std::make_shared<GatherWork>(
+      std::move(work), input, wire_output,
+      [unsharded](const at::Tensor& wire_values) { unsharded.variable_data().copy_(wire_values); }, cache_buffers_);
 }
 
 int64_t FlatParam::gather_wire_bytes() const {
@@ -223,13 +239,16 @@ int64_t FlatParam::gather_wire_bytes() const {
 }
 
 void FlatParam::set_nf4_storage(const std::vector<bool>& nf4, bool double_quant, at::ScalarType raw_dtype) {
-  if (trainable_) throw std::invalid_argument("fully_shard: only frozen parameters may be stored as NF4 (unit '" + unit_name_ + "')");
+  if (trainable_)
+    throw std::invalid_argument("fully_shard: only frozen parameters may be stored as NF4 (unit '" + unit_name_ + "')");
   if (replicate_) throw std::invalid_argument("fully_shard: an NF4 base needs a sharding strategy (not no_shard)");
   if (nf4_) throw std::logic_error("FlatParam '" + unit_name_ + "': already stored as NF4");
   if (!is_unsharded() || offload_) {
-    throw std::logic_error("FlatParam '" + unit_name_ + "': set NF4 storage at construction, while the values are whole");
+    throw std::logic_error("FlatParam '" + unit_name_ +
+                           "': set NF4 storage at construction, while the values are whole");
   }
-  auto storage = std::make_shared<Nf4StorageLayout>(Nf4StorageLayout::make(layout_, nf4, group_->size(), double_quant, raw_dtype));
+  auto storage =
+      std::make_shared<Nf4StorageLayout>(Nf4StorageLayout::make(layout_, nf4, group_->size(), double_quant, raw_dtype));
   torch::NoGradGuard no_grad;
   // Every rank holds the whole unit here (built alike everywhere); each encodes the weights whose
   // bytes overlap its shard, one at a time.
@@ -295,7 +314,8 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
     const at::Tensor& grad = params_[i].grad();
-    const auto* view_start = static_cast<const char*>(unsharded_grad_.data_ptr()) + entry.offset * unsharded_grad_.element_size();
+    const auto* view_start =
+        static_cast<const char*>(unsharded_grad_.data_ptr()) + entry.offset * unsharded_grad_.element_size();
     if (grad.defined() && grad.data_ptr() != view_start) {
       torch::NoGradGuard no_grad;
       unsharded_grad_.narrow(0, entry.offset, entry.numel).add_(grad.reshape(-1));
@@ -343,7 +363,8 @@ void FlatParam::finish_reduce_grad() {
       shard_grad_.add_(reduced.to(at::kCPU));  // accumulating (micro-batches with sync): waits for the copy
     } else {
       // The step's first gradient overwrites the buffer: asynchronous into pinned memory (fp32 <- reduce dtype).
-      if (!shard_grad_.defined()) shard_grad_ = at::empty({layout_.shard_numel}, shard_.options().pinned_memory(shard_.is_pinned()));
+      if (!shard_grad_.defined())
+        shard_grad_ = at::empty({layout_.shard_numel}, shard_.options().pinned_memory(shard_.is_pinned()));
       shard_grad_.copy_(reduced, /*non_blocking=*/true);
       shard_grad_zeroed_ = false;
       host_copy_pending_ = !compute_device_.is_cpu();
@@ -366,7 +387,8 @@ void FlatParam::finish_reduce_grad() {
 
 void FlatParam::set_cpu_offload(bool on) {
   if (on == offload_) return;
-  if (replicate_) throw std::invalid_argument("FlatParam '" + unit_name_ + "': CPU offload needs sharded parameters (not no_shard)");
+  if (replicate_)
+    throw std::invalid_argument("FlatParam '" + unit_name_ + "': CPU offload needs sharded parameters (not no_shard)");
   if (is_unsharded() || shard_grad_.defined()) {
     throw std::logic_error("FlatParam '" + unit_name_ + "': set CPU offload while resharded and before any backward");
   }
@@ -411,7 +433,8 @@ void FlatParam::drop_unsharded_grad() {
 }
 
 void FlatParam::set_replica_group(comm::ProcessGroupPtr group) {
-  if (replicate_) throw std::invalid_argument("FlatParam '" + unit_name_ + "': a replicated (NO_SHARD) buffer has no replica group");
+  if (replicate_)
+    throw std::invalid_argument("FlatParam '" + unit_name_ + "': a replicated (NO_SHARD) buffer has no replica group");
   replica_group_ = group && group->size() > 1 ? std::move(group) : nullptr;
 }
 
@@ -466,7 +489,8 @@ std::vector<at::Tensor> FlatParam::gather_full_params() const {
     at::Tensor values = at::empty({layout_.padded_numel}, bytes.options().dtype(at::kFloat));
     decode_nf4_storage(*nf4_, layout_, bytes, values);
     std::vector<at::Tensor> out;
-    for (const FlatEntry& entry : layout_.entries) out.push_back(values.narrow(0, entry.offset, entry.numel).view(entry.shape).clone());
+    for (const FlatEntry& entry : layout_.entries)
+      out.push_back(values.narrow(0, entry.offset, entry.numel).view(entry.shape).clone());
     return out;
   }
   at::Tensor full = shard_;

@@ -66,25 +66,38 @@ at::Tensor quantize_to_map(const at::Tensor& values, const at::Tensor& map, int6
   return out;
 }
 
-void check_size(const at::Tensor& tensor, at::ScalarType dtype, int64_t expected, const char* what, const Nf4Weight& weight) {
+void check_size(const at::Tensor& tensor, at::ScalarType dtype, int64_t expected, const char* what,
+                const Nf4Weight& weight) {
   if (!tensor.defined() || tensor.scalar_type() != dtype || tensor.numel() != expected) {
     throw std::invalid_argument(std::string("nf4: ") + what + " holds " +
-                                (tensor.defined() ? std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type())
-                                                  : std::string("nothing")) +
-                                ", expected " + std::to_string(expected) + " " + c10::toString(dtype) + " for a weight of shape " +
-                                shape_text(weight.shape) + " in blocks of " + std::to_string(weight.blocksize) +
-                                " (truncated or of another format)");
+                                (tensor.defined()
+                                     ? std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type())
+                                     : std::string("nothing")) +
+                                ", expected " + std::to_string(expected) + " " + c10::toString(dtype) +
+                                " for a weight of shape " + shape_text(weight.shape) + " in blocks of " +
+                                std::to_string(weight.blocksize) + " (truncated or of another format)");
   }
 }
 
 }  // namespace
 
 const std::array<float, 16>& nf4_code() {
-  static const std::array<float, 16> code = {
-      -1.0f,                 -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
-      -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-      0.07958029955625534f,  0.16093020141124725f,  0.24611230194568634f,  0.33791524171829224f,
-      0.44070982933044434f,  0.5626170039176941f,   0.7229568362236023f,   1.0f};
+  static const std::array<float, 16> code = {-1.0f,
+                                             -0.6961928009986877f,
+                                             -0.5250730514526367f,
+                                             -0.39491748809814453f,
+                                             -0.28444138169288635f,
+                                             -0.18477343022823334f,
+                                             -0.09105003625154495f,
+                                             0.0f,
+                                             0.07958029955625534f,
+                                             0.16093020141124725f,
+                                             0.24611230194568634f,
+                                             0.33791524171829224f,
+                                             0.44070982933044434f,
+                                             0.5626170039176941f,
+                                             0.7229568362236023f,
+                                             1.0f};
   return code;
 }
 
@@ -123,10 +136,12 @@ Nf4Weight quantize_nf4(const at::Tensor& weight, int64_t blocksize, bool double_
   if (!weight.defined() || weight.numel() == 0) throw std::invalid_argument("nf4: cannot quantize an empty weight");
   const auto dtype = weight.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) {
-    throw std::invalid_argument(std::string("nf4: weights of ") + c10::toString(dtype) + " (expected float32, bfloat16 or float16)");
+    throw std::invalid_argument(std::string("nf4: weights of ") + c10::toString(dtype) +
+                                " (expected float32, bfloat16 or float16)");
   }
   const at::Tensor flat = weight.detach().reshape(-1).to(at::kCPU).to(at::kFloat).contiguous();
-  if (!at::isfinite(flat).all().item<bool>()) throw std::invalid_argument("nf4: the weight holds a value that is not finite");
+  if (!at::isfinite(flat).all().item<bool>())
+    throw std::invalid_argument("nf4: the weight holds a value that is not finite");
   Nf4Weight out;
   out.shape = weight.sizes().vec();
   out.blocksize = blocksize;
@@ -140,7 +155,8 @@ Nf4Weight quantize_nf4(const at::Tensor& weight, int64_t blocksize, bool double_
     const at::Tensor blocks = flat.slice(0, 0, full).reshape({whole_blocks, blocksize});
     const at::Tensor absmax = std::get<0>(blocks.abs().max(-1));
     absmax_parts.push_back(absmax);
-    scaled_parts.push_back(at::clamp(blocks * at::reciprocal(absmax.clamp_min(1e-38)).view({-1, 1}), -1, 1).reshape(-1));
+    scaled_parts.push_back(
+        at::clamp(blocks * at::reciprocal(absmax.clamp_min(1e-38)).view({-1, 1}), -1, 1).reshape(-1));
   }
   if (rem > 0) {
     const at::Tensor tail = flat.slice(0, full);
@@ -155,8 +171,9 @@ Nf4Weight quantize_nf4(const at::Tensor& weight, int64_t blocksize, bool double_
   const at::Tensor code = at::from_blob(const_cast<float*>(code_values.data()), {16}, at::kFloat);
   const at::Tensor midpoints = (code.slice(0, 0, -1) + code.slice(0, 1)) / 2;
   const at::Tensor index = at::bucketize(scaled, midpoints, /*out_int32=*/true).to(at::kByte);
-  out.packed = at::bitwise_or(at::bitwise_left_shift(index.slice(0, 0, c10::nullopt, 2), 4), index.slice(0, 1, c10::nullopt, 2))
-                   .contiguous();
+  out.packed =
+      at::bitwise_or(at::bitwise_left_shift(index.slice(0, 0, c10::nullopt, 2), 4), index.slice(0, 1, c10::nullopt, 2))
+          .contiguous();
 
   if (!double_quant) {
     out.absmax = absmax.contiguous();
@@ -181,8 +198,8 @@ at::Tensor nf4_block_absmax(const Nf4Weight& weight) {
   }
   check_size(weight.absmax, at::kByte, blocks, "absmax (8-bit, double quantization)", weight);
   if (weight.nested_blocksize < 1) throw std::invalid_argument("nf4: nested block size must be 1 or more");
-  check_size(weight.nested_absmax, at::kFloat, (blocks + weight.nested_blocksize - 1) / weight.nested_blocksize, "nested absmax",
-             weight);
+  check_size(weight.nested_absmax, at::kFloat, (blocks + weight.nested_blocksize - 1) / weight.nested_blocksize,
+             "nested absmax", weight);
   check_size(weight.nested_map, at::kFloat, 256, "nested quant map", weight);
   return nf4_absmax_from_codes(weight.absmax, weight.nested_absmax, at::full({1}, weight.offset, at::kFloat),
                                weight.nested_blocksize, weight.nested_map);
@@ -200,7 +217,8 @@ at::Tensor nf4_absmax_from_codes(const at::Tensor& codes, const at::Tensor& nest
 at::Tensor nf4_values(const at::Tensor& packed_codes, const at::Tensor& absmax, int64_t numel, int64_t blocksize,
                       at::ScalarType dtype) {
   const at::Tensor packed = packed_codes.reshape(-1).to(at::kLong);
-  const at::Tensor index = at::stack({at::bitwise_right_shift(packed, 4), at::bitwise_and(packed, 15)}, 1).reshape(-1).slice(0, 0, numel);
+  const at::Tensor index =
+      at::stack({at::bitwise_right_shift(packed, 4), at::bitwise_and(packed, 15)}, 1).reshape(-1).slice(0, 0, numel);
   const std::array<float, 16>& code_values = nf4_code();
   const at::Tensor code = at::from_blob(const_cast<float*>(code_values.data()), {16}, at::kFloat).to(packed.device());
   const at::Tensor scale = absmax.repeat_interleave(blocksize).slice(0, 0, numel);

@@ -35,19 +35,33 @@ struct Params {
 };
 
 // Rounding to the base dtype (round to nearest even), then widening or rounding to the output's.
-template <typename R> __device__ __forceinline__ R to_base(float v);
-template <> __device__ __forceinline__ float to_base<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 to_base<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half to_base<__half>(float v) { return __float2half_rn(v); }
+template <typename R>
+__device__ __forceinline__ R to_base(float v);
+template <>
+__device__ __forceinline__ float to_base<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_base<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half to_base<__half>(float v) {
+  return __float2half_rn(v);
+}
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-template <typename R, typename T> __device__ __forceinline__ T convert(R r) {
+template <typename R, typename T>
+__device__ __forceinline__ T convert(R r) {
   if constexpr (std::is_same_v<R, T>) return r;
   else return to_base<T>(widen(r));
 }
 
-template <typename T> struct alignas(16) Group { T v[8]; };
+template <typename T>
+struct alignas(16) Group {
+  T v[8];
+};
 
 template <typename R, typename T, bool kDoubleQuant>
 __global__ void nf4_decode_kernel(Params p) {
@@ -78,7 +92,8 @@ __global__ void nf4_decode_kernel(Params p) {
     if (whole && p.codes_aligned) {
       word = *reinterpret_cast<const uint32_t*>(p.codes + g * 4);
     } else {
-      for (int k = 0; k < 4 && g * 4 + k < code_bytes; ++k) word |= static_cast<uint32_t>(p.codes[g * 4 + k]) << (8 * k);
+      for (int k = 0; k < 4 && g * 4 + k < code_bytes; ++k)
+        word |= static_cast<uint32_t>(p.codes[g * 4 + k]) << (8 * k);
     }
     Group<T> values;
 #pragma unroll
@@ -144,7 +159,8 @@ void nf4_decode(const Nf4DecodeArgs& args, void* stream) {
     case Dtype::Float16: launch_to<__half>(params, args.double_quant, args.out_dtype, s); break;
   }
   const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess) throw std::runtime_error(std::string("nf4 decode kernel: launch failed: ") + cudaGetErrorString(error));
+  if (error != cudaSuccess)
+    throw std::runtime_error(std::string("nf4 decode kernel: launch failed: ") + cudaGetErrorString(error));
 }
 
 }  // namespace fsdp::shard::kernels

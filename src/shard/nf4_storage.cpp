@@ -64,12 +64,13 @@ void decode_codes_as(const uint8_t* codes, const float* absmax, int64_t blocksiz
     case at::kFloat: decode_codes<R>(codes, absmax, blocksize, n, out.data_ptr<float>()); break;
     case at::kBFloat16: decode_codes<R>(codes, absmax, blocksize, n, out.data_ptr<at::BFloat16>()); break;
     case at::kHalf: decode_codes<R>(codes, absmax, blocksize, n, out.data_ptr<at::Half>()); break;
-    default: throw std::invalid_argument(std::string("nf4 storage: cannot decode into ") + c10::toString(out.scalar_type()));
+    default:
+      throw std::invalid_argument(std::string("nf4 storage: cannot decode into ") + c10::toString(out.scalar_type()));
   }
 }
 
-void decode_codes_on_cpu(const at::Tensor& codes, const at::Tensor& absmax, int64_t blocksize, at::ScalarType base_dtype,
-                         const at::Tensor& out) {
+void decode_codes_on_cpu(const at::Tensor& codes, const at::Tensor& absmax, int64_t blocksize,
+                         at::ScalarType base_dtype, const at::Tensor& out) {
   const auto* c = codes.data_ptr<uint8_t>();
   const auto* a = absmax.data_ptr<float>();
   switch (base_dtype) {
@@ -155,8 +156,9 @@ Nf4StorageLayout Nf4StorageLayout::make(const FlatLayout& layout, const std::vec
   }
   if (num_shards < 1) throw std::invalid_argument("nf4 storage: the number of shards must be at least 1");
   if (raw_dtype != at::kFloat && raw_dtype != at::kBFloat16 && raw_dtype != at::kHalf) {
-    throw std::invalid_argument(std::string("nf4 storage: other entries are stored in float32, bfloat16 or float16, not ") +
-                                c10::toString(raw_dtype));
+    throw std::invalid_argument(
+        std::string("nf4 storage: other entries are stored in float32, bfloat16 or float16, not ") +
+        c10::toString(raw_dtype));
   }
   Nf4StorageLayout out;
   out.double_quant = double_quant;
@@ -206,8 +208,9 @@ at::Tensor entry_bytes(const Nf4StorageLayout& storage, size_t index,
   for (const auto& [part, tensor] : tensors) {
     const at::Tensor raw = bytes_of(tensor.to(at::kCPU));
     if (raw.numel() != part->bytes) {
-      throw std::invalid_argument("nf4 storage: entry " + std::to_string(index) + " has a part of " + std::to_string(raw.numel()) +
-                                  " bytes where " + std::to_string(part->bytes) + " are laid out (truncated or of another shape)");
+      throw std::invalid_argument("nf4 storage: entry " + std::to_string(index) + " has a part of " +
+                                  std::to_string(raw.numel()) + " bytes where " + std::to_string(part->bytes) +
+                                  " are laid out (truncated or of another shape)");
     }
     out.narrow(0, part->offset - entry.begin, part->bytes).copy_(raw);
   }
@@ -221,13 +224,15 @@ at::Tensor nf4_entry_bytes(const Nf4StorageLayout& storage, size_t index, const 
   if (!entry.nf4) throw std::logic_error("nf4 storage: entry " + std::to_string(index) + " is not stored as NF4");
   if (weight.blocksize != storage.blocksize || weight.double_quant != storage.double_quant ||
       (weight.double_quant && weight.nested_blocksize != 256)) {
-    throw std::invalid_argument("nf4 storage: a weight in blocks of " + std::to_string(weight.blocksize) +
-                                (weight.double_quant ? ", double quantization in blocks of " + std::to_string(weight.nested_blocksize)
-                                                     : std::string(", no double quantization")) +
-                                "; this storage holds blocks of " + std::to_string(storage.blocksize) +
-                                (storage.double_quant ? ", double quantization in blocks of 256" : ", no double quantization"));
+    throw std::invalid_argument(
+        "nf4 storage: a weight in blocks of " + std::to_string(weight.blocksize) +
+        (weight.double_quant ? ", double quantization in blocks of " + std::to_string(weight.nested_blocksize)
+                             : std::string(", no double quantization")) +
+        "; this storage holds blocks of " + std::to_string(storage.blocksize) +
+        (storage.double_quant ? ", double quantization in blocks of 256" : ", no double quantization"));
   }
-  if (!weight.double_quant) return entry_bytes(storage, index, {{&entry.codes, weight.packed}, {&entry.absmax, weight.absmax}});
+  if (!weight.double_quant)
+    return entry_bytes(storage, index, {{&entry.codes, weight.packed}, {&entry.absmax, weight.absmax}});
   return entry_bytes(storage, index,
                      {{&entry.codes, weight.packed},
                       {&entry.absmax, weight.absmax},
@@ -240,7 +245,8 @@ at::Tensor encode_nf4_entry(const Nf4StorageLayout& storage, size_t index, const
   if (!entry.nf4) return entry_bytes(storage, index, {{&entry.raw, values.reshape(-1).to(storage.raw_dtype)}});
   // Quantized from the base's dtype, as bitsandbytes' Linear4bit quantizes the bf16 weights
   // transformers loads (its absmax and scaled values computed in that dtype).
-  return nf4_entry_bytes(storage, index, quantize_nf4(values.reshape(-1).to(storage.raw_dtype), storage.blocksize, storage.double_quant));
+  return nf4_entry_bytes(
+      storage, index, quantize_nf4(values.reshape(-1).to(storage.raw_dtype), storage.blocksize, storage.double_quant));
 }
 
 at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& unsharded) {
@@ -248,7 +254,8 @@ at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout&
   for (size_t i = 0; i < layout.entries.size(); ++i) {
     const FlatEntry& entry = layout.entries[i];
     const Nf4EntryLayout& place = storage.entries[i];
-    out.narrow(0, place.begin, place.end - place.begin).copy_(encode_nf4_entry(storage, i, unsharded.narrow(0, entry.offset, entry.numel)));
+    out.narrow(0, place.begin, place.end - place.begin)
+        .copy_(encode_nf4_entry(storage, i, unsharded.narrow(0, entry.offset, entry.numel)));
   }
   return out;
 }
@@ -256,8 +263,9 @@ at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout&
 void decode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& bytes,
                         const at::Tensor& unsharded) {
   if (bytes.scalar_type() != at::kByte || bytes.numel() < storage.bytes) {
-    throw std::invalid_argument("nf4 storage: decoding needs " + std::to_string(storage.bytes) + " bytes (uint8), got " +
-                                std::to_string(bytes.numel()) + " " + c10::toString(bytes.scalar_type()));
+    throw std::invalid_argument("nf4 storage: decoding needs " + std::to_string(storage.bytes) +
+                                " bytes (uint8), got " + std::to_string(bytes.numel()) + " " +
+                                c10::toString(bytes.scalar_type()));
   }
   auto part = [&](const Nf4Part& p, at::ScalarType dtype) { return bytes.narrow(0, p.offset, p.bytes).view(dtype); };
   for (size_t i = 0; i < layout.entries.size(); ++i) {
@@ -274,12 +282,13 @@ void decode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layou
       continue;
     }
 #endif
-    const at::Tensor absmax = storage.double_quant
-                                  ? nf4_absmax_from_codes(part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat),
-                                                          part(place.offset, at::kFloat))
-                                  : part(place.absmax, at::kFloat);
+    const at::Tensor absmax = storage.double_quant ? nf4_absmax_from_codes(part(place.absmax, at::kByte),
+                                                                           part(place.nested_absmax, at::kFloat),
+                                                                           part(place.offset, at::kFloat))
+                                                   : part(place.absmax, at::kFloat);
     if (bytes.device().is_cpu() && target.is_contiguous()) {
-      decode_codes_on_cpu(part(place.codes, at::kByte), absmax.contiguous(), storage.blocksize, storage.raw_dtype, target);
+      decode_codes_on_cpu(part(place.codes, at::kByte), absmax.contiguous(), storage.blocksize, storage.raw_dtype,
+                          target);
     } else {
       target.copy_(nf4_values(part(place.codes, at::kByte), absmax, entry.numel, storage.blocksize, storage.raw_dtype));
     }

@@ -56,8 +56,8 @@ void unmap(void* context) {
 at::DataPtr map_host_bytes(size_t nbytes) {
   void* address = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (address == MAP_FAILED) {
-    throw std::runtime_error("fsdp host buffer: mmap of " + std::to_string(nbytes) + " bytes failed: " + std::strerror(errno) +
-                             " (out of memory?)");
+    throw std::runtime_error("fsdp host buffer: mmap of " + std::to_string(nbytes) +
+                             " bytes failed: " + std::strerror(errno) + " (out of memory?)");
   }
   g_mapped_bytes += static_cast<int64_t>(nbytes);
   return at::DataPtr(address, new Mapping{address, nbytes}, &unmap, at::Device(at::kCPU));
@@ -97,10 +97,11 @@ void free_storage(const at::Tensor& t, bool keep_in_cache) {
   if (nbytes == 0) return;
   const std::string holder = comm::collective_holding(t);
   if (!holder.empty()) {
-    throw std::logic_error("free_storage: the memory of a " + std::to_string(t.numel()) + "-element " +
-                           std::string(c10::toString(t.scalar_type())) + " tensor (" + std::to_string(nbytes) +
-                           " bytes) is in use by a collective in flight, " + holder +
-                           ": handed back now, the collective would write into memory given to other work (wait for it first)");
+    throw std::logic_error(
+        "free_storage: the memory of a " + std::to_string(t.numel()) + "-element " +
+        std::string(c10::toString(t.scalar_type())) + " tensor (" + std::to_string(nbytes) +
+        " bytes) is in use by a collective in flight, " + holder +
+        ": handed back now, the collective would write into memory given to other work (wait for it first)");
   }
   // Taking the DataPtr out leaves the storage empty; dropping it runs its deleter (back to the
   // allocator), keeping it caches the memory.

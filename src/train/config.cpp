@@ -85,7 +85,8 @@ std::vector<std::string> known_sections() {
   std::vector<std::string> sections;
   for (const ConfigKey& k : config_keys()) {
     const std::string section = section_of(k.name);
-    if (!section.empty() && std::find(sections.begin(), sections.end(), section) == sections.end()) sections.push_back(section);
+    if (!section.empty() && std::find(sections.begin(), sections.end(), section) == sections.end())
+      sections.push_back(section);
   }
   return sections;
 }
@@ -253,11 +254,13 @@ bool read_model_source(const Reader& r, TrainConfig& c) {
     return false;
   }
   if (!c.init_from.empty()) {
-    r.fail("model.init_from '" + c.init_from + "' is not a Hugging Face model directory (no config.json there); give "
+    r.fail("model.init_from '" + c.init_from +
+           "' is not a Hugging Face model directory (no config.json there); give "
            "model.name for weights without one");
   }
-  r.fail("model.name is required (e.g. \"gpt-tiny\"; see fsdp-train --list-models), unless model.init_from names a "
-         "Hugging Face model directory (one with a config.json)");
+  r.fail(
+      "model.name is required (e.g. \"gpt-tiny\"; see fsdp-train --list-models), unless model.init_from names a "
+      "Hugging Face model directory (one with a config.json)");
 }
 
 std::string joined(const std::vector<std::string>& names) {
@@ -283,15 +286,19 @@ void finish_lora(const Reader& r, TrainConfig& c) {
       r.fail(std::string("lora.init_adapter: ") + e.what());
     }
     auto conflict = [&](const std::string& key, const std::string& ours, const std::string& theirs) {
-      r.fail("lora." + key + " is " + ours + " but the adapter in lora.init_adapter ('" + c.lora_init_adapter + "') has " +
-             theirs + " (leave lora." + key + " out to take the adapter's)");
+      r.fail("lora." + key + " is " + ours + " but the adapter in lora.init_adapter ('" + c.lora_init_adapter +
+             "') has " + theirs + " (leave lora." + key + " out to take the adapter's)");
     };
     auto number = [](double v) { return toml_value_text(v); };
-    if (rank && lora.rank != adapter.rank) conflict("rank", std::to_string(lora.rank), "r = " + std::to_string(adapter.rank));
-    if (alpha && lora.alpha != adapter.alpha) conflict("alpha", number(lora.alpha), "lora_alpha = " + number(adapter.alpha));
-    if (dropout && lora.dropout != adapter.dropout) conflict("dropout", number(lora.dropout), "lora_dropout = " + number(adapter.dropout));
+    if (rank && lora.rank != adapter.rank)
+      conflict("rank", std::to_string(lora.rank), "r = " + std::to_string(adapter.rank));
+    if (alpha && lora.alpha != adapter.alpha)
+      conflict("alpha", number(lora.alpha), "lora_alpha = " + number(adapter.alpha));
+    if (dropout && lora.dropout != adapter.dropout)
+      conflict("dropout", number(lora.dropout), "lora_dropout = " + number(adapter.dropout));
     if (rslora && lora.rslora != adapter.rslora) {
-      conflict("rslora", lora.rslora ? "true" : "false", std::string("use_rslora = ") + (adapter.rslora ? "true" : "false"));
+      conflict("rslora", lora.rslora ? "true" : "false",
+               std::string("use_rslora = ") + (adapter.rslora ? "true" : "false"));
     }
     if (targets) {
       models::LoraSpec theirs_spec;
@@ -300,7 +307,8 @@ void finish_lora(const Reader& r, TrainConfig& c) {
       auto ours = lora.target_layers(layers), theirs = theirs_spec.target_layers(layers);
       std::sort(ours.begin(), ours.end());
       std::sort(theirs.begin(), theirs.end());
-      if (ours != theirs) conflict("targets", "\"" + joined(lora.targets) + "\"", "target_modules \"" + joined(adapter.targets) + "\"");
+      if (ours != theirs)
+        conflict("targets", "\"" + joined(lora.targets) + "\"", "target_modules \"" + joined(adapter.targets) + "\"");
     }
     if (!rank) lora.rank = adapter.rank;
     if (!alpha) lora.alpha = adapter.alpha;
@@ -312,7 +320,9 @@ void finish_lora(const Reader& r, TrainConfig& c) {
   if (!rank && !from_adapter) r.fail("[lora] needs lora.rank (e.g. 8)");
   if (lora.rank <= 0) r.fail("lora.rank must be positive, got " + std::to_string(lora.rank));
   if (lora.targets.empty()) {
-    r.fail("[lora] needs lora.targets, e.g. \"q_proj k_proj v_proj o_proj\" (Llama), \"c_attn\" (GPT-2) or \"all-linear\"");
+    r.fail(
+        "[lora] needs lora.targets, e.g. \"q_proj k_proj v_proj o_proj\" (Llama), \"c_attn\" (GPT-2) or "
+        "\"all-linear\"");
   }
   try {
     lora.validate(models::family_name(c.model), models::linear_layers(c.model));
@@ -337,7 +347,8 @@ void resolve_defaults(const Reader& r, TrainConfig& c) {
     const std::string dir = c.init_from + "/";
     if (!r.has("data.tokenizer")) {
       if (std::filesystem::exists(dir + "tokenizer.json")) d.tokenizer = "hf";
-      else if (std::filesystem::exists(dir + "vocab.json") && std::filesystem::exists(dir + "merges.txt")) d.tokenizer = "gpt2";
+      else if (std::filesystem::exists(dir + "vocab.json") && std::filesystem::exists(dir + "merges.txt"))
+        d.tokenizer = "gpt2";
     }
     if (d.tokenizer == "hf" && d.tokenizer_json.empty()) d.tokenizer_json = dir + "tokenizer.json";
     if (d.tokenizer == "gpt2" && d.vocab_json.empty()) d.vocab_json = dir + "vocab.json";
@@ -452,7 +463,8 @@ std::string to_toml(const TrainConfig& c) {
     if (!k.applies(c) || !k.written(c)) continue;
     if (k.name == "model.init_from" && c.init_from.empty()) continue;
     const std::string section = section_of(k.name);
-    const std::string line = k.name.substr(section.empty() ? 0 : section.size() + 1) + " = " + toml_value_text(k.get(c)) + "\n";
+    const std::string line =
+        k.name.substr(section.empty() ? 0 : section.size() + 1) + " = " + toml_value_text(k.get(c)) + "\n";
     (section.empty() ? top : sections[section]) += line;
   }
   std::string text = top;

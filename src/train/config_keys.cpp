@@ -30,7 +30,8 @@ std::string toml_value_text(const ConfigValue& value) {
     if (std::isnan(*d)) return "nan";
     if (std::isinf(*d)) return *d > 0 ? "inf" : "-inf";
     char buffer[64];
-    const auto result = std::to_chars(buffer, buffer + sizeof(buffer), *d);  // the shortest text that reads back exactly
+    const auto result =
+        std::to_chars(buffer, buffer + sizeof(buffer), *d);  // the shortest text that reads back exactly
     std::string text(buffer, result.ptr);
     if (text.find_first_of(".eE") == std::string::npos) text += ".0";  // 8 -> 8.0: stays a number in TOML
     return text;
@@ -109,7 +110,8 @@ std::string listed(const std::vector<std::string>& names) {
 }
 
 // "KEY 'VALUE' (expected a, b or c)" unless value is one of them.
-std::function<std::string(const TrainConfig&)> one_of(const std::string& name, std::function<std::string(const TrainConfig&)> value,
+std::function<std::string(const TrainConfig&)> one_of(const std::string& name,
+                                                      std::function<std::string(const TrainConfig&)> value,
                                                       std::vector<std::string> choices) {
   return [name, value, choices](const TrainConfig& c) {
     const std::string v = value(c);
@@ -146,7 +148,8 @@ void set_field(const models::ModelField& f, const ConfigValue& v) {
       return;
     }
     const std::string text = std::get<std::string>(v);
-    if (text != f.on_word && text != f.off_word) throw std::invalid_argument("'" + text + "' (expected " + f.on_word + " or " + f.off_word + ")");
+    if (text != f.on_word && text != f.off_word)
+      throw std::invalid_argument("'" + text + "' (expected " + f.on_word + " or " + f.off_word + ")");
     **b = text == f.on_word;
   } else if (auto* i = std::get_if<int64_t*>(&f.address)) {
     **i = std::get<int64_t>(v);
@@ -174,10 +177,16 @@ std::vector<ConfigKey> model_keys() {
         ConfigKey k;
         k.name = name;
         k.type = field_type(f);
-        k.get = [key = f.key](const TrainConfig& c) { return field_value(*model_field(const_cast<TrainConfig&>(c), key)); };
+        k.get = [key = f.key](const TrainConfig& c) {
+          return field_value(*model_field(const_cast<TrainConfig&>(c), key));
+        };
         k.set = [key = f.key](TrainConfig& c, const ConfigValue& v) { set_field(*model_field(c, key), v); };
-        k.applies = [key = f.key](const TrainConfig& c) { return model_field(const_cast<TrainConfig&>(c), key).has_value(); };
-        k.written = [key = f.key](const TrainConfig& c) { return model_field(const_cast<TrainConfig&>(c), key)->written; };
+        k.applies = [key = f.key](const TrainConfig& c) {
+          return model_field(const_cast<TrainConfig&>(c), key).has_value();
+        };
+        k.written = [key = f.key](const TrainConfig& c) {
+          return model_field(const_cast<TrainConfig&>(c), key)->written;
+        };
         k.free_beside_hf_config = [key = f.key](const TrainConfig& c) {
           return model_field(const_cast<TrainConfig&>(c), key)->free_beside_hf_config;
         };
@@ -238,7 +247,8 @@ bool lora_enabled(const TrainConfig& c) {
 ConfigKey lora_key(ConfigKey k) {
   k.applies = has_lora;
   k.not_applicable = [](const TrainConfig& c) {
-    return "[lora] applies to the " + family_names(true) + " families, not " + std::string(models::family_name(c.model));
+    return "[lora] applies to the " + family_names(true) + " families, not " +
+           std::string(models::family_name(c.model));
   };
   k.written = [](const TrainConfig& c) { return lora_enabled(c); };
   return k;
@@ -274,7 +284,8 @@ std::vector<ConfigKey> declare() {
 
   // ---- [model] ----
   {
-    ConfigKey& k = add(key("model.name", MEMBER(model_name), "a model of the zoo (fsdp-train --list-models), or a label"));
+    ConfigKey& k =
+        add(key("model.name", MEMBER(model_name), "a model of the zoo (fsdp-train --list-models), or a label"));
     k.read_first = true;
     k.default_text = "required unless init_from or family";
   }
@@ -290,154 +301,196 @@ std::vector<ConfigKey> declare() {
     add(std::move(k));
   }
   add(key("model.init_from", MEMBER(init_from),
-          "initial weights: a Hugging Face model directory (its config.json gives the shape), safetensors, or a checkpoint"))
+          "initial weights: a Hugging Face model directory (its config.json gives the shape), safetensors, or a "
+          "checkpoint"))
       .read_first = true;
   for (ConfigKey& k : model_keys()) add(std::move(k));
 
   // ---- [data] ----
-  ConfigKey& source = add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist"));
+  ConfigKey& source =
+      add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist"));
   source.default_text = "fortunes (fashion_mnist for vit, clip and llava)";
-  source.check =
-      [](const TrainConfig& c) {
-        const bool language = models::is_language_model(c.model);
-        std::string error = one_of("data.source", [](const TrainConfig& c) { return c.data.source; },
-                                   {"fortunes", "token_files", "instructions", "fashion_mnist"})(c);
-        if (!error.empty()) return error;
-        return unless(language == (c.data.source != "fashion_mnist"),
-                      "data.source '" + c.data.source + "' does not suit the " + models::family_name(c.model) + " model '" +
-                          c.model_name + "' (" +
-                          (language ? "language models read fortunes, token_files or instructions" : "image models (vit, clip, llava) read fashion_mnist") + ")");
-      };
+  source.check = [](const TrainConfig& c) {
+    const bool language = models::is_language_model(c.model);
+    std::string error = one_of("data.source", [](const TrainConfig& c) { return c.data.source; },
+                               {"fortunes", "token_files", "instructions", "fashion_mnist"})(c);
+    if (!error.empty()) return error;
+    return unless(language == (c.data.source != "fashion_mnist"),
+                  "data.source '" + c.data.source + "' does not suit the " + models::family_name(c.model) + " model '" +
+                      c.model_name + "' (" +
+                      (language ? "language models read fortunes, token_files or instructions"
+                                : "image models (vit, clip, llava) read fashion_mnist") +
+                      ")");
+  };
   add(key("data.dir", MEMBER(data.dir), "the fortunes or Fashion-MNIST directory")).default_text = "Debian's";
-  add(key("data.tokenizer", MEMBER(data.tokenizer), "byte | gpt2 (vocab_json, merges_txt) | hf (tokenizer_json)")).check =
-      [](const TrainConfig& c) {
-        const DataConfig& d = c.data;
-        std::string error = one_of("data.tokenizer", [](const TrainConfig& c) { return c.data.tokenizer; }, {"byte", "gpt2", "hf"})(c);
-        if (!error.empty()) return error;
-        if (d.tokenizer == "gpt2" && (d.vocab_json.empty() || d.merges_txt.empty())) {
-          return std::string("data.tokenizer 'gpt2' needs data.vocab_json and data.merges_txt");
-        }
-        return unless(d.tokenizer != "hf" || !d.tokenizer_json.empty(),
-                      "data.tokenizer 'hf' needs data.tokenizer_json (a Hugging Face tokenizer.json)");
-      };
+  add(key("data.tokenizer", MEMBER(data.tokenizer), "byte | gpt2 (vocab_json, merges_txt) | hf (tokenizer_json)"))
+      .check = [](const TrainConfig& c) {
+    const DataConfig& d = c.data;
+    std::string error =
+        one_of("data.tokenizer", [](const TrainConfig& c) { return c.data.tokenizer; }, {"byte", "gpt2", "hf"})(c);
+    if (!error.empty()) return error;
+    if (d.tokenizer == "gpt2" && (d.vocab_json.empty() || d.merges_txt.empty())) {
+      return std::string("data.tokenizer 'gpt2' needs data.vocab_json and data.merges_txt");
+    }
+    return unless(d.tokenizer != "hf" || !d.tokenizer_json.empty(),
+                  "data.tokenizer 'hf' needs data.tokenizer_json (a Hugging Face tokenizer.json)");
+  };
   add(key("data.vocab_json", MEMBER(data.vocab_json), "GPT-2 tokenizer: vocab.json"));
   add(key("data.merges_txt", MEMBER(data.merges_txt), "GPT-2 tokenizer: merges.txt"));
-  add(key("data.tokenizer_json", MEMBER(data.tokenizer_json), "hf tokenizer: a Hugging Face tokenizer.json (byte-level BPE)"));
-  add(key("data.validation_percent", MEMBER(data.validation_percent), "documents (or examples) held out, chosen by a hash of their text"))
+  add(key("data.tokenizer_json", MEMBER(data.tokenizer_json),
+          "hf tokenizer: a Hugging Face tokenizer.json (byte-level BPE)"));
+  add(key("data.validation_percent", MEMBER(data.validation_percent),
+          "documents (or examples) held out, chosen by a hash of their text"))
       .check = [](const TrainConfig& c) {
-        return unless(c.data.validation_percent >= 1 && c.data.validation_percent <= 50, "data.validation_percent must be in [1, 50]");
-      };
-  add(key("data.train_tokens", MEMBER(data.train_tokens), "token_files: the training tokens: a token file, a directory of shards or a glob (fsdp-data corpus)")).check =
-      [](const TrainConfig& c) {
-        return unless(c.data.source != "token_files" || (!c.data.train_tokens.empty() && !c.data.validation_tokens.empty()),
-                      "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
-      };
-  add(key("data.validation_tokens", MEMBER(data.validation_tokens), "token_files: the validation tokens (a file, a directory or a glob)"));
-  add(key("data.augment", MEMBER(data.augment), "images: none | hflip | shift | shift+hflip")).check = [](const TrainConfig& c) {
-    const std::string& a = c.data.augment;
-    return unless(a == "none" || ((a == "hflip" || a == "shift" || a == "shift+hflip") && !models::is_language_model(c.model)),
-                  "data.augment '" + a + "' (expected none, or for images hflip, shift or shift+hflip)");
+    return unless(c.data.validation_percent >= 1 && c.data.validation_percent <= 50,
+                  "data.validation_percent must be in [1, 50]");
   };
-  add(key("data.train_jsonl", MEMBER(data.train_jsonl), "instructions: JSONL of {\"messages\": [...]} or {\"prompt\", \"completion\"}"))
+  add(key("data.train_tokens", MEMBER(data.train_tokens),
+          "token_files: the training tokens: a token file, a directory of shards or a glob (fsdp-data corpus)"))
       .check = [](const TrainConfig& c) {
-        if (c.data.source != "instructions") return std::string();
-        if (c.data.train_jsonl.empty()) {
-          return std::string("data.source 'instructions' needs data.train_jsonl (JSONL of {\"messages\": [...]} or "
-                             "{\"prompt\", \"completion\"}; fsdp-data instructions makes one from the fortunes)");
-        }
-        return unless(c.seq_len > 0, "data.source 'instructions' needs train.seq_len: each example is a row padded to it (the "
-                                     "model's context, often 8k to 128k tokens, would mostly be padding)");
+    return unless(c.data.source != "token_files" || (!c.data.train_tokens.empty() && !c.data.validation_tokens.empty()),
+                  "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
+  };
+  add(key("data.validation_tokens", MEMBER(data.validation_tokens),
+          "token_files: the validation tokens (a file, a directory or a glob)"));
+  add(key("data.augment", MEMBER(data.augment), "images: none | hflip | shift | shift+hflip")).check =
+      [](const TrainConfig& c) {
+        const std::string& a = c.data.augment;
+        return unless(a == "none" ||
+                          ((a == "hflip" || a == "shift" || a == "shift+hflip") && !models::is_language_model(c.model)),
+                      "data.augment '" + a + "' (expected none, or for images hflip, shift or shift+hflip)");
       };
-  add(key("data.validation_jsonl", MEMBER(data.validation_jsonl), "instructions: held-out examples (else validation_percent)"));
-  add(key("data.chat_format", MEMBER(data.chat_format), "auto (llama3 when the tokenizer has its header tokens) | llama3 | plain"))
-      .check = one_of("data.chat_format", [](const TrainConfig& c) { return c.data.chat_format; }, {"auto", "llama3", "plain"});
+  add(key("data.train_jsonl", MEMBER(data.train_jsonl),
+          "instructions: JSONL of {\"messages\": [...]} or {\"prompt\", \"completion\"}"))
+      .check = [](const TrainConfig& c) {
+    if (c.data.source != "instructions") return std::string();
+    if (c.data.train_jsonl.empty()) {
+      return std::string(
+          "data.source 'instructions' needs data.train_jsonl (JSONL of {\"messages\": [...]} or "
+          "{\"prompt\", \"completion\"}; fsdp-data instructions makes one from the fortunes)");
+    }
+    return unless(c.seq_len > 0,
+                  "data.source 'instructions' needs train.seq_len: each example is a row padded to it (the "
+                  "model's context, often 8k to 128k tokens, would mostly be padding)");
+  };
+  add(key("data.validation_jsonl", MEMBER(data.validation_jsonl),
+          "instructions: held-out examples (else validation_percent)"));
+  add(key("data.chat_format", MEMBER(data.chat_format),
+          "auto (llama3 when the tokenizer has its header tokens) | llama3 | plain"))
+      .check =
+      one_of("data.chat_format", [](const TrainConfig& c) { return c.data.chat_format; }, {"auto", "llama3", "plain"});
   add(key("data.packing", MEMBER(data.packing),
-          "instructions: several examples to a row of train.seq_len, each attending only to itself (no padding paid for)"))
+          "instructions: several examples to a row of train.seq_len, each attending only to itself (no padding paid "
+          "for)"))
       .check = [](const TrainConfig& c) {
-        return unless(!c.data.packing || c.data.source == "instructions",
-                      "data.packing packs instruction examples (data.source 'instructions'); data.source is '" + c.data.source +
-                          "' (for fortunes and token_files, data.document_masking keeps a window's documents apart)");
-      };
+    return unless(!c.data.packing || c.data.source == "instructions",
+                  "data.packing packs instruction examples (data.source 'instructions'); data.source is '" +
+                      c.data.source +
+                      "' (for fortunes and token_files, data.document_masking keeps a window's documents apart)");
+  };
   add(key("data.split_special_tokens", MEMBER(data.split_special_tokens),
-          "instructions: special-token text inside a message (\"<|eot_id|>\") stays text instead of becoming that control "
+          "instructions: special-token text inside a message (\"<|eot_id|>\") stays text instead of becoming that "
+          "control "
           "token (false: transformers' apply_chat_template default)"))
       .check = [](const TrainConfig& c) {
-        return unless(!c.data.split_special_tokens || c.data.source == "instructions",
-                      "data.split_special_tokens applies to instruction data (data.source 'instructions'); data.source is '" +
-                          c.data.source + "'");
-      };
+    return unless(
+        !c.data.split_special_tokens || c.data.source == "instructions",
+        "data.split_special_tokens applies to instruction data (data.source 'instructions'); data.source is '" +
+            c.data.source + "'");
+  };
   add(key("data.document_masking", MEMBER(data.document_masking),
-          "fortunes, token_files: a window's documents (ended by end-of-text) attend only to themselves, positions restarting"))
+          "fortunes, token_files: a window's documents (ended by end-of-text) attend only to themselves, positions "
+          "restarting"))
       .check = [](const TrainConfig& c) {
-        return unless(!c.data.document_masking || c.data.source == "fortunes" || c.data.source == "token_files",
-                      "data.document_masking splits token windows at end-of-text (data.source 'fortunes' or 'token_files'); "
-                      "data.source is '" + c.data.source + "'" + (c.data.source == "instructions" ? " (use data.packing)" : ""));
-      };
+    return unless(
+        !c.data.document_masking || c.data.source == "fortunes" || c.data.source == "token_files",
+        "data.document_masking splits token windows at end-of-text (data.source 'fortunes' or 'token_files'); "
+        "data.source is '" +
+            c.data.source + "'" + (c.data.source == "instructions" ? " (use data.packing)" : ""));
+  };
 
   // ---- [train] ----
   add(key("train.steps", MEMBER(steps), "optimizer steps")).check = [](const TrainConfig& c) {
     return unless(c.steps >= 1, "train.steps must be at least 1");
   };
-  add(key("train.global_batch", MEMBER(global_batch), "samples (token windows or images) per step, all ranks together")).check =
-      [](const TrainConfig& c) { return unless(c.global_batch >= 1, "train.global_batch must be at least 1"); };
-  add(key("train.micro_batches", MEMBER(micro_batches), "per rank per step (gradient accumulation)")).check = [](const TrainConfig& c) {
-    if (c.micro_batches < 1) return std::string("train.micro_batches must be at least 1");
-    // The contrastive loss compares every image with every caption of the global batch at once.
-    return unless(c.micro_batches == 1 || !models::is_contrastive(c.model),
-                  "train.micro_batches " + std::to_string(c.micro_batches) + " with the clip model '" + c.model_name +
-                      "': its contrastive loss compares every image with every caption of the global batch in one pass "
-                      "(micro-batches would change the loss); use 1");
+  add(key("train.global_batch", MEMBER(global_batch), "samples (token windows or images) per step, all ranks together"))
+      .check = [](const TrainConfig& c) {
+    return unless(c.global_batch >= 1, "train.global_batch must be at least 1");
   };
-  add(key("train.seq_len", MEMBER(seq_len), "tokens per window (0: the model's context)")).check = [](const TrainConfig& c) {
-    if (!(c.seq_len == 0 || c.seq_len >= 2)) return std::string("train.seq_len must be at least 2");
-    if (!models::is_language_model(c.model)) return std::string();
-    const int64_t context = models::text_context(c.model);
-    return unless(c.seq_len <= context, "train.seq_len " + std::to_string(c.seq_len) + " exceeds the model's context of " +
-                                            std::to_string(context) + " (raise model.context)");
-  };
+  add(key("train.micro_batches", MEMBER(micro_batches), "per rank per step (gradient accumulation)")).check =
+      [](const TrainConfig& c) {
+        if (c.micro_batches < 1) return std::string("train.micro_batches must be at least 1");
+        // The contrastive loss compares every image with every caption of the global batch at once.
+        return unless(
+            c.micro_batches == 1 || !models::is_contrastive(c.model),
+            "train.micro_batches " + std::to_string(c.micro_batches) + " with the clip model '" + c.model_name +
+                "': its contrastive loss compares every image with every caption of the global batch in one pass "
+                "(micro-batches would change the loss); use 1");
+      };
+  add(key("train.seq_len", MEMBER(seq_len), "tokens per window (0: the model's context)")).check =
+      [](const TrainConfig& c) {
+        if (!(c.seq_len == 0 || c.seq_len >= 2)) return std::string("train.seq_len must be at least 2");
+        if (!models::is_language_model(c.model)) return std::string();
+        const int64_t context = models::text_context(c.model);
+        return unless(c.seq_len <= context, "train.seq_len " + std::to_string(c.seq_len) +
+                                                " exceeds the model's context of " + std::to_string(context) +
+                                                " (raise model.context)");
+      };
   add(key("train.sync_each_micro_batch", MEMBER(sync_each_micro_batch),
           "reduce gradients after every micro-batch (false: accumulate unsharded, reduce once per step)"));
   add(key("train.grad_clip", MEMBER(grad_clip), "global gradient norm clip (0: off)"));
-  add(key("train.max_nonfinite_steps", MEMBER(max_nonfinite_steps), "steps with a NaN or inf gradient norm in a row that stop the run"))
-      .check = [](const TrainConfig& c) { return unless(c.max_nonfinite_steps >= 1, "train.max_nonfinite_steps must be at least 1"); };
-  add(key("train.log_every", MEMBER(log_every), "plain-text log cadence when not on a terminal")).check = [](const TrainConfig& c) {
-    return unless(c.log_every >= 1, "train.log_every must be at least 1");
+  add(key("train.max_nonfinite_steps", MEMBER(max_nonfinite_steps),
+          "steps with a NaN or inf gradient norm in a row that stop the run"))
+      .check = [](const TrainConfig& c) {
+    return unless(c.max_nonfinite_steps >= 1, "train.max_nonfinite_steps must be at least 1");
   };
+  add(key("train.log_every", MEMBER(log_every), "plain-text log cadence when not on a terminal")).check =
+      [](const TrainConfig& c) { return unless(c.log_every >= 1, "train.log_every must be at least 1"); };
   add(key("train.threads", MEMBER(threads), "intra-op threads per rank (0: cores / ranks on this machine)"));
   add(key("train.device", MEMBER(device), "cpu (MPI) | cuda (NCCL, one GPU per rank; a -DFSDP_CUDA=ON build)")).check =
       [](const TrainConfig& c) {
         std::string error = one_of("train.device", [](const TrainConfig& c) { return c.device; }, {"cpu", "cuda"})(c);
         if (!error.empty()) return error;
-        return unless(c.device != "cuda" || comm::nccl_backend_built(),
-                      "train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA libtorch; "
-                      "see docs/gpu.md); this binary is the CPU build");
+        return unless(
+            c.device != "cuda" || comm::nccl_backend_built(),
+            "train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA libtorch; "
+            "see docs/gpu.md); this binary is the CPU build");
       };
-  add(key("train.device_memory_fraction", MEMBER(device_memory_fraction), "cuda: cap the caching allocator at this share of the GPU (0: none)"))
+  add(key("train.device_memory_fraction", MEMBER(device_memory_fraction),
+          "cuda: cap the caching allocator at this share of the GPU (0: none)"))
       .check = [](const TrainConfig& c) {
-        if (!(c.device_memory_fraction >= 0.0 && c.device_memory_fraction <= 1.0)) {
-          return std::string("train.device_memory_fraction must be in [0, 1] (0: no cap)");
-        }
-        return unless(c.device_memory_fraction == 0.0 || c.device == "cuda",
-                      "train.device_memory_fraction caps GPU memory: it needs train.device 'cuda'");
-      };
-  add(key("train.report_every", MEMBER(report_every), "rewrite <output_dir>/report.html every this many steps (0: at the end)"));
-  add(key("train.loss_chunk_tokens", MEMBER(loss_chunk_tokens), "head + loss this many tokens at a time, never all logits (0: composed)"));
-  add(key("train.fused_ops", MEMBER(fused_ops), "Llama's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
+    if (!(c.device_memory_fraction >= 0.0 && c.device_memory_fraction <= 1.0)) {
+      return std::string("train.device_memory_fraction must be in [0, 1] (0: no cap)");
+    }
+    return unless(c.device_memory_fraction == 0.0 || c.device == "cuda",
+                  "train.device_memory_fraction caps GPU memory: it needs train.device 'cuda'");
+  };
+  add(key("train.report_every", MEMBER(report_every),
+          "rewrite <output_dir>/report.html every this many steps (0: at the end)"));
+  add(key("train.loss_chunk_tokens", MEMBER(loss_chunk_tokens),
+          "head + loss this many tokens at a time, never all logits (0: composed)"));
+  add(key("train.fused_ops", MEMBER(fused_ops),
+          "Llama's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
   add(key("train.attention", MEMBER(attention),
-          "auto (fused_fp32 for bf16 and fp16 compute on the CPU, else fused) | fused | fused_fp32 | math (models/attention.h)"))
-      .check = one_of("train.attention", [](const TrainConfig& c) { return c.attention; }, {"auto", "fused", "fused_fp32", "math"});
+          "auto (fused_fp32 for bf16 and fp16 compute on the CPU, else fused) | fused | fused_fp32 | math "
+          "(models/attention.h)"))
+      .check = one_of("train.attention", [](const TrainConfig& c) { return c.attention; },
+                      {"auto", "fused", "fused_fp32", "math"});
   add(key("train.bf16_matmul", MEMBER(bf16_matmul),
-          "auto (on a CPU with bf16 instructions the faster for the model's linear layers, measured at start; fp32 GEMMs on bf16 operands on one without; native on a GPU) | native | fp32"))
-      .check = one_of("train.bf16_matmul", [](const TrainConfig& c) { return c.bf16_matmul; }, {"auto", "native", "fp32"});
+          "auto (on a CPU with bf16 instructions the faster for the model's linear layers, measured at start; fp32 "
+          "GEMMs on bf16 operands on one without; native on a GPU) | native | fp32"))
+      .check =
+      one_of("train.bf16_matmul", [](const TrainConfig& c) { return c.bf16_matmul; }, {"auto", "native", "fp32"});
 
   // ---- [optimizer] ----
-  add(key("optimizer.name", MEMBER(optimizer.name), "adamw | sgd"))
-      .check = one_of("optimizer.name", [](const TrainConfig& c) { return c.optimizer.name; }, {"adamw", "sgd"});
+  add(key("optimizer.name", MEMBER(optimizer.name), "adamw | sgd")).check =
+      one_of("optimizer.name", [](const TrainConfig& c) { return c.optimizer.name; }, {"adamw", "sgd"});
   add(key("optimizer.lr", MEMBER(optimizer.lr), "peak learning rate")).check = [](const TrainConfig& c) {
     return unless(c.optimizer.lr > 0, "optimizer.lr must be positive");
   };
   add(key("optimizer.min_lr", MEMBER(optimizer.min_lr), "end of the cosine decay")).check = [](const TrainConfig& c) {
-    return unless(c.optimizer.min_lr >= 0 && c.optimizer.min_lr <= c.optimizer.lr, "optimizer.min_lr must be in [0, optimizer.lr]");
+    return unless(c.optimizer.min_lr >= 0 && c.optimizer.min_lr <= c.optimizer.lr,
+                  "optimizer.min_lr must be in [0, optimizer.lr]");
   };
   add(key("optimizer.warmup_steps", MEMBER(optimizer.warmup_steps),
           "linear warm-up steps (more than train.steps: the run ends still warming up)"));
@@ -460,78 +513,95 @@ std::vector<ConfigKey> declare() {
                       {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"})(c);
       };
   add(key("fsdp.wrap", MEMBER(fsdp.wrap),
-          "block (each transformer block a unit) | root (one unit) | min_params | tower (clip: each tower one unit; llava: the image tower)")).check =
-      [](const TrainConfig& c) {
-        std::string error = one_of("fsdp.wrap", [](const TrainConfig& c) { return c.fsdp.wrap; }, {"block", "root", "min_params", "tower"})(c);
-        if (!error.empty()) return error;
-        if (c.fsdp.wrap == "tower" && models::tower_paths(c.model).empty()) {
-          return "fsdp.wrap 'tower' applies to clip and llava models (each image or text tower one unit), not " +
-                 std::string(models::family_name(c.model));
-        }
-        return unless(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0, "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
-      };
+          "block (each transformer block a unit) | root (one unit) | min_params | tower (clip: each tower one unit; "
+          "llava: the image tower)"))
+      .check = [](const TrainConfig& c) {
+    std::string error = one_of("fsdp.wrap", [](const TrainConfig& c) { return c.fsdp.wrap; },
+                               {"block", "root", "min_params", "tower"})(c);
+    if (!error.empty()) return error;
+    if (c.fsdp.wrap == "tower" && models::tower_paths(c.model).empty()) {
+      return "fsdp.wrap 'tower' applies to clip and llava models (each image or text tower one unit), not " +
+             std::string(models::family_name(c.model));
+    }
+    return unless(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0,
+                  "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
+  };
   add(key("fsdp.min_params", MEMBER(fsdp.min_params), "wrap = min_params: parameters per unit at least"));
-  add(key("fsdp.embedding_units", MEMBER(fsdp.embedding_units), "token embedding and output head as units of their own"));
+  add(key("fsdp.embedding_units", MEMBER(fsdp.embedding_units),
+          "token embedding and output head as units of their own"));
   add(key("fsdp.prefetch", MEMBER(fsdp.prefetch), "gather the next units while this one computes (both passes)"));
-  add(key("fsdp.max_inflight", MEMBER(fsdp.max_inflight), "unit buffers alive besides the computing one (0: no overlap)")).check =
-      [](const TrainConfig& c) { return unless(c.fsdp.max_inflight >= 0 && c.fsdp.max_inflight <= 64, "fsdp.max_inflight must be in [0, 64]"); };
+  add(key("fsdp.max_inflight", MEMBER(fsdp.max_inflight),
+          "unit buffers alive besides the computing one (0: no overlap)"))
+      .check = [](const TrainConfig& c) {
+    return unless(c.fsdp.max_inflight >= 0 && c.fsdp.max_inflight <= 64, "fsdp.max_inflight must be in [0, 64]");
+  };
   add(key("fsdp.param_dtype", MEMBER(fsdp.param_dtype),
-          "gathers and compute: float32 | bfloat16 | float16 (fp32 master shards; float16 scales the loss, [loss_scale])"))
+          "gathers and compute: float32 | bfloat16 | float16 (fp32 master shards; float16 scales the loss, "
+          "[loss_scale])"))
       .check = [](const TrainConfig& c) {
-        std::string error =
-            one_of("fsdp.param_dtype", [](const TrainConfig& c) { return c.fsdp.param_dtype; }, {"float32", "bfloat16", "float16"})(c);
-        if (!error.empty()) return error;
-        return unless(c.fsdp.param_dtype == "float32" || c.fsdp.strategy != "no_shard",
-                      "fsdp.param_dtype '" + c.fsdp.param_dtype +
-                          "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps float32)");
-      };
-  add(key("fsdp.reduce_dtype", MEMBER(fsdp.reduce_dtype), "gradient reduction: float32 | bfloat16 | float16 (float16 compute only)"))
+    std::string error = one_of("fsdp.param_dtype", [](const TrainConfig& c) { return c.fsdp.param_dtype; },
+                               {"float32", "bfloat16", "float16"})(c);
+    if (!error.empty()) return error;
+    return unless(c.fsdp.param_dtype == "float32" || c.fsdp.strategy != "no_shard",
+                  "fsdp.param_dtype '" + c.fsdp.param_dtype +
+                      "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps float32)");
+  };
+  add(key("fsdp.reduce_dtype", MEMBER(fsdp.reduce_dtype),
+          "gradient reduction: float32 | bfloat16 | float16 (float16 compute only)"))
       .check = [](const TrainConfig& c) {
-        std::string error =
-            one_of("fsdp.reduce_dtype", [](const TrainConfig& c) { return c.fsdp.reduce_dtype; }, {"float32", "bfloat16", "float16"})(c);
-        if (!error.empty()) return error;
-        const std::string& param = c.fsdp.param_dtype;
-        const std::string& reduce = c.fsdp.reduce_dtype;
-        if (reduce == "float16" && param != "float16") {
-          // Unscaled gradients of a bf16 or fp32 run: fp16 flushes the small ones to zero.
-          return "fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16' (its loss scaling keeps gradients inside "
-                 "fp16's range; fsdp.param_dtype is '" + param + "')";
-        }
-        if (reduce == "bfloat16" && param == "float16") {
-          // Scaled fp16 gradients rounded to bf16's 8 bits: less precise than the fp16 they came from.
-          return std::string("fsdp.reduce_dtype 'bfloat16' with fsdp.param_dtype 'float16' would round fp16 gradients to "
-                             "fewer bits: use float32 or float16");
-        }
-        return unless(reduce == "float32" || c.fsdp.strategy != "no_shard",
-                      "fsdp.reduce_dtype '" + reduce + "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
-      };
-  add(key("fsdp.activation_checkpointing", MEMBER(fsdp.activation_checkpointing), "recompute each block's forward in backward"));
+    std::string error = one_of("fsdp.reduce_dtype", [](const TrainConfig& c) { return c.fsdp.reduce_dtype; },
+                               {"float32", "bfloat16", "float16"})(c);
+    if (!error.empty()) return error;
+    const std::string& param = c.fsdp.param_dtype;
+    const std::string& reduce = c.fsdp.reduce_dtype;
+    if (reduce == "float16" && param != "float16") {
+      // Unscaled gradients of a bf16 or fp32 run: fp16 flushes the small ones to zero.
+      return "fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16' (its loss scaling keeps gradients inside "
+             "fp16's range; fsdp.param_dtype is '" +
+             param + "')";
+    }
+    if (reduce == "bfloat16" && param == "float16") {
+      // Scaled fp16 gradients rounded to bf16's 8 bits: less precise than the fp16 they came from.
+      return std::string(
+          "fsdp.reduce_dtype 'bfloat16' with fsdp.param_dtype 'float16' would round fp16 gradients to "
+          "fewer bits: use float32 or float16");
+    }
+    return unless(reduce == "float32" || c.fsdp.strategy != "no_shard",
+                  "fsdp.reduce_dtype '" + reduce + "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
+  };
+  add(key("fsdp.activation_checkpointing", MEMBER(fsdp.activation_checkpointing),
+          "recompute each block's forward in backward"));
   add(key("fsdp.activation_checkpointing_every", MEMBER(fsdp.activation_checkpointing_every),
           "with activation_checkpointing: recompute every k-th block only (k-th, 2k-th, ...; 1: all)"))
       .check = [](const TrainConfig& c) {
-        if (c.fsdp.activation_checkpointing_every < 1) return std::string("fsdp.activation_checkpointing_every must be 1 or more");
-        return unless(c.fsdp.activation_checkpointing_every == 1 || c.fsdp.activation_checkpointing,
-                      "fsdp.activation_checkpointing_every applies with fsdp.activation_checkpointing = true");
-      };
-  add(key("fsdp.shard_group_size", MEMBER(fsdp.shard_group_size), "hybrid_shard: ranks per shard group S, N = R x S (0: one node's)"))
+    if (c.fsdp.activation_checkpointing_every < 1)
+      return std::string("fsdp.activation_checkpointing_every must be 1 or more");
+    return unless(c.fsdp.activation_checkpointing_every == 1 || c.fsdp.activation_checkpointing,
+                  "fsdp.activation_checkpointing_every applies with fsdp.activation_checkpointing = true");
+  };
+  add(key("fsdp.shard_group_size", MEMBER(fsdp.shard_group_size),
+          "hybrid_shard: ranks per shard group S, N = R x S (0: one node's)"))
       .check = [](const TrainConfig& c) {
-        return unless(c.fsdp.shard_group_size == 0 || c.fsdp.strategy == "hybrid_shard",
-                      "fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '" + c.fsdp.strategy + "')");
-      };
-  add(key("fsdp.cpu_offload", MEMBER(fsdp.cpu_offload), "cuda: shards, gradients, AdamW state in pinned host memory")).check =
-      [](const TrainConfig& c) {
-        if (!c.fsdp.cpu_offload) return std::string();
-        if (c.fsdp.strategy == "no_shard") {
-          return std::string("fsdp.cpu_offload needs a sharding strategy (full_shard, shard_grad_op or hybrid_shard), not no_shard");
-        }
-        return unless(c.device == "cuda", "fsdp.cpu_offload moves shards from the GPU to host memory: it needs train.device 'cuda' "
-                                          "(on the CPU they are there already)");
-      };
+    return unless(
+        c.fsdp.shard_group_size == 0 || c.fsdp.strategy == "hybrid_shard",
+        "fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '" + c.fsdp.strategy + "')");
+  };
+  add(key("fsdp.cpu_offload", MEMBER(fsdp.cpu_offload), "cuda: shards, gradients, AdamW state in pinned host memory"))
+      .check = [](const TrainConfig& c) {
+    if (!c.fsdp.cpu_offload) return std::string();
+    if (c.fsdp.strategy == "no_shard") {
+      return std::string(
+          "fsdp.cpu_offload needs a sharding strategy (full_shard, shard_grad_op or hybrid_shard), not no_shard");
+    }
+    return unless(c.device == "cuda",
+                  "fsdp.cpu_offload moves shards from the GPU to host memory: it needs train.device 'cuda' "
+                  "(on the CPU they are there already)");
+  };
 
   // ---- [eval] ----
   add(key("eval.every", MEMBER(eval.every), "steps between evaluations, also at the start and the end (0: ends only)"));
-  add(key("eval.batches", MEMBER(eval.batches), "language models: global batches of validation windows per evaluation")).check =
-      [](const TrainConfig& c) { return unless(c.eval.batches >= 1, "eval.batches must be at least 1"); };
+  add(key("eval.batches", MEMBER(eval.batches), "language models: global batches of validation windows per evaluation"))
+      .check = [](const TrainConfig& c) { return unless(c.eval.batches >= 1, "eval.batches must be at least 1"); };
   add(key("eval.max_items", MEMBER(eval.max_items), "images: test images per evaluation (0: all)"));
   add(key("eval.sample_tokens", MEMBER(eval.sample_tokens), "language models: tokens sampled at the end (0: none)"));
   add(key("eval.prompt", MEMBER(eval.prompt), "the sample's prompt"));
@@ -543,7 +613,8 @@ std::vector<ConfigKey> declare() {
   };
 
   // ---- [checkpoint] ----
-  add(key("checkpoint.every", MEMBER(checkpoint.every), "save every this many steps and at the end (0: only when stopped)"));
+  add(key("checkpoint.every", MEMBER(checkpoint.every),
+          "save every this many steps and at the end (0: only when stopped)"));
   add(key("checkpoint.keep", MEMBER(checkpoint.keep), "newest checkpoints kept (0: all)"));
   add(key("checkpoint.dir", MEMBER(checkpoint.dir), "where checkpoints go")).default_text = "<output_dir>/checkpoints";
   add(key("checkpoint.async", MEMBER(checkpoint.async),
@@ -552,38 +623,55 @@ std::vector<ConfigKey> declare() {
   // ---- [guard] ----
   add(guard_key(key("guard.spike_zscore", MEMBER(guard.spike_zscore),
                     "skip a step whose loss is this many deviations above the recent window's mean (0: off)")))
-      .check = [](const TrainConfig& c) { return unless(c.guard.spike_zscore >= 0, "guard.spike_zscore must be 0 (off) or positive"); };
+      .check = [](const TrainConfig& c) {
+    return unless(c.guard.spike_zscore >= 0, "guard.spike_zscore must be 0 (off) or positive");
+  };
   add(guard_key(key("guard.window", MEMBER(guard.window), "applied steps the spike guard compares against"))).check =
-      [](const TrainConfig& c) { return unless(c.guard.window >= 2, "guard.window must be at least 2 (a standard deviation needs two losses)"); };
+      [](const TrainConfig& c) {
+        return unless(c.guard.window >= 2, "guard.window must be at least 2 (a standard deviation needs two losses)");
+      };
   add(guard_key(key("guard.rollback_after", MEMBER(guard.rollback_after),
                     "skipped steps in a row that roll back to the last checkpoint before them (0: never)")))
       .check = [](const TrainConfig& c) {
-        return unless(c.guard.rollback_after == 0 || c.checkpoint.every > 0,
-                      "guard.rollback_after needs checkpoints to roll back to: set checkpoint.every");
-      };
-  add(guard_key(key("guard.max_rollbacks", MEMBER(guard.max_rollbacks), "rollbacks in one run before it stops"))).check =
-      [](const TrainConfig& c) { return unless(c.guard.max_rollbacks >= 1, "guard.max_rollbacks must be at least 1"); };
+    return unless(c.guard.rollback_after == 0 || c.checkpoint.every > 0,
+                  "guard.rollback_after needs checkpoints to roll back to: set checkpoint.every");
+  };
+  add(guard_key(key("guard.max_rollbacks", MEMBER(guard.max_rollbacks), "rollbacks in one run before it stops")))
+      .check = [](const TrainConfig& c) {
+    return unless(c.guard.max_rollbacks >= 1, "guard.max_rollbacks must be at least 1");
+  };
 
   // ---- [loss_scale]: float16 compute only ----
-  add(loss_scale_key(key("loss_scale.init", MEMBER(loss_scale.init), "float16: the first loss scale (2^16, as torch.amp.GradScaler)")))
+  add(loss_scale_key(key("loss_scale.init", MEMBER(loss_scale.init),
+                         "float16: the first loss scale (2^16, as torch.amp.GradScaler)")))
       .check = [](const TrainConfig& c) {
-        return unless(std::isfinite(c.loss_scale.init) && c.loss_scale.init >= c.loss_scale.min && c.loss_scale.init <= 3.0e38,
-                      "loss_scale.init must be finite and at least loss_scale.min");
-      };
-  add(loss_scale_key(key("loss_scale.growth_factor", MEMBER(loss_scale.growth_factor), "float16: the scale's factor after growth_interval clean steps")))
+    return unless(
+        std::isfinite(c.loss_scale.init) && c.loss_scale.init >= c.loss_scale.min && c.loss_scale.init <= 3.0e38,
+        "loss_scale.init must be finite and at least loss_scale.min");
+  };
+  add(loss_scale_key(key("loss_scale.growth_factor", MEMBER(loss_scale.growth_factor),
+                         "float16: the scale's factor after growth_interval clean steps")))
       .check = [](const TrainConfig& c) {
-        // The scale is an fp32 number (as GradScaler's): the factors must differ from 1 in fp32 too.
-        return unless(static_cast<float>(c.loss_scale.growth_factor) > 1.0f, "loss_scale.growth_factor must be above 1 (in fp32)");
-      };
-  add(loss_scale_key(key("loss_scale.backoff_factor", MEMBER(loss_scale.backoff_factor), "float16: the scale's factor after an overflow")))
+    // The scale is an fp32 number (as GradScaler's): the factors must differ from 1 in fp32 too.
+    return unless(static_cast<float>(c.loss_scale.growth_factor) > 1.0f,
+                  "loss_scale.growth_factor must be above 1 (in fp32)");
+  };
+  add(loss_scale_key(key("loss_scale.backoff_factor", MEMBER(loss_scale.backoff_factor),
+                         "float16: the scale's factor after an overflow")))
       .check = [](const TrainConfig& c) {
-        const float backoff = static_cast<float>(c.loss_scale.backoff_factor);
-        return unless(backoff > 0.0f && backoff < 1.0f, "loss_scale.backoff_factor must be in (0, 1) (in fp32)");
-      };
-  add(loss_scale_key(key("loss_scale.growth_interval", MEMBER(loss_scale.growth_interval), "float16: clean steps in a row before the scale grows")))
-      .check = [](const TrainConfig& c) { return unless(c.loss_scale.growth_interval >= 1, "loss_scale.growth_interval must be at least 1"); };
-  add(loss_scale_key(key("loss_scale.min", MEMBER(loss_scale.min), "float16: an overflow that would back the scale off below this stops the run")))
-      .check = [](const TrainConfig& c) { return unless(static_cast<float>(c.loss_scale.min) > 0.0f, "loss_scale.min must be positive (in fp32)"); };
+    const float backoff = static_cast<float>(c.loss_scale.backoff_factor);
+    return unless(backoff > 0.0f && backoff < 1.0f, "loss_scale.backoff_factor must be in (0, 1) (in fp32)");
+  };
+  add(loss_scale_key(key("loss_scale.growth_interval", MEMBER(loss_scale.growth_interval),
+                         "float16: clean steps in a row before the scale grows")))
+      .check = [](const TrainConfig& c) {
+    return unless(c.loss_scale.growth_interval >= 1, "loss_scale.growth_interval must be at least 1");
+  };
+  add(loss_scale_key(key("loss_scale.min", MEMBER(loss_scale.min),
+                         "float16: an overflow that would back the scale off below this stops the run")))
+      .check = [](const TrainConfig& c) {
+    return unless(static_cast<float>(c.loss_scale.min) > 0.0f, "loss_scale.min must be positive (in fp32)");
+  };
 
   // ---- [lora] ----
   auto lora_field = [](auto member) {
@@ -595,24 +683,31 @@ std::vector<ConfigKey> declare() {
   add(lora_key(key("lora.rank", lora_field(&models::LoraSpec::rank), "adapter rank r (adapters on: give it)")));
   add(lora_key(key("lora.alpha", lora_field(&models::LoraSpec::alpha), "scale numerator: B A is scaled by alpha / r")));
   add(lora_key(key("lora.dropout", lora_field(&models::LoraSpec::dropout), "dropout on the adapters' input")));
-  add(lora_key(key("lora.rslora", lora_field(&models::LoraSpec::rslora), "scale alpha / sqrt(r) instead (rank-stabilised)")));
+  add(lora_key(
+      key("lora.rslora", lora_field(&models::LoraSpec::rslora), "scale alpha / sqrt(r) instead (rank-stabilised)")));
   {
-    ConfigKey k = lora_key(key("lora.targets", lora_field(&models::LoraSpec::rank), "linear layers by name (\"q_proj v_proj\") or \"all-linear\""));
+    ConfigKey k = lora_key(key("lora.targets", lora_field(&models::LoraSpec::rank),
+                               "linear layers by name (\"q_proj v_proj\") or \"all-linear\""));
     k.type = ConfigType::String;
     k.get = [](const TrainConfig& c) {
       std::string text;
       for (const auto& t : models::lora_spec(c.model)->targets) text += (text.empty() ? "" : " ") + t;
       return ConfigValue(text);
     };
-    k.set = [](TrainConfig& c, const ConfigValue& v) { models::mutable_lora_spec(c.model)->targets = models::LoraSpec::parse_targets(std::get<std::string>(v)); };
+    k.set = [](TrainConfig& c, const ConfigValue& v) {
+      models::mutable_lora_spec(c.model)->targets = models::LoraSpec::parse_targets(std::get<std::string>(v));
+    };
     add(std::move(k));
   }
   {
-    ConfigKey k = lora_key(key("lora.base_dtype", MEMBER(lora_base_dtype),
-                               "the frozen base's shards: auto (the weights' own dtype; nf4 for a transformers 4-bit directory) | bfloat16 | float32 | nf4 (QLoRA: linear weights in bitsandbytes' 4-bit NF4, the rest bfloat16)"));
+    ConfigKey k = lora_key(
+        key("lora.base_dtype", MEMBER(lora_base_dtype),
+            "the frozen base's shards: auto (the weights' own dtype; nf4 for a transformers 4-bit directory) | "
+            "bfloat16 | float32 | nf4 (QLoRA: linear weights in bitsandbytes' 4-bit NF4, the rest bfloat16)"));
     k.applies = has_lora;
     k.check = [](const TrainConfig& c) {
-      std::string error = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; }, {"auto", "bfloat16", "float32", "nf4"})(c);
+      std::string error = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; },
+                                 {"auto", "bfloat16", "float32", "nf4"})(c);
       if (!error.empty()) return error;
       // A family whose base is not stored in NF4 counts no linear weights for it (ModelFamily).
       return unless(c.lora_base_dtype != "nf4" || models::linear_weight_count(c.model) > 0,
@@ -622,7 +717,8 @@ std::vector<ConfigKey> declare() {
     add(std::move(k));
   }
   {
-    ConfigKey k = lora_key(key("lora.init_adapter", MEMBER(lora_init_adapter), "a PEFT adapter directory to continue training"));
+    ConfigKey k =
+        lora_key(key("lora.init_adapter", MEMBER(lora_init_adapter), "a PEFT adapter directory to continue training"));
     k.applies = has_lora;
     add(std::move(k));
   }
@@ -632,30 +728,38 @@ std::vector<ConfigKey> declare() {
                      "median of the last 10 steps (images/s for image models)")));
   add(target_key(key("targets.max_step_seconds", MEMBER(targets.max_step_seconds), "median of the last 10 steps")));
   {
-    ConfigKey k = target_key(key("targets.max_memory_per_rank", MEMBER(targets.max_memory_per_rank), "the largest rank's peak, e.g. \"8GiB\""));
+    ConfigKey k = target_key(key("targets.max_memory_per_rank", MEMBER(targets.max_memory_per_rank),
+                                 "the largest rank's peak, e.g. \"8GiB\""));
     k.type = ConfigType::String;
     k.get = [](const TrainConfig& c) { return ConfigValue(std::to_string(c.targets.max_memory_per_rank) + "B"); };
-    k.set = [](TrainConfig& c, const ConfigValue& v) { c.targets.max_memory_per_rank = plan::parse_bytes(std::get<std::string>(v)); };
+    k.set = [](TrainConfig& c, const ConfigValue& v) {
+      c.targets.max_memory_per_rank = plan::parse_bytes(std::get<std::string>(v));
+    };
     k.default_text = "0 (not set)";
     add(std::move(k));
   }
-  add(target_key(key("targets.max_validation_loss", MEMBER(targets.max_validation_loss), "by max_validation_loss_step")));
+  add(target_key(
+      key("targets.max_validation_loss", MEMBER(targets.max_validation_loss), "by max_validation_loss_step")));
   add(target_key(key("targets.max_validation_loss_step", MEMBER(targets.max_validation_loss_step),
                      "the first evaluation at or after this step is judged")))
       .check = [](const TrainConfig& c) {
-        return unless(c.targets.max_validation_loss_step == 0 || c.targets.max_validation_loss > 0,
-                      "targets.max_validation_loss_step needs targets.max_validation_loss");
-      };
-  add(target_key(key("targets.price_per_device_hour", MEMBER(targets.price_per_device_hour), "cost = elapsed hours x ranks x this")));
-  add(target_key(key("targets.max_cost", MEMBER(targets.max_cost), "the run's cost at most"))).check = [](const TrainConfig& c) {
-    const TargetsConfig& t = c.targets;
-    if (t.min_tokens_per_second < 0 || t.max_step_seconds < 0 || t.max_validation_loss < 0 || t.max_cost < 0 ||
-        t.price_per_device_hour < 0) {
-      return std::string("[targets] values must not be negative");
-    }
-    return unless(t.max_cost == 0 || t.price_per_device_hour > 0, "targets.max_cost needs targets.price_per_device_hour");
+    return unless(c.targets.max_validation_loss_step == 0 || c.targets.max_validation_loss > 0,
+                  "targets.max_validation_loss_step needs targets.max_validation_loss");
   };
-  add(target_key(key("targets.stop", MEMBER(targets.stop), "a missed target saves a checkpoint and ends the run (exit 3)")));
+  add(target_key(key("targets.price_per_device_hour", MEMBER(targets.price_per_device_hour),
+                     "cost = elapsed hours x ranks x this")));
+  add(target_key(key("targets.max_cost", MEMBER(targets.max_cost), "the run's cost at most"))).check =
+      [](const TrainConfig& c) {
+        const TargetsConfig& t = c.targets;
+        if (t.min_tokens_per_second < 0 || t.max_step_seconds < 0 || t.max_validation_loss < 0 || t.max_cost < 0 ||
+            t.price_per_device_hour < 0) {
+          return std::string("[targets] values must not be negative");
+        }
+        return unless(t.max_cost == 0 || t.price_per_device_hour > 0,
+                      "targets.max_cost needs targets.price_per_device_hour");
+      };
+  add(target_key(
+      key("targets.stop", MEMBER(targets.stop), "a missed target saves a checkpoint and ends the run (exit 3)")));
   return keys;
 }
 

@@ -32,7 +32,8 @@ at::Tensor sum_own_rows(const at::Tensor& rows, const comm::ProcessGroupPtr& gro
 }
 
 // This rank's share of the summed loss from the gathered features [n b, p] and the scale [].
-at::Tensor share_of(const at::Tensor& images, const at::Tensor& texts, const at::Tensor& scale, const at::Tensor& own_rows) {
+at::Tensor share_of(const at::Tensor& images, const at::Tensor& texts, const at::Tensor& scale,
+                    const at::Tensor& own_rows) {
   namespace F = torch::nn::functional;
   const auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
   const at::Tensor per_image = scale * images.index_select(0, own_rows).matmul(texts.t());  // [b, n b]
@@ -46,11 +47,13 @@ at::Tensor contrastive_loss_share(const models::ClipOutput& output, const comm::
   const at::Tensor images = output.image_embeds.to(at::kFloat), texts = output.text_embeds.to(at::kFloat);
   const at::Tensor scale = output.scale.to(at::kFloat);
   if (images.dim() != 2 || texts.sizes() != images.sizes() || scale.numel() != 1) {
-    throw std::invalid_argument("contrastive loss: expected image and text embeddings of one shape [b, p] and a scalar scale, got " +
-                                c10::str(images.sizes()) + ", " + c10::str(texts.sizes()) + " and " + c10::str(scale.sizes()));
+    throw std::invalid_argument(
+        "contrastive loss: expected image and text embeddings of one shape [b, p] and a scalar scale, got " +
+        c10::str(images.sizes()) + ", " + c10::str(texts.sizes()) + " and " + c10::str(scale.sizes()));
   }
   const int64_t b = images.size(0);
-  const at::Tensor own_rows = torch::arange(group->rank() * b, (group->rank() + 1) * b, at::TensorOptions().dtype(at::kLong).device(images.device()));
+  const at::Tensor own_rows = torch::arange(group->rank() * b, (group->rank() + 1) * b,
+                                            at::TensorOptions().dtype(at::kLong).device(images.device()));
   // 1. Every rank's features, as leaves: the gradient of this rank's share reaches all of them.
   const at::Tensor all_images = gather_rows(images, group).requires_grad_(true);
   const at::Tensor all_texts = gather_rows(texts, group).requires_grad_(true);

@@ -28,8 +28,8 @@ struct ChatScores {
 
 // LLaVA on one chunk of test images (weights: 1 real, 0 padding): the answers' token loss, teacher
 // forced, and each image's answer generated greedily (no sampling), right when it spells the
-// label's answer exactly (chosen among bytes and end-of-text). Every rank runs the same forwards: generation stops when every rank's
-// rows have ended their answers (one all-reduce of a count per token), or at the longest answer.
+// label's answer exactly (chosen among bytes and end-of-text). Every rank runs the same forwards: generation stops when
+// every rank's rows have ended their answers (one all-reduce of a count per token), or at the longest answer.
 ChatScores score_answers(const ModelInUse& m, const data::Batch& batch, const std::vector<float>& weights) {
   ChatScores scores;
   const int64_t rows = batch.targets.numel();
@@ -37,12 +37,13 @@ ChatScores score_answers(const ModelInUse& m, const data::Batch& batch, const st
   const at::Tensor real = at::tensor(weights).gt(0);  // [rows] bool
   const data::ImageChatWriter::Rows chats = m.chat->examples(batch.targets);
   const at::Tensor targets = at::where(real.view({rows, 1}), chats.targets, at::full_like(chats.targets, -100));
-  scores.totals[0] = m.model.image_text_loss(images, chats.ids.to(m.device), targets.to(m.device), chats.ids.numel()).item<double>();
+  scores.totals[0] =
+      m.model.image_text_loss(images, chats.ids.to(m.device), targets.to(m.device), chats.ids.numel()).item<double>();
   scores.totals[2] = targets.ne(-100).sum().item<double>();
 
   at::Tensor ids = m.chat->prompts(rows).to(m.device);
   const int64_t end_of_text = m.chat->end_of_text();
-  at::Tensor ended = at::logical_not(real).to(m.device);         // padding rows count as ended
+  at::Tensor ended = at::logical_not(real).to(m.device);  // padding rows count as ended
   for (int64_t k = 0; k < m.chat->longest_answer_tokens(); ++k) {
     // The chats' own vocabulary only, bytes and end-of-text: never the image token, which would
     // ask for a second image.
@@ -55,7 +56,8 @@ ChatScores score_answers(const ModelInUse& m, const data::Batch& batch, const st
     if (m.world->size() > 1) m.world->all_reduce(open, comm::ReduceOp::Sum)->wait();
     if (open.item<double>() == 0.0) break;
   }
-  const at::Tensor generated = ids.narrow(1, m.chat->prompt_length(), ids.size(1) - m.chat->prompt_length()).cpu().contiguous();
+  const at::Tensor generated =
+      ids.narrow(1, m.chat->prompt_length(), ids.size(1) - m.chat->prompt_length()).cpu().contiguous();
   const at::Tensor labels = batch.targets.to(at::kCPU, at::kLong);
   for (int64_t r = 0; r < rows; ++r) {
     if (weights[static_cast<size_t>(r)] <= 0.0f) continue;
@@ -99,7 +101,8 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
     // not the [b, seq, vocab] logits.
     at::Tensor targets = batch.targets.to(m.device);
     at::Tensor w = at::tensor(weights).to(m.device);
-    const at::Tensor positions = batch.positions.defined() ? batch.positions.to(m.device) : at::Tensor();  // packed rows
+    const at::Tensor positions =
+        batch.positions.defined() ? batch.positions.to(m.device) : at::Tensor();  // packed rows
     if (m.chat != nullptr) {
       const ChatScores scores = score_answers(m, batch, weights);
       for (int i = 0; i < 4; ++i) totals[i] += scores.totals[i];
@@ -110,13 +113,15 @@ EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, 
       const int64_t rows = static_cast<int64_t>(part.size());
       const at::Tensor kept = w.gt(0).view({rows, 1}).expand_as(targets.view({rows, -1})).reshape(targets.sizes());
       targets = at::where(kept, targets, at::full_like(targets, -100));
-      totals[0] += m.model.loss_sum(batch.inputs.to(m.device), targets, m.config.loss_chunk_tokens, positions).item<double>();
+      totals[0] +=
+          m.model.loss_sum(batch.inputs.to(m.device), targets, m.config.loss_chunk_tokens, positions).item<double>();
       totals[2] += targets.ne(-100).sum().item<double>();
       continue;
     }
-    at::Tensor logits = m.model.is_contrastive()
-                            ? zero_shot_logits(m.model.contrastive(batch.inputs.to(m.device), m.class_prompts.to(m.device)))
-                            : m.model.forward(batch.inputs.to(m.device), positions);
+    at::Tensor logits =
+        m.model.is_contrastive()
+            ? zero_shot_logits(m.model.contrastive(batch.inputs.to(m.device), m.class_prompts.to(m.device)))
+            : m.model.forward(batch.inputs.to(m.device), positions);
     at::Tensor losses = loss_of(logits, targets, torch::kNone);  // [b * seq] or [b]
     if (m.language) {
       // Token-weighted: the mean over every counted target (not -100) of the evaluated samples.
@@ -154,8 +159,10 @@ std::string evaluation_line(const EvalResult& result, int64_t items, bool langua
   } else {
     std::snprintf(line, sizeof(line), "eval  step %lld | test loss %.4f | %s accuracy %.2f%% | %lld images",
                   static_cast<long long>(result.step), result.loss,
-                  kind == AccuracyKind::ZeroShot ? "zero-shot" : kind == AccuracyKind::Answers ? "answer" : "test", 100.0 * result.accuracy,
-                  static_cast<long long>(items));
+                  kind == AccuracyKind::ZeroShot  ? "zero-shot"
+                  : kind == AccuracyKind::Answers ? "answer"
+                                                  : "test",
+                  100.0 * result.accuracy, static_cast<long long>(items));
   }
   return line;
 }
@@ -197,7 +204,8 @@ std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenize
   for (int64_t i = 0; i < e.sample_tokens; ++i) {
     const int64_t t = std::min<int64_t>(static_cast<int64_t>(context.size()), m.config.seq_len);
     at::Tensor ids = at::tensor(std::vector<int64_t>(context.end() - t, context.end()), at::kLong).unsqueeze(0);
-    at::Tensor logits = m.model.forward(ids.to(m.device)).select(1, t - 1).squeeze(0).to(at::kFloat).cpu() / e.temperature;  // [vocab]
+    at::Tensor logits =
+        m.model.forward(ids.to(m.device)).select(1, t - 1).squeeze(0).to(at::kFloat).cpu() / e.temperature;  // [vocab]
     at::Tensor next = at::zeros({1}, at::kLong);
     if (leader) {
       const int64_t k = std::min<int64_t>(e.top_k, logits.size(0));

@@ -44,21 +44,23 @@ enum class AccuracyKind { Classes, ZeroShot, Answers };
 int64_t evaluation_items(const TrainConfig& config, int64_t available, bool language);
 
 // Validation loss (and accuracy for images; CLIP: zero-shot, the loss the cross-entropy of the
-// zero-shot logits; LLaVA: the answers' token loss, the accuracy of greedy answers) after `step` steps, over evaluation_items samples
-// spread evenly over the validation set. Ranks with fewer real samples pad with weight-0 copies.
-// Leaves the model in training mode.
+// zero-shot logits; LLaVA: the answers' token loss, the accuracy of greedy answers) after `step` steps, over
+// evaluation_items samples spread evenly over the validation set. Ranks with fewer real samples pad with weight-0
+// copies. Leaves the model in training mode.
 EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, int64_t step);
 
 // The evaluation's progress line and its metrics.jsonl record.
 // The accuracy's kind is said in the line, and in the record ("zero_shot": true for CLIP,
 // "generated_answers": true for LLaVA).
-std::string evaluation_line(const EvalResult& result, int64_t items, bool language, AccuracyKind kind = AccuracyKind::Classes);
+std::string evaluation_line(const EvalResult& result, int64_t items, bool language,
+                            AccuracyKind kind = AccuracyKind::Classes);
 nlohmann::json evaluation_record(const EvalResult& result, bool language, AccuracyKind kind = AccuracyKind::Classes);
 
 // eval.prompt followed by eval.sample_tokens tokens, drawn with temperature and top-k by rank 0 and
 // broadcast, so every rank extends (and returns) the same text. With `chat`, eval.prompt (or "Tell
 // me a fortune.") is a user turn rendered in that chat format, and the answer stops at the end of
 // its turn: "user: ...\nassistant: ...". Leaves the model in training mode.
-std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer, const data::ChatFormat* chat = nullptr);
+std::string generate_sample(const ModelInUse& m, const data::Tokenizer& tokenizer,
+                            const data::ChatFormat* chat = nullptr);
 
 }  // namespace fsdp::train

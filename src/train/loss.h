@@ -14,7 +14,8 @@ inline at::Tensor loss_of(const at::Tensor& model_output, const at::Tensor& targ
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1),
                                                 torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
   }
-  return torch::nn::functional::cross_entropy(logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
+  return torch::nn::functional::cross_entropy(logits, targets,
+                                              torch::nn::functional::CrossEntropyFuncOptions().reduction(reduction));
 }
 
 }  // namespace fsdp::train

@@ -10,7 +10,8 @@ namespace fsdp::train {
 plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   validate_for_world(c, ranks);
   if (c.fsdp.wrap == "tower") {
-    throw std::invalid_argument("fsdp-plan models block units: fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled");
+    throw std::invalid_argument(
+        "fsdp-plan models block units: fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled");
   }
   plan::PlanInput in;
   in.model = c.model;

@@ -69,7 +69,8 @@ class HeapSampler {
     while (!stop_) {
       const size_t now = in_use();
       size_t seen = peak_.load();
-      while (now > seen && !peak_.compare_exchange_weak(seen, now)) {}
+      while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -85,13 +86,14 @@ void trace_memory(int rank, int64_t step, const char* phase) {
   const struct mallinfo2 heap = mallinfo2();
   const int64_t phase_peak_kib = status_kib("VmHWM:");
   const double buffers = static_cast<double>(shard::mapped_host_buffer_bytes());
-  std::fprintf(stderr,
-               "memory-trace rank %d step %lld until %-10s peak: resident %8.1f MiB, live %8.1f MiB; now: resident %8.1f MiB, "
-               "live %8.1f MiB = heap in use %8.1f + fsdp buffers %8.1f MiB; heap mapped %8.1f MiB (arena %8.1f, mmap %8.1f)\n",
-               rank, static_cast<long long>(step), phase, phase_peak_kib / 1024.0, sampler.take_peak() / 1048576.0,
-               status_kib("VmRSS:") / 1024.0, (heap.uordblks + heap.hblkhd + buffers) / 1048576.0,
-               (heap.uordblks + heap.hblkhd) / 1048576.0, buffers / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0,
-               heap.arena / 1048576.0, heap.hblkhd / 1048576.0);
+  std::fprintf(
+      stderr,
+      "memory-trace rank %d step %lld until %-10s peak: resident %8.1f MiB, live %8.1f MiB; now: resident %8.1f MiB, "
+      "live %8.1f MiB = heap in use %8.1f + fsdp buffers %8.1f MiB; heap mapped %8.1f MiB (arena %8.1f, mmap %8.1f)\n",
+      rank, static_cast<long long>(step), phase, phase_peak_kib / 1024.0, sampler.take_peak() / 1048576.0,
+      status_kib("VmRSS:") / 1024.0, (heap.uordblks + heap.hblkhd + buffers) / 1048576.0,
+      (heap.uordblks + heap.hblkhd) / 1048576.0, buffers / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0,
+      heap.arena / 1048576.0, heap.hblkhd / 1048576.0);
   // Reset VmHWM to the current resident size (Linux >= 4.0), so the next line shows the next phase's peak.
   peak_before_reset_bytes = std::max(peak_before_reset_bytes, phase_peak_kib * 1024);
   std::ofstream("/proc/self/clear_refs") << "5";
@@ -150,7 +152,8 @@ std::string format_duration(double seconds) {
   const int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
   char text[32];
   if (s >= 3600) {
-    std::snprintf(text, sizeof(text), "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s / 60 % 60));
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
   } else if (s >= 60) {
     std::snprintf(text, sizeof(text), "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
   } else {
@@ -163,7 +166,8 @@ Progress::Progress(int64_t total_steps, int64_t every, bool enabled, ProgressSty
     : total_(total_steps),
       every_(every),
       enabled_(enabled),
-      terminal_(enabled && (style == ProgressStyle::Bar || (style == ProgressStyle::Auto && ::isatty(STDOUT_FILENO) == 1))) {}
+      terminal_(enabled &&
+                (style == ProgressStyle::Bar || (style == ProgressStyle::Auto && ::isatty(STDOUT_FILENO) == 1))) {}
 
 Progress::~Progress() {
   if (line_open_) std::printf("\n");

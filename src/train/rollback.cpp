@@ -45,13 +45,15 @@ std::map<int64_t, double> loss_faults_from_env() {
       const std::string factor = item.substr(colon + 1);
       faults[std::stoll(item.substr(0, colon))] = factor == "nan" ? std::nan("") : std::stod(factor);
     } catch (const std::exception&) {
-      throw std::runtime_error(std::string("FSDP_TEST_LOSS_FAULTS='") + text + "': expected step:factor[,step:factor...], e.g. 10:1e4,11:nan");
+      throw std::runtime_error(std::string("FSDP_TEST_LOSS_FAULTS='") + text +
+                               "': expected step:factor[,step:factor...], e.g. 10:1e4,11:nan");
     }
   }
   return faults;
 }
 
-RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_skipped, int64_t last_skipped, int64_t rollback) {
+RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_skipped, int64_t last_skipped,
+                                   int64_t rollback) {
   const TrainConfig& config = target.config;
   const std::string dir = checkpoints_dir(config);
   const std::string steps = "steps " + std::to_string(first_skipped + 1) + "-" + std::to_string(last_skipped + 1);
@@ -71,7 +73,8 @@ RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_s
     }
   });
   back.info = checkpoint::load_checkpoint(back.path, target.state, target.optimizer);
-  comm::on_every_rank(target.world, "restoring the loss-spike window and loss scale", [&] { target.guard.restore(back.info.trainer_state); });
+  comm::on_every_rank(target.world, "restoring the loss-spike window and loss scale",
+                      [&] { target.guard.restore(back.info.trainer_state); });
   for (int64_t s = first_skipped; s <= last_skipped; ++s) target.skipped_batches.insert(s);
   comm::on_every_rank(target.world, "recording the rollback", [&] {
     if (!target.writes_files) return;

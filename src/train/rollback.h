@@ -24,7 +24,7 @@ struct RollbackTarget {
   StepGuard& guard;  // its spike window and loss scale come back from the checkpoint
   std::set<int64_t>& skipped_batches;
   std::string skipped_batches_path;
-  bool writes_files;  // this rank removes the later checkpoints and writes the skipped batches
+  bool writes_files;   // this rank removes the later checkpoints and writes the skipped batches
   std::string run_id;  // the run whose checkpoints it returns to and removes ("" : any)
 };
 struct RolledBack {
@@ -35,7 +35,8 @@ struct RolledBack {
 // the run: loads the newest checkpoint at or before first_skipped (parameters, optimizer state,
 // RNG, spike window, loss scale), removes the later ones, and sets those steps' batches aside. Every rank
 // stops (AgreedStop) past guard.max_rollbacks or without such a checkpoint, saying which.
-RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_skipped, int64_t last_skipped, int64_t rollback);
+RolledBack roll_back_to_checkpoint(const RollbackTarget& target, int64_t first_skipped, int64_t last_skipped,
+                                   int64_t rollback);
 
 // 0-based step indices whose batches are not trained. Reading a missing file gives none; a file
 // that is not what save wrote throws naming it. save writes atomically (temporary + rename).

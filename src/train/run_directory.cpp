@@ -31,8 +31,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const char* const* run_file_names() {
-  static const char* const names[] = {"run.json",    "metrics.jsonl",        "config.toml", "report.html",
-                                      "sample.txt",  "skipped_batches.json", "profile",     nullptr};
+  static const char* const names[] = {"run.json",   "metrics.jsonl",        "config.toml", "report.html",
+                                      "sample.txt", "skipped_batches.json", "profile",     nullptr};
   return names;
 }
 
@@ -93,7 +93,8 @@ json read_run_record(const fs::path& output_dir) {
   }
   if (!record.is_object() || !record.contains("run_id") || !record.at("run_id").is_string() ||
       record.at("run_id").get<std::string>().empty()) {
-    throw std::runtime_error("'" + path.string() + "' is not a run record fsdp-train wrote (no \"run_id\"); move it "
+    throw std::runtime_error("'" + path.string() +
+                             "' is not a run record fsdp-train wrote (no \"run_id\"); move it "
                              "away if it is yours");
   }
   return record;
@@ -153,7 +154,7 @@ RunDirectory::~RunDirectory() {
   // directory, if this claim made them (bad input writes nothing).
   std::error_code error;
   if (!committed_ && created_dir_ && created_lock_) fs::remove(fs::path(output_dir_) / kLockFile, error);
-  ::close(lock_fd_);  // releases the flock
+  ::close(lock_fd_);                                                // releases the flock
   if (!committed_ && created_dir_) fs::remove(output_dir_, error);  // only if empty
 }
 
@@ -194,9 +195,10 @@ std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, con
         if (::flock(run->lock_fd_, LOCK_EX | LOCK_NB) == 0) {
           // Locked: but is it still the file the path names? (One that failed to start may have
           // removed the file it made meanwhile: then lock the one there now.)
-          struct stat held {}, named {};
-          if (::fstat(run->lock_fd_, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
-              held.st_dev == named.st_dev) {
+          struct stat held {
+          }, named{};
+          if (::fstat(run->lock_fd_, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 &&
+              held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
             break;
           }
           ::close(run->lock_fd_);
@@ -209,7 +211,8 @@ std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, con
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_from).count();
         if (waited < wait_seconds) {
           if (!said) {
-            std::fprintf(stderr, "fsdp-train: output_dir '%s' is in use (%s): waiting up to %.0f s for that job to end\n",
+            std::fprintf(stderr,
+                         "fsdp-train: output_dir '%s' is in use (%s): waiting up to %.0f s for that job to end\n",
                          output.c_str(), holder.c_str(), wait_seconds);
             said = true;
           }
@@ -218,7 +221,8 @@ std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, con
         }
         throw RunDirectoryRefused("output_dir '" + output + "' is in use by another job (" +
                                   (holder.empty() ? std::string("its lock is held") : holder) + ", waited " +
-                                  std::to_string(static_cast<int>(wait_seconds)) + " s): two jobs in one directory would prune and publish over each other's "
+                                  std::to_string(static_cast<int>(wait_seconds)) +
+                                  " s): two jobs in one directory would prune and publish over each other's "
                                   "checkpoints; give this one another --output-dir");
       }
       const std::string holder = "fsdp-train pid " + std::to_string(::getpid()) + " on host " + host_name() +
@@ -235,8 +239,8 @@ std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, con
         if (traces.empty()) return;
         throw RunDirectoryRefused(why + " into output_dir '" + output + "', which holds another run (" + traces +
                                   "): fsdp-train never writes over a run. Continue that one with --resume latest, or "
-                                  "start this one elsewhere, e.g. --output-dir " + free_sibling(output) +
-                                  " (or move '" + output + "' away yourself)");
+                                  "start this one elsewhere, e.g. --output-dir " +
+                                  free_sibling(output) + " (or move '" + output + "' away yourself)");
       };
       std::string run_id, resume_from, note;
       int64_t resume_step = 0;
@@ -272,12 +276,15 @@ std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, con
           const std::string latest = checkpoint::find_latest_checkpoint(checkpoints, -1, run_id);
           const checkpoint::CheckpointInfo newest = checkpoint::read_checkpoint_info(latest);
           if (newest.step > info.step) {
-            throw RunDirectoryRefused(
-                "--resume " + dir + ": this run's newest checkpoint is " + latest + " (step " + std::to_string(newest.step) +
-                "); continuing from step " + std::to_string(info.step) + " would leave the later ones as the newest, "
-                "which pruning would keep and --resume latest would take. Continue with --resume latest, or branch from "
-                "step " + std::to_string(info.step) + " into another directory: --output-dir " + free_sibling(output) +
-                " --resume " + dir);
+            throw RunDirectoryRefused("--resume " + dir + ": this run's newest checkpoint is " + latest + " (step " +
+                                      std::to_string(newest.step) + "); continuing from step " +
+                                      std::to_string(info.step) +
+                                      " would leave the later ones as the newest, "
+                                      "which pruning would keep and --resume latest would take. Continue with --resume "
+                                      "latest, or branch from "
+                                      "step " +
+                                      std::to_string(info.step) + " into another directory: --output-dir " +
+                                      free_sibling(output) + " --resume " + dir);
           }
         } else {
           refuse_if_occupied("--resume " + dir + " starts a new run from another run's checkpoint, and a new run goes");
@@ -296,18 +303,21 @@ std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, con
       }
       if (run_id.empty()) {
         run_id = new_run_id();
-        if (!resume_from.empty() && resume == "latest") note = "checkpoints from before run ids: continued as run " + run_id;
+        if (!resume_from.empty() && resume == "latest")
+          note = "checkpoints from before run ids: continued as run " + run_id;
       }
       if (existing_id != run_id) {
         // Written by commit(), with the run's other files: a start that fails before then leaves no
         // run behind to refuse the next try.
-        json written = {{"run_id", run_id}, {"name", config.name}, {"started", utc_now("%Y-%m-%d %H:%M:%S UTC")},
+        json written = {{"run_id", run_id},
+                        {"name", config.name},
+                        {"started", utc_now("%Y-%m-%d %H:%M:%S UTC")},
                         {"host", host_name()}};
         if (!resume_from.empty()) written["resumed_from"] = resume_from;
         run->pending_record_ = written.dump(-1, ' ', false, json::error_handler_t::replace);
       }
-      verdict = {{"status", "ok"}, {"run_id", run_id}, {"resume_from", resume_from}, {"step", resume_step},
-                 {"finished", finished}, {"note", note}};
+      verdict = {{"status", "ok"},      {"run_id", run_id},     {"resume_from", resume_from},
+                 {"step", resume_step}, {"finished", finished}, {"note", note}};
     } catch (const RunDirectoryRefused& e) {
       verdict = {{"status", "refused"}, {"message", e.what()}};
     } catch (const std::exception& e) {

@@ -61,7 +61,8 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
       if (p.dim() != 2) return false;
       for (const std::string& layer : layers) {
         const std::string suffix = layer + ".weight";
-        if (name == suffix || (name.size() > suffix.size() && name.compare(name.size() - suffix.size() - 1, suffix.size() + 1, "." + suffix) == 0)) {
+        if (name == suffix || (name.size() > suffix.size() &&
+                               name.compare(name.size() - suffix.size() - 1, suffix.size() + 1, "." + suffix) == 0)) {
           return true;
         }
       }
@@ -79,7 +80,8 @@ models::AttentionPath attention_path_for(const TrainConfig& c) {
 
 models::Bf16Matmul bf16_matmul_for(const TrainConfig& c) {
   if (c.bf16_matmul != "auto") return models::bf16_matmul_from_string(c.bf16_matmul);
-  return c.device == "cpu" && !runtime::cpu_has_bf16_instructions() ? models::Bf16Matmul::Fp32 : models::Bf16Matmul::Native;
+  return c.device == "cpu" && !runtime::cpu_has_bf16_instructions() ? models::Bf16Matmul::Fp32
+                                                                    : models::Bf16Matmul::Native;
 }
 
 ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group) {

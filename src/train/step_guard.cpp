@@ -9,14 +9,16 @@
 namespace fsdp::train {
 
 StepGuard::StepGuard(const TrainConfig& config)
-    : spike_zscore_(config.guard.spike_zscore), rollback_after_(config.guard.rollback_after),
-      max_nonfinite_steps_(config.max_nonfinite_steps), nonfinite_(config.max_nonfinite_steps),
+    : spike_zscore_(config.guard.spike_zscore),
+      rollback_after_(config.guard.rollback_after),
+      max_nonfinite_steps_(config.max_nonfinite_steps),
+      nonfinite_(config.max_nonfinite_steps),
       spikes_(config.guard.spike_zscore, config.guard.window) {
   if (config.fsdp.param_dtype == "float16") {
     const LossScaleConfig& l = config.loss_scale;
-    scaler_ = std::make_unique<optim::DynamicLossScaler>(optim::LossScalerOptions{
-        static_cast<float>(l.init), static_cast<float>(l.growth_factor), static_cast<float>(l.backoff_factor), l.growth_interval,
-        static_cast<float>(l.min)});
+    scaler_ = std::make_unique<optim::DynamicLossScaler>(
+        optim::LossScalerOptions{static_cast<float>(l.init), static_cast<float>(l.growth_factor),
+                                 static_cast<float>(l.backoff_factor), l.growth_interval, static_cast<float>(l.min)});
   }
 }
 
@@ -37,10 +39,11 @@ StepGuard::Verdict StepGuard::judge(int64_t step, bool batch_skipped, double gra
     const float scale = scaler_->scale();
     if (!scaler_->update(/*overflow=*/true)) {
       char text[256];
-      std::snprintf(text, sizeof(text),
-                    "step %lld: float16 gradients overflow at loss scale %g, and backing off would go below loss_scale.min "
-                    "(%d overflows in all): training stopped (they do not fit fp16: try fsdp.param_dtype \"bfloat16\")",
-                    static_cast<long long>(step + 1), static_cast<double>(scale), static_cast<int>(overflow_skips_));
+      std::snprintf(
+          text, sizeof(text),
+          "step %lld: float16 gradients overflow at loss scale %g, and backing off would go below loss_scale.min "
+          "(%d overflows in all): training stopped (they do not fit fp16: try fsdp.param_dtype \"bfloat16\")",
+          static_cast<long long>(step + 1), static_cast<double>(scale), static_cast<int>(overflow_skips_));
       verdict.stop = text;
     }
     return verdict;

@@ -18,9 +18,9 @@ StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankSt
   const int n = world->size();
   double fingerprint[3];
   comm::fingerprint_to_doubles(mine.collectives, fingerprint);
-  at::Tensor local = at::tensor({mine.loss, mine.peak_resident_bytes, mine.communication_seconds, mine.stop_requested ? 1.0 : 0.0,
-                                 mine.exposed_seconds, mine.device_peak_reserved_bytes, mine.step_seconds, fingerprint[0],
-                                 fingerprint[1], fingerprint[2]},
+  at::Tensor local = at::tensor({mine.loss, mine.peak_resident_bytes, mine.communication_seconds,
+                                 mine.stop_requested ? 1.0 : 0.0, mine.exposed_seconds, mine.device_peak_reserved_bytes,
+                                 mine.step_seconds, fingerprint[0], fingerprint[1], fingerprint[2]},
                                 at::kDouble);
   at::Tensor all = at::empty({kFields * n}, at::kDouble);
   world->all_gather(all, local)->wait();
@@ -59,7 +59,8 @@ std::string step_line(const StepMetrics& metrics, const StepFigures& figures) {
   char scale[48] = "";
   if (figures.loss_scale > 0) std::snprintf(scale, sizeof(scale), " | scale %g", figures.loss_scale);
   char line[464];
-  std::snprintf(line, sizeof(line), "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s%s%s",
+  std::snprintf(line, sizeof(line),
+                "| loss %.4f | lr %.2e | gnorm %.3f | %s %s | MFU %.1f%% | peak mem %s | comm %.3f s%s%s%s",
                 metrics.loss, figures.lr, figures.grad_norm, format_count(figures.rate()).c_str(),
                 figures.language ? "tok/s" : "img/s", 100.0 * figures.mfu(), format_bytes(metrics.peak_memory).c_str(),
                 metrics.communication, exposure, scale, skips);

@@ -19,12 +19,15 @@ using torch::profiler::impl::ProfilerState;
 
 std::pair<int64_t, int64_t> parse_profile_steps(const std::string& text) {
   const auto bad = [&] {
-    return std::invalid_argument("--profile-steps '" + text + "': expected A:B, the first and last step to profile (1 <= A <= B), or one step A");
+    return std::invalid_argument("--profile-steps '" + text +
+                                 "': expected A:B, the first and last step to profile (1 <= A <= B), or one step A");
   };
   const size_t colon = text.find(':');
-  const std::string first_text = text.substr(0, colon), last_text = colon == std::string::npos ? first_text : text.substr(colon + 1);
+  const std::string first_text = text.substr(0, colon),
+                    last_text = colon == std::string::npos ? first_text : text.substr(colon + 1);
   const auto number = [&](const std::string& digits) {
-    if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos) throw bad();
+    if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos)
+      throw bad();
     return std::stoll(digits);
   };
   const int64_t first = number(first_text), last = number(last_text);

@@ -35,25 +35,29 @@ std::vector<TargetMiss> TargetMonitor::after_step(int64_t step, double rate, dou
   if (rates_.size() >= 4) {
     const double r = median(rates_), s = median(seconds_);
     if (targets_.min_tokens_per_second > 0 && r < targets_.min_tokens_per_second) {
-      std::snprintf(what, sizeof(what), "%s %s (median of the last %zu steps) is below targets.min_tokens_per_second = %s",
+      std::snprintf(what, sizeof(what),
+                    "%s %s (median of the last %zu steps) is below targets.min_tokens_per_second = %s",
                     format_count(r).c_str(), unit, rates_.size(), format_count(targets_.min_tokens_per_second).c_str());
       miss(out, "min_tokens_per_second", step, r, targets_.min_tokens_per_second, what);
     }
     if (targets_.max_step_seconds > 0 && s > targets_.max_step_seconds) {
-      std::snprintf(what, sizeof(what), "a step takes %.3f s (median of the last %zu), above targets.max_step_seconds = %.3f s", s,
+      std::snprintf(what, sizeof(what),
+                    "a step takes %.3f s (median of the last %zu), above targets.max_step_seconds = %.3f s", s,
                     seconds_.size(), targets_.max_step_seconds);
       miss(out, "max_step_seconds", step, s, targets_.max_step_seconds, what);
     }
   }
   if (targets_.max_memory_per_rank > 0 && peak_memory > static_cast<double>(targets_.max_memory_per_rank)) {
     std::snprintf(what, sizeof(what), "a rank's peak memory %s is above targets.max_memory_per_rank = %s",
-                  format_bytes(peak_memory).c_str(), format_bytes(static_cast<double>(targets_.max_memory_per_rank)).c_str());
+                  format_bytes(peak_memory).c_str(),
+                  format_bytes(static_cast<double>(targets_.max_memory_per_rank)).c_str());
     miss(out, "max_memory_per_rank", step, peak_memory, static_cast<double>(targets_.max_memory_per_rank), what);
   }
   if (targets_.max_cost > 0) {
     const double cost = elapsed_seconds / 3600.0 * ranks_ * targets_.price_per_device_hour;
     if (cost > targets_.max_cost) {
-      std::snprintf(what, sizeof(what), "the run has cost %.4g (%d devices x %.4g h x %.4g per device-hour), above targets.max_cost = %.4g",
+      std::snprintf(what, sizeof(what),
+                    "the run has cost %.4g (%d devices x %.4g h x %.4g per device-hour), above targets.max_cost = %.4g",
                     cost, ranks_, elapsed_seconds / 3600.0, targets_.price_per_device_hour, targets_.max_cost);
       miss(out, "max_cost", step, cost, targets_.max_cost, what);
     }
@@ -69,8 +73,8 @@ std::vector<TargetMiss> TargetMonitor::after_evaluation(int64_t step, double val
   loss_checked_ = true;
   if (validation_loss > targets_.max_validation_loss) {
     char what[256];
-    std::snprintf(what, sizeof(what), "validation loss %.4f at step %lld is above targets.max_validation_loss = %.4f%s", validation_loss,
-                  static_cast<long long>(step), targets_.max_validation_loss,
+    std::snprintf(what, sizeof(what), "validation loss %.4f at step %lld is above targets.max_validation_loss = %.4f%s",
+                  validation_loss, static_cast<long long>(step), targets_.max_validation_loss,
                   by > 0 ? (" by step " + std::to_string(by)).c_str() : " at the end");
     miss(out, "max_validation_loss", step, validation_loss, targets_.max_validation_loss, what);
   }

@@ -27,12 +27,14 @@ class TargetMonitor {
   // After step `step` (1-based): its throughput, seconds, the largest rank's peak memory, and the
   // training seconds so far. Throughput and step time are medians over the last 10 steps, judged
   // from the 5th step on (the first is warm-up).
-  std::vector<TargetMiss> after_step(int64_t step, double rate, double seconds, double peak_memory, double elapsed_seconds);
+  std::vector<TargetMiss> after_step(int64_t step, double rate, double seconds, double peak_memory,
+                                     double elapsed_seconds);
   // After an evaluation at `step`; `last`: the run's final evaluation.
   std::vector<TargetMiss> after_evaluation(int64_t step, double validation_loss, bool last);
 
  private:
-  void miss(std::vector<TargetMiss>& out, const std::string& key, int64_t step, double value, double limit, const std::string& what);
+  void miss(std::vector<TargetMiss>& out, const std::string& key, int64_t step, double value, double limit,
+            const std::string& what);
 
   TargetsConfig targets_;
   int ranks_;

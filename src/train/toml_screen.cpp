@@ -42,8 +42,7 @@ std::string non_ascii_outside_strings(const std::string& text) {
         }
         if (c != ' ' && c != '\t') before = c;  // a string's opening quote included: what follows a string is code
         break;
-      case State::kComment:
-        break;
+      case State::kComment: break;
       case State::kBasic:
         if (c == '\\') ++i;  // an escaped character, a quote included
         else if (c == '"') state = State::kCode;

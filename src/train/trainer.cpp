@@ -128,7 +128,8 @@ class Trainer {
       captions_ = std::make_unique<data::CaptionWriter>(data::fashion_mnist_class_names(), data::caption_templates(),
                                                         family.text_context(model_config_), eos_token);
       if (vocab <= eos_token || vocab < 256) {
-        throw std::runtime_error("model.vocab " + std::to_string(vocab) + " cannot hold the byte captions (bytes 0-255 and eos_token " +
+        throw std::runtime_error("model.vocab " + std::to_string(vocab) +
+                                 " cannot hold the byte captions (bytes 0-255 and eos_token " +
                                  std::to_string(eos_token) + ")");
       }
     }
@@ -137,16 +138,18 @@ class Trainer {
       // not the image token) and the image token (data/image_chat.h).
       const int64_t image_token = family.image_token(model_config_);
       const int64_t end_of_text = image_token == 256 ? 257 : 256;
-      chat_ = std::make_unique<data::ImageChatWriter>(data::fashion_mnist_class_names(), family.image_input(model_config_).tokens,
-                                                      image_token, end_of_text);
+      chat_ = std::make_unique<data::ImageChatWriter>(
+          data::fashion_mnist_class_names(), family.image_input(model_config_).tokens, image_token, end_of_text);
       if (vocab <= std::max(end_of_text, image_token)) {
-        throw std::runtime_error("model.vocab " + std::to_string(vocab) + " cannot hold the byte chats (bytes 0-255, end-of-text " +
+        throw std::runtime_error("model.vocab " + std::to_string(vocab) +
+                                 " cannot hold the byte chats (bytes 0-255, end-of-text " +
                                  std::to_string(end_of_text) + " and image_token " + std::to_string(image_token) + ")");
       }
       // The loss is the mean over the global batch's answer tokens, counted as any masked loss's.
       std::vector<int64_t> answer_tokens;
       for (int64_t label = 0; label < chat_->classes(); ++label) answer_tokens.push_back(chat_->answer_tokens(label));
-      if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get())) images->set_targets_per_label(answer_tokens);
+      if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get()))
+        images->set_targets_per_label(answer_tokens);
       const int64_t context = family.text_context(model_config_);
       if (chat_->row_length() > context) {
         throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" +
@@ -161,7 +164,8 @@ class Trainer {
   void set_threads() {
     const comm::LaunchInfo launch = comm::launch_info_from_env();
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads_ = config_.threads > 0 ? static_cast<int>(config_.threads) : std::max(1, cores / std::max(1, launch.local_world_size));
+    threads_ = config_.threads > 0 ? static_cast<int>(config_.threads)
+                                   : std::max(1, cores / std::max(1, launch.local_world_size));
     torch::set_num_threads(threads_);
   }
 
@@ -174,7 +178,8 @@ class Trainer {
       state_ = sharded.state;
       device_ = state_->flat_params().empty() ? at::Device(at::kCPU) : state_->flat_params().front()->device();
     }
-    if (config_.device_memory_fraction > 0.0) runtime::set_device_memory_fraction(device_, config_.device_memory_fraction);
+    if (config_.device_memory_fraction > 0.0)
+      runtime::set_device_memory_fraction(device_, config_.device_memory_fraction);
     parameters_ = models::parameter_count(model_config_);
     if (!config_.init_from.empty() && resume_.empty()) {
       // Fine-tuning: published weights (Hugging Face names) or our own checkpoint's.
@@ -193,7 +198,8 @@ class Trainer {
   void make_optimizer() {
     const auto& o = config_.optimizer;
     if (o.name == "adamw") {
-      optimizer_ = std::make_unique<optim::ShardedAdamW>(*state_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+      optimizer_ = std::make_unique<optim::ShardedAdamW>(
+          *state_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
     } else {
       optimizer_ = std::make_unique<optim::ShardedSgd>(*state_, optim::SgdOptions{o.lr, o.momentum, o.weight_decay});
     }
@@ -206,7 +212,8 @@ class Trainer {
     if (!resume_.empty()) {
       const std::string& path = resume_;
       const checkpoint::CheckpointInfo info = checkpoint::load_checkpoint(path, *state_, optimizer_.get());
-      comm::on_every_rank(world_, "restoring the loss-spike window and loss scale", [&] { guard_.restore(info.trainer_state); });
+      comm::on_every_rank(world_, "restoring the loss-spike window and loss scale",
+                          [&] { guard_.restore(info.trainer_state); });
       comm::on_every_rank(world_, "checking the checkpoint's step", [&] {
         if (info.step >= config_.steps) {
           throw std::runtime_error("checkpoint '" + path + "' is at step " + std::to_string(info.step) +
@@ -216,9 +223,8 @@ class Trainer {
       start_step_ = info.step;
       resumed_from_ = path;
       // Batches an earlier rollback skipped stay skipped.
-      comm::on_every_rank(world_, "reading the batches a rollback skipped", [&] {
-        skipped_batches_ = read_skipped_batches(skipped_batches_path());
-      });
+      comm::on_every_rank(world_, "reading the batches a rollback skipped",
+                          [&] { skipped_batches_ = read_skipped_batches(skipped_batches_path()); });
     }
   }
 
@@ -248,7 +254,8 @@ class Trainer {
       metrics_ = MetricsLog((fs::path(config_.output_dir) / "metrics.jsonl").string(), /*append=*/start_step_ > 0);
       if (resumed_from_.empty()) fs::remove(skipped_batches_path());  // a new run trains every batch
     }
-    progress_ = std::make_unique<Progress>(config_.steps, config_.log_every, leader() && options_.print, options_.progress);
+    progress_ =
+        std::make_unique<Progress>(config_.steps, config_.log_every, leader() && options_.print, options_.progress);
     print_header();
     record_run_start();
   }
@@ -262,39 +269,50 @@ class Trainer {
       strategy += " (" + std::to_string(state_->replicate_group()->size()) + " replicas x " +
                   std::to_string(state_->shard_group()->size()) + " shards)";
     }
-    std::snprintf(line, sizeof(line), "fsdp-train: %s (%s, %s parameters) on %d rank%s, %s, %zu units, %d thread%s per rank",
+    std::snprintf(line, sizeof(line),
+                  "fsdp-train: %s (%s, %s parameters) on %d rank%s, %s, %zu units, %d thread%s per rank",
                   config_.model_name.c_str(), models::family_name(model_config_),
-                  format_count(static_cast<double>(parameters_)).c_str(), n_, n_ == 1 ? "" : "s",
-                  strategy.c_str(), state_->unit_names().size(), threads_, threads_ == 1 ? "" : "s");
+                  format_count(static_cast<double>(parameters_)).c_str(), n_, n_ == 1 ? "" : "s", strategy.c_str(),
+                  state_->unit_names().size(), threads_, threads_ == 1 ? "" : "s");
     progress_->message(line);
     progress_->message("  data: " + data_.description);
     progress_->message(std::string("  collectives: ") +
                        (comm::device_comm_from_env() == comm::DeviceComm::kStaged
                             ? "staged, a test backend (FSDP_DEVICE_COMM=staged: device copies around MPI)"
-                            : config_.device == "cuda" ? "NCCL, host tensors over MPI" : "MPI"));
+                        : config_.device == "cuda" ? "NCCL, host tensors over MPI"
+                                                   : "MPI"));
     if (!data_.packing.empty()) progress_->message("  packing: " + data_.packing);
     print_family_lines();
-    std::snprintf(line, sizeof(line),
-                  "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
-                  format_bytes(static_cast<double>(stats.sharded_param_bytes)).c_str(),
-                  format_bytes(static_cast<double>(optimizer_->state_bytes())).c_str(), peak_flops_ / 1e9);
+    std::snprintf(
+        line, sizeof(line),
+        "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
+        format_bytes(static_cast<double>(stats.sharded_param_bytes)).c_str(),
+        format_bytes(static_cast<double>(optimizer_->state_bytes())).c_str(), peak_flops_ / 1e9);
     progress_->message(line);
     std::snprintf(line, sizeof(line), "  %lld steps of %lld %s (%lld per rank in %lld micro-batch%s), output in %s",
                   static_cast<long long>(config_.steps), static_cast<long long>(config_.global_batch),
-                  language() ? ((data_.packing.empty() ? "windows of " : "packed rows of ") + std::to_string(config_.seq_len) + " tokens").c_str() : "images",
+                  language() ? ((data_.packing.empty() ? "windows of " : "packed rows of ") +
+                                std::to_string(config_.seq_len) + " tokens")
+                                   .c_str()
+                             : "images",
                   static_cast<long long>(config_.global_batch / n_), static_cast<long long>(config_.micro_batches),
-                  config_.micro_batches == 1 ? "" : "es", options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
+                  config_.micro_batches == 1 ? "" : "es",
+                  options_.write_files ? config_.output_dir.c_str() : "(nothing written)");
     progress_->message(line);
-    if (!resumed_from_.empty()) progress_->message("  resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
+    if (!resumed_from_.empty())
+      progress_->message("  resumed from " + resumed_from_ + " at step " + std::to_string(start_step_));
     if (run_ && !run_->note().empty()) progress_->message("  " + run_->note());
     if (config_.fsdp.activation_checkpointing) {
       const std::vector<std::string> recomputed = state_->recomputed_unit_names();
       std::string names;
       for (const auto& name : recomputed) names += (names.empty() ? "" : ", ") + name;
-      progress_->message("  activation checkpointing: " + std::to_string(recomputed.size()) + " of " +
-                         std::to_string(state_->checkpointable_units()) + " blocks recomputed in backward (" +
-                         (recomputed.size() <= 8 ? names : "one block in " + std::to_string(config_.fsdp.activation_checkpointing_every)) +
-                         "; fsdp.activation_checkpointing_every = " + std::to_string(config_.fsdp.activation_checkpointing_every) + ")");
+      progress_->message(
+          "  activation checkpointing: " + std::to_string(recomputed.size()) + " of " +
+          std::to_string(state_->checkpointable_units()) + " blocks recomputed in backward (" +
+          (recomputed.size() <= 8 ? names
+                                  : "one block in " + std::to_string(config_.fsdp.activation_checkpointing_every)) +
+          "; fsdp.activation_checkpointing_every = " + std::to_string(config_.fsdp.activation_checkpointing_every) +
+          ")");
     }
     print_compute_lines();
   }
@@ -303,26 +321,30 @@ class Trainer {
   void print_family_lines() {
     char line[512];
     if (captions_) {
-      std::snprintf(line, sizeof(line),
-                    "  captions: %lld classes x %zu templates as bytes + end-of-text %lld; longest %lld bytes of a %lld-token context%s; "
-                    "contrastive loss over the global batch (features gathered across the %d ranks); zero-shot eval with \"%s\"",
-                    static_cast<long long>(captions_->classes()), data::caption_templates().size(),
-                    static_cast<long long>(models::family_of(model_config_).end_of_text_token(model_config_)),
-                    static_cast<long long>(captions_->longest_bytes()), static_cast<long long>(captions_->context()),
-                    captions_->truncated_pairs() > 0
-                        ? (", " + std::to_string(captions_->truncated_pairs()) + " captions cut to fit (raise model.context)").c_str()
-                        : "",
-                    n_, data::caption_templates().front().c_str());
+      std::snprintf(
+          line, sizeof(line),
+          "  captions: %lld classes x %zu templates as bytes + end-of-text %lld; longest %lld bytes of a %lld-token "
+          "context%s; "
+          "contrastive loss over the global batch (features gathered across the %d ranks); zero-shot eval with \"%s\"",
+          static_cast<long long>(captions_->classes()), data::caption_templates().size(),
+          static_cast<long long>(models::family_of(model_config_).end_of_text_token(model_config_)),
+          static_cast<long long>(captions_->longest_bytes()), static_cast<long long>(captions_->context()),
+          captions_->truncated_pairs() > 0
+              ? (", " + std::to_string(captions_->truncated_pairs()) + " captions cut to fit (raise model.context)")
+                    .c_str()
+              : "",
+          n_, data::caption_templates().front().c_str());
       progress_->message(line);
     }
     if (chat_) {
       std::string question;  // its newline shown as \n
       for (char ch : chat_->question()) question += ch == '\n' ? std::string("\\n") : std::string(1, ch);
-      std::snprintf(line, sizeof(line),
-                    "  chats: %lld image tokens + \"%s\" + the answer (\"%s\", ...) as bytes + end-of-text, rows of %lld tokens; "
-                    "only the answer trained; eval: greedy answers, exact match",
-                    static_cast<long long>(models::family_of(model_config_).image_input(model_config_).tokens), question.c_str(),
-                    chat_->answer(7).c_str(), static_cast<long long>(chat_->row_length()));
+      std::snprintf(
+          line, sizeof(line),
+          "  chats: %lld image tokens + \"%s\" + the answer (\"%s\", ...) as bytes + end-of-text, rows of %lld tokens; "
+          "only the answer trained; eval: greedy answers, exact match",
+          static_cast<long long>(models::family_of(model_config_).image_input(model_config_).tokens), question.c_str(),
+          chat_->answer(7).c_str(), static_cast<long long>(chat_->row_length()));
       progress_->message(line);
     }
   }
@@ -344,25 +366,31 @@ class Trainer {
                       bf16_matmul_times_->native_seconds * 1e3, bf16_matmul_times_->fp32_seconds * 1e3);
         why = line;
       }
-      progress_->message(std::string("  bf16 matmuls: ") + (native ? "native bf16 GEMMs" : "fp32 GEMMs on bf16 operands") + why +
+      progress_->message(std::string("  bf16 matmuls: ") +
+                         (native ? "native bf16 GEMMs" : "fp32 GEMMs on bf16 operands") + why +
                          " (train.bf16_matmul = " + config_.bf16_matmul + ")");
       if (native && without_instructions) {
-        progress_->message("  note: without bf16 instructions libtorch's bf16 GEMM widens element by element: 6-14x slower "
-                           "than fp32 GEMMs on the AVX2 VM measured (docs/benchmarks.md); train.bf16_matmul = \"auto\" avoids it");
+        progress_->message(
+            "  note: without bf16 instructions libtorch's bf16 GEMM widens element by element: 6-14x slower "
+            "than fp32 GEMMs on the AVX2 VM measured (docs/benchmarks.md); train.bf16_matmul = \"auto\" avoids it");
       }
     }
     if (const optim::DynamicLossScaler* scaler = guard_.scaler()) {
       const LossScaleConfig& l = config_.loss_scale;
-      std::snprintf(line, sizeof(line),
-                    "  loss scaling: dynamic, scale %g (x%g after %lld clean steps, x%g on an overflow, floor %g; [loss_scale])",
-                    static_cast<double>(scaler->scale()), l.growth_factor, static_cast<long long>(l.growth_interval), l.backoff_factor, l.min);
+      std::snprintf(
+          line, sizeof(line),
+          "  loss scaling: dynamic, scale %g (x%g after %lld clean steps, x%g on an overflow, floor %g; [loss_scale])",
+          static_cast<double>(scaler->scale()), l.growth_factor, static_cast<long long>(l.growth_interval),
+          l.backoff_factor, l.min);
       progress_->message(line);
     }
     if (config_.optimizer.warmup_steps > config_.steps) {
       // Accepted, as PyTorch schedulers and torchtitan accept it (a quick --set train.steps=2 trial).
-      std::snprintf(line, sizeof(line), "  note: optimizer.warmup_steps %lld exceeds train.steps %lld: the run ends still warming "
-                    "up, at %.3g of its peak learning rate", static_cast<long long>(config_.optimizer.warmup_steps),
-                    static_cast<long long>(config_.steps), schedule_.lr_at(config_.steps - 1) / config_.optimizer.lr);
+      std::snprintf(line, sizeof(line),
+                    "  note: optimizer.warmup_steps %lld exceeds train.steps %lld: the run ends still warming "
+                    "up, at %.3g of its peak learning rate",
+                    static_cast<long long>(config_.optimizer.warmup_steps), static_cast<long long>(config_.steps),
+                    schedule_.lr_at(config_.steps - 1) / config_.optimizer.lr);
       progress_->message(line);
     }
   }
@@ -380,7 +408,8 @@ class Trainer {
       record_step(result, agreed, loop);
       const AfterStep next = after_step(result, agreed, loop);
       if (next.end) break;
-      if (next.resume_at >= 0) step = next.resume_at - 1;  // rolled back: the loop's ++step continues at the checkpoint's step
+      if (next.resume_at >= 0)
+        step = next.resume_at - 1;  // rolled back: the loop's ++step continues at the checkpoint's step
     }
     return finish_loop(loop);
   }
@@ -390,11 +419,12 @@ class Trainer {
     // them rolls the run back (guard.rollback_after). Counts start afresh on resume; the spike
     // window comes from the checkpoint.
     LoopState loop(data::GlobalBatchSampler(data_.train->size(), config_.global_batch, config_.seed),
-              TargetMonitor(config_.targets, n_, language()));
+                   TargetMonitor(config_.targets, n_, language()));
     loop.summary.parameters = parameters_;
     loop.summary.dropped_examples = data_.dropped_examples;
     loop.micro = config_.global_batch / n_ / config_.micro_batches;
-    loop.samples_per_step = static_cast<double>(config_.global_batch) * (language() ? static_cast<double>(config_.seq_len) : 1.0);
+    loop.samples_per_step =
+        static_cast<double>(config_.global_batch) * (language() ? static_cast<double>(config_.seq_len) : 1.0);
     loop.flops_per_step =
         loop.samples_per_step * models::flops_per_sample(model_config_, chat_ ? chat_->row_length() : config_.seq_len);
     loop.summary.start_step = start_step_;
@@ -412,8 +442,9 @@ class Trainer {
                            std::to_string(start_step_) + ", so nothing is profiled");
       }
     }
-    loop.profiler = std::make_unique<StepProfiler>(loop.profile_first, options_.profile_last,
-                                                   config_.output_dir + "/profile/trace-rank" + std::to_string(rank_) + ".json", device_);
+    loop.profiler = std::make_unique<StepProfiler>(
+        loop.profile_first, options_.profile_last,
+        config_.output_dir + "/profile/trace-rank" + std::to_string(rank_) + ".json", device_);
     return loop;
   }
 
@@ -439,7 +470,8 @@ class Trainer {
     // the gradients' average over the N ranks is then the global mean's gradient.
     for (int64_t index : loop.sampler.indices(step, 0, 1)) r.global_targets += data_.train->target_count(index);
     double loss_scale = static_cast<double>(n_) / static_cast<double>(std::max<int64_t>(1, r.global_targets));
-    if (const auto fault = loop.loss_faults.find(step + 1); fault != loop.loss_faults.end()) loss_scale *= fault->second;
+    if (const auto fault = loop.loss_faults.find(step + 1); fault != loop.loss_faults.end())
+      loss_scale *= fault->second;
     // A batch a rollback skips is not trained: the step moves the schedule and nothing else.
     const bool batch_skipped = skipped_batches_.count(step) > 0;
     // Summed on the model's device and read once after the optimizer: an .item() per micro-batch
@@ -460,7 +492,7 @@ class Trainer {
       r.loss_sum += loss.detach();
     }
     if (scaler != nullptr && !batch_skipped) optim::unscale_grad_shards(*state_, *scaler);
-    r.norm = batch_skipped            ? 0.0
+    r.norm = batch_skipped           ? 0.0
              : config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip)
                                      : optim::grad_norm(*state_);
     trace_memory(rank_, step, "clip");
@@ -471,8 +503,9 @@ class Trainer {
     trace_memory(rank_, step, "optimizer");
     shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
     const std::string trace = loop.profiler->end_step(step + 1);
-    if (!trace.empty()) progress_->message("  profile of steps " + std::to_string(loop.profile_first) + "-" +
-                                           std::to_string(options_.profile_last) + " written: " + trace + " (and the other ranks')");
+    if (!trace.empty())
+      progress_->message("  profile of steps " + std::to_string(loop.profile_first) + "-" +
+                         std::to_string(options_.profile_last) + " written: " + trace + " (and the other ranks')");
     return r;
   }
 
@@ -485,17 +518,20 @@ class Trainer {
       // Background: a black pixel after normalisation.
       data::random_shift(batch.inputs, part, step, config_.seed, 2, -data::kFashionMnistMean / data::kFashionMnistStd);
     }
-    if (augment == "hflip" || augment == "shift+hflip") data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
+    if (augment == "hflip" || augment == "shift+hflip")
+      data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
     const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
     const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
     // CLIP: captions drawn for this step from the labels; the loss over the global batch.
     if (captions_) {
-      return contrastive_loss_share(model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_);
+      return contrastive_loss_share(
+          model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_);
     }
     if (chat_) return chat_loss_sum(inputs, batch.targets);
     // Language models: the head fused with the loss a chunk of tokens at a time (no [tokens,
     // vocab] logits) unless train.loss_chunk_tokens is 0.
-    if (model_.has_loss_sum() && config_.loss_chunk_tokens > 0) return model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions);
+    if (model_.has_loss_sum() && config_.loss_chunk_tokens > 0)
+      return model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions);
     return loss_of(model_.forward(inputs, positions), targets, torch::kSum);
   }
 
@@ -532,9 +568,10 @@ class Trainer {
     loop.summary.losses.push_back(loss);
     loop.summary.grad_norms.push_back(r.norm);
     loop.step_seconds.push_back(agreed.seconds);
-    if (r.verdict.apply && !std::isfinite(loss)) {  // a non-finite loss whose gradients were finite (a skipped step is the guard's)
-      throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " + std::to_string(r.step) +
-                               " (lower optimizer.lr or set train.grad_clip)");
+    if (r.verdict.apply &&
+        !std::isfinite(loss)) {  // a non-finite loss whose gradients were finite (a skipped step is the guard's)
+      throw std::runtime_error("training diverged: loss is " + std::to_string(loss) + " at step " +
+                               std::to_string(r.step) + " (lower optimizer.lr or set train.grad_clip)");
     }
     loop.summary.skipped_steps = guard_.skipped_steps();
     loop.summary.overflow_steps = guard_.overflow_steps();
@@ -589,8 +626,8 @@ class Trainer {
       g_stop_requested.store(false);  // handled: a later train() in this process starts afresh
       summary.last_checkpoint = save(step + 1, /*in_background=*/false);  // the run ends on it: nothing to overlap
       summary.preempted = true;
-      progress_->message("stopped on request after step " + std::to_string(step + 1) + "; checkpoint " + summary.last_checkpoint +
-                         " (continue with --resume latest)");
+      progress_->message("stopped on request after step " + std::to_string(step + 1) + "; checkpoint " +
+                         summary.last_checkpoint + " (continue with --resume latest)");
       write_live_report();
       return {true, -1};
     }
@@ -599,7 +636,8 @@ class Trainer {
       loop.last_saved_step = step + 1;
     }
     if (judge_targets(step, last, agreed.metrics, loop)) return {true, -1};
-    if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last) write_live_report(/*in_background=*/true);
+    if (config_.report_every > 0 && (step + 1) % config_.report_every == 0 && !last)
+      write_live_report(/*in_background=*/true);
     return {};
   }
 
@@ -610,11 +648,13 @@ class Trainer {
   bool judge_targets(int64_t step, bool last, const StepMetrics& metrics, LoopState& loop) {
     TrainSummary& summary = loop.summary;
     loop.agreed_training_seconds += metrics.step_seconds;
-    std::vector<TargetMiss> misses = loop.targets.after_step(step + 1, loop.samples_per_step / metrics.step_seconds, metrics.step_seconds,
-                                                             metrics.peak_memory, loop.agreed_training_seconds);
+    std::vector<TargetMiss> misses =
+        loop.targets.after_step(step + 1, loop.samples_per_step / metrics.step_seconds, metrics.step_seconds,
+                                metrics.peak_memory, loop.agreed_training_seconds);
     if (last || (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0)) {
       summary.evals.push_back(evaluate(step + 1));
-      for (auto& miss : loop.targets.after_evaluation(step + 1, summary.evals.back().loss, last)) misses.push_back(std::move(miss));
+      for (auto& miss : loop.targets.after_evaluation(step + 1, summary.evals.back().loss, last))
+        misses.push_back(std::move(miss));
     }
     for (const auto& miss : misses) record_missed_target(miss, summary);
     if (misses.empty() || !config_.targets.stop) return false;
@@ -622,7 +662,8 @@ class Trainer {
     summary.stopped_by_target = true;
     if (last) return false;  // the run ends here anyway: finish it (sample, footer, report)
     if (loop.last_saved_step != step + 1) summary.last_checkpoint = save(step + 1, /*in_background=*/false);
-    progress_->message("stopping after step " + std::to_string(step + 1) + " (targets.stop = true); checkpoint " + summary.last_checkpoint);
+    progress_->message("stopping after step " + std::to_string(step + 1) + " (targets.stop = true); checkpoint " +
+                       summary.last_checkpoint);
     loop.stopped_early = true;
     write_live_report();
     return true;
@@ -663,8 +704,8 @@ class Trainer {
     std::string mismatch;
     for (int r = 1; r < n_ && mismatch.empty(); ++r) {
       if (all[r] != all[0]) {
-        mismatch = "the ranks read different data: rank 0 has " + all[0] + ", rank " + std::to_string(r) + " has " + all[r] +
-                   " (another copy of the token files on another host?)";
+        mismatch = "the ranks read different data: rank 0 has " + all[0] + ", rank " + std::to_string(r) + " has " +
+                   all[r] + " (another copy of the token files on another host?)";
       }
     }
     comm::agree_on_failure(world_, mismatch, "checking that every rank reads the same data");
@@ -680,8 +721,9 @@ class Trainer {
     if (options_.write_files) {
       run_ = options_.run ? options_.run : RunDirectory::claim(config_, options_.resume, world_);
       if (run_->finished()) {
-        throw std::runtime_error("checkpoint '" + run_->resume_from() + "' is at step " + std::to_string(run_->resume_step()) +
-                                 ", and train.steps is " + std::to_string(config_.steps) + ": the run is done, nothing left to train");
+        throw std::runtime_error("checkpoint '" + run_->resume_from() + "' is at step " +
+                                 std::to_string(run_->resume_step()) + ", and train.steps is " +
+                                 std::to_string(config_.steps) + ": the run is done, nothing left to train");
       }
       resume_ = run_->resume_from();
       return;
@@ -690,7 +732,8 @@ class Trainer {
     if (resume_ != "latest") return;
     comm::on_every_rank(world_, "finding the checkpoint to resume from", [&] {
       resume_ = checkpoint::find_latest_checkpoint(checkpoints_dir(config_));
-      if (resume_.empty()) throw std::runtime_error("--resume latest: no checkpoint under '" + checkpoints_dir(config_) + "'");
+      if (resume_.empty())
+        throw std::runtime_error("--resume latest: no checkpoint under '" + checkpoints_dir(config_) + "'");
     });
   }
 
@@ -709,10 +752,10 @@ class Trainer {
   // records it. Returns the checkpoint's step. Collective.
   int64_t roll_back(int64_t first_skipped, int64_t last_skipped, int64_t rollback, TrainSummary& summary,
                     std::vector<double>& step_seconds) {
-    const RolledBack back = roll_back_to_checkpoint(
-        {config_, world_, *state_, optimizer_.get(), guard_, skipped_batches_, skipped_batches_path(),
-         leader() && options_.write_files, run_id()},
-        first_skipped, last_skipped, rollback);
+    const RolledBack back =
+        roll_back_to_checkpoint({config_, world_, *state_, optimizer_.get(), guard_, skipped_batches_,
+                                 skipped_batches_path(), leader() && options_.write_files, run_id()},
+                                first_skipped, last_skipped, rollback);
     const checkpoint::CheckpointInfo& info = back.info;
     const std::string& path = back.path;
     const std::string steps = "steps " + std::to_string(first_skipped + 1) + "-" + std::to_string(last_skipped + 1);
@@ -725,14 +768,19 @@ class Trainer {
     ++summary.rollbacks;
     const std::string message = "guard: " + steps + " skipped in a row; rolled back to " + path + " (step " +
                                 std::to_string(info.step) + "), their batches skipped from now on (rollback " +
-                                std::to_string(rollback) + " of at most " + std::to_string(config_.guard.max_rollbacks) + ")";
+                                std::to_string(rollback) + " of at most " +
+                                std::to_string(config_.guard.max_rollbacks) + ")";
     progress_->message(message);
     if (leader() && metrics_.is_open()) {
       std::vector<int64_t> skipped;
       for (int64_t s = first_skipped; s <= last_skipped; ++s) skipped.push_back(s + 1);
-      metrics_.write(nlohmann::json{{"rollback_to", info.step}, {"from_step", last_skipped + 1}, {"checkpoint", path},
-                                    {"skipped_batch_steps", skipped}, {"message", message}}
-                         .dump());
+      metrics_.write(nlohmann::json{
+          {"rollback_to", info.step},
+          {"from_step", last_skipped + 1},
+          {"checkpoint", path},
+          {"skipped_batch_steps", skipped},
+          {"message",
+           message}}.dump());
     }
     return info.step;
   }
@@ -742,9 +790,13 @@ class Trainer {
     progress_->message(miss.message);
     summary.missed_targets.push_back(miss.message);
     if (leader() && metrics_.is_open()) {
-      metrics_.write(nlohmann::json{{"target_missed", miss.key}, {"step", miss.step}, {"value", miss.value}, {"limit", miss.limit},
-                                    {"message", miss.message}}
-                         .dump());
+      metrics_.write(nlohmann::json{
+          {"target_missed", miss.key},
+          {"step", miss.step},
+          {"value", miss.value},
+          {"limit", miss.limit},
+          {"message",
+           miss.message}}.dump());
     }
   }
 
@@ -811,7 +863,8 @@ class Trainer {
     } else {
       tokens = models::family_of(model_config_).image_input(model_config_).tokens;
     }
-    const int64_t examples = std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
+    const int64_t examples =
+        std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
     const int64_t rows = std::min<int64_t>(4096, examples * std::max<int64_t>(1, tokens));
     // Each 2-D parameter's GEMM once, at most 2^30 multiply-adds each way (fewer rows for a wide
     // one), leaving out those over 2^26 elements (a large vocabulary's embedding and head: their
@@ -822,13 +875,15 @@ class Trainer {
       if (p.dim() != 2 || p.numel() > (int64_t{1} << 26)) continue;
       const int64_t shape_rows = std::max<int64_t>(16, std::min<int64_t>(rows, (int64_t{1} << 30) / p.numel()));
       const models::LinearShape shape{shape_rows, p.size(1), p.size(0)};
-      const bool seen = std::any_of(shapes.begin(), shapes.end(),
-                                    [&](const models::LinearShape& s) { return s.in == shape.in && s.out == shape.out; });
+      const bool seen = std::any_of(shapes.begin(), shapes.end(), [&](const models::LinearShape& s) {
+        return s.in == shape.in && s.out == shape.out;
+      });
       if (!seen) shapes.push_back(shape);
     }
     if (shapes.empty()) return;
     models::Bf16MatmulTimes times;
-    comm::on_every_rank(world_, "timing bf16 GEMMs (train.bf16_matmul = auto)", [&] { times = models::time_bf16_matmuls(shapes); });
+    comm::on_every_rank(world_, "timing bf16 GEMMs (train.bf16_matmul = auto)",
+                        [&] { times = models::time_bf16_matmuls(shapes); });
     at::Tensor measured = at::tensor({times.native_seconds, times.fp32_seconds}, at::kDouble);
     if (n_ > 1) world_->broadcast(measured, 0)->wait();
     times = {measured[0].item<double>(), measured[1].item<double>()};
@@ -841,11 +896,14 @@ class Trainer {
     if (!leader() || !metrics_.is_open()) return;
     TrainConfig resolved = config_;
     resolved.model = model_config_;
-    nlohmann::json record = {{"run_start", start_step_}, {"name", config_.name},       {"world_size", n_},
-                             {"language", language()},  {"resumed_from", resumed_from_}, {"config", to_toml(resolved)}};
-    if (fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16) record["bf16_matmul"] = models::to_string(models::bf16_matmul());
+    nlohmann::json record = {
+        {"run_start", start_step_}, {"name", config_.name},          {"world_size", n_},
+        {"language", language()},   {"resumed_from", resumed_from_}, {"config", to_toml(resolved)}};
+    if (fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16)
+      record["bf16_matmul"] = models::to_string(models::bf16_matmul());
     if (bf16_matmul_times_) {
-      record["bf16_matmul_seconds"] = {{"native", bf16_matmul_times_->native_seconds}, {"fp32", bf16_matmul_times_->fp32_seconds}};
+      record["bf16_matmul_seconds"] = {{"native", bf16_matmul_times_->native_seconds},
+                                       {"fp32", bf16_matmul_times_->fp32_seconds}};
     }
     try {
       // fsdp-plan's prediction for this config (fsdp-plan CONFIG --ranks N says the same), with the
@@ -853,7 +911,9 @@ class Trainer {
       plan::PlanInput input = plan_input(resolved, n_);
       input.data_bytes = held_bytes(data_);
       record["predicted_peak_bytes_per_rank"] = static_cast<double>(plan::make_plan(input).peak_bytes);
-      if (device_.is_cpu()) record["process_baseline_bytes"] = baseline_resident_bytes_;  // rank 0's, against plan::kCpuProcessOverheadBytes
+      if (device_.is_cpu())
+        record["process_baseline_bytes"] =
+            baseline_resident_bytes_;  // rank 0's, against plan::kCpuProcessOverheadBytes
     } catch (const std::exception&) {
       // No prediction for this configuration: the report says so.
     }
@@ -881,14 +941,16 @@ class Trainer {
     resolved.model = model_config_;
     const checkpoint::CheckpointInfo info{steps, config_.model_name, to_toml(resolved), guard_.state(), run_id()};
     if (in_background) {
-      pending_save_ = std::make_unique<checkpoint::CheckpointSave>(checkpoints_dir(config_), *state_, optimizer_.get(), info,
-                                                                   /*in_background=*/true, &staging_);
+      pending_save_ =
+          std::make_unique<checkpoint::CheckpointSave>(checkpoints_dir(config_), *state_, optimizer_.get(), info,
+                                                       /*in_background=*/true, &staging_);
       pending_save_blocked_ = std::chrono::duration<double>(Clock::now() - start).count();
       pending_save_start_ = start;
       char line[512];
-      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s of shards staged in %.3f s, written in the background",
-                    static_cast<long long>(steps), format_bytes(static_cast<double>(pending_save_->staged_bytes())).c_str(),
-                    pending_save_blocked_);
+      std::snprintf(line, sizeof(line),
+                    "checkpoint step %lld | %s of shards staged in %.3f s, written in the background",
+                    static_cast<long long>(steps),
+                    format_bytes(static_cast<double>(pending_save_->staged_bytes())).c_str(), pending_save_blocked_);
       progress_->message(line);
       return pending_save_->directory();
     }
@@ -927,9 +989,11 @@ class Trainer {
     }
     char line[512];
     if (in_flight < 0) {
-      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | %.2f s", static_cast<long long>(steps), dir.c_str(), seconds);
+      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | %.2f s", static_cast<long long>(steps),
+                    dir.c_str(), seconds);
     } else {
-      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | published %.2f s after it started; steps waited %.3f s",
+      std::snprintf(line, sizeof(line),
+                    "checkpoint step %lld | %s | published %.2f s after it started; steps waited %.3f s",
                     static_cast<long long>(steps), dir.c_str(), in_flight, seconds);
     }
     progress_->message(line);
@@ -942,14 +1006,18 @@ class Trainer {
   }
 
   ModelInUse model_in_use() {
-    return {model_, config_, world_, device_, language(), captions_ ? captions_->class_prompts() : at::Tensor(), chat_.get()};
+    return {model_,     config_, world_, device_, language(), captions_ ? captions_->class_prompts() : at::Tensor(),
+            chat_.get()};
   }
 
   // Validation loss (and accuracy for images), shown and recorded (evaluation.h).
   EvalResult evaluate(int64_t step) {
     const EvalResult result = run_evaluation(model_in_use(), *data_.validation, step);
-    const AccuracyKind kind = captions_ ? AccuracyKind::ZeroShot : chat_ ? AccuracyKind::Answers : AccuracyKind::Classes;
-    progress_->message(evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language(), kind));
+    const AccuracyKind kind = captions_ ? AccuracyKind::ZeroShot
+                              : chat_   ? AccuracyKind::Answers
+                                        : AccuracyKind::Classes;
+    progress_->message(
+        evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language(), kind));
     if (leader() && metrics_.is_open()) metrics_.write(evaluation_record(result, language(), kind).dump());
     return result;
   }
@@ -968,11 +1036,10 @@ class Trainer {
     const EvalResult& last = summary.evals.back();
     char line[320];
     // A resumed run ran only the steps after its checkpoint, and its time is theirs.
-    const std::string steps =
-        std::to_string(config_.steps) + " steps" +
-        (start_step_ > 0 ? " (" + std::to_string(config_.steps - start_step_) + " run here, resumed at step " +
-                               std::to_string(start_step_) + ")"
-                         : "");
+    const std::string steps = std::to_string(config_.steps) + " steps" +
+                              (start_step_ > 0 ? " (" + std::to_string(config_.steps - start_step_) +
+                                                     " run here, resumed at step " + std::to_string(start_step_) + ")"
+                                               : "");
     if (language()) {
       std::snprintf(line, sizeof(line), "done: %s in %s, %s tok/s (median); validation loss %.4f -> %.4f",
                     steps.c_str(), format_duration(summary.seconds).c_str(),
@@ -980,8 +1047,11 @@ class Trainer {
     } else {
       std::snprintf(line, sizeof(line), "done: %s in %s, %s img/s (median); %s accuracy %.2f%% -> %.2f%%",
                     steps.c_str(), format_duration(summary.seconds).c_str(),
-                    format_count(summary.samples_per_second).c_str(), captions_ ? "zero-shot" : chat_ ? "answer" : "test", 100.0 * first.accuracy,
-                    100.0 * last.accuracy);
+                    format_count(summary.samples_per_second).c_str(),
+                    captions_ ? "zero-shot"
+                    : chat_   ? "answer"
+                              : "test",
+                    100.0 * first.accuracy, 100.0 * last.accuracy);
     }
     progress_->message(line);
     if (!summary.sample.empty()) progress_->message("sample:\n" + summary.sample);
@@ -1003,7 +1073,8 @@ class Trainer {
   std::unique_ptr<optim::ShardedOptimizer> optimizer_;
   optim::WarmupCosineSchedule schedule_{1e-3, 1e-4, 0, 1};
   int64_t parameters_ = 0;
-  int64_t baseline_resident_bytes_ = 0;  // this process before data and model (what plan::kCpuProcessOverheadBytes stands for)
+  int64_t baseline_resident_bytes_ =
+      0;  // this process before data and model (what plan::kCpuProcessOverheadBytes stands for)
   int64_t start_step_ = 0;
   std::shared_ptr<RunDirectory> run_;  // the output directory's claim (null when nothing is written)
   std::string resume_;                 // the checkpoint to start from ("" : step 0)
@@ -1016,11 +1087,11 @@ class Trainer {
   std::unique_ptr<Progress> progress_;
   checkpoint::StagingBuffers staging_;  // checkpoint.async: host copies of this rank's tensors, kept between saves
   std::unique_ptr<checkpoint::CheckpointSave> pending_save_;  // checkpoint.async: the save in flight (uses staging_)
-  double pending_save_blocked_ = 0.0;                          // seconds its staging held the step
-  std::thread report_thread_;             // rank 0: the live report being written off the step
-  std::atomic<bool> report_busy_{false};  // ... until it is written
-  std::mutex report_mutex_;               // guards report_error_
-  std::string report_error_;              // the thread's failure, said at the next call
+  double pending_save_blocked_ = 0.0;                         // seconds its staging held the step
+  std::thread report_thread_;                                 // rank 0: the live report being written off the step
+  std::atomic<bool> report_busy_{false};                      // ... until it is written
+  std::mutex report_mutex_;                                   // guards report_error_
+  std::string report_error_;                                  // the thread's failure, said at the next call
   Clock::time_point pending_save_start_;
 };
 

@@ -36,8 +36,9 @@ void check_tokenizer_of(const data::TokenShards& shards, const DataConfig& d, co
   std::string how = "set data.tokenizer = \"" + wanted + "\"";
   if (made_by.kind == data::TokenizerKind::Hf) how += " and data.tokenizer_json to that tokenizer.json";
   if (made_by.kind == data::TokenizerKind::Gpt2) how += " and data.vocab_json, data.merges_txt to those files";
-  throw std::runtime_error("token files '" + shards.spec() + "' were made with " + made_by.describe() + ", and this run's is " +
-                           (tokenizer ? configured.describe() : "data.tokenizer = \"" + d.tokenizer + "\"") + ": " + how);
+  throw std::runtime_error(
+      "token files '" + shards.spec() + "' were made with " + made_by.describe() + ", and this run's is " +
+      (tokenizer ? configured.describe() : "data.tokenizer = \"" + d.tokenizer + "\"") + ": " + how);
 }
 
 LoadedData load_instructions(const TrainConfig& c) {
@@ -54,57 +55,68 @@ LoadedData load_instructions(const TrainConfig& c) {
     for (auto& example : train) {
       std::string text;
       for (const auto& message : example.messages) text += message.role + '\0' + message.content + '\0';
-      (data::fnv1a64(text) % 100 < static_cast<uint64_t>(d.validation_percent) ? validation : kept).push_back(std::move(example));
+      (data::fnv1a64(text) % 100 < static_cast<uint64_t>(d.validation_percent) ? validation : kept)
+          .push_back(std::move(example));
     }
     train = std::move(kept);
   }
   const int32_t end = data::end_of_turn(loaded.chat_format, *loaded.tokenizer);
   if (d.packing && end < 0) {
-    throw std::runtime_error(c.source + ": data.packing needs a token that ends each answer, so that a packed example's "
-                             "end is learnt; chat format " + std::string(data::chat_format_name(loaded.chat_format)) + " with the " +
-                             loaded.tokenizer->name() + " tokenizer has none (no end-of-text token): use an hf or gpt2 tokenizer");
+    throw std::runtime_error(c.source +
+                             ": data.packing needs a token that ends each answer, so that a packed example's "
+                             "end is learnt; chat format " +
+                             std::string(data::chat_format_name(loaded.chat_format)) + " with the " +
+                             loaded.tokenizer->name() +
+                             " tokenizer has none (no end-of-text token): use an hf or gpt2 tokenizer");
   }
   const int32_t pad = end >= 0 ? end : 0;  // padding is never attended to by a real token, nor trained
   auto render = [&](const std::vector<data::InstructionExample>& examples) {
     std::vector<data::RenderedExample> rendered;
     const data::ContentSpecialTokens content =
         d.split_special_tokens ? data::ContentSpecialTokens::Text : data::ContentSpecialTokens::Control;
-    for (const auto& example : examples) rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer, content));
+    for (const auto& example : examples)
+      rendered.push_back(data::render_chat(example, loaded.chat_format, *loaded.tokenizer, content));
     return rendered;
   };
   std::vector<data::RenderedExample> rendered_train = render(train);
   int64_t shortest = std::numeric_limits<int64_t>::max();  // of the training examples (the ones refused below)
-  for (const auto& example : rendered_train) shortest = std::min<int64_t>(shortest, static_cast<int64_t>(example.tokens.size()));
+  for (const auto& example : rendered_train)
+    shortest = std::min<int64_t>(shortest, static_cast<int64_t>(example.tokens.size()));
   auto train_set = std::make_shared<data::InstructionDataset>(std::move(rendered_train), c.seq_len, pad);
   auto validation_set = std::make_shared<data::InstructionDataset>(render(validation), c.seq_len, pad);
   if (train_set->size() == 0 && shortest > c.seq_len + 1) {
-    throw std::runtime_error(c.source + ": train.seq_len " + std::to_string(c.seq_len) + " is shorter than every example (the "
-                             "shortest renders to " + std::to_string(shortest) + " tokens, which need train.seq_len >= " +
-                             std::to_string(shortest - 1) + ")");
+    throw std::runtime_error(c.source + ": train.seq_len " + std::to_string(c.seq_len) +
+                             " is shorter than every example (the "
+                             "shortest renders to " +
+                             std::to_string(shortest) +
+                             " tokens, which need train.seq_len >= " + std::to_string(shortest - 1) + ")");
   }
   loaded.dropped_examples = train_set->dropped() + validation_set->dropped();
   loaded.vocab = loaded.tokenizer->vocab_size();
-  loaded.description = "instructions " + d.train_jsonl + (d.validation_jsonl.empty() ? "" : ", " + d.validation_jsonl) + " (" +
-                       loaded.tokenizer->name() + " tokenizer, " + data::chat_format_name(loaded.chat_format) + " format): " +
-                       std::to_string(train_set->size()) + " training and " + std::to_string(validation_set->size()) +
-                       " validation examples, " + format_count(static_cast<double>(train_set->trained_tokens())) +
-                       " trained tokens";
+  loaded.description = "instructions " + d.train_jsonl + (d.validation_jsonl.empty() ? "" : ", " + d.validation_jsonl) +
+                       " (" + loaded.tokenizer->name() + " tokenizer, " + data::chat_format_name(loaded.chat_format) +
+                       " format): " + std::to_string(train_set->size()) + " training and " +
+                       std::to_string(validation_set->size()) + " validation examples, " +
+                       format_count(static_cast<double>(train_set->trained_tokens())) + " trained tokens";
   if (loaded.dropped_examples > 0) {
-    loaded.description += "; " + std::to_string(loaded.dropped_examples) + " dropped (longer than train.seq_len + 1 = " +
-                          std::to_string(c.seq_len + 1) + " tokens, or nothing to train in the window)";
+    loaded.description += "; " + std::to_string(loaded.dropped_examples) +
+                          " dropped (longer than train.seq_len + 1 = " + std::to_string(c.seq_len + 1) +
+                          " tokens, or nothing to train in the window)";
   }
   if (d.packing) {
     auto packed_train = std::make_unique<data::PackedInstructionDataset>(train_set, c.seed);
     auto packed_validation = std::make_unique<data::PackedInstructionDataset>(validation_set, c.seed);
     loaded.packing = "packed " + std::to_string(packed_train->examples()) + " examples into " +
-                     std::to_string(packed_train->size()) + " rows of " + std::to_string(c.seq_len) + " tokens: " +
-                     fixed(100 * packed_train->window_use(), 1) + "%" + " of each row used (" +
+                     std::to_string(packed_train->size()) + " rows of " + std::to_string(c.seq_len) +
+                     " tokens: " + fixed(100 * packed_train->window_use(), 1) + "%" + " of each row used (" +
                      fixed(100 * packed_train->padded_window_use(), 1) + "%" + " one example to a row); a step of " +
                      std::to_string(c.global_batch) + " rows holds about " +
                      fixed(static_cast<double>(c.global_batch) * static_cast<double>(packed_train->examples()) /
-                                      static_cast<double>(packed_train->size()), 1) +
+                               static_cast<double>(packed_train->size()),
+                           1) +
                      " examples, an epoch is " +
-                     fixed(static_cast<double>(packed_train->size()) / static_cast<double>(c.global_batch), 1) + " steps";
+                     fixed(static_cast<double>(packed_train->size()) / static_cast<double>(c.global_batch), 1) +
+                     " steps";
     loaded.train = std::move(packed_train);
     loaded.validation = std::move(packed_validation);
     return loaded;
@@ -137,9 +149,9 @@ LoadedData load_data(const TrainConfig& c) {
     train_tokens = std::make_shared<data::TokenBuffer>(data::tokenize_documents(split.train, *loaded.tokenizer), vocab);
     validation_tokens =
         std::make_shared<data::TokenBuffer>(data::tokenize_documents(split.validation, *loaded.tokenizer), vocab);
-    loaded.description = "fortunes (" + dir + "), " + loaded.tokenizer->name() + " tokenizer: " +
-                         std::to_string(split.train.size()) + " + " + std::to_string(split.validation.size()) +
-                         " documents, ";
+    loaded.description = "fortunes (" + dir + "), " + loaded.tokenizer->name() +
+                         " tokenizer: " + std::to_string(split.train.size()) + " + " +
+                         std::to_string(split.validation.size()) + " documents, ";
   } else {
     // A token file, a directory of shards or a glob (fsdp-data corpus): memory-mapped, never read whole.
     auto train_shards = std::make_shared<data::TokenShards>(d.train_tokens);
@@ -148,8 +160,8 @@ LoadedData load_data(const TrainConfig& c) {
     validation_tokens = validation_shards;
     if (train_tokens->vocab_size() != validation_tokens->vocab_size()) {
       throw std::runtime_error("token files '" + d.train_tokens + "' and '" + d.validation_tokens +
-                               "' have different vocabularies (" + std::to_string(train_tokens->vocab_size()) + " and " +
-                               std::to_string(validation_tokens->vocab_size()) + ")");
+                               "' have different vocabularies (" + std::to_string(train_tokens->vocab_size()) +
+                               " and " + std::to_string(validation_tokens->vocab_size()) + ")");
     }
     if (d.tokenizer == "byte" && train_tokens->vocab_size() == 256) loaded.tokenizer = data::make_tokenizer("byte");
     if (d.tokenizer == "gpt2" || d.tokenizer == "hf") {
@@ -158,7 +170,8 @@ LoadedData load_data(const TrainConfig& c) {
     check_tokenizer_of(*train_shards, d, loaded.tokenizer.get());
     check_tokenizer_of(*validation_shards, d, loaded.tokenizer.get());
     auto shards_of = [](const data::TokenShards& shards) {
-      return shards.shard_count() == 1 ? shards.spec() : shards.spec() + " (" + std::to_string(shards.shard_count()) + " shards)";
+      return shards.shard_count() == 1 ? shards.spec()
+                                       : shards.spec() + " (" + std::to_string(shards.shard_count()) + " shards)";
     };
     loaded.description = "token files " + shards_of(*train_shards) + ", " + shards_of(*validation_shards) + ": ";
     loaded.fingerprint = "train " + train_shards->fingerprint() + "; validation " + validation_shards->fingerprint();
@@ -170,9 +183,10 @@ LoadedData load_data(const TrainConfig& c) {
   if (d.document_masking) {
     document_end = loaded.tokenizer ? loaded.tokenizer->end_of_text() : -1;
     if (document_end < 0) {
-      throw std::runtime_error(c.source + ": data.document_masking splits windows at the end-of-text token, and the " +
-                               (loaded.tokenizer ? loaded.tokenizer->name() + " tokenizer's" : std::string("token files'")) +
-                               " vocabulary has none (data.tokenizer names the tokenizer the tokens were made with: gpt2 or hf)");
+      throw std::runtime_error(
+          c.source + ": data.document_masking splits windows at the end-of-text token, and the " +
+          (loaded.tokenizer ? loaded.tokenizer->name() + " tokenizer's" : std::string("token files'")) +
+          " vocabulary has none (data.tokenizer names the tokenizer the tokens were made with: gpt2 or hf)");
     }
     loaded.description += "; documents masked apart at token " + std::to_string(document_end);
   }
@@ -184,7 +198,8 @@ LoadedData load_data(const TrainConfig& c) {
 void check_data_sizes(const LoadedData& data, const TrainConfig& config, int world_size) {
   if (data.train->size() < config.global_batch) {
     throw std::runtime_error("the training data holds " + std::to_string(data.train->size()) +
-                             " samples (rows, when packed), fewer than one global batch of " + std::to_string(config.global_batch));
+                             " samples (rows, when packed), fewer than one global batch of " +
+                             std::to_string(config.global_batch));
   }
   if (data.validation->size() < world_size) {
     throw std::runtime_error("the validation data holds " + std::to_string(data.validation->size()) +
@@ -196,18 +211,21 @@ void check_data_sizes(const LoadedData& data, const TrainConfig& config, int wor
   if (image_size > 0) {
     const at::Tensor first = data.train->get({0}).inputs;  // [1, channels, side, side]
     if (first.dim() != 4 || first.size(1) != channels || first.size(2) != image_size || first.size(3) != image_size) {
-      throw std::runtime_error("data.source '" + config.data.source + "' gives images of " + std::to_string(first.size(1)) + " x " +
-                               std::to_string(first.size(2)) + " x " + std::to_string(first.size(3)) + " (channels x height x width); the " +
-                               models::family_name(config.model) + " model '" + config.model_name + "' takes " + std::to_string(channels) +
-                               " x " + std::to_string(image_size) + " x " + std::to_string(image_size) + " (model.channels, model.image_size)");
+      throw std::runtime_error("data.source '" + config.data.source + "' gives images of " +
+                               std::to_string(first.size(1)) + " x " + std::to_string(first.size(2)) + " x " +
+                               std::to_string(first.size(3)) + " (channels x height x width); the " +
+                               models::family_name(config.model) + " model '" + config.model_name + "' takes " +
+                               std::to_string(channels) + " x " + std::to_string(image_size) + " x " +
+                               std::to_string(image_size) + " (model.channels, model.image_size)");
     }
   }
 }
 
 models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab) {
   if (c.model_vocab > 0 && c.model_vocab < vocab) {
-    throw std::runtime_error(c.source + ": model.vocab " + std::to_string(c.model_vocab) + " is smaller than the data's vocabulary of " +
-                             std::to_string(vocab) + " (leave model.vocab out to take the data's)");
+    throw std::runtime_error(c.source + ": model.vocab " + std::to_string(c.model_vocab) +
+                             " is smaller than the data's vocabulary of " + std::to_string(vocab) +
+                             " (leave model.vocab out to take the data's)");
   }
   // The model's own vocabulary where it has one (a Hugging Face model's embedding may have rows its
   // tokenizer never produces); else the data's.

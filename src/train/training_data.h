@@ -16,9 +16,9 @@ namespace fsdp::train {
 
 // Everything read from disk before the model is built.
 struct LoadedData {
-  std::unique_ptr<data::Tokenizer> tokenizer;  // language models from text
+  std::unique_ptr<data::Tokenizer> tokenizer;              // language models from text
   data::ChatFormat chat_format = data::ChatFormat::Plain;  // instructions: how prompts are rendered
-  int64_t dropped_examples = 0;                // instructions: too long for the window (both splits)
+  int64_t dropped_examples = 0;                            // instructions: too long for the window (both splits)
   std::unique_ptr<data::Dataset> train, validation;
   int64_t vocab = 0;
   std::string description;  // one line for the run's header

@@ -26,14 +26,14 @@ struct LoopState {
   explicit LoopState(data::GlobalBatchSampler s, TargetMonitor t) : sampler(std::move(s)), targets(std::move(t)) {}
   TrainSummary summary;
   data::GlobalBatchSampler sampler;
-  int64_t micro = 0;                     // examples per micro-batch on a rank
-  double samples_per_step = 0.0;         // tokens (language models) or examples of the global batch
+  int64_t micro = 0;              // examples per micro-batch on a rank
+  double samples_per_step = 0.0;  // tokens (language models) or examples of the global batch
   double flops_per_step = 0.0;
-  std::vector<double> step_seconds;      // each step's own, as agreed (rollbacks cut it)
-  double communication_before = 0.0;     // every sharding group's busy seconds at the step's start
-  double exposed_before = 0.0;           // of them, the seconds this thread waited
+  std::vector<double> step_seconds;   // each step's own, as agreed (rollbacks cut it)
+  double communication_before = 0.0;  // every sharding group's busy seconds at the step's start
+  double exposed_before = 0.0;        // of them, the seconds this thread waited
   double training_seconds = 0.0;
-  double agreed_training_seconds = 0.0;  // sum of the agreed step times (the cost target's clock)
+  double agreed_training_seconds = 0.0;   // sum of the agreed step times (the cost target's clock)
   std::map<int64_t, double> loss_faults;  // FSDP_TEST_LOSS_FAULTS: 1-based step -> loss factor (rollback.h)
   int64_t rollbacks = 0;
   int64_t last_saved_step = -1;
@@ -52,10 +52,10 @@ struct StepResult {
   int64_t global_targets = 0;         // the global batch's counted targets
   bool save_in_flight = false;        // checkpoint.async: a save written beside this step
   bool profiled = false;
-  bool loss_scaled = false;           // float16: a dynamic loss scale
-  float loss_scale = 1.0f;            // that scale during this step
-  at::Tensor loss_sum;                // this rank's share of the mean loss, a scalar on the device
-  double norm = 0.0;                  // the all-reduced gradient norm, before clipping
+  bool loss_scaled = false;  // float16: a dynamic loss scale
+  float loss_scale = 1.0f;   // that scale during this step
+  at::Tensor loss_sum;       // this rank's share of the mean loss, a scalar on the device
+  double norm = 0.0;         // the all-reduced gradient norm, before clipping
   StepGuard::Verdict verdict;
 };
 

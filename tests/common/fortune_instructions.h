@@ -30,8 +30,11 @@ inline std::string write_fortune_instructions(const std::filesystem::path& dir) 
       std::string q = "\"";
       for (unsigned char c : s) {
         if (c == '"' || c == '\\') q += '\\', q += static_cast<char>(c);
-        else if (c < 0x20) { char buffer[8]; std::snprintf(buffer, sizeof(buffer), "\\u%04x", c); q += buffer; }
-        else q += static_cast<char>(c);
+        else if (c < 0x20) {
+          char buffer[8];
+          std::snprintf(buffer, sizeof(buffer), "\\u%04x", c);
+          q += buffer;
+        } else q += static_cast<char>(c);
       }
       return q + "\"";
     };

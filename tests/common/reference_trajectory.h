@@ -25,7 +25,8 @@ inline void expect_same_trajectory(const Trajectory& reference, const Trajectory
   ASSERT_EQ(sharded.losses.size(), reference.losses.size());
   for (size_t step = 0; step < reference.losses.size(); ++step) {
     EXPECT_NEAR(sharded.losses[step], reference.losses[step], tolerance) << "step " << step;
-    EXPECT_NEAR(sharded.grad_norms[step], reference.grad_norms[step], tolerance * std::max(1.0, reference.grad_norms[step]))
+    EXPECT_NEAR(sharded.grad_norms[step], reference.grad_norms[step],
+                tolerance * std::max(1.0, reference.grad_norms[step]))
         << "step " << step;
   }
   ASSERT_EQ(sharded.params.size(), reference.params.size());

@@ -1,7 +1,7 @@
-// tests/common/tiny_transformer.h (a test model, not part of the library): a small GPT-style transformer: token and position embeddings,
-// pre-norm blocks of causal self-attention and a GELU MLP, a final norm and an untied head.
-// Used by the runtime's parity tests and the demo job. Plain libtorch code that knows nothing of
-// sharding; its only concessions to wrapping are the two in fsdp/nn/hooks.h (push_block, call).
+// tests/common/tiny_transformer.h (a test model, not part of the library): a small GPT-style transformer: token and
+// position embeddings, pre-norm blocks of causal self-attention and a GELU MLP, a final norm and an untied head. Used
+// by the runtime's parity tests and the demo job. Plain libtorch code that knows nothing of sharding; its only
+// concessions to wrapping are the two in fsdp/nn/hooks.h (push_block, call).
 #pragma once
 
 #include <torch/torch.h>
@@ -14,12 +14,12 @@
 namespace fsdp::models {
 
 struct TinyConfig {
-  int64_t vocab = 61;   // odd sizes: flat buffers need padding at 2, 3 and 4 ranks
+  int64_t vocab = 61;  // odd sizes: flat buffers need padding at 2, 3 and 4 ranks
   int64_t seq = 8;
   int64_t dim = 30;
   int64_t heads = 3;
   int64_t layers = 3;
-  int64_t mlp = 4;      // hidden = mlp * dim
+  int64_t mlp = 4;  // hidden = mlp * dim
   bool freeze_first_block_attention = false;
   bool freeze_mlp_in_every_block = false;  // fc1 and fc2 frozen in every block (the LoRA case's mix)
   int64_t repeat_block = -1;               // this block runs twice in a row in forward (-1: none)

@@ -67,7 +67,8 @@ TEST(AsyncCheckpoint, EqualsASynchronousSaveByteForByte) {
       for (const auto& entry : fs::directory_iterator(s)) {
         if (entry.path().extension() != ".safetensors") continue;
         ++files;
-        EXPECT_EQ(bytes_of(a / entry.path().filename()), bytes_of(entry.path())) << step << " " << entry.path().filename();
+        EXPECT_EQ(bytes_of(a / entry.path().filename()), bytes_of(entry.path()))
+            << step << " " << entry.path().filename();
       }
       EXPECT_EQ(files, world->size());
       auto manifest_a = nlohmann::json::parse(bytes_of(a / "manifest.json"));
@@ -84,7 +85,8 @@ TEST(AsyncCheckpoint, EqualsASynchronousSaveByteForByte) {
     EXPECT_FALSE(fs::exists(root / "async" / "checkpoints" / "step-00000004.partial"));
     int beside = 0;
     std::ifstream metrics(root / "async" / "metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) beside += nlohmann::json::parse(line).value("save_in_flight", false);
+    for (std::string line; std::getline(metrics, line);)
+      beside += nlohmann::json::parse(line).value("save_in_flight", false);
     EXPECT_GE(beside, 3) << "steps should have run while a save was being written";
   }
   fsdp::train::TrainerOptions resume{false, true};
@@ -103,7 +105,8 @@ TEST(AsyncCheckpoint, EqualsASynchronousSaveByteForByte) {
 // to resume from. Before the fix the stop left it as step-00000002.partial.
 TEST(AsyncCheckpoint, AStoppingRunPublishesTheSaveInFlight) {
   auto world = fsdp::comm::init_world();
-  const fs::path root = fs::temp_directory_path() / ("fsdp_async_checkpoint_stop_test_" + std::to_string(world->size()));
+  const fs::path root =
+      fs::temp_directory_path() / ("fsdp_async_checkpoint_stop_test_" + std::to_string(world->size()));
   if (world->rank() == 0) fs::remove_all(root);
   world->barrier()->wait();
   auto config = config_for(root, true);

@@ -121,7 +121,8 @@ Result run_fsdp() {
   fsdp::runtime::FsdpOptions options;
   options.wrap_policy.module_types = {"ConvBnBlock"};
   torch::manual_seed(11);
-  auto model = fsdp::runtime::build_fully_sharded<BnCnnImpl>(world, options, [] { return std::make_shared<BnCnnImpl>(); });
+  auto model =
+      fsdp::runtime::build_fully_sharded<BnCnnImpl>(world, options, [] { return std::make_shared<BnCnnImpl>(); });
   fsdp::optim::SgdOptions sgd;
   sgd.lr = 0.05;
   sgd.momentum = 0.9;
@@ -160,7 +161,8 @@ TEST(Buffers, BatchNormTrainsLikeOneProcessAndStaysEqualOnEveryRank) {
   }
   ASSERT_EQ(sharded.buffers.size(), 6u) << "two BatchNorms: running_mean, running_var, num_batches_tracked";
   for (const auto& [name, expected] : reference.buffers) {
-    EXPECT_LE((sharded.buffers.at(name).to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>(), kTolerance)
+    EXPECT_LE((sharded.buffers.at(name).to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>(),
+              kTolerance)
         << "rank " << rank << " buffer " << name;
   }
   EXPECT_LE((sharded.eval_logits - reference.eval_logits).abs().max().item<double>(), 1e-4) << "rank " << rank;

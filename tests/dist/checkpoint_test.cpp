@@ -40,7 +40,8 @@ ModelUnderTest make(const std::string& model, const ProcessGroupPtr& group, uint
   config.seed = seed;
   ModelUnderTest s;
   s.sharded = fsdp::train::build_sharded_model(config, 256, group);
-  s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state, fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
+  s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state,
+                                                            fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
   return s;
 }
 
@@ -73,7 +74,8 @@ at::Tensor everything(ModelUnderTest& s) {
 }
 
 std::string test_dir(const ProcessGroupPtr& world, const std::string& name) {
-  return (fs::temp_directory_path() / ("fsdp_checkpoint_test_np" + std::to_string(world->size()) + "_" + name)).string();
+  return (fs::temp_directory_path() / ("fsdp_checkpoint_test_np" + std::to_string(world->size()) + "_" + name))
+      .string();
 }
 
 void fresh_dir(const ProcessGroupPtr& world, const std::string& dir) {
@@ -130,7 +132,8 @@ struct ConvBlockImpl : torch::nn::Module {
   torch::nn::BatchNorm2d norm{nullptr};
   ConvBlockImpl(int64_t in, int64_t out, bool track_running_stats) {
     conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1)));
-    norm = register_module("norm", torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(out).track_running_stats(track_running_stats)));
+    norm = register_module(
+        "norm", torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(out).track_running_stats(track_running_stats)));
   }
   torch::Tensor forward(torch::Tensor x) { return torch::relu(norm(conv(x))); }
 };
@@ -162,7 +165,8 @@ ConvNetUnderTest make_conv_net(const ProcessGroupPtr& group, uint64_t seed, bool
   torch::manual_seed(seed);
   auto model = fsdp::runtime::build_fully_sharded<ConvNetImpl>(
       group, options, [&] { return std::make_shared<ConvNetImpl>(track_running_stats); });
-  auto optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(model.state(), fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
+  auto optimizer =
+      std::make_unique<fsdp::optim::ShardedAdamW>(model.state(), fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
   return {std::move(model), std::move(optimizer)};
 }
 
@@ -245,12 +249,14 @@ TEST(Checkpoint, SmallFlatsWithEmptySlicesLoadBack) {
     config.seed = seed;
     ModelUnderTest s;
     s.sharded = fsdp::train::build_sharded_model(config, 256, world);
-    s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state, fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
+    s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state,
+                                                              fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
     return s;
   };
   ModelUnderTest saved = build(5);
   const at::Tensor reference = everything(saved);
-  const std::string dir = fsdp::checkpoint::save_checkpoint(root, *saved.sharded.state, saved.optimizer.get(), {1, "gpt-test", ""});
+  const std::string dir =
+      fsdp::checkpoint::save_checkpoint(root, *saved.sharded.state, saved.optimizer.get(), {1, "gpt-test", ""});
   ModelUnderTest loaded = build(6);
   ASSERT_NO_THROW(fsdp::checkpoint::load_checkpoint(dir, *loaded.sharded.state, loaded.optimizer.get()));
   EXPECT_TRUE(torch::equal(everything(loaded), reference)) << "N = " << world->size();
@@ -275,7 +281,7 @@ TEST(Checkpoint, HybridAndFullShardLoadEachOther) {
       EXPECT_EQ(mine.item<double>(), highest.item<double>()) << "replica groups diverged at S = " << s;
     }
     const std::string hybrid_dir = fsdp::checkpoint::save_checkpoint(root + "/from_hybrid", *hybrid.sharded.state,
-                                                                      hybrid.optimizer.get(), {3, "llama-test", ""});
+                                                                     hybrid.optimizer.get(), {3, "llama-test", ""});
     if (world->rank() == 0) {
       int files = 0;
       for (const auto& entry : fs::directory_iterator(hybrid_dir)) files += entry.path().extension() == ".safetensors";
@@ -288,7 +294,7 @@ TEST(Checkpoint, HybridAndFullShardLoadEachOther) {
     train_steps(full, world, 2);
     const at::Tensor full_trained = everything(full);
     const std::string full_dir = fsdp::checkpoint::save_checkpoint(root + "/from_full", *full.sharded.state,
-                                                                    full.optimizer.get(), {5, "llama-test", ""});
+                                                                   full.optimizer.get(), {5, "llama-test", ""});
     ModelUnderTest back = make("llama-test", world, 99, s);
     auto info = fsdp::checkpoint::load_checkpoint(full_dir, *back.sharded.state, back.optimizer.get());
     EXPECT_EQ(info.step, 5);
@@ -301,7 +307,8 @@ TEST(Checkpoint, RefusesCorruptAndForeignCheckpointsOnEveryRank) {
   const std::string root = test_dir(world, "bad");
   fresh_dir(world, root);
   ModelUnderTest s = make("llama-test", world, 5);
-  const std::string dir = fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
+  const std::string dir =
+      fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
   const at::Tensor before = everything(s);
 
   // Another model: refused, naming a parameter.
@@ -326,7 +333,8 @@ TEST(Checkpoint, RefusesCorruptAndForeignCheckpointsOnEveryRank) {
     FAIL() << "expected a checksum failure";
   } catch (const fsdp::comm::AgreedStop& e) {
     if (e.should_report()) {
-      EXPECT_NE(std::string(e.what()).find("'" + last_file + "': tensor 'rng' fails its checksum"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'" + last_file + "': tensor 'rng' fails its checksum"), std::string::npos)
+          << e.what();
     }
     // Rank 0 reads its own file only: it did not fail, so it does not report (the last rank does).
     if (world->size() > 1 && world->rank() == 0) EXPECT_FALSE(e.should_report()) << e.what();
@@ -355,13 +363,15 @@ TEST(Checkpoint, RefusesMalformedManifestsOnEveryRank) {
   const std::string root = test_dir(world, "manifest");
   fresh_dir(world, root);
   ModelUnderTest s = make("llama-test", world, 5);
-  const std::string dir = fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
+  const std::string dir =
+      fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
   const std::string manifest_path = dir + "/manifest.json";
   nlohmann::json original;
   std::ifstream(manifest_path) >> original;
   const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> damages = {
       {"entries", [](nlohmann::json& m) { m["flat_params"][0].erase("entries"); }},
-      {"world_size", [](nlohmann::json& m) {
+      {"world_size",
+       [](nlohmann::json& m) {
          m["world_size"] = 0;
          m["files"] = nlohmann::json::array();
        }},
@@ -405,7 +415,8 @@ TEST(Checkpoint, ChecksEachTensorItReadsAndOnlyThose) {
   fresh_dir(world, root);
   ModelUnderTest s = make("llama-test", world, 5);
   train_steps(s, world, 1);
-  const std::string dir = fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
+  const std::string dir =
+      fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
   const at::Tensor saved_parameters = all_parameters(*s.sharded.state);
 
   // A byte of rank 0's slice of the first unit's first moment.
@@ -418,8 +429,8 @@ TEST(Checkpoint, ChecksEachTensorItReadsAndOnlyThose) {
 
   ModelUnderTest with_optimizer = make("llama-test", world, 6);
   const at::Tensor untouched = everything(with_optimizer);
-  const std::string refusal =
-      refusal_of([&] { fsdp::checkpoint::load_checkpoint(dir, *with_optimizer.sharded.state, with_optimizer.optimizer.get()); });
+  const std::string refusal = refusal_of(
+      [&] { fsdp::checkpoint::load_checkpoint(dir, *with_optimizer.sharded.state, with_optimizer.optimizer.get()); });
   if (rank == 0) {  // rank 0 reads that slice at every world size
     EXPECT_NE(refusal.find("'" + file0 + "': tensor 'p0.exp_avg' fails its checksum"), std::string::npos) << refusal;
   }
@@ -436,8 +447,8 @@ TEST(Checkpoint, ChecksEachTensorItReadsAndOnlyThose) {
   ModelUnderTest at_other_size = make("llama-test", smaller, 6);
   fsdp::checkpoint::load_checkpoint(dir, *at_other_size.sharded.state, at_other_size.optimizer.get());
   ModelUnderTest at_same_size = make("llama-test", world, 6);
-  const std::string rng_refusal =
-      refusal_of([&] { fsdp::checkpoint::load_checkpoint(dir, *at_same_size.sharded.state, at_same_size.optimizer.get()); });
+  const std::string rng_refusal = refusal_of(
+      [&] { fsdp::checkpoint::load_checkpoint(dir, *at_same_size.sharded.state, at_same_size.optimizer.get()); });
   if (rank == n - 1) EXPECT_NE(rng_refusal.find("tensor 'rng' fails its checksum"), std::string::npos) << rng_refusal;
 }
 
@@ -453,13 +464,17 @@ TEST(Checkpoint, RestoresModuleBuffersAtAnyWorldSize) {
   const std::map<std::string, at::Tensor> saved_buffers = buffers_of(source.model.state().root_module());
   ASSERT_EQ(saved_buffers.size(), 6u) << "two BatchNorms: running_mean, running_var, num_batches_tracked each";
   ASSERT_EQ(saved_buffers.at("blocks.0.norm.num_batches_tracked").item<int64_t>(), 3);
-  const std::string dir = fsdp::checkpoint::save_checkpoint(root, source.model.state(), source.optimizer.get(), {3, "conv", ""});
+  const std::string dir =
+      fsdp::checkpoint::save_checkpoint(root, source.model.state(), source.optimizer.get(), {3, "conv", ""});
   const at::Tensor saved_parameters = all_parameters(source.model.state());
   if (rank == 0) {
     fsdp::checkpoint::SafetensorsFile file0(rank_file(dir, 0, n));
     const std::string counter = "buffer.blocks.1.norm.num_batches_tracked";
-    EXPECT_TRUE(file0.contains(counter) && file0.info(counter).dtype == at::kLong) << counter << " in rank 0's file, int64";
-    if (n > 1) EXPECT_FALSE(fsdp::checkpoint::SafetensorsFile(rank_file(dir, 1, n)).contains("buffer.blocks.1.norm.running_mean"));
+    EXPECT_TRUE(file0.contains(counter) && file0.info(counter).dtype == at::kLong)
+        << counter << " in rank 0's file, int64";
+    if (n > 1)
+      EXPECT_FALSE(
+          fsdp::checkpoint::SafetensorsFile(rank_file(dir, 1, n)).contains("buffer.blocks.1.norm.running_mean"));
   }
   for (int loaded = 1; loaded <= n; ++loaded) {
     auto load_group = world->split(rank < loaded ? 0 : 1, rank);
@@ -470,7 +485,8 @@ TEST(Checkpoint, RestoresModuleBuffersAtAnyWorldSize) {
     for (const auto& [name, value] : saved_buffers) {
       EXPECT_TRUE(torch::equal(restored.at(name), value)) << name << ", loaded at " << load_group->size() << " ranks";
     }
-    EXPECT_TRUE(torch::equal(all_parameters(target.model.state()), saved_parameters)) << "loaded at " << load_group->size();
+    EXPECT_TRUE(torch::equal(all_parameters(target.model.state()), saved_parameters))
+        << "loaded at " << load_group->size();
   }
 }
 
@@ -482,21 +498,23 @@ TEST(Checkpoint, RefusesCheckpointsWhoseBuffersDifferFromTheModels) {
   fresh_dir(world, root);
   ConvNetUnderTest tracking = make_conv_net(world, 3, true);
   ConvNetUnderTest stateless = make_conv_net(world, 3, false);
-  const std::string with_buffers =
-      fsdp::checkpoint::save_checkpoint(root + "/tracking", tracking.model.state(), tracking.optimizer.get(), {1, "conv", ""});
-  const std::string without_buffers =
-      fsdp::checkpoint::save_checkpoint(root + "/stateless", stateless.model.state(), stateless.optimizer.get(), {1, "conv", ""});
+  const std::string with_buffers = fsdp::checkpoint::save_checkpoint(root + "/tracking", tracking.model.state(),
+                                                                     tracking.optimizer.get(), {1, "conv", ""});
+  const std::string without_buffers = fsdp::checkpoint::save_checkpoint(root + "/stateless", stateless.model.state(),
+                                                                        stateless.optimizer.get(), {1, "conv", ""});
 
   ConvNetUnderTest target = make_conv_net(world, 8, true);
   const at::Tensor parameters = all_parameters(target.model.state());
-  const std::string missing =
-      refusal_of([&] { fsdp::checkpoint::load_checkpoint(without_buffers, target.model.state(), target.optimizer.get()); });
-  if (!missing.empty()) EXPECT_NE(missing.find("holds no buffer 'blocks.0.norm.running_mean' [4] F32"), std::string::npos) << missing;
+  const std::string missing = refusal_of(
+      [&] { fsdp::checkpoint::load_checkpoint(without_buffers, target.model.state(), target.optimizer.get()); });
+  if (!missing.empty())
+    EXPECT_NE(missing.find("holds no buffer 'blocks.0.norm.running_mean' [4] F32"), std::string::npos) << missing;
   EXPECT_TRUE(torch::equal(all_parameters(target.model.state()), parameters)) << "nothing may be loaded half-way";
 
   ConvNetUnderTest stateless_target = make_conv_net(world, 8, false);
-  const std::string extra = refusal_of(
-      [&] { fsdp::checkpoint::load_checkpoint(with_buffers, stateless_target.model.state(), stateless_target.optimizer.get()); });
+  const std::string extra = refusal_of([&] {
+    fsdp::checkpoint::load_checkpoint(with_buffers, stateless_target.model.state(), stateless_target.optimizer.get());
+  });
   if (!extra.empty()) EXPECT_NE(extra.find("that this model does not have"), std::string::npos) << extra;
 }
 
@@ -509,7 +527,8 @@ TEST(Checkpoint, LoadsVersionOneCheckpoints) {
   fresh_dir(world, root);
   ModelUnderTest s = make("llama-test", world, 5);
   train_steps(s, world, 1);
-  const std::string dir = fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
+  const std::string dir =
+      fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
   const at::Tensor saved = everything(s);
   if (rank == 0) {  // what version 1 wrote: the same files, a manifest without the new entries
     nlohmann::json manifest;
@@ -529,7 +548,8 @@ TEST(Checkpoint, LoadsVersionOneCheckpoints) {
   if (rank == 0) flip_byte(file0, first_byte_of(file0, "p0.exp_avg"));
   world->barrier()->wait();
   ModelUnderTest weights_only = make("llama-test", world, 6);
-  const std::string refusal = refusal_of([&] { fsdp::checkpoint::load_checkpoint(dir, *weights_only.sharded.state, nullptr); });
+  const std::string refusal =
+      refusal_of([&] { fsdp::checkpoint::load_checkpoint(dir, *weights_only.sharded.state, nullptr); });
   if (rank == 0) EXPECT_NE(refusal.find("'" + file0 + "' fails its checksum"), std::string::npos) << refusal;
 }
 
@@ -558,7 +578,8 @@ TEST(HfWeights, ExportThenImportRoundTrips) {
       ModelUnderTest t = make(model, world, 22);
       fsdp::checkpoint::import_weights(*t.sharded.state, t.sharded.config, path);
       for (auto& [name, tensor] : t.sharded.state->full_parameters()) {
-        const at::Tensor want = path == file + ".bf16" ? expected[name].to(at::kBFloat16).to(at::kFloat) : expected[name];
+        const at::Tensor want =
+            path == file + ".bf16" ? expected[name].to(at::kBFloat16).to(at::kFloat) : expected[name];
         EXPECT_TRUE(torch::equal(tensor, want)) << model << " " << path << " " << name;
       }
     }

@@ -40,7 +40,9 @@ constexpr double kLr = 0.2;
 
 using fsdp_test::Trajectory;
 
-fsdp::models::ClipConfig clip_test() { return std::get<fsdp::models::ClipConfig>(fsdp::models::model_config("clip-test")); }
+fsdp::models::ClipConfig clip_test() {
+  return std::get<fsdp::models::ClipConfig>(fsdp::models::model_config("clip-test"));
+}
 
 struct Case {
   fsdp::runtime::ShardingStrategy strategy = fsdp::runtime::ShardingStrategy::FullShard;
@@ -71,9 +73,10 @@ Pairs pairs_of_step(int step) {
   auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(900 + step));
   at::Tensor labels = at::randint(0, 10, {kGlobalBatch}, generator, at::kLong);
   // Images that depend on the label, so that the towers have something to agree on.
-  at::Tensor images = at::randn({kGlobalBatch, 1, 28, 28}, generator) * 0.5 + labels.to(at::kFloat).view({-1, 1, 1, 1}) / 5.0;
-  fsdp::data::CaptionWriter writer(fsdp::data::fashion_mnist_class_names(), fsdp::data::caption_templates(), config.context,
-                                   config.eos_token);
+  at::Tensor images =
+      at::randn({kGlobalBatch, 1, 28, 28}, generator) * 0.5 + labels.to(at::kFloat).view({-1, 1, 1, 1}) / 5.0;
+  fsdp::data::CaptionWriter writer(fsdp::data::fashion_mnist_class_names(), fsdp::data::caption_templates(),
+                                   config.context, config.eos_token);
   std::vector<int64_t> indices(kGlobalBatch);
   for (int64_t i = 0; i < kGlobalBatch; ++i) indices[i] = i;
   return {images, writer.captions(labels, indices, step, 5)};
@@ -107,7 +110,8 @@ Trajectory run_fsdp(const Case& c) {
   const int rank = world->rank(), n = world->size();
   fsdp::runtime::FsdpOptions options;
   options.strategy = c.strategy;
-  if (c.strategy == fsdp::runtime::ShardingStrategy::HybridShard) options.shard_group_size = 2;  // 2 replicas x 2 shards
+  if (c.strategy == fsdp::runtime::ShardingStrategy::HybridShard)
+    options.shard_group_size = 2;  // 2 replicas x 2 shards
   const fsdp::models::ModelConfig config = c.model();
   if (c.tower_units) {
     options.wrap_policy.module_paths = fsdp::models::tower_paths(config);
@@ -152,7 +156,8 @@ void expect_parity(const Case& c) {
   fsdp_test::expect_same_trajectory(reference, sharded, kTolerance);
   EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.05) << "the loss should fall";
   if (c.lora_rank == 0) {
-    EXPECT_NE(reference.params.at("logit_scale").item<double>(), std::log(1.0 / 0.07)) << "the temperature should train";
+    EXPECT_NE(reference.params.at("logit_scale").item<double>(), std::log(1.0 / 0.07))
+        << "the temperature should train";
   }
   // A frozen tower is where it started, to the bit.
   if (c.freeze_text || c.freeze_vision) {
@@ -171,7 +176,8 @@ void expect_parity(const Case& c) {
     for (const auto& [name, tensor] : reference.params) {
       if (name.find(".lora_") == std::string::npos) continue;
       ++adapters;
-      EXPECT_EQ(name.rfind(c.freeze_vision ? "text_model." : "vision_model.", 0), 0u) << name << " is in the frozen tower";
+      EXPECT_EQ(name.rfind(c.freeze_vision ? "text_model." : "vision_model.", 0), 0u)
+          << name << " is in the frozen tower";
     }
     EXPECT_EQ(adapters, 2 * 2 * 6) << "two blocks x six linear layers x (A, B)";
   }

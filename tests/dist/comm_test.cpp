@@ -30,9 +30,7 @@ double sum_tolerance(at::ScalarType type) {
 }
 
 // Input of rank r: element i = r * k + i (exact in every dtype for the sizes used: < 256 for bf16).
-at::Tensor ramp(int rank, int64_t k, at::ScalarType type) {
-  return (at::arange(k, at::kDouble) + rank * k).to(type);
-}
+at::Tensor ramp(int rank, int64_t k, at::ScalarType type) { return (at::arange(k, at::kDouble) + rank * k).to(type); }
 
 TEST(Comm, AllGatherEveryDtype) {
   auto g = world();
@@ -50,23 +48,26 @@ TEST(Comm, ReduceScatterSumAndAverage) {
   auto g = world();
   const int n = g->size();
   // 5: MPI's own reduce-scatter; 20000 per rank: our ring (large buffers).
-  for (const int64_t k : {int64_t{5}, int64_t{20000}}) for (auto type : kAllTypes) {
-    // Every rank contributes (r + 1) * (i mod 1000); the sum is N(N+1)/2 * (i mod 1000), below fp16's
-    // largest value (65504) at N <= 4.
-    at::Tensor input = (at::arange(k * n, at::kDouble).remainder(1000) * (g->rank() + 1)).to(type);
-    at::Tensor output = at::empty({k}, type);
-    g->reduce_scatter(output, input, ReduceOp::Sum)->wait();
-    at::Tensor expected = at::arange(g->rank() * k, (g->rank() + 1) * k, at::kDouble).remainder(1000) * (n * (n + 1) / 2.0);
-    if (sum_tolerance(type) > 0) {
-      EXPECT_TRUE(at::allclose(output.to(at::kDouble), expected, /*rtol=*/sum_tolerance(type), /*atol=*/0)) << type << " k=" << k;
-    } else {
-      EXPECT_TRUE(output.to(at::kDouble).equal(expected)) << type << " k=" << k;
+  for (const int64_t k : {int64_t{5}, int64_t{20000}})
+    for (auto type : kAllTypes) {
+      // Every rank contributes (r + 1) * (i mod 1000); the sum is N(N+1)/2 * (i mod 1000), below fp16's
+      // largest value (65504) at N <= 4.
+      at::Tensor input = (at::arange(k * n, at::kDouble).remainder(1000) * (g->rank() + 1)).to(type);
+      at::Tensor output = at::empty({k}, type);
+      g->reduce_scatter(output, input, ReduceOp::Sum)->wait();
+      at::Tensor expected =
+          at::arange(g->rank() * k, (g->rank() + 1) * k, at::kDouble).remainder(1000) * (n * (n + 1) / 2.0);
+      if (sum_tolerance(type) > 0) {
+        EXPECT_TRUE(at::allclose(output.to(at::kDouble), expected, /*rtol=*/sum_tolerance(type), /*atol=*/0))
+            << type << " k=" << k;
+      } else {
+        EXPECT_TRUE(output.to(at::kDouble).equal(expected)) << type << " k=" << k;
+      }
+      if (type == at::kLong) continue;  // average of int64 is refused (tested below)
+      g->reduce_scatter(output, input, ReduceOp::Average)->wait();
+      EXPECT_TRUE(at::allclose(output.to(at::kDouble), expected / n, std::max(sum_tolerance(type), 1e-7), 0))
+          << type << " k=" << k;
     }
-    if (type == at::kLong) continue;  // average of int64 is refused (tested below)
-    g->reduce_scatter(output, input, ReduceOp::Average)->wait();
-    EXPECT_TRUE(at::allclose(output.to(at::kDouble), expected / n, std::max(sum_tolerance(type), 1e-7), 0))
-        << type << " k=" << k;
-  }
 }
 
 // Buffers large enough for the point-to-point ring paths (FSDP_COMM_WAIT=backoff: all-gather of
@@ -131,7 +132,8 @@ TEST(Comm, SixteenBitSumsLoseNoMoreThanOneRounding) {
     // own rounding while accumulating (relative 2^-24 per addition, covered by the 1e-5 slack).
     // fp16's subnormals (below 2^-14) have a fixed ulp of 2^-24.
     at::Tensor error = (summed.to(at::kDouble) - exact).abs();
-    at::Tensor half_ulp = at::pow(2.0, at::floor(at::log2(exact.abs() + 1e-30)) - mantissa_bits).clamp_min(type == at::kHalf ? std::pow(2.0, -25) : 0.0);
+    at::Tensor half_ulp = at::pow(2.0, at::floor(at::log2(exact.abs() + 1e-30)) - mantissa_bits)
+                              .clamp_min(type == at::kHalf ? std::pow(2.0, -25) : 0.0);
     at::Tensor excess = error - half_ulp * (1 + 1e-5);
     EXPECT_LE(excess.max().item<double>(), 0.0) << type << " sum lost more than one rounding";
   }
@@ -263,7 +265,9 @@ TEST(Comm, BytesGatherAndBroadcastUnchanged) {
     at::Tensor output = at::zeros({k * g->size()}, at::kByte);
     g->all_gather(output, input)->wait();
     for (int r = 0; r < g->size(); ++r) {
-      EXPECT_TRUE(output.narrow(0, r * k, k).equal((at::arange(k, at::kLong) * 7 + r * 31).remainder(256).to(at::kByte))) << r;
+      EXPECT_TRUE(
+          output.narrow(0, r * k, k).equal((at::arange(k, at::kLong) * 7 + r * 31).remainder(256).to(at::kByte)))
+          << r;
     }
     at::Tensor t = input.clone();
     g->broadcast(t, g->size() - 1)->wait();
@@ -295,7 +299,8 @@ TEST(Comm, MemoryInUseByACollectiveIsNotHandedBack) {
       refused = e.what();
     }
     EXPECT_NE(refused.find("in use by a collective in flight"), std::string::npos) << refused;
-    EXPECT_NE(refused.find("all_gather(262144 x " + std::to_string(world->size()) + " Float)"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("all_gather(262144 x " + std::to_string(world->size()) + " Float)"), std::string::npos)
+        << refused;
     EXPECT_NE(refused.find("unit 'blocks.3'"), std::string::npos) << refused;
   }
   work->wait();

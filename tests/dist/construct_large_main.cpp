@@ -14,7 +14,6 @@
 
 namespace construct_large_main {
 
-
 struct BigBlockImpl : torch::nn::Module {
   torch::nn::Linear up{nullptr}, down{nullptr};
   BigBlockImpl() {
@@ -61,10 +60,11 @@ int main() {
   at::Tensor worst = at::tensor({peak - baseline}, at::kLong);
   world->all_reduce(worst, fsdp::comm::ReduceOp::Max)->wait();
   if (world->rank() == 0) {
-    std::printf("model %.2f GB (%lld parameters) at %d ranks: worst rank's peak growth while building %.2f GB, "
-                "bound %.2f GB (1/%d of the model + 3 units), unsharded build would need %.2f GB\n",
-                model_bytes / 1e9, static_cast<long long>(model_bytes / 4), world->size(),
-                worst.item<int64_t>() / 1e9, bound / 1e9, world->size(), model_bytes / 1e9);
+    std::printf(
+        "model %.2f GB (%lld parameters) at %d ranks: worst rank's peak growth while building %.2f GB, "
+        "bound %.2f GB (1/%d of the model + 3 units), unsharded build would need %.2f GB\n",
+        model_bytes / 1e9, static_cast<long long>(model_bytes / 4), world->size(), worst.item<int64_t>() / 1e9,
+        bound / 1e9, world->size(), model_bytes / 1e9);
   }
   const bool ok = worst.item<int64_t>() <= bound && finite;
   if (world->rank() == 0) std::printf("%s\n", ok ? "PASS" : "FAIL");

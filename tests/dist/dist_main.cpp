@@ -15,6 +15,7 @@ class FailuresOnly : public ::testing::EmptyTestEventListener {
                    result.line_number(), result.summary());
     }
   }
+
  private:
   int rank_;
 };

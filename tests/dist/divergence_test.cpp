@@ -33,7 +33,8 @@ std::vector<fsdp::comm::CollectiveFingerprint> every_rank_fingerprint(const fsdp
   at::Tensor all = at::empty({3 * n}, at::kDouble);
   world->all_gather(all, at::tensor({mine[0], mine[1], mine[2]}, at::kDouble))->wait();
   std::vector<fsdp::comm::CollectiveFingerprint> every_rank;
-  for (int r = 0; r < n; ++r) every_rank.push_back(fsdp::comm::fingerprint_from_doubles(all.data_ptr<double>() + 3 * r));
+  for (int r = 0; r < n; ++r)
+    every_rank.push_back(fsdp::comm::fingerprint_from_doubles(all.data_ptr<double>() + 3 * r));
   return every_rank;
 }
 
@@ -95,8 +96,10 @@ TEST(Divergence, OnlyTheOrderWithinEachCommunicatorCounts) {
   } catch (const fsdp::comm::AgreedStop& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("on rank 0: reduce_scatter(average, 16 Float) [group world/split#1, collective 1 there]"),
-              std::string::npos) << what;
-    EXPECT_NE(what.find("on rank 1: all_gather(8 x 2 Float) [group world/split#1, collective 1 there]"), std::string::npos)
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("on rank 1: all_gather(8 x 2 Float) [group world/split#1, collective 1 there]"),
+              std::string::npos)
         << what;
   }
 }
@@ -120,7 +123,8 @@ TEST(Divergence, HybridShardingStillCatchesARankRunningBlocksInAnotherOrder) {
     // The forward's first gathers on the shard group (the second split of world at N = 4, the
     // first below it, where the shard groups of one rank are still split off).
     EXPECT_NE(what.find("on rank 0: unit 'blocks.0': all_gather("), std::string::npos) << what;
-    EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos) << what;
+    EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos)
+        << what;
     EXPECT_NE(what.find("[group world/split#"), std::string::npos) << what;
   }
 }
@@ -138,7 +142,8 @@ TEST(Divergence, ARankRunningBlocksInAnotherOrderStopsEveryRankNamingTheCollecti
     // Rank 0 starts with blocks.0; the last rank with blocks.2 (the forward's first gathers).
     EXPECT_NE(what.find("ranks issued different collectives in step 1"), std::string::npos) << what;
     EXPECT_NE(what.find("on rank 0: unit 'blocks.0': all_gather("), std::string::npos) << what;
-    EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos) << what;
+    EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos)
+        << what;
   }
 }
 
@@ -162,10 +167,12 @@ TEST(Divergence, AgreedBeforeUseStopsEveryRankInsideTheStep) {
     const std::string what = e.what();
     if (e.should_report()) std::printf("%s\n", what.c_str());
     EXPECT_EQ(e.should_report(), fsdp::comm::init_world()->rank() == 0);
-    EXPECT_NE(what.find("ranks issued different collectives on group world (agreed before use"), std::string::npos) << what;
+    EXPECT_NE(what.find("ranks issued different collectives on group world (agreed before use"), std::string::npos)
+        << what;
     EXPECT_NE(what.find(std::string(n > 2 ? "on ranks 0, " : "on rank 0: ")), std::string::npos) << what;
     EXPECT_NE(what.find("unit 'blocks.0': all_gather("), std::string::npos) << what;
-    EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos) << what;
+    EXPECT_NE(what.find("on rank " + std::to_string(n - 1) + ": unit 'blocks.2': all_gather("), std::string::npos)
+        << what;
     EXPECT_EQ(what.find("in step 1"), std::string::npos) << "stopped at the step's end, not before use: " << what;
   }
 }

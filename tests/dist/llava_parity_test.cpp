@@ -41,7 +41,7 @@ using fsdp_test::Trajectory;
 struct Case {
   fsdp::runtime::ShardingStrategy strategy = fsdp::runtime::ShardingStrategy::FullShard;
   bool freeze_vision = false;
-  int64_t lora_rank = 0;  // adapters on every linear layer of the Llama (its base frozen)
+  int64_t lora_rank = 0;    // adapters on every linear layer of the Llama (its base frozen)
   bool tower_unit = false;  // the image tower one unit (fsdp.wrap = "tower"), the Llama's blocks units
 
   fsdp::models::LlavaConfig model() const {
@@ -66,8 +66,10 @@ Examples examples_of_step(int step) {
   const auto config = Case{}.model();
   auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(700 + step));
   const at::Tensor labels = at::randint(0, 10, {kGlobalBatch}, generator, at::kLong);
-  const at::Tensor images = at::randn({kGlobalBatch, 1, 28, 28}, generator) * 0.5 + labels.to(at::kFloat).view({-1, 1, 1, 1}) / 5.0;
-  const fsdp::data::ImageChatWriter writer(fsdp::data::fashion_mnist_class_names(), config.image_tokens(), config.image_token, 256);
+  const at::Tensor images =
+      at::randn({kGlobalBatch, 1, 28, 28}, generator) * 0.5 + labels.to(at::kFloat).view({-1, 1, 1, 1}) / 5.0;
+  const fsdp::data::ImageChatWriter writer(fsdp::data::fashion_mnist_class_names(), config.image_tokens(),
+                                           config.image_token, 256);
   const auto rows = writer.examples(labels);
   return {images, rows.ids, rows.targets};
 }
@@ -85,8 +87,9 @@ Trajectory run_reference(const Case& c) {
     optimizer->zero_grad();
     const Examples batch = examples_of_step(step);
     const at::Tensor logits = model.image_text_logits(batch.images, batch.ids);  // [B, t, vocab]
-    const at::Tensor loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}), batch.targets.reshape(-1), torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+    const at::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape(-1),
+                                             torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
     loss.backward();
     result.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(trained, 1.0));
     optimizer->step();
@@ -101,7 +104,8 @@ Trajectory run_fsdp(const Case& c) {
   const int rank = world->rank(), n = world->size();
   fsdp::runtime::FsdpOptions options;
   options.strategy = c.strategy;
-  if (c.strategy == fsdp::runtime::ShardingStrategy::HybridShard) options.shard_group_size = 2;  // 2 replicas x 2 shards
+  if (c.strategy == fsdp::runtime::ShardingStrategy::HybridShard)
+    options.shard_group_size = 2;  // 2 replicas x 2 shards
   const fsdp::models::ModelConfig config = c.model();
   if (c.tower_unit) {
     options.wrap_policy.module_types = {"LlamaBlock"};
@@ -128,8 +132,9 @@ Trajectory run_fsdp(const Case& c) {
     optimizer.zero_grad();
     const Examples batch = examples_of_step(step);
     const double answer_tokens = batch.targets.ne(-100).sum().item<double>();  // the whole global batch's
-    const at::Tensor share = model.image_text_loss(batch.images.narrow(0, rank * local, local), batch.ids.narrow(0, rank * local, local),
-                                                   batch.targets.narrow(0, rank * local, local), /*chunk_rows=*/16);
+    const at::Tensor share =
+        model.image_text_loss(batch.images.narrow(0, rank * local, local), batch.ids.narrow(0, rank * local, local),
+                              batch.targets.narrow(0, rank * local, local), /*chunk_rows=*/16);
     // The trainer's convention: each rank's sum times N / (the global count); FSDP averages over ranks.
     (share * (static_cast<double>(n) / answer_tokens)).backward();
     result.grad_norms.push_back(fsdp::optim::clip_grad_norm(*state, 1.0));
@@ -160,7 +165,8 @@ void expect_parity(const Case& c) {
     }
   }
   EXPECT_GE(frozen, 16 + 2) << "the unread block's 16 tensors and post_layernorm's 2";
-  EXPECT_FALSE(sharded.params.at("multi_modal_projector.linear_1.weight").equal(initial.module->named_parameters()["multi_modal_projector.linear_1.weight"]));
+  EXPECT_FALSE(sharded.params.at("multi_modal_projector.linear_1.weight")
+                   .equal(initial.module->named_parameters()["multi_modal_projector.linear_1.weight"]));
 }
 
 using fsdp::runtime::ShardingStrategy;

@@ -56,7 +56,8 @@ at::Tensor batch_of_step(int step) {
 
 at::Tensor loss_of(const fsdp::models::BuiltModel& model, const at::Tensor& windows) {
   auto logits = model.forward(windows.narrow(1, 0, kSeq));
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), windows.narrow(1, 1, kSeq).reshape(-1));
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              windows.narrow(1, 1, kSeq).reshape(-1));
 }
 
 Trajectory run_reference(const Case& c) {
@@ -109,7 +110,8 @@ Trajectory run_fsdp(const Case& c) {
       << "two blocks, the embedding and head units, and the root";
   std::unique_ptr<fsdp::optim::ShardedOptimizer> optimizer;
   if (c.adamw) {
-    optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*state, fsdp::optim::AdamWOptions{lr_of(c), 0.9, 0.95, 1e-8, 0.1});
+    optimizer =
+        std::make_unique<fsdp::optim::ShardedAdamW>(*state, fsdp::optim::AdamWOptions{lr_of(c), 0.9, 0.95, 1e-8, 0.1});
   } else {
     optimizer = std::make_unique<fsdp::optim::ShardedSgd>(*state, fsdp::optim::SgdOptions{lr_of(c), 0.9, 0.01});
   }

@@ -31,7 +31,8 @@ TrainingRun make_run(const ProcessGroupPtr& group) {
   config.seed = 3;
   TrainingRun run;
   run.sharded = fsdp::train::build_sharded_model(config, 256, group);
-  run.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*run.sharded.state, fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
+  run.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*run.sharded.state,
+                                                              fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
   return run;
 }
 
@@ -48,7 +49,8 @@ void forward_backward(TrainingRun& run, const ProcessGroupPtr& group, int batch,
 }
 
 // A training step as the trainer takes it: clip, ask the guard, step only when it says so.
-bool train_step(TrainingRun& run, const ProcessGroupPtr& group, int batch, int poisoned_rank, fsdp::optim::NonFiniteStepGuard& guard) {
+bool train_step(TrainingRun& run, const ProcessGroupPtr& group, int batch, int poisoned_rank,
+                fsdp::optim::NonFiniteStepGuard& guard) {
   forward_backward(run, group, batch, poisoned_rank);
   const double norm = fsdp::optim::clip_grad_norm(*run.sharded.state, 1.0);
   const bool stepped = guard.should_step(norm, batch);
@@ -61,7 +63,8 @@ at::Tensor local_state(TrainingRun& run) {
   std::vector<at::Tensor> parts;
   for (auto* flat : run.sharded.state->flat_params()) parts.push_back(flat->shard().clone());
   for (size_t slot = 0; slot < run.optimizer->slot_count(); ++slot) {
-    for (size_t w = 0; w < run.optimizer->state_names().size(); ++w) parts.push_back(run.optimizer->state_tensor(slot, w).clone());
+    for (size_t w = 0; w < run.optimizer->state_names().size(); ++w)
+      parts.push_back(run.optimizer->state_tensor(slot, w).clone());
   }
   return at::cat(parts);
 }
@@ -78,7 +81,8 @@ TEST(NonFinite, EveryRankSkipsTheStepAndLaterStepsTrainNormally) {
   ASSERT_TRUE(train_step(run, world, 1, -1, guard));
   const at::Tensor before = local_state(run);
   const int64_t steps_before = run.optimizer->step_count();
-  EXPECT_FALSE(train_step(run, world, 2, poisoned, guard)) << "a NaN on rank " << poisoned << " must skip the step here too";
+  EXPECT_FALSE(train_step(run, world, 2, poisoned, guard))
+      << "a NaN on rank " << poisoned << " must skip the step here too";
   EXPECT_TRUE(same_bits(local_state(run), before)) << "the skipped step changed this rank's shards or optimizer state";
   EXPECT_EQ(run.optimizer->step_count(), steps_before);
   EXPECT_EQ(guard.consecutive_skips(), 1);
@@ -94,7 +98,8 @@ TEST(NonFinite, EveryRankSkipsTheStepAndLaterStepsTrainNormally) {
   for (int batch : {0, 1, 3, 4}) ASSERT_TRUE(train_step(reference, world, batch, -1, reference_guard));
   const at::Tensor after = local_state(run);
   EXPECT_TRUE(at::isfinite(after).all().item<bool>());
-  EXPECT_TRUE(same_bits(after, local_state(reference))) << "finite steps after a skipped one must train as if it never happened";
+  EXPECT_TRUE(same_bits(after, local_state(reference)))
+      << "finite steps after a skipped one must train as if it never happened";
 }
 
 TEST(NonFinite, StopsAfterMaxConsecutiveNonFiniteSteps) {
@@ -108,7 +113,8 @@ TEST(NonFinite, StopsAfterMaxConsecutiveNonFiniteSteps) {
     train_step(run, world, 2, 0, guard);
     FAIL() << "the third non-finite step in a row must stop";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("step 2: gradient norm nan, not finite for 3 steps in a row (the limit), 3 steps skipped"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "step 2: gradient norm nan, not finite for 3 steps in a row (the limit), 3 steps skipped"),
               std::string::npos)
         << e.what();
   }
@@ -138,7 +144,8 @@ TEST(NonFinite, ClipGradNormLeavesNonFiniteGradientsAsTheyAre) {
     if (std::isinf(bad)) EXPECT_TRUE(std::isinf(norm)) << norm;
     const auto flats = run.sharded.state->flat_params();
     for (size_t i = 0; i < flats.size(); ++i) {
-      EXPECT_TRUE(same_bits(flats[i]->shard_grad(), grads[i])) << "gradients of " << flats[i]->unit_name() << " changed, norm " << norm;
+      EXPECT_TRUE(same_bits(flats[i]->shard_grad(), grads[i]))
+          << "gradients of " << flats[i]->unit_name() << " changed, norm " << norm;
     }
   }
 }

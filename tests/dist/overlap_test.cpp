@@ -48,7 +48,8 @@ at::Tensor ids_of_step(int step, int rank, int64_t vocab) {
   return at::randint(vocab, {12, 9}, generator, at::kLong);
 }
 
-at::Tensor loss_on(fsdp::runtime::FullyShardedModule<TinyTransformerImpl>& model, const at::Tensor& ids, int64_t vocab) {
+at::Tensor loss_on(fsdp::runtime::FullyShardedModule<TinyTransformerImpl>& model, const at::Tensor& ids,
+                   int64_t vocab) {
   auto logits = model.forward(ids.narrow(1, 0, 8)).to(at::kFloat);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}), ids.narrow(1, 1, 8).reshape(-1));
 }
@@ -104,7 +105,8 @@ TEST(Prefetch, ChangesNoResultBitwise) {
       for (size_t i = 0; i < plain.losses.size(); ++i) EXPECT_EQ(prefetched.losses[i], plain.losses[i]) << what;
       ASSERT_EQ(prefetched.params.size(), plain.params.size());
       for (size_t i = 0; i < plain.params.size(); ++i) {
-        EXPECT_TRUE(at::equal(prefetched.params[i].second, plain.params[i].second)) << what << " " << plain.params[i].first;
+        EXPECT_TRUE(at::equal(prefetched.params[i].second, plain.params[i].second))
+            << what << " " << plain.params[i].first;
       }
       if (strategy == ShardingStrategy::FullShard) {
         // From the second step on, forward and backward gathers of blocks are issued ahead.
@@ -149,10 +151,12 @@ TEST(Prefetch, GatheredBytesStayWithinTheBudget) {
     loss.backward();
     const auto step = model.state().memory_stats();
     const int64_t unit = forward.largest_unit_bytes, root = forward.root_unit_bytes;
-    if (model.state().group()->rank() == 0) std::printf("K=%d unit %lld B root %lld B: forward peak %lld B (%.2f units besides the root), step peak %lld B\n",
-                budget, static_cast<long long>(unit), static_cast<long long>(root),
-                static_cast<long long>(forward.peak_gathered_bytes),
-                static_cast<double>(forward.peak_gathered_bytes - root) / unit, static_cast<long long>(step.peak_gathered_bytes));
+    if (model.state().group()->rank() == 0)
+      std::printf("K=%d unit %lld B root %lld B: forward peak %lld B (%.2f units besides the root), step peak %lld B\n",
+                  budget, static_cast<long long>(unit), static_cast<long long>(root),
+                  static_cast<long long>(forward.peak_gathered_bytes),
+                  static_cast<double>(forward.peak_gathered_bytes - root) / unit,
+                  static_cast<long long>(step.peak_gathered_bytes));
     // Forward: the root, the computing block and exactly K prefetched ones (6 blocks > K + 1).
     EXPECT_EQ(forward.peak_gathered_bytes, root + (budget + 1) * unit) << "K=" << budget;
     // The whole step: the root's parameters and gradient, the computing block's parameters and
@@ -203,7 +207,8 @@ TEST(Prefetch, Nf4UnitsInFlightHoldTheirBytesNotTheirDecodedValues) {
     if (budget == 0) {
       forward_peak_without_prefetch = forward.peak_gathered_bytes;
     } else {
-      EXPECT_EQ(forward.peak_gathered_bytes - forward_peak_without_prefetch, budget * (trainable + nf4_bytes)) << "K=" << budget;
+      EXPECT_EQ(forward.peak_gathered_bytes - forward_peak_without_prefetch, budget * (trainable + nf4_bytes))
+          << "K=" << budget;
     }
   }
 }
@@ -236,8 +241,11 @@ TEST(Prefetch, ExposedCommunicationIsMeasured) {
 // backward here takes at least 30 ms (a sleeping identity), far longer than a reduce-scatter of
 // 11 k floats, so by the next block's hooks the previous reduce-scatter is done.
 struct SlowBackward : torch::autograd::Function<SlowBackward> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return {x.clone()}; }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list grads) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return {x.clone()};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     return grads;
   }
@@ -269,7 +277,8 @@ struct SleepyModelImpl : torch::nn::Module {
 // sharding. It is refused now, naming the variable, on every rank alike.
 TEST(HybridShard, TheDefaultShardGroupNeedsTheLaunchersNodeSize) {
   auto world = fsdp::comm::init_world();
-  if (world->size() < 2 || std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") == nullptr) GTEST_SKIP() << "needs mpirun's variables, N >= 2";
+  if (world->size() < 2 || std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE") == nullptr)
+    GTEST_SKIP() << "needs mpirun's variables, N >= 2";
   const std::string local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   FsdpOptions options;
@@ -281,7 +290,8 @@ TEST(HybridShard, TheDefaultShardGroupNeedsTheLaunchersNodeSize) {
     message = e.what();
   }
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local_size.c_str(), 1);
-  EXPECT_NE(message.find("does not say how many run on a node (OMPI_COMM_WORLD_LOCAL_SIZE unset)"), std::string::npos) << message;
+  EXPECT_NE(message.find("does not say how many run on a node (OMPI_COMM_WORLD_LOCAL_SIZE unset)"), std::string::npos)
+      << message;
   options.shard_group_size = 1;  // said outright: fine
   unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   EXPECT_NO_THROW(fsdp::runtime::make_sharding_groups(world, options));
@@ -297,7 +307,8 @@ TEST(HybridShard, ReplicaReductionsOverlapBackward) {
   options.max_inflight = 6;      // no budget pressure: only the schedule decides when they are issued
   options.wrap_policy.module_types = {"SleepyBlock"};
   torch::manual_seed(kSeed);
-  auto model = fsdp::runtime::build_fully_sharded<SleepyModelImpl>(world, options, [] { return std::make_shared<SleepyModelImpl>(); });
+  auto model = fsdp::runtime::build_fully_sharded<SleepyModelImpl>(world, options,
+                                                                   [] { return std::make_shared<SleepyModelImpl>(); });
   model.forward(torch::randn({4, 64}, at::TensorOptions().requires_grad(true))).sum().backward();
   const auto stats = model.state().comm_stats();
   EXPECT_EQ(stats.replica_reductions, 6) << "one per block (the root holds no parameters)";
@@ -332,7 +343,8 @@ TEST(ActivationCheckpointing, GradientsEqualThePlainRun) {
     auto actual = shard_grads_after_one_step(checkpointed, config);
     ASSERT_EQ(actual.size(), expected.size());
     for (size_t i = 0; i < expected.size(); ++i) {
-      EXPECT_LE((actual[i] - expected[i]).abs().max().item<double>(), 1e-6) << fsdp::runtime::to_string(strategy) << " flat " << i;
+      EXPECT_LE((actual[i] - expected[i]).abs().max().item<double>(), 1e-6)
+          << fsdp::runtime::to_string(strategy) << " flat " << i;
       EXPECT_GT(expected[i].abs().max().item<double>(), 0.0);
     }
   }
@@ -364,7 +376,8 @@ TEST(ActivationCheckpointing, EveryKthBlockOnly) {
       ++blocks_seen;
       const fsdp::nn::ForwardHooks* hooks = fsdp::nn::find_forward_hooks(item.value().get());
       const bool expected_recomputed = std::find(names.begin(), names.end(), name) != names.end();
-      EXPECT_EQ(hooks != nullptr && hooks->checkpoint_activations, expected_recomputed) << "every " << every << ", " << name;
+      EXPECT_EQ(hooks != nullptr && hooks->checkpoint_activations, expected_recomputed)
+          << "every " << every << ", " << name;
     }
     EXPECT_EQ(blocks_seen, 6);
     auto actual = shard_grads_after_one_step(options, config);
@@ -392,7 +405,8 @@ std::vector<at::Tensor> gpt_shard_grads(bool checkpointing) {
   options.wrap_policy.module_types = {"GptBlock"};
   options.activation_checkpointing = checkpointing;
   torch::manual_seed(kSeed);
-  auto model = fsdp::runtime::fully_shard(std::make_shared<fsdp::models::GptImpl>(config), fsdp::comm::init_world(), options);
+  auto model =
+      fsdp::runtime::fully_shard(std::make_shared<fsdp::models::GptImpl>(config), fsdp::comm::init_world(), options);
   model.module()->train();
   auto world = model.state().group();
   at::Tensor ids = at::randint(config.vocab, {4, 17}, at::detail::createCPUGenerator(7 + world->rank()), at::kLong);
@@ -495,8 +509,8 @@ Trajectory bf16_reference(int ranks, int steps) {
     for (int r = 0; r < ranks; ++r) {
       for (auto& p : copies) p.mutable_grad() = at::Tensor();
       auto logits = work->forward(ids_of_step(step % 2, r, config.vocab).narrow(1, 0, 8)).to(at::kFloat);
-      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, config.vocab}),
-                                                       ids_of_step(step % 2, r, config.vocab).narrow(1, 1, 8).reshape(-1));
+      auto loss = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, config.vocab}), ids_of_step(step % 2, r, config.vocab).narrow(1, 1, 8).reshape(-1));
       loss.backward();
       loss_sum += loss.item<double>();
       for (size_t i = 0; i < copies.size(); ++i) {
@@ -509,7 +523,8 @@ Trajectory bf16_reference(int ranks, int steps) {
     optimizer.step();
     out.losses.push_back(loss_sum / ranks);  // train_tiny records rank 0's loss: compared per rank below
   }
-  for (const auto& item : master->named_parameters()) out.params.emplace_back(item.key(), item.value().detach().clone());
+  for (const auto& item : master->named_parameters())
+    out.params.emplace_back(item.key(), item.value().detach().clone());
   return out;
 }
 
@@ -610,8 +625,8 @@ ScaledTrajectory fp16_reference(int ranks, int steps) {
     for (int r = 0; r < ranks; ++r) {
       for (auto& p : copies) p.mutable_grad() = at::Tensor();
       auto logits = work->forward(ids_of_step(step % 2, r, config.vocab).narrow(1, 0, 8)).to(at::kFloat);
-      auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, config.vocab}),
-                                                       ids_of_step(step % 2, r, config.vocab).narrow(1, 1, 8).reshape(-1));
+      auto loss = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, config.vocab}), ids_of_step(step % 2, r, config.vocab).narrow(1, 1, 8).reshape(-1));
       (loss * scale).backward();
       for (size_t i = 0; i < copies.size(); ++i) {
         at::Tensor g = copies[i].grad().to(at::kFloat);
@@ -638,7 +653,8 @@ ScaledTrajectory fp16_reference(int ranks, int steps) {
       }
     }
   }
-  for (const auto& item : master->named_parameters()) out.trajectory.params.emplace_back(item.key(), item.value().detach().clone());
+  for (const auto& item : master->named_parameters())
+    out.trajectory.params.emplace_back(item.key(), item.value().detach().clone());
   return out;
 }
 
@@ -656,7 +672,8 @@ TEST(MixedPrecision, Fp16WithLossScalingMatchesAOneProcessReference) {
   // The test sees what it guards: overflows that halve the scale, then growth after clean steps.
   ASSERT_TRUE(half.overflowed.front()) << "2^24 must overflow this model's fp16 gradients";
   EXPECT_EQ(half.scales[1], half.scales[0] / 2) << "an overflow halves the scale";
-  EXPECT_TRUE(std::find(half.overflowed.begin(), half.overflowed.end(), false) != half.overflowed.end()) << "some step applied";
+  EXPECT_TRUE(std::find(half.overflowed.begin(), half.overflowed.end(), false) != half.overflowed.end())
+      << "some step applied";
   bool grew = false;
   for (size_t i = 1; i < half.scales.size(); ++i) grew = grew || half.scales[i] > half.scales[i - 1];
   EXPECT_TRUE(grew) << "3 clean steps in a row grow the scale";
@@ -671,8 +688,11 @@ TEST(MixedPrecision, Fp16WithLossScalingMatchesAOneProcessReference) {
   }
   if (fsdp::comm::init_world()->rank() == 0) {
     std::string history;
-    for (size_t i = 0; i < half.scales.size(); ++i) history += (i ? " " : "") + std::to_string(static_cast<int64_t>(half.scales[i])) + (half.overflowed[i] ? "!" : "");
-    std::printf("fp16 + loss scaling against the one-process reference: %.3g; scales (! = overflow): %s\n", worst, history.c_str());
+    for (size_t i = 0; i < half.scales.size(); ++i)
+      history +=
+          (i ? " " : "") + std::to_string(static_cast<int64_t>(half.scales[i])) + (half.overflowed[i] ? "!" : "");
+    std::printf("fp16 + loss scaling against the one-process reference: %.3g; scales (! = overflow): %s\n", worst,
+                history.c_str());
   }
 }
 
@@ -682,8 +702,10 @@ TEST(MixedPrecision, Fp16ReductionTrains) {
   FsdpOptions fp16_reduction;
   fp16_reduction.mixed_precision.reduce_dtype = at::kHalf;
   fsdp::optim::LossScalerOptions scaling;  // GradScaler's defaults
-  const ScaledTrajectory fp32 = train_tiny_fp16(FsdpOptions{}, 8, scaling), fp16 = train_tiny_fp16(fp16_reduction, 8, scaling);
-  for (int i = 0; i < 8; ++i) EXPECT_NEAR(fp16.trajectory.losses[i], fp32.trajectory.losses[i], 0.02 * fp32.trajectory.losses[i]) << "step " << i;
+  const ScaledTrajectory fp32 = train_tiny_fp16(FsdpOptions{}, 8, scaling),
+                         fp16 = train_tiny_fp16(fp16_reduction, 8, scaling);
+  for (int i = 0; i < 8; ++i)
+    EXPECT_NEAR(fp16.trajectory.losses[i], fp32.trajectory.losses[i], 0.02 * fp32.trajectory.losses[i]) << "step " << i;
   EXPECT_LT(fp16.trajectory.losses.back(), fp16.trajectory.losses.front() - 0.1) << "learns";
 }
 

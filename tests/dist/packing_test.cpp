@@ -42,8 +42,8 @@ TrainConfig packed_config(const fs::path& dir, const std::string& output_dir) {
           "\nseq_len = " + std::to_string(kSeq) + "\nthreads = 1\ngrad_clip = 0.0\n";
   // A constant learning rate and no weight decay: the reference is libtorch's AdamW as it comes.
   text += "[optimizer]\nlr = 3e-3\nmin_lr = 3e-3\nwarmup_steps = 0\nweight_decay = 0.0\n";
-  text += "[eval]\nevery = " + std::to_string(kSteps) + "\nbatches = 1\nsample_tokens = 0\n[checkpoint]\nevery = " +
-          std::to_string(kSteps) + "\n";
+  text += "[eval]\nevery = " + std::to_string(kSteps) +
+          "\nbatches = 1\nsample_tokens = 0\n[checkpoint]\nevery = " + std::to_string(kSteps) + "\n";
   return fsdp::train::parse_train_config(text, "packing_test");
 }
 
@@ -86,10 +86,10 @@ Trajectory padded_reference(const TrainConfig& config, const fs::path& dir) {
     const fsdp::data::Batch batch = padded->get(examples);
     optimizer.zero_grad();
     const at::Tensor logits = model.forward(batch.inputs).to(at::kFloat);
-    const at::Tensor loss = torch::nn::functional::cross_entropy(
-                                logits.reshape({-1, logits.size(-1)}), batch.targets.reshape(-1),
-                                torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
-                            static_cast<double>(count);
+    const at::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape(-1),
+                                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+        static_cast<double>(count);
     loss.backward();
     double squares = 0.0;
     for (const auto& p : parameters) squares += p.grad().to(at::kDouble).pow(2).sum().item<double>();
@@ -102,7 +102,8 @@ Trajectory padded_reference(const TrainConfig& config, const fs::path& dir) {
 }
 
 // Every parameter after training, from the run's last checkpoint, gathered whole, by name.
-std::map<std::string, at::Tensor> final_parameters(const TrainConfig& config, const fsdp::comm::ProcessGroupPtr& group) {
+std::map<std::string, at::Tensor> final_parameters(const TrainConfig& config,
+                                                   const fsdp::comm::ProcessGroupPtr& group) {
   auto sharded = fsdp::train::build_sharded_model(config, kVocab, group);
   fsdp::checkpoint::load_checkpoint(fsdp::checkpoint::find_latest_checkpoint(fsdp::train::checkpoints_dir(config)),
                                     *sharded.state, nullptr);
@@ -136,7 +137,8 @@ TEST(Packing, APackedFinetuneEqualsAPaddedOneStepForStep) {
 
   const TrainConfig config = packed_config(dir, (dir / "sharded").string());
   const Trajectory reference = padded_reference(config, dir);
-  EXPECT_GE(reference.examples_per_step, 2 * kGlobalBatch) << "rows of " << kSeq << " tokens should hold several examples";
+  EXPECT_GE(reference.examples_per_step, 2 * kGlobalBatch)
+      << "rows of " << kSeq << " tokens should hold several examples";
 
   const auto summary = fsdp::train::train(config, world, {false, true});
   ASSERT_EQ(summary.losses.size(), static_cast<size_t>(kSteps));

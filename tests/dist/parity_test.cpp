@@ -37,10 +37,10 @@
 
 namespace parity_test {
 
-using fsdp::runtime::ShardingStrategy;
 using fsdp::models::TinyConfig;
 using fsdp::models::TinyTransformer;
 using fsdp::models::TinyTransformerImpl;
+using fsdp::runtime::ShardingStrategy;
 
 constexpr int kSteps = 20;
 constexpr int64_t kGlobalBatch = 24;  // divisible by 1, 2, 3, 4 ranks times 2 micro-batches
@@ -64,10 +64,11 @@ struct RunConfig {
   bool nf4_base = false;                 // the frozen matrices stored as NF4 (QLoRA's base)
   std::string describe() const {
     std::ostringstream out;
-    out << fsdp::runtime::to_string(strategy) << " S=" << shard_group_size << " accumulation=" << static_cast<int>(accumulation)
-        << " optimizer=" << static_cast<int>(optimizer) << " build=" << build_while_constructing << " freeze=" << freeze
-        << " skip=" << skip_a_block << " offload=" << cpu_offload << " clip=" << clip
-        << " freeze_every_block=" << freeze_every_block << " nf4_base=" << nf4_base;
+    out << fsdp::runtime::to_string(strategy) << " S=" << shard_group_size
+        << " accumulation=" << static_cast<int>(accumulation) << " optimizer=" << static_cast<int>(optimizer)
+        << " build=" << build_while_constructing << " freeze=" << freeze << " skip=" << skip_a_block
+        << " offload=" << cpu_offload << " clip=" << clip << " freeze_every_block=" << freeze_every_block
+        << " nf4_base=" << nf4_base;
     return out.str();
   }
 };
@@ -272,15 +273,16 @@ RunResult run_fsdp(const RunConfig& run) {
     result.losses.push_back(global.item<double>());
   }
   for (auto& [name, tensor] : state->full_parameters()) result.params[name] = tensor.cpu();
-  for (const auto& [flat, bytes] : nf4_shards) EXPECT_TRUE(flat->shard().cpu().equal(bytes)) << flat->unit_name() << ": NF4 bytes changed";
+  for (const auto& [flat, bytes] : nf4_shards)
+    EXPECT_TRUE(flat->shard().cpu().equal(bytes)) << flat->unit_name() << ": NF4 bytes changed";
   return result;
 }
 
 void expect_parity(const RunConfig& run) {
   static std::map<std::string, RunResult> references;
   std::string key = std::to_string(static_cast<int>(run.optimizer)) + std::to_string(run.freeze) +
-                    std::to_string(run.skip_a_block) + std::to_string(run.clip) + std::to_string(run.freeze_every_block) +
-                    std::to_string(run.nf4_base);
+                    std::to_string(run.skip_a_block) + std::to_string(run.clip) +
+                    std::to_string(run.freeze_every_block) + std::to_string(run.nf4_base);
   if (!references.count(key)) references[key] = run_reference(run);
   const RunResult& reference = references[key];
   RunResult sharded = run_fsdp(run);
@@ -320,11 +322,11 @@ TEST_P(StrategyParity, MatchesSingleProcessAdamW) {
   expect_parity(run);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllStrategies, StrategyParity,
-    ::testing::Combine(::testing::Values(ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
-                                         ShardingStrategy::NoShard),
-                       ::testing::Values(Accumulation::None, Accumulation::SyncEachMicroBatch, Accumulation::NoSync)));
+INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyParity,
+                         ::testing::Combine(::testing::Values(ShardingStrategy::FullShard,
+                                                              ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard),
+                                            ::testing::Values(Accumulation::None, Accumulation::SyncEachMicroBatch,
+                                                              Accumulation::NoSync)));
 
 // HYBRID_SHARD at every R x S the job allows (at N = 4: 4 x 1, 2 x 2, 1 x 4), built both ways,
 // with and without gradient accumulation (no_sync reduces the sum once, across both groups).
@@ -352,7 +354,8 @@ TEST(Parity, HybridShardEveryGroupSize) {
 // the bytes unchanged by training.
 TEST(Parity, Nf4FrozenBase) {
   const int n = fsdp::comm::init_world()->size();
-  for (ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard}) {
+  for (ShardingStrategy strategy :
+       {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::HybridShard}) {
     for (bool offload : {false, true}) {
       if (offload && strategy != ShardingStrategy::FullShard) continue;
       RunConfig run;

@@ -16,7 +16,6 @@ namespace runtime_test {
 using fsdp::runtime::ShardingStrategy;
 using fsdp::testing::resident_bytes;
 
-
 // Blocks of two 2048 x 2048 linears: each unit's gathered buffer is 32 MiB, above glibc's mmap
 // threshold, so freeing it returns the pages to the system and resident memory shows it.
 struct WideBlockImpl : torch::nn::Module {
@@ -100,8 +99,8 @@ TEST(RuntimeMemory, PersistentBytesAreOneNthOfTheModel) {
   const double ratio = per_rank * world->size() / unsharded_total;
   std::printf("per-rank persistent %lld bytes x %d ranks / unsharded %.0f bytes = %.4f\n",
               static_cast<long long>(per_rank), world->size(), unsharded_total, ratio);
-  EXPECT_GE(ratio, 1.0);    // padding only adds
-  EXPECT_LE(ratio, 1.02);   // and at most 2%
+  EXPECT_GE(ratio, 1.0);   // padding only adds
+  EXPECT_LE(ratio, 1.02);  // and at most 2%
 }
 
 // ---- bad input
@@ -131,8 +130,8 @@ TEST(RuntimeBadInput, PolicySelectingNothing) {
   fsdp::runtime::FsdpOptions options;
   options.wrap_policy.module_types = {"NoSuchBlock"};
   try {
-    fsdp::runtime::fully_shard(std::make_shared<fsdp::models::TinyTransformerImpl>(fsdp::models::TinyConfig{}),
-                               world, options);
+    fsdp::runtime::fully_shard(std::make_shared<fsdp::models::TinyTransformerImpl>(fsdp::models::TinyConfig{}), world,
+                               options);
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     std::string what = e.what();

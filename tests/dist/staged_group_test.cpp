@@ -91,11 +91,13 @@ TEST(StagedGroup, TheOutputIsWrittenWhenTheCollectiveIsWaitedFor) {
   at::Tensor output = at::full({4 * n}, -1.0f);
   auto work = group->all_gather(output, input);
   input.fill_(100.0f);  // after issue: not what the peers receive
-  for (int polls = 0; !work->is_completed() && polls < 5000; ++polls) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int polls = 0; !work->is_completed() && polls < 5000; ++polls)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_TRUE(work->is_completed());
   EXPECT_TRUE(output.equal(at::full({4 * n}, -1.0f))) << "written before wait()";
   work->wait();
-  for (int r = 0; r < n; ++r) EXPECT_EQ(output[4 * r].item<float>(), static_cast<float>(r + 1)) << "rank " << r << "'s block";
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(output[4 * r].item<float>(), static_cast<float>(r + 1)) << "rank " << r << "'s block";
   work->wait();  // a second wait returns at once
 }
 
@@ -143,7 +145,8 @@ TEST(StagedGroup, RanksAgreeOnEachCollectiveBeforeUse) {
   fsdp::comm::set_collective_agreement(std::nullopt);
   EXPECT_NE(stopped.find("ranks issued different collectives on group world/staged"), std::string::npos) << stopped;
   EXPECT_NE(stopped.find("on rank 1: unit 'blocks.1': all_gather(8 x " + std::to_string(group->size()) + " Float)"),
-            std::string::npos) << stopped;
+            std::string::npos)
+      << stopped;
   EXPECT_NE(stopped.find("unit 'blocks.0'"), std::string::npos) << stopped;
   EXPECT_EQ(should_report, group->rank() == 0);
   // The group still works after the stop (both sides' collectives were the same size).

@@ -227,13 +227,14 @@ TEST(Trainer, WritesConfigMetricsAndSample) {
 // the corpus tokenised in memory (same tokens, same sampler).
 TEST(Trainer, TrainsFromTokenFiles) {
   auto world = fsdp::comm::init_world();
-  const fs::path dir = fs::temp_directory_path() / ("fsdp_token_files_" + std::to_string(world->size()) + "_" +
-                                                     std::to_string(world->rank()));
+  const fs::path dir = fs::temp_directory_path() /
+                       ("fsdp_token_files_" + std::to_string(world->size()) + "_" + std::to_string(world->rank()));
   fs::create_directories(dir);
   fsdp::data::ByteTokenizer bytes;
   auto split = fsdp::data::split_documents(fsdp::data::read_fortunes(fsdp::data::kFortunesDir), 5);
   fsdp::data::write_token_file((dir / "train.tok").string(), fsdp::data::tokenize_documents(split.train, bytes), 256);
-  fsdp::data::write_token_file((dir / "validation.tok").string(), fsdp::data::tokenize_documents(split.validation, bytes), 256);
+  fsdp::data::write_token_file((dir / "validation.tok").string(),
+                               fsdp::data::tokenize_documents(split.validation, bytes), 256);
   auto in_memory = small_config("gpt-test", "full_shard");
   auto from_files = in_memory;
   from_files.data.source = "token_files";
@@ -392,7 +393,9 @@ TEST(Guard, ASpikeThenANanRollBackAndSkipTheirBatches) {
         EXPECT_EQ(r["skipped_batch_steps"], nlohmann::json({10, 11}));
       } else if (r.contains("step") && r.value("skipped", false)) {
         const std::string reason = r["skip_reason"];
-        events.push_back((reason == "loss spike" ? "spike " : reason == "non-finite" ? "non-finite " : "batch ") +
+        events.push_back((reason == "loss spike"   ? "spike "
+                          : reason == "non-finite" ? "non-finite "
+                                                   : "batch ") +
                          std::to_string(r["step"].get<int>()));
         if (reason == "loss spike") EXPECT_GT(r["loss_zscore"].get<double>(), 3.0);
       }
@@ -486,9 +489,12 @@ TEST(Guard, NoCheckpointBeforeTheSkippedStepsStopsEveryRank) {
 // ---- Fine-tuning on instruction data: the loss is the mean over trained tokens only ----
 
 TrainConfig finetune_config(const std::string& jsonl, const std::string& output_dir) {
-  std::string text = "name = \"finetune-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
+  std::string text =
+      "name = \"finetune-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
   text += "[data]\nsource = \"instructions\"\ntrain_jsonl = \"" + jsonl + "\"\nvalidation_percent = 10\n";
-  text += "[train]\nsteps = 6\nglobal_batch = 24\nmicro_batches = 2\nsync_each_micro_batch = false\nseq_len = 96\nthreads = 1\n";
+  text +=
+      "[train]\nsteps = 6\nglobal_batch = 24\nmicro_batches = 2\nsync_each_micro_batch = false\nseq_len = 96\nthreads "
+      "= 1\n";
   text += "[optimizer]\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 1\n";
   text += "[eval]\nevery = 3\nbatches = 1\nsample_tokens = 12\n[checkpoint]\nevery = 6\n";
   return fsdp::train::parse_train_config(text, "finetune_test");
@@ -552,7 +558,8 @@ TEST(Finetune, MaskedLossMatchesASingleRankRun) {
     EXPECT_NEAR(sharded.grad_norms[i], reference.grad_norms[i], 1e-5) << "step " << i + 1;
   }
   ASSERT_EQ(sharded.evals.size(), reference.evals.size());
-  for (size_t i = 0; i < reference.evals.size(); ++i) EXPECT_NEAR(sharded.evals[i].loss, reference.evals[i].loss, 1e-5) << i;
+  for (size_t i = 0; i < reference.evals.size(); ++i)
+    EXPECT_NEAR(sharded.evals[i].loss, reference.evals[i].loss, 1e-5) << i;
   EXPECT_LT(sharded.losses.back(), sharded.losses.front()) << "the masked loss should fall";
   EXPECT_EQ(sharded.sample, reference.sample);
   EXPECT_EQ(sharded.sample.rfind("user: Tell me a fortune.\nassistant: ", 0), 0u) << sharded.sample;
@@ -569,13 +576,18 @@ TEST(Finetune, MaskedLossMatchesASingleRankRun) {
 
 // ---- LoRA: adapters trained over a frozen bf16 base, sharded ----
 
-TrainConfig lora_config(const std::string& jsonl, const std::string& output_dir, const std::string& base_dtype = "bfloat16") {
-  std::string text = "name = \"lora-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
+TrainConfig lora_config(const std::string& jsonl, const std::string& output_dir,
+                        const std::string& base_dtype = "bfloat16") {
+  std::string text =
+      "name = \"lora-test\"\noutput_dir = \"" + output_dir + "\"\n[model]\nname = \"llama-test\"\ncontext = 96\n";
   text += "[data]\nsource = \"instructions\"\ntrain_jsonl = \"" + jsonl + "\"\nvalidation_percent = 10\n";
-  text += "[train]\nsteps = 6\nglobal_batch = 24\nmicro_batches = 2\nsync_each_micro_batch = false\nseq_len = 96\nthreads = 1\n";
+  text +=
+      "[train]\nsteps = 6\nglobal_batch = 24\nmicro_batches = 2\nsync_each_micro_batch = false\nseq_len = 96\nthreads "
+      "= 1\n";
   text += "[optimizer]\nlr = 1e-2\nmin_lr = 1e-3\nwarmup_steps = 1\nweight_decay = 0.0\n";
   text += "[eval]\nevery = 3\nbatches = 1\nsample_tokens = 8\n[checkpoint]\nevery = 6\n";
-  text += "[lora]\nrank = 4\nalpha = 8\ntargets = \"q_proj v_proj o_proj gate_proj\"\nbase_dtype = \"" + base_dtype + "\"\n";
+  text += "[lora]\nrank = 4\nalpha = 8\ntargets = \"q_proj v_proj o_proj gate_proj\"\nbase_dtype = \"" + base_dtype +
+          "\"\n";
   return fsdp::train::parse_train_config(text, "lora_test");
 }
 
@@ -613,7 +625,8 @@ void expect_lora_parity(const std::string& base_dtype) {
     EXPECT_NEAR(sharded.losses[i], reference.losses[i], 1e-5) << "step " << i + 1;
     EXPECT_NEAR(sharded.grad_norms[i], reference.grad_norms[i], 1e-5) << "step " << i + 1;
   }
-  for (size_t i = 0; i < reference.evals.size(); ++i) EXPECT_NEAR(sharded.evals[i].loss, reference.evals[i].loss, 1e-5) << i;
+  for (size_t i = 0; i < reference.evals.size(); ++i)
+    EXPECT_NEAR(sharded.evals[i].loss, reference.evals[i].loss, 1e-5) << i;
   EXPECT_LT(sharded.losses.back(), sharded.losses.front() - 0.1) << "training the adapters should lower the loss";
   const auto mine = final_parameters(sharded_config, world);
   const auto theirs = final_parameters(reference_config, alone);
@@ -719,7 +732,8 @@ TEST(Lora, TheNf4BaseIsPackedBytesInTheFlatStorage) {
     const double bits_per_weight = 8.0 * nf4_bytes / linear;
     EXPECT_GT(bits_per_weight, 4.125) << flat->unit_name();
     EXPECT_LT(bits_per_weight, 4.25) << flat->unit_name();
-    if (world->rank() == 0 && blocks == 1) std::printf("NF4: %.3f bits per linear weight in %s\n", bits_per_weight, flat->unit_name().c_str());
+    if (world->rank() == 0 && blocks == 1)
+      std::printf("NF4: %.3f bits per linear weight in %s\n", bits_per_weight, flat->unit_name().c_str());
     // Gathered: NF4's dequantized values, near the bf16 base and not equal to it.
     const auto mine = flat->gather_full_params(), theirs = bf16_flats[f]->gather_full_params();
     for (size_t e = 0; e < mine.size(); ++e) {
@@ -727,7 +741,8 @@ TEST(Lora, TheNf4BaseIsPackedBytesInTheFlatStorage) {
       const double scale = theirs[e].to(at::kFloat).abs().max().item<double>();
       if (storage->entries[e].nf4) {
         EXPECT_GT(error, 0.0) << flat->layout().entries[e].name;
-        EXPECT_LT(error, 0.2 * scale) << flat->layout().entries[e].name << " (NF4's largest step is about 0.16 of the absmax)";
+        EXPECT_LT(error, 0.2 * scale) << flat->layout().entries[e].name
+                                      << " (NF4's largest step is about 0.16 of the absmax)";
       } else {
         EXPECT_EQ(error, 0.0) << flat->layout().entries[e].name << ": not a linear weight, kept in bf16";
       }

@@ -56,7 +56,8 @@ Trajectory reference_sgd(const TinyConfig& config, int steps, double lr) {
   Trajectory out;
   for (int step = 0; step < steps; ++step) {
     optimizer.zero_grad();
-    auto loss = loss_on([&](const at::Tensor& x) { return model->forward(x); }, batch_of_step(step, config.vocab), config.vocab);
+    auto loss = loss_on([&](const at::Tensor& x) { return model->forward(x); }, batch_of_step(step, config.vocab),
+                        config.vocab);
     loss.backward();
     optimizer.step();
     out.losses.push_back(loss.item<double>());

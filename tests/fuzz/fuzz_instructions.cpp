@@ -9,7 +9,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto tokenizer = fsdp::data::make_tokenizer("byte");
   try {
-    const auto example = fsdp::data::parse_instruction_line(std::string(reinterpret_cast<const char*>(data), size), "fuzz:1");
+    const auto example =
+        fsdp::data::parse_instruction_line(std::string(reinterpret_cast<const char*>(data), size), "fuzz:1");
     for (const char* format : {"plain", "llama3"}) {
       try {
         (void)fsdp::data::render_chat(example, fsdp::data::chat_format_from_name(format, *tokenizer), *tokenizer);

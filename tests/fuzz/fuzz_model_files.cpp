@@ -67,12 +67,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
   try {
     switch (data[0] % 5) {
-      case 0:
-        quant_state(text);
-        break;
-      case 1:
-        (void)fsdp::checkpoint::read_hf_config(put("config.json", text));
-        break;
+      case 0: quant_state(text); break;
+      case 1: (void)fsdp::checkpoint::read_hf_config(put("config.json", text)); break;
       case 2:
         put("adapter_config.json", text);
         (void)fsdp::checkpoint::read_peft_adapter_config(scratch_dir());

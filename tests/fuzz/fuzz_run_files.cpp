@@ -54,11 +54,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         put("metrics.jsonl", text);
         (void)fsdp::report::render_html({fsdp::report::read_run(dir)});
         break;
-      case 1:
-        (void)fsdp::train::read_skipped_batches(put("skipped_batches.json", text));
-        break;
+      case 1: (void)fsdp::train::read_skipped_batches(put("skipped_batches.json", text)); break;
       case 2: {
-        const std::string config = put("fuzz.toml", "name = \"fuzz\"\n[model]\nname = \"gpt-test\"\n[train]\nsteps = 2\n");
+        const std::string config =
+            put("fuzz.toml", "name = \"fuzz\"\n[model]\nname = \"gpt-test\"\n[train]\nsteps = 2\n");
         std::vector<std::string> overrides;
         std::istringstream lines(text);
         for (std::string line; std::getline(lines, line);) overrides.push_back(line);

@@ -13,9 +13,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
   const size_t split = input.find('\0');
   const std::string file = input.substr(0, split);
-  const std::string text = split == std::string::npos
-                               ? std::string("Hello, world! <|eot_id|> 12345 caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd  \n\t x")
-                               : input.substr(split + 1);
+  const std::string text =
+      split == std::string::npos
+          ? std::string("Hello, world! <|eot_id|> 12345 caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd  \n\t x")
+          : input.substr(split + 1);
   const std::string& path = fuzz_input_file(reinterpret_cast<const uint8_t*>(file.data()), file.size(), ".json");
   try {
     auto tokenizer = fsdp::data::make_tokenizer("hf", "", "", path);

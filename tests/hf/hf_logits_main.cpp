@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
     const bool checkpoint = fsdp::checkpoint::is_checkpoint_dir(model_dir);
     fsdp::comm::on_every_rank(world, "reading the model's config", [&] {
       if (checkpoint) {
-        config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(model_dir).config_toml, model_dir + "/manifest.json");
+        config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(model_dir).config_toml,
+                                                 model_dir + "/manifest.json");
       } else {
         std::string text = "[model]\ninit_from = \"" + model_dir + "\"\n";
         if (!adapter_dir.empty()) text += "[lora]\ninit_adapter = \"" + adapter_dir + "\"\n";
@@ -55,13 +56,15 @@ int main(int argc, char** argv) {
     const at::Tensor ids = inputs.read("ids").to(at::kLong);
     if (sharded.model.is_contrastive()) {
       const fsdp::models::ClipOutput out = sharded.model.contrastive(inputs.read("images").to(at::kFloat), ids);
-      const at::Tensor logits_per_image = (out.scale * out.image_embeds.matmul(out.text_embeds.t())).to(at::kFloat).contiguous();
+      const at::Tensor logits_per_image =
+          (out.scale * out.image_embeds.matmul(out.text_embeds.t())).to(at::kFloat).contiguous();
       if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits_per_image}});
       world->barrier()->wait();
       return 0;
     }
     if (sharded.model.reads_image_and_text()) {
-      const at::Tensor logits = sharded.model.image_text_logits(inputs.read("images").to(at::kFloat), ids).to(at::kFloat).contiguous();
+      const at::Tensor logits =
+          sharded.model.image_text_logits(inputs.read("images").to(at::kFloat), ids).to(at::kFloat).contiguous();
       if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits}});
       world->barrier()->wait();
       return 0;

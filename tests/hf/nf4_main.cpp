@@ -42,7 +42,8 @@ Tensors dequantize(const fsdp::checkpoint::SafetensorsFile& in, int64_t blocksiz
   std::set<std::string> weights;
   for (const auto& info : in.tensors()) {
     const std::string suffix = ".packed";
-    if (info.name.size() > suffix.size() && info.name.compare(info.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    if (info.name.size() > suffix.size() &&
+        info.name.compare(info.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       weights.insert(info.name.substr(0, info.name.size() - suffix.size()));
     }
   }
@@ -68,7 +69,9 @@ Tensors dequantize(const fsdp::checkpoint::SafetensorsFile& in, int64_t blocksiz
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: fsdp_nf4 quantize|dequantize IN.safetensors OUT.safetensors [--blocksize B] [--no-double-quant]\n");
+    std::fprintf(
+        stderr,
+        "usage: fsdp_nf4 quantize|dequantize IN.safetensors OUT.safetensors [--blocksize B] [--no-double-quant]\n");
     return 2;
   }
   const std::string mode = argv[1];

@@ -40,7 +40,8 @@ TEST(Config, ShippedConfigsParse) {
 // comments, so the reader refuses it elsewhere before toml++ sees it, naming line and column.
 TEST(Config, NonAsciiOutsideStringsAndCommentsIsRefusedBeforeParsing) {
   auto message = error_of(std::string(kMinimal) + "[train]\nsteps =\xef\xb9\xbf 3\n");
-  EXPECT_NE(message.find("test.toml:4:8: a non-ASCII character outside a string or comment"), std::string::npos) << message;
+  EXPECT_NE(message.find("test.toml:4:8: a non-ASCII character outside a string or comment"), std::string::npos)
+      << message;
   message = error_of("\xc3\xa9 = 1\n");
   EXPECT_NE(message.find("test.toml:1:1: a non-ASCII"), std::string::npos) << message;
   // Found by fuzzing on 2026-12-03 (regressions/fuzz_config/quote-inside-a-bare-value.toml): a
@@ -73,13 +74,18 @@ TEST(Config, NonAsciiOutsideStringsAndCommentsIsRefusedBeforeParsing) {
 }
 
 TEST(Config, GuardKeysAreCheckedAndWrittenBack) {
-  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nrollback_after = 2\n").find("guard.rollback_after needs checkpoints"),
+  EXPECT_NE(
+      error_of(std::string(kMinimal) + "[guard]\nrollback_after = 2\n").find("guard.rollback_after needs checkpoints"),
+      std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nwindow = 1\n").find("guard.window must be at least 2"),
             std::string::npos);
-  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nwindow = 1\n").find("guard.window must be at least 2"), std::string::npos);
-  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nspike_zscore = -1\n").find("guard.spike_zscore"), std::string::npos);
-  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nrollback = 2\n").find("unknown key 'guard.rollback'"), std::string::npos);
-  auto config = parse_train_config(std::string(kMinimal) + "[checkpoint]\nevery = 5\n[guard]\nspike_zscore = 6.5\nrollback_after = 3\n",
-                                   "test.toml");
+  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nspike_zscore = -1\n").find("guard.spike_zscore"),
+            std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "[guard]\nrollback = 2\n").find("unknown key 'guard.rollback'"),
+            std::string::npos);
+  auto config = parse_train_config(
+      std::string(kMinimal) + "[checkpoint]\nevery = 5\n[guard]\nspike_zscore = 6.5\nrollback_after = 3\n",
+      "test.toml");
   auto again = parse_train_config(fsdp::train::to_toml(config), "again.toml");
   EXPECT_EQ(again.guard.spike_zscore, 6.5);
   EXPECT_EQ(again.guard.window, 50);
@@ -105,7 +111,8 @@ TEST(Config, DefaultsAndOverrides) {
 TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nstepz = 3\n").find("test.toml: unknown key 'train.stepz'"),
             std::string::npos);
-  EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nsteps = \"ten\"\n").find("train.steps must be an integer, got a string"),
+  EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nsteps = \"ten\"\n")
+                .find("train.steps must be an integer, got a string"),
             std::string::npos);
   EXPECT_NE(error_of("[model]\nname = \"gpt-5\"\n").find("unknown model 'gpt-5'"), std::string::npos);
   EXPECT_NE(error_of("[train]\nsteps = 3\n").find("model.name is required"), std::string::npos);
@@ -116,10 +123,12 @@ TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nseq_len = 1000\n").find("exceeds the model's context"),
             std::string::npos);
   EXPECT_NE(error_of("[model\nname = 1\n").find("test.toml:1:"), std::string::npos);
-  EXPECT_NE(error_of("[oops]\nx = 1\n[model]\nname = \"gpt-test\"\n").find("unknown section [oops]"), std::string::npos);
+  EXPECT_NE(error_of("[oops]\nx = 1\n[model]\nname = \"gpt-test\"\n").find("unknown section [oops]"),
+            std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.steps"}).find("expected key=value"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.steps=-3"}).find("train.steps must not be negative"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=fp16"}).find("fsdp.param_dtype 'fp16' (expected float32, bfloat16 or float16)"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=fp16"})
+                .find("fsdp.param_dtype 'fp16' (expected float32, bfloat16 or float16)"),
             std::string::npos);
   // float16 combinations that make no sense, refused by name.
   EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "fsdp.reduce_dtype=bfloat16"})
@@ -128,22 +137,29 @@ TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=bfloat16", "fsdp.reduce_dtype=float16"})
                 .find("fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16'"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.reduce_dtype=float16"}).find("fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16'"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.reduce_dtype=float16"})
+                .find("fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16'"),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "fsdp.strategy=no_shard"})
                 .find("fsdp.param_dtype 'float16' needs fsdp.strategy"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.backoff_factor=1.5"}).find("loss_scale.backoff_factor must be in (0, 1) (in fp32)"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.backoff_factor=1.5"})
+                .find("loss_scale.backoff_factor must be in (0, 1) (in fp32)"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.init=0.5"}).find("loss_scale.init must be finite and at least loss_scale.min"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.param_dtype=float16", "loss_scale.init=0.5"})
+                .find("loss_scale.init must be finite and at least loss_scale.min"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"loss_scale.growth_interval=0"}).find("loss_scale.growth_interval must be at least 1"), std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"loss_scale.growth_factor=1.000000001"}).find("loss_scale.growth_factor must be above 1 (in fp32)"),
+  EXPECT_NE(error_of(kMinimal, {"loss_scale.growth_interval=0"}).find("loss_scale.growth_interval must be at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"loss_scale.growth_factor=1.000000001"})
+                .find("loss_scale.growth_factor must be above 1 (in fp32)"),
             std::string::npos);
   {
-    const auto fp16 = parse_train_config(kMinimal, "test.toml", {"fsdp.param_dtype=float16", "fsdp.reduce_dtype=float16"});
+    const auto fp16 =
+        parse_train_config(kMinimal, "test.toml", {"fsdp.param_dtype=float16", "fsdp.reduce_dtype=float16"});
     EXPECT_EQ(fp16.fsdp.param_dtype, "float16");
-    EXPECT_NE(fsdp::train::to_toml(fp16).find("[loss_scale]"), std::string::npos) << "a float16 run's resolved config has its scaling";
+    EXPECT_NE(fsdp::train::to_toml(fp16).find("[loss_scale]"), std::string::npos)
+        << "a float16 run's resolved config has its scaling";
     EXPECT_EQ(fsdp::train::to_toml(parse_train_config(kMinimal, "test.toml")).find("[loss_scale]"), std::string::npos);
   }
   EXPECT_NE(error_of(kMinimal, {"fsdp.reduce_dtype=half"}).find("fsdp.reduce_dtype 'half'"), std::string::npos);
@@ -153,9 +169,11 @@ TEST(Config, BadInputNamesTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.max_nonfinite_steps=2.5"}).find("train.max_nonfinite_steps must be an integer"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=1"}).find("fsdp.activation_checkpointing must be true or false"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=1"})
+                .find("fsdp.activation_checkpointing must be true or false"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing_every=2"}).find("applies with fsdp.activation_checkpointing = true"),
+  EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing_every=2"})
+                .find("applies with fsdp.activation_checkpointing = true"),
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"fsdp.activation_checkpointing=true", "fsdp.activation_checkpointing_every=0"})
                 .find("fsdp.activation_checkpointing_every must be 1 or more"),
@@ -165,7 +183,8 @@ TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of(kMinimal, {"data.tokenizer=\"spm\""}).find("data.tokenizer 'spm' (expected byte, gpt2 or hf)"),
             std::string::npos);
 
-  auto config = parse_train_config("[model]\nname = \"gpt-test\"\n[train]\nglobal_batch = 10\nmicro_batches = 2\n", "b.toml");
+  auto config =
+      parse_train_config("[model]\nname = \"gpt-test\"\n[train]\nglobal_batch = 10\nmicro_batches = 2\n", "b.toml");
   try {
     fsdp::train::validate_for_world(config, 3);
     FAIL() << "expected an error";
@@ -177,7 +196,8 @@ TEST(Config, BadInputNamesTheProblem) {
 }
 
 TEST(Config, HybridShardGroupSize) {
-  auto config = parse_train_config(kMinimal, "h.toml", {"fsdp.strategy=hybrid_shard", "fsdp.shard_group_size=2", "train.global_batch=12"});
+  auto config = parse_train_config(kMinimal, "h.toml",
+                                   {"fsdp.strategy=hybrid_shard", "fsdp.shard_group_size=2", "train.global_batch=12"});
   EXPECT_EQ(config.fsdp.shard_group_size, 2);
   fsdp::train::validate_for_world(config, 4);
   try {
@@ -189,10 +209,12 @@ TEST(Config, HybridShardGroupSize) {
   }
   EXPECT_NE(error_of(kMinimal, {"fsdp.shard_group_size=2"}).find("applies to fsdp.strategy 'hybrid_shard' only"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.strategy=hybrid_shard", "fsdp.shard_group_size=-1"}).find("fsdp.shard_group_size"),
-            std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"fsdp.strategy=hsdp"}).find("expected full_shard, shard_grad_op, no_shard or hybrid_shard"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(kMinimal, {"fsdp.strategy=hybrid_shard", "fsdp.shard_group_size=-1"}).find("fsdp.shard_group_size"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(kMinimal, {"fsdp.strategy=hsdp"}).find("expected full_shard, shard_grad_op, no_shard or hybrid_shard"),
+      std::string::npos);
   auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
   EXPECT_EQ(again.fsdp.shard_group_size, 2);
 }
@@ -202,14 +224,17 @@ TEST(Config, HybridShardGroupSize) {
 TEST(Config, DeviceOptions) {
   auto config = parse_train_config(kMinimal, "d.toml");
   EXPECT_EQ(config.device, "cpu");
-  EXPECT_NE(error_of(kMinimal, {"train.device=tpu"}).find("train.device 'tpu' (expected cpu or cuda)"), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.device=tpu"}).find("train.device 'tpu' (expected cpu or cuda)"),
+            std::string::npos);
   if (!fsdp::comm::nccl_backend_built()) {
     EXPECT_NE(error_of(kMinimal, {"train.device=cuda"}).find("needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON"),
               std::string::npos);
   }
-  EXPECT_NE(error_of(kMinimal, {"fsdp.cpu_offload=true"}).find("fsdp.cpu_offload moves shards from the GPU to host memory"),
+  EXPECT_NE(
+      error_of(kMinimal, {"fsdp.cpu_offload=true"}).find("fsdp.cpu_offload moves shards from the GPU to host memory"),
+      std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.device_memory_fraction=0.5"}).find("needs train.device 'cuda'"),
             std::string::npos);
-  EXPECT_NE(error_of(kMinimal, {"train.device_memory_fraction=0.5"}).find("needs train.device 'cuda'"), std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.device_memory_fraction=1.5"}).find("must be in [0, 1]"), std::string::npos);
   auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
   EXPECT_EQ(again.device, "cpu");
@@ -274,7 +299,8 @@ TEST(Config, HuggingFaceDirectoryGivesTheModel) {
   EXPECT_EQ(back.rope_scaling.original_context, 8192);
   EXPECT_DOUBLE_EQ(back.norm_eps, 1e-5);
   // Shape keys are the directory's.
-  EXPECT_NE(error_of("[model]\ninit_from = \"" + dir.path() + "\"\ndim = 128\n").find("model.dim is set by"), std::string::npos);
+  EXPECT_NE(error_of("[model]\ninit_from = \"" + dir.path() + "\"\ndim = 128\n").find("model.dim is set by"),
+            std::string::npos);
 }
 
 // lora.init_adapter: the PEFT adapter's r, lora_alpha, lora_dropout and target_modules fill the
@@ -298,7 +324,8 @@ TEST(Config, PeftAdapterFillsAndMustAgreeWithLora) {
   EXPECT_NO_THROW(parse_train_config(base + "rank = 4\nalpha = 8.0\ntargets = \"q_proj v_proj\"\n", "test.toml"));
   EXPECT_NE(error_of(base + "rank = 8\n").find("lora.rank is 8 but the adapter"), std::string::npos);
   EXPECT_NE(error_of(base + "targets = \"q_proj\"\n").find("target_modules \"v_proj q_proj\""), std::string::npos);
-  const std::string missing = "[model]\ninit_from = \"" + dir.path() + "\"\n[lora]\ninit_adapter = \"" + dir.path() + "/none\"\n";
+  const std::string missing =
+      "[model]\ninit_from = \"" + dir.path() + "\"\n[lora]\ninit_adapter = \"" + dir.path() + "/none\"\n";
   EXPECT_NE(error_of(missing).find("cannot read adapter_config.json"), std::string::npos);
   std::ofstream(adapter + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 0, "target_modules": ["q_proj"]})";
   EXPECT_NE(error_of(base).find("r (the adapters' rank) must be a positive integer, got 0"), std::string::npos);
@@ -323,7 +350,8 @@ TEST(Config, PeftAdapterSettingsThatChangeTheModelAreReadOrRefused) {
   };
   const std::string base = "[model]\ninit_from = \"" + dir.path() + "\"\n[lora]\ninit_adapter = \"" + adapter + "\"\n";
   write("");
-  EXPECT_NE(error_of(base + "dropout = 0.1\n").find("lora.dropout is 0.1 but the adapter in lora.init_adapter"), std::string::npos);
+  EXPECT_NE(error_of(base + "dropout = 0.1\n").find("lora.dropout is 0.1 but the adapter in lora.init_adapter"),
+            std::string::npos);
   EXPECT_NO_THROW(parse_train_config(base + "dropout = 0.05\n", "test.toml"));
 
   // use_rslora: scale alpha / sqrt(r), read from the adapter and from [lora].
@@ -338,11 +366,13 @@ TEST(Config, PeftAdapterSettingsThatChangeTheModelAreReadOrRefused) {
       << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": "all-linear"})";
   auto all = std::get<fsdp::models::LlamaConfig>(parse_train_config(base, "test.toml").model);
   EXPECT_TRUE(all.lora.all_linear());
-  EXPECT_NO_THROW(parse_train_config(base + "targets = \"q_proj k_proj v_proj o_proj gate_proj up_proj down_proj\"\n", "test.toml"));
+  EXPECT_NO_THROW(parse_train_config(base + "targets = \"q_proj k_proj v_proj o_proj gate_proj up_proj down_proj\"\n",
+                                     "test.toml"));
   auto spelled = all;
   spelled.lora.targets = fsdp::models::LlamaConfig::linear_layers();
   EXPECT_EQ(all.lora_parameter_count(), spelled.lora_parameter_count());
-  auto from_config = parse_train_config("[model]\nname = \"llama-test\"\n[lora]\nrank = 2\ntargets = \"all-linear\"\n", "test.toml");
+  auto from_config =
+      parse_train_config("[model]\nname = \"llama-test\"\n[lora]\nrank = 2\ntargets = \"all-linear\"\n", "test.toml");
   EXPECT_TRUE(std::get<fsdp::models::LlamaConfig>(from_config.model).lora.all_linear());
   EXPECT_NE(error_of("[model]\nname = \"llama-test\"\n[lora]\nrank = 2\ntargets = \"all-linear q_proj\"\n")
                 .find("'all-linear' means every linear layer: give it alone"),
@@ -351,11 +381,14 @@ TEST(Config, PeftAdapterSettingsThatChangeTheModelAreReadOrRefused) {
   // A regular expression, and settings fsdp.cpp does not implement: refused by name.
   std::ofstream(adapter + "/adapter_config.json")
       << R"({"peft_type": "LORA", "r": 4, "target_modules": ".*decoder.*(q_proj|v_proj)$"})";
-  EXPECT_NE(error_of(base).find("target_modules is the string \".*decoder.*(q_proj|v_proj)$\", which PEFT reads as a regular expression"),
-            std::string::npos);
-  for (const std::string& setting : {std::string(R"("use_dora": true)"), std::string(R"("modules_to_save": ["lm_head"])"),
-                                     std::string(R"("rank_pattern": {"q_proj": 8})"), std::string(R"("alpha_pattern": {"q_proj": 4})"),
-                                     std::string(R"("layers_to_transform": [0, 1])")}) {
+  EXPECT_NE(
+      error_of(base).find(
+          "target_modules is the string \".*decoder.*(q_proj|v_proj)$\", which PEFT reads as a regular expression"),
+      std::string::npos);
+  for (const std::string& setting :
+       {std::string(R"("use_dora": true)"), std::string(R"("modules_to_save": ["lm_head"])"),
+        std::string(R"("rank_pattern": {"q_proj": 8})"), std::string(R"("alpha_pattern": {"q_proj": 4})"),
+        std::string(R"("layers_to_transform": [0, 1])")}) {
     write(", " + setting);
     const std::string key = setting.substr(1, setting.find('"', 1) - 1);
     EXPECT_NE(error_of(base).find(key + " = "), std::string::npos) << setting << ": " << error_of(base);
@@ -399,15 +432,19 @@ TEST(Config, HuggingFaceDirectoryRefusesWhatIsNotImplemented) {
     HfDir dir(json);
     return error_of("[model]\ninit_from = \"" + dir.path() + "\"\n");
   };
-  EXPECT_NE(error_for(kLlama32, "\"llama\"", "\"mistral\"").find("model_type 'mistral' is not supported (supported: gpt2, llama, clip, llava)"),
+  EXPECT_NE(error_for(kLlama32, "\"llama\"", "\"mistral\"")
+                .find("model_type 'mistral' is not supported (supported: gpt2, llama, clip, llava)"),
             std::string::npos);
   EXPECT_NE(error_for(kLlama32, "\"llama3\"", "\"yarn\"").find("rope_type 'yarn' is not supported"), std::string::npos);
-  EXPECT_NE(error_for(kLlama32, "\"attention_bias\": false", "\"attention_bias\": true").find("attention_bias = true is not supported"),
+  EXPECT_NE(error_for(kLlama32, "\"attention_bias\": false", "\"attention_bias\": true")
+                .find("attention_bias = true is not supported"),
             std::string::npos);
-  EXPECT_NE(error_for(kLlama32, "\"silu\"", "\"gelu\"").find("hidden_act = \"gelu\" is not supported"), std::string::npos);
+  EXPECT_NE(error_for(kLlama32, "\"silu\"", "\"gelu\"").find("hidden_act = \"gelu\" is not supported"),
+            std::string::npos);
   EXPECT_NE(error_for(kLlama32, "\"head_dim\": 16", "\"head_dim\": 32").find("head_dim 32 differs"), std::string::npos);
   EXPECT_NE(error_for(kLlama32, "\"hidden_size\": 64,", "").find("missing key 'hidden_size'"), std::string::npos);
-  EXPECT_NE(error_for(kLlama32, "\"num_hidden_layers\": 3", "\"num_hidden_layers\": \"3\"").find("num_hidden_layers must be an integer"),
+  EXPECT_NE(error_for(kLlama32, "\"num_hidden_layers\": 3", "\"num_hidden_layers\": \"3\"")
+                .find("num_hidden_layers must be an integer"),
             std::string::npos);
 }
 
@@ -420,11 +457,14 @@ namespace config_tests {
 // resolved config, for every family with everything set (LoRA, targets, guard, rope scaling).
 TEST(ConfigKeys, TheResolvedConfigReadsBackAsItself) {
   const std::vector<std::string> configs = {
-      "[model]\nname = \"gpt-test\"\nmlp_hidden = 96\nnorm_eps = 1e-3\n[lora]\nrank = 2\ntargets = \"all-linear\"\nrslora = true\n"
+      "[model]\nname = \"gpt-test\"\nmlp_hidden = 96\nnorm_eps = 1e-3\n[lora]\nrank = 2\ntargets = "
+      "\"all-linear\"\nrslora = true\n"
       "[targets]\nmax_memory_per_rank = \"8GiB\"\nmin_tokens_per_second = 10\n[guard]\nspike_zscore = 3.5\n",
-      "[model]\nname = \"llama-test\"\nrope_scaling = \"llama3\"\nrope_scaling_factor = 32.0\n[optimizer]\nbeta2 = 0.95\nlr = 3e-3\n",
+      "[model]\nname = \"llama-test\"\nrope_scaling = \"llama3\"\nrope_scaling_factor = 32.0\n[optimizer]\nbeta2 = "
+      "0.95\nlr = 3e-3\n",
       "[model]\nname = \"vit-fmnist\"\n[data]\nsource = \"fashion_mnist\"\naugment = \"shift+hflip\"\n",
-      "[model]\nname = \"llama-test\"\n[fsdp]\nparam_dtype = \"float16\"\nreduce_dtype = \"float16\"\n[loss_scale]\ninit = 1024.0\ngrowth_interval = 100\n"};
+      "[model]\nname = \"llama-test\"\n[fsdp]\nparam_dtype = \"float16\"\nreduce_dtype = "
+      "\"float16\"\n[loss_scale]\ninit = 1024.0\ngrowth_interval = 100\n"};
   for (const auto& text : configs) {
     const auto first = parse_train_config(text, "test.toml");
     const std::string resolved = fsdp::train::to_toml(first);
@@ -441,8 +481,8 @@ TEST(ConfigKeys, NumbersInTheResolvedConfigReadAsWritten) {
                                              "[eval]\ntemperature = 0.8\n[train]\ngrad_clip = 1\n",
                                          "test.toml");
   const std::string resolved = fsdp::train::to_toml(config);
-  for (const char* line : {"lr = 0.003\n", "beta2 = 0.95\n", "weight_decay = 0.1\n", "eps = 1e-08\n", "temperature = 0.8\n",
-                           "grad_clip = 1.0\n"}) {
+  for (const char* line : {"lr = 0.003\n", "beta2 = 0.95\n", "weight_decay = 0.1\n", "eps = 1e-08\n",
+                           "temperature = 0.8\n", "grad_clip = 1.0\n"}) {
     EXPECT_NE(resolved.find(std::string("\n") + line), std::string::npos) << line << " in:\n" << resolved;
   }
   EXPECT_EQ(resolved.find("0000000"), std::string::npos) << resolved;
@@ -462,7 +502,8 @@ TEST(ConfigKeys, TheListingHasEveryKeyAndTheReaderNoOther) {
   }
   EXPECT_NE(listing.find("train.steps"), std::string::npos);
   EXPECT_NE(listing.find("optimizer steps (default: 100)"), std::string::npos) << listing;
-  EXPECT_NE(error_of(std::string(kMinimal) + "[train]\nstepz = 3\n").find("unknown key 'train.stepz' (fsdp-train --list-keys"),
+  EXPECT_NE(error_of(std::string(kMinimal) + "[train]\nstepz = 3\n")
+                .find("unknown key 'train.stepz' (fsdp-train --list-keys"),
             std::string::npos);
 }
 

@@ -59,7 +59,8 @@ TEST(TokenShards, ReadAcrossShardsAsOneSequence) {
       for (int64_t length = 0; start + length <= 13; ++length) {
         at::Tensor got = source.read(start, length);
         ASSERT_EQ(got.numel(), length);
-        for (int64_t k = 0; k < length; ++k) ASSERT_EQ(got[k].item<int64_t>(), all[static_cast<size_t>(start + k)]) << start << "+" << k;
+        for (int64_t k = 0; k < length; ++k)
+          ASSERT_EQ(got[k].item<int64_t>(), all[static_cast<size_t>(start + k)]) << start << "+" << k;
       }
     }
     EXPECT_THROW(source.read(10, 4), std::out_of_range);
@@ -71,7 +72,8 @@ TEST(TokenShards, RefuseWhatIsNotOneCorpus) {
   TempDir dir;
   EXPECT_NE(error_of([&] { TokenShards s(dir.file("none-*.tok")); }).find("matches no file"), std::string::npos);
   EXPECT_NE(error_of([&] { TokenShards s(dir.path().string()); }).find("holds no .tok file"), std::string::npos);
-  EXPECT_NE(error_of([&] { TokenShards s(dir.file("missing.tok")); }).find("missing.tok': cannot open"), std::string::npos);
+  EXPECT_NE(error_of([&] { TokenShards s(dir.file("missing.tok")); }).find("missing.tok': cannot open"),
+            std::string::npos);
   fs::create_directories(dir.file("empty"));
   write_token_file(dir.file("empty/a.tok"), {1, 2}, 256);
   write_token_file(dir.file("empty/b.tok"), {}, 256);
@@ -95,7 +97,8 @@ TEST(CorpusTokenizer, ShardsAreTheSameWithAnyThreadsAndEqualTheOneProcessTokens)
   {
     std::ofstream lines(dir.file("in/a.jsonl"));
     for (int i = 0; i < 250; ++i) {
-      std::string text = "document " + std::to_string(i) + ": " + std::string(static_cast<size_t>(i % 37), 'x') + " é ✓\n";
+      std::string text =
+          "document " + std::to_string(i) + ": " + std::string(static_cast<size_t>(i % 37), 'x') + " é ✓\n";
       lines << nlohmann::json{{"text", text}}.dump() << "\n";
       if (i % 50 == 7) lines << "\n";  // blank lines are skipped
       documents.push_back({"", text});
@@ -111,7 +114,8 @@ TEST(CorpusTokenizer, ShardsAreTheSameWithAnyThreadsAndEqualTheOneProcessTokens)
   ASSERT_GT(split.validation.size(), 10u);
   const std::vector<int32_t> train = tokenize_documents(split.train, *tokenizer);
   const std::vector<int32_t> validation = tokenize_documents(split.validation, *tokenizer);
-  for (const auto& [threads, batch_bytes] : std::vector<std::pair<int, int64_t>>{{1, 16 << 20}, {3, 16 << 20}, {3, 500}, {2, 1}}) {
+  for (const auto& [threads, batch_bytes] :
+       std::vector<std::pair<int, int64_t>>{{1, 16 << 20}, {3, 16 << 20}, {3, 500}, {2, 1}}) {
     CorpusOptions options;
     options.output_dir = dir.file("out-" + std::to_string(threads) + "-" + std::to_string(batch_bytes));
     options.threads = threads;
@@ -119,12 +123,14 @@ TEST(CorpusTokenizer, ShardsAreTheSameWithAnyThreadsAndEqualTheOneProcessTokens)
     options.validation_percent = 10;
     options.batch_bytes = batch_bytes;
     int calls = 0;
-    const CorpusSummary summary = tokenize_corpus({dir.file("in")}, *tokenizer, options, [&](const CorpusProgress&) { ++calls; });
+    const CorpusSummary summary =
+        tokenize_corpus({dir.file("in")}, *tokenizer, options, [&](const CorpusProgress&) { ++calls; });
     EXPECT_EQ(summary.documents, 300);
     EXPECT_GE(calls, 1);
     EXPECT_EQ(summary.train_tokens, static_cast<int64_t>(train.size()));
     EXPECT_EQ(summary.train_shards, static_cast<int>((train.size() + 999) / 1000));
-    EXPECT_EQ(all_tokens(TokenShards(options.output_dir + "/train")), train) << threads << " threads, batches of " << batch_bytes;
+    EXPECT_EQ(all_tokens(TokenShards(options.output_dir + "/train")), train)
+        << threads << " threads, batches of " << batch_bytes;
     EXPECT_EQ(all_tokens(TokenShards(options.output_dir + "/validation")), validation) << threads << " threads";
     EXPECT_EQ(TokenFile(options.output_dir + "/train/shard-00000.tok").size(), 1000);
     EXPECT_FALSE(fs::exists(options.output_dir + ".partial"));
@@ -144,13 +150,16 @@ TEST(CorpusTokenizer, BadInputLeavesNothing) {
   EXPECT_NE(bad.find("bad.jsonl:2"), std::string::npos) << bad;
   EXPECT_FALSE(fs::exists(options.output_dir));
   EXPECT_FALSE(fs::exists(options.output_dir + ".partial"));
-  EXPECT_NE(error_of([&] { tokenize_corpus({dir.file("missing")}, *tokenizer, options); }).find("is neither a file"), std::string::npos);
+  EXPECT_NE(error_of([&] { tokenize_corpus({dir.file("missing")}, *tokenizer, options); }).find("is neither a file"),
+            std::string::npos);
   std::ofstream(dir.file("blank.jsonl")) << "\n\n";
-  EXPECT_NE(error_of([&] { tokenize_corpus({dir.file("blank.jsonl")}, *tokenizer, options); }).find("no document"), std::string::npos);
+  EXPECT_NE(error_of([&] { tokenize_corpus({dir.file("blank.jsonl")}, *tokenizer, options); }).find("no document"),
+            std::string::npos);
   EXPECT_FALSE(fs::exists(options.output_dir + ".partial"));
   fs::create_directories(options.output_dir);
   std::ofstream(dir.file("good.jsonl")) << "{\"text\": \"fine\"}\n";
-  EXPECT_NE(error_of([&] { tokenize_corpus({dir.file("good.jsonl")}, *tokenizer, options); }).find("exists"), std::string::npos);
+  EXPECT_NE(error_of([&] { tokenize_corpus({dir.file("good.jsonl")}, *tokenizer, options); }).find("exists"),
+            std::string::npos);
 }
 
 // Review findings: a hidden directory (.git) in the input is not the corpus; "out/" writes "out"
@@ -180,8 +189,10 @@ TEST(CorpusTokenizer, HiddenDirectoriesTrailingSlashesAndManyShards) {
     std::ofstream(dir.file(std::string("order/") + name)) << "";
   }
   std::vector<std::string> names;
-  for (const std::string& path : token_shard_paths(dir.file("order"))) names.push_back(fs::path(path).filename().string());
-  EXPECT_EQ(names, (std::vector<std::string>{"shard-00002.tok", "shard-10001.tok", "shard-99999.tok", "shard-100000.tok"}));
+  for (const std::string& path : token_shard_paths(dir.file("order")))
+    names.push_back(fs::path(path).filename().string());
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"shard-00002.tok", "shard-10001.tok", "shard-99999.tok", "shard-100000.tok"}));
 
   std::ofstream(dir.file("many.txt")) << std::string(3000, 'a');
   CorpusOptions many;

@@ -113,8 +113,8 @@ TEST(Tokenizer, Gpt2PreTokenisationFollowsThePattern) {
 // same pattern. The old hand-written split counted every non-ASCII character as a letter.
 TEST(Tokenizer, Gpt2PreTokenisationUsesUnicodeClasses) {
   auto words = Gpt2BpeTokenizer::split_words("He said \u00a0yes caf\u00e9 \u0661\u0662 \u3002!");
-  const std::vector<std::string> expected = {"He", " said", " ", "\u00a0", "yes", " caf\u00e9", " \u0661\u0662",
-                                             " \u3002!"};
+  const std::vector<std::string> expected = {"He",         " said",         " ",       "\u00a0", "yes",
+                                             " caf\u00e9", " \u0661\u0662", " \u3002!"};
   EXPECT_EQ(words, expected);
   EXPECT_THROW(Gpt2BpeTokenizer::split_words("bad \xff byte"), std::invalid_argument);
 }
@@ -172,11 +172,13 @@ TEST(Tokenizer, Gpt2BpeAppliesMergesByPriority) {
 TEST(Tokenizer, Gpt2BpeRejectsBadFiles) {
   TinyBpe bpe;
   write_text(bpe.dir.file("bad.json"), "{\"a\": 0,");
-  EXPECT_NE(expect_throw_message([&] { Gpt2BpeTokenizer t(bpe.dir.file("bad.json"), bpe.dir.file("merges.txt")); })
-                .find("not valid JSON"),
+  EXPECT_NE(expect_throw_message([&] {
+              Gpt2BpeTokenizer t(bpe.dir.file("bad.json"), bpe.dir.file("merges.txt"));
+            }).find("not valid JSON"),
             std::string::npos);
   write_text(bpe.dir.file("bad_merges.txt"), "t h\nonlyone\n");
-  auto message = expect_throw_message([&] { Gpt2BpeTokenizer t(bpe.dir.file("vocab.json"), bpe.dir.file("bad_merges.txt")); });
+  auto message =
+      expect_throw_message([&] { Gpt2BpeTokenizer t(bpe.dir.file("vocab.json"), bpe.dir.file("bad_merges.txt")); });
   EXPECT_NE(message.find("bad_merges.txt:2"), std::string::npos) << message;
   EXPECT_THROW(make_tokenizer("sentencepiece"), std::invalid_argument);
 }
@@ -185,7 +187,8 @@ TEST(Tokenizer, Gpt2BpeRejectsBadFiles) {
 // own regex), one special token, merges in the newer [left, right] form.
 std::string tiny_tokenizer_json(const std::string& vocab_json, const std::string& extra = "") {
   return R"({"version": "1.0", "added_tokens": [{"id": 260, "content": "<|eot|>", "single_word": false,
-    "lstrip": false, "rstrip": false, "normalized": false, "special": true}],)" + extra + R"(
+    "lstrip": false, "rstrip": false, "normalized": false, "special": true}],)" +
+         extra + R"(
     "normalizer": null,
     "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
       {"type": "Split", "pattern": {"Regex": "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
@@ -194,7 +197,8 @@ std::string tiny_tokenizer_json(const std::string& vocab_json, const std::string
     "post_processor": null, "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
     "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": true,
-      "vocab": )" + vocab_json + R"(, "merges": [["t", "h"], ["Ġ", "th"], ["Ġth", "e"]]}})";
+      "vocab": )" +
+         vocab_json + R"(, "merges": [["t", "h"], ["Ġ", "th"], ["Ġth", "e"]]}})";
 }
 
 TEST(Tokenizer, HfTokenizerJsonWithSpecialTokens) {
@@ -241,7 +245,8 @@ TEST(Tokenizer, HfTokenizerRefusesWhatItDoesNotSupportByName) {
   TinyBpe bpe;
   const std::string vocab = read_text(bpe.dir.file("vocab.json"));
   std::string nfc = tiny_tokenizer_json(vocab);
-  nfc.replace(nfc.find("\"normalizer\": null"), std::string("\"normalizer\": null").size(), R"("normalizer": {"type": "NFC"})");
+  nfc.replace(nfc.find("\"normalizer\": null"), std::string("\"normalizer\": null").size(),
+              R"("normalizer": {"type": "NFC"})");
   write_text(bpe.dir.file("nfc.json"), nfc);
   auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("nfc.json")); });
   EXPECT_NE(message.find("normalizer NFC is not supported"), std::string::npos) << message;
@@ -331,10 +336,9 @@ TEST(Packing, BestFitPlacesEveryExampleOnceAndFillsRows) {
 // A packed row holds each example's padded-row inputs and targets back to back, positions
 // restarting at 0 for each and for the padding tail; its target count is its examples'.
 TEST(Packing, PackedRowsHoldThePaddedRowsBackToBack) {
-  std::vector<RenderedExample> examples = {
-      {{10, 11, 12, 13}, {0, 0, 1, 1}},  // 3 places, 2 trained targets
-      {{20, 21, 22}, {0, 1, 1}},          // 2 places, 2 trained
-      {{30, 31, 32, 33, 34}, {0, 0, 0, 1, 1}}};
+  std::vector<RenderedExample> examples = {{{10, 11, 12, 13}, {0, 0, 1, 1}},  // 3 places, 2 trained targets
+                                           {{20, 21, 22}, {0, 1, 1}},         // 2 places, 2 trained
+                                           {{30, 31, 32, 33, 34}, {0, 0, 0, 1, 1}}};
   auto padded = std::make_shared<InstructionDataset>(examples, 8, 99);
   const PackedInstructionDataset packed(padded, 5);
   ASSERT_EQ(packed.examples(), 3);
@@ -409,7 +413,8 @@ TEST(Corpus, DebianFortunesArePresent) {
   EXPECT_GT(docs.size(), 10000u);  // the fortunes package holds ~15k
 }
 
-void write_idx_gz(const std::string& path, const std::vector<unsigned char>& header, const std::vector<unsigned char>& data) {
+void write_idx_gz(const std::string& path, const std::vector<unsigned char>& header,
+                  const std::vector<unsigned char>& data) {
   gzFile file = gzopen(path.c_str(), "wb");
   gzwrite(file, header.data(), static_cast<unsigned>(header.size()));
   if (!data.empty()) gzwrite(file, data.data(), static_cast<unsigned>(data.size()));
@@ -558,9 +563,10 @@ std::string error_reading(const std::string& path) {
 
 TEST(Instructions, ReadsBothFormsAndNamesTheBadLine) {
   TempDir dir;
-  const std::string good = write_lines(dir, "good.jsonl",
-                                       "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"},"
-                                       " {\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"prompt\": \"p\", \"completion\": \"c\"}\n");
+  const std::string good = write_lines(
+      dir, "good.jsonl",
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"},"
+      " {\"role\": \"assistant\", \"content\": \"a\"}]}\n\n{\"prompt\": \"p\", \"completion\": \"c\"}\n");
   auto examples = read_instruction_jsonl(good);
   ASSERT_EQ(examples.size(), 2u);
   EXPECT_EQ(examples[0].messages.size(), 3u);
@@ -571,8 +577,8 @@ TEST(Instructions, ReadsBothFormsAndNamesTheBadLine) {
   const std::string first = "{\"prompt\": \"p\", \"completion\": \"c\"}\n";
   EXPECT_NE(error_reading(write_lines(dir, "a.jsonl", first + "{\"prompt\": \n")).find("a.jsonl:2: not valid JSON"),
             std::string::npos);
-  EXPECT_NE(error_reading(write_lines(dir, "b.jsonl", first + first +
-                                                                 "{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n"))
+  EXPECT_NE(error_reading(write_lines(dir, "b.jsonl",
+                                      first + first + "{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n"))
                 .find("b.jsonl:3: message 1 has unknown role 'bot'"),
             std::string::npos);
   EXPECT_NE(error_reading(write_lines(dir, "c.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n"))
@@ -603,9 +609,10 @@ TEST(Instructions, PlainFormatTrainsOnlyTheAnswer) {
 TEST(Instructions, DatasetShiftsMasksPadsAndDropsLongExamples) {
   ByteTokenizer bytes;
   std::vector<RenderedExample> rendered;
-  rendered.push_back(render_chat({{{"user", "ab"}, {"assistant", "cd"}}, 0}, ChatFormat::Plain, bytes));         // 4 tokens
-  rendered.push_back(render_chat({{{"user", "abcdef"}, {"assistant", "ghij"}}, 0}, ChatFormat::Plain, bytes));   // 10: too long
-  rendered.push_back(render_chat({{{"user", "xyz"}, {"assistant", "w"}}, 0}, ChatFormat::Plain, bytes));         // 4 tokens
+  rendered.push_back(render_chat({{{"user", "ab"}, {"assistant", "cd"}}, 0}, ChatFormat::Plain, bytes));  // 4 tokens
+  rendered.push_back(
+      render_chat({{{"user", "abcdef"}, {"assistant", "ghij"}}, 0}, ChatFormat::Plain, bytes));  // 10: too long
+  rendered.push_back(render_chat({{{"user", "xyz"}, {"assistant", "w"}}, 0}, ChatFormat::Plain, bytes));  // 4 tokens
   InstructionDataset dataset(std::move(rendered), /*seq=*/6, /*pad_id=*/0);
   EXPECT_EQ(dataset.size(), 2);
   EXPECT_EQ(dataset.dropped(), 1);
@@ -642,8 +649,9 @@ TEST(Instructions, AnExamplesLossDoesNotDependOnItsNeighbours) {
   auto summed_loss_of_first = [&](const std::vector<int64_t>& indices) {
     auto batch = dataset.get(indices);
     auto logits = model->forward(batch.inputs);
-    auto losses = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape(-1),
-                                                       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    auto losses =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape(-1),
+                                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     return losses.view({static_cast<int64_t>(indices.size()), -1})[0].sum().item<double>();
   };
   const double alone = summed_loss_of_first({0});
@@ -673,7 +681,8 @@ TEST(ImageChat, OnlyTheAnswerIsTrained) {
     EXPECT_EQ(rows.ids[0][p + static_cast<int64_t>(j)].item<int64_t>(), static_cast<unsigned char>(answer[j]));
     EXPECT_EQ(rows.targets[0][p - 1 + static_cast<int64_t>(j)].item<int64_t>(), static_cast<unsigned char>(answer[j]));
   }
-  EXPECT_EQ(rows.targets[0][p - 1 + static_cast<int64_t>(answer.size())].item<int64_t>(), 256) << "end-of-text is trained";
+  EXPECT_EQ(rows.targets[0][p - 1 + static_cast<int64_t>(answer.size())].item<int64_t>(), 256)
+      << "end-of-text is trained";
   EXPECT_EQ(rows.targets[0].ne(-100).sum().item<int64_t>(), writer.answer_tokens(7));
   EXPECT_EQ(rows.targets[1].ne(-100).sum().item<int64_t>(), writer.answer_tokens(1));
   EXPECT_TRUE(rows.targets[0].narrow(0, 0, p - 1).eq(-100).all().item<bool>()) << "the image and question are not";
@@ -686,7 +695,8 @@ TEST(ImageChat, OnlyTheAnswerIsTrained) {
   generated[2] = 'S';
   EXPECT_EQ(writer.class_of(generated), -1);
   EXPECT_EQ(writer.class_of({'A', ' ', 's', 'h', 'i', 'r', 't', '.'}), -1) << "no end-of-text";
-  EXPECT_THROW(fsdp::data::ImageChatWriter(fsdp::data::fashion_mnist_class_names(), 16, 256, 256), std::invalid_argument);
+  EXPECT_THROW(fsdp::data::ImageChatWriter(fsdp::data::fashion_mnist_class_names(), 16, 256, 256),
+               std::invalid_argument);
 }
 
 // Captions: bytes of a template filled with the class name, then end-of-text to the context; the
@@ -697,7 +707,8 @@ TEST(Captions, BytesThenEndOfTextAndTemplatesVaryByStep) {
   const at::Tensor prompts = writer.class_prompts();  // "a photo of a {}."
   ASSERT_EQ(prompts.sizes(), (std::vector<int64_t>{10, 48}));
   const std::string sneaker = "a photo of a sneaker.";
-  for (size_t i = 0; i < sneaker.size(); ++i) EXPECT_EQ(prompts[7][i].item<int64_t>(), static_cast<unsigned char>(sneaker[i]));
+  for (size_t i = 0; i < sneaker.size(); ++i)
+    EXPECT_EQ(prompts[7][i].item<int64_t>(), static_cast<unsigned char>(sneaker[i]));
   EXPECT_TRUE(prompts[7].narrow(0, sneaker.size(), 48 - sneaker.size()).eq(256).all().item<bool>());
   const at::Tensor labels = at::full({64}, 7, at::kLong);
   std::vector<int64_t> indices(64);
@@ -708,14 +719,16 @@ TEST(Captions, BytesThenEndOfTextAndTemplatesVaryByStep) {
   std::set<std::string> seen;
   for (int64_t i = 0; i < 64; ++i) {
     std::string text;
-    for (int64_t t = 0; t < 48 && a[i][t].item<int64_t>() != 256; ++t) text += static_cast<char>(a[i][t].item<int64_t>());
+    for (int64_t t = 0; t < 48 && a[i][t].item<int64_t>() != 256; ++t)
+      text += static_cast<char>(a[i][t].item<int64_t>());
     EXPECT_NE(text.find("sneaker"), std::string::npos) << text;
     seen.insert(text);
   }
   EXPECT_GE(seen.size(), 6u) << "64 draws over 8 templates";
   EXPECT_THROW(writer.captions(at::full({1}, 10, at::kLong), {0}, 0, 1), std::invalid_argument);
 
-  fsdp::data::CaptionWriter short_context(fsdp::data::fashion_mnist_class_names(), fsdp::data::caption_templates(), 20, 256);
+  fsdp::data::CaptionWriter short_context(fsdp::data::fashion_mnist_class_names(), fsdp::data::caption_templates(), 20,
+                                          256);
   EXPECT_GT(short_context.truncated_pairs(), 0);
   EXPECT_EQ(short_context.longest_bytes(), writer.longest_bytes());
   const at::Tensor cut = short_context.class_prompts();

@@ -47,7 +47,8 @@ bool has_module_type(const torch::nn::Module& root, const std::string& type) {
 bool has_module_named(const torch::nn::Module& root, const std::string& leaf) {
   for (const auto& item : root.named_modules()) {
     const std::string& path = item.key();
-    if (path == leaf || (path.size() > leaf.size() && path.compare(path.size() - leaf.size() - 1, std::string::npos, "." + leaf) == 0)) {
+    if (path == leaf || (path.size() > leaf.size() &&
+                         path.compare(path.size() - leaf.size() - 1, std::string::npos, "." + leaf) == 0)) {
       return true;
     }
   }
@@ -66,7 +67,8 @@ std::vector<std::string> hf_parts_missing(const ModelFamily& family, ModelConfig
   const auto types = family.hf_model_types();
   if (types.empty()) return missing;
   for (const auto& type : types) {
-    if (fsdp::models::family_of_hf_model_type(type) != &family) missing.push_back("model_type '" + type + "' does not find this family");
+    if (fsdp::models::family_of_hf_model_type(type) != &family)
+      missing.push_back("model_type '" + type + "' does not find this family");
   }
   nlohmann::json written = nlohmann::json::object();
   ModelConfig back;
@@ -83,9 +85,11 @@ std::vector<std::string> hf_parts_missing(const ModelFamily& family, ModelConfig
   }
   const auto before = family.fields(config), after = family.fields(back);
   for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
-    if (before[i].free_beside_hf_config && before[i].key != "context") continue;  // a training choice config.json does not hold
+    if (before[i].free_beside_hf_config && before[i].key != "context")
+      continue;  // a training choice config.json does not hold
     if (value_text(before[i]) != value_text(after[i])) {
-      missing.push_back("field '" + before[i].key + "' is " + value_text(before[i]) + ", read back from its config.json " + value_text(after[i]));
+      missing.push_back("field '" + before[i].key + "' is " + value_text(before[i]) +
+                        ", read back from its config.json " + value_text(after[i]));
     }
   }
   return missing;
@@ -154,23 +158,29 @@ std::vector<std::string> parts_missing(const ModelFamily& family) {
   int64_t held = 0;
   for (const auto& p : built.module->parameters()) held += p.numel();
   if (held != family.parameter_count(config)) {
-    miss("parameter_count says " + std::to_string(family.parameter_count(config)) + ", the built model holds " + std::to_string(held));
+    miss("parameter_count says " + std::to_string(family.parameter_count(config)) + ", the built model holds " +
+         std::to_string(held));
   }
   const bool entry_points_fit = [&] {
     switch (family.task()) {
       case ModelTask::Language: return built.has_loss_sum() && static_cast<bool>(built.forward_function);
       case ModelTask::ImageClassification: return static_cast<bool>(built.forward_function) && !built.has_loss_sum();
       case ModelTask::Contrastive: return built.is_contrastive();
-      case ModelTask::ImageText: return built.reads_image_and_text() && static_cast<bool>(built.image_text_loss_function);
+      case ModelTask::ImageText:
+        return built.reads_image_and_text() && static_cast<bool>(built.image_text_loss_function);
     }
     return false;
   }();
-  if (!entry_points_fit) miss(std::string("the built model lacks the entry points of its task (") + to_string(family.task()) + ")");
+  if (!entry_points_fit)
+    miss(std::string("the built model lacks the entry points of its task (") + to_string(family.task()) + ")");
   const auto linear = family.linear_layers(config);
-  if ((family.lora(config) != nullptr) != !linear.empty()) miss("takes adapters but names no linear layers, or the reverse");
-  if (family.lora(config) != nullptr && !inside(family.lora(config), config)) miss("its LoRA settings are not the config's");
+  if ((family.lora(config) != nullptr) != !linear.empty())
+    miss("takes adapters but names no linear layers, or the reverse");
+  if (family.lora(config) != nullptr && !inside(family.lora(config), config))
+    miss("its LoRA settings are not the config's");
   for (const auto& layer : linear) {
-    if (!has_module_named(*built.module, layer)) miss("linear layer '" + layer + "' is not a module of the built model");
+    if (!has_module_named(*built.module, layer))
+      miss("linear layer '" + layer + "' is not a module of the built model");
   }
   for (const auto& part : hf_parts_missing(family, sizes.front().second)) miss(part);
   return missing;

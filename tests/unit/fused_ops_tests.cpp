@@ -41,12 +41,14 @@ bool usable(const at::Device& device) {
 double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 
 // |fused - truth| <= 2 |reference - truth| + 1e-6 max|truth|, elementwise maximum over the tensor.
-void expect_as_accurate(const at::Tensor& fused, const at::Tensor& reference, const at::Tensor& truth, const std::string& what) {
+void expect_as_accurate(const at::Tensor& fused, const at::Tensor& reference, const at::Tensor& truth,
+                        const std::string& what) {
   const at::Tensor t = truth.to(at::kCPU, at::kDouble);
   const double fused_error = max_abs(fused.to(at::kCPU, at::kDouble) - t);
   const double reference_error = max_abs(reference.to(at::kCPU, at::kDouble) - t);
   const double bound = 2 * reference_error + 1e-6 * max_abs(t);
-  EXPECT_LE(fused_error, bound) << what << ": fused error " << fused_error << ", composed reference's " << reference_error;
+  EXPECT_LE(fused_error, bound) << what << ": fused error " << fused_error << ", composed reference's "
+                                << reference_error;
 }
 
 struct Case {
@@ -97,7 +99,8 @@ TEST(FusedOps, RotaryMatchesTheComposedReference) {
     torch::manual_seed(2);
     const int64_t b = 2, t = 7, heads = 3, hd = 10;
     auto [cos, sin] = rotary_tables(t, hd, 500000.0);  // [t, hd] fp32
-    const at::Tensor x64 = torch::randn({b, t, heads, hd}, at::kDouble), grad64 = torch::randn({b, t, heads, hd}, at::kDouble);
+    const at::Tensor x64 = torch::randn({b, t, heads, hd}, at::kDouble),
+                     grad64 = torch::randn({b, t, heads, hd}, at::kDouble);
     const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
 
     at::Tensor xt = x64.clone().requires_grad_(true);
@@ -122,7 +125,8 @@ TEST(FusedOps, RotaryMatchesTheComposedReference) {
     // back through its transpose) gives the same values as its contiguous copy.
     const at::Tensor strided = x64.to(opts).transpose(1, 2).contiguous().transpose(1, 2);
     ASSERT_FALSE(strided.is_contiguous());
-    EXPECT_TRUE(torch::equal(fsdp::models::rotary(strided, cos_d, sin_d), fsdp::models::rotary(x64.to(opts), cos_d, sin_d)));
+    EXPECT_TRUE(
+        torch::equal(fsdp::models::rotary(strided, cos_d, sin_d), fsdp::models::rotary(x64.to(opts), cos_d, sin_d)));
   }
 }
 
@@ -165,9 +169,11 @@ TEST(FusedOps, AddRmsNormMatchesTheComposedReference) {
     // partials accumulate), an odd dim below and above one block's 256 threads.
     for (const int64_t dim : {67, 300}) {
       SCOPED_TRACE("dim " + std::to_string(dim));
-      const at::Tensor x64 = torch::randn({3, 401, dim}, at::kDouble) * 2, delta64 = torch::randn({3, 401, dim}, at::kDouble);
+      const at::Tensor x64 = torch::randn({3, 401, dim}, at::kDouble) * 2,
+                       delta64 = torch::randn({3, 401, dim}, at::kDouble);
       const at::Tensor w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble);
-      const at::Tensor grad_sum64 = torch::randn({3, 401, dim}, at::kDouble), grad_normed64 = torch::randn({3, 401, dim}, at::kDouble);
+      const at::Tensor grad_sum64 = torch::randn({3, 401, dim}, at::kDouble),
+                       grad_normed64 = torch::randn({3, 401, dim}, at::kDouble);
       const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
       const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
 
@@ -204,7 +210,8 @@ TEST(FusedOps, AddRmsNormWithoutTheSumsGradientOrTheWeights) {
     SCOPED_TRACE(c.name());
     torch::manual_seed(5);
     const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
-    const at::Tensor x = torch::randn({5, 33}, opts), delta = torch::randn({5, 33}, opts), w = torch::rand({33}, opts) + 0.5;
+    const at::Tensor x = torch::randn({5, 33}, opts), delta = torch::randn({5, 33}, opts),
+                     w = torch::rand({33}, opts) + 0.5;
     const at::Tensor grad = torch::randn({5, 33}, opts);
     at::Tensor xf = x.clone().requires_grad_(true), xr = x.clone().requires_grad_(true);
     const auto fused = fsdp::models::add_rms_norm(xf, delta, w, 1e-6);
@@ -228,10 +235,14 @@ TEST(FusedOps, AddRmsNormTakesStridedInputsAndAnFp32Weight) {
       SCOPED_TRACE(std::string(device.is_cuda() ? "cuda " : "cpu ") + c10::toString(dtype));
       torch::manual_seed(6);
       const int64_t rows = 45, dim = 70;
-      const at::Tensor x64 = torch::randn({dim, rows}, at::kDouble).t(), delta64 = torch::randn({rows, dim}, at::kDouble);
-      const at::Tensor w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble), grad64 = torch::randn({rows, dim}, at::kDouble);
+      const at::Tensor x64 = torch::randn({dim, rows}, at::kDouble).t(),
+                       delta64 = torch::randn({rows, dim}, at::kDouble);
+      const at::Tensor w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble),
+                       grad64 = torch::randn({rows, dim}, at::kDouble);
       const auto opts = at::TensorOptions().device(device).dtype(dtype);
-      const auto strided = [&](const at::Tensor& t) { return t.t().contiguous().t().to(opts).detach().requires_grad_(true); };
+      const auto strided = [&](const at::Tensor& t) {
+        return t.t().contiguous().t().to(opts).detach().requires_grad_(true);
+      };
       const auto weight = [&] { return w64.to(device, at::kFloat).detach().requires_grad_(true); };
 
       at::Tensor xt = x64.clone().requires_grad_(true), wt = w64.clone().requires_grad_(true);
@@ -268,7 +279,8 @@ TEST(FusedOps, ReportsWhetherTheCudaKernelsWereBuilt) {
     if (!device.is_cuda() || !usable(device)) continue;
     RecordProperty("fused_kernels_compiled", fsdp::models::fused_kernels_compiled() ? "yes" : "no");
     if (!fsdp::models::fused_kernels_compiled()) {
-      GTEST_SKIP() << "this build has no fused CUDA kernels (no nvcc at configure time): CUDA tensors took the composed path";
+      GTEST_SKIP()
+          << "this build has no fused CUDA kernels (no nvcc at configure time): CUDA tensors took the composed path";
     }
   }
 }

@@ -67,7 +67,8 @@ TEST(LossScaler, StateRoundTripsAndBadStateIsNamed) {
   restored.restore(scaler.state());
   EXPECT_EQ(restored.scale(), 32768.0f);
   EXPECT_EQ(restored.growth_tracker(), 2);
-  for (const char* bad : {"", "{}", "{\"scale\": -1, \"growth_tracker\": 0}", "{\"scale\": 2, \"growth_tracker\": -1}", "[1"}) {
+  for (const char* bad :
+       {"", "{}", "{\"scale\": -1, \"growth_tracker\": 0}", "{\"scale\": 2, \"growth_tracker\": -1}", "[1"}) {
     try {
       restored.restore(bad);
       ADD_FAILURE() << "accepted: " << bad;
@@ -86,8 +87,8 @@ TEST(LossScaler, StateRoundTripsAndBadStateIsNamed) {
 }
 
 fsdp::train::TrainConfig fp16_config(int64_t max_nonfinite_steps) {
-  fsdp::train::TrainConfig config = fsdp::train::parse_train_config("[model]\nname = \"gpt-test\"\n", "test.toml",
-                                                                   {"fsdp.param_dtype=float16", "loss_scale.growth_interval=2"});
+  fsdp::train::TrainConfig config = fsdp::train::parse_train_config(
+      "[model]\nname = \"gpt-test\"\n", "test.toml", {"fsdp.param_dtype=float16", "loss_scale.growth_interval=2"});
   config.max_nonfinite_steps = max_nonfinite_steps;
   return config;
 }

@@ -26,7 +26,7 @@ int64_t counted(const std::shared_ptr<torch::nn::Module>& module) {
 
 // Published counts (Hugging Face model cards / configs), exact.
 TEST(ModelZoo, PublishedParameterCounts) {
-  EXPECT_EQ(parameter_count(model_config("gpt2")), 124439808);        // GPT-2 124M, tied embeddings
+  EXPECT_EQ(parameter_count(model_config("gpt2")), 124439808);  // GPT-2 124M, tied embeddings
   EXPECT_EQ(parameter_count(model_config("gpt2-medium")), 354823168);
   EXPECT_EQ(parameter_count(model_config("gpt2-large")), 774030080);
   EXPECT_EQ(parameter_count(model_config("gpt2-xl")), 1557611200);
@@ -231,7 +231,8 @@ TEST(LinearCrossEntropy, EqualsTheComposedHeadAndLoss) {
       const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets, chunk);
       (loss * 0.7).backward();
       EXPECT_EQ(loss.scalar_type(), at::kFloat);
-      EXPECT_NEAR(loss.item<double>(), reference.item<double>(), tol * std::abs(reference.item<double>())) << "chunk " << chunk;
+      EXPECT_NEAR(loss.item<double>(), reference.item<double>(), tol * std::abs(reference.item<double>()))
+          << "chunk " << chunk;
       auto relative = [](const at::Tensor& a, const at::Tensor& b) {
         return ((a.to(at::kFloat) - b.to(at::kFloat)).abs().max() / b.to(at::kFloat).abs().max()).item<double>();
       };
@@ -240,7 +241,8 @@ TEST(LinearCrossEntropy, EqualsTheComposedHeadAndLoss) {
       EXPECT_EQ(h.grad().scalar_type(), dtype);
     }
   }
-  EXPECT_THROW(fsdp::models::linear_cross_entropy_sum(torch::randn({4, 3}), torch::randn({5, 3}), torch::zeros({4}, at::kLong), 0),
+  EXPECT_THROW(fsdp::models::linear_cross_entropy_sum(torch::randn({4, 3}), torch::randn({5, 3}),
+                                                      torch::zeros({4}, at::kLong), 0),
                std::invalid_argument);
 }
 
@@ -281,7 +283,8 @@ TEST(LinearCrossEntropy, OneChunkBufferGivesTheBitsOfFreshTensors) {
     auto h = hidden.clone().set_requires_grad(true), w = weight.clone().set_requires_grad(true);
     const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets, chunk);
     loss.backward(at::tensor(static_cast<float>(g)));
-    EXPECT_TRUE(torch::equal(loss, total)) << "chunk " << chunk << ": " << loss.item<double>() << " vs " << total.item<double>();
+    EXPECT_TRUE(torch::equal(loss, total))
+        << "chunk " << chunk << ": " << loss.item<double>() << " vs " << total.item<double>();
     EXPECT_TRUE(torch::equal(h.grad(), grad_hidden)) << "d hidden, chunk " << chunk;
     EXPECT_TRUE(torch::equal(w.grad(), grad_weight)) << "d weight, chunk " << chunk;
   }
@@ -317,12 +320,16 @@ TEST(LinearCrossEntropy, ModelsLossPathEqualsLogitsPath) {
       auto built = fsdp::models::build_model(config);
       built.module->eval();  // no dropout: both paths see the same network
       const int64_t vocab = fsdp::models::vocab_size(config);
-      const at::Tensor ids = torch::randint(0, vocab, {2, 9}, at::kLong), targets = torch::randint(0, vocab, {2, 9}, at::kLong);
+      const at::Tensor ids = torch::randint(0, vocab, {2, 9}, at::kLong),
+                       targets = torch::randint(0, vocab, {2, 9}, at::kLong);
       const at::Tensor logits = built.forward(ids);
-      const double composed = torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}).to(at::kFloat), targets.reshape(-1),
-                                  torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)).item<double>();
+      const double composed =
+          torch::nn::functional::cross_entropy(logits.reshape({-1, vocab}).to(at::kFloat), targets.reshape(-1),
+                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+              .item<double>();
       ASSERT_TRUE(built.has_loss_sum());
-      EXPECT_NEAR(built.loss_sum(ids, targets, 4).item<double>(), composed, 1e-5 * composed) << name << (tie ? " tied" : "");
+      EXPECT_NEAR(built.loss_sum(ids, targets, 4).item<double>(), composed, 1e-5 * composed)
+          << name << (tie ? " tied" : "");
     }
   }
   EXPECT_FALSE(fsdp::models::build_model(model_config("vit-fmnist")).has_loss_sum());
@@ -344,7 +351,8 @@ TEST(Packing, EachExampleInAPackedRowIsItselfAlone) {
       auto built = fsdp::models::build_model(config);
       built.module->eval();
       const int64_t vocab = fsdp::models::vocab_size(config);
-      at::Tensor ids = torch::randint(0, vocab, {1, row}, at::kLong), targets = torch::randint(0, vocab, {1, row}, at::kLong);
+      at::Tensor ids = torch::randint(0, vocab, {1, row}, at::kLong),
+                 targets = torch::randint(0, vocab, {1, row}, at::kLong);
       at::Tensor positions = at::empty({1, row}, at::kLong);
       int64_t start = 0;
       for (int64_t length : lengths) {
@@ -359,8 +367,10 @@ TEST(Packing, EachExampleInAPackedRowIsItselfAlone) {
       for (int64_t length : lengths) {
         const at::Tensor alone = built.forward(ids.narrow(1, start, length));
         worst = std::max(worst, (packed_logits.narrow(1, start, length) - alone).abs().max().item<double>());
-        neighbours_seen = std::max(neighbours_seen, (causal_logits.narrow(1, start, length) - alone).abs().max().item<double>());
-        const double loss_alone = built.loss_sum(ids.narrow(1, start, length), targets.narrow(1, start, length), 4).item<double>();
+        neighbours_seen =
+            std::max(neighbours_seen, (causal_logits.narrow(1, start, length) - alone).abs().max().item<double>());
+        const double loss_alone =
+            built.loss_sum(ids.narrow(1, start, length), targets.narrow(1, start, length), 4).item<double>();
         at::Tensor only = at::full_like(targets, -100);
         only.narrow(1, start, length).copy_(targets.narrow(1, start, length));
         EXPECT_NEAR(built.loss_sum(ids, only, 4, positions).item<double>(), loss_alone, 1e-5 * loss_alone)
@@ -383,7 +393,10 @@ TEST(Packing, DocumentCausalMaskKeepsExamplesApart) {
                                           1, 1, 1, 0, 0, 0,  //
                                           0, 0, 0, 1, 0, 0,  //
                                           0, 0, 0, 1, 1, 0,  //
-                                          0, 0, 0, 0, 0, 1}, at::kLong).to(at::kBool).view({1, 1, 6, 6});
+                                          0, 0, 0, 0, 0, 1},
+                                         at::kLong)
+                                  .to(at::kBool)
+                                  .view({1, 1, 6, 6});
   EXPECT_TRUE(allowed.equal(expected)) << allowed;
 }
 
@@ -460,8 +473,9 @@ TEST(Lora, AdaptedLinearIsTheClosedForm) {
       const at::Tensor dropped = dropout > 0 ? torch::dropout(x, dropout, /*train=*/true) : x;
       const double scale = rslora ? 8.0 / std::sqrt(4.0) : 8.0 / 4.0;
       auto d = [](const at::Tensor& t) { return t.detach().to(at::kDouble); };
-      const at::Tensor expected = at::matmul(d(x), d(layer->weight).t()) + d(layer->bias) +
-                                  scale * at::matmul(at::matmul(d(dropped), d(layer->lora_A->weight).t()), d(layer->lora_B->weight).t());
+      const at::Tensor expected =
+          at::matmul(d(x), d(layer->weight).t()) + d(layer->bias) +
+          scale * at::matmul(at::matmul(d(dropped), d(layer->lora_A->weight).t()), d(layer->lora_B->weight).t());
       const double error = (d(y) - expected).abs().max().item<double>();
       EXPECT_LE(error, 1e-5 * expected.abs().max().item<double>()) << "scale " << scale;
       EXPECT_DOUBLE_EQ(layer->lora_scale, scale);
@@ -485,7 +499,8 @@ TEST(Lora, RefusesBadSpecsByName) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(refused([](auto& l) { l.targets = {"qkv_proj"}; }).find("lora target 'qkv_proj' matches no layer"), std::string::npos);
+  EXPECT_NE(refused([](auto& l) { l.targets = {"qkv_proj"}; }).find("lora target 'qkv_proj' matches no layer"),
+            std::string::npos);
   EXPECT_NE(refused([](auto& l) { l.rank = -2; }).find("lora rank must be positive"), std::string::npos);
   EXPECT_NE(refused([](auto& l) { l.targets.clear(); }).find("needs target layers"), std::string::npos);
 }
@@ -497,11 +512,15 @@ TEST(Lora, RefusesBadSpecsByName) {
 TEST(Bf16Matmul, Fp32GemmsAreTheWidenedCompositionExactly) {
   torch::manual_seed(7);
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
-  const at::Tensor x0 = torch::randn({2, 5, 48}, bf16), w0 = torch::randn({24, 48}, bf16), b0 = torch::randn({24}, bf16);
+  const at::Tensor x0 = torch::randn({2, 5, 48}, bf16), w0 = torch::randn({24, 48}, bf16),
+                   b0 = torch::randn({24}, bf16);
   const at::Tensor g = torch::randn({2, 5, 24}, bf16);
-  struct Result { at::Tensor y, gx, gw, gb; };
+  struct Result {
+    at::Tensor y, gx, gw, gb;
+  };
   auto run = [&](const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& f) {
-    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+               b = b0.clone().requires_grad_(true);
     at::Tensor y = f(x, w, b);
     y.backward(g);
     return Result{y.detach(), x.grad(), w.grad(), b.grad()};
@@ -513,15 +532,17 @@ TEST(Bf16Matmul, Fp32GemmsAreTheWidenedCompositionExactly) {
     return at::linear(x.to(torch::kFloat), w.to(torch::kFloat), b.to(torch::kFloat)).to(torch::kBFloat16);
   });
   const Result native = run([](auto& x, auto& w, auto& b) { return fsdp::models::linear(x, w, b); });
-  for (auto [got, want, what] : {std::tuple{widened.y, composed.y, "y"}, {widened.gx, composed.gx, "dx"},
-                                 {widened.gw, composed.gw, "dW"}, {widened.gb, composed.gb, "db"}}) {
+  for (auto [got, want, what] : {std::tuple{widened.y, composed.y, "y"},
+                                 {widened.gx, composed.gx, "dx"},
+                                 {widened.gw, composed.gw, "dW"},
+                                 {widened.gb, composed.gb, "db"}}) {
     ASSERT_EQ(got.scalar_type(), torch::kBFloat16) << what;
     EXPECT_TRUE(torch::equal(got, want)) << what << ": max difference " << (got - want).abs().max().item<float>();
   }
   // Native: libtorch's bf16 GEMM. Values are O(7) (sums of 48 or 10 products of N(0, 1) values):
   // within 2 bf16 steps (2^-7 relative) of the widened result.
-  for (auto [got, want, what] : {std::tuple{native.y, widened.y, "y"}, {native.gx, widened.gx, "dx"},
-                                 {native.gw, widened.gw, "dW"}}) {
+  for (auto [got, want, what] :
+       {std::tuple{native.y, widened.y, "y"}, {native.gx, widened.gx, "dx"}, {native.gw, widened.gw, "dW"}}) {
     EXPECT_TRUE(torch::allclose(got.to(torch::kFloat), want.to(torch::kFloat), 2.0 / 128, 0.05)) << what;
   }
   fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Fp32);
@@ -625,7 +646,8 @@ TEST(Models, LlavaReadsTheImageAtItsTokens) {
   ASSERT_EQ(a.sizes(), (std::vector<int64_t>{2, 40, config.text.vocab}));
   EXPECT_TRUE(a[0].equal(b[0])) << "row 0's image did not change";
   EXPECT_LE((a[1].narrow(0, 0, 12) - b[1].narrow(0, 0, 12)).abs().max().item<double>(), 0.0) << "before row 1's image";
-  EXPECT_GT((a[1].narrow(0, 12, 28) - b[1].narrow(0, 12, 28)).abs().max().item<double>(), 1e-4) << "from row 1's image on";
+  EXPECT_GT((a[1].narrow(0, 12, 28) - b[1].narrow(0, 12, 28)).abs().max().item<double>(), 1e-4)
+      << "from row 1's image on";
   at::Tensor short_row = ids.clone();
   short_row[0][5] = 65;
   try {

@@ -54,10 +54,11 @@ TEST(Nf4, RoundTripWithinHalfTheWidestCodeGap) {
     const auto flat = w.reshape(-1);
     const auto padded = at::constant_pad_nd(flat, {0, 17 * 64 - flat.numel()}, 0.0).reshape({17, 64});
     const auto block_absmax = std::get<0>(padded.abs().max(1));
-    const auto bound = (block_absmax * (1.0 - 0.6961928009986877) / 2 * 1.02).repeat_interleave(64).slice(0, 0, flat.numel());
+    const auto bound =
+        (block_absmax * (1.0 - 0.6961928009986877) / 2 * 1.02).repeat_interleave(64).slice(0, 0, flat.numel());
     const auto error = (back.reshape(-1) - flat).abs();
-    EXPECT_TRUE((error <= bound).all().item<bool>()) << "double quant " << double_quant << ": worst error/bound "
-                                                     << (error / bound).max().item<double>();
+    EXPECT_TRUE((error <= bound).all().item<bool>())
+        << "double quant " << double_quant << ": worst error/bound " << (error / bound).max().item<double>();
     EXPECT_EQ(dequantize_nf4(q, at::kBFloat16).scalar_type(), at::kBFloat16);
   }
 }
@@ -98,7 +99,8 @@ TEST(Nf4, BadInputIsNamed) {
   auto q = quantize_nf4(w, 64, false);
   q.absmax = q.absmax.slice(0, 0, 3);
   const std::string truncated = error_of([&] { dequantize_nf4(q); });
-  EXPECT_NE(truncated.find("absmax holds 3 Float, expected 4 Float for a weight of shape [4, 64] in blocks of 64"), std::string::npos)
+  EXPECT_NE(truncated.find("absmax holds 3 Float, expected 4 Float for a weight of shape [4, 64] in blocks of 64"),
+            std::string::npos)
       << truncated;
   auto d = quantize_nf4(w, 64, true);
   d.nested_absmax = at::Tensor();
@@ -127,7 +129,8 @@ TEST(Nf4Storage, EachEntryIsQuantizeNf4sBytesAndDecodesToDequantizeNf4sValues) {
   for (bool double_quant : {true, false}) {
     const auto layout = fsdp::shard::FlatLayout::make(entries, 3);
     at::Tensor unsharded = torch::zeros({layout.padded_numel});
-    for (size_t i = 0; i < values.size(); ++i) unsharded.narrow(0, layout.entries[i].offset, values[i].numel()).copy_(values[i].reshape(-1));
+    for (size_t i = 0; i < values.size(); ++i)
+      unsharded.narrow(0, layout.entries[i].offset, values[i].numel()).copy_(values[i].reshape(-1));
     const auto storage = fsdp::shard::Nf4StorageLayout::make(layout, nf4, 3, double_quant, at::kBFloat16);
     EXPECT_EQ(storage.padded_bytes % 3, 0);
     EXPECT_EQ(storage.shard_bytes * 3, storage.padded_bytes);
@@ -156,9 +159,11 @@ TEST(Nf4Storage, EachEntryIsQuantizeNf4sBytesAndDecodesToDequantizeNf4sValues) {
       }
     }
     // The same bytes for another number of shards, up to the padding.
-    const auto two = fsdp::shard::Nf4StorageLayout::make(fsdp::shard::FlatLayout::make(entries, 2), nf4, 2, double_quant);
+    const auto two =
+        fsdp::shard::Nf4StorageLayout::make(fsdp::shard::FlatLayout::make(entries, 2), nf4, 2, double_quant);
     EXPECT_TRUE(fsdp::shard::encode_nf4_storage(two, fsdp::shard::FlatLayout::make(entries, 2), unsharded)
-                    .narrow(0, 0, storage.bytes).equal(bytes.narrow(0, 0, storage.bytes)));
+                    .narrow(0, 0, storage.bytes)
+                    .equal(bytes.narrow(0, 0, storage.bytes)));
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
       at::Tensor decoded = torch::full({layout.padded_numel}, 9.0).to(dtype);
       fsdp::shard::decode_nf4_storage(storage, layout, bytes, decoded);
@@ -166,14 +171,17 @@ TEST(Nf4Storage, EachEntryIsQuantizeNf4sBytesAndDecodesToDequantizeNf4sValues) {
         const at::Tensor got = decoded.narrow(0, layout.entries[i].offset, values[i].numel());
         // Decoded to the base's dtype (bitsandbytes' dequantize_4bit of a bf16 weight), then widened.
         const at::Tensor want =
-            nf4[i] ? dequantize_nf4(quantize_nf4(values[i].to(at::kBFloat16), 64, double_quant), at::kBFloat16).to(dtype).reshape(-1)
+            nf4[i] ? dequantize_nf4(quantize_nf4(values[i].to(at::kBFloat16), 64, double_quant), at::kBFloat16)
+                         .to(dtype)
+                         .reshape(-1)
                    : values[i].reshape(-1).to(at::kBFloat16).to(dtype);
         EXPECT_TRUE(got.equal(want)) << "entry " << i << " " << dtype << " double_quant " << double_quant;
       }
     }
   }
-  EXPECT_NE(error_of([&] { fsdp::shard::Nf4StorageLayout::make(fsdp::shard::FlatLayout::make(entries, 2), {true}, 2); })
-                .find("1 flags for 4 entries"),
+  EXPECT_NE(error_of([&] {
+              fsdp::shard::Nf4StorageLayout::make(fsdp::shard::FlatLayout::make(entries, 2), {true}, 2);
+            }).find("1 flags for 4 entries"),
             std::string::npos);
 }
 
@@ -191,11 +199,13 @@ TEST(Nf4Storage, DecodesOnTheDeviceAsOnTheHost) {
     if (asked) FAIL() << "FSDP_TEST_DEVICE=cuda, but libtorch sees no CUDA device";
     GTEST_SKIP() << "no CUDA device";
   }
-  std::cout << "[ info ] NF4 decode kernel compiled: " << (fsdp::shard::nf4_decode_kernel_compiled() ? "yes" : "no") << "\n";
+  std::cout << "[ info ] NF4 decode kernel compiled: " << (fsdp::shard::nf4_decode_kernel_compiled() ? "yes" : "no")
+            << "\n";
   // scripts/gpu-check.sh builds with nvcc: there the composed path passing would hide the kernel.
   const char* expect_kernels = std::getenv("FSDP_EXPECT_CUDA_KERNELS");
   if (expect_kernels != nullptr && std::string(expect_kernels) == "1") {
-    ASSERT_TRUE(fsdp::shard::nf4_decode_kernel_compiled()) << "FSDP_EXPECT_CUDA_KERNELS=1, but this build has no NF4 decode kernel";
+    ASSERT_TRUE(fsdp::shard::nf4_decode_kernel_compiled())
+        << "FSDP_EXPECT_CUDA_KERNELS=1, but this build has no NF4 decode kernel";
   }
   torch::manual_seed(11);
   const std::vector<std::vector<int64_t>> shapes = {{20, 70}, {5}, {3, 5}, {256, 72}, {64}, {9, 7}};
@@ -208,7 +218,8 @@ TEST(Nf4Storage, DecodesOnTheDeviceAsOnTheHost) {
   }
   const auto layout = fsdp::shard::FlatLayout::make(entries, 2);
   at::Tensor unsharded = torch::zeros({layout.padded_numel});
-  for (size_t i = 0; i < values.size(); ++i) unsharded.narrow(0, layout.entries[i].offset, values[i].numel()).copy_(values[i].reshape(-1));
+  for (size_t i = 0; i < values.size(); ++i)
+    unsharded.narrow(0, layout.entries[i].offset, values[i].numel()).copy_(values[i].reshape(-1));
   for (at::ScalarType base : {at::kBFloat16, at::kFloat, at::kHalf}) {
     for (bool double_quant : {true, false}) {
       const auto storage = fsdp::shard::Nf4StorageLayout::make(layout, nf4, 2, double_quant, base);
@@ -218,15 +229,17 @@ TEST(Nf4Storage, DecodesOnTheDeviceAsOnTheHost) {
         at::Tensor host = torch::full({layout.padded_numel}, 9.0).to(dtype);
         fsdp::shard::decode_nf4_storage(storage, layout, bytes, host);
         for (int64_t shift : {0, 1}) {
-          at::Tensor buffer = torch::full({layout.padded_numel + 1}, 9.0, at::TensorOptions().dtype(dtype).device(at::kCUDA));
+          at::Tensor buffer =
+              torch::full({layout.padded_numel + 1}, 9.0, at::TensorOptions().dtype(dtype).device(at::kCUDA));
           at::Tensor device = buffer.narrow(0, shift, layout.padded_numel);
           fsdp::shard::decode_nf4_storage(storage, layout, device_bytes, device);
           const at::Tensor back = device.cpu();
           for (size_t i = 0; i < values.size(); ++i) {
             const at::Tensor got = back.narrow(0, layout.entries[i].offset, values[i].numel());
             const at::Tensor want = host.narrow(0, layout.entries[i].offset, values[i].numel());
-            EXPECT_TRUE(got.equal(want)) << "entry " << i << ", base " << base << ", into " << dtype << ", double_quant "
-                                         << double_quant << ", shift " << shift << ": largest difference "
+            EXPECT_TRUE(got.equal(want)) << "entry " << i << ", base " << base << ", into " << dtype
+                                         << ", double_quant " << double_quant << ", shift " << shift
+                                         << ": largest difference "
                                          << (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
           }
         }

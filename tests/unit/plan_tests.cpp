@@ -108,7 +108,8 @@ TEST(Plan, ActivationCheckpointingEveryKthBlock) {
   EXPECT_NEAR(static_cast<double>(one.memory.activations), static_cast<double>(none.memory.activations),
               0.01 * static_cast<double>(none.memory.activations));
   // Every other block: half the way from all recomputed to none (the working blocks differ by one).
-  const double all_bytes = static_cast<double>(all.memory.activations), none_bytes = static_cast<double>(none.memory.activations);
+  const double all_bytes = static_cast<double>(all.memory.activations),
+               none_bytes = static_cast<double>(none.memory.activations);
   EXPECT_NEAR(static_cast<double>(half.memory.activations), (all_bytes + none_bytes) / 2, 0.02 * none_bytes);
   EXPECT_NEAR(half.compute_seconds, none.compute_seconds * (1.0 + 0.5 / 3.0), 1e-9);
   EXPECT_NEAR(all.compute_seconds, none.compute_seconds * 4.0 / 3.0, 1e-9);
@@ -144,7 +145,8 @@ TEST(Plan, ACpuRunsPeakIsTheWholeProcess) {
   in.async_checkpoint = true;
   const auto cpu = make_plan(in);
   EXPECT_GT(cpu.memory.host_total, 0);
-  EXPECT_EQ(cpu.peak_bytes, cpu.memory.device_total() + cpu.memory.host_total + (55LL << 20) + cpu.memory.checkpoint_staging);
+  EXPECT_EQ(cpu.peak_bytes,
+            cpu.memory.device_total() + cpu.memory.host_total + (55LL << 20) + cpu.memory.checkpoint_staging);
 }
 
 // fsdp-train's config keys decide the overhead: the measured CPU process, or a GPU's round figure.

@@ -34,18 +34,24 @@ std::string step(int s, double loss) {
   return "{\"step\": " + std::to_string(s) + ", \"loss\": " + std::to_string(loss) +
          ", \"lr\": 0.001, \"grad_norm\": 1.5, \"step_seconds\": 0.1, \"tokens_per_second\": 1000, \"mfu\": 0.2, "
          "\"peak_resident_bytes_per_rank\": [1e8, 1.1e8], \"communication_seconds_per_rank\": [0.01, 0.02], "
-         "\"exposed_communication_seconds_per_rank\": [0.001, 0.002], \"skipped\": " + (s == 3 ? "true" : "false") + "}\n";
+         "\"exposed_communication_seconds_per_rank\": [0.001, 0.002], \"skipped\": " +
+         (s == 3 ? "true" : "false") + "}\n";
 }
 
 TEST(Report, ReadsStepsEventsTargetsAndAResume) {
-  std::string metrics = "{\"run_start\": 0, \"name\": \"demo\", \"world_size\": 2, \"language\": true, \"resumed_from\": \"\", "
-                        "\"config\": \"[model]\\nname = 'gpt-test'\\n\", \"predicted_peak_bytes_per_rank\": 1.2e8, "
-                        "\"targets\": {\"min_tokens_per_second\": 5000, \"max_memory_per_rank\": 1e9}}\n";
+  std::string metrics =
+      "{\"run_start\": 0, \"name\": \"demo\", \"world_size\": 2, \"language\": true, \"resumed_from\": \"\", "
+      "\"config\": \"[model]\\nname = 'gpt-test'\\n\", \"predicted_peak_bytes_per_rank\": 1.2e8, "
+      "\"targets\": {\"min_tokens_per_second\": 5000, \"max_memory_per_rank\": 1e9}}\n";
   metrics += "{\"eval_step\": 0, \"validation_loss\": 5.5, \"perplexity\": 245}\n";
   for (int s = 1; s <= 4; ++s) metrics += step(s, 5.0 - 0.1 * s);
   metrics += "{\"checkpoint_step\": 2, \"path\": \"x\", \"seconds\": 0.1}\n";
-  metrics += "{\"target_missed\": \"min_tokens_per_second\", \"step\": 2, \"value\": 1000, \"limit\": 5000, \"message\": \"too slow\"}\n";
-  metrics += "{\"target_missed\": \"max_memory_per_rank\", \"step\": 4, \"value\": 2e9, \"limit\": 1e9, \"message\": \"too big\"}\n";
+  metrics +=
+      "{\"target_missed\": \"min_tokens_per_second\", \"step\": 2, \"value\": 1000, \"limit\": 5000, \"message\": "
+      "\"too slow\"}\n";
+  metrics +=
+      "{\"target_missed\": \"max_memory_per_rank\", \"step\": 4, \"value\": 2e9, \"limit\": 1e9, \"message\": \"too "
+      "big\"}\n";
   // Resumed from step 2: steps 3 and 4 are recorded again and replace the first run's; what the
   // first run marked after step 2 (its skipped step 3, its memory miss at step 4) is discarded.
   metrics += "{\"run_start\": 2, \"name\": \"demo\", \"world_size\": 2, \"resumed_from\": \"ckpt/step-00000002\"}\n";

@@ -21,7 +21,8 @@ std::string temp_path(const std::string& name) {
 }
 
 // A file as the specification lays it out: u64 header length, JSON header, data.
-void write_raw(const std::string& path, const std::string& header, const std::string& data, int64_t claimed_length = -1) {
+void write_raw(const std::string& path, const std::string& header, const std::string& data,
+               int64_t claimed_length = -1) {
   std::ofstream out(path, std::ios::binary);
   const uint64_t length = claimed_length >= 0 ? static_cast<uint64_t>(claimed_length) : header.size();
   out.write(reinterpret_cast<const char*>(&length), 8);
@@ -57,9 +58,10 @@ TEST(Safetensors, ReadsAFileWrittenToTheSpecification) {
 
 TEST(Safetensors, RoundTripsDtypesAndShapes) {
   const std::string path = temp_path("round.safetensors");
-  std::vector<std::pair<std::string, at::Tensor>> tensors = {
-      {"w", torch::randn({3, 5})}, {"h", torch::randn({7}).to(torch::kBFloat16)}, {"i", torch::arange(6, torch::kLong).view({2, 3})},
-      {"empty", torch::zeros({0, 4})}};
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {{"w", torch::randn({3, 5})},
+                                                             {"h", torch::randn({7}).to(torch::kBFloat16)},
+                                                             {"i", torch::arange(6, torch::kLong).view({2, 3})},
+                                                             {"empty", torch::zeros({0, 4})}};
   fsdp::checkpoint::write_safetensors(path, tensors, {{"step", "12"}});
   SafetensorsFile file(path);
   for (const auto& [name, tensor] : tensors) EXPECT_TRUE(torch::equal(file.read(name), tensor)) << name;
@@ -85,7 +87,8 @@ TEST(Safetensors, RecordsEachTensorsCrc32) {
   writer.finish();
   const auto& crcs = writer.tensor_crc32s();
   ASSERT_EQ(crcs.size(), 2u);
-  const uint32_t expected_w = static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(w.data_ptr()), 4 * 3 * 4));
+  const uint32_t expected_w =
+      static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(w.data_ptr()), 4 * 3 * 4));
   EXPECT_EQ(crcs.at("w"), expected_w);
   SafetensorsFile file(path);
   EXPECT_EQ(fsdp::checkpoint::crc32_of_bytes(file.read("w")), expected_w);
@@ -108,8 +111,10 @@ TEST(Safetensors, RefusesBadFiles) {
   EXPECT_NE(error_of(path).find("unsupported dtype 'Q4'"), std::string::npos);
   write_raw(path, R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(12, '\0'));
   EXPECT_NE(error_of(path).find("do not hold its 12 bytes"), std::string::npos);
-  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-            std::string(12, '\0'));
+  write_raw(
+      path,
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      std::string(12, '\0'));
   EXPECT_NE(error_of(path).find("overlap"), std::string::npos);
   write_raw(path, R"({"a":{"dtype":"F32","shape":[2]}})", std::string(8, '\0'));
   EXPECT_NE(error_of(path).find("malformed header entry"), std::string::npos);
@@ -149,10 +154,11 @@ TEST(Safetensors, RefusesOverflowingShapesAndLeaksNothing) {
   write_raw(path, R"({"huge": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})", "");
   EXPECT_NE(error_of(path).find("too many elements"), std::string::npos) << error_of(path);
   const int before = open_descriptors();
-  for (const char* header : {R"({"x": {"dtype": "Q8", "shape": [1], "data_offsets": [0, 1]}})",            // unknown dtype
-                             R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})",           // wrong size
-                             R"({"x": {"dtype": "F32", "shape": "two", "data_offsets": [0, 4]}})",         // malformed
-                             R"({"huge": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})"}) {
+  for (const char* header :
+       {R"({"x": {"dtype": "Q8", "shape": [1], "data_offsets": [0, 1]}})",     // unknown dtype
+        R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})",    // wrong size
+        R"({"x": {"dtype": "F32", "shape": "two", "data_offsets": [0, 4]}})",  // malformed
+        R"({"huge": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}})"}) {
     write_raw(path, header, std::string(8, '\0'));
     EXPECT_NE(error_of(path), "no error") << header;
   }

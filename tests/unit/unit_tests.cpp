@@ -50,8 +50,8 @@ TEST(Launch, SlurmVariables) {
 // from SLURM_TASKS_PER_NODE when --ntasks-per-node was not given (before: the world size, which
 // made hybrid sharding's default shard group the whole world).
 TEST(Launch, LocalRankAndSizeKnownOrNot) {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-                           "SLURM_NODEID"}) {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+                           "SLURM_TASKS_PER_NODE", "SLURM_NODEID"}) {
     unsetenv(name);
   }
   setenv("SLURM_PROCID", "5", 1);
@@ -71,8 +71,8 @@ TEST(Launch, LocalRankAndSizeKnownOrNot) {
   EXPECT_EQ(info.local_world_size_variable, "SLURM_TASKS_PER_NODE");
   setenv("SLURM_NTASKS_PER_NODE", "2", 1);  // said outright: that wins
   EXPECT_EQ(fsdp::comm::launch_info_from_env().local_world_size, 2);
-  for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-                           "SLURM_NODEID"}) {
+  for (const char* name : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+                           "SLURM_TASKS_PER_NODE", "SLURM_NODEID"}) {
     unsetenv(name);
   }
 }
@@ -86,7 +86,8 @@ TEST(Launch, SlurmTasksPerNode) {
   EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
   EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 4), -1);
   EXPECT_EQ(slurm_tasks_on_node("4,3(x2)", 2), 3);
-  for (const char* bad : {"", "x", "2(x3", "2(3)", "-1", "2(x0)", "0"}) EXPECT_EQ(slurm_tasks_on_node(bad, 0), -1) << bad;
+  for (const char* bad : {"", "x", "2(x3", "2(3)", "-1", "2(x0)", "0"})
+    EXPECT_EQ(slurm_tasks_on_node(bad, 0), -1) << bad;
 }
 
 // Two ranks on one device (more ranks on a node than devices, or no local rank from the launcher)
@@ -104,7 +105,8 @@ TEST(DeviceAssignment, TwoRanksOnOneDeviceAreRefusedByName) {
   for (int local = 0; local < 4; ++local) {
     launch.local_rank = local;
     const int index = fsdp::comm::device_index_for(launch, 2);
-    claims.push_back(fsdp::comm::claim_from_text(fsdp::comm::to_text({"node1", "GPU-" + std::to_string(index), index})));
+    claims.push_back(
+        fsdp::comm::claim_from_text(fsdp::comm::to_text({"node1", "GPU-" + std::to_string(index), index})));
   }
   std::string message;
   try {
@@ -112,9 +114,11 @@ TEST(DeviceAssignment, TwoRanksOnOneDeviceAreRefusedByName) {
   } catch (const std::runtime_error& e) {
     message = e.what();
   }
-  EXPECT_NE(message.find("ranks 0 and 2 both took CUDA device 0 (GPU-0) of host 'node1'"), std::string::npos) << message;
+  EXPECT_NE(message.find("ranks 0 and 2 both took CUDA device 0 (GPU-0) of host 'node1'"), std::string::npos)
+      << message;
   EXPECT_NE(message.find("4 ranks run on this machine (OMPI_COMM_WORLD_LOCAL_SIZE=4) and each sees 2 CUDA devices"),
-            std::string::npos) << message;
+            std::string::npos)
+      << message;
   // One device bound to each task (srun --gpus-per-task=1): each is index 0, of distinct devices.
   std::vector<DeviceClaim> bound;
   for (int local = 0; local < 4; ++local) {
@@ -135,7 +139,9 @@ TEST(DeviceAssignment, TwoRanksOnOneDeviceAreRefusedByName) {
   } catch (const std::runtime_error& e) {
     message = e.what();
   }
-  EXPECT_NE(message.find("the launcher (pmi) gives no rank on the machine (MPI_LOCALRANKID is unset)"), std::string::npos) << message;
+  EXPECT_NE(message.find("the launcher (pmi) gives no rank on the machine (MPI_LOCALRANKID is unset)"),
+            std::string::npos)
+      << message;
   EXPECT_THROW(fsdp::comm::device_index_for(launch, 0), std::runtime_error);
 }
 
@@ -210,7 +216,6 @@ TEST(Hooks, CallRunsHooksAroundForward) {
   fsdp::nn::call(linear, torch::ones({1, 3}));
   EXPECT_EQ(events.size(), 2u);
 }
-
 
 TEST(Storage, FreeReallocateKeepsAutogradViewsValid) {
   // 64 MiB buffer whose views autograd saves; freeing it must return the memory and backward must
@@ -367,8 +372,8 @@ TEST(Storage, LargeHostBuffersAreMappedOutsideTheHeap) {
 // before the first step and the first step begun, whatever its number (a resumed run's); a
 // setting overrides the environment and the backend's default.
 TEST(CollectiveAgreement, DueInTheFirstStepOrEveryStep) {
-  using fsdp::comm::CollectiveAgreementMode;
   using fsdp::comm::collective_agreement_due;
+  using fsdp::comm::CollectiveAgreementMode;
   EXPECT_FALSE(collective_agreement_due(CollectiveAgreementMode::kOff));
   EXPECT_TRUE(collective_agreement_due(CollectiveAgreementMode::kFirstStep));  // construction, loading
   fsdp::comm::begin_collective_step(7);
@@ -380,6 +385,7 @@ TEST(CollectiveAgreement, DueInTheFirstStepOrEveryStep) {
   EXPECT_EQ(fsdp::comm::collective_agreement_mode(CollectiveAgreementMode::kOff), CollectiveAgreementMode::kEveryStep);
   fsdp::comm::set_collective_agreement(std::nullopt);
   if (std::getenv("FSDP_AGREE_COLLECTIVES") == nullptr) {
-    EXPECT_EQ(fsdp::comm::collective_agreement_mode(CollectiveAgreementMode::kFirstStep), CollectiveAgreementMode::kFirstStep);
+    EXPECT_EQ(fsdp::comm::collective_agreement_mode(CollectiveAgreementMode::kFirstStep),
+              CollectiveAgreementMode::kFirstStep);
   }
 }

@@ -156,7 +156,8 @@ TEST(UserFiles, RefuseExistingNamesThePathAndATrailingSlashIsTheDirectory) {
 }
 
 TEST(UserFiles, ANonUtf8ConfigStringIsRefusedNamingItsKey) {
-  for (const std::string bad : {std::string("/data/caf\xe9"), std::string("runs/\xc0\xaf"), std::string("x\xed\xa0\x80")}) {
+  for (const std::string bad :
+       {std::string("/data/caf\xe9"), std::string("runs/\xc0\xaf"), std::string("x\xed\xa0\x80")}) {
     try {
       fsdp::train::load_train_config(FSDP_SOURCE_DIR "/configs/gpt-fortunes-tiny.toml", {"data.dir=" + bad});
       FAIL() << "a non-UTF-8 data.dir was taken";
@@ -164,13 +165,14 @@ TEST(UserFiles, ANonUtf8ConfigStringIsRefusedNamingItsKey) {
       EXPECT_NE(std::string(e.what()).find("data.dir is not valid UTF-8"), std::string::npos) << e.what();
     }
   }
-  EXPECT_NO_THROW(fsdp::train::load_train_config(FSDP_SOURCE_DIR "/configs/gpt-fortunes-tiny.toml", {"data.dir=/données/ü"}));
+  EXPECT_NO_THROW(
+      fsdp::train::load_train_config(FSDP_SOURCE_DIR "/configs/gpt-fortunes-tiny.toml", {"data.dir=/données/ü"}));
 }
 
 TEST(UserFiles, TomlStringKeepsBackslashesAndQuotes) {
   const std::string name = "runs\\new\"q";
-  const fsdp::train::TrainConfig config =
-      fsdp::train::load_train_config(FSDP_SOURCE_DIR "/configs/gpt-fortunes-tiny.toml", {"output_dir=" + fsdp::train::toml_string(name)});
+  const fsdp::train::TrainConfig config = fsdp::train::load_train_config(
+      FSDP_SOURCE_DIR "/configs/gpt-fortunes-tiny.toml", {"output_dir=" + fsdp::train::toml_string(name)});
   EXPECT_EQ(config.output_dir, name);
 }
 
@@ -180,14 +182,15 @@ TEST(UserFiles, ABnbQuantStateIsCheckedBeforeUse) {
   for (const int64_t nested : {int64_t{0}, int64_t{-256}}) {
     const std::string name = "w";
     const std::vector<int64_t> shape{4, 64};  // 256 values in 4 blocks of 64
-    nlohmann::json state = {{"quant_type", "nf4"}, {"blocksize", 64},           {"dtype", "bfloat16"},
-                            {"shape", shape},      {"nested_blocksize", nested}, {"nested_offset", 0.0},
-                            {"nested_dtype", "float32"}};
+    nlohmann::json state = {
+        {"quant_type", "nf4"},        {"blocksize", 64},      {"dtype", "bfloat16"},      {"shape", shape},
+        {"nested_blocksize", nested}, {"nested_offset", 0.0}, {"nested_dtype", "float32"}};
     const std::string text = state.dump();
     std::map<std::string, at::Tensor> tensors;
     tensors[name] = at::zeros({128, 1}, at::kByte);
     tensors[name + ".absmax"] = at::zeros({4}, at::kByte);
-    tensors[name + ".quant_map"] = at::tensor(std::vector<float>(fsdp::shard::nf4_code().begin(), fsdp::shard::nf4_code().end()));
+    tensors[name + ".quant_map"] =
+        at::tensor(std::vector<float>(fsdp::shard::nf4_code().begin(), fsdp::shard::nf4_code().end()));
     tensors[name + ".nested_absmax"] = at::ones({1}, at::kFloat);
     tensors[name + ".nested_quant_map"] = fsdp::shard::dynamic_map_signed();
     at::Tensor bytes = at::empty({static_cast<int64_t>(text.size())}, at::kByte);
@@ -199,7 +202,8 @@ TEST(UserFiles, ABnbQuantStateIsCheckedBeforeUse) {
           [&](const std::string& t) { return tensors.at(t); });
       FAIL() << "nested_blocksize " << nested << " was taken";
     } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("nested_blocksize " + std::to_string(nested)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("nested_blocksize " + std::to_string(nested)), std::string::npos)
+          << e.what();
     }
   }
 }
@@ -223,7 +227,8 @@ TEST(UserFiles, AnEmptyTensorAtTheNextOnesOffsetIsNoOverlap) {
 
 // A manifest's or an index's file names stay inside their directory.
 TEST(UserFiles, FileNamesFromManifestsAndIndexesStayInTheirDirectory) {
-  EXPECT_EQ(fsdp::checkpoint::path_inside("/m", "model-00001-of-00002.safetensors", "index"), "/m/model-00001-of-00002.safetensors");
+  EXPECT_EQ(fsdp::checkpoint::path_inside("/m", "model-00001-of-00002.safetensors", "index"),
+            "/m/model-00001-of-00002.safetensors");
   EXPECT_EQ(fsdp::checkpoint::path_inside("/m", "sub/w.safetensors", "index"), "/m/sub/w.safetensors");
   for (const char* bad : {"/etc/passwd", "../secret.safetensors", "sub/../../x", ""}) {
     EXPECT_THROW(fsdp::checkpoint::path_inside("/m", bad, "index"), std::runtime_error) << bad;

@@ -26,7 +26,7 @@ struct PeftAdapterConfig {
   double dropout = 0.0;
   bool rslora = false;               // use_rslora: scale alpha / sqrt(r)
   std::vector<std::string> targets;  // layer names, or {"all-linear"}
-  std::string base_model;  // base_model_name_or_path ("" when absent)
+  std::string base_model;            // base_model_name_or_path ("" when absent)
 };
 
 // True when `dir` holds adapter_config.json.

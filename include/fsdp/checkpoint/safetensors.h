@@ -34,7 +34,8 @@ const char* safetensors_dtype_name(at::ScalarType dtype);
 class SafetensorsWriter {
  public:
   // Opens `path`.tmp.<pid>; throws std::runtime_error naming the file.
-  SafetensorsWriter(std::string path, std::vector<TensorInfo> declared, std::map<std::string, std::string> metadata = {});
+  SafetensorsWriter(std::string path, std::vector<TensorInfo> declared,
+                    std::map<std::string, std::string> metadata = {});
   ~SafetensorsWriter();  // an unfinished writer removes its temporary file
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;

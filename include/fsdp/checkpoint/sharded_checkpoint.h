@@ -49,9 +49,9 @@ namespace fsdp::checkpoint {
 constexpr int kCheckpointFormatVersion = 2;
 
 struct CheckpointInfo {
-  int64_t step = 0;          // optimizer steps done; training resumes at this step
-  std::string model_name;    // zoo name, for messages and fsdp-ckpt
-  std::string config_toml;   // the run's resolved configuration
+  int64_t step = 0;         // optimizer steps done; training resumes at this step
+  std::string model_name;   // zoo name, for messages and fsdp-ckpt
+  std::string config_toml;  // the run's resolved configuration
   // The trainer's own state beside the model's, as JSON text it writes and reads itself (the
   // loss-spike guard's window); "" when none (checkpoints before 2026-12-02 have none).
   std::string trainer_state;

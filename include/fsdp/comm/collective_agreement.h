@@ -43,13 +43,12 @@ void set_collective_agreement(std::optional<CollectiveAgreementMode> mode);
 // process's first step, as begin_collective_step numbers it).
 bool collective_agreement_due(CollectiveAgreementMode mode);
 
-
 class PendingAgreement;
 // Posts the exchange of `description` over `host` (the collective's group, or its bootstrap: the
 // same ranks in the same order); `channel` names the collective's group, `place` its place in the
 // step (record_collective). Returns at once.
 std::shared_ptr<PendingAgreement> post_collective_agreement(ProcessGroup& host, const std::string& channel,
-                                                           const std::string& description, const std::string& place);
+                                                            const std::string& description, const std::string& place);
 // Waits for the exchange (once; later calls return) and compares; see the header comment.
 void check_collective_agreement(PendingAgreement& pending);
 

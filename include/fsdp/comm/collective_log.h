@@ -69,9 +69,9 @@ void begin_collective_step(int64_t step);
 bool in_first_collective_step();
 
 struct CollectiveFingerprint {
-  int64_t count = 0;   // collectives recorded since begin_collective_step, every channel
-  uint64_t hash = 0;   // FNV-1a over the channels in name order: each one's name, count and the
-                       // FNV-1a of its descriptions in issue order
+  int64_t count = 0;  // collectives recorded since begin_collective_step, every channel
+  uint64_t hash = 0;  // FNV-1a over the channels in name order: each one's name, count and the
+                      // FNV-1a of its descriptions in issue order
   bool operator==(const CollectiveFingerprint& o) const { return count == o.count && hash == o.hash; }
 };
 CollectiveFingerprint collective_fingerprint();

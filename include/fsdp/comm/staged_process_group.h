@@ -35,6 +35,7 @@ namespace fsdp::comm {
 // A staged group over the ranks of `bootstrap` (collective over them: it splits off an MPI
 // communicator of its own for the staging buffers' collectives) for tensors on `device` (kCPU, or
 // a CUDA device in an FSDP_CUDA build; else std::runtime_error).
-ProcessGroupPtr make_staged_group(const ProcessGroupPtr& bootstrap, at::Device device, const ProcessGroupOptions& options = {});
+ProcessGroupPtr make_staged_group(const ProcessGroupPtr& bootstrap, at::Device device,
+                                  const ProcessGroupOptions& options = {});
 
 }  // namespace fsdp::comm

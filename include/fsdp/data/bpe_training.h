@@ -30,7 +30,7 @@ struct TrainedBpe {
   std::string tokenizer_config_json;  // tokenizer_config.json: bos/eos and a Llama 3 style chat template
   int64_t vocab_size = 0;             // tokens in all (fewer than asked when the corpus ran out of pairs)
   int64_t merges = 0;
-  int64_t words = 0;                  // distinct words the split pattern cut the corpus into
+  int64_t words = 0;  // distinct words the split pattern cut the corpus into
 };
 
 // Trains on `documents` (valid UTF-8; std::invalid_argument names the document and byte offset

@@ -23,7 +23,8 @@ class CaptionWriter {
  public:
   // Bytes are token ids 0-255; end_of_text (>= 256) ends a caption and pads it to `context`.
   // Throws std::invalid_argument naming the value when context < 2 or end_of_text < 256.
-  CaptionWriter(std::vector<std::string> class_names, std::vector<std::string> templates, int64_t context, int64_t end_of_text);
+  CaptionWriter(std::vector<std::string> class_names, std::vector<std::string> templates, int64_t context,
+                int64_t end_of_text);
 
   // labels [b] int64 (0 <= label < classes) of samples `indices` at 0-based `step` ->
   // token ids [b, context] int64.

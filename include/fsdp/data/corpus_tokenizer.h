@@ -50,7 +50,8 @@ struct CorpusSummary {
 };
 
 // Throws std::runtime_error naming the input (file and line) or the output that failed.
-CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Tokenizer& tokenizer, const CorpusOptions& options,
+CorpusSummary tokenize_corpus(const std::vector<std::string>& inputs, const Tokenizer& tokenizer,
+                              const CorpusOptions& options,
                               const std::function<void(const CorpusProgress&)>& progress = {});
 
 }  // namespace fsdp::data

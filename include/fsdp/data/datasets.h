@@ -76,7 +76,7 @@ class ImageDataset final : public Dataset {
 void random_horizontal_flip(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed);
 // Moves each image by up to max_shift pixels in each direction (padding with `background`), by the
 // same kind of hash: the "random crop with padding" of image classification recipes.
-void random_shift(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed, int64_t max_shift,
-                  double background);
+void random_shift(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed,
+                  int64_t max_shift, double background);
 
 }  // namespace fsdp::data

@@ -19,7 +19,8 @@ class ImageChatWriter {
  public:
   // Throws std::invalid_argument naming the value when end_of_text or image_token is a byte
   // (< 256) or they are equal, or image_tokens < 1.
-  ImageChatWriter(const std::vector<std::string>& class_names, int64_t image_tokens, int64_t image_token, int64_t end_of_text);
+  ImageChatWriter(const std::vector<std::string>& class_names, int64_t image_tokens, int64_t image_token,
+                  int64_t end_of_text);
 
   struct Rows {
     at::Tensor ids;      // [b, row_length()] int64

@@ -64,7 +64,8 @@ RenderedExample render_chat(const InstructionExample& example, ChatFormat format
                             ContentSpecialTokens content = ContentSpecialTokens::Control);
 // The prompt a model answers in the chat format: the messages, then the assistant's header (llama3),
 // as Llama 3's chat template renders it with add_generation_prompt.
-std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format, const Tokenizer& tokenizer,
+std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format,
+                                   const Tokenizer& tokenizer,
                                    ContentSpecialTokens content = ContentSpecialTokens::Control);
 // The token that ends an assistant turn: <|eot_id|> (llama3) or end-of-text (plain; -1 if none).
 int32_t end_of_turn(ChatFormat format, const Tokenizer& tokenizer);

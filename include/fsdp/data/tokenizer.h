@@ -116,10 +116,10 @@ class HfTokenizer : public Tokenizer {
 
   std::string source_;
   std::unique_ptr<ByteLevelBpe> bpe_;
-  std::vector<SplitStep> splits_;                       // applied in order
-  std::map<std::string, int32_t> added_;                // content -> id
+  std::vector<SplitStep> splits_;         // applied in order
+  std::map<std::string, int32_t> added_;  // content -> id
   std::unordered_map<int32_t, std::string> added_by_id_;
-  bool starts_added_[256] = {};                         // bytes an added token begins with
+  bool starts_added_[256] = {};  // bytes an added token begins with
   int64_t vocab_size_ = 0;
   int32_t end_of_text_ = -1;
   uint32_t checksum_ = 0;  // of tokenizer.json (TokenizerStamp)

@@ -52,7 +52,8 @@ struct AttentionTiming {
   AttentionPath path;
   double seconds;
 };
-std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t, int64_t head_dim,
-                                                  bool causal, at::ScalarType dtype, at::Device device, int repeats = 5);
+std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t,
+                                                  int64_t head_dim, bool causal, at::ScalarType dtype,
+                                                  at::Device device, int repeats = 5);
 
 }  // namespace fsdp::models

@@ -19,7 +19,7 @@
 namespace fsdp::models {
 
 enum class Bf16Matmul { Native, Fp32 };
-const char* to_string(Bf16Matmul mode);  // "native", "fp32"
+const char* to_string(Bf16Matmul mode);                       // "native", "fp32"
 Bf16Matmul bf16_matmul_from_string(const std::string& text);  // std::invalid_argument otherwise
 
 void set_bf16_matmul(Bf16Matmul mode);

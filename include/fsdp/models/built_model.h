@@ -28,7 +28,8 @@ struct BuiltModel {
   }
   // Contrastive (CLIP): (images [b, c, s, s] fp32, ids [b', t] int64) -> {image embeddings [b, p],
   // text embeddings [b', p], unit norm, compute dtype; exp(logit_scale) []}. Empty for the others.
-  std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)> contrastive_function;
+  std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&)>
+      contrastive_function;
 
   // Image and text (LLaVA): (images [b, c, s, s] fp32, ids [b, t] int64) -> logits [b, t, vocab];
   // with (targets [b, t], chunk_rows) the summed token loss (fp32 scalar). Empty for the others.
@@ -37,8 +38,11 @@ struct BuiltModel {
 
   bool is_contrastive() const { return static_cast<bool>(contrastive_function); }
   bool reads_image_and_text() const { return static_cast<bool>(image_text_logits_function); }
-  at::Tensor image_text_logits(const at::Tensor& images, const at::Tensor& ids) const { return image_text_logits_function(images, ids); }
-  at::Tensor image_text_loss(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows) const {
+  at::Tensor image_text_logits(const at::Tensor& images, const at::Tensor& ids) const {
+    return image_text_logits_function(images, ids);
+  }
+  at::Tensor image_text_loss(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets,
+                             int64_t chunk_rows) const {
     return image_text_loss_function(images, ids, targets, chunk_rows);
   }
   ClipOutput contrastive(const at::Tensor& images, const at::Tensor& ids) const {
@@ -46,7 +50,8 @@ struct BuiltModel {
     return {image, text, scale};
   }
   bool has_loss_sum() const { return static_cast<bool>(loss_sum_function); }
-  at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {}) const {
+  at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+                      const at::Tensor& positions = {}) const {
     return loss_sum_function(ids, targets, chunk_rows, positions);
   }
 };

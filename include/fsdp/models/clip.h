@@ -58,7 +58,7 @@ struct ClipConfig {
   static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
   static const ModelFamily& family();  // its spec (clip_family.cpp)
-  void validate() const;  // throws std::invalid_argument naming the bad field
+  void validate() const;               // throws std::invalid_argument naming the bad field
   int64_t patches() const { return (image_size / patch) * (image_size / patch); }
   int64_t image_tokens() const { return patches() + 1; }
   int64_t parameter_count() const;
@@ -92,7 +92,8 @@ inline constexpr const char* kClipBlockType = "ClipEncoderLayer";
 // frozen: its parameters are built with requires_grad false (before a wrapper shards the block);
 // else `lora` (when enabled) adds adapters and freezes the rest.
 struct ClipEncoderLayerImpl : torch::nn::Module {
-  ClipEncoderLayerImpl(const ClipTowerShape& shape, double norm_eps, bool causal, bool frozen = false, const LoraSpec& lora = {});
+  ClipEncoderLayerImpl(const ClipTowerShape& shape, double norm_eps, bool causal, bool frozen = false,
+                       const LoraSpec& lora = {});
   at::Tensor forward(const at::Tensor& x);
   ClipAttention self_attn{nullptr};
   torch::nn::LayerNorm layer_norm1{nullptr}, layer_norm2{nullptr};

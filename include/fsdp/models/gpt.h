@@ -38,8 +38,8 @@ struct GptConfig {
   int64_t mlp_width() const { return mlp_hidden > 0 ? mlp_hidden : 4 * dim; }
   static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
-  static const ModelFamily& family();  // its spec (gpt_family.cpp)
-  void validate() const;   // throws std::invalid_argument naming the bad field
+  static const ModelFamily& family();    // its spec (gpt_family.cpp)
+  void validate() const;                 // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer
   int64_t linear_weight_count() const;   // the blocks' linear weights (a QLoRA base's NF4 part)
@@ -86,7 +86,8 @@ struct GptImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions = {});
   // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
   // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {});
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+                     const at::Tensor& positions = {});
   const GptConfig& config() const { return config_; }
 
   TokenEmbedding wte{nullptr};  // also the tied output head

@@ -34,7 +34,8 @@ struct RopeScaling {
 // column c holds position * f(c mod head_dim/2), f(i) = theta^(-2i / head_dim), rescaled by
 // `scaling` where enabled. The frequencies are computed in fp32, as Hugging Face computes them, so
 // published weights see the same angles.
-std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta, const RopeScaling& scaling = {});
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t t, int64_t head_dim, double theta,
+                                                const RopeScaling& scaling = {});
 // Applying them: fsdp::models::rotary (fused_ops.h).
 
 // Root-mean-square norm with a learned scale (Llama): x / sqrt(mean(x^2) + eps) * weight
@@ -87,7 +88,8 @@ struct LoraSpec {
   double alpha = 16.0;
   double dropout = 0.0;
   bool rslora = false;  // rank-stabilised scale alpha / sqrt(rank) (Kalajdzievski 2023; PEFT's use_rslora)
-  std::vector<std::string> targets;  // linear layers by name: q_proj, v_proj (Llama), c_attn (GPT-2), ...; or {"all-linear"}
+  std::vector<std::string>
+      targets;  // linear layers by name: q_proj, v_proj (Llama), c_attn (GPT-2), ...; or {"all-linear"}
   bool enabled() const { return rank > 0; }
   bool all_linear() const { return targets.size() == 1 && targets.front() == kAllLinear; }
   bool targets_layer(const std::string& name) const;
@@ -111,7 +113,7 @@ struct AdaptedLinearImpl : torch::nn::Module {
   at::Tensor weight, bias;                  // bias undefined without one
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
   torch::nn::Dropout lora_dropout{nullptr};
-  double lora_scale = 0.0;                  // LoraSpec::scale()
+  double lora_scale = 0.0;  // LoraSpec::scale()
 };
 TORCH_MODULE(AdaptedLinear);
 

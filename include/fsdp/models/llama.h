@@ -36,8 +36,8 @@ struct LlamaConfig {
 
   static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
-  static const ModelFamily& family();  // its spec (llama_family.cpp)
-  void validate() const;  // throws std::invalid_argument naming the bad field
+  static const ModelFamily& family();    // its spec (llama_family.cpp)
+  void validate() const;                 // throws std::invalid_argument naming the bad field
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer
   int64_t linear_weight_count() const;   // the blocks' linear weights (a QLoRA base's NF4 part)
@@ -81,7 +81,8 @@ struct LlamaImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions = {});
   // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
   // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows, const at::Tensor& positions = {});
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+                     const at::Tensor& positions = {});
   const LlamaConfig& config() const { return config_; }
 
   // The same in two halves, for a caller that edits the input embeddings (LLaVA puts image
@@ -99,7 +100,7 @@ struct LlamaImpl : torch::nn::Module {
  private:
   // embedded [b, t, dim] -> the final norm's output [b, t, dim]; positions as forward's.
   at::Tensor hidden_states(const at::Tensor& embedded, const at::Tensor& positions);
-  at::Tensor head(const at::Tensor& hidden);  // -> logits
+  at::Tensor head(const at::Tensor& hidden);                                                 // -> logits
   at::Tensor head(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows);  // -> summed loss
 
   LlamaConfig config_;

@@ -42,8 +42,8 @@ struct LlavaConfig {
   bool freeze_vision = false;
 
   static const ModelFamily& family();  // its spec (llava_family.cpp)
-  void validate() const;  // throws std::invalid_argument naming the bad field
-  int64_t read_blocks() const;  // vision blocks run: vision_feature_layer as a count from the start
+  void validate() const;               // throws std::invalid_argument naming the bad field
+  int64_t read_blocks() const;         // vision blocks run: vision_feature_layer as a count from the start
   int64_t image_tokens() const { return vision.patches() + (keep_class_token ? 1 : 0); }
   int64_t parameter_count() const;
   // Training FLOPs of one example of seq text positions (image tokens included): the image tower's

@@ -34,8 +34,8 @@ const char* to_string(ModelTask task);  // "language", "image classification", .
 // The family declares it once; fsdp-train's reader, the resolved config.toml and --list-keys
 // derive the key from it. A key several families have (dim) is one key that applies to each.
 struct ModelField {
-  std::string key;   // "dim": read as model.dim
-  std::string help;  // one line, for --list-keys
+  std::string key;                                 // "dim": read as model.dim
+  std::string help;                                // one line, for --list-keys
   std::variant<int64_t*, double*, bool*> address;  // into the config fields() was asked about
   // A switch read as one of two words instead of true / false (rope_scaling: "llama3" | "none").
   std::string on_word, off_word;
@@ -69,7 +69,7 @@ class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
 
-  virtual const char* name() const = 0;  // model.family's value: "llama"
+  virtual const char* name() const = 0;          // model.family's value: "llama"
   virtual const char* display_name() const = 0;  // as people write it: "Llama", "LLaVA"
   virtual ModelTask task() const = 0;
   // The zoo's named sizes ("llama3-8b"), each named with the family's name first; the first is

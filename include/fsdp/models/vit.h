@@ -27,7 +27,7 @@ struct VitConfig {
   int64_t mlp_hidden = 3072;
 
   static const ModelFamily& family();  // its spec (vit_family.cpp)
-  void validate() const;  // throws std::invalid_argument naming the bad field
+  void validate() const;               // throws std::invalid_argument naming the bad field
   int64_t patches() const { return (image_size / patch) * (image_size / patch); }
   int64_t tokens() const { return patches() + 1; }
   int64_t parameter_count() const;

@@ -30,7 +30,7 @@
 namespace fsdp::nn {
 
 struct ForwardHooks {
-  std::function<void()> pre_forward;                                  // before module->forward
+  std::function<void()> pre_forward;                                         // before module->forward
   std::function<void(const std::vector<at::Tensor>& outputs)> post_forward;  // after, with the outputs
   // Run the forward under activation checkpointing (checkpoint.h) when grad mode is on: its
   // activations are recomputed in backward. The module's forward must return one tensor.
@@ -61,9 +61,13 @@ void collect_tensors(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>& ou
 }
 // The module behind a holder or a shared_ptr, non-const (forward is not a const method).
 template <class T>
-T* raw(const std::shared_ptr<T>& module) { return module.get(); }
+T* raw(const std::shared_ptr<T>& module) {
+  return module.get();
+}
 template <class T>
-T* raw(const torch::nn::ModuleHolder<T>& module) { return module.ptr().get(); }
+T* raw(const torch::nn::ModuleHolder<T>& module) {
+  return module.ptr().get();
+}
 }  // namespace detail
 
 namespace detail {
@@ -74,7 +78,8 @@ auto hooked_forward(Impl* impl, const ForwardHooks* hooks, Args&&... args)
   using Output = decltype(impl->forward(std::forward<Args>(args)...));
   Output output = [&]() -> Output {
     if constexpr (std::is_same_v<Output, at::Tensor>) {
-      if (hooks->checkpoint_activations && at::GradMode::is_enabled()) return detail::checkpointed_forward(impl, args...);
+      if (hooks->checkpoint_activations && at::GradMode::is_enabled())
+        return detail::checkpointed_forward(impl, args...);
     } else {
       if (hooks->checkpoint_activations && at::GradMode::is_enabled()) {
         throw std::invalid_argument("activation checkpointing needs a module whose forward returns one tensor");

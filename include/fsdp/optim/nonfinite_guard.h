@@ -29,7 +29,7 @@ class NonFiniteStepGuard {
   bool should_step(double grad_norm, int64_t step);
 
   int64_t consecutive_skips() const { return consecutive_; }  // non-finite steps since the last finite one
-  int64_t total_skips() const { return total_; }             // every skip since construction
+  int64_t total_skips() const { return total_; }              // every skip since construction
   int64_t max_consecutive() const { return max_consecutive_; }
 
  private:

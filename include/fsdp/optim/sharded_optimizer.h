@@ -85,7 +85,9 @@ class ShardedAdamW final : public ShardedOptimizer {
   int64_t state_bytes() const override;
   const char* name() const override { return "adamw"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
-  at::Tensor& state_tensor(size_t slot, size_t which) override { return which == 0 ? exp_avg_[slot] : exp_avg_sq_[slot]; }
+  at::Tensor& state_tensor(size_t slot, size_t which) override {
+    return which == 0 ? exp_avg_[slot] : exp_avg_sq_[slot];
+  }
   // Moments of slot i ([shard_numel] fp32 each), for checkpoints and tests.
   const at::Tensor& exp_avg(size_t i) const { return exp_avg_[i]; }
   const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }

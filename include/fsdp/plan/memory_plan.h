@@ -55,23 +55,23 @@ constexpr int64_t kCpuProcessOverheadBytes = 128LL << 20;
 struct PlanInput {
   models::ModelConfig model;
   std::string model_name;
-  int ranks = 1;                      // N
-  int ranks_per_node = 8;             // hybrid_shard's default S, and which all-reduce crosses nodes
+  int ranks = 1;                        // N
+  int ranks_per_node = 8;               // hybrid_shard's default S, and which all-reduce crosses nodes
   std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
-  int shard_group_size = 0;           // hybrid_shard: S (0: ranks_per_node)
+  int shard_group_size = 0;             // hybrid_shard: S (0: ranks_per_node)
   std::string param_dtype = "float32";  // float32 | bfloat16 | float16
   std::string reduce_dtype = "float32";
   bool activation_checkpointing = false;
   int64_t activation_checkpointing_every = 1;  // with it: every k-th block recomputed (layers / k of them)
-  bool cpu_offload = false;           // parameter, gradient and optimizer shards in host memory
-  bool async_checkpoint = false;      // checkpoint.async: staging copies in host memory while a save is written
-  std::string optimizer = "adamw";    // adamw | sgd
-  int64_t micro_batch = 1;            // samples per rank per forward
-  int64_t micro_batches = 1;          // gradient accumulation steps (each one reduces)
-  int64_t seq_len = 2048;             // tokens per sample (language models)
-  int64_t loss_chunk_tokens = 0;      // language models: the head and loss this many tokens at a time (0: all)
-  int max_inflight = 2;               // K
-  bool embedding_units = true;        // token embedding and output head are units of their own
+  bool cpu_offload = false;                    // parameter, gradient and optimizer shards in host memory
+  bool async_checkpoint = false;    // checkpoint.async: staging copies in host memory while a save is written
+  std::string optimizer = "adamw";  // adamw | sgd
+  int64_t micro_batch = 1;          // samples per rank per forward
+  int64_t micro_batches = 1;        // gradient accumulation steps (each one reduces)
+  int64_t seq_len = 2048;           // tokens per sample (language models)
+  int64_t loss_chunk_tokens = 0;    // language models: the head and loss this many tokens at a time (0: all)
+  int max_inflight = 2;             // K
+  bool embedding_units = true;      // token embedding and output head are units of their own
   // Fused attention (scaled_dot_product_attention's flash or memory-efficient kernels, on a GPU and,
   // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
   // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.
@@ -85,21 +85,21 @@ struct PlanInput {
   // optimizer state for it; the adapters fp32 with AdamW. "bfloat16" | "float32" | "nf4" (the blocks'
   // linear weights in NF4 with double quantization, the rest bf16).
   std::string lora_base_dtype = "bfloat16";
-  int64_t device_memory_bytes = 0;    // per rank; 0: not checked
+  int64_t device_memory_bytes = 0;                    // per rank; 0: not checked
   int64_t overhead_bytes = kGpuProcessOverheadBytes;  // the process's own memory
-  bool cpu = false;                   // train.device = cpu: one process holds device and host memory
-  int64_t data_bytes = 0;             // training and validation data held in memory, per rank
-  double compute_flops = 0;           // per rank, per second (0: no time estimate)
-  double bandwidth_bytes = 0;         // per rank inside a shard group, bytes/s (algorithm bandwidth)
-  double inter_node_bandwidth_bytes = 0;  // per rank across nodes (0: same as bandwidth_bytes)
+  bool cpu = false;                                   // train.device = cpu: one process holds device and host memory
+  int64_t data_bytes = 0;                             // training and validation data held in memory, per rank
+  double compute_flops = 0;                           // per rank, per second (0: no time estimate)
+  double bandwidth_bytes = 0;                         // per rank inside a shard group, bytes/s (algorithm bandwidth)
+  double inter_node_bandwidth_bytes = 0;              // per rank across nodes (0: same as bandwidth_bytes)
 };
 
 struct MemoryBreakdown {
   int64_t parameters = 0, gradients = 0, optimizer = 0, gathered = 0, reduced = 0, activations = 0, overhead = 0;
-  int64_t data = 0;                   // host memory: the data sets held (PlanInput::data_bytes)
-  int64_t device_total() const;       // what the device holds (offloaded shards excluded)
-  int64_t host_total = 0;             // offloaded shards (host memory), 0 without offload
-  int64_t checkpoint_staging = 0;     // checkpoint.async: host memory while a save is in flight, 0 without
+  int64_t data = 0;                // host memory: the data sets held (PlanInput::data_bytes)
+  int64_t device_total() const;    // what the device holds (offloaded shards excluded)
+  int64_t host_total = 0;          // offloaded shards (host memory), 0 without offload
+  int64_t checkpoint_staging = 0;  // checkpoint.async: host memory while a save is in flight, 0 without
 };
 
 struct CommVolume {  // bytes sent per rank per optimizer step
@@ -110,13 +110,13 @@ struct CommVolume {  // bytes sent per rank per optimizer step
 struct Plan {
   PlanInput input;
   int64_t parameters = 0, largest_unit_params = 0, root_params = 0, layers = 0;
-  int64_t adapter_params = 0;         // LoRA: trainable adapters (the rest is the frozen base)
+  int64_t adapter_params = 0;                     // LoRA: trainable adapters (the rest is the frozen base)
   int64_t embedding_params = 0, head_params = 0;  // their own units (head 0 when tied); 0 when in the root
   bool tied_embedding = false;
   int shard_ranks = 1, replicas = 1;  // S and R
   MemoryBreakdown memory;
   bool fits = true;
-  int64_t headroom_bytes = 0;         // device memory - device total (negative: short by that much)
+  int64_t headroom_bytes = 0;  // device memory - device total (negative: short by that much)
   CommVolume comm;
   double compute_seconds = 0, comm_seconds = 0;
   double step_seconds_overlapped = 0;  // max(compute, communication): prefetch hides all of it

@@ -40,7 +40,7 @@ struct RunEvent {
 };
 
 struct TargetOutcome {
-  std::string key;      // min_tokens_per_second, ...
+  std::string key;  // min_tokens_per_second, ...
   double limit = 0;
   bool missed = false;
   int64_t step = 0;     // where it was missed
@@ -51,8 +51,8 @@ struct RunData {
   std::string dir, name;
   bool language = true;
   int world_size = 0;
-  std::string config_toml;            // the resolved config (config.toml)
-  double predicted_peak_bytes = 0;    // fsdp-plan's per-rank total for this config (0: unknown)
+  std::string config_toml;          // the resolved config (config.toml)
+  double predicted_peak_bytes = 0;  // fsdp-plan's per-rank total for this config (0: unknown)
   std::vector<StepPoint> steps;
   std::vector<EvalPoint> evals;
   std::vector<RunEvent> events;

@@ -57,13 +57,13 @@ namespace fsdp::runtime {
 
 // Per-rank memory, in bytes, as the runtime accounts it.
 struct MemoryStats {
-  int64_t sharded_param_bytes = 0;      // fp32 shards (the whole model under NO_SHARD)
-  int64_t sharded_grad_bytes = 0;       // fp32 gradient shards
-  int64_t gathered_bytes = 0;           // unsharded parameter and gradient buffers alive now
-  int64_t peak_gathered_bytes = 0;      // their peak since the last reset_peak_memory()
-  int64_t largest_unit_bytes = 0;       // largest non-root unit's gathered parameters (compute dtype)
-  int64_t root_unit_bytes = 0;          // the root unit's gathered parameters (compute dtype)
-  int64_t unsharded_param_bytes = 0;    // all parameters unsharded, without padding (for comparison)
+  int64_t sharded_param_bytes = 0;    // fp32 shards (the whole model under NO_SHARD)
+  int64_t sharded_grad_bytes = 0;     // fp32 gradient shards
+  int64_t gathered_bytes = 0;         // unsharded parameter and gradient buffers alive now
+  int64_t peak_gathered_bytes = 0;    // their peak since the last reset_peak_memory()
+  int64_t largest_unit_bytes = 0;     // largest non-root unit's gathered parameters (compute dtype)
+  int64_t root_unit_bytes = 0;        // the root unit's gathered parameters (compute dtype)
+  int64_t unsharded_param_bytes = 0;  // all parameters unsharded, without padding (for comparison)
 };
 
 // Where the runtime's collectives spent time, cumulative since construction.
@@ -165,7 +165,7 @@ class FsdpState {
   std::unique_ptr<PrefetchScheduler> scheduler_;
   bool gradient_sync_ = true;
   bool backward_callback_queued_ = false;
-  std::vector<at::Tensor> buffers_;           // the root's buffers (BatchNorm statistics, ...)
+  std::vector<at::Tensor> buffers_;  // the root's buffers (BatchNorm statistics, ...)
   CommStats comm_stats_;
   int64_t gathered_bytes_ = 0;
   int64_t peak_gathered_bytes_ = 0;

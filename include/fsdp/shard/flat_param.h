@@ -35,7 +35,7 @@ struct FlatEntry {
   std::string name;                  // e.g. "blocks.3.attn.qkv.weight"
   std::vector<std::string> aliases;  // other names of the same (tied) parameter
   std::vector<int64_t> shape;
-  int64_t offset = 0;                // first element in the unsharded buffer
+  int64_t offset = 0;  // first element in the unsharded buffer
   int64_t numel = 0;
 };
 
@@ -64,8 +64,7 @@ class FlatParam {
   // Takes over `params` (same order as names): copies their values into the flat buffer, makes each
   // a view of it, and keeps this rank's slice. `replicate`: NO_SHARD (every rank keeps everything).
   FlatParam(std::string unit_name, std::vector<std::string> names, std::vector<at::Tensor> params,
-            std::vector<std::vector<std::string>> aliases, comm::ProcessGroupPtr group, bool replicate,
-            bool trainable);
+            std::vector<std::vector<std::string>> aliases, comm::ProcessGroupPtr group, bool replicate, bool trainable);
 
   const std::string& unit_name() const { return unit_name_; }
   const FlatLayout& layout() const { return layout_; }
@@ -169,7 +168,9 @@ class FlatParam {
   std::vector<at::Tensor> gather_full_params() const;
 
   // Bytes of the unsharded parameter buffer in the compute dtype (what a gather allocates).
-  int64_t unsharded_bytes() const { return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(compute_dtype_)); }
+  int64_t unsharded_bytes() const {
+    return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(compute_dtype_));
+  }
   // Bytes held now in unsharded buffers: gathered parameters (not for replicated ones, which are
   // the shard; NF4: the gathered bytes until wait() decodes them), the unsharded gradient, and a
   // gradient cast for reduction.
@@ -194,12 +195,13 @@ class FlatParam {
   bool host_copy_pending_ = false;  // an asynchronous device-to-host copy into shard_grad_ is queued
   bool shard_grad_zeroed_ = false;  // shard_grad_ counts as zeros until the next reduction overwrites it
   at::Device compute_device_ = at::kCPU;
-  at::Tensor unsharded_;       // [padded_numel] compute dtype
-  at::Tensor shard_;           // [shard_numel] fp32 on the compute device, or the host if offloaded (replicated: same tensor as unsharded_)
-  at::Tensor shard_grad_;      // [shard_numel] fp32 beside shard_, trainable only
-  at::Tensor unsharded_grad_;  // [padded_numel] compute dtype while gradients are being produced
-  at::Tensor reduce_input_;    // [padded_numel] reduce dtype: the gradient cast for reduction (if cast)
-  at::Tensor reduced_grad_;    // [shard_numel] reduce dtype output of the in-flight reduction
+  at::Tensor unsharded_;  // [padded_numel] compute dtype
+  at::Tensor shard_;  // [shard_numel] fp32 on the compute device, or the host if offloaded (replicated: same tensor as
+                      // unsharded_)
+  at::Tensor shard_grad_;         // [shard_numel] fp32 beside shard_, trainable only
+  at::Tensor unsharded_grad_;     // [padded_numel] compute dtype while gradients are being produced
+  at::Tensor reduce_input_;       // [padded_numel] reduce dtype: the gradient cast for reduction (if cast)
+  at::Tensor reduced_grad_;       // [shard_numel] reduce dtype output of the in-flight reduction
   comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce of reduced_grad_ across replicas
   std::shared_ptr<const Nf4StorageLayout> nf4_;  // set: shard_ is uint8 [shard_bytes] of the NF4 encoding
   bool nf4_landing_ = false;  // an NF4 gather is in flight: unsharded_ is allocated and decoded at its wait()

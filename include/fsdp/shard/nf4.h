@@ -37,13 +37,13 @@ at::Tensor dynamic_map_signed();
 struct Nf4Weight {
   std::vector<int64_t> shape;  // the weight's
   int64_t blocksize = 64;
-  at::Tensor packed;           // uint8 [ceil(numel / 2)]
+  at::Tensor packed;  // uint8 [ceil(numel / 2)]
   // Without double quantization: fp32 [blocks]. With: uint8 [blocks], indices into nested_map.
   at::Tensor absmax;
   bool double_quant = false;
-  float offset = 0.0f;         // mean of the fp32 absmax (double quantization)
-  at::Tensor nested_absmax;    // fp32 [ceil(blocks / 256)] (double quantization)
-  at::Tensor nested_map;       // fp32 [256] (double quantization): dynamic_map_signed()
+  float offset = 0.0f;       // mean of the fp32 absmax (double quantization)
+  at::Tensor nested_absmax;  // fp32 [ceil(blocks / 256)] (double quantization)
+  at::Tensor nested_map;     // fp32 [256] (double quantization): dynamic_map_signed()
   int64_t nested_blocksize = 256;
 
   int64_t numel() const;

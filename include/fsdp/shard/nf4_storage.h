@@ -35,8 +35,8 @@ struct Nf4Part {
 struct Nf4EntryLayout {
   bool nf4 = false;
   Nf4Part codes, absmax, nested_absmax, offset;  // NF4 entries (nested_absmax, offset: double quantization)
-  Nf4Part raw;                                  // raw entries
-  int64_t begin = 0, end = 0;                   // the entry's bytes, parts and alignment included
+  Nf4Part raw;                                   // raw entries
+  int64_t begin = 0, end = 0;                    // the entry's bytes, parts and alignment included
 };
 
 struct Nf4StorageLayout {

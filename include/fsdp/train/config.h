@@ -7,10 +7,9 @@
 // Face directory (init_from) or a family with every shape key (family, as a resolved config.toml
 // writes it); its shape keys are the families' fields (models::ModelFamily::fields).
 // Every key is declared once (src/train/config_keys.cpp: name, member, type, help, check). Every
-// key is optional except model.name (or init_from, or family). Unknown keys, values of the wrong type and impossible values are
-// errors that name the key and the file.
-// Overrides use the same dotted keys: `--set train.steps=50 --set optimizer.lr=1e-3`; the value is
-// read as TOML (a bare word that is not TOML is taken as a string).
+// key is optional except model.name (or init_from, or family). Unknown keys, values of the wrong type and impossible
+// values are errors that name the key and the file. Overrides use the same dotted keys: `--set train.steps=50 --set
+// optimizer.lr=1e-3`; the value is read as TOML (a bare word that is not TOML is taken as a string).
 #pragma once
 
 #include <cstdint>
@@ -29,18 +28,18 @@ class ConfigError : public std::invalid_argument {
 };
 
 struct DataConfig {
-  std::string source = "fortunes";         // fortunes | token_files | instructions | fashion_mnist
-  std::string dir;                         // fortunes or Fashion-MNIST directory ("" = Debian's)
-  std::string tokenizer = "byte";          // byte | gpt2 | hf (fortunes source)
-  std::string vocab_json, merges_txt;      // gpt2 tokenizer files
-  std::string tokenizer_json;              // hf: a Hugging Face tokenizer.json (byte-level BPE)
-  int validation_percent = 5;              // fortunes: share of documents held out
+  std::string source = "fortunes";              // fortunes | token_files | instructions | fashion_mnist
+  std::string dir;                              // fortunes or Fashion-MNIST directory ("" = Debian's)
+  std::string tokenizer = "byte";               // byte | gpt2 | hf (fortunes source)
+  std::string vocab_json, merges_txt;           // gpt2 tokenizer files
+  std::string tokenizer_json;                   // hf: a Hugging Face tokenizer.json (byte-level BPE)
+  int validation_percent = 5;                   // fortunes: share of documents held out
   std::string train_tokens, validation_tokens;  // token_files: files made by fsdp-data
-  std::string augment = "none";            // images: none | hflip (mirror half) | shift (up to 2 px) | shift+hflip
+  std::string augment = "none";                 // images: none | hflip (mirror half) | shift (up to 2 px) | shift+hflip
   // instructions: JSONL of {"messages": [{"role", "content"}, ...]} or {"prompt", "completion"}
   // (data/instructions.h); without validation_jsonl, validation_percent of the examples are held out.
   std::string train_jsonl, validation_jsonl;
-  std::string chat_format = "auto";        // auto (llama3 when the tokenizer has its header tokens) | llama3 | plain
+  std::string chat_format = "auto";  // auto (llama3 when the tokenizer has its header tokens) | llama3 | plain
   // instructions: several examples to a row, each attending only to itself (data/packed_instructions.h)
   bool packing = false;
   // fortunes and token_files: a window's documents (ended by the end-of-text token) attend only to
@@ -56,9 +55,9 @@ struct OptimizerConfig {
   double lr = 1e-3;            // peak learning rate
   double min_lr = 1e-4;        // end of the cosine decay
   int64_t warmup_steps = 0;
-  double weight_decay = 0.1;   // matrices only (biases and norms get none)
+  double weight_decay = 0.1;  // matrices only (biases and norms get none)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double momentum = 0.9;       // sgd
+  double momentum = 0.9;  // sgd
 };
 
 struct FsdpConfig {
@@ -68,14 +67,14 @@ struct FsdpConfig {
   // block and min_params: the token embedding and the output head are units of their own (tied:
   // one), so they are gathered only while used instead of all step in the root (as torchtitan).
   bool embedding_units = true;
-  bool prefetch = true;                  // gather the next unit while this one computes (both passes)
-  int64_t max_inflight = 2;              // unit buffers alive besides the computing one (0: no overlap)
-  std::string param_dtype = "float32";   // gather and compute: float32 | bfloat16 | float16
-  std::string reduce_dtype = "float32";  // gradient reduction: float32 | bfloat16 | float16 (with float16 compute)
-  bool activation_checkpointing = false; // recompute each block's forward in backward
+  bool prefetch = true;                   // gather the next unit while this one computes (both passes)
+  int64_t max_inflight = 2;               // unit buffers alive besides the computing one (0: no overlap)
+  std::string param_dtype = "float32";    // gather and compute: float32 | bfloat16 | float16
+  std::string reduce_dtype = "float32";   // gradient reduction: float32 | bfloat16 | float16 (with float16 compute)
+  bool activation_checkpointing = false;  // recompute each block's forward in backward
   int64_t activation_checkpointing_every = 1;  // with it: every k-th block only (torchtitan's selective_ac_option)
-  int64_t shard_group_size = 0;          // hybrid_shard: ranks per shard group (0: the ranks of one node)
-  bool cpu_offload = false;              // shards, gradients, optimizer state in host memory (train.device 'cuda')
+  int64_t shard_group_size = 0;                // hybrid_shard: ranks per shard group (0: the ranks of one node)
+  bool cpu_offload = false;  // shards, gradients, optimizer state in host memory (train.device 'cuda')
 };
 
 struct EvalConfig {
@@ -89,9 +88,9 @@ struct EvalConfig {
 };
 
 struct CheckpointConfig {
-  int64_t every = 0;     // save every this many steps, and at the end (0: only when preempted)
-  int64_t keep = 3;      // newest checkpoints kept (0: all)
-  std::string dir;       // "" = <output_dir>/checkpoints
+  int64_t every = 0;  // save every this many steps, and at the end (0: only when preempted)
+  int64_t keep = 3;   // newest checkpoints kept (0: all)
+  std::string dir;    // "" = <output_dir>/checkpoints
   // The step waits only while the shards are copied to host staging buffers; a thread writes the
   // files, and the checkpoint is published at a later step boundary once every rank has written
   // (checkpoint/sharded_checkpoint.h's CheckpointSave). At most one in flight.
@@ -102,16 +101,17 @@ struct CheckpointConfig {
 // target prints one line, is recorded in metrics.jsonl and marked in the report; with stop = true
 // the run then saves a checkpoint and ends.
 struct TargetsConfig {
-  double min_tokens_per_second = 0;   // median of the last 10 steps (images/s for image models)
-  double max_step_seconds = 0;        // median of the last 10 steps
-  int64_t max_memory_per_rank = 0;    // bytes ("8GiB" in the file): the largest rank's peak
-  double max_validation_loss = 0;     // by step max_validation_loss_step (the first evaluation at or after it)
+  double min_tokens_per_second = 0;  // median of the last 10 steps (images/s for image models)
+  double max_step_seconds = 0;       // median of the last 10 steps
+  int64_t max_memory_per_rank = 0;   // bytes ("8GiB" in the file): the largest rank's peak
+  double max_validation_loss = 0;    // by step max_validation_loss_step (the first evaluation at or after it)
   int64_t max_validation_loss_step = 0;
-  double price_per_device_hour = 0;   // cost = elapsed hours x ranks x this price
+  double price_per_device_hour = 0;  // cost = elapsed hours x ranks x this price
   double max_cost = 0;
   bool stop = false;
   bool any() const {
-    return min_tokens_per_second > 0 || max_step_seconds > 0 || max_memory_per_rank > 0 || max_validation_loss > 0 || max_cost > 0;
+    return min_tokens_per_second > 0 || max_step_seconds > 0 || max_memory_per_rank > 0 || max_validation_loss > 0 ||
+           max_cost > 0;
   }
 };
 
@@ -144,10 +144,10 @@ struct GuardConfig {
 };
 
 struct TrainConfig {
-  std::string source;       // where it was read from, for messages
+  std::string source;  // where it was read from, for messages
   std::string name = "run";
   uint64_t seed = 1234;
-  std::string output_dir;   // default runs/<name>
+  std::string output_dir;  // default runs/<name>
   std::string model_name;
   models::ModelConfig model;
   // model.vocab: 0 = the data's; otherwise at least the data's (a Hugging Face model's embedding
@@ -159,16 +159,16 @@ struct TrainConfig {
   std::string init_from;
   DataConfig data;
   int64_t steps = 100;
-  int64_t global_batch = 32;       // samples (token windows or images) per step, all ranks together
-  int64_t micro_batches = 1;       // per rank per step (gradient accumulation)
-  int64_t seq_len = 0;             // tokens per window (language models); 0: the model's context
+  int64_t global_batch = 32;          // samples (token windows or images) per step, all ranks together
+  int64_t micro_batches = 1;          // per rank per step (gradient accumulation)
+  int64_t seq_len = 0;                // tokens per window (language models); 0: the model's context
   bool sync_each_micro_batch = true;  // false: accumulate unsharded grads, reduce once per step
-  double grad_clip = 1.0;          // global gradient norm (0 = off)
+  double grad_clip = 1.0;             // global gradient norm (0 = off)
   // A step whose gradient norm is NaN or inf is skipped; this many such steps in a row stop the run.
   int64_t max_nonfinite_steps = 5;
-  int64_t log_every = 10;          // plain-text log cadence when not on a terminal
-  int64_t threads = 0;             // intra-op threads per rank (0 = cores / ranks on this machine)
-  std::string device = "cpu";      // "cpu" (MPI) or "cuda" (NCCL; one GPU per rank by local rank; FSDP_CUDA builds)
+  int64_t log_every = 10;      // plain-text log cadence when not on a terminal
+  int64_t threads = 0;         // intra-op threads per rank (0 = cores / ranks on this machine)
+  std::string device = "cpu";  // "cpu" (MPI) or "cuda" (NCCL; one GPU per rank by local rank; FSDP_CUDA builds)
   double device_memory_fraction = 0.0;  // cuda: cap the caching allocator at this share of the GPU (0 = no cap)
   OptimizerConfig optimizer;
   FsdpConfig fsdp;
@@ -202,7 +202,8 @@ struct TrainConfig {
   // train.bf16_matmul: how bf16 linear layers and the head multiply (models/bf16_matmul.h): "auto"
   // (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native), "native", "fp32".
   std::string bf16_matmul = "auto";
-  int64_t report_every = 50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
+  int64_t report_every =
+      50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
 
 // Reads and checks a config. Throws ConfigError naming the file or override and the key.

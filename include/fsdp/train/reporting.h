@@ -29,9 +29,9 @@ void trace_memory(int rank, int64_t step, const char* phase);
 // training step's (512 on the CPU, 8192 on a GPU, where smaller ones cannot fill it). MFU's peak.
 double measure_matmul_flops(double seconds, at::Device device = at::kCPU, at::ScalarType dtype = at::kFloat);
 
-std::string format_bytes(double bytes);        // "1.5 MiB"
-std::string format_count(double value);        // "12.3k", "1.2M"
-std::string format_duration(double seconds);   // "3m12s"
+std::string format_bytes(double bytes);       // "1.5 MiB"
+std::string format_count(double value);       // "12.3k", "1.2M"
+std::string format_duration(double seconds);  // "3m12s"
 
 // One line per step on a terminal (rewritten in place, with a bar and ETA); otherwise a plain line
 // every `every` steps and at the last. Messages (evaluations, notes) print on their own lines.

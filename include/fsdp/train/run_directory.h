@@ -38,7 +38,7 @@ class RunDirectory {
   // RunDirectoryRefused on every rank for a refusal, std::runtime_error for other failures (an
   // unreadable run.json, no checkpoint for --resume latest), with the same message everywhere.
   static std::shared_ptr<RunDirectory> claim(const TrainConfig& config, const std::string& resume,
-                                            const comm::ProcessGroupPtr& world);
+                                             const comm::ProcessGroupPtr& world);
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;

@@ -34,21 +34,22 @@ struct TrainSummary {
   // window; an instruction example's trained tokens), whatever rank or micro-batch holds them.
   std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
-  int64_t skipped_steps = 0;       // steps not applied: a non-finite gradient norm (train.max_nonfinite_steps), loss spike ([guard]) or overflow
-  int64_t overflow_steps = 0;      // float16: of those, overflows of the scaled gradients ([loss_scale])
-  std::vector<double> loss_scales; // float16: the loss scale each step's backward used (empty otherwise)
-  int64_t rollbacks = 0;           // [guard] rollback_after: rollbacks to an earlier checkpoint
-  std::vector<EvalResult> evals;   // at the first step, every eval.every steps, and at the end
-  int64_t start_step = 0;          // 0, or the step a resumed run continued from (losses[0] is its step)
-  bool preempted = false;          // stopped early by request_stop(), after saving a checkpoint
-  std::string last_checkpoint;     // directory of the newest checkpoint this run saved
-  std::string sample;              // generated text (language models with eval.sample_tokens > 0)
+  int64_t skipped_steps =
+      0;  // steps not applied: a non-finite gradient norm (train.max_nonfinite_steps), loss spike ([guard]) or overflow
+  int64_t overflow_steps = 0;       // float16: of those, overflows of the scaled gradients ([loss_scale])
+  std::vector<double> loss_scales;  // float16: the loss scale each step's backward used (empty otherwise)
+  int64_t rollbacks = 0;            // [guard] rollback_after: rollbacks to an earlier checkpoint
+  std::vector<EvalResult> evals;    // at the first step, every eval.every steps, and at the end
+  int64_t start_step = 0;           // 0, or the step a resumed run continued from (losses[0] is its step)
+  bool preempted = false;           // stopped early by request_stop(), after saving a checkpoint
+  std::string last_checkpoint;      // directory of the newest checkpoint this run saved
+  std::string sample;               // generated text (language models with eval.sample_tokens > 0)
   int64_t parameters = 0;
-  double seconds = 0.0;            // wall time of the training steps
-  double samples_per_second = 0.0; // tokens/s (language models) or images/s, median over steps after the first
-  int64_t dropped_examples = 0;    // instructions: examples longer than the window, left out
+  double seconds = 0.0;                     // wall time of the training steps
+  double samples_per_second = 0.0;          // tokens/s (language models) or images/s, median over steps after the first
+  int64_t dropped_examples = 0;             // instructions: examples longer than the window, left out
   std::vector<std::string> missed_targets;  // [targets] missed, one line each, in order
-  bool stopped_by_target = false;  // targets.stop: ended early after a miss, with a checkpoint
+  bool stopped_by_target = false;           // targets.stop: ended early after a miss, with a checkpoint
 };
 
 struct TrainerOptions {
