@@ -6,6 +6,7 @@
 
 #include "fsdp/models/model_family.h"
 #include "fsdp/nn/hooks.h"
+#include "plan_formulas.h"
 #include "shared_fields.h"
 
 namespace fsdp::models {
@@ -94,6 +95,29 @@ ClipConfig clip(int64_t image, int64_t patch, int64_t channels, ClipTowerShape v
   return c;
 }
 
+// One block of a tower: attention's four projections with biases, two LayerNorms, the MLP.
+int64_t block_params(const ClipTowerShape& s) {
+  return 4 * (s.dim * s.dim + s.dim) + 4 * s.dim + 2 * s.dim * s.mlp_hidden + s.mlp_hidden + s.dim;
+}
+
+// The embeddings units: the text tower's (tokens and positions) and the image tower's (class
+// token, patch projection without bias, positions).
+int64_t text_embedding_params(const ClipConfig& m) { return (m.vocab + m.context) * m.text.dim; }
+int64_t vision_embedding_params(const ClipConfig& m) {
+  return m.vision.dim * (1 + m.channels * m.patch * m.patch + m.image_tokens());
+}
+
+// One block's saved activations for one sample of t tokens: what a GPT or ViT block keeps (two
+// LayerNorm inputs and outputs, q, k, v and their contiguous copies, the attention output, the
+// MLP's hidden before and after its activation; quick_gelu's sigmoid and product add one more
+// hidden), plus the softmax's statistics or probabilities.
+int64_t block_activation_bytes(const ClipTowerShape& s, int64_t t, const ActivationSettings& a) {
+  const int64_t c = a.compute_bytes;
+  const int64_t fp32_attention = a.attention_fp32 && c < 4 ? 4 * 4 * t * s.dim : 0;
+  return c * t * (11 * s.dim + 3 * s.mlp_hidden) + attention_softmax_bytes(s.heads, t, c, a.fused_attention) +
+         fp32_attention;
+}
+
 ModelField freeze_field(const char* key, bool& member, const char* help) {
   ModelField f = field(key, member, help);
   f.free_beside_hf_config = true;  // a training choice, not the checkpoint's shape
@@ -171,6 +195,7 @@ class ClipFamily final : public ModelFamily {
     return {"text_model.embeddings", "vision_model.embeddings"};
   }
   std::vector<std::string> tower_paths(const ModelConfig&) const override { return {"text_model", "vision_model"}; }
+  std::vector<std::string> block_types_outside_towers(const ModelConfig&) const override { return {}; }
   LoraSpec* lora(ModelConfig& config) const override { return &of(config).lora; }
   std::vector<std::string> linear_layers(const ModelConfig&) const override { return ClipConfig::linear_layers(); }
   // 0: a CLIP base is not stored in NF4.
@@ -210,6 +235,60 @@ class ClipFamily final : public ModelFamily {
     return name == "text_model.embeddings.position_ids" || name == "vision_model.embeddings.position_ids";
   }
   std::string hf_exact_architecture() const override { return "CLIPModel"; }
+  std::string plan_refusal(const ModelConfig& config) const override {
+    if (!of(config).lora.enabled()) return "";
+    return "fsdp-plan does not model LoRA on a clip model yet (plan it without [lora]: an upper bound)";
+  }
+  // The text tower's embeddings in `embedding`, the image tower's in `head`: two units.
+  PlanUnits plan_units(const ModelConfig& config) const override {
+    const ClipConfig& c = of(config);
+    return {c.vision.layers + c.text.layers,
+            std::max(block_params(c.vision), block_params(c.text)),
+            c.vision.layers * block_params(c.vision) + c.text.layers * block_params(c.text),
+            text_embedding_params(c),
+            vision_embedding_params(c),
+            false};
+  }
+  // A frozen tower's parameters get no gradient and no optimizer state.
+  int64_t plan_trainable_params(const ModelConfig& config) const override {
+    const ClipConfig& c = of(config);
+    int64_t trainable = c.parameter_count();
+    if (c.freeze_text) {
+      trainable -= c.text.layers * block_params(c.text) + text_embedding_params(c) + 2 * c.text.dim +
+                   c.text.dim * c.projection_dim;
+    }
+    if (c.freeze_vision) {
+      trainable -= c.vision.layers * block_params(c.vision) + vision_embedding_params(c) + 4 * c.vision.dim +
+                   c.vision.dim * c.projection_dim;
+    }
+    return trainable;
+  }
+  // Both towers' blocks for one pair (with checkpointing, each block's input only), one block more
+  // for the backward's peak; the loss: both modalities' gathered features [B, p] fp32 and their
+  // gradients, this rank's logits [b, B] in both directions, their softmax and gradients. A frozen
+  // tower saves nothing for backward: its input needs no gradient and neither do its parameters.
+  int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
+    const ClipConfig& c = of(config);
+    const int64_t image_tokens = c.image_tokens(), text_tokens = c.context;
+    const int64_t vision_block = block_activation_bytes(c.vision, image_tokens, s);
+    const int64_t text_block = block_activation_bytes(c.text, text_tokens, s);
+    const int64_t vision_input = s.compute_bytes * image_tokens * c.vision.dim,
+                  text_input = s.compute_bytes * text_tokens * c.text.dim;
+    const int64_t vision_saved =
+        c.freeze_vision ? 0 : c.vision.layers * (s.checkpointing ? vision_input : vision_block);
+    const int64_t text_saved = c.freeze_text ? 0 : c.text.layers * (s.checkpointing ? text_input : text_block);
+    const int64_t backward_block = std::max(c.freeze_vision ? 0 : vision_block, c.freeze_text ? 0 : text_block);
+    const int64_t per_pair = vision_saved + text_saved + (s.checkpointing ? 2 : 1) * backward_block +
+                             s.compute_bytes * image_tokens * c.vision.dim;
+    const int64_t global = s.micro_batch * s.ranks;
+    const int64_t loss = 2 * 2 * 4 * global * c.projection_dim + 2 * 3 * 4 * s.micro_batch * global;
+    return s.micro_batch * per_pair + loss;
+  }
+  int64_t largest_module_params(const ModelConfig& config) const override {
+    const ClipConfig& c = of(config);
+    return std::max({text_embedding_params(c), vision_embedding_params(c), c.vision.dim * c.vision.mlp_hidden,
+                     c.text.dim * c.text.mlp_hidden});
+  }
   std::string peft_export_refusal(const ModelConfig& config) const override {
     if (!of(config).freeze_vision && !of(config).freeze_text) return "";
     return "LoRA on one CLIP tower has no PEFT directory here (target_modules names layers of both towers alike; peft "

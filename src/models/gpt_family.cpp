@@ -6,6 +6,7 @@
 #include "fsdp/models/hf_config_reader.h"
 #include "fsdp/models/model_family.h"
 #include "language_model_entry_points.h"
+#include "plan_formulas.h"
 
 namespace fsdp::models {
 
@@ -140,6 +141,26 @@ class GptFamily final : public ModelFamily {
   }
   std::string peft_body_prefix() const override { return "transformer."; }
   bool peft_fan_in_fan_out() const override { return true; }  // the Conv1D layers store their weights transposed
+
+  // One tied unit: the embedding is the head.
+  PlanUnits plan_units(const ModelConfig& config) const override {
+    const GptConfig& c = of(config);
+    GptConfig fewer = c;
+    fewer.layers = c.layers - 1;
+    const int64_t block = c.layers > 0 ? c.parameter_count() - fewer.parameter_count() : 0;
+    return {c.layers, block, c.layers * block, c.vocab * c.dim, 0, true};
+  }
+  int64_t plan_adapter_params(const ModelConfig& config) const override { return of(config).lora_parameter_count(); }
+  int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
+    const GptConfig& c = of(config);
+    const int64_t block = layer_norm_block_activation_bytes(c.dim, c.heads, c.mlp_width(), s.seq_len, s);
+    const int64_t head = language_head_activation_bytes(c.dim, c.vocab, s.micro_batch * s.seq_len, s);
+    return block_stack_activation_bytes(c.layers, c.dim, s.seq_len, block, head, s);
+  }
+  int64_t largest_module_params(const ModelConfig& config) const override {
+    const GptConfig& c = of(config);
+    return std::max(c.vocab * c.dim, c.dim * c.mlp_width() + c.mlp_width());
+  }
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "fsdp/models/model_family.h"
 #include "language_model_entry_points.h"
+#include "plan_formulas.h"
 #include "shared_fields.h"
 
 namespace fsdp::models {
@@ -200,6 +201,33 @@ class LlamaFamily final : public ModelFamily {
     const std::string inv_freq = ".rotary_emb.inv_freq";
     return name.size() >= inv_freq.size() &&
            name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0;
+  }
+
+  PlanUnits plan_units(const ModelConfig& config) const override {
+    const LlamaConfig& c = of(config);
+    LlamaConfig fewer = c;
+    fewer.layers = c.layers - 1;
+    const int64_t block = c.layers > 0 ? c.parameter_count() - fewer.parameter_count() : 0;
+    return {c.layers,        block, c.layers * block, c.vocab * c.dim, c.tie_embeddings ? 0 : c.vocab * c.dim,
+            c.tie_embeddings};
+  }
+  int64_t plan_adapter_params(const ModelConfig& config) const override { return of(config).lora_parameter_count(); }
+  // A block for one sample of t tokens: each RMSNorm keeps its input and output (composed: an fp32
+  // copy of the input and the normalised output, 2 d; fused: the input and 1/rms per row, 1 d), q
+  // and k after rotary (rotary keeps only its tables), keys and values repeated to every query
+  // head, the attention output, the SwiGLU's gate and up (the fused op's closed-form backward
+  // needs no SiLU(gate); the composed one keeps it too) and their product (3 or 4 ffn).
+  int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
+    const LlamaConfig& c = of(config);
+    const int64_t t = s.seq_len, kv = c.kv_heads * (c.dim / c.heads), norms = s.fused_ops ? 2 : 4;
+    const int64_t block = s.compute_bytes * t * ((5 + norms) * c.dim + kv + (s.fused_ops ? 3 : 4) * c.ffn_hidden) +
+                          attention_softmax_bytes(c.heads, t, s.compute_bytes, s.fused_attention);
+    const int64_t head = language_head_activation_bytes(c.dim, c.vocab, s.micro_batch * t, s);
+    return block_stack_activation_bytes(c.layers, c.dim, t, block, head, s);
+  }
+  int64_t largest_module_params(const ModelConfig& config) const override {
+    const LlamaConfig& c = of(config);
+    return std::max(c.vocab * c.dim, c.dim * c.ffn_hidden);
   }
 };
 

@@ -160,6 +160,7 @@ class LlavaFamily final : public ModelFamily {
     return paths;
   }
   std::vector<std::string> tower_paths(const ModelConfig&) const override { return {"vision_tower"}; }
+  std::vector<std::string> block_types_outside_towers(const ModelConfig&) const override { return {"LlamaBlock"}; }
   LoraSpec* lora(ModelConfig& config) const override { return &of(config).text.lora; }
   std::vector<std::string> linear_layers(const ModelConfig&) const override { return LlamaConfig::linear_layers(); }
   int64_t linear_weight_count(const ModelConfig& config) const override {
@@ -216,6 +217,23 @@ class LlavaFamily final : public ModelFamily {
     return name == "vision_tower.vision_model.embeddings.position_ids";
   }
   std::string hf_exact_architecture() const override { return "LlavaForConditionalGeneration"; }
+  std::string plan_refusal(const ModelConfig&) const override {
+    return "fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); plan its Llama "
+           "alone with "
+           "--model for an upper bound of the language model's share";
+  }
+  // Not planned yet (plan_refusal): the terms below are never asked for.
+  PlanUnits plan_units(const ModelConfig&) const override {
+    throw std::logic_error("fsdp-plan: the llava family is not planned");
+  }
+  int64_t plan_activation_bytes(const ModelConfig&, const ActivationSettings&) const override {
+    throw std::logic_error("fsdp-plan: the llava family is not planned");
+  }
+  int64_t largest_module_params(const ModelConfig& config) const override {
+    const LlavaConfig& c = of(config);
+    return std::max(
+        {c.text.vocab * c.text.dim, c.text.dim * c.text.ffn_hidden, c.vision.vision.dim * c.vision.vision.mlp_hidden});
+  }
   std::string peft_export_refusal(const ModelConfig&) const override {
     return "PEFT directories of a llava model are not written yet (its adapters' names are not checked against peft); "
            "export the "

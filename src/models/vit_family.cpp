@@ -3,6 +3,7 @@
 
 #include "fsdp/models/model_family.h"
 #include "fsdp/nn/hooks.h"
+#include "plan_formulas.h"
 
 namespace fsdp::models {
 
@@ -71,6 +72,26 @@ class VitFamily final : public ModelFamily {
   // None: the patch embedding and the class head are small (dim x 768 and dim x classes), well
   // below one block, and stay in the root unit.
   std::vector<std::string> embedding_and_head_paths(const ModelConfig&) const override { return {}; }
+
+  // No embedding or head units (see embedding_and_head_paths).
+  PlanUnits plan_units(const ModelConfig& config) const override {
+    const VitConfig& c = of(config);
+    VitConfig fewer = c;
+    fewer.layers = c.layers - 1;
+    const int64_t block = c.layers > 0 ? c.parameter_count() - fewer.parameter_count() : 0;
+    return {c.layers, block, c.layers * block, 0, 0, false};
+  }
+  // Patches and the class token a sample; the class head keeps its input and fp32 logits.
+  int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
+    const VitConfig& c = of(config);
+    const int64_t block = layer_norm_block_activation_bytes(c.dim, c.heads, c.mlp_hidden, c.tokens(), s);
+    const int64_t head = s.micro_batch * (s.compute_bytes * 2 * c.dim + 16 * c.classes);
+    return block_stack_activation_bytes(c.layers, c.dim, c.tokens(), block, head, s);
+  }
+  int64_t largest_module_params(const ModelConfig& config) const override {
+    const VitConfig& c = of(config);
+    return std::max(c.dim * c.mlp_hidden + c.mlp_hidden, c.dim * c.classes + c.classes);
+  }
 };
 
 }  // namespace

@@ -1,11 +1,12 @@
 #include "fsdp/plan/memory_plan.h"
 
+#include "fsdp/models/model_family.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
-#include <type_traits>
 
 namespace fsdp::plan {
 
@@ -17,70 +18,6 @@ int64_t dtype_bytes(const std::string& name, const char* field) {
   throw std::invalid_argument(std::string(field) + " '" + name + "' (expected float32, bfloat16 or float16)");
 }
 
-// std::visit over the single-tower families (GPT, Llama, ViT); CLIP's two towers take their own
-// paths (clip_* below) before anything here runs.
-template <class F>
-auto visit_planned(F&& f, const models::ModelConfig& model) {
-  using Result = decltype(f(std::declval<const models::GptConfig&>()));
-  return std::visit(
-      [&](const auto& m) -> Result {
-        if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::ClipConfig>) {
-          throw std::logic_error("fsdp-plan: the clip family takes its own path here");
-        } else if constexpr (std::is_same_v<std::decay_t<decltype(m)>, models::LlavaConfig>) {
-          throw std::logic_error("fsdp-plan: the llava family is refused in make_plan");
-        } else {
-          return f(m);
-        }
-      },
-      model);
-}
-
-// The same model with one block fewer: the difference is one block's parameters.
-models::ModelConfig with_layers(models::ModelConfig model, int64_t layers) {
-  std::visit(
-      [&](auto& c) {
-        using M = std::decay_t<decltype(c)>;
-        if constexpr (!std::is_same_v<M, models::ClipConfig> && !std::is_same_v<M, models::LlavaConfig>)
-          c.layers = layers;
-      },
-      model);
-  return model;
-}
-
-int64_t layers_of(const models::ModelConfig& model) {
-  if (const auto* clip = std::get_if<models::ClipConfig>(&model)) return clip->vision.layers + clip->text.layers;
-  return visit_planned([](const auto& c) { return c.layers; }, model);
-}
-
-// CLIP: one block of a tower (attention's four projections with biases, two LayerNorms, the MLP).
-int64_t clip_block_params(const models::ClipTowerShape& s) {
-  return 4 * (s.dim * s.dim + s.dim) + 4 * s.dim + 2 * s.dim * s.mlp_hidden + s.mlp_hidden + s.dim;
-}
-
-// CLIP's embeddings units: the text tower's (tokens and positions) and the image tower's (class
-// token, patch projection without bias, positions).
-int64_t clip_text_embedding_params(const models::ClipConfig& m) { return (m.vocab + m.context) * m.text.dim; }
-int64_t clip_vision_embedding_params(const models::ClipConfig& m) {
-  return m.vision.dim * (1 + m.channels * m.patch * m.patch + m.image_tokens());
-}
-
-// One CLIP block's saved activations for one sample of t tokens: what a GPT or ViT block keeps
-// (two LayerNorm inputs and outputs, q, k, v and their contiguous copies, the attention output,
-// the MLP's hidden before and after its activation; quick_gelu's sigmoid and product add one more
-// hidden), plus the softmax's statistics or probabilities.
-int64_t clip_block_activation_bytes(const models::ClipTowerShape& s, int64_t t, int64_t c, bool fused_attention,
-                                    bool attention_fp32) {
-  const int64_t softmax = fused_attention ? 4 * s.heads * t : c * s.heads * t * t;
-  const int64_t fp32_attention = attention_fp32 && c < 4 ? 4 * 4 * t * s.dim : 0;
-  return c * t * (11 * s.dim + 3 * s.mlp_hidden) + softmax + fp32_attention;
-}
-
-// Tokens per sample: the sequence for language models, patches + class token for ViT.
-int64_t tokens_per_sample(const models::ModelConfig& model, int64_t seq_len) {
-  if (const auto* v = std::get_if<models::VitConfig>(&model)) return v->tokens();
-  return seq_len;
-}
-
 }  // namespace
 
 int64_t MemoryBreakdown::device_total() const {
@@ -88,71 +25,13 @@ int64_t MemoryBreakdown::device_total() const {
   return (host_total > 0 ? 0 : states) + gathered + reduced + activations + overhead;
 }
 
-int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, bool fused_attention,
-                               bool fused_ops) {
-  const int64_t t = tokens_per_sample(model, seq_len);
-  return visit_planned(
-      [&](const auto& m) -> int64_t {
-        using M = std::decay_t<decltype(m)>;
-        // Composed attention keeps the probabilities; a fused kernel its log-sum-exp.
-        const int64_t softmax = fused_attention ? 4 * m.heads * t : c * m.heads * t * t;
-        if constexpr (std::is_same_v<M, models::LlamaConfig>) {
-          // Each RMSNorm keeps its input and output (composed: an fp32 copy of the input and the
-          // normalised output, 2 d; fused: the input and 1/rms per row, 1 d), q and k after
-          // rotary (rotary keeps only its tables), keys and values repeated to every query head,
-          // the attention output, the SwiGLU's gate and up (the fused op's closed-form backward
-          // needs no SiLU(gate); the composed one keeps it too) and their product (3 or 4 ffn).
-          const int64_t kv = m.kv_heads * (m.dim / m.heads);
-          const int64_t norms = fused_ops ? 2 : 4;
-          return c * t * ((5 + norms) * m.dim + kv + (fused_ops ? 3 : 4) * m.ffn_hidden) + softmax;
-        } else {
-          // GPT and ViT blocks: two LayerNorm inputs and outputs (4 d), qkv (3 d), contiguous
-          // copies of q, k and v that the batched matmuls save (3 d), the attention output (d), the
-          // MLP's hidden before and after GELU (2 ffn).
-          int64_t ffn = m.mlp_hidden;
-          if constexpr (std::is_same_v<M, models::GptConfig>) ffn = m.mlp_width();
-          return c * t * (11 * m.dim + 2 * ffn) + softmax;
-        }
-      },
-      model);
-}
-
-int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t c, int64_t samples,
-                              int64_t loss_chunk_tokens) {
-  const int64_t t = samples * tokens_per_sample(model, seq_len);
-  return visit_planned(
-      [&](const auto& m) -> int64_t {
-        using M = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<M, models::VitConfig>) {
-          return samples * (c * 2 * m.dim + 16 * m.classes);
-        } else {
-          // Final norm (2 d), the logits in the compute dtype, their fp32 copy when that is bf16,
-          // log-softmax's output and the logits' gradient (fp32): the loss is computed in fp32.
-          const int64_t logits_per_token = c * m.vocab + (c == 4 ? 0 : 4 * m.vocab) + 8 * m.vocab;
-          if (loss_chunk_tokens <= 0) return t * (2 * c * m.dim + logits_per_token);
-          // Chunked: the norm's output and a log-sum-exp per token; the op's one fp32 chunk buffer
-          // (logits, then their gradient, in place) and, in bf16, the chunk's bf16 product or
-          // gradient beside it (models/linear_cross_entropy.h).
-          return t * (2 * c * m.dim + 4) + std::min(t, loss_chunk_tokens) * (4 + (c == 4 ? 0 : c)) * m.vocab;
-        }
-      },
-      model);
-}
-
 namespace {
 
 // Everything wrong with the input that can be told before anything is computed; throws
 // std::invalid_argument naming the field.
 void check_plan_input(const PlanInput& in) {
-  if (const auto* clip = std::get_if<models::ClipConfig>(&in.model); clip != nullptr && clip->lora.enabled()) {
-    throw std::invalid_argument(
-        "fsdp-plan does not model LoRA on a clip model yet (plan it without [lora]: an upper bound)");
-  }
-  if (std::holds_alternative<models::LlavaConfig>(in.model)) {
-    throw std::invalid_argument(
-        "fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); "
-        "plan its Llama alone with --model for an upper bound of the language model's share");
-  }
+  if (const std::string why = models::family_of(in.model).plan_refusal(in.model); !why.empty())
+    throw std::invalid_argument(why);
   models::validate(in.model);
   if (in.ranks < 1) throw std::invalid_argument("ranks must be at least 1, got " + std::to_string(in.ranks));
   if (in.ranks_per_node < 1) throw std::invalid_argument("ranks per node must be at least 1");
@@ -185,13 +64,12 @@ struct PlanShape {
   int64_t c = 4, r = 4;  // bytes per compute and per reduce element
   int n = 1, shard = 1;  // N ranks; S, the ranks a unit is sharded over
   int64_t p = 0, layers = 0;
-  int64_t block = 0;      // the largest block (CLIP: of either tower)
-  int64_t embedding = 0;  // the token embedding's unit (CLIP: the text tower's embeddings)
-  int64_t head = 0;       // the output head's unit, 0 when tied (CLIP: the image tower's embeddings)
+  int64_t block = 0;      // the largest block (models::PlanUnits)
+  int64_t embedding = 0;  // the token embedding's unit, 0 without embedding units
+  int64_t head = 0;       // the output head's unit, 0 when tied or without embedding units
   bool tied = false;
   int64_t root = 0, largest_unit = 0, k = 0;
   int64_t shard_numel = 0, largest_unit_shard = 0;  // per rank: every parameter's shard, the largest unit's
-  const models::ClipConfig* clip = nullptr;
 };
 
 // S and R, and the units (models::embedding_and_head_paths): recorded in the plan and returned.
@@ -216,46 +94,23 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   plan.replicas = s == "no_shard" ? x.n : x.n / x.shard;
 
   x.p = models::parameter_count(in.model);
-  x.layers = layers_of(in.model);
-  x.clip = std::get_if<models::ClipConfig>(&in.model);
-  const models::ClipConfig* clip = x.clip;
-  // The largest block, and all blocks together (CLIP: both towers' blocks, of two sizes).
-  x.block = clip != nullptr ? std::max(clip_block_params(clip->vision), clip_block_params(clip->text))
-            : x.layers > 0  ? x.p - models::parameter_count(with_layers(in.model, x.layers - 1))
-                            : 0;
-  const int64_t all_blocks = clip != nullptr ? clip->vision.layers * clip_block_params(clip->vision) +
-                                                   clip->text.layers * clip_block_params(clip->text)
-                                             : x.layers * x.block;
+  const models::PlanUnits units = models::family_of(in.model).plan_units(in.model);
+  x.layers = units.layers;
+  x.block = units.largest_block;
   plan.parameters = x.p;
   plan.layers = x.layers;
   // The token embedding and the output head, when units of their own (models::embedding_and_head_paths).
-  // CLIP: the text tower's embeddings in `embedding`, the image tower's in `head` (two units).
-  if (clip != nullptr) {
-    if (in.embedding_units) {
-      x.embedding = clip_text_embedding_params(*clip);
-      x.head = clip_vision_embedding_params(*clip);
-    }
-  } else if (in.embedding_units && !models::embedding_and_head_paths(in.model).empty()) {
-    visit_planned(
-        [&](const auto& m) {
-          using Config = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<Config, models::GptConfig>) {
-            x.embedding = m.vocab * m.dim;
-            x.tied = true;
-          } else if constexpr (std::is_same_v<Config, models::LlamaConfig>) {
-            x.embedding = m.vocab * m.dim;
-            x.tied = m.tie_embeddings;
-            x.head = x.tied ? 0 : m.vocab * m.dim;
-          }
-        },
-        in.model);
+  if (in.embedding_units) {
+    x.embedding = units.embedding;
+    x.head = units.head;
+    x.tied = units.tied;
   }
   plan.embedding_params = x.embedding;
   plan.head_params = x.head;
   plan.tied_embedding = x.tied;
   x.largest_unit = std::max({x.block, x.embedding, x.head});
   plan.largest_unit_params = x.largest_unit;
-  plan.root_params = x.p - all_blocks - x.embedding - x.head;
+  plan.root_params = x.p - units.all_blocks - x.embedding - x.head;
   x.root = plan.root_params;
   x.k = in.max_inflight;
   // Rounded up as the shards are: every unit padded to a multiple of S.
@@ -272,24 +127,12 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
   const int64_t c = x.c, r = x.r, p = x.p, k = x.k, root = x.root, block = x.block, embedding = x.embedding;
   MemoryBreakdown& mem = plan.memory;
   mem.parameters = 4 * x.shard_numel;
-  mem.gradients = 4 * x.shard_numel;
+  // Only the parameters that train get gradients and optimizer state (a frozen CLIP tower's do not).
   // AdamW: two moments, and one fp32 scratch as large as the largest unit's shard (its denominator).
-  mem.optimizer = in.optimizer == "adamw" ? 8 * x.shard_numel + 4 * x.largest_unit_shard : 4 * x.shard_numel;
-  // CLIP with a frozen tower: that tower's parameters get no gradient and no optimizer state.
-  int64_t trainable = p;
-  if (const models::ClipConfig* clip = x.clip) {
-    if (clip->freeze_text) {
-      trainable -= clip->text.layers * clip_block_params(clip->text) + clip_text_embedding_params(*clip) +
-                   2 * clip->text.dim + clip->text.dim * clip->projection_dim;
-    }
-    if (clip->freeze_vision) {
-      trainable -= clip->vision.layers * clip_block_params(clip->vision) + clip_vision_embedding_params(*clip) +
-                   4 * clip->vision.dim + clip->vision.dim * clip->projection_dim;
-    }
-    const int64_t trainable_shard = (trainable + x.shard - 1) / x.shard;
-    mem.gradients = 4 * trainable_shard;
-    mem.optimizer = in.optimizer == "adamw" ? 8 * trainable_shard + 4 * x.largest_unit_shard : 4 * trainable_shard;
-  }
+  const int64_t trainable = models::family_of(in.model).plan_trainable_params(in.model);
+  const int64_t trainable_shard = (trainable + x.shard - 1) / x.shard;
+  mem.gradients = 4 * trainable_shard;
+  mem.optimizer = in.optimizer == "adamw" ? 8 * trainable_shard + 4 * x.largest_unit_shard : 4 * trainable_shard;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
   // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit
@@ -327,16 +170,7 @@ int64_t add_lora_states(const PlanShape& x, Plan& plan) {
   if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32" && in.lora_base_dtype != "nf4") {
     throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16, float32 or nf4)");
   }
-  const int64_t adapters = visit_planned(
-      [](const auto& m) -> int64_t {
-        using M = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<M, models::VitConfig> || std::is_same_v<M, models::ClipConfig>) {
-          return 0;
-        } else {
-          return m.lora_parameter_count();
-        }
-      },
-      in.model);
+  const int64_t adapters = models::family_of(in.model).plan_adapter_params(in.model);
   plan.adapter_params = adapters;
   // The frozen base per rank: bf16 or fp32 values; or (nf4) the blocks' linear weights in NF4
   // and the rest in bf16.
@@ -382,60 +216,26 @@ void add_checkpoint_staging(const PlanShape& x, Plan& plan) {
       (plan.adapter_params > 0 ? mem.parameters : 4 * x.shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
 }
 
-// CLIP: both towers' blocks for one pair (with checkpointing, each block's input only), one block
-// more for the backward's peak; the loss: both modalities' gathered features [B, p] fp32 and their
-// gradients, this rank's logits [b, B] in both directions, their softmax and gradients.
-int64_t clip_activation_bytes(const PlanShape& x) {
-  const PlanInput& in = *x.in;
-  const models::ClipConfig* clip = x.clip;
-  const int64_t c = x.c;
-  const int64_t image_tokens = clip->image_tokens(), text_tokens = clip->context;
-  const int64_t vision_block =
-      clip_block_activation_bytes(clip->vision, image_tokens, c, in.fused_attention, in.attention_fp32);
-  const int64_t text_block =
-      clip_block_activation_bytes(clip->text, text_tokens, c, in.fused_attention, in.attention_fp32);
-  const int64_t vision_input = c * image_tokens * clip->vision.dim, text_input = c * text_tokens * clip->text.dim;
-  const bool recompute = in.activation_checkpointing;
-  // A frozen tower saves nothing for backward: its input needs no gradient and neither do its
-  // parameters, so autograd records none of its forward.
-  const int64_t vision_saved =
-      clip->freeze_vision ? 0 : clip->vision.layers * (recompute ? vision_input : vision_block);
-  const int64_t text_saved = clip->freeze_text ? 0 : clip->text.layers * (recompute ? text_input : text_block);
-  const int64_t backward_block = std::max(clip->freeze_vision ? 0 : vision_block, clip->freeze_text ? 0 : text_block);
-  const int64_t per_pair =
-      vision_saved + text_saved + (recompute ? 2 : 1) * backward_block + c * image_tokens * clip->vision.dim;
-  const int64_t global = in.micro_batch * x.n;
-  const int64_t loss = 2 * 2 * 4 * global * clip->projection_dim + 2 * 3 * 4 * in.micro_batch * global;
-  return in.micro_batch * per_pair + loss;
-}
-
 // Blocks recomputed in backward: every k-th of them with activation checkpointing (layers / k).
 int64_t recomputed_blocks(const PlanShape& x) {
   return x.in->activation_checkpointing ? x.layers / x.in->activation_checkpointing_every : 0;
 }
 
-// The activations a micro-batch keeps for backward at its peak (the single-tower families).
-int64_t block_stack_activation_bytes(const PlanShape& x) {
+// The activations a micro-batch keeps for backward at its peak (the family's terms).
+int64_t activation_bytes(const PlanShape& x) {
   const PlanInput& in = *x.in;
-  const int64_t c = x.c, layers = x.layers;
-  int64_t per_block = block_activation_bytes(in.model, in.seq_len, c, in.fused_attention, in.fused_ops);
-  const int64_t width = visit_planned([](const auto& m) { return m.dim; }, in.model);
-  if (in.attention_fp32 && c < 4) {
-    // Attention in fp32 (models/attention.h, FusedFp32) keeps fp32 copies of q, k, v and its output
-    // besides the compute-dtype tensors the block keeps anyway: 4 x (heads x head_dim) x 4 bytes a token.
-    per_block += 4 * 4 * tokens_per_sample(in.model, in.seq_len) * width;
-  }
-  const int64_t block_inputs = c * tokens_per_sample(in.model, in.seq_len) * width;
-  // Backward of the last block holds its activations' gradients beside everything saved: one
-  // block more (with checkpointing, the block being recomputed and its gradients). A recomputed
-  // block keeps only its input; every k-th block is (layers / k of them).
-  const int64_t recomputed = recomputed_blocks(x);
-  // The recomputed block plus its gradients (+2) is the peak only when backward meets a recomputed
-  // block first (the last, when layers % k == 0); else the last block and its gradients (+1).
-  const bool last_recomputed = recomputed > 0 && layers % in.activation_checkpointing_every == 0;
-  const int64_t blocks =
-      recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
-  return in.micro_batch * blocks + head_activation_bytes(in.model, in.seq_len, c, in.micro_batch, in.loss_chunk_tokens);
+  models::ActivationSettings settings;
+  settings.seq_len = in.seq_len;
+  settings.compute_bytes = x.c;
+  settings.micro_batch = in.micro_batch;
+  settings.ranks = x.n;
+  settings.fused_attention = in.fused_attention;
+  settings.fused_ops = in.fused_ops;
+  settings.attention_fp32 = in.attention_fp32;
+  settings.checkpointing = in.activation_checkpointing;
+  settings.checkpointing_every = in.activation_checkpointing_every;
+  settings.loss_chunk_tokens = in.loss_chunk_tokens;
+  return models::family_of(in.model).plan_activation_bytes(in.model, settings);
 }
 
 // Bytes each rank sends per optimizer step; every micro-batch gathers and reduces.
@@ -514,7 +314,7 @@ Plan make_plan(const PlanInput& in) {
   const int64_t linear = add_lora_states(x, plan);
   add_checkpoint_staging(x, plan);
   MemoryBreakdown& mem = plan.memory;
-  mem.activations = x.clip != nullptr ? clip_activation_bytes(x) : block_stack_activation_bytes(x);
+  mem.activations = activation_bytes(x);
   mem.overhead = in.overhead_bytes;
   mem.data = in.data_bytes;
   const int64_t device = mem.device_total();
@@ -545,22 +345,7 @@ std::vector<DeepSpeedEstimate> deepspeed_zero3_estimate(int64_t total_params, in
 }
 
 int64_t largest_module_params(const models::ModelConfig& model) {
-  if (const auto* clip = std::get_if<models::ClipConfig>(&model)) {
-    return std::max({clip_text_embedding_params(*clip), clip_vision_embedding_params(*clip),
-                     clip->vision.dim * clip->vision.mlp_hidden, clip->text.dim * clip->text.mlp_hidden});
-  }
-  return visit_planned(
-      [](const auto& m) -> int64_t {
-        using M = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<M, models::LlamaConfig>) {
-          return std::max(m.vocab * m.dim, m.dim * m.ffn_hidden);
-        } else if constexpr (std::is_same_v<M, models::GptConfig>) {
-          return std::max(m.vocab * m.dim, m.dim * m.mlp_width() + m.mlp_width());
-        } else {
-          return std::max(m.dim * m.mlp_hidden + m.mlp_hidden, m.dim * m.classes + m.classes);
-        }
-      },
-      model);
+  return models::family_of(model).largest_module_params(model);
 }
 
 int64_t parse_bytes(const std::string& text) {

@@ -43,7 +43,7 @@ at::Tensor share_of(const at::Tensor& images, const at::Tensor& texts, const at:
 
 }  // namespace
 
-at::Tensor contrastive_loss_share(const models::ClipOutput& output, const comm::ProcessGroupPtr& group) {
+at::Tensor contrastive_loss_share(const models::ContrastiveOutput& output, const comm::ProcessGroupPtr& group) {
   const at::Tensor images = output.image_embeds.to(at::kFloat), texts = output.text_embeds.to(at::kFloat);
   const at::Tensor scale = output.scale.to(at::kFloat);
   if (images.dim() != 2 || texts.sizes() != images.sizes() || scale.numel() != 1) {
@@ -74,7 +74,7 @@ at::Tensor contrastive_loss_share(const models::ClipOutput& output, const comm::
   return share + (carried - carried.detach());
 }
 
-at::Tensor zero_shot_logits(const models::ClipOutput& output) {
+at::Tensor zero_shot_logits(const models::ContrastiveOutput& output) {
   return output.scale.to(at::kFloat) * output.image_embeds.to(at::kFloat).matmul(output.text_embeds.to(at::kFloat).t());
 }
 

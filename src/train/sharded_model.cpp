@@ -29,9 +29,7 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
       return false;
     };
     options.wrap_policy.module_paths = towers;
-    for (const std::string& type : models::block_type_names(c.model)) {
-      if (type != models::kClipBlockType) options.wrap_policy.module_types.push_back(type);
-    }
+    options.wrap_policy.module_types = models::family_of(c.model).block_types_outside_towers(c.model);
     if (c.fsdp.embedding_units) {
       for (const std::string& path : models::embedding_and_head_paths(c.model)) {
         if (!inside_a_tower(path)) options.wrap_policy.module_paths.push_back(path);

@@ -90,7 +90,7 @@ Trajectory run_reference(const Case& c) {
   for (int step = 0; step < kSteps; ++step) {
     optimizer->zero_grad();
     const Pairs pairs = pairs_of_step(step);
-    const fsdp::models::ClipOutput out = model.contrastive(pairs.images, pairs.ids);
+    const fsdp::models::ContrastiveOutput out = model.contrastive(pairs.images, pairs.ids);
     const at::Tensor logits_per_image = out.scale * out.image_embeds.matmul(out.text_embeds.t());
     const at::Tensor labels = torch::arange(kGlobalBatch, at::kLong);
     const at::Tensor loss = (torch::nn::functional::cross_entropy(logits_per_image, labels) +
@@ -135,7 +135,7 @@ Trajectory run_fsdp(const Case& c) {
   for (int step = 0; step < kSteps; ++step) {
     optimizer.zero_grad();
     const Pairs pairs = pairs_of_step(step);
-    const fsdp::models::ClipOutput out =
+    const fsdp::models::ContrastiveOutput out =
         model.contrastive(pairs.images.narrow(0, rank * local, local), pairs.ids.narrow(0, rank * local, local));
     const at::Tensor share = fsdp::train::contrastive_loss_share(out, world);
     // The trainer's convention: each rank's share times N / B; FSDP averages gradients over ranks.
@@ -199,7 +199,7 @@ TEST(ClipParity, LoraOnTheTextTower) { expect_parity({ShardingStrategy::FullShar
 
 // The loss's gather and reduce-scatter are over the group given; with one rank they are copies.
 TEST(ClipParity, MismatchedEmbeddingsAreRefusedByName) {
-  fsdp::models::ClipOutput out{at::zeros({2, 4}), at::zeros({3, 4}), at::ones({})};
+  fsdp::models::ContrastiveOutput out{at::zeros({2, 4}), at::zeros({3, 4}), at::ones({})};
   try {
     fsdp::train::contrastive_loss_share(out, fsdp::comm::init_world());
     FAIL() << "expected a refusal";

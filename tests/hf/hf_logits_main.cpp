@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     fsdp::checkpoint::SafetensorsFile inputs(ids_path);
     const at::Tensor ids = inputs.read("ids").to(at::kLong);
     if (sharded.model.is_contrastive()) {
-      const fsdp::models::ClipOutput out = sharded.model.contrastive(inputs.read("images").to(at::kFloat), ids);
+      const fsdp::models::ContrastiveOutput out = sharded.model.contrastive(inputs.read("images").to(at::kFloat), ids);
       const at::Tensor logits_per_image =
           (out.scale * out.image_embeds.matmul(out.text_embeds.t())).to(at::kFloat).contiguous();
       if (world->rank() == 0) fsdp::checkpoint::write_safetensors(out_path, {{"logits", logits_per_image}});

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -95,6 +96,53 @@ std::vector<std::string> hf_parts_missing(const ModelFamily& family, ModelConfig
   return missing;
 }
 
+int64_t parameters_of(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+// The planner's terms agree with the built model: its blocks (count, largest, all), its embedding
+// and head units, and give activations and a largest module.
+std::vector<std::string> plan_parts_missing(const ModelFamily& family, const ModelConfig& config,
+                                            const BuiltModel& built) {
+  std::vector<std::string> missing;
+  if (!family.plan_refusal(config).empty()) return missing;  // not planned yet, and says so
+  const fsdp::models::PlanUnits units = family.plan_units(config);
+  const auto types = family.block_type_names(config);
+  int64_t blocks = 0, largest = 0, all = 0;
+  for (const auto& module : built.module->modules()) {
+    const std::string type = fsdp::runtime::short_type_name(*module);
+    if (std::find(types.begin(), types.end(), type) == types.end()) continue;
+    ++blocks;
+    largest = std::max(largest, parameters_of(*module));
+    all += parameters_of(*module);
+  }
+  if (units.layers != blocks || units.largest_block != largest || units.all_blocks != all) {
+    missing.push_back("plan_units counts " + std::to_string(units.layers) + " blocks, the largest " +
+                      std::to_string(units.largest_block) + ", all " + std::to_string(units.all_blocks) +
+                      "; the built model " + std::to_string(blocks) + ", " + std::to_string(largest) + ", " +
+                      std::to_string(all));
+  }
+  int64_t outer = 0;
+  for (const auto& item : built.module->named_modules()) {
+    for (const auto& path : family.embedding_and_head_paths(config)) {
+      if (item.key() == path) outer += parameters_of(*item.value());
+    }
+  }
+  if (units.embedding + units.head != outer) {
+    missing.push_back("plan_units' embedding and head hold " + std::to_string(units.embedding + units.head) +
+                      " parameters, the modules at embedding_and_head_paths " + std::to_string(outer));
+  }
+  const int64_t trainable = family.plan_trainable_params(config);
+  if (trainable <= 0 || trainable > family.parameter_count(config))
+    missing.push_back("plan_trainable_params out of range");
+  if (family.plan_activation_bytes(config, fsdp::models::ActivationSettings{}) <= 0)
+    missing.push_back("plans no activations");
+  if (family.largest_module_params(config) <= 0) missing.push_back("names no largest module");
+  return missing;
+}
+
 // What `family` leaves out or gets wrong, one line each; empty when it provides every part.
 // The model is built from its first (smallest) size.
 std::vector<std::string> parts_missing(const ModelFamily& family) {
@@ -152,8 +200,24 @@ std::vector<std::string> parts_missing(const ModelFamily& family) {
   for (const auto& path : family.embedding_and_head_paths(config)) {
     if (!has_module(*built.module, path)) miss("embedding or head '" + path + "' is not a module of the built model");
   }
-  for (const auto& path : family.tower_paths(config)) {
+  const auto towers = family.tower_paths(config);
+  for (const auto& path : towers) {
     if (!has_module(*built.module, path)) miss("tower '" + path + "' is not a module of the built model");
+  }
+  // Under fsdp.wrap = "tower", a block type is a unit of its own exactly when it has blocks outside the towers.
+  const auto outside = family.block_types_outside_towers(config);
+  for (const auto& type : blocks) {
+    bool found_outside = false;
+    for (const auto& item : built.module->named_modules()) {
+      if (fsdp::runtime::short_type_name(*item.value()) != type) continue;
+      bool in_tower = false;
+      for (const auto& tower : towers) in_tower = in_tower || item.key().rfind(tower + ".", 0) == 0;
+      found_outside = found_outside || !in_tower;
+    }
+    const bool listed = std::find(outside.begin(), outside.end(), type) != outside.end();
+    if (listed != found_outside)
+      miss("block type '" + type + "' is " + (found_outside ? "" : "not ") +
+           "outside the towers, block_types_outside_towers says the reverse");
   }
   int64_t held = 0;
   for (const auto& p : built.module->parameters()) held += p.numel();
@@ -183,6 +247,7 @@ std::vector<std::string> parts_missing(const ModelFamily& family) {
       miss("linear layer '" + layer + "' is not a module of the built model");
   }
   for (const auto& part : hf_parts_missing(family, sizes.front().second)) miss(part);
+  for (const auto& part : plan_parts_missing(family, sizes.front().second, built)) miss(part);
   return missing;
 }
 
@@ -236,6 +301,11 @@ class IncompleteFamily final : public ModelFamily {
   std::vector<std::string> block_type_names(const ModelConfig&) const override { return {"HalfBlock"}; }
   std::vector<std::string> embedding_and_head_paths(const ModelConfig&) const override { return {"lm_head"}; }
   std::vector<std::string> linear_layers(const ModelConfig&) const override { return {"c_attn"}; }
+  fsdp::models::PlanUnits plan_units(const ModelConfig&) const override { return {1, 1, 1, 0, 0, false}; }
+  int64_t plan_activation_bytes(const ModelConfig&, const fsdp::models::ActivationSettings&) const override {
+    return 0;
+  }
+  int64_t largest_module_params(const ModelConfig&) const override { return 1; }
 };
 
 TEST(ModelFamilies, TheCheckNamesEachPartAFamilyLeavesOut) {
@@ -255,7 +325,9 @@ TEST(ModelFamilies, TheCheckNamesEachPartAFamilyLeavesOut) {
   EXPECT_TRUE(names("takes adapters but names no linear layers, or the reverse"));
   EXPECT_TRUE(names("model_type 'half' does not find this family"));
   EXPECT_TRUE(names("its config.json does not read back: hf_config_json: no Hugging Face config for half models"));
-  EXPECT_EQ(missing.size(), 9u) << ::testing::PrintToString(missing);
+  EXPECT_TRUE(names("plan_units counts 1 blocks, the largest 1, all 1; the built model 0, 0, 0"));
+  EXPECT_TRUE(names("plans no activations"));
+  EXPECT_EQ(missing.size(), 12u) << ::testing::PrintToString(missing);
 }
 
 }  // namespace family_tests

@@ -8,9 +8,14 @@
 
 #include <torch/nn/module.h>
 
-#include "fsdp/models/clip.h"
-
 namespace fsdp::models {
+
+// A contrastive model's two outputs in their shared space (ModelTask::Contrastive).
+struct ContrastiveOutput {
+  at::Tensor image_embeds;  // [b_images, projection_dim], unit L2 norm, compute dtype
+  at::Tensor text_embeds;   // [b_texts, projection_dim], unit L2 norm, compute dtype
+  at::Tensor scale;         // [] exp(logit_scale): logits_per_image = scale * image_embeds @ text_embeds^T
+};
 
 // The root module and its forward (ids [b, t] -> logits [b, t, vocab], or images -> logits [b,
 // classes]), called through fsdp::nn::call so wrappers' hooks run. positions [b, t] int64
@@ -45,7 +50,7 @@ struct BuiltModel {
                              int64_t chunk_rows) const {
     return image_text_loss_function(images, ids, targets, chunk_rows);
   }
-  ClipOutput contrastive(const at::Tensor& images, const at::Tensor& ids) const {
+  ContrastiveOutput contrastive(const at::Tensor& images, const at::Tensor& ids) const {
     auto [image, text, scale] = contrastive_function(images, ids);
     return {image, text, scale};
   }

@@ -150,17 +150,10 @@ struct ClipVisionTransformerImpl : torch::nn::Module {
 };
 TORCH_MODULE(ClipVisionTransformer);
 
-// The two towers' outputs in the shared space.
-struct ClipOutput {
-  at::Tensor image_embeds;  // [b_images, projection_dim], unit L2 norm, compute dtype
-  at::Tensor text_embeds;   // [b_texts, projection_dim], unit L2 norm, compute dtype
-  at::Tensor scale;         // [] exp(logit_scale): logits_per_image = scale * image_embeds @ text_embeds^T
-};
-
 struct ClipImpl : torch::nn::Module {
   explicit ClipImpl(const ClipConfig& config);
   // images [b, channels, size, size] fp32, ids [b', t] int64 -> (image_embeds, text_embeds, scale)
-  // as ClipOutput; either batch may be empty ([0, ...]) and b' need not equal b.
+  // (a ContrastiveOutput, built_model.h); either batch may be empty ([0, ...]) and b' need not equal b.
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& images, const at::Tensor& ids);
   const ClipConfig& config() const { return config_; }
 

@@ -1,7 +1,7 @@
 // fsdp/models/model_family.h: a model family's spec. Each family (gpt_family.cpp, llama_family.cpp,
 // ...) implements ModelFamily once, owning what is that family's: its named sizes, its [model]
 // config fields, building the model, its FSDP units, LoRA targets, counts and FLOPs, its Hugging
-// Face form (config.json and tensor names in and out, PEFT's names). Callers ask
+// Face form (config.json and tensor names in and out, PEFT's names), the planner's terms. Callers ask
 // family_of(config) and never branch on the family (registry.h keeps the free-function names).
 #pragma once
 
@@ -15,6 +15,7 @@
 
 #include "fsdp/models/built_model.h"
 #include "fsdp/models/model_config.h"
+#include "fsdp/models/plan_terms.h"
 
 namespace fsdp::models {
 
@@ -107,6 +108,11 @@ class ModelFamily {
   virtual std::vector<std::string> block_type_names(const ModelConfig& config) const = 0;
   virtual std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) const = 0;
   virtual std::vector<std::string> tower_paths(const ModelConfig&) const { return {}; }
+  // The block types with blocks outside every tower, which stay units of their own under
+  // fsdp.wrap = "tower" (LLaVA's Llama blocks); every block type when the family has no towers.
+  virtual std::vector<std::string> block_types_outside_towers(const ModelConfig& config) const {
+    return block_type_names(config);
+  }
 
   // LoRA: the config's adapter settings (nullptr: the family takes no adapters), the linear
   // layers they may target by name, and those layers' weights over every block (a QLoRA base's
@@ -140,6 +146,17 @@ class ModelFamily {
   virtual std::string peft_body_prefix() const { return ""; }
   virtual bool peft_fan_in_fan_out() const { return false; }
   virtual std::string peft_export_refusal(const ModelConfig&) const { return ""; }
+
+  // The memory planner's terms (plan/memory_plan.h, plan_terms.h): why this config cannot be
+  // planned yet ("": it can), its units, the parameters that get gradients and optimizer state, the
+  // LoRA adapters' parameters, the activations a micro-batch keeps at its peak, and the largest
+  // single module (DeepSpeed's "largest layer").
+  virtual std::string plan_refusal(const ModelConfig&) const { return ""; }
+  virtual PlanUnits plan_units(const ModelConfig& config) const = 0;
+  virtual int64_t plan_trainable_params(const ModelConfig& config) const { return parameter_count(config); }
+  virtual int64_t plan_adapter_params(const ModelConfig&) const { return 0; }
+  virtual int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& settings) const = 0;
+  virtual int64_t largest_module_params(const ModelConfig& config) const = 0;
 };
 
 // The family whose hf_model_types() has `model_type`; nullptr for none.

@@ -21,9 +21,11 @@
 //   reduced      K r B / S: reduce-scatter outputs (a unit's reduced gradient shard), up to K of them
 //                in flight before each is added into the gradient shard (not NO_SHARD: it reduces in
 //                place); on the device even with CPU offload
-//   activations  saved tensors of every block for one micro-batch (block_activation_bytes) and one
-//                block's gradients in backward, or with activation checkpointing the block inputs
-//                plus one block recomputed; the logits and loss
+//   activations  saved tensors of every block for one micro-batch and one block's gradients in
+//                backward, or with activation checkpointing the block inputs plus one block
+//                recomputed; the logits and loss: the family's terms (models::ModelFamily::
+//                plan_activation_bytes; composed attention keeps the softmax output, a fused kernel
+//                its log-sum-exp; a chunked loss one chunk's logits at a time)
 //   overhead     the process itself (libtorch, communication library; a CUDA context on a GPU):
 //                kGpuProcessOverheadBytes, or on the CPU kCpuProcessOverheadBytes (measured)
 //   data         the training and validation data the rank holds in memory (host memory; token
@@ -130,16 +132,6 @@ struct Plan {
 
 // Throws std::invalid_argument naming the bad field (strategy, dtype, S not dividing N, ...).
 Plan make_plan(const PlanInput& input);
-
-// Saved activation bytes of one block for one sample (no checkpointing), and of the logits and
-// loss for a micro-batch of `samples`: the tensors autograd keeps for backward, in the compute dtype
-// (the loss in fp32). Composed attention keeps the softmax output [heads, t, t]; a fused kernel
-// keeps only its log-sum-exp [heads, t] in fp32. A chunked loss (loss_chunk_tokens > 0) holds one
-// chunk's logits at a time and a log-sum-exp per token instead of every token's logits.
-int64_t block_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
-                               bool fused_attention = true, bool fused_ops = true);
-int64_t head_activation_bytes(const models::ModelConfig& model, int64_t seq_len, int64_t compute_bytes,
-                              int64_t samples = 1, int64_t loss_chunk_tokens = 0);
 
 // DeepSpeed's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/stage3.py), the
 // "all live" variant's inner formula: per-GPU and per-node CPU bytes of model states for ZeRO-3

@@ -28,10 +28,10 @@ namespace fsdp::train {
 // the embeddings' device, whose backward carries the global loss's gradient as said above. Every
 // rank of `group` must call it with the same b (collective: an all-gather and a reduce-scatter of
 // [b, p] fp32 per modality). Throws std::invalid_argument naming the shapes when they differ.
-at::Tensor contrastive_loss_share(const models::ClipOutput& output, const comm::ProcessGroupPtr& group);
+at::Tensor contrastive_loss_share(const models::ContrastiveOutput& output, const comm::ProcessGroupPtr& group);
 
 // Zero-shot classification logits (no gradient, no communication): scale * images @ classes^T in
 // fp32, [b, classes], from image embeddings [b, p] and one text embedding per class [classes, p].
-at::Tensor zero_shot_logits(const models::ClipOutput& output);
+at::Tensor zero_shot_logits(const models::ContrastiveOutput& output);
 
 }  // namespace fsdp::train

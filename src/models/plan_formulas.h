@@ -1,0 +1,56 @@
+// Private to models/: the planner's activation formulas that several families share (the terms
+// of a stack of identical blocks under a head: GPT, Llama, ViT), each family giving its own block.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "fsdp/models/plan_terms.h"
+
+namespace fsdp::models {
+
+// Composed attention keeps the probabilities [heads, t, t]; a fused kernel its log-sum-exp [heads, t] fp32.
+inline int64_t attention_softmax_bytes(int64_t heads, int64_t t, int64_t c, bool fused_attention) {
+  return fused_attention ? 4 * heads * t : c * heads * t * t;
+}
+
+// A GPT or ViT block for one sample of t tokens: two LayerNorm inputs and outputs (4 d), qkv
+// (3 d), contiguous copies of q, k and v that the batched matmuls save (3 d), the attention output
+// (d), the MLP's hidden before and after GELU (2 ffn).
+inline int64_t layer_norm_block_activation_bytes(int64_t dim, int64_t heads, int64_t ffn, int64_t t, const ActivationSettings& s) {
+  const int64_t c = s.compute_bytes;
+  return c * t * (11 * dim + 2 * ffn) + attention_softmax_bytes(heads, t, c, s.fused_attention);
+}
+
+// A language model's head for `t` tokens: the final norm (2 d), the logits in the compute dtype,
+// their fp32 copy when that is bf16, log-softmax's output and the logits' gradient (fp32): the
+// loss is computed in fp32. Chunked: the norm's output and a log-sum-exp per token; the op's one
+// fp32 chunk buffer (logits, then their gradient, in place) and, in bf16, the chunk's bf16 product
+// or gradient beside it (models/linear_cross_entropy.h).
+inline int64_t language_head_activation_bytes(int64_t dim, int64_t vocab, int64_t t, const ActivationSettings& s) {
+  const int64_t c = s.compute_bytes;
+  const int64_t logits_per_token = c * vocab + (c == 4 ? 0 : 4 * vocab) + 8 * vocab;
+  if (s.loss_chunk_tokens <= 0) return t * (2 * c * dim + logits_per_token);
+  return t * (2 * c * dim + 4) + std::min(t, s.loss_chunk_tokens) * (4 + (c == 4 ? 0 : c)) * vocab;
+}
+
+// A stack of `layers` blocks of `width` over `tokens` tokens a sample, each keeping `per_block`
+// bytes a sample, under a head keeping `head` bytes a micro-batch. Backward of the last block
+// holds its activations' gradients beside everything saved: one block more (with checkpointing,
+// the block being recomputed and its gradients). A recomputed block keeps only its input; every
+// k-th block is (layers / k of them). Attention in fp32 (models/attention.h, FusedFp32) keeps fp32
+// copies of q, k, v and its output besides the compute-dtype tensors: 4 x width x 4 bytes a token.
+inline int64_t block_stack_activation_bytes(int64_t layers, int64_t width, int64_t tokens, int64_t per_block, int64_t head,
+                                            const ActivationSettings& s) {
+  const int64_t c = s.compute_bytes;
+  if (s.attention_fp32 && c < 4) per_block += 4 * 4 * tokens * width;
+  const int64_t block_inputs = c * tokens * width;
+  const int64_t recomputed = s.checkpointing ? layers / s.checkpointing_every : 0;
+  // The recomputed block plus its gradients (+2) is the peak only when backward meets a recomputed
+  // block first (the last, when layers % k == 0); else the last block and its gradients (+1).
+  const bool last_recomputed = recomputed > 0 && layers % s.checkpointing_every == 0;
+  const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
+  return s.micro_batch * blocks + head;
+}
+
+}  // namespace fsdp::models
