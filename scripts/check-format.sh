@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Checks that every tracked C++ and CUDA file is laid out as .clang-format says (CTest `format`):
-# lists each file clang-format would change and exits 1. To fix them: bash scripts/check-format.sh --fix
+# Checks that every C++ and CUDA file of the repository (tracked, or new and not ignored) is laid
+# out as .clang-format says (CTest `format`): lists each file clang-format would change and exits 1.
+# To fix them: bash scripts/check-format.sh --fix
 # Debian's clang-format (scripts/test.sh installs it); its version is printed, since another
 # version may lay out a few lines differently. Exit 77 (skipped) without it.
 set -euo pipefail
@@ -11,7 +12,8 @@ if [ -z "$format" ]; then
   exit 77
 fi
 echo "format: $("$format" --version)"
-mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
+# Tracked files and new ones not yet added (not those .gitignore leaves out).
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.cpp' '*.h' '*.cu' '*.cuh')
 if [ "${1:-}" = --fix ]; then
   "$format" -i "${files[@]}"
   echo "format: laid out ${#files[@]} files"

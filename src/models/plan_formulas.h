@@ -17,7 +17,8 @@ inline int64_t attention_softmax_bytes(int64_t heads, int64_t t, int64_t c, bool
 // A GPT or ViT block for one sample of t tokens: two LayerNorm inputs and outputs (4 d), qkv
 // (3 d), contiguous copies of q, k and v that the batched matmuls save (3 d), the attention output
 // (d), the MLP's hidden before and after GELU (2 ffn).
-inline int64_t layer_norm_block_activation_bytes(int64_t dim, int64_t heads, int64_t ffn, int64_t t, const ActivationSettings& s) {
+inline int64_t layer_norm_block_activation_bytes(int64_t dim, int64_t heads, int64_t ffn, int64_t t,
+                                                 const ActivationSettings& s) {
   const int64_t c = s.compute_bytes;
   return c * t * (11 * dim + 2 * ffn) + attention_softmax_bytes(heads, t, c, s.fused_attention);
 }
@@ -40,8 +41,8 @@ inline int64_t language_head_activation_bytes(int64_t dim, int64_t vocab, int64_
 // the block being recomputed and its gradients). A recomputed block keeps only its input; every
 // k-th block is (layers / k of them). Attention in fp32 (models/attention.h, FusedFp32) keeps fp32
 // copies of q, k, v and its output besides the compute-dtype tensors: 4 x width x 4 bytes a token.
-inline int64_t block_stack_activation_bytes(int64_t layers, int64_t width, int64_t tokens, int64_t per_block, int64_t head,
-                                            const ActivationSettings& s) {
+inline int64_t block_stack_activation_bytes(int64_t layers, int64_t width, int64_t tokens, int64_t per_block,
+                                            int64_t head, const ActivationSettings& s) {
   const int64_t c = s.compute_bytes;
   if (s.attention_fp32 && c < 4) per_block += 4 * 4 * tokens * width;
   const int64_t block_inputs = c * tokens * width;
@@ -49,7 +50,8 @@ inline int64_t block_stack_activation_bytes(int64_t layers, int64_t width, int64
   // The recomputed block plus its gradients (+2) is the peak only when backward meets a recomputed
   // block first (the last, when layers % k == 0); else the last block and its gradients (+1).
   const bool last_recomputed = recomputed > 0 && layers % s.checkpointing_every == 0;
-  const int64_t blocks = recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
+  const int64_t blocks =
+      recomputed * block_inputs + (layers - recomputed) * per_block + (last_recomputed ? 2 : 1) * per_block;
   return s.micro_batch * blocks + head;
 }
 
