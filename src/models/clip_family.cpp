@@ -125,10 +125,7 @@ ModelField freeze_field(const char* key, bool& member, const char* help) {
   return f;
 }
 
-class ClipFamily final : public ModelFamily {
-  static const ClipConfig& of(const ModelConfig& c) { return std::get<ClipConfig>(c); }
-  static ClipConfig& of(ModelConfig& c) { return std::get<ClipConfig>(c); }
-
+class ClipFamily final : public FamilyOf<ClipConfig> {
  public:
   const char* name() const override { return "clip"; }
   const char* display_name() const override { return "CLIP"; }
@@ -166,7 +163,6 @@ class ClipFamily final : public ModelFamily {
     }
     return fields;
   }
-  void validate(const ModelConfig& config) const override { of(config).validate(); }
   BuiltModel build(const ModelConfig& config) const override {
     auto module = std::make_shared<ClipImpl>(of(config));
     BuiltModel built;
@@ -179,7 +175,6 @@ class ClipFamily final : public ModelFamily {
     };
     return built;
   }
-  int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig& config) const override { return of(config).vocab; }
   int64_t text_context(const ModelConfig& config) const override { return of(config).context; }
   double flops_per_sample(const ModelConfig& config, int64_t) const override { return of(config).flops_per_pair(); }

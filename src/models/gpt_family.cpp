@@ -26,10 +26,7 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-class GptFamily final : public ModelFamily {
-  static const GptConfig& of(const ModelConfig& c) { return std::get<GptConfig>(c); }
-  static GptConfig& of(ModelConfig& c) { return std::get<GptConfig>(c); }
-
+class GptFamily final : public FamilyOf<GptConfig> {
  public:
   const char* name() const override { return "gpt"; }
   const char* display_name() const override { return "GPT-2"; }
@@ -63,11 +60,9 @@ class GptFamily final : public ModelFamily {
         field("norm_eps", c.norm_eps, "epsilon of the norms (LayerNorm, RMSNorm)"),
     };
   }
-  void validate(const ModelConfig& config) const override { of(config).validate(); }
   BuiltModel build(const ModelConfig& config) const override {
     return language_model_entry_points(std::make_shared<GptImpl>(of(config)));
   }
-  int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig& config) const override { return of(config).vocab; }
   int64_t text_context(const ModelConfig& config) const override { return of(config).context; }
   double flops_per_sample(const ModelConfig& config, int64_t seq) const override {

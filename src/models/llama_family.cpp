@@ -125,10 +125,8 @@ nlohmann::json llama_hf_config(const LlamaConfig& l) {
   return out;
 }
 
-namespace {
-
-LlamaConfig llama(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
-                  int64_t context, double theta, bool tied) {
+LlamaConfig llama_shape(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
+                        int64_t context, double theta, bool tied) {
   LlamaConfig c;
   c.layers = layers;
   c.dim = dim;
@@ -142,31 +140,28 @@ LlamaConfig llama(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, 
   return c;
 }
 
-class LlamaFamily final : public ModelFamily {
-  static const LlamaConfig& of(const ModelConfig& c) { return std::get<LlamaConfig>(c); }
-  static LlamaConfig& of(ModelConfig& c) { return std::get<LlamaConfig>(c); }
+namespace {
 
+class LlamaFamily final : public FamilyOf<LlamaConfig> {
  public:
   const char* name() const override { return "llama"; }
   const char* display_name() const override { return "Llama"; }
   ModelTask task() const override { return ModelTask::Language; }
   std::vector<std::pair<std::string, ModelConfig>> sizes() const override {
     return {
-        {"llama-test", llama(2, 32, 4, 2, 64, 256, 64, 10000.0, false)},
-        {"llama-tiny", llama(4, 128, 4, 2, 352, 256, 256, 10000.0, false)},
-        {"llama-small", llama(8, 256, 8, 4, 688, 256, 512, 10000.0, false)},
+        {"llama-test", llama_shape(2, 32, 4, 2, 64, 256, 64, 10000.0, false)},
+        {"llama-tiny", llama_shape(4, 128, 4, 2, 352, 256, 256, 10000.0, false)},
+        {"llama-small", llama_shape(8, 256, 8, 4, 688, 256, 512, 10000.0, false)},
         // Published Llama 3 shapes (Meta's params.json / Hugging Face configs).
-        {"llama3-1b", llama(16, 2048, 32, 8, 8192, 128256, 8192, 500000.0, true)},
-        {"llama3-8b", llama(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0, false)},
-        {"llama3-70b", llama(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0, false)},
+        {"llama3-1b", llama_shape(16, 2048, 32, 8, 8192, 128256, 8192, 500000.0, true)},
+        {"llama3-8b", llama_shape(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0, false)},
+        {"llama3-70b", llama_shape(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0, false)},
     };
   }
   std::vector<ModelField> fields(ModelConfig& config) const override { return llama_fields(of(config)); }
-  void validate(const ModelConfig& config) const override { of(config).validate(); }
   BuiltModel build(const ModelConfig& config) const override {
     return language_model_entry_points(std::make_shared<LlamaImpl>(of(config)));
   }
-  int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig& config) const override { return of(config).vocab; }
   int64_t text_context(const ModelConfig& config) const override { return of(config).context; }
   double flops_per_sample(const ModelConfig& config, int64_t seq) const override {

@@ -22,18 +22,10 @@ ClipConfig image_tower(int64_t image, int64_t patch, int64_t channels, int64_t l
   return c;
 }
 
+// LLaVA 1.5's language models: Llama 2's rotary base, untied.
 LlamaConfig language_model(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
                            int64_t context) {
-  LlamaConfig c;
-  c.layers = layers;
-  c.dim = dim;
-  c.heads = heads;
-  c.kv_heads = kv_heads;
-  c.ffn_hidden = ffn;
-  c.vocab = vocab;
-  c.context = context;
-  c.rope_theta = 10000.0;
-  return c;
+  return llama_shape(layers, dim, heads, kv_heads, ffn, vocab, context, 10000.0, false);
 }
 
 LlavaConfig llava(ClipConfig vision, LlamaConfig text, int64_t image_token) {
@@ -77,10 +69,7 @@ LlavaConfig llava_from_hf_config(const HfConfigReader& r) {
   return c;
 }
 
-class LlavaFamily final : public ModelFamily {
-  static const LlavaConfig& of(const ModelConfig& c) { return std::get<LlavaConfig>(c); }
-  static LlavaConfig& of(ModelConfig& c) { return std::get<LlavaConfig>(c); }
-
+class LlavaFamily final : public FamilyOf<LlavaConfig> {
  public:
   const char* name() const override { return "llava"; }
   const char* display_name() const override { return "LLaVA"; }
@@ -122,7 +111,6 @@ class LlavaFamily final : public ModelFamily {
     }
     return fields;
   }
-  void validate(const ModelConfig& config) const override { of(config).validate(); }
   BuiltModel build(const ModelConfig& config) const override {
     auto module = std::make_shared<LlavaImpl>(of(config));
     BuiltModel built;
@@ -139,7 +127,6 @@ class LlavaFamily final : public ModelFamily {
     };
     return built;
   }
-  int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig& config) const override { return of(config).text.vocab; }
   int64_t text_context(const ModelConfig& config) const override { return of(config).text.context; }
   double flops_per_sample(const ModelConfig& config, int64_t seq) const override {

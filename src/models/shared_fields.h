@@ -15,6 +15,10 @@ std::vector<ModelField> llama_fields(LlamaConfig& c);
 // A CLIP image tower's fields: patch, image_size, channels, vision_* (clip_family.cpp).
 std::vector<ModelField> clip_image_tower_fields(ClipConfig& c);
 
+// A Llama of this shape, every other field at its default (the zoo's sizes, LLaVA's language models).
+LlamaConfig llama_shape(int64_t layers, int64_t dim, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
+                        int64_t context, double theta, bool tied);
+
 // A Llama's config.json keys in and out (LlamaForCausalLM's, and LLaVA's text_config).
 LlamaConfig llama_from_hf_config(const HfConfigReader& r);
 nlohmann::json llama_hf_config(const LlamaConfig& c);

@@ -23,10 +23,7 @@ VitConfig vit(int64_t image, int64_t patch, int64_t channels, int64_t classes, i
   return c;
 }
 
-class VitFamily final : public ModelFamily {
-  static const VitConfig& of(const ModelConfig& c) { return std::get<VitConfig>(c); }
-  static VitConfig& of(ModelConfig& c) { return std::get<VitConfig>(c); }
-
+class VitFamily final : public FamilyOf<VitConfig> {
  public:
   const char* name() const override { return "vit"; }
   const char* display_name() const override { return "ViT"; }
@@ -49,7 +46,6 @@ class VitFamily final : public ModelFamily {
         field("channels", c.channels, "image channels"),     field("classes", c.classes, "classes of the head"),
     };
   }
-  void validate(const ModelConfig& config) const override { of(config).validate(); }
   BuiltModel build(const ModelConfig& config) const override {
     auto module = std::make_shared<VitImpl>(of(config));
     BuiltModel built;
@@ -60,7 +56,6 @@ class VitFamily final : public ModelFamily {
     };
     return built;
   }
-  int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
   int64_t vocab_size(const ModelConfig&) const override { return 0; }
   int64_t text_context(const ModelConfig&) const override { return 0; }
   double flops_per_sample(const ModelConfig& config, int64_t) const override { return of(config).flops_per_image(); }

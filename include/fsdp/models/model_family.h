@@ -159,6 +159,19 @@ class ModelFamily {
   virtual int64_t largest_module_params(const ModelConfig& config) const = 0;
 };
 
+// The base of a family whose config is `Config`: `of` gives that config out of a ModelConfig, and
+// the config's own validate() and parameter_count() answer for the family.
+template <class Config>
+class FamilyOf : public ModelFamily {
+ public:
+  void validate(const ModelConfig& config) const override { of(config).validate(); }
+  int64_t parameter_count(const ModelConfig& config) const override { return of(config).parameter_count(); }
+
+ protected:
+  static const Config& of(const ModelConfig& c) { return std::get<Config>(c); }
+  static Config& of(ModelConfig& c) { return std::get<Config>(c); }
+};
+
 // The family whose hf_model_types() has `model_type`; nullptr for none.
 const ModelFamily* family_of_hf_model_type(const std::string& model_type);
 
