@@ -100,6 +100,13 @@ at::Tensor document_causal_mask(const at::Tensor& positions) {
   return same.logical_and(past).unsqueeze(1);
 }
 
+at::Tensor sliding_window_mask(int64_t t, int64_t window, const at::Device& device) {
+  TORCH_CHECK(window > 0, "sliding_window_mask: the window must be positive, got ", window);
+  const at::Tensor i = at::arange(t, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(1);  // [t, 1]
+  const at::Tensor j = i.view({1, t});                                                                   // [1, t]
+  return j.le(i).logical_and(j.gt(i - window)).view({1, 1, t, t});
+}
+
 std::vector<AttentionTiming> time_attention_paths(int64_t batch, int64_t heads, int64_t kv_heads, int64_t t,
                                                   int64_t head_dim, bool causal, at::ScalarType dtype,
                                                   at::Device device, int repeats) {

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -11,42 +12,50 @@
 
 namespace fsdp::models {
 
-void LlamaConfig::validate() const {
-  require_positive("llama", vocab, "vocab");
-  require_positive("llama", context, "context");
-  require_positive("llama", dim, "dim");
-  require_positive("llama", heads, "heads");
-  require_positive("llama", kv_heads, "kv_heads");
-  require_positive("llama", layers, "layers");
-  require_positive("llama", ffn_hidden, "ffn_hidden");
-  if (dim % heads != 0) {
-    throw std::invalid_argument("llama: dim " + std::to_string(dim) + " is not divisible by heads " +
+void LlamaConfig::validate() const { validate_as("llama"); }
+
+void LlamaConfig::validate_as(const std::string& family) const {
+  const char* name = family.c_str();
+  require_positive(name, vocab, "vocab");
+  require_positive(name, context, "context");
+  require_positive(name, dim, "dim");
+  require_positive(name, heads, "heads");
+  require_positive(name, kv_heads, "kv_heads");
+  require_positive(name, layers, "layers");
+  require_positive(name, ffn_hidden, "ffn_hidden");
+  if (head_dim < 0) throw std::invalid_argument(family + ": head_dim must be positive (or 0: dim / heads)");
+  if (sliding_window < 0) throw std::invalid_argument(family + ": sliding_window must be positive (or 0: none)");
+  if (head_dim == 0 && dim % heads != 0) {
+    throw std::invalid_argument(family + ": dim " + std::to_string(dim) + " is not divisible by heads " +
                                 std::to_string(heads));
   }
   if (heads % kv_heads != 0) {
-    throw std::invalid_argument("llama: heads " + std::to_string(heads) + " is not a multiple of kv_heads " +
+    throw std::invalid_argument(family + ": heads " + std::to_string(heads) + " is not a multiple of kv_heads " +
                                 std::to_string(kv_heads));
   }
   if (rope_scaling.enabled) {
-    if (!(rope_scaling.factor >= 1.0)) throw std::invalid_argument("llama: rope_scaling factor must be at least 1");
+    if (!(rope_scaling.factor >= 1.0)) throw std::invalid_argument(family + ": rope_scaling factor must be at least 1");
     if (!(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor) || !(rope_scaling.low_freq_factor > 0.0)) {
-      throw std::invalid_argument("llama: rope_scaling needs 0 < low_freq_factor < high_freq_factor");
+      throw std::invalid_argument(family + ": rope_scaling needs 0 < low_freq_factor < high_freq_factor");
     }
-    require_positive("llama", rope_scaling.original_context, "rope_scaling original_max_position_embeddings");
+    require_positive(name, rope_scaling.original_context, "rope_scaling original_max_position_embeddings");
   }
-  if (!(norm_eps > 0.0)) throw std::invalid_argument("llama: norm_eps must be positive");
-  lora.validate("llama", linear_layers());
-  if ((dim / heads) % 2 != 0)
-    throw std::invalid_argument("llama: the head dimension (dim / heads) must be even for rotary embeddings");
+  if (!(norm_eps > 0.0)) throw std::invalid_argument(family + ": norm_eps must be positive");
+  lora.validate(name, linear_layers());
+  if (head_size() % 2 != 0) {
+    throw std::invalid_argument(family + ": the head dimension (" +
+                                std::string(head_dim > 0 ? "head_dim" : "dim / heads") + " = " +
+                                std::to_string(head_size()) + ") must be even for rotary embeddings");
+  }
 }
 
 int64_t LlamaConfig::parameter_count() const {
-  const int64_t head_dim = dim / heads;
-  const int64_t block = 2 * dim                          // two RMSNorm weights
-                        + dim * dim                      // q_proj
-                        + 2 * dim * kv_heads * head_dim  // k_proj, v_proj
-                        + dim * dim                      // o_proj
-                        + 3 * dim * ffn_hidden;          // gate, up, down
+  const int64_t q = heads * head_size(), kv = kv_heads * head_size();
+  const int64_t block = 2 * dim                             // two RMSNorm weights
+                        + dim * q + 2 * dim * kv + q * dim  // q_proj, k_proj, v_proj, o_proj
+                        + (qkv_bias ? q + 2 * kv : 0)       // their biases (not o_proj's)
+                        + (qk_norm ? 2 * head_size() : 0)   // q_norm, k_norm
+                        + 3 * dim * ffn_hidden;             // gate, up, down
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
 }
 
@@ -57,36 +66,41 @@ const std::vector<std::string>& LlamaConfig::linear_layers() {
 }
 
 int64_t LlamaConfig::linear_weight_count() const {
-  const int64_t head_dim = dim / heads;
-  return layers * (2 * dim * dim + 2 * dim * kv_heads * head_dim + 3 * dim * ffn_hidden);
+  const int64_t q = heads * head_size(), kv = kv_heads * head_size();
+  return layers * (2 * dim * q + 2 * dim * kv + 3 * dim * ffn_hidden);
 }
 
 int64_t LlamaConfig::lora_parameter_count() const {
   if (!lora.enabled()) return 0;
-  const int64_t kv = kv_heads * (dim / heads);
+  const int64_t q = heads * head_size(), kv = kv_heads * head_size();
   int64_t per_layer = 0;
   auto add = [&](const char* name, int64_t in, int64_t out) {
     if (lora.targets_layer(name)) per_layer += lora.rank * (in + out);
   };
-  add("q_proj", dim, dim), add("k_proj", dim, kv), add("v_proj", dim, kv), add("o_proj", dim, dim);
+  add("q_proj", dim, q), add("k_proj", dim, kv), add("v_proj", dim, kv), add("o_proj", q, dim);
   add("gate_proj", dim, ffn_hidden), add("up_proj", dim, ffn_hidden), add("down_proj", ffn_hidden, dim);
   return layers * per_layer;
 }
 
+// Attention's two products per query cover the keys it may see: all earlier ones, or the window's.
 double LlamaConfig::flops_per_token(int64_t seq) const {
-  const double head_dim = static_cast<double>(dim / heads);
-  const double per_block = 2.0 * dim * dim + 2.0 * dim * kv_heads * head_dim + 3.0 * dim * ffn_hidden;
+  const double q = static_cast<double>(heads * head_size()), kv = static_cast<double>(kv_heads * head_size());
+  const double per_block = 2.0 * dim * q + 2.0 * dim * kv + 3.0 * dim * ffn_hidden;
   const double matmul_weights = layers * per_block + static_cast<double>(vocab) * dim;
-  return 6.0 * matmul_weights + 12.0 * layers * seq * dim;
+  const int64_t seen = sliding_window > 0 ? std::min(seq, sliding_window) : seq;
+  return 6.0 * matmul_weights + 12.0 * layers * seen * q;
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
-    : heads(c.heads), kv_heads(c.kv_heads), head_dim(c.dim / c.heads) {
-  auto linear = [](int64_t in, int64_t out) { return AdaptedLinear(in, out, /*bias=*/false); };
-  q_proj = register_module("q_proj", linear(c.dim, heads * head_dim));
-  k_proj = register_module("k_proj", linear(c.dim, kv_heads * head_dim));
-  v_proj = register_module("v_proj", linear(c.dim, kv_heads * head_dim));
-  o_proj = register_module("o_proj", linear(heads * head_dim, c.dim));
+    : heads(c.heads), kv_heads(c.kv_heads), head_dim(c.head_size()) {
+  q_proj = register_module("q_proj", AdaptedLinear(c.dim, heads * head_dim, c.qkv_bias));
+  k_proj = register_module("k_proj", AdaptedLinear(c.dim, kv_heads * head_dim, c.qkv_bias));
+  v_proj = register_module("v_proj", AdaptedLinear(c.dim, kv_heads * head_dim, c.qkv_bias));
+  o_proj = register_module("o_proj", AdaptedLinear(heads * head_dim, c.dim, /*bias=*/false));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim, c.norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(head_dim, c.norm_eps));
+  }
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -99,8 +113,11 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     if (cos.size(0) == t) return rotary(y, cos, sin);
     return rotary(y.view({1, b * t, y.size(2), head_dim}), cos, sin).view({b, t, y.size(2), head_dim});
   };
-  auto q = rotate(q_proj(x).view({b, t, heads, head_dim})).transpose(1, 2);     // [b, heads, t, hd]
-  auto k = rotate(k_proj(x).view({b, t, kv_heads, head_dim})).transpose(1, 2);  // [b, kv_heads, t, hd]
+  // Qwen3's q_norm and k_norm normalise each head's [hd] before rotary.
+  auto per_head_norm = [](RMSNorm& norm, const at::Tensor& y) { return norm.is_empty() ? y : norm(y); };
+  auto q = rotate(per_head_norm(q_norm, q_proj(x).view({b, t, heads, head_dim}))).transpose(1, 2);  // [b, heads, t, hd]
+  auto k = rotate(per_head_norm(k_norm, k_proj(x).view({b, t, kv_heads, head_dim})))
+               .transpose(1, 2);  // [b, kv_heads, t, hd]
   auto v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
   auto y = attention(q, k, v, /*causal=*/!allowed.defined(), allowed);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
@@ -154,7 +171,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
     for (auto& p : norm->parameters()) p.set_requires_grad(false);
     if (!lm_head.is_empty()) lm_head->weight.set_requires_grad(false);
   }
-  std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.dim / c.heads, c.rope_theta, c.rope_scaling);
+  std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.head_size(), c.rope_theta, c.rope_scaling);
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& positions) {
@@ -203,6 +220,10 @@ at::Tensor LlamaImpl::hidden_states(const at::Tensor& embedded, const at::Tensor
     cos = rope_cos_.index_select(0, flat);
     sin = rope_sin_.index_select(0, flat);
     allowed = document_causal_mask(positions);
+  }
+  if (config_.sliding_window > 0 && t > config_.sliding_window) {
+    const at::Tensor window = sliding_window_mask(t, config_.sliding_window, embedded.device());  // [1, 1, t, t]
+    allowed = allowed.defined() ? allowed.logical_and(window) : window;
   }
   at::Tensor x = embedded;
   for (size_t i = 0; i < layers->size(); ++i) x = fsdp::nn::call(layers->ptr<LlamaBlockImpl>(i), x, cos, sin, allowed);

@@ -131,10 +131,10 @@ expect_failure document-masking-needs-end-of-text "data.document_masking splits 
   "${ranks[@]}" "$train" "$(config doc-mask "$good_model"$'\n[data]\ndocument_masking = true')"
 expect_failure packing-only-for-instructions "data.packing packs instruction examples (data.source 'instructions'); data.source is 'fortunes'" \
   "${ranks[@]}" "$train" "$(config pack-fortunes "$good_model"$'\n[data]\npacking = true')"
-mkdir -p "$work/mistral" "$work/yarn" "$work/holes"
-printf '{"model_type": "mistral", "vocab_size": 32000}\n' >"$work/mistral/config.json"
-expect_failure hf-unsupported-family "model_type 'mistral' is not supported (supported: gpt2, llama, clip, llava)" \
-  "${ranks[@]}" "$train" "$(config mistral $'[model]\ninit_from = "'"$work/mistral"'"')"
+mkdir -p "$work/mamba" "$work/yarn" "$work/holes"
+printf '{"model_type": "mamba", "vocab_size": 32000}\n' >"$work/mamba/config.json"
+expect_failure hf-unsupported-family "model_type 'mamba' is not supported (supported: gpt2, llama, " \
+  "${ranks[@]}" "$train" "$(config mamba $'[model]\ninit_from = "'"$work/mamba"'"')"
 printf '{"model_type": "llama", "vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}\n' >"$work/yarn/config.json"
 expect_failure hf-unsupported-rope "rope_scaling.rope_type 'yarn' is not supported (supported: default, llama3)" \
   "${ranks[@]}" "$train" "$(config yarn $'[model]\ninit_from = "'"$work/yarn"'"')"
@@ -150,7 +150,7 @@ expect_failure plan-group-size "12 ranks are not divisible by the shard group si
   "$plan" --model llama3-8b --ranks 12 --strategy hybrid_shard --shard-group-size 8
 expect_failure plan-memory-unit "memory '80': give a unit" "$plan" --model llama3-8b --ranks 8 --memory 80
 expect_failure plan-memory-bad-unit "unknown unit 'G'" "$plan" --model llama3-8b --ranks 8 --memory 80G
-expect_failure nf4-without-layers-to-adapt "[lora] applies to the gpt, llama, clip and llava families, not vit" \
+expect_failure nf4-without-layers-to-adapt "[lora] applies to the gpt, llama, " \
   "${ranks[@]}" "$train" "$(config nf4-vit $'[model]\nname = "vit-test"\n[lora]\nbase_dtype = "nf4"')"
 expect_failure plan-lora-base-dtype "lora base dtype 'int4' (expected bfloat16, float32 or nf4)" \
   "$plan" --model llama3-8b --ranks 8 --lora-rank 16 --lora-base-dtype int4

@@ -40,6 +40,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // restarting at 0 too, is an example of its own.
 at::Tensor document_causal_mask(const at::Tensor& positions);
 
+// Sliding-window causal attention (Mistral): bool [1, 1, t, t] on `device`, true where key j may be
+// seen from query i: i - window < j <= i (the `window` latest positions, i itself included, as
+// transformers' sliding_window_overlay). And-ed with document_causal_mask for packed rows.
+at::Tensor sliding_window_mask(int64_t t, int64_t window, const at::Device& device);
+
 // The path attention() takes for inputs of `dtype` (default Fused for every dtype). Set before
 // training; not thread-safe against concurrent attention() calls.
 void set_attention_path(at::ScalarType dtype, AttentionPath path);

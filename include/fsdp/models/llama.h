@@ -34,10 +34,23 @@ struct LlamaConfig {
   RopeScaling rope_scaling;  // Llama 3.1 and 3.2: factor 32 (3.2) or 8 (3.1) over 8192 positions
   LoraSpec lora;             // adapters on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
 
+  // The variations of this decoder that other families take (each family's spec fixes or reads
+  // them; Llama's are all off): a head width of its own (0: dim / heads; Qwen3's 128 beside a
+  // 1024-wide stream), biases on q_proj, k_proj and v_proj (Qwen2), an RMSNorm over each head of q
+  // and k before rotary (Qwen3's q_norm, k_norm), and sliding-window attention (Mistral: a query
+  // attends the `sliding_window` latest positions, itself included; 0: every earlier position).
+  int64_t head_dim = 0;
+  bool qkv_bias = false;
+  bool qk_norm = false;
+  int64_t sliding_window = 0;
+  int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
+
   static const std::vector<std::string>& linear_layers();  // what LoRA may target
 
-  static const ModelFamily& family();    // its spec (llama_family.cpp)
-  void validate() const;                 // throws std::invalid_argument naming the bad field
+  static const ModelFamily& family();  // its spec (llama_family.cpp)
+  void validate() const;               // throws std::invalid_argument naming the bad field
+  // The same, naming `family` in its messages (the families built on this decoder).
+  void validate_as(const std::string& family) const;
   int64_t parameter_count() const;       // the base (adapters not included)
   int64_t lora_parameter_count() const;  // the adapters: rank x (in + out) per targeted layer
   int64_t linear_weight_count() const;   // the blocks' linear weights (a QLoRA base's NF4 part)
@@ -52,6 +65,7 @@ struct LlamaAttentionImpl : torch::nn::Module {
   // attention over the whole row -> [b, t, dim]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed = {});
   AdaptedLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // [head_dim] each, with qk_norm only
   int64_t heads, kv_heads, head_dim;
 };
 TORCH_MODULE(LlamaAttention);

@@ -14,6 +14,14 @@
 namespace fsdp::models {
 
 // Each alternative has `static const ModelFamily& family()`, defined in its <family>_family.cpp.
-using ModelConfig = std::variant<GptConfig, LlamaConfig, VitConfig, ClipConfig, LlavaConfig>;
+// One alternative per line, so that registering a family is one line.
+// clang-format off
+using ModelConfig = std::variant<
+    GptConfig,
+    LlamaConfig,
+    VitConfig,
+    ClipConfig,
+    LlavaConfig>;
+// clang-format on
 
 }  // namespace fsdp::models

@@ -19,7 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "fsdp/comm/process_group.h"
-#include "fsdp/models/clip.h"
+#include "fsdp/models/built_model.h"
 
 namespace fsdp::train {
 
