@@ -9,6 +9,7 @@
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llava.h"
+#include "fsdp/models/qwen2.h"
 #include "fsdp/models/vit.h"
 
 namespace fsdp::models {
@@ -21,7 +22,8 @@ using ModelConfig = std::variant<
     LlamaConfig,
     VitConfig,
     ClipConfig,
-    LlavaConfig>;
+    LlavaConfig,
+    Qwen2Config>;
 // clang-format on
 
 }  // namespace fsdp::models
