@@ -10,6 +10,7 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llava.h"
 #include "fsdp/models/qwen2.h"
+#include "fsdp/models/qwen3.h"
 #include "fsdp/models/vit.h"
 
 namespace fsdp::models {
@@ -23,7 +24,8 @@ using ModelConfig = std::variant<
     VitConfig,
     ClipConfig,
     LlavaConfig,
-    Qwen2Config>;
+    Qwen2Config,
+    Qwen3Config>;
 // clang-format on
 
 }  // namespace fsdp::models
