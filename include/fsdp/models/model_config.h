@@ -9,6 +9,7 @@
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llava.h"
+#include "fsdp/models/mistral.h"
 #include "fsdp/models/qwen2.h"
 #include "fsdp/models/qwen3.h"
 #include "fsdp/models/vit.h"
@@ -25,7 +26,8 @@ using ModelConfig = std::variant<
     ClipConfig,
     LlavaConfig,
     Qwen2Config,
-    Qwen3Config>;
+    Qwen3Config,
+    MistralConfig>;
 // clang-format on
 
 }  // namespace fsdp::models
