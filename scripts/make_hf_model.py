@@ -10,6 +10,12 @@ Llama: 2 layers, hidden 64, 4 heads over 2 key/value heads (grouped-query attent
 rms_norm_eps 1e-5, rope_theta 500000 with Llama 3.1's rope scaling (rope_type llama3) over an
 original context of 16 (so it acts within short test sequences). With --tokenizer-dir, the
 tokenizer's files are copied in and the vocabulary is the tokenizer's (Llama 3: 128,256).
+
+Qwen2, Qwen3 and Mistral (the families built on Llama's decoder): the same layers and width, 4
+heads over 2 key/value heads, SwiGLU 2 x hidden, rope_theta 1e6 (Mistral 1e4), no rope scaling.
+Qwen2 has its q, k, v biases; Qwen3 its q_norm and k_norm and heads of head_dim (default 2 x
+hidden / heads, so that they differ from hidden / heads); Mistral a sliding_window (default 8,
+shorter than the test rows). extra_config overrides any of them (num_attention_heads, ...).
 """
 import argparse
 import json
@@ -36,6 +42,15 @@ def make(family, out, vocab=512, dtype="float32", max_shard_size=None, tie=False
             rope_theta=500000.0, rope_scaling=scaling, tie_word_embeddings=tie,
             bos_token_id=128000 if vocab > 128000 else 1, eos_token_id=128001 if vocab > 128001 else 2, **extra_config)
         model = transformers.LlamaForCausalLM(config)
+    elif family in DECODER_FAMILIES:
+        config_class, model_class, own = DECODER_FAMILIES[family]
+        keys = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, rms_norm_eps=1e-6,
+                    tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+        keys.update(own(hidden))
+        keys.update(extra_config)
+        config = getattr(transformers, config_class)(**keys)
+        model = getattr(transformers, model_class)(config)
     elif family == "gpt2":
         end = 50256 if vocab > 50256 else vocab - 1
         config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=context,
@@ -61,6 +76,14 @@ def make(family, out, vocab=512, dtype="float32", max_shard_size=None, tie=False
     return out
 
 
+# family -> (config class, model class, its own keys for a stand-in of width `hidden`)
+DECODER_FAMILIES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", lambda hidden: {"rope_theta": 1e6}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", lambda hidden: {"rope_theta": 1e6, "head_dim": 2 * hidden // 4}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", lambda hidden: {"rope_theta": 1e4, "sliding_window": 8}),
+}
+
+
 def tokenizer_vocab(tokenizer_dir, fallback):
     path = os.path.join(tokenizer_dir, "tokenizer.json")
     if os.path.exists(path):
@@ -75,7 +98,7 @@ def tokenizer_vocab(tokenizer_dir, fallback):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", choices=["llama", "gpt2"], required=True)
+    parser.add_argument("--family", choices=["llama", "gpt2"] + list(DECODER_FAMILIES), required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")

@@ -170,6 +170,17 @@ TEST(ModelParity, LlamaTiedEmbeddingsAdamW) {
   expect_parity({config, true});
 }
 
+// The families built on Llama's decoder, each with its own part in play: Qwen3's q_norm and k_norm
+// and heads wider than dim / heads (16 beside 32 / 4), Mistral's window (8) shorter than the rows
+// (16). Qwen2's key bias is GPT-2's case above (its true gradient is 0): SGD.
+TEST(ModelParity, Qwen2WithBiasesSgdFullShard) { expect_parity({fsdp::models::model_config("qwen2-test"), false}); }
+TEST(ModelParity, Qwen3AdamWFullShard) { expect_parity({fsdp::models::model_config("qwen3-test"), true}); }
+TEST(ModelParity, MistralSlidingWindowAdamWFullShard) {
+  auto config = fsdp::models::model_config("mistral-test");
+  ASSERT_LT(std::get<fsdp::models::MistralConfig>(config).sliding_window, kSeq) << "the window must matter";
+  expect_parity({config, true});
+}
+
 // The token embedding and the output head as units of their own: same values, and a lower peak
 // of gathered bytes than with both in the root (which stays gathered for the whole step).
 TEST(ModelParity, EmbeddingAndHeadUnitsLowerThePeak) {
