@@ -89,6 +89,20 @@ void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::model
     fs::copy_file(file, fs::path(dir) / fs::path(file).filename(), fs::copy_options::overwrite_existing);
 }
 
+// A run's checkpoints directory (what import --output and checkpoint.dir name) stands for its
+// newest published checkpoint, as --resume latest takes it; `dir` itself otherwise (a checkpoint,
+// or a directory without one, which the reader then refuses naming it).
+std::string checkpoint_or_latest(const std::string& dir, bool say) {
+  if (fsdp::checkpoint::is_checkpoint_dir(dir)) return dir;
+  const std::string parent = fsdp::checkpoint::without_trailing_slashes(dir);
+  std::error_code error;
+  if (!fs::is_directory(parent, error)) return dir;
+  const std::string latest = fsdp::checkpoint::find_latest_checkpoint(parent);
+  if (latest.empty()) return dir;
+  if (say) std::printf("fsdp-ckpt: %s holds checkpoints: taking its latest checkpoint, %s\n", dir.c_str(), latest.c_str());
+  return latest;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,7 +186,7 @@ int main(int argc, char** argv) {
 
   if (inspect->parsed()) {
     try {
-      std::printf("%s", fsdp::checkpoint::describe_checkpoint(inspect_dir).c_str());
+      std::printf("%s", fsdp::checkpoint::describe_checkpoint(checkpoint_or_latest(inspect_dir, true)).c_str());
       return 0;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "fsdp-ckpt: error: %s\n", e.what());
@@ -181,6 +195,7 @@ int main(int argc, char** argv) {
   }
 
   auto world = fsdp::comm::init_world();
+  if (exporter->parsed()) export_dir = checkpoint_or_latest(export_dir, world->rank() == 0);
   try {
     fsdp::train::TrainConfig config;
     fsdp::comm::on_every_rank(world, "reading the configuration", [&] {

@@ -10,7 +10,9 @@
 #  4. --resume of an older checkpoint of the same run is refused (the later steps would stay newest);
 #     --resume latest on a run at train.steps says it is done and exits 0.
 #  5. fsdp-ckpt export refuses an existing output (file, directory) unless --overwrite, and
-#     --max-file-size with a file --output.
+#     --max-file-size with a file --output. Given a run's checkpoints directory (what fsdp-ckpt
+#     import --output and checkpoint.dir name), export and inspect take its latest checkpoint and
+#     say which; a directory with none is refused naming it.
 #  6. A second job on a directory in use is refused, naming the first's pid.
 #  7. --output-dir with a backslash and a quote is the directory named so; a non-UTF-8 --set value
 #     is refused naming its key.
@@ -136,6 +138,18 @@ mkdir "$work/a-dir" && echo "keep" > "$work/a-dir/keep.txt"
 ! grep -q "user's model" "$work/model.safetensors" && [ ! -e "$work/model.safetensors.partial" ] ||
   fail "export --overwrite did not replace the file"
 ok "export: an existing file and directory refused, --max-file-size with a file refused, --overwrite replaces"
+"$ckpt" export "$work/run/checkpoints" --output "$work/latest.safetensors" > "$work/log" 2>&1 ||
+  fail "export of a checkpoints directory failed"
+grep -q "taking its latest checkpoint, $work/run/checkpoints/step-00000010" "$work/log" && [ -f "$work/latest.safetensors" ] &&
+  cmp -s "$work/latest.safetensors" "$work/model.safetensors" || fail "export of a checkpoints directory did not take step 10"
+taken=$(grep -m1 -o 'taking its latest.*' "$work/log")
+"$ckpt" inspect "$work/run/checkpoints/" > "$work/log" 2>&1 && grep -q "step-00000010" "$work/log" ||
+  fail "inspect of a checkpoints directory did not take step 10"
+mkdir "$work/no-checkpoints"
+"$ckpt" export "$work/no-checkpoints" --output "$work/none.safetensors" > "$work/log" 2>&1 &&
+  fail "export of a directory without checkpoints succeeded"
+grep -q "no manifest.json" "$work/log" && [ ! -e "$work/none.safetensors" ] || fail "export of a directory without checkpoints: not named"
+ok "export and inspect of a run's checkpoints directory take its latest ($taken); none there: refused"
 
 # ---- 6. a second job on a directory in use ----
 FSDP_TEST_PAUSE_IN_SAVE_MS=60000 FSDP_TEST_PAUSE_AT_STEP=12 \
