@@ -64,12 +64,8 @@ ClipConfig clip_from_hf_config(const HfConfigReader& r) {
   }
   text.require_value("hidden_act", "quick_gelu", "the CLIP MLP here is quick_gelu, OpenAI's");
   vision.require_value("hidden_act", "quick_gelu", "the CLIP MLP here is quick_gelu, OpenAI's");
-  for (const HfConfigReader* tower : {&text, &vision}) {
-    if (tower->has("projection_dim") && tower->integer("projection_dim") != c.projection_dim) {
-      tower->fail("projection_dim " + std::to_string(tower->integer("projection_dim")) + " differs from the model's " +
-                  std::to_string(c.projection_dim));
-    }
-  }
+  // text_config and vision_config may carry a projection_dim of their own (transformers' default,
+  // 512): CLIPModel projects with the top-level one and never reads theirs, so neither is refused.
   if (c.eos_token == 2) {
     text.fail(
         "eos_token_id = 2 is transformers' legacy pooling at each caption's highest token id: not supported (set the "

@@ -4,7 +4,9 @@
 1. Logits. transformers makes small CLIPModel directories (save_pretrained, random weights drawn
    larger than its init, norms and logit_scale moved off their defaults): 28x28 greyscale images
    in 7x7 patches, a byte vocabulary of 257 with eos_token_id 256, two blocks a tower; in fp32 as
-   one file, and in bf16 as a sharded set with an index. fsdp_hf_logits loads each the way
+   one file, and in bf16 as a sharded set with an index; and one whose towers' configs keep
+   transformers' default projection_dim (512) beside the model's 16, which CLIPModel loads and
+   ignores (it projects with the top-level value). fsdp_hf_logits loads each the way
    fsdp-train loads model.init_from (config.json; each rank reads its slice) at 2 and 3 ranks, and
    its logits_per_image for random images against byte captions (each ending at its first eos,
    padding after it) must equal transformers' forward of the same directory within 1e-4. The check
@@ -93,7 +95,9 @@ def our_logits(args, model_dir, pixels, ids, ranks, work):
 def check_logits(args, work):
     pixels, ids = inputs()
     cases = [("clip fp32, one file", make_clip(os.path.join(work, "clip-fp32")), 2),
-             ("clip bf16, sharded set", make_clip(os.path.join(work, "clip-bf16"), torch.bfloat16, "60KB", seed=3), 3)]
+             ("clip bf16, sharded set", make_clip(os.path.join(work, "clip-bf16"), torch.bfloat16, "60KB", seed=3), 3),
+             ("clip, text_config.projection_dim 512 beside the model's 16",
+              make_clip(os.path.join(work, "clip-tower-projection"), seed=4, projection_dim=512), 2)]
     for label, model_dir, ranks in cases:
         files = sorted(os.listdir(model_dir))
         reference = hf_logits(model_dir, pixels, ids)
