@@ -99,7 +99,8 @@ std::string checkpoint_or_latest(const std::string& dir, bool say) {
   if (!fs::is_directory(parent, error)) return dir;
   const std::string latest = fsdp::checkpoint::find_latest_checkpoint(parent);
   if (latest.empty()) return dir;
-  if (say) std::printf("fsdp-ckpt: %s holds checkpoints: taking its latest checkpoint, %s\n", dir.c_str(), latest.c_str());
+  if (say)
+    std::printf("fsdp-ckpt: %s holds checkpoints: taking its latest checkpoint, %s\n", dir.c_str(), latest.c_str());
   return latest;
 }
 
