@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "fsdp/models/clip.h"
+#include "fsdp/models/gemma3.h"
 #include "fsdp/models/gpt.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/llava.h"
@@ -27,7 +28,8 @@ using ModelConfig = std::variant<
     LlavaConfig,
     Qwen2Config,
     Qwen3Config,
-    MistralConfig>;
+    MistralConfig,
+    Gemma3Config>;
 // clang-format on
 
 }  // namespace fsdp::models
