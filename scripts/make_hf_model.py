@@ -15,7 +15,8 @@ Qwen2, Qwen3 and Mistral (the families built on Llama's decoder): the same layer
 heads over 2 key/value heads, SwiGLU 2 x hidden, rope_theta 1e6 (Mistral 1e4), no rope scaling.
 Qwen2 has its q, k, v biases; Qwen3 its q_norm and k_norm and heads of head_dim (default 2 x
 hidden / heads, so that they differ from hidden / heads); Mistral a sliding_window (default 8,
-shorter than the test rows). extra_config overrides any of them (num_attention_heads, ...).
+shorter than the test rows); Gemma 3 (Gemma3ForCausalLM) local and global layers (DECODER_FAMILIES
+below). extra_config overrides any of them (num_attention_heads, ...).
 """
 import argparse
 import json
@@ -81,6 +82,13 @@ DECODER_FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", lambda hidden: {"rope_theta": 1e6}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", lambda hidden: {"rope_theta": 1e6, "head_dim": 2 * hidden // 4}),
     "mistral": ("MistralConfig", "MistralForCausalLM", lambda hidden: {"rope_theta": 1e4, "sliding_window": 8}),
+    # Gemma 3's text model: every 2nd layer global (linear rope factor 2), the others local with a
+    # window of 8; heads 2 x hidden / 4 wide, scores scaled by 24^-1/2; always tied.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", lambda hidden: {
+        "head_dim": 2 * hidden // 4, "query_pre_attn_scalar": 24, "sliding_window": 8, "sliding_window_pattern": 2,
+        "tie_word_embeddings": True, "pad_token_id": 0,
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
 }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The families built on Llama's decoder, Qwen2 (Qwen2.5), Qwen3 and Mistral, checked against
-transformers' own Qwen2ForCausalLM, Qwen3ForCausalLM and MistralForCausalLM.
+"""The families fine-tuned beside Llama: Qwen2 (Qwen2.5), Qwen3 and Mistral (built on Llama's
+decoder) and Gemma 3's text model (its own), checked against transformers' own Qwen2ForCausalLM,
+Qwen3ForCausalLM, MistralForCausalLM and Gemma3ForCausalLM.
 
 transformers makes each directory (scripts/make_hf_model.py: save_pretrained, random weights
 drawn larger than its init, so that logits differ visibly), and fsdp_hf_logits loads it the way
@@ -12,10 +13,11 @@ same directory in fp32, max |difference| within 1e-4.
    - bf16 as a sharded set with an index, multi-query attention (one key/value head), the head
      tied to the embedding, 3 ranks;
    - Qwen3's heads are 32 wide beside a 64-wide stream of 4 heads (head_dim 2 x hidden / heads);
-     Mistral's window (8 positions) is shorter than the rows (48).
+     Mistral's window (8 positions) is shorter than the rows (48); Gemma 3 has a local layer
+     (window 8) and a global one (linear rope factor 2), heads 44 wide, scores scaled by 24^-1/2.
    A packed row of three examples (data.packing) gives each example transformers' logits for it
    alone. The check sees what it guards against: each family's own part removed (Qwen2's q, k, v
-   biases zeroed, Qwen3's q_norm and k_norm set to ones, Mistral's window lifted) moves
+   biases zeroed, Qwen3's q_norm and k_norm set to ones, Mistral's and Gemma's windows lifted) moves
    transformers' logits by far more than the tolerance.
 2. Export: fsdp-ckpt import (2 ranks) then export --hf-dir (3 ranks) gives a directory whose
    model_type is the family's, which transformers loads with every tensor equal to the original's,
@@ -29,7 +31,7 @@ same directory in fp32, max |difference| within 1e-4.
 4. The zoo's published sizes have transformers' parameter counts (the model built on the meta
    device from the hub's config.json values, written out below).
 5. Refusals, by name: Qwen2's per-layer sliding window (use_sliding_window), Qwen3 with
-   attention_bias.
+   attention_bias, Gemma 3 with Gemma 2's final_logit_softcapping.
 """
 import argparse
 import json
@@ -51,7 +53,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 LOGIT_TOLERANCE = 1e-4
 EXPORT_TOLERANCE = 1e-5
-FAMILIES = ("qwen2", "qwen3", "mistral")
+FAMILIES = ("qwen2", "qwen3", "mistral", "gemma3")
 check = base.check
 
 
@@ -69,8 +71,8 @@ def without_own_part(family, model_dir, out):
     shutil.copytree(model_dir, out)
     config_path = os.path.join(out, "config.json")
     config = json.load(open(config_path))
-    if family == "mistral":
-        config["sliding_window"] = None
+    if family in ("mistral", "gemma3"):
+        config["sliding_window"] = None if family == "mistral" else 4096
         json.dump(config, open(config_path, "w"))
         return "the sliding window lifted"
     weights_path = os.path.join(out, "model.safetensors")
@@ -121,7 +123,8 @@ def check_export(args, work, dirs):
     for family, source in dirs.items():
         exported = base.import_then_export(args, source, work, family, "--max-file-size", "60KB")
         config = json.load(open(os.path.join(exported, "config.json")))
-        check(config.get("model_type") == family, f"{family}: the export's model_type is {config.get('model_type')}")
+        model_type = {"gemma3": "gemma3_text"}.get(family, family)
+        check(config.get("model_type") == model_type, f"{family}: the export's model_type is {config.get('model_type')}")
         original = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
         loaded = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).state_dict()
         mismatched = [k for k in original if k not in loaded or not torch.equal(loaded[k], original[k])]
@@ -236,6 +239,11 @@ PUBLISHED = {
     "mistral-7b": ("MistralConfig", "MistralForCausalLM", 4096, 32, 32, 8, 14336, 32000, False, None),
     "mistral-7b-v0.3": ("MistralConfig", "MistralForCausalLM", 4096, 32, 32, 8, 14336, 32768, False, None),
     "mistral-nemo-12b": ("MistralConfig", "MistralForCausalLM", 5120, 40, 32, 8, 14336, 131072, False, 128),
+    # google/gemma-3-1b-pt's config.json; the 4B-27B models' text_config (their language model alone).
+    "gemma3-1b": ("Gemma3TextConfig", "Gemma3ForCausalLM", 1152, 26, 4, 1, 6912, 262144, True, 256),
+    "gemma3-4b": ("Gemma3TextConfig", "Gemma3ForCausalLM", 2560, 34, 8, 4, 10240, 262208, True, 256),
+    "gemma3-12b": ("Gemma3TextConfig", "Gemma3ForCausalLM", 3840, 48, 16, 8, 15360, 262208, True, 256),
+    "gemma3-27b": ("Gemma3TextConfig", "Gemma3ForCausalLM", 5376, 62, 32, 16, 21504, 262208, True, 128),
 }
 
 
@@ -259,7 +267,9 @@ def check_parameter_counts(args):
 def check_refusals(args, work, dirs):
     ids = {"ids": torch.randint(0, 509, (1, 16))}
     for family, key, value, expected in (("qwen2", "use_sliding_window", True, "use_sliding_window true"),
-                                         ("qwen3", "attention_bias", True, "attention_bias = true is not supported")):
+                                         ("qwen3", "attention_bias", True, "attention_bias = true is not supported"),
+                                         ("gemma3", "final_logit_softcapping", 30.0,
+                                          "final_logit_softcapping = 30.0 is not supported")):
         edited = os.path.join(work, f"{family}-{key}")
         shutil.copytree(dirs[family], edited)
         config = json.load(open(os.path.join(edited, "config.json")))
