@@ -28,6 +28,10 @@ same directory in fp32, max |difference| within 1e-4.
    fortune instructions, activation checkpointing); the validation loss falls, and
    peft puts the adapter fsdp-ckpt exports (--peft-dir) on transformers' model of the same
    directory with fsdp.cpp's logits for the checkpoint within 1e-4.
+   QLoRA: the same run with lora.base_dtype = "nf4"; peft puts its adapter on transformers' 4-bit
+   model of the directory (bitsandbytes NF4, double quantization; each layer computing with
+   bitsandbytes' dequantize_4bit) with fsdp.cpp's logits within 1e-3, and the check sees the
+   quantization (over the unquantized base the logits differ by more than 1e-2).
 4. The zoo's published sizes have transformers' parameter counts (the model built on the meta
    device from the hub's config.json values, written out below).
 5. Refusals, by name: Qwen2's per-layer sliding window (use_sliding_window), Qwen3 with
@@ -159,6 +163,32 @@ def check_lora_import(args, work):
               f"peft's logits within {LOGIT_TOLERANCE:g} ({error:.2e}; the adapter moves them by {moved:.2e})")
 
 
+QLORA_LOGIT_TOLERANCE = 1e-3
+
+
+def bitsandbytes_4bit(model_dir):
+    """transformers' 4-bit model of `model_dir` (NF4, double quantization, fp32 compute), everything
+    else widened to fp32, each Linear4bit computing with bitsandbytes' own dequantize_4bit of its
+    weight (its CPU gemm_4bit is about bf16-accurate; check_hf_models.py's QLoRA part says more)."""
+    import bitsandbytes
+    quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                   bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=quantization, device_map="cpu")
+    for parameter in model.parameters():
+        if parameter.dtype == torch.bfloat16:
+            parameter.data = parameter.data.float()
+    layers = 0
+    for module in model.modules():
+        if type(module).__name__ == "Linear4bit":
+            def forward(x, module=module):
+                weight = bitsandbytes.functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
+                bias = module.bias.float() if module.bias is not None else None
+                return torch.nn.functional.linear(x.to(torch.float32), weight.to(torch.float32), bias)
+            module.forward = forward
+            layers += 1
+    return model.eval(), layers
+
+
 def check_lora_training(args, work):
     try:
         import peft
@@ -167,12 +197,17 @@ def check_lora_training(args, work):
     data = os.path.join(work, "chat.jsonl")
     subprocess.run([os.path.join(args.build_dir, "apps", "fsdp-data"), "instructions", "--format", "prompt-completion",
                     "--output", data], check=True, capture_output=True)
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        check(False, "QLoRA: bitsandbytes, the reference, is not installed (scripts/requirements-peers.txt)")
     ids = torch.randint(0, 256, (2, 40))
-    for family in FAMILIES:
-        model_dir, out = os.path.join(work, f"{family}-lora-base"), os.path.join(work, f"{family}-lora-run")
-        config = os.path.join(work, f"{family}-lora.toml")
+    for family, base_dtype in [(f, d) for f in FAMILIES for d in ("bfloat16", "nf4")]:
+        label = family + ("-qlora" if base_dtype == "nf4" else "-lora")
+        model_dir, out = os.path.join(work, f"{family}-lora-base"), os.path.join(work, f"{label}-run")
+        config = os.path.join(work, f"{label}.toml")
         with open(config, "w") as f:
-            f.write(f"""name = "{family}-lora"
+            f.write(f"""name = "{label}"
 output_dir = "{out}"
 [model]
 init_from = "{model_dir}"
@@ -203,21 +238,39 @@ every = 8
 rank = 4
 alpha = 8
 targets = "all-linear"
+base_dtype = "{base_dtype}"
 """)
         base.mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-train"), config, "--progress", "lines"])
         metrics = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
         evals = [m["validation_loss"] for m in metrics if "validation_loss" in m]
         checkpoint = os.path.join(out, "checkpoints", sorted(os.listdir(os.path.join(out, "checkpoints")))[-1])
-        adapter = os.path.join(work, f"{family}-trained-adapter")
+        adapter = os.path.join(work, f"{label}-trained-adapter")
         base.mpirun(args, 2, [os.path.join(args.build_dir, "apps", "fsdp-ckpt"), "export", checkpoint, "--peft-dir", adapter])
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        model = peft.PeftModel.from_pretrained(model, adapter).eval()
+        ours = base.our_logits(args, checkpoint, ids, 2, work)
+        plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        plain = peft.PeftModel.from_pretrained(plain, adapter).eval()
         with torch.no_grad():
-            theirs = model(ids).logits
-        error = (base.our_logits(args, checkpoint, ids, 2, work) - theirs).abs().max().item()
-        check(len(evals) == 2 and evals[1] < evals[0] - 0.1 and error < LOGIT_TOLERANCE,
-              f"{family}: fsdp-train's LoRA run (validation loss {' -> '.join(f'{v:.3f}' for v in evals)}), its adapter "
-              f"exported with --peft-dir, gives peft fsdp.cpp's logits within {LOGIT_TOLERANCE:g} ({error:.2e})")
+            over_plain = plain(ids).logits
+        trained = f"validation loss {' -> '.join(f'{v:.3f}' for v in evals)}"
+        if base_dtype == "bfloat16":
+            error = (ours - over_plain).abs().max().item()
+            check(len(evals) == 2 and evals[1] < evals[0] - 0.1 and error < LOGIT_TOLERANCE,
+                  f"{family}: fsdp-train's LoRA run ({trained}), its adapter exported with --peft-dir, gives peft "
+                  f"fsdp.cpp's logits within {LOGIT_TOLERANCE:g} ({error:.2e})")
+            continue
+        try:
+            four_bit, layers = bitsandbytes_4bit(model_dir)
+        except ImportError:
+            continue
+        with torch.no_grad():
+            theirs = peft.PeftModel.from_pretrained(four_bit, adapter).eval()(ids).logits
+        error = (ours - theirs).abs().max().item()
+        unquantized = (ours - over_plain).abs().max().item()
+        check(len(evals) == 2 and evals[1] < evals[0] and error < QLORA_LOGIT_TOLERANCE and
+              unquantized > 10 * QLORA_LOGIT_TOLERANCE,
+              f"{family}: fsdp-train's QLoRA run (lora.base_dtype nf4; {trained}): peft with its adapter over "
+              f"transformers' 4-bit base ({layers} Linear4bit layers) gives fsdp.cpp's logits within "
+              f"{QLORA_LOGIT_TOLERANCE:g} ({error:.2e}; over the unquantized base they differ by {unquantized:.2e})")
 
 
 # The hub's config.json values of the zoo's published sizes (Qwen/Qwen2.5-*, Qwen/Qwen3-*,
