@@ -104,6 +104,145 @@ std::string checkpoint_or_latest(const std::string& dir, bool say) {
   return latest;
 }
 
+// What `fsdp-ckpt export` was asked for (its flags).
+struct ExportRequest {
+  std::string checkpoint;  // a checkpoint, or a run's checkpoints directory (its latest)
+  std::string output, hf_dir, peft_dir;
+  std::string dtype = "fp32";
+  std::string max_file_size;
+  bool merge = false;
+  bool overwrite = false;
+
+  // The one file or directory written, as TARGET.partial renamed into place; DIR/ is DIR (its
+  // .partial a sibling, never inside it).
+  std::string target() const {
+    return fsdp::checkpoint::without_trailing_slashes(!hf_dir.empty() ? hf_dir : !peft_dir.empty() ? peft_dir : output);
+  }
+};
+
+// What `fsdp-ckpt import` was asked for.
+struct ImportRequest {
+  std::string weights, config, output;
+  bool overwrite = false;
+};
+
+// The refusals that need no ranks: a message on stderr and false.
+bool export_request_is_whole(const ExportRequest& r) {
+  if (r.output.empty() && r.hf_dir.empty() && r.peft_dir.empty()) {
+    std::fprintf(stderr, "fsdp-ckpt export: give --output FILE, --hf-dir DIR or --peft-dir DIR\n");
+    return false;
+  }
+  // --hf-dir takes the size as is (its default: 5GB, as transformers'); a file cannot be split.
+  if (r.max_file_size.empty() || !r.hf_dir.empty()) return true;
+  const std::string target = r.target();
+  std::error_code error;
+  const bool names_a_file = r.output.empty() ||
+                            (target.size() > 12 && target.rfind(".safetensors") == target.size() - 12) ||
+                            fs::is_regular_file(target, error);
+  if (names_a_file) {
+    std::fprintf(stderr,
+                 "fsdp-ckpt export: --max-file-size writes Hugging Face's sharded set (model-0000N-of-0000M."
+                 "safetensors and model.safetensors.index.json) into a directory, and %s names a file: give --output "
+                 "a directory, or leave out --max-file-size for one file\n",
+                 r.output.empty() ? "--peft-dir" : ("--output '" + r.output + "'").c_str());
+    return false;
+  }
+  return true;
+}
+
+bool import_request_is_whole(const ImportRequest& r) {
+  if (r.config.empty() && !fsdp::checkpoint::is_hf_model_dir(r.weights)) {
+    std::fprintf(stderr,
+                 "fsdp-ckpt import: --config is needed: '%s' is not a Hugging Face model directory (no config.json)\n",
+                 r.weights.c_str());
+    return false;
+  }
+  return true;
+}
+
+// The checkpoint's weights gathered unit by unit and written by rank 0 into TARGET.partial, then
+// published: nothing half-written, an existing output (--overwrite) swapped out in one step.
+void export_checkpoint(ExportRequest r, const fsdp::comm::ProcessGroupPtr& world) {
+  r.checkpoint = checkpoint_or_latest(r.checkpoint, world->rank() == 0);
+  const std::string target = r.target();
+  fsdp::train::TrainConfig config;
+  fsdp::comm::on_every_rank(world, "reading the configuration", [&] {
+    config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(r.checkpoint).config_toml,
+                                             r.checkpoint + "/manifest.json");
+    if (!r.overwrite)
+      fsdp::checkpoint::refuse_existing(target, "the export's output", "give a new path, or --overwrite to replace it");
+  });
+  auto sharded = fsdp::train::build_sharded_model(config, vocab_of(config), world);
+  fsdp::checkpoint::load_checkpoint(r.checkpoint, *sharded.state, nullptr);
+  fsdp::checkpoint::ExportOptions options;
+  options.dtype = r.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  options.merge_lora = r.merge;
+  if (!r.max_file_size.empty()) options.max_file_bytes = parse_size(r.max_file_size);
+  // transformers' default shard size for a model directory.
+  if (!r.hf_dir.empty() && options.max_file_bytes == 0) options.max_file_bytes = static_cast<int64_t>(5e9);
+  const std::string partial = target + ".partial";
+  fsdp::comm::on_every_rank(world, "preparing " + partial, [&] {
+    // Never removed: it may be a user's; an interrupted export's is the user's to remove.
+    if (world->rank() == 0) {
+      fsdp::checkpoint::refuse_existing(partial, "the export's scratch output",
+                                        "left by an interrupted export? remove it, then export again");
+    }
+  });
+  int64_t bytes = 0;
+  if (!r.peft_dir.empty()) {
+    const std::string base = config.init_from.empty() ? config.model_name : config.init_from;
+    bytes = fsdp::checkpoint::export_peft_adapter(*sharded.state, sharded.config, partial, base);
+  } else {
+    bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, partial, options);
+  }
+  fsdp::comm::on_every_rank(world, "publishing " + target, [&] {
+    if (world->rank() != 0) return;
+    try {
+      if (!r.hf_dir.empty())
+        write_hf_metadata(config, sharded.config, partial, r.dtype == "bf16" ? "bfloat16" : "float32");
+      fsdp::checkpoint::publish(partial, target, r.overwrite);
+    } catch (...) {
+      std::error_code ignored;
+      fs::remove_all(partial, ignored);
+      throw;
+    }
+  });
+  if (world->rank() != 0) return;
+  const auto shown_bytes = static_cast<long long>(bytes);
+  if (!r.peft_dir.empty()) {
+    std::printf("exported %lld bytes of LoRA adapters (PEFT format) to %s\n", shown_bytes, target.c_str());
+  } else if (!r.hf_dir.empty()) {
+    std::printf("exported %lld bytes of %s weights, config.json and tokenizer files to %s\n", shown_bytes,
+                r.dtype.c_str(), target.c_str());
+  } else {
+    std::printf("exported %lld bytes of %s weights to %s\n", shown_bytes, r.dtype.c_str(), target.c_str());
+  }
+}
+
+// Weights (a safetensors file with a config, or a Hugging Face directory) read by each rank's slice
+// into a sharded checkpoint at step 0.
+void import_checkpoint(const ImportRequest& r, const fsdp::comm::ProcessGroupPtr& world) {
+  fsdp::train::TrainConfig config;
+  fsdp::comm::on_every_rank(world, "reading the configuration", [&] {
+    if (!r.config.empty()) {
+      config = fsdp::train::load_train_config(r.config);
+    } else {
+      config = fsdp::train::parse_train_config("[model]\ninit_from = " + fsdp::train::toml_string(r.weights) + "\n",
+                                               r.weights + "/config.json");
+    }
+    if (!r.overwrite) {
+      fsdp::checkpoint::refuse_existing(fs::path(r.output) / "step-00000000", "the import's output",
+                                        "give another --output, or --overwrite to replace it");
+    }
+  });
+  auto sharded = fsdp::train::build_sharded_model(config, vocab_of(config), world);
+  fsdp::checkpoint::import_weights(*sharded.state, sharded.config, r.weights);
+  const std::string dir = fsdp::checkpoint::save_checkpoint(r.output, *sharded.state, nullptr,
+                                                            {0, config.model_name, fsdp::train::to_toml(config)});
+  if (world->rank() == 0)
+    std::printf("imported %s into %s (use it as model.init_from)\n", r.weights.c_str(), dir.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,77 +252,44 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto* inspect = app.add_subcommand("inspect", "summarise a checkpoint's manifest");
   std::string inspect_dir;
-  inspect->add_option("checkpoint", inspect_dir, "checkpoint directory (step-NNNNNNNN)")->required();
+  inspect->add_option("checkpoint", inspect_dir, "checkpoint directory (step-NNNNNNNN), or a run's checkpoints")
+      ->required();
 
   auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as safetensors (Hugging Face names)");
-  std::string export_dir, export_output, dtype = "fp32", max_file_size;
-  exporter->add_option("checkpoint", export_dir, "checkpoint directory")->required();
-  std::string export_hf_dir;
+  ExportRequest ex;
+  exporter->add_option("checkpoint", ex.checkpoint, "checkpoint directory, or a run's checkpoints (its latest)")
+      ->required();
   auto* output_option =
-      exporter->add_option("--output", export_output, "a .safetensors file, or a directory with --max-file-size");
+      exporter->add_option("--output", ex.output, "a .safetensors file, or a directory with --max-file-size");
   auto* hf_dir_option =
-      exporter->add_option("--hf-dir", export_hf_dir,
+      exporter->add_option("--hf-dir", ex.hf_dir,
                            "a Hugging Face model directory (config.json, sharded safetensors + index, "
                            "generation_config.json, tokenizer files) that transformers' from_pretrained loads");
   output_option->excludes(hf_dir_option);
-  std::string export_peft_dir;
-  bool merge = false;
-  auto* peft_option = exporter->add_option("--peft-dir", export_peft_dir,
+  auto* peft_option = exporter->add_option("--peft-dir", ex.peft_dir,
                                            "LoRA: the adapters alone in PEFT's format (adapter_model.safetensors, "
                                            "adapter_config.json), for peft's PeftModel.from_pretrained");
   peft_option->excludes(output_option)->excludes(hf_dir_option);
-  exporter->add_flag("--merge", merge, "LoRA: write the weights with the adapters merged in, W + (alpha / r) B A");
-  exporter->add_option("--dtype", dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  exporter->add_flag("--merge", ex.merge, "LoRA: write the weights with the adapters merged in, W + (alpha / r) B A");
+  exporter->add_option("--dtype", ex.dtype, "fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}));
   exporter->add_option(
-      "--max-file-size", max_file_size,
+      "--max-file-size", ex.max_file_size,
       "with --output DIR: write Hugging Face's sharded set of files of at most this size (and its index)");
-  bool overwrite = false;
-  exporter->add_flag("--overwrite", overwrite,
+  exporter->add_flag("--overwrite", ex.overwrite,
                      "replace an existing output (the new one is written beside it, then swapped in); without it an "
                      "existing output is refused");
 
   auto* importer =
       app.add_subcommand("import", "load safetensors weights into a sharded checkpoint (step 0, no optimizer)");
-  std::string import_weights_path, import_config, import_output;
-  importer->add_option("weights", import_weights_path, "a .safetensors file or a directory with an index")->required();
-  importer->add_option("--config", import_config,
+  ImportRequest im;
+  importer->add_option("weights", im.weights, "a .safetensors file or a directory with an index")->required();
+  importer->add_option("--config", im.config,
                        "training config naming the model (not needed for a Hugging Face directory with config.json)");
-  importer->add_option("--output", import_output, "directory to write the checkpoint into")->required();
-  importer->add_flag("--overwrite", overwrite, "replace an existing step-00000000 under --output");
+  importer->add_option("--output", im.output, "directory to write the checkpoint into")->required();
+  importer->add_flag("--overwrite", im.overwrite, "replace an existing step-00000000 under --output");
   CLI11_PARSE(app, argc, argv);
-  if (exporter->parsed() && export_output.empty() && export_hf_dir.empty() && export_peft_dir.empty()) {
-    std::fprintf(stderr, "fsdp-ckpt export: give --output FILE, --hf-dir DIR or --peft-dir DIR\n");
-    return 2;
-  }
-  // What export writes: one file or directory, written as TARGET.partial and renamed into place.
-  // DIR/ is DIR: its .partial is a sibling, never inside it.
-  const std::string export_target =
-      fsdp::checkpoint::without_trailing_slashes(!export_hf_dir.empty()     ? export_hf_dir
-                                                 : !export_peft_dir.empty() ? export_peft_dir
-                                                                            : export_output);
-  if (exporter->parsed() && !max_file_size.empty()) {
-    std::error_code error;
-    const bool names_a_file =
-        export_output.empty() ||
-        (export_target.size() > 12 && export_target.rfind(".safetensors") == export_target.size() - 12) ||
-        fs::is_regular_file(export_target, error);
-    if (!export_hf_dir.empty()) {
-      // --hf-dir takes the size as is (its default: 5GB, as transformers').
-    } else if (names_a_file) {
-      std::fprintf(stderr,
-                   "fsdp-ckpt export: --max-file-size writes Hugging Face's sharded set (model-0000N-of-0000M."
-                   "safetensors and model.safetensors.index.json) into a directory, and %s names a file: give --output "
-                   "a directory, or leave out --max-file-size for one file\n",
-                   export_output.empty() ? "--peft-dir" : ("--output '" + export_output + "'").c_str());
-      return 2;
-    }
-  }
-  if (importer->parsed() && import_config.empty() && !fsdp::checkpoint::is_hf_model_dir(import_weights_path)) {
-    std::fprintf(stderr,
-                 "fsdp-ckpt import: --config is needed: '%s' is not a Hugging Face model directory (no config.json)\n",
-                 import_weights_path.c_str());
-    return 2;
-  }
+  if (exporter->parsed() && !export_request_is_whole(ex)) return 2;
+  if (importer->parsed() && !import_request_is_whole(im)) return 2;
 
   if (inspect->parsed()) {
     try {
@@ -196,86 +302,11 @@ int main(int argc, char** argv) {
   }
 
   auto world = fsdp::comm::init_world();
-  if (exporter->parsed()) export_dir = checkpoint_or_latest(export_dir, world->rank() == 0);
   try {
-    fsdp::train::TrainConfig config;
-    fsdp::comm::on_every_rank(world, "reading the configuration", [&] {
-      if (exporter->parsed()) {
-        config = fsdp::train::parse_train_config(fsdp::checkpoint::read_checkpoint_info(export_dir).config_toml,
-                                                 export_dir + "/manifest.json");
-      } else if (!import_config.empty()) {
-        config = fsdp::train::load_train_config(import_config);
-      } else {
-        config = fsdp::train::parse_train_config(
-            "[model]\ninit_from = " + fsdp::train::toml_string(import_weights_path) + "\n",
-            import_weights_path + "/config.json");
-      }
-      if (exporter->parsed() && !overwrite) {
-        fsdp::checkpoint::refuse_existing(export_target, "the export's output",
-                                          "give a new path, or --overwrite to replace it");
-      }
-      if (importer->parsed() && !overwrite) {
-        fsdp::checkpoint::refuse_existing(fs::path(import_output) / "step-00000000", "the import's output",
-                                          "give another --output, or --overwrite to replace it");
-      }
-    });
-    auto sharded = fsdp::train::build_sharded_model(config, vocab_of(config), world);
     if (exporter->parsed()) {
-      fsdp::checkpoint::load_checkpoint(export_dir, *sharded.state, nullptr);
-      fsdp::checkpoint::ExportOptions options;
-      options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
-      options.merge_lora = merge;
-      if (!max_file_size.empty()) options.max_file_bytes = parse_size(max_file_size);
-      // transformers' default shard size for a model directory.
-      if (!export_hf_dir.empty() && options.max_file_bytes == 0) options.max_file_bytes = static_cast<int64_t>(5e9);
-      // Everything goes to TARGET.partial, renamed into place when complete: nothing half-written,
-      // and an existing output (--overwrite) is swapped out in one step.
-      const std::string partial = export_target + ".partial";
-      fsdp::comm::on_every_rank(world, "preparing " + partial, [&] {
-        // Never removed: it may be a user's; an interrupted export's is the user's to remove.
-        if (world->rank() == 0) {
-          fsdp::checkpoint::refuse_existing(partial, "the export's scratch output",
-                                            "left by an interrupted export? remove it, then export again");
-        }
-      });
-      int64_t bytes = 0;
-      if (!export_peft_dir.empty()) {
-        const std::string base = config.init_from.empty() ? config.model_name : config.init_from;
-        bytes = fsdp::checkpoint::export_peft_adapter(*sharded.state, sharded.config, partial, base);
-      } else {
-        bytes = fsdp::checkpoint::export_weights(*sharded.state, sharded.config, partial, options);
-      }
-      fsdp::comm::on_every_rank(world, "publishing " + export_target, [&] {
-        if (world->rank() != 0) return;
-        try {
-          if (!export_hf_dir.empty()) {
-            write_hf_metadata(config, sharded.config, partial, dtype == "bf16" ? "bfloat16" : "float32");
-          }
-          fsdp::checkpoint::publish(partial, export_target, overwrite);
-        } catch (...) {
-          std::error_code ignored;
-          fs::remove_all(partial, ignored);
-          throw;
-        }
-      });
-      if (world->rank() == 0) {
-        if (!export_peft_dir.empty()) {
-          std::printf("exported %lld bytes of LoRA adapters (PEFT format) to %s\n", static_cast<long long>(bytes),
-                      export_target.c_str());
-        } else if (!export_hf_dir.empty()) {
-          std::printf("exported %lld bytes of %s weights, config.json and tokenizer files to %s\n",
-                      static_cast<long long>(bytes), dtype.c_str(), export_target.c_str());
-        } else {
-          std::printf("exported %lld bytes of %s weights to %s\n", static_cast<long long>(bytes), dtype.c_str(),
-                      export_target.c_str());
-        }
-      }
+      export_checkpoint(ex, world);
     } else {
-      fsdp::checkpoint::import_weights(*sharded.state, sharded.config, import_weights_path);
-      const std::string dir = fsdp::checkpoint::save_checkpoint(import_output, *sharded.state, nullptr,
-                                                                {0, config.model_name, fsdp::train::to_toml(config)});
-      if (world->rank() == 0)
-        std::printf("imported %s into %s (use it as model.init_from)\n", import_weights_path.c_str(), dir.c_str());
+      import_checkpoint(im, world);
     }
     return 0;
   } catch (const fsdp::comm::AgreedStop& e) {
