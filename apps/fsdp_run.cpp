@@ -32,6 +32,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -162,94 +163,104 @@ std::string now_text() {
   return text;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"fsdp-run: runs fsdp-train under a launcher and restarts it from its latest checkpoint when it fails."};
+// One supervised run: the launch, the run's place on disk, and what the attempts may do.
+struct Supervision {
   int ranks = 1, min_ranks = 0, max_restarts = 3;
-  std::string launcher = "mpirun --bind-to none -np";
-  std::string trainer = default_trainer();
-  std::vector<std::string> train_args;
-  app.add_option("--ranks,-n", ranks, "ranks of the first attempt")->check(CLI::PositiveNumber);
-  app.add_option("--min-ranks", min_ranks,
-                 "restart each time on one rank fewer, down to this many (a failed rank's host is taken as lost; "
-                 "the checkpoint reshards). Default: --ranks")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--max-restarts", max_restarts, "restarts after failures before giving up")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--launcher", launcher,
-                 "the launch command, its last word taking the rank count "
-                 "(default \"mpirun --bind-to none -np\"; \"srun --ntasks\")");
-  app.add_option("--trainer", trainer, "the fsdp-train program (default: the one beside fsdp-run)");
-  app.add_option("train_args", train_args, "after --: CONFIG and fsdp-train's own options")->required();
-  app.footer(
-      "Example: fsdp-run --ranks 4 --max-restarts 3 -- configs/gpt-fortunes-tiny.toml --set checkpoint.every=50");
-  CLI11_PARSE(app, argc, argv);
-  if (min_ranks == 0) min_ranks = ranks;
-  if (min_ranks > ranks) {
-    std::fprintf(stderr, "fsdp-run: --min-ranks %d exceeds --ranks %d\n", min_ranks, ranks);
-    return 2;
+  std::string launcher, trainer;
+  std::vector<std::string> train_args;  // CONFIG and fsdp-train's options, --resume taken out
+  bool continue_run = false;            // --resume latest given: the first attempt continues too
+  std::string checkpoints, output_dir;
+
+  // Appends one event to OUTPUT_DIR/restarts.jsonl, with the time.
+  void log(nlohmann::json event) const {
+    event["time"] = now_text();
+    std::ofstream(output_dir + "/restarts.jsonl", std::ios::app)
+        << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
-  for (const auto& a : train_args) {
-    if (a.find('\'') != std::string::npos) {
-      std::fprintf(stderr, "fsdp-run: an argument holds a single quote, which fsdp-run does not pass on: %s\n",
-                   a.c_str());
-      return 2;
-    }
-  }
-  // --resume latest: the first attempt continues the directory's run too (after a supervisor that
-  // gave up, or a lost node). Any other --resume is a new run's start, which fsdp-run does not pass on.
-  bool continue_run = false;
-  for (size_t i = 0; i < train_args.size(); ++i) {
-    if (train_args[i] != "--resume" && train_args[i].rfind("--resume=", 0) != 0) continue;
-    const std::string value =
-        train_args[i] == "--resume" ? (i + 1 < train_args.size() ? train_args[i + 1] : "") : train_args[i].substr(9);
+};
+
+// --resume latest: the first attempt continues the directory's run too (after a supervisor that
+// gave up, or a lost node). Any other --resume is a new run's start, which fsdp-run does not pass
+// on. Takes the flag out of `args`; false (said on stderr) for another --resume.
+bool take_resume_flag(std::vector<std::string>& args, bool& continue_run) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] != "--resume" && args[i].rfind("--resume=", 0) != 0) continue;
+    const std::string value = args[i] == "--resume" ? (i + 1 < args.size() ? args[i + 1] : "") : args[i].substr(9);
     if (value != "latest") {
       std::fprintf(stderr,
                    "fsdp-run: --resume %s: fsdp-run continues a run with --resume latest only (it resumes "
                    "from the run's newest checkpoint itself); start from another checkpoint with fsdp-train\n",
                    value.c_str());
-      return 2;
+      return false;
     }
     continue_run = true;
-    train_args.erase(train_args.begin() + static_cast<long>(i),
-                     train_args.begin() + static_cast<long>(i) + (train_args[i] == "--resume" ? 2 : 1));
+    args.erase(args.begin() + static_cast<long>(i),
+               args.begin() + static_cast<long>(i) + (args[i] == "--resume" ? 2 : 1));
     --i;
   }
+  return true;
+}
 
-  std::string checkpoints, output_dir;
+// The checkpoints directory and output_dir of the run, from fsdp-train's resolved config; the
+// output directory made. False (said on stderr) when the config cannot be read or the directory made.
+bool find_run_place(Supervision& s) {
   try {
     const fsdp::train::TrainConfig config = fsdp::train::parse_train_config(
-        resolved_config(trainer, train_args), "the resolved config of " + train_args.front());
-    checkpoints = fsdp::train::checkpoints_dir(config);
-    output_dir = config.output_dir;
+        resolved_config(s.trainer, s.train_args), "the resolved config of " + s.train_args.front());
+    s.checkpoints = fsdp::train::checkpoints_dir(config);
+    s.output_dir = config.output_dir;
     if (config.checkpoint.every <= 0) {
       std::fprintf(stderr, "fsdp-run: warning: checkpoint.every is 0: a restart starts over from step 0\n");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdp-run: error: %s\n", e.what());
-    return 1;
+    return false;
   }
   try {
-    std::filesystem::create_directories(output_dir);
+    std::filesystem::create_directories(s.output_dir);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp-run: error: cannot create output_dir '%s': %s\n", output_dir.c_str(), e.what());
+    std::fprintf(stderr, "fsdp-run: error: cannot create output_dir '%s': %s\n", s.output_dir.c_str(), e.what());
+    return false;
+  }
+  return true;
+}
+
+// What a finished attempt means: the exit status fsdp-run ends with, or nothing when it restarts.
+std::optional<int> verdict(int status, int attempt, double seconds, const Supervision& s) {
+  const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (ok && forwarded_signal != 0) {
+    // Saved and stopped, not done: 128 + the signal, as a shell reports it, so that a script does
+    // not go on as if the run had finished.
+    std::fprintf(stderr,
+                 "fsdp-run: stopped by signal %d; the run saved a checkpoint (continue with fsdp-run ... "
+                 "--resume latest)\n",
+                 static_cast<int>(forwarded_signal));
+    return 128 + static_cast<int>(forwarded_signal);
+  }
+  if (ok) {
+    std::fprintf(stderr, "fsdp-run: done after %d attempt(s)\n", attempt + 1);
+    return 0;
+  }
+  std::fprintf(stderr, "fsdp-run: attempt %d failed (%s) after %.1f s\n", attempt + 1, describe(status).c_str(),
+               seconds);
+  if (forwarded_signal != 0) {
+    std::fprintf(stderr, "fsdp-run: stopped by signal %d; not restarting\n", static_cast<int>(forwarded_signal));
     return 1;
   }
-  const std::string log_path = output_dir + "/restarts.jsonl";
-  auto log_event = [&](nlohmann::json event) {
-    event["time"] = now_text();
-    std::ofstream(log_path, std::ios::app)
-        << event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-  };
+  if (WIFEXITED(status) && (WEXITSTATUS(status) == 2 || WEXITSTATUS(status) == 3 || WEXITSTATUS(status) == 127)) {
+    std::fprintf(stderr, "fsdp-run: %s is not a failure a restart mends; not restarting\n", describe(status).c_str());
+    return WEXITSTATUS(status);
+  }
+  if (attempt >= s.max_restarts) {
+    std::fprintf(stderr, "fsdp-run: giving up after %d restart(s) (--max-restarts)\n", s.max_restarts);
+    return 1;
+  }
+  return std::nullopt;
+}
 
-  struct sigaction action {};
-  action.sa_handler = forward_signal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-
-  int current = ranks;
+// Attempts until one ends the run (verdict): each on one rank fewer down to --min-ranks.
+int supervise(Supervision s) {
+  int current = s.ranks;
   for (int attempt = 0;; ++attempt) {
     if (forwarded_signal != 0) {
       std::fprintf(stderr, "fsdp-run: stopped by signal %d; not starting attempt %d\n",
@@ -260,24 +271,24 @@ int main(int argc, char** argv) {
     // run the first one started, from its newest checkpoint (from step 0 if it has none yet).
     std::string latest;
     try {
-      const std::string run_id = fsdp::train::read_run_id(output_dir);
-      if (attempt > 0 && !run_id.empty()) continue_run = true;
-      if (continue_run) latest = fsdp::checkpoint::find_latest_checkpoint(checkpoints, -1, run_id);
+      const std::string run_id = fsdp::train::read_run_id(s.output_dir);
+      if (attempt > 0 && !run_id.empty()) s.continue_run = true;
+      if (s.continue_run) latest = fsdp::checkpoint::find_latest_checkpoint(s.checkpoints, -1, run_id);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "fsdp-run: error: %s\n", e.what());
       return 1;
     }
-    std::vector<std::string> command = split_words(launcher);
+    std::vector<std::string> command = split_words(s.launcher);
     command.push_back(std::to_string(current));
-    command.push_back(trainer);
-    command.insert(command.end(), train_args.begin(), train_args.end());
-    if (continue_run) {
+    command.push_back(s.trainer);
+    command.insert(command.end(), s.train_args.begin(), s.train_args.end());
+    if (s.continue_run) {
       command.push_back("--resume");
       command.push_back("latest");
     }
     std::fprintf(stderr, "fsdp-run: attempt %d on %d rank(s)%s: %s\n", attempt + 1, current,
                  latest.empty() ? "" : (", from " + latest).c_str(), joined(command).c_str());
-    log_event({{"event", "start"}, {"attempt", attempt + 1}, {"ranks", current}, {"resume_from", latest}});
+    s.log({{"event", "start"}, {"attempt", attempt + 1}, {"ranks", current}, {"resume_from", latest}});
     const auto started = std::chrono::steady_clock::now();
     int status = 0;
     try {
@@ -288,39 +299,58 @@ int main(int argc, char** argv) {
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    log_event({{"event", ok ? "done" : "failed"},
-               {"attempt", attempt + 1},
-               {"ranks", current},
-               {"result", describe(status)},
-               {"seconds", seconds}});
-    if (ok && forwarded_signal != 0) {
-      // Saved and stopped, not done: 128 + the signal, as a shell reports it, so that a script
-      // does not go on as if the run had finished.
-      std::fprintf(stderr,
-                   "fsdp-run: stopped by signal %d; the run saved a checkpoint (continue with fsdp-run ... "
-                   "--resume latest)\n",
-                   static_cast<int>(forwarded_signal));
-      return 128 + static_cast<int>(forwarded_signal);
-    }
-    if (ok) {
-      std::fprintf(stderr, "fsdp-run: done after %d attempt(s)\n", attempt + 1);
-      return 0;
-    }
-    std::fprintf(stderr, "fsdp-run: attempt %d failed (%s) after %.1f s\n", attempt + 1, describe(status).c_str(),
-                 seconds);
-    if (forwarded_signal != 0) {
-      std::fprintf(stderr, "fsdp-run: stopped by signal %d; not restarting\n", static_cast<int>(forwarded_signal));
-      return 1;
-    }
-    if (WIFEXITED(status) && (WEXITSTATUS(status) == 2 || WEXITSTATUS(status) == 3 || WEXITSTATUS(status) == 127)) {
-      std::fprintf(stderr, "fsdp-run: %s is not a failure a restart mends; not restarting\n", describe(status).c_str());
-      return WEXITSTATUS(status);
-    }
-    if (attempt >= max_restarts) {
-      std::fprintf(stderr, "fsdp-run: giving up after %d restart(s) (--max-restarts)\n", max_restarts);
-      return 1;
-    }
-    if (current > min_ranks) --current;
-    log_event({{"event", "restart"}, {"attempt", attempt + 2}, {"ranks", current}});
+    s.log({{"event", ok ? "done" : "failed"},
+           {"attempt", attempt + 1},
+           {"ranks", current},
+           {"result", describe(status)},
+           {"seconds", seconds}});
+    if (const auto exit_status = verdict(status, attempt, seconds, s)) return *exit_status;
+    if (current > s.min_ranks) --current;
+    s.log({{"event", "restart"}, {"attempt", attempt + 2}, {"ranks", current}});
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fsdp-run: runs fsdp-train under a launcher and restarts it from its latest checkpoint when it fails."};
+  Supervision s;
+  s.launcher = "mpirun --bind-to none -np";
+  s.trainer = default_trainer();
+  app.add_option("--ranks,-n", s.ranks, "ranks of the first attempt")->check(CLI::PositiveNumber);
+  app.add_option("--min-ranks", s.min_ranks,
+                 "restart each time on one rank fewer, down to this many (a failed rank's host is taken as lost; "
+                 "the checkpoint reshards). Default: --ranks")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-restarts", s.max_restarts, "restarts after failures before giving up")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--launcher", s.launcher,
+                 "the launch command, its last word taking the rank count "
+                 "(default \"mpirun --bind-to none -np\"; \"srun --ntasks\")");
+  app.add_option("--trainer", s.trainer, "the fsdp-train program (default: the one beside fsdp-run)");
+  app.add_option("train_args", s.train_args, "after --: CONFIG and fsdp-train's own options")->required();
+  app.footer(
+      "Example: fsdp-run --ranks 4 --max-restarts 3 -- configs/gpt-fortunes-tiny.toml --set checkpoint.every=50");
+  CLI11_PARSE(app, argc, argv);
+  if (s.min_ranks == 0) s.min_ranks = s.ranks;
+  if (s.min_ranks > s.ranks) {
+    std::fprintf(stderr, "fsdp-run: --min-ranks %d exceeds --ranks %d\n", s.min_ranks, s.ranks);
+    return 2;
+  }
+  for (const auto& a : s.train_args) {
+    if (a.find('\'') != std::string::npos) {
+      std::fprintf(stderr, "fsdp-run: an argument holds a single quote, which fsdp-run does not pass on: %s\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (!take_resume_flag(s.train_args, s.continue_run)) return 2;
+  if (!find_run_place(s)) return 1;
+
+  struct sigaction action {};
+  action.sa_handler = forward_signal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  return supervise(std::move(s));
 }
