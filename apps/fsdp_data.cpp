@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <thread>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -286,161 +287,203 @@ void write(const std::string& path, const std::vector<int32_t>& tokens, const fs
               tokenizer.name().c_str(), static_cast<long long>(tokenizer.vocab_size()));
 }
 
+// Each subcommand declares its options on `app` and its work as the subcommand's callback, which
+// CLI11 runs once the command line is parsed; the options live in a struct the callback shares.
+
+void add_fortunes_command(CLI::App& app) {
+  struct Options {
+    std::string dir = fsdp::data::kFortunesDir, output_dir;
+    int validation_percent = 5;
+    TokenizerArgs tokenizer;
+  };
+  auto o = std::make_shared<Options>();
+  auto* command = app.add_subcommand("fortunes", "tokenize Debian's fortunes corpus into train.tok and validation.tok");
+  command->add_option("--dir", o->dir, "fortune files")->capture_default_str();
+  command->add_option("--output-dir", o->output_dir, "where to write train.tok and validation.tok")->required();
+  command->add_option("--validation-percent", o->validation_percent, "share of documents held out (by text hash)")
+      ->check(CLI::Range(1, 50))
+      ->capture_default_str();
+  o->tokenizer.add_to(*command);
+  command->callback([o] {
+    auto tokenizer = o->tokenizer.make();
+    auto split = fsdp::data::split_documents(fsdp::data::read_fortunes(o->dir), o->validation_percent);
+    auto train = fsdp::data::tokenize_documents(split.train, *tokenizer);
+    auto validation = fsdp::data::tokenize_documents(split.validation, *tokenizer);
+    std::filesystem::create_directories(o->output_dir);
+    write(o->output_dir + "/train.tok", train, *tokenizer, split.train.size());
+    write(o->output_dir + "/validation.tok", validation, *tokenizer, split.validation.size());
+  });
+}
+
+void add_encode_command(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> inputs;
+    std::string output;
+    TokenizerArgs tokenizer;
+  };
+  auto o = std::make_shared<Options>();
+  auto* command = app.add_subcommand("encode", "tokenize text files (each one document) into one token file");
+  command->add_option("inputs", o->inputs, "text files or directories")->required();
+  command->add_option("--output", o->output, "token file to write")->required();
+  o->tokenizer.add_to(*command);
+  command->callback([o] {
+    auto tokenizer = o->tokenizer.make();
+    auto documents = fsdp::data::read_text_files(o->inputs);
+    write(o->output, fsdp::data::tokenize_documents(documents, *tokenizer), *tokenizer, documents.size());
+  });
+}
+
+void add_corpus_command(CLI::App& app) {
+  struct Options {
+    std::vector<std::string> inputs;
+    fsdp::data::CorpusOptions corpus;
+    TokenizerArgs tokenizer;
+  };
+  auto o = std::make_shared<Options>();
+  o->corpus.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  auto* command = app.add_subcommand("corpus",
+                                     "tokenize a corpus of any size on every core into token shards "
+                                     "(OUTPUT/train/shard-*.tok, OUTPUT/validation/shard-*.tok)");
+  command
+      ->add_option("inputs", o->inputs,
+                   "text files (one document each), JSON-lines files (*.jsonl, {\"text\": ...} a line), directories "
+                   "of them, or - (JSON lines on standard input)")
+      ->required();
+  command->add_option("--output-dir", o->corpus.output_dir, "where train/ and validation/ go (must not exist)")
+      ->required();
+  command->add_option("--threads", o->corpus.threads, "tokenizing threads (default: every core)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  command->add_option("--shard-tokens", o->corpus.shard_tokens, "tokens per shard")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  command
+      ->add_option("--validation-percent", o->corpus.validation_percent,
+                   "share of documents held out for validation, by text hash (0: none)")
+      ->check(CLI::Range(0, 50))
+      ->capture_default_str();
+  o->tokenizer.add_to(*command);
+  command->callback([o] { run_corpus(o->inputs, *o->tokenizer.make(), o->corpus, o->tokenizer.train_settings()); });
+}
+
+void add_inspect_command(CLI::App& app) {
+  struct Options {
+    std::string path;
+    int64_t show = 64;
+    TokenizerArgs tokenizer;
+  };
+  auto o = std::make_shared<Options>();
+  auto* command = app.add_subcommand("inspect", "print a token file's header and its first tokens");
+  command->add_option("file", o->path, "token file")->required();
+  command->add_option("--show", o->show, "tokens to decode")->capture_default_str();
+  o->tokenizer.add_to(*command);
+  command->callback([o] {
+    fsdp::data::TokenFile file(o->path);
+    std::printf("%s: %lld tokens, vocab %lld, %d bytes per token, made with %s\n", o->path.c_str(),
+                static_cast<long long>(file.size()), static_cast<long long>(file.vocab_size()), file.bytes_per_token(),
+                file.tokenizer_stamp().describe().c_str());
+    const int64_t n = std::min(o->show, file.size());
+    at::Tensor first = file.read(0, n);
+    std::vector<int32_t> ids(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + n);
+    std::printf("first %lld ids:", static_cast<long long>(n));
+    for (int32_t id : ids) std::printf(" %d", id);
+    std::printf("\n");
+    auto tokenizer = o->tokenizer.make();
+    if (tokenizer->vocab_size() >= file.vocab_size()) {
+      std::printf("decoded (%s): %s\n", tokenizer->name().c_str(), tokenizer->decode(ids).c_str());
+    }
+  });
+}
+
+void add_tokenize_command(CLI::App& app) {
+  struct Options {
+    std::string input, output;
+    bool decode = false;
+    TokenizerArgs tokenizer;
+  };
+  auto o = std::make_shared<Options>();
+  auto* command = app.add_subcommand("tokenize", "encode JSON lines {\"text\": ...} into {\"ids\": [...]} lines");
+  command->add_option("--input", o->input, "JSON lines, each {\"text\": ...}")->required();
+  command->add_option("--output", o->output, "JSON lines, each {\"ids\": [...]}")->required();
+  command->add_flag("--decode", o->decode, "also write \"decoded\": the ids decoded again");
+  o->tokenizer.add_to(*command);
+  command->callback([o] { tokenize_lines(*o->tokenizer.make(), o->input, o->output, o->decode); });
+}
+
+void add_instructions_command(CLI::App& app) {
+  struct Options {
+    std::string dir = fsdp::data::kFortunesDir, output, format = "messages", system_prompt;
+  };
+  auto o = std::make_shared<Options>();
+  auto* command = app.add_subcommand("instructions",
+                                     "make an instruction set (JSONL) from Debian's fortunes: a request "
+                                     "naming the fortune's topic, and the fortune as the answer");
+  command->add_option("--dir", o->dir, "fortune files")->capture_default_str();
+  command->add_option("--output", o->output, "JSONL file to write")->required();
+  command->add_option("--format", o->format, "messages ({\"messages\": [...]}) or prompt-completion")
+      ->check(CLI::IsMember({"messages", "prompt-completion"}))
+      ->capture_default_str();
+  command->add_option("--system", o->system_prompt, "a system message opening each example (messages format)");
+  command->callback([o] {
+    if (!o->system_prompt.empty() && o->format != "messages") {
+      throw std::invalid_argument(
+          "instructions: --system needs --format messages (prompt-completion has no system turn)");
+    }
+    write_fortune_instructions(o->dir, o->output, o->format, o->system_prompt);
+  });
+}
+
+void add_render_command(CLI::App& app) {
+  struct Options {
+    std::string input, output, format = "auto";
+    TokenizerArgs tokenizer;
+  };
+  auto o = std::make_shared<Options>();
+  auto* command =
+      app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
+  command->add_option("--input", o->input, "instruction JSONL")->required();
+  command->add_option("--output", o->output, "JSON lines {\"ids\", \"trained\", \"prompt_ids\"}")->required();
+  command->add_option("--chat-format", o->format, "auto, llama3 or plain")->capture_default_str();
+  o->tokenizer.add_to(*command);
+  command->callback([o] { render_instructions(*o->tokenizer.make(), o->format, o->input, o->output); });
+}
+
+void add_train_tokenizer_command(CLI::App& app) {
+  struct Options {
+    std::string output_dir, fortunes = fsdp::data::kFortunesDir;
+    std::vector<std::string> inputs;
+    int64_t vocab = 4096;
+  };
+  auto o = std::make_shared<Options>();
+  auto* command = app.add_subcommand("train-tokenizer",
+                                     "train a byte-level BPE tokenizer (Hugging Face tokenizer.json, "
+                                     "Llama 3's layout and chat tokens) on the fortunes or on text files");
+  command->add_option("inputs", o->inputs, "text files or directories (default: the fortunes' training split)");
+  command->add_option("--output-dir", o->output_dir, "where tokenizer.json and tokenizer_config.json go")->required();
+  command->add_option("--vocab-size", o->vocab, "tokens in all: 256 bytes, merges, 5 special tokens")
+      ->check(CLI::Range(int64_t{261}, int64_t{1} << 24))
+      ->capture_default_str();
+  command->add_option("--dir", o->fortunes, "fortune files (without inputs)")->capture_default_str();
+  command->callback([o] { train_tokenizer(o->output_dir, o->inputs, o->fortunes, o->vocab); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"fsdp-data: make token files for fsdp-train (a 32-byte header, then uint16 or uint32 tokens)."};
   app.require_subcommand(1);
-
-  auto* fortunes =
-      app.add_subcommand("fortunes", "tokenize Debian's fortunes corpus into train.tok and validation.tok");
-  std::string fortunes_dir = fsdp::data::kFortunesDir, output_dir;
-  int validation_percent = 5;
-  TokenizerArgs fortunes_tokenizer;
-  fortunes->add_option("--dir", fortunes_dir, "fortune files")->capture_default_str();
-  fortunes->add_option("--output-dir", output_dir, "where to write train.tok and validation.tok")->required();
-  fortunes->add_option("--validation-percent", validation_percent, "share of documents held out (by text hash)")
-      ->check(CLI::Range(1, 50))
-      ->capture_default_str();
-  fortunes_tokenizer.add_to(*fortunes);
-
-  auto* encode = app.add_subcommand("encode", "tokenize text files (each one document) into one token file");
-  std::vector<std::string> inputs;
-  std::string output;
-  TokenizerArgs encode_tokenizer;
-  encode->add_option("inputs", inputs, "text files or directories")->required();
-  encode->add_option("--output", output, "token file to write")->required();
-  encode_tokenizer.add_to(*encode);
-
-  auto* corpus = app.add_subcommand("corpus",
-                                    "tokenize a corpus of any size on every core into token shards "
-                                    "(OUTPUT/train/shard-*.tok, OUTPUT/validation/shard-*.tok)");
-  std::vector<std::string> corpus_inputs;
-  fsdp::data::CorpusOptions corpus_options;
-  corpus_options.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  TokenizerArgs corpus_tokenizer;
-  corpus
-      ->add_option("inputs", corpus_inputs,
-                   "text files (one document each), JSON-lines files (*.jsonl, {\"text\": ...} a line), directories "
-                   "of them, or - (JSON lines on standard input)")
-      ->required();
-  corpus->add_option("--output-dir", corpus_options.output_dir, "where train/ and validation/ go (must not exist)")
-      ->required();
-  corpus->add_option("--threads", corpus_options.threads, "tokenizing threads (default: every core)")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  corpus->add_option("--shard-tokens", corpus_options.shard_tokens, "tokens per shard")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
-      ->capture_default_str();
-  corpus
-      ->add_option("--validation-percent", corpus_options.validation_percent,
-                   "share of documents held out for validation, by text hash (0: none)")
-      ->check(CLI::Range(0, 50))
-      ->capture_default_str();
-  corpus_tokenizer.add_to(*corpus);
-
-  auto* inspect = app.add_subcommand("inspect", "print a token file's header and its first tokens");
-  std::string inspect_path;
-  int64_t show = 64;
-  TokenizerArgs inspect_tokenizer;
-  inspect->add_option("file", inspect_path, "token file")->required();
-  inspect->add_option("--show", show, "tokens to decode")->capture_default_str();
-  inspect_tokenizer.add_to(*inspect);
-
-  auto* tokenize = app.add_subcommand("tokenize", "encode JSON lines {\"text\": ...} into {\"ids\": [...]} lines");
-  std::string tokenize_input, tokenize_output;
-  bool tokenize_decode = false;
-  TokenizerArgs tokenize_tokenizer;
-  tokenize->add_option("--input", tokenize_input, "JSON lines, each {\"text\": ...}")->required();
-  tokenize->add_option("--output", tokenize_output, "JSON lines, each {\"ids\": [...]}")->required();
-  tokenize->add_flag("--decode", tokenize_decode, "also write \"decoded\": the ids decoded again");
-  tokenize_tokenizer.add_to(*tokenize);
-
-  auto* instructions = app.add_subcommand("instructions",
-                                          "make an instruction set (JSONL) from Debian's fortunes: a request "
-                                          "naming the fortune's topic, and the fortune as the answer");
-  std::string instructions_dir = fsdp::data::kFortunesDir, instructions_output, instructions_format = "messages",
-              system_prompt;
-  instructions->add_option("--dir", instructions_dir, "fortune files")->capture_default_str();
-  instructions->add_option("--output", instructions_output, "JSONL file to write")->required();
-  instructions->add_option("--format", instructions_format, "messages ({\"messages\": [...]}) or prompt-completion")
-      ->check(CLI::IsMember({"messages", "prompt-completion"}))
-      ->capture_default_str();
-  instructions->add_option("--system", system_prompt, "a system message opening each example (messages format)");
-
-  auto* render =
-      app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
-  std::string render_input, render_output, render_format = "auto";
-  TokenizerArgs render_tokenizer;
-  render->add_option("--input", render_input, "instruction JSONL")->required();
-  render->add_option("--output", render_output, "JSON lines {\"ids\", \"trained\", \"prompt_ids\"}")->required();
-  render->add_option("--chat-format", render_format, "auto, llama3 or plain")->capture_default_str();
-  render_tokenizer.add_to(*render);
-
-  auto* train_bpe = app.add_subcommand("train-tokenizer",
-                                       "train a byte-level BPE tokenizer (Hugging Face tokenizer.json, "
-                                       "Llama 3's layout and chat tokens) on the fortunes or on text files");
-  std::string train_bpe_dir, train_bpe_fortunes = fsdp::data::kFortunesDir;
-  std::vector<std::string> train_bpe_inputs;
-  int64_t train_bpe_vocab = 4096;
-  train_bpe->add_option("inputs", train_bpe_inputs,
-                        "text files or directories (default: the fortunes' training split)");
-  train_bpe->add_option("--output-dir", train_bpe_dir, "where tokenizer.json and tokenizer_config.json go")->required();
-  train_bpe->add_option("--vocab-size", train_bpe_vocab, "tokens in all: 256 bytes, merges, 5 special tokens")
-      ->check(CLI::Range(int64_t{261}, int64_t{1} << 24))
-      ->capture_default_str();
-  train_bpe->add_option("--dir", train_bpe_fortunes, "fortune files (without inputs)")->capture_default_str();
-
-  CLI11_PARSE(app, argc, argv);
+  add_fortunes_command(app);
+  add_encode_command(app);
+  add_corpus_command(app);
+  add_inspect_command(app);
+  add_tokenize_command(app);
+  add_instructions_command(app);
+  add_render_command(app);
+  add_train_tokenizer_command(app);
   try {
-    if (train_bpe->parsed()) {
-      train_tokenizer(train_bpe_dir, train_bpe_inputs, train_bpe_fortunes, train_bpe_vocab);
-      return 0;
-    }
-    if (instructions->parsed()) {
-      if (!system_prompt.empty() && instructions_format != "messages") {
-        throw std::invalid_argument(
-            "instructions: --system needs --format messages (prompt-completion has no system turn)");
-      }
-      write_fortune_instructions(instructions_dir, instructions_output, instructions_format, system_prompt);
-      return 0;
-    }
-    if (render->parsed()) {
-      render_instructions(*render_tokenizer.make(), render_format, render_input, render_output);
-      return 0;
-    }
-    if (fortunes->parsed()) {
-      auto tokenizer = fortunes_tokenizer.make();
-      auto split = fsdp::data::split_documents(fsdp::data::read_fortunes(fortunes_dir), validation_percent);
-      auto train = fsdp::data::tokenize_documents(split.train, *tokenizer);
-      auto validation = fsdp::data::tokenize_documents(split.validation, *tokenizer);
-      std::filesystem::create_directories(output_dir);
-      write(output_dir + "/train.tok", train, *tokenizer, split.train.size());
-      write(output_dir + "/validation.tok", validation, *tokenizer, split.validation.size());
-    } else if (encode->parsed()) {
-      auto tokenizer = encode_tokenizer.make();
-      auto documents = fsdp::data::read_text_files(inputs);
-      write(output, fsdp::data::tokenize_documents(documents, *tokenizer), *tokenizer, documents.size());
-    } else if (corpus->parsed()) {
-      run_corpus(corpus_inputs, *corpus_tokenizer.make(), corpus_options, corpus_tokenizer.train_settings());
-    } else if (tokenize->parsed()) {
-      tokenize_lines(*tokenize_tokenizer.make(), tokenize_input, tokenize_output, tokenize_decode);
-    } else if (inspect->parsed()) {
-      fsdp::data::TokenFile file(inspect_path);
-      std::printf("%s: %lld tokens, vocab %lld, %d bytes per token, made with %s\n", inspect_path.c_str(),
-                  static_cast<long long>(file.size()), static_cast<long long>(file.vocab_size()),
-                  file.bytes_per_token(), file.tokenizer_stamp().describe().c_str());
-      const int64_t n = std::min(show, file.size());
-      at::Tensor first = file.read(0, n);
-      std::vector<int32_t> ids(first.data_ptr<int64_t>(), first.data_ptr<int64_t>() + n);
-      std::printf("first %lld ids:", static_cast<long long>(n));
-      for (int32_t id : ids) std::printf(" %d", id);
-      std::printf("\n");
-      auto tokenizer = inspect_tokenizer.make();
-      if (tokenizer->vocab_size() >= file.vocab_size()) {
-        std::printf("decoded (%s): %s\n", tokenizer->name().c_str(), tokenizer->decode(ids).c_str());
-      }
-    }
+    app.parse(argc, argv);  // runs the chosen subcommand's callback
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdp-data: error: %s\n", e.what());
     return 1;
