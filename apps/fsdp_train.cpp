@@ -47,6 +47,109 @@ void list_models() {
   }
 }
 
+// fsdp-train's command line.
+struct Command {
+  std::string config_path;
+  std::vector<std::string> overrides;  // --set KEY=VALUE, then --steps and --output-dir as overrides
+  int64_t steps = 0;
+  std::string output_dir;
+  bool print_config = false, show_models = false, show_keys = false;
+  std::string progress = "auto";
+  std::string resume, profile_steps;
+
+  void add_to(CLI::App& app) {
+    app.add_option("config", config_path, "TOML training configuration (see configs/)");
+    app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=50 (repeatable)");
+    app.add_option("--steps", steps, "shorthand for --set train.steps=N")->check(CLI::PositiveNumber);
+    app.add_option("--output-dir", output_dir, "shorthand for --set output_dir=DIR");
+    app.add_option("--progress", progress,
+                   "bar (redrawn in place), lines (one every train.log_every steps, for logs), or auto: a bar on a\n"
+                   "terminal. Under mpirun every rank sees a terminal, so pass lines when redirecting output")
+        ->check(CLI::IsMember({"auto", "bar", "lines"}));
+    app.add_option("--resume", resume,
+                   "continue from a checkpoint: its directory, or 'latest' (newest under checkpoint.dir); the\n"
+                   "checkpoint may come from another number of ranks");
+    app.add_option("--profile-steps", profile_steps,
+                   "A:B: record steps A to B (1-based) with libtorch's profiler into a Chrome trace per rank,\n"
+                   "<output_dir>/profile/trace-rank<R>.json (open in ui.perfetto.dev); A alone: one step");
+    app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
+    app.add_flag("--list-models", show_models, "list the model zoo with parameter counts and exit");
+    app.add_flag("--list-keys", show_keys, "list every config key with its type, help and default, and exit");
+  }
+
+  // --steps and --output-dir as the --set overrides they stand for (after the user's own).
+  void fold_shorthands() {
+    if (steps > 0) overrides.push_back("train.steps=" + std::to_string(steps));
+    // A TOML string whatever the directory's name holds (backslashes, quotes).
+    if (!output_dir.empty()) overrides.push_back("output_dir=" + fsdp::train::toml_string(output_dir));
+  }
+};
+
+// Every rank reads the config (and --profile-steps into `options`); they agree on success before
+// anything else happens.
+fsdp::train::TrainConfig read_config(const Command& command, const fsdp::comm::ProcessGroupPtr& world,
+                                     fsdp::train::TrainerOptions& options) {
+  fsdp::train::TrainConfig config;
+  std::string error;
+  try {
+    config = fsdp::train::load_train_config(command.config_path, command.overrides);
+    fsdp::train::validate_for_world(config, world->size());
+    if (!command.profile_steps.empty()) {
+      std::tie(options.profile_first, options.profile_last) = fsdp::train::parse_profile_steps(command.profile_steps);
+      if (options.profile_last > config.steps) {
+        throw std::invalid_argument("--profile-steps " + command.profile_steps + ": the run has " +
+                                    std::to_string(config.steps) + " steps (train.steps)");
+      }
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  fsdp::comm::agree_on_failure(world, error, "reading the config");
+  return config;
+}
+
+// The run itself, on every rank: its exit status (0 done, 2 the output directory refused, 3
+// stopped by a missed target). Throws on a failure.
+int run(const Command& command, const fsdp::comm::ProcessGroupPtr& world) {
+  const int rank = world->rank();
+  fsdp::train::TrainerOptions options;
+  const fsdp::train::TrainConfig config = read_config(command, world, options);
+  if (command.print_config) {
+    if (rank == 0) std::printf("%s", fsdp::train::to_toml(config).c_str());
+    return 0;
+  }
+  options.resume = command.resume;
+  install_stop_handlers();
+  // The output directory: this run's alone (run_directory.h). A refusal is a usage error (exit 2,
+  // which fsdp-run does not retry); a finished run is done (exit 0).
+  try {
+    options.run = fsdp::train::RunDirectory::claim(config, command.resume, world);
+  } catch (const fsdp::train::RunDirectoryRefused& e) {
+    if (rank == 0) std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
+    return 2;
+  }
+  if (options.run->finished()) {
+    if (rank == 0) {
+      std::printf(
+          "fsdp-train: the run in %s is done: its newest checkpoint, %s, is at train.steps (%lld); nothing left "
+          "to train\n",
+          config.output_dir.c_str(), options.run->resume_from().c_str(), static_cast<long long>(config.steps));
+    }
+    return 0;
+  }
+  options.progress = command.progress == "bar"     ? fsdp::train::ProgressStyle::Bar
+                     : command.progress == "lines" ? fsdp::train::ProgressStyle::Lines
+                                                   : fsdp::train::ProgressStyle::Auto;
+  const fsdp::train::TrainSummary summary = fsdp::train::train(config, world, options);
+  if (summary.stopped_by_target) {
+    // A run that ended early on purpose: distinguishable from success (0) and failure (1).
+    if (rank == 0)
+      std::fprintf(stderr, "fsdp-train: stopped: %s (targets.stop = true)\n", summary.missed_targets.front().c_str());
+    return 3;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,49 +164,25 @@ int main(int argc, char** argv) {
       "and checkpoints every checkpoint.every steps. SIGTERM, SIGINT or SIGUSR1: every rank saves a checkpoint at\n"
       "the end of the step and exits; --resume latest continues. Exit status: 0 done, 1 error, 2 bad\n"
       "command line, 3 stopped by a missed target (targets.stop = true)."};
-  std::string config_path;
-  std::vector<std::string> overrides;
-  int64_t steps = 0;
-  std::string output_dir;
-  bool print_config = false, show_models = false, show_keys = false;
-  std::string progress = "auto";
-  std::string resume, profile_steps;
-  app.add_option("config", config_path, "TOML training configuration (see configs/)");
-  app.add_option("--set", overrides, "override a config key, e.g. --set train.steps=50 (repeatable)");
-  app.add_option("--steps", steps, "shorthand for --set train.steps=N")->check(CLI::PositiveNumber);
-  app.add_option("--output-dir", output_dir, "shorthand for --set output_dir=DIR");
-  app.add_option("--progress", progress,
-                 "bar (redrawn in place), lines (one every train.log_every steps, for logs), or auto: a bar on a\n"
-                 "terminal. Under mpirun every rank sees a terminal, so pass lines when redirecting output")
-      ->check(CLI::IsMember({"auto", "bar", "lines"}));
-  app.add_option("--resume", resume,
-                 "continue from a checkpoint: its directory, or 'latest' (newest under checkpoint.dir); the\n"
-                 "checkpoint may come from another number of ranks");
-  app.add_option("--profile-steps", profile_steps,
-                 "A:B: record steps A to B (1-based) with libtorch's profiler into a Chrome trace per rank,\n"
-                 "<output_dir>/profile/trace-rank<R>.json (open in ui.perfetto.dev); A alone: one step");
-  app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
-  app.add_flag("--list-models", show_models, "list the model zoo with parameter counts and exit");
-  app.add_flag("--list-keys", show_keys, "list every config key with its type, help and default, and exit");
+  Command command;
+  command.add_to(app);
   CLI11_PARSE(app, argc, argv);
   // First-touch page faults cost more than the arithmetic they precede on small VMs: reuse memory.
   fsdp::shard::keep_freed_host_memory_mapped();
-  if (show_models) {
+  if (command.show_models) {
     list_models();
     return 0;
   }
-  if (show_keys) {
+  if (command.show_keys) {
     std::printf("%s", fsdp::train::list_config_keys().c_str());
     return 0;
   }
-  if (config_path.empty()) {
+  if (command.config_path.empty()) {
     std::fprintf(stderr,
                  "fsdp-train: error: give a config file, e.g. configs/gpt-fortunes-tiny.toml (--help for more)\n");
     return 2;
   }
-  if (steps > 0) overrides.push_back("train.steps=" + std::to_string(steps));
-  // A TOML string whatever the directory's name holds (backslashes, quotes).
-  if (!output_dir.empty()) overrides.push_back("output_dir=" + fsdp::train::toml_string(output_dir));
+  command.fold_shorthands();
 
   fsdp::comm::ProcessGroupPtr world;
   try {
@@ -112,60 +191,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
     return 1;
   }
-  const int rank = world->rank();
   try {
-    // Every rank reads the config; they agree on success before anything else happens.
-    fsdp::train::TrainConfig config;
-    fsdp::train::TrainerOptions options;
-    std::string error;
-    try {
-      config = fsdp::train::load_train_config(config_path, overrides);
-      fsdp::train::validate_for_world(config, world->size());
-      if (!profile_steps.empty()) {
-        std::tie(options.profile_first, options.profile_last) = fsdp::train::parse_profile_steps(profile_steps);
-        if (options.profile_last > config.steps) {
-          throw std::invalid_argument("--profile-steps " + profile_steps + ": the run has " +
-                                      std::to_string(config.steps) + " steps (train.steps)");
-        }
-      }
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    fsdp::comm::agree_on_failure(world, error, "reading the config");
-    if (print_config) {
-      if (rank == 0) std::printf("%s", fsdp::train::to_toml(config).c_str());
-      return 0;
-    }
-    options.resume = resume;
-    install_stop_handlers();
-    // The output directory: this run's alone (run_directory.h). A refusal is a usage error (exit 2,
-    // which fsdp-run does not retry); a finished run is done (exit 0).
-    try {
-      options.run = fsdp::train::RunDirectory::claim(config, resume, world);
-    } catch (const fsdp::train::RunDirectoryRefused& e) {
-      if (rank == 0) std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
-      return 2;
-    }
-    if (options.run->finished()) {
-      if (rank == 0) {
-        std::printf(
-            "fsdp-train: the run in %s is done: its newest checkpoint, %s, is at train.steps (%lld); nothing left "
-            "to train\n",
-            config.output_dir.c_str(), options.run->resume_from().c_str(), static_cast<long long>(config.steps));
-      }
-      return 0;
-    }
-    options.progress = progress == "bar"     ? fsdp::train::ProgressStyle::Bar
-                       : progress == "lines" ? fsdp::train::ProgressStyle::Lines
-                                             : fsdp::train::ProgressStyle::Auto;
-    const fsdp::train::TrainSummary summary = fsdp::train::train(config, world, options);
-    if (summary.stopped_by_target) {
-      // A run that ended early on purpose: distinguishable from success (0) and failure (1).
-      if (rank == 0)
-        std::fprintf(stderr, "fsdp-train: stopped: %s (targets.stop = true)\n", summary.missed_targets.front().c_str());
-      return 3;
-    }
-    return 0;
+    return run(command, world);
   } catch (const fsdp::comm::AgreedStop& e) {
     if (e.should_report()) std::fprintf(stderr, "fsdp-train: error: %s\n", e.what());
     return 1;  // every rank stops by agreement: nobody waits
