@@ -158,12 +158,188 @@ RunDirectory::~RunDirectory() {
   if (!committed_ && created_dir_) fs::remove(output_dir_, error);  // only if empty
 }
 
+namespace {
+
+// The open lock file: its descriptor, and whether this claim created it (O_EXCL), so that only
+// that claim removes it, and only with the directory it made.
+struct LockFile {
+  int fd = -1;
+  bool created = false;
+};
+
+LockFile open_lock_file(const fs::path& lock_path) {
+  LockFile lock;
+  lock.fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  lock.created = lock.fd >= 0;
+  if (lock.fd < 0 && errno == EEXIST) lock.fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (lock.fd < 0) throw std::runtime_error("cannot open '" + lock_path.string() + "': " + std::strerror(errno));
+  return lock;
+}
+
+// Takes the exclusive flock of `lock_path` (reopened while another job's failed start removes
+// it), waiting a while for a job that holds it, then writes this job as its holder. `lock` is
+// updated as files are reopened, so the caller closes what is open whatever happens.
+void take_lock(const fs::path& lock_path, const std::string& output, LockFile& lock) {
+  // A job that just failed may take a while to end (a rank stopping in a collective whose peer
+  // died, then its comm timeout), and fsdp-run or a user restarts at once: wait for it a while.
+  // The other ranks wait for the verdict inside a collective: stay well inside its timeout.
+  const double comm_timeout_s =
+      std::chrono::duration<double>(comm::comm_timeout_from_env(std::chrono::minutes(5))).count();
+  const double wait_seconds = std::min(lock_wait_seconds(), 0.8 * comm_timeout_s);
+  const auto waited_from = std::chrono::steady_clock::now();
+  bool said = false;
+  while (true) {
+    if (::flock(lock.fd, LOCK_EX | LOCK_NB) == 0) {
+      // Locked: but is it still the file the path names? (One that failed to start may have
+      // removed the file it made meanwhile: then lock the one there now.)
+      struct stat held {
+      }, named{};
+      if (::fstat(lock.fd, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+          held.st_dev == named.st_dev) {
+        break;
+      }
+      ::close(lock.fd);
+      lock = LockFile{};  // nothing open while the next one opens (it may throw)
+      lock = open_lock_file(lock_path);
+      continue;
+    }
+    std::ifstream in(lock_path);
+    std::string holder;
+    std::getline(in, holder);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_from).count();
+    if (waited < wait_seconds) {
+      if (!said) {
+        std::fprintf(stderr, "fsdp-train: output_dir '%s' is in use (%s): waiting up to %.0f s for that job to end\n",
+                     output.c_str(), holder.c_str(), wait_seconds);
+        said = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      continue;
+    }
+    throw RunDirectoryRefused("output_dir '" + output + "' is in use by another job (" +
+                              (holder.empty() ? std::string("its lock is held") : holder) + ", waited " +
+                              std::to_string(static_cast<int>(wait_seconds)) +
+                              " s): two jobs in one directory would prune and publish over each other's "
+                              "checkpoints; give this one another --output-dir");
+  }
+  const std::string holder = "fsdp-train pid " + std::to_string(::getpid()) + " on host " + host_name() + ", since " +
+                             utc_now("%Y-%m-%d %H:%M:%S UTC") + "\n";
+  if (::ftruncate(lock.fd, 0) != 0 || ::pwrite(lock.fd, holder.data(), holder.size(), 0) < 0) {
+    throw std::runtime_error("cannot write '" + lock_path.string() + "': " + std::strerror(errno));
+  }
+}
+
+// Which run this is and where it starts, as rank 0 decides it for every rank.
+struct RunStart {
+  std::string run_id, resume_from, note;
+  int64_t resume_step = 0;
+  bool finished = false;  // --resume latest on a run already at train.steps
+};
+
+// The directory, its checkpoints and its run record, as the decision reads them.
+struct RunPlace {
+  std::string output, checkpoints;
+  json record;  // run.json ({} if none)
+  std::string existing_id() const { return record.value("run_id", ""); }
+
+  // A new run goes only where no run has left traces.
+  void refuse_if_occupied(const std::string& why) const {
+    const std::string traces = traces_of_a_run(output, checkpoints);
+    if (traces.empty()) return;
+    throw RunDirectoryRefused(why + " into output_dir '" + output + "', which holds another run (" + traces +
+                              "): fsdp-train never writes over a run. Continue that one with --resume latest, or "
+                              "start this one elsewhere, e.g. --output-dir " +
+                              free_sibling(output) + " (or move '" + output + "' away yourself)");
+  }
+};
+
+// --resume latest: the directory's run (or, without run.json, its newest checkpoint's), from its
+// newest checkpoint, or from where it started when it has none of its own yet.
+RunStart continue_latest(const RunPlace& place) {
+  RunStart start;
+  start.run_id = place.existing_id();
+  if (start.run_id.empty()) {
+    // No run.json (moved away, or a run from before run ids): the newest checkpoint's run.
+    const std::string newest = checkpoint::find_latest_checkpoint(place.checkpoints);
+    if (!newest.empty()) start.run_id = checkpoint::read_checkpoint_info(newest).run_id;
+  }
+  start.resume_from = checkpoint::find_latest_checkpoint(place.checkpoints, -1, start.run_id);
+  if (start.resume_from.empty()) {
+    if (place.existing_id().empty()) {
+      throw std::runtime_error("--resume latest: no checkpoint under '" + place.checkpoints + "' and no run in '" +
+                               place.output + "' to continue");
+    }
+    // No checkpoint of its own yet: where the run started (a checkpoint it branched from, or step 0).
+    start.resume_from = place.record.value("resumed_from", "");
+    start.note = "run " + start.run_id + " has no checkpoint of its own yet: it starts again from " +
+                 (start.resume_from.empty() ? std::string("step 0") : start.resume_from);
+  }
+  return start;
+}
+
+// --resume DIR: this run's own checkpoint (refused unless it is its newest), or a new run
+// branching from another run's checkpoint (refused where a run already is).
+RunStart resume_from_checkpoint(const RunPlace& place, const std::string& resume) {
+  RunStart start;
+  const std::string dir = checkpoint::without_trailing_slashes(resume);
+  const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(dir);
+  const std::string existing_id = place.existing_id();
+  const bool inside = same_place(fs::path(dir).parent_path(), place.checkpoints);
+  const bool this_run = inside && (info.run_id.empty() || existing_id.empty() || info.run_id == existing_id);
+  if (this_run) {
+    start.run_id = existing_id.empty() ? info.run_id : existing_id;
+    const std::string latest = checkpoint::find_latest_checkpoint(place.checkpoints, -1, start.run_id);
+    const checkpoint::CheckpointInfo newest = checkpoint::read_checkpoint_info(latest);
+    if (newest.step > info.step) {
+      throw RunDirectoryRefused("--resume " + dir + ": this run's newest checkpoint is " + latest + " (step " +
+                                std::to_string(newest.step) + "); continuing from step " + std::to_string(info.step) +
+                                " would leave the later ones as the newest, which pruning would keep and --resume "
+                                "latest would take. Continue with --resume latest, or branch from step " +
+                                std::to_string(info.step) + " into another directory: --output-dir " +
+                                free_sibling(place.output) + " --resume " + dir);
+    }
+  } else {
+    place.refuse_if_occupied("--resume " + dir + " starts a new run from another run's checkpoint, and a new run goes");
+  }
+  start.resume_from = dir;
+  return start;
+}
+
+RunStart decide_start(const TrainConfig& config, const std::string& resume, const RunPlace& place) {
+  RunStart start;
+  if (resume.empty()) {
+    place.refuse_if_occupied("a new run");
+    start.run_id = new_run_id();
+  } else if (resume == "latest") {
+    start = continue_latest(place);
+  } else {
+    start = resume_from_checkpoint(place, resume);
+  }
+  if (!start.resume_from.empty()) {
+    start.resume_step = checkpoint::read_checkpoint_info(start.resume_from).step;
+    start.finished = resume == "latest" && start.resume_step == config.steps;
+    if (start.resume_step > config.steps || (resume != "latest" && start.resume_step == config.steps)) {
+      // Not a failure a restart mends: a usage error (exit 2).
+      throw RunDirectoryRefused("checkpoint '" + start.resume_from + "' is at step " +
+                                std::to_string(start.resume_step) + ", and train.steps is " +
+                                std::to_string(config.steps) + ": nothing left to train (raise train.steps to go on)");
+    }
+  }
+  if (start.run_id.empty()) {
+    start.run_id = new_run_id();
+    if (!start.resume_from.empty() && resume == "latest")
+      start.note = "checkpoints from before run ids: continued as run " + start.run_id;
+  }
+  return start;
+}
+
+}  // namespace
+
 std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, const std::string& resume,
                                                   const comm::ProcessGroupPtr& world) {
   std::shared_ptr<RunDirectory> run(new RunDirectory());
   const std::string output = checkpoint::without_trailing_slashes(config.output_dir);
   const fs::path output_dir(output);
-  const std::string checkpoints = checkpoints_dir(config);
   json verdict = {{"status", "ok"}};
   if (world->rank() == 0) {
     try {
@@ -171,153 +347,37 @@ std::shared_ptr<RunDirectory> RunDirectory::claim(const TrainConfig& config, con
       std::error_code error;
       run->created_dir_ = !fs::exists(output_dir, error);
       fs::create_directories(output_dir);
-      const fs::path lock_path = output_dir / kLockFile;
       run->output_dir_ = output;
-      // Who made the lock file (O_EXCL): only that claim may remove it, and only with the directory it made.
-      auto open_lock = [&] {
-        run->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        run->created_lock_ = run->lock_fd_ >= 0;
-        if (run->lock_fd_ < 0 && errno == EEXIST) run->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
-        if (run->lock_fd_ < 0) {
-          throw std::runtime_error("cannot open '" + lock_path.string() + "': " + std::strerror(errno));
-        }
-      };
-      open_lock();
-      // A job that just failed may take a while to end (a rank stopping in a collective whose peer
-      // died, then its comm timeout), and fsdp-run or a user restarts at once: wait for it a while.
-      // The other ranks wait for the verdict inside a collective: stay well inside its timeout.
-      const double comm_timeout_s =
-          std::chrono::duration<double>(comm::comm_timeout_from_env(std::chrono::minutes(5))).count();
-      const double wait_seconds = std::min(lock_wait_seconds(), 0.8 * comm_timeout_s);
-      const auto waited_from = std::chrono::steady_clock::now();
-      bool said = false;
-      while (true) {
-        if (::flock(run->lock_fd_, LOCK_EX | LOCK_NB) == 0) {
-          // Locked: but is it still the file the path names? (One that failed to start may have
-          // removed the file it made meanwhile: then lock the one there now.)
-          struct stat held {
-          }, named{};
-          if (::fstat(run->lock_fd_, &held) == 0 && ::stat(lock_path.c_str(), &named) == 0 &&
-              held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
-            break;
-          }
-          ::close(run->lock_fd_);
-          open_lock();
-          continue;
-        }
-        std::ifstream in(lock_path);
-        std::string holder;
-        std::getline(in, holder);
-        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_from).count();
-        if (waited < wait_seconds) {
-          if (!said) {
-            std::fprintf(stderr,
-                         "fsdp-train: output_dir '%s' is in use (%s): waiting up to %.0f s for that job to end\n",
-                         output.c_str(), holder.c_str(), wait_seconds);
-            said = true;
-          }
-          std::this_thread::sleep_for(std::chrono::milliseconds(200));
-          continue;
-        }
-        throw RunDirectoryRefused("output_dir '" + output + "' is in use by another job (" +
-                                  (holder.empty() ? std::string("its lock is held") : holder) + ", waited " +
-                                  std::to_string(static_cast<int>(wait_seconds)) +
-                                  " s): two jobs in one directory would prune and publish over each other's "
-                                  "checkpoints; give this one another --output-dir");
+      LockFile lock = open_lock_file(output_dir / kLockFile);
+      run->lock_fd_ = lock.fd;  // closed (and the file removed, if made here) by the destructor
+      run->created_lock_ = lock.created;
+      try {
+        take_lock(output_dir / kLockFile, output, lock);
+      } catch (...) {
+        run->lock_fd_ = lock.fd, run->created_lock_ = lock.created;
+        throw;
       }
-      const std::string holder = "fsdp-train pid " + std::to_string(::getpid()) + " on host " + host_name() +
-                                 ", since " + utc_now("%Y-%m-%d %H:%M:%S UTC") + "\n";
-      if (::ftruncate(run->lock_fd_, 0) != 0 || ::pwrite(run->lock_fd_, holder.data(), holder.size(), 0) < 0) {
-        throw std::runtime_error("cannot write '" + lock_path.string() + "': " + std::strerror(errno));
-      }
+      run->lock_fd_ = lock.fd, run->created_lock_ = lock.created;
 
       // 2. Which run this is, and where it starts.
-      const json record = read_run_record(output_dir);
-      const std::string existing_id = record.value("run_id", "");
-      auto refuse_if_occupied = [&](const std::string& why) {
-        const std::string traces = traces_of_a_run(output_dir, checkpoints);
-        if (traces.empty()) return;
-        throw RunDirectoryRefused(why + " into output_dir '" + output + "', which holds another run (" + traces +
-                                  "): fsdp-train never writes over a run. Continue that one with --resume latest, or "
-                                  "start this one elsewhere, e.g. --output-dir " +
-                                  free_sibling(output) + " (or move '" + output + "' away yourself)");
-      };
-      std::string run_id, resume_from, note;
-      int64_t resume_step = 0;
-      bool finished = false;
-      if (resume.empty()) {
-        refuse_if_occupied("a new run");
-        run_id = new_run_id();
-      } else if (resume == "latest") {
-        run_id = existing_id;
-        if (run_id.empty()) {
-          // No run.json (moved away, or a run from before run ids): the newest checkpoint's run.
-          const std::string newest = checkpoint::find_latest_checkpoint(checkpoints);
-          if (!newest.empty()) run_id = checkpoint::read_checkpoint_info(newest).run_id;
-        }
-        resume_from = checkpoint::find_latest_checkpoint(checkpoints, -1, run_id);
-        if (resume_from.empty()) {
-          if (existing_id.empty()) {
-            throw std::runtime_error("--resume latest: no checkpoint under '" + checkpoints + "' and no run in '" +
-                                     output + "' to continue");
-          }
-          // No checkpoint of its own yet: where the run started (a checkpoint it branched from, or step 0).
-          resume_from = record.value("resumed_from", "");
-          note = "run " + run_id + " has no checkpoint of its own yet: it starts again from " +
-                 (resume_from.empty() ? std::string("step 0") : resume_from);
-        }
-      } else {
-        const std::string dir = checkpoint::without_trailing_slashes(resume);
-        const checkpoint::CheckpointInfo info = checkpoint::read_checkpoint_info(dir);
-        const bool inside = same_place(fs::path(dir).parent_path(), checkpoints);
-        const bool this_run = inside && (info.run_id.empty() || existing_id.empty() || info.run_id == existing_id);
-        if (this_run) {
-          run_id = existing_id.empty() ? info.run_id : existing_id;
-          const std::string latest = checkpoint::find_latest_checkpoint(checkpoints, -1, run_id);
-          const checkpoint::CheckpointInfo newest = checkpoint::read_checkpoint_info(latest);
-          if (newest.step > info.step) {
-            throw RunDirectoryRefused("--resume " + dir + ": this run's newest checkpoint is " + latest + " (step " +
-                                      std::to_string(newest.step) + "); continuing from step " +
-                                      std::to_string(info.step) +
-                                      " would leave the later ones as the newest, "
-                                      "which pruning would keep and --resume latest would take. Continue with --resume "
-                                      "latest, or branch from "
-                                      "step " +
-                                      std::to_string(info.step) + " into another directory: --output-dir " +
-                                      free_sibling(output) + " --resume " + dir);
-          }
-        } else {
-          refuse_if_occupied("--resume " + dir + " starts a new run from another run's checkpoint, and a new run goes");
-        }
-        resume_from = dir;
-      }
-      if (!resume_from.empty()) {
-        resume_step = checkpoint::read_checkpoint_info(resume_from).step;
-        finished = resume == "latest" && resume_step == config.steps;
-        if (resume_step > config.steps || (resume != "latest" && resume_step == config.steps)) {
-          // Not a failure a restart mends: a usage error (exit 2).
-          throw RunDirectoryRefused("checkpoint '" + resume_from + "' is at step " + std::to_string(resume_step) +
-                                    ", and train.steps is " + std::to_string(config.steps) +
-                                    ": nothing left to train (raise train.steps to go on)");
-        }
-      }
-      if (run_id.empty()) {
-        run_id = new_run_id();
-        if (!resume_from.empty() && resume == "latest")
-          note = "checkpoints from before run ids: continued as run " + run_id;
-      }
-      if (existing_id != run_id) {
+      const RunPlace place{output, checkpoints_dir(config), read_run_record(output_dir)};
+      const RunStart start = decide_start(config, resume, place);
+      if (place.existing_id() != start.run_id) {
         // Written by commit(), with the run's other files: a start that fails before then leaves no
         // run behind to refuse the next try.
-        json written = {{"run_id", run_id},
+        json written = {{"run_id", start.run_id},
                         {"name", config.name},
                         {"started", utc_now("%Y-%m-%d %H:%M:%S UTC")},
                         {"host", host_name()}};
-        if (!resume_from.empty()) written["resumed_from"] = resume_from;
+        if (!start.resume_from.empty()) written["resumed_from"] = start.resume_from;
         run->pending_record_ = written.dump(-1, ' ', false, json::error_handler_t::replace);
       }
-      verdict = {{"status", "ok"},      {"run_id", run_id},     {"resume_from", resume_from},
-                 {"step", resume_step}, {"finished", finished}, {"note", note}};
+      verdict = {{"status", "ok"},
+                 {"run_id", start.run_id},
+                 {"resume_from", start.resume_from},
+                 {"step", start.resume_step},
+                 {"finished", start.finished},
+                 {"note", start.note}};
     } catch (const RunDirectoryRefused& e) {
       verdict = {{"status", "refused"}, {"message", e.what()}};
     } catch (const std::exception& e) {
