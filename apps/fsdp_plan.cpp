@@ -131,21 +131,16 @@ nlohmann::json to_json(const Plan& p) {
   return out;
 }
 
-void print_plan(const Plan& p, bool compact) {
+// "fits, headroom 4.0 GiB", "DOES NOT FIT, short by 2.2 GiB", or that no memory was given.
+std::string fit_verdict(const Plan& p) {
+  if (p.input.device_memory_bytes <= 0) return "no device memory given";
+  return p.fits ? "fits, headroom " + format_bytes(static_cast<double>(p.headroom_bytes))
+                : "DOES NOT FIT, short by " + format_bytes(static_cast<double>(-p.headroom_bytes));
+}
+
+// What is planned: the model and its units, the ranks and sharding, dtypes, the micro-batch.
+void print_setup(const Plan& p) {
   const auto& in = p.input;
-  const auto& m = p.memory;
-  const std::string verdict = in.device_memory_bytes <= 0 ? "no device memory given"
-                              : p.fits
-                                  ? "fits, headroom " + format_bytes(static_cast<double>(p.headroom_bytes))
-                                  : "DOES NOT FIT, short by " + format_bytes(static_cast<double>(-p.headroom_bytes));
-  const std::string mode = p.adapter_params > 0 ? "LoRA(" + std::to_string(p.adapter_params / 1000000) + "M)" : "full";
-  if (compact) {
-    std::printf("%-13s %-10s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(),
-                mode.c_str(), in.ranks, in.strategy.c_str(), p.shard_ranks, in.param_dtype.c_str(),
-                in.activation_checkpointing, in.cpu_offload, static_cast<long long>(in.micro_batch),
-                format_bytes(static_cast<double>(m.device_total())).c_str(), verdict.c_str());
-    return;
-  }
   if (p.adapter_params > 0) {
     std::printf(
         "LoRA: %.1f M adapter parameters (trainable, fp32, AdamW) over a frozen %s base (no gradients, no optimizer "
@@ -177,6 +172,12 @@ void print_plan(const Plan& p, bool compact) {
   std::printf("  micro-batch %s, %lld micro-batch(es) per step, max_inflight %d, %s attention\n", sample.c_str(),
               static_cast<long long>(in.micro_batches), in.max_inflight,
               in.fused_attention ? (in.attention_fp32 ? "fused (in fp32)" : "fused") : "composed");
+}
+
+// Memory per rank by kind, the device total against the memory given, and the host's share.
+void print_memory(const Plan& p) {
+  const auto& in = p.input;
+  const auto& m = p.memory;
   const char* where = in.cpu_offload ? "host" : "device";
   std::printf("per rank\n");
   const std::string parameters_label = p.adapter_params > 0
@@ -193,7 +194,7 @@ void print_plan(const Plan& p, bool compact) {
   std::printf("  %-28s %12s\n", "process overhead", format_bytes(static_cast<double>(m.overhead)).c_str());
   std::printf("  %-28s %12s  of %s: %s\n", "device total", format_bytes(static_cast<double>(m.device_total())).c_str(),
               in.device_memory_bytes > 0 ? format_bytes(static_cast<double>(in.device_memory_bytes)).c_str() : "-",
-              verdict.c_str());
+              fit_verdict(p).c_str());
   if (m.host_total > 0)
     std::printf("  %-28s %12s\n", "host (offloaded shards)", format_bytes(static_cast<double>(m.host_total)).c_str());
   if (m.data > 0) std::printf("  %-28s %12s\n", "host (data held)", format_bytes(static_cast<double>(m.data)).c_str());
@@ -207,6 +208,12 @@ void print_plan(const Plan& p, bool compact) {
         "  %-28s %12s   compares its measured resident peak with this)\n",
         "process peak", format_bytes(static_cast<double>(p.peak_bytes)).c_str(), "", "");
   }
+}
+
+// Bytes per collective, the step-time estimate, and DeepSpeed ZeRO-3's model-state estimate beside ours.
+void print_communication_and_peers(const Plan& p) {
+  const auto& in = p.input;
+  const auto& m = p.memory;
   std::printf("communication per step per rank: all-gather %s, reduce-scatter %s, all-reduce %s (across nodes %s)\n",
               format_bytes(static_cast<double>(p.comm.all_gather)).c_str(),
               format_bytes(static_cast<double>(p.comm.reduce_scatter)).c_str(),
@@ -235,6 +242,22 @@ void print_plan(const Plan& p, bool compact) {
   }
   std::printf("  fsdp.cpp model states on the device (shards, gathered and reduced buffers): %s\n",
               format_bytes(static_cast<double>(m.device_total() - m.activations - m.overhead)).c_str());
+}
+
+void print_plan(const Plan& p, bool compact) {
+  const auto& in = p.input;
+  if (compact) {
+    const std::string mode =
+        p.adapter_params > 0 ? "LoRA(" + std::to_string(p.adapter_params / 1000000) + "M)" : "full";
+    std::printf("%-13s %-10s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(),
+                mode.c_str(), in.ranks, in.strategy.c_str(), p.shard_ranks, in.param_dtype.c_str(),
+                in.activation_checkpointing, in.cpu_offload, static_cast<long long>(in.micro_batch),
+                format_bytes(static_cast<double>(p.memory.device_total())).c_str(), fit_verdict(p).c_str());
+    return;
+  }
+  print_setup(p);
+  print_memory(p);
+  print_communication_and_peers(p);
 }
 
 // The command line: every flag, and the PlanInput fields a flag sets directly.
