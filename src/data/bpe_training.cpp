@@ -106,16 +106,13 @@ class PairCounts {
 
 }  // namespace
 
-TrainedBpe train_byte_level_bpe(const std::vector<std::string>& documents, const BpeTrainingOptions& options) {
-  const int64_t specials = static_cast<int64_t>(options.special_tokens.size());
-  if (options.vocab_size < 256 + specials) {
-    throw std::invalid_argument("train_byte_level_bpe: vocab_size " + std::to_string(options.vocab_size) +
-                                " leaves no room for the 256 bytes and the " + std::to_string(specials) +
-                                " special tokens");
-  }
-  // Word frequencies over the corpus, as the split pattern cuts it (what encoding will see).
+namespace {
+
+// Word frequencies over the corpus, as the split pattern cuts it (what encoding will see): ordered,
+// so that the same words come in the same order every run.
+std::map<std::string, int64_t> word_frequencies(const std::vector<std::string>& documents) {
   const UnicodeRegex split(kSplitPattern, "train_byte_level_bpe");
-  std::map<std::string, int64_t> frequency;  // ordered: the same words in the same order every run
+  std::map<std::string, int64_t> frequency;
   for (size_t d = 0; d < documents.size(); ++d) {
     std::vector<std::pair<size_t, size_t>> matches;
     try {
@@ -131,9 +128,79 @@ TrainedBpe train_byte_level_bpe(const std::vector<std::string>& documents, const
     }
     if (last < documents[d].size()) ++frequency[documents[d].substr(last)];
   }
+  return frequency;
+}
+
+// Hugging Face's tokenizer.json of a byte-level BPE: `tokens` (id -> token in GPT-2's printable
+// characters) as the vocabulary, `merges` in order, the special tokens after them, Llama 3's split
+// pattern before the byte-level step.
+nlohmann::json tokenizer_json(const std::vector<std::string>& tokens, const nlohmann::json& merges,
+                              const std::vector<std::string>& special_tokens) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (size_t id = 0; id < tokens.size(); ++id) vocab[tokens[id]] = id;
+  nlohmann::json added = nlohmann::json::array();
+  for (size_t i = 0; i < special_tokens.size(); ++i) {
+    added.push_back({{"id", static_cast<int64_t>(tokens.size() + i)},
+                     {"content", special_tokens[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"}, {"pattern", {{"Regex", kSplitPattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
+          {"post_processor",
+           {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"ignore_merges", false},
+            {"vocab", vocab},
+            {"merges", merges}}}};
+}
+
+// tokenizer_config.json: bos, eos and Llama 3's chat template where the special tokens have them.
+nlohmann::json tokenizer_config_json(const std::vector<std::string>& special_tokens) {
+  auto special = [&](const char* token) {
+    return std::find(special_tokens.begin(), special_tokens.end(), token) != special_tokens.end();
+  };
+  nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                           {"model_max_length", 1000000},
+                           {"clean_up_tokenization_spaces", false}};
+  if (special("<|begin_of_text|>")) config["bos_token"] = "<|begin_of_text|>";
+  if (special("<|eot_id|>")) config["eos_token"] = "<|eot_id|>";
+  else if (special("<|end_of_text|>")) config["eos_token"] = "<|end_of_text|>";
+  if (special("<|start_header_id|>") && special("<|eot_id|>")) config["chat_template"] = kChatTemplate;
+  return config;
+}
+
+}  // namespace
+
+TrainedBpe train_byte_level_bpe(const std::vector<std::string>& documents, const BpeTrainingOptions& options) {
+  const int64_t specials = static_cast<int64_t>(options.special_tokens.size());
+  if (options.vocab_size < 256 + specials) {
+    throw std::invalid_argument("train_byte_level_bpe: vocab_size " + std::to_string(options.vocab_size) +
+                                " leaves no room for the 256 bytes and the " + std::to_string(specials) +
+                                " special tokens");
+  }
   std::vector<std::vector<int32_t>> words;
   std::vector<int64_t> counts;
-  for (const auto& [word, count] : frequency) {
+  for (const auto& [word, count] : word_frequencies(documents)) {
     std::vector<int32_t> bytes;
     for (unsigned char b : word) bytes.push_back(b);  // token id b is byte b
     words.push_back(std::move(bytes));
@@ -155,59 +222,9 @@ TrainedBpe train_byte_level_bpe(const std::vector<std::string>& documents, const
     pairs.merge(left, right, merged);
   }
   trained.merges = static_cast<int64_t>(merges.size());
-
-  nlohmann::json vocab = nlohmann::json::object();
-  for (size_t id = 0; id < tokens.size(); ++id) vocab[tokens[id]] = id;
-  nlohmann::json added = nlohmann::json::array();
-  for (int64_t i = 0; i < specials; ++i) {
-    added.push_back({{"id", static_cast<int64_t>(tokens.size()) + i},
-                     {"content", options.special_tokens[static_cast<size_t>(i)]},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
-  }
   trained.vocab_size = static_cast<int64_t>(tokens.size()) + specials;
-  const nlohmann::json tokenizer = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers",
-         {{{"type", "Split"}, {"pattern", {{"Regex", kSplitPattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
-      {"post_processor",
-       {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}}},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", false},
-        {"vocab", vocab},
-        {"merges", merges}}}};
-  trained.tokenizer_json = tokenizer.dump(1) + "\n";
-
-  auto special = [&](const char* token) {
-    return std::find(options.special_tokens.begin(), options.special_tokens.end(), token) !=
-           options.special_tokens.end();
-  };
-  nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                           {"model_max_length", 1000000},
-                           {"clean_up_tokenization_spaces", false}};
-  if (special("<|begin_of_text|>")) config["bos_token"] = "<|begin_of_text|>";
-  if (special("<|eot_id|>")) config["eos_token"] = "<|eot_id|>";
-  else if (special("<|end_of_text|>")) config["eos_token"] = "<|end_of_text|>";
-  if (special("<|start_header_id|>") && special("<|eot_id|>")) config["chat_template"] = kChatTemplate;
-  trained.tokenizer_config_json = config.dump(2) + "\n";
+  trained.tokenizer_json = tokenizer_json(tokens, merges, options.special_tokens).dump(1) + "\n";
+  trained.tokenizer_config_json = tokenizer_config_json(options.special_tokens).dump(2) + "\n";
   return trained;
 }
 
