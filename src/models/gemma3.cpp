@@ -50,11 +50,7 @@ void Gemma3Config::validate() const {
   lora.validate("gemma3", linear_layers());
 }
 
-const std::vector<std::string>& Gemma3Config::linear_layers() {
-  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"};
-  return names;
-}
+const std::vector<std::string>& Gemma3Config::linear_layers() { return gated_block_linear_layers(); }
 
 int64_t Gemma3Config::linear_weight_count() const {
   const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
@@ -67,15 +63,7 @@ int64_t Gemma3Config::parameter_count() const {
 }
 
 int64_t Gemma3Config::lora_parameter_count() const {
-  if (!lora.enabled()) return 0;
-  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
-  int64_t per_layer = 0;
-  auto add = [&](const char* name, int64_t in, int64_t out) {
-    if (lora.targets_layer(name)) per_layer += lora.rank * (in + out);
-  };
-  add("q_proj", dim, q), add("k_proj", dim, kv), add("v_proj", dim, kv), add("o_proj", q, dim);
-  add("gate_proj", dim, ffn_hidden), add("up_proj", dim, ffn_hidden), add("down_proj", ffn_hidden, dim);
-  return layers * per_layer;
+  return gated_block_lora_parameters(lora, layers, dim, heads * head_dim, kv_heads * head_dim, ffn_hidden);
 }
 
 // Attention's two products per query cover the keys it may see: all earlier ones on a global

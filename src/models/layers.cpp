@@ -42,6 +42,24 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return rms_norm(x, weight, eps); }
 
+const std::vector<std::string>& gated_block_linear_layers() {
+  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+  return names;
+}
+
+int64_t gated_block_lora_parameters(const LoraSpec& spec, int64_t layers, int64_t dim, int64_t q, int64_t kv,
+                                    int64_t ffn) {
+  if (!spec.enabled()) return 0;
+  int64_t per_layer = 0;
+  auto add = [&](const char* name, int64_t in, int64_t out) {
+    if (spec.targets_layer(name)) per_layer += spec.rank * (in + out);
+  };
+  add("q_proj", dim, q), add("k_proj", dim, kv), add("v_proj", dim, kv), add("o_proj", q, dim);
+  add("gate_proj", dim, ffn), add("up_proj", dim, ffn), add("down_proj", ffn, dim);
+  return layers * per_layer;
+}
+
 bool LoraSpec::targets_layer(const std::string& name) const {
   if (all_linear()) return true;  // every AdaptedLinear is one of the family's linear layers
   for (const auto& target : targets) {

@@ -59,11 +59,7 @@ int64_t LlamaConfig::parameter_count() const {
   return vocab * dim * (tie_embeddings ? 1 : 2) + layers * block + dim;
 }
 
-const std::vector<std::string>& LlamaConfig::linear_layers() {
-  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"};
-  return names;
-}
+const std::vector<std::string>& LlamaConfig::linear_layers() { return gated_block_linear_layers(); }
 
 int64_t LlamaConfig::linear_weight_count() const {
   const int64_t q = heads * head_size(), kv = kv_heads * head_size();
@@ -71,15 +67,7 @@ int64_t LlamaConfig::linear_weight_count() const {
 }
 
 int64_t LlamaConfig::lora_parameter_count() const {
-  if (!lora.enabled()) return 0;
-  const int64_t q = heads * head_size(), kv = kv_heads * head_size();
-  int64_t per_layer = 0;
-  auto add = [&](const char* name, int64_t in, int64_t out) {
-    if (lora.targets_layer(name)) per_layer += lora.rank * (in + out);
-  };
-  add("q_proj", dim, q), add("k_proj", dim, kv), add("v_proj", dim, kv), add("o_proj", q, dim);
-  add("gate_proj", dim, ffn_hidden), add("up_proj", dim, ffn_hidden), add("down_proj", ffn_hidden, dim);
-  return layers * per_layer;
+  return gated_block_lora_parameters(lora, layers, dim, heads * head_size(), kv_heads * head_size(), ffn_hidden);
 }
 
 // Attention's two products per query cover the keys it may see: all earlier ones, or the window's.

@@ -117,6 +117,14 @@ struct AdaptedLinearImpl : torch::nn::Module {
 };
 TORCH_MODULE(AdaptedLinear);
 
+// The seven projections of a block with grouped-query attention and a gated MLP (Llama's decoder,
+// Gemma 3), by Hugging Face's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+const std::vector<std::string>& gated_block_linear_layers();
+// LoRA's parameters over `layers` such blocks (width dim, q heads x head_dim = q wide, keys and
+// values kv wide, MLP ffn wide): rank x (in + out) for each projection `spec` targets.
+int64_t gated_block_lora_parameters(const LoraSpec& spec, int64_t layers, int64_t dim, int64_t q, int64_t kv,
+                                    int64_t ffn);
+
 // Adds adapters to every AdaptedLinear of `module` (recursively) whose name spec targets, then
 // freezes every parameter of `module` that is not an adapter's. Does nothing when !spec.enabled().
 void apply_lora(torch::nn::Module& module, const LoraSpec& spec);
