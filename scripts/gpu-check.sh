@@ -108,7 +108,7 @@ if ls .gpu-deps/*.deb > /dev/null 2>&1; then
   rm -rf "$DEPS" && mkdir -p "$DEPS/bin"
   for deb in .gpu-deps/*.deb; do
     if command -v mpicxx > /dev/null; then
-      case $(basename "$deb") in libtomlplusplus*|libcli11-dev*|libgtest-dev*|libpcre2*) ;; *) continue ;; esac
+      case $(basename "$deb") in libtomlplusplus*|libcli11-dev*|libgtest-dev*|libpcre2*|libutf8proc*) ;; *) continue ;; esac
     fi
     dpkg-deb -x "$deb" "$DEPS" || echo "gpu-check: could not unpack $deb"
   done

@@ -17,7 +17,7 @@ packages=(
   libnl-3-200 libnl-route-3-200 libmunge2 libnuma1 libltdl7 libxnvctrl0 libgfortran5
   # The libraries the build links or includes.
   libtomlplusplus3 libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g zlib1g-dev
-  libpcre2-dev libpcre2-8-0
+  libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2
 )
 mkdir -p .gpu-deps
 # apt's sandbox user must be able to write there; as root without it, apt warns and goes on.

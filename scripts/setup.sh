@@ -16,7 +16,7 @@ packages=(
   cmake g++ make pkg-config
   python3 python3-venv python3-pip   # the virtual environment that holds the torch wheel
   libopenmpi-dev openmpi-bin
-  libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libpcre2-dev
+  libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libpcre2-dev libutf8proc-dev
   fortunes dataset-fashion-mnist
 )
 # shellcheck disable=SC2206  # a space-separated list on purpose

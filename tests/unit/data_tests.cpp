@@ -244,17 +244,82 @@ TEST(Tokenizer, DecodingCutCharactersGivesReplacementCharacters) {
 TEST(Tokenizer, HfTokenizerRefusesWhatItDoesNotSupportByName) {
   TinyBpe bpe;
   const std::string vocab = read_text(bpe.dir.file("vocab.json"));
-  std::string nfc = tiny_tokenizer_json(vocab);
-  nfc.replace(nfc.find("\"normalizer\": null"), std::string("\"normalizer\": null").size(),
-              R"("normalizer": {"type": "NFC"})");
-  write_text(bpe.dir.file("nfc.json"), nfc);
-  auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("nfc.json")); });
-  EXPECT_NE(message.find("normalizer NFC is not supported"), std::string::npos) << message;
-  EXPECT_NE(message.find("nfc.json"), std::string::npos) << message;
+  std::string lowercase = tiny_tokenizer_json(vocab);
+  lowercase.replace(lowercase.find("\"normalizer\": null"), std::string("\"normalizer\": null").size(),
+                    R"("normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]})");
+  write_text(bpe.dir.file("lowercase.json"), lowercase);
+  auto message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("lowercase.json")); });
+  EXPECT_NE(message.find("normalizer Lowercase is not supported"), std::string::npos) << message;
+  EXPECT_NE(message.find("lowercase.json"), std::string::npos) << message;
   write_text(bpe.dir.file("broken.json"), "{\"model\": {}}");
   message = expect_throw_message([&] { HfTokenizer t(bpe.dir.file("broken.json")); });
   EXPECT_NE(message.find("broken.json"), std::string::npos) << message;
   EXPECT_THROW(make_tokenizer("hf"), std::invalid_argument);  // no tokenizer.json given
+}
+
+// A SentencePiece-style tokenizer.json (Llama 2, Mistral, Gemma): characters, a "\u2581" for each
+// space and one before the text (Metaspace, prefix "first"), byte fallback, the decoders that undo
+// them. Expected ids and strings are Hugging Face tokenizers' own (0.23.3) for this file, made with
+// Tokenizer(BPE(byte_fallback=True, fuse_unk=True, unk_token="<unk>")) and the steps below.
+std::string tiny_sentencepiece_json(const std::string& pre_tokenizer) {
+  nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab[name] = 3 + b;
+  }
+  int next = 259;
+  for (const char* token : {"\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "bc"}) vocab[token] = next++;
+  nlohmann::json root = nlohmann::json::parse(R"({"version": "1.0", "added_tokens": [
+    {"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+    {"id": 2, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+    "normalizer": null, "post_processor": null,
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+      "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+      "merges": [["\u2581", "a"], ["a", "b"], ["\u2581a", "b"], ["b", "c"]]}})");
+  root["pre_tokenizer"] = nlohmann::json::parse(pre_tokenizer);
+  root["model"]["vocab"] = vocab;
+  return root.dump();
+}
+
+TEST(Tokenizer, SentencePieceStyleBpeAsHuggingFaceEncodesAndDecodes) {
+  TempDir dir;
+  write_text(dir.file("tokenizer.json"),
+             tiny_sentencepiece_json(
+                 R"({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": false})"));
+  const HfTokenizer tokenizer(dir.file("tokenizer.json"));
+  using Ids = std::vector<int32_t>;
+  EXPECT_EQ(tokenizer.encode("ab abc"), (Ids{265, 265, 262}));
+  EXPECT_EQ(tokenizer.encode(" ab"), (Ids{265}));                      // already starts with a space: no second prefix
+  EXPECT_EQ(tokenizer.encode("\u00e9 a"), (Ids{259, 198, 172, 263}));  // é: no piece, its two bytes
+  // The prefix goes only where the text starts: not after an added token.
+  EXPECT_EQ(tokenizer.encode("<s>ab</s> ab"), (Ids{1, 264, 2, 265}));
+  EXPECT_EQ(tokenizer.encode("abc<s>"), (Ids{265, 262, 1}));
+  // Byte tokens that make no character: one U+FFFD per byte token (ByteFallback), not one per
+  // stretch as the byte-level decoder gives; the first space dropped (Strip); added tokens as text.
+  const std::string replacement = "\xef\xbf\xbd";
+  EXPECT_EQ(tokenizer.decode({229, 260}), replacement + "a");
+  EXPECT_EQ(tokenizer.decode({229, 133, 260}), replacement + replacement + "a");
+  EXPECT_EQ(tokenizer.decode({263, 1, 265}), "a<s> ab");
+  EXPECT_EQ(tokenizer.decode({198, 172}), "\u00e9");
+  EXPECT_EQ(tokenizer.decode({259, 259, 260}), " a");
+  EXPECT_THROW(tokenizer.decode({9999}), std::out_of_range);
+}
+
+// The Hub's Llama 2 form of the same: no pre-tokenizer, normalizers Prepend and Replace, which
+// prefix every stretch between added tokens (the ids Hugging Face gives for it).
+TEST(Tokenizer, SentencePieceLegacyFormPrefixesEveryStretch) {
+  TempDir dir;
+  std::string json = tiny_sentencepiece_json("null");
+  nlohmann::json root = nlohmann::json::parse(json);
+  root["normalizer"] = nlohmann::json::parse(R"({"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]})");
+  write_text(dir.file("tokenizer.json"), root.dump());
+  const HfTokenizer tokenizer(dir.file("tokenizer.json"));
+  EXPECT_EQ(tokenizer.encode("<s>ab</s> ab"), (std::vector<int32_t>{1, 265, 2, 259, 265}));
+  EXPECT_EQ(tokenizer.pre_tokenize("a b"), (std::vector<std::string>{"\u2581a\u2581b"}));
 }
 
 // Found by fuzzing (tests/fuzz/regressions/fuzz_tokenizer_json/): a vocabulary id below 0 or past

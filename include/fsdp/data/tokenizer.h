@@ -6,11 +6,14 @@
 // with every GPT-2-family model. Text is split by GPT-2's pre-tokenisation pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // with Unicode's letter, number and space classes (PCRE2).
-// HfTokenizer: a Hugging Face tokenizer.json of the byte-level BPE kind (Llama 3, GPT-2, Qwen2's
-// model): its added and special tokens, matched before anything else; its pre-tokenizer, a
-// Sequence of Split(Regex, Isolated) and ByteLevel steps; the BPE model (ignore_merges); the
-// ByteLevel decoder. Whatever else a file asks for (a normalizer, another model or decoder, a
-// Split behaviour other than Isolated) is refused by name. Checked token for token against Hugging
+// HfTokenizer: a Hugging Face tokenizer.json with a BPE model, of either kind:
+//   byte-level (Llama 3, GPT-2, Qwen): a ByteLevel pre-tokenizer and decoder, words as bytes
+//   SentencePiece-style (Llama 2, Mistral, Gemma): words as Unicode characters, "▁" for spaces
+//     (a Metaspace pre-tokenizer or a Replace normalizer), byte_fallback to <0xNN> tokens
+// Its added and special tokens are matched first; the rest goes through its normalizer (Replace,
+// Prepend, NFC), pre-tokenizer (Split, ByteLevel, Metaspace) and model; decoding through its
+// decoder (ByteLevel, or Replace, ByteFallback, Fuse, Strip, Metaspace): src/data/hf_tokenizer_pipeline.h.
+// Whatever else a file asks for is refused by name. Checked token for token against Hugging
 // Face's own `tokenizers` library (tests/tokenizer/check_tokenizers.py).
 #pragma once
 
@@ -68,7 +71,6 @@ class ByteTokenizer : public Tokenizer {
 };
 
 class ByteLevelBpe;  // src/data/byte_level_bpe.h
-class UnicodeRegex;  // src/data/unicode_regex.h
 
 class Gpt2BpeTokenizer : public Tokenizer {
  public:
@@ -108,18 +110,17 @@ class HfTokenizer : public Tokenizer {
   // An added (or vocabulary) token's id, -1 when absent: "<|eot_id|>", "<|start_header_id|>".
   int32_t token_id(const std::string& token) const;
 
-  // The pieces the pre-tokenizer cuts a stretch of text (no added tokens in it) into (tests).
+  // The words the normalizer and pre-tokenizer make of a stretch of text that begins the text and
+  // holds no added token (tests).
   std::vector<std::string> pre_tokenize(const std::string& text) const;
 
  private:
-  struct SplitStep;
+  struct Pipeline;  // src/data/hf_tokenizer.cpp
+  // Adds the ids of text[begin, end), a stretch between added tokens, to `ids`.
+  void encode_stretch(const std::string& stretch, bool at_text_start, std::vector<int32_t>& ids) const;
 
   std::string source_;
-  std::unique_ptr<ByteLevelBpe> bpe_;
-  std::vector<SplitStep> splits_;         // applied in order
-  std::map<std::string, int32_t> added_;  // content -> id
-  std::unordered_map<int32_t, std::string> added_by_id_;
-  bool starts_added_[256] = {};  // bytes an added token begins with
+  std::unique_ptr<Pipeline> pipeline_;
   int64_t vocab_size_ = 0;
   int32_t end_of_text_ = -1;
   uint32_t checksum_ = 0;  // of tokenizer.json (TokenizerStamp)
