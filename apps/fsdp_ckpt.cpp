@@ -20,6 +20,7 @@
 #include "fsdp/checkpoint/hf_weights.h"
 #include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/checkpoint/published_files.h"
+#include "fsdp/data/instructions.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"
@@ -64,11 +65,18 @@ void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::model
   if (d.tokenizer == "hf") {
     files = fsdp::checkpoint::tokenizer_files_in(fs::path(d.tokenizer_json).parent_path().string());
     fsdp::data::HfTokenizer tokenizer(d.tokenizer_json);
-    bos = tokenizer.token_id("<|begin_of_text|>");
+    for (const char* begin : {"<|begin_of_text|>", "<s>", "<bos>"}) {  // Llama 3's, SentencePiece's, Gemma's
+      if ((bos = tokenizer.token_id(begin)) >= 0) break;
+    }
     eos = tokenizer.end_of_text();
-    // Fine-tuned on Llama 3's chat format: generation must also stop where an answer ends.
-    const int32_t end_of_turn = tokenizer.token_id("<|eot_id|>");
-    if (d.source == "instructions" && d.chat_format != "plain" && end_of_turn >= 0) extra_eos.push_back(end_of_turn);
+    // Fine-tuned on a chat format: generation must also stop where an answer ends.
+    if (d.source == "instructions") {
+      const auto format = fsdp::data::chat_format_from_name(d.chat_format, tokenizer);
+      const int32_t end_of_turn = fsdp::data::end_of_turn(format, tokenizer);
+      if (format != fsdp::data::ChatFormat::Plain && end_of_turn >= 0 && end_of_turn != eos) {
+        extra_eos.push_back(end_of_turn);
+      }
+    }
   } else if (d.tokenizer == "gpt2") {
     files = {d.vocab_json, d.merges_txt};
     eos = bos = fsdp::data::Gpt2BpeTokenizer(d.vocab_json, d.merges_txt).end_of_text();

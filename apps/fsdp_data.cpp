@@ -166,17 +166,19 @@ void write_fortune_instructions(const std::string& dir, const std::string& outpu
 // "prompt_ids": [...]} (prompt_ids: the messages before the last, with the assistant's header),
 // what the trainer sees, for checking against transformers' apply_chat_template.
 void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::string& chat_format,
-                         const std::string& input, const std::string& output) {
+                         bool split_special_tokens, const std::string& input, const std::string& output) {
   const auto format = fsdp::data::chat_format_from_name(chat_format, tokenizer);
+  const auto content =
+      split_special_tokens ? fsdp::data::ContentSpecialTokens::Text : fsdp::data::ContentSpecialTokens::Control;
   const auto examples = fsdp::data::read_instruction_jsonl(input);
   write_lines_atomically(output, [&](std::ofstream& out) {
     for (const auto& example : examples) {
-      const auto rendered = fsdp::data::render_chat(example, format, tokenizer);
+      const auto rendered = fsdp::data::render_chat(example, format, tokenizer, content);
       std::vector<int> trained(rendered.trained.begin(), rendered.trained.end());
       std::vector<fsdp::data::ChatMessage> before(example.messages.begin(), example.messages.end() - 1);
       nlohmann::json record = {{"ids", rendered.tokens},
                                {"trained", trained},
-                               {"prompt_ids", fsdp::data::render_prompt(before, format, tokenizer)}};
+                               {"prompt_ids", fsdp::data::render_prompt(before, format, tokenizer, content)}};
       out << record.dump() << "\n";
     }
   });
@@ -436,6 +438,7 @@ void add_instructions_command(CLI::App& app) {
 void add_render_command(CLI::App& app) {
   struct Options {
     std::string input, output, format = "auto";
+    bool split_special_tokens = false;
     TokenizerArgs tokenizer;
   };
   auto o = std::make_shared<Options>();
@@ -443,9 +446,14 @@ void add_render_command(CLI::App& app) {
       app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
   command->add_option("--input", o->input, "instruction JSONL")->required();
   command->add_option("--output", o->output, "JSON lines {\"ids\", \"trained\", \"prompt_ids\"}")->required();
-  command->add_option("--chat-format", o->format, "auto, llama3 or plain")->capture_default_str();
+  std::string formats;
+  for (const auto& name : fsdp::data::chat_format_names()) formats += (formats.empty() ? "" : ", ") + name;
+  command->add_option("--chat-format", o->format, formats)->capture_default_str();
+  command->add_flag("--split-special-tokens", o->split_special_tokens,
+                    "special-token text in a message stays text (data.split_special_tokens)");
   o->tokenizer.add_to(*command);
-  command->callback([o] { render_instructions(*o->tokenizer.make(), o->format, o->input, o->output); });
+  command->callback(
+      [o] { render_instructions(*o->tokenizer.make(), o->format, o->split_special_tokens, o->input, o->output); });
 }
 
 void add_train_tokenizer_command(CLI::App& app) {

@@ -28,9 +28,10 @@ class AddedTokenMatcher {
     starts_[static_cast<unsigned char>(content[0])] = true;
   }
   bool empty() const { return by_content_.empty(); }
-  // Calls on_text(begin, end) for each stretch between tokens and on_token(id) for each token.
-  template <typename OnText, typename OnToken>
-  void cut(const std::string& text, OnText&& on_text, OnToken&& on_token) const {
+  // Calls on_text(begin, end) for each stretch between tokens and on_token(id) for each token; a
+  // token is matched only where allowed(begin, end) says so.
+  template <typename OnText, typename OnToken, typename Allowed>
+  void cut(const std::string& text, OnText&& on_text, OnToken&& on_token, Allowed&& allowed) const {
     size_t plain_start = 0, i = 0;
     while (i < text.size()) {
       int32_t found = -1;
@@ -39,7 +40,8 @@ class AddedTokenMatcher {
         // Candidates share the first byte: the map's range of keys that start with it.
         for (auto it = by_content_.lower_bound(std::string(1, text[i]));
              it != by_content_.end() && it->first[0] == text[i]; ++it) {
-          if (it->first.size() > found_length && text.compare(i, it->first.size(), it->first) == 0) {
+          if (it->first.size() > found_length && text.compare(i, it->first.size(), it->first) == 0 &&
+              allowed(i, i + it->first.size())) {
             found = it->second;
             found_length = it->first.size();
           }
@@ -218,14 +220,22 @@ void HfTokenizer::encode_stretch(const std::string& stretch, bool at_text_start,
         p.model->encode_words(p.pre_tokenizer.split(normalized.substr(begin, end - begin), at_text_start && begin == 0),
                               ids);
       },
-      [&](int32_t id) { ids.push_back(id); });
+      [&](int32_t id) { ids.push_back(id); }, [](size_t, size_t) { return true; });
 }
 
-std::vector<int32_t> HfTokenizer::encode(const std::string& text) const {
+std::vector<int32_t> HfTokenizer::encode(const std::string& text) const { return encode_with_literal(text, {}); }
+
+std::vector<int32_t> HfTokenizer::encode_with_literal(const std::string& text, const ByteRanges& literal) const {
   std::vector<int32_t> ids;
   pipeline_->raw_added.cut(
       text, [&](size_t begin, size_t end) { encode_stretch(text.substr(begin, end - begin), begin == 0, ids); },
-      [&](int32_t id) { ids.push_back(id); });
+      [&](int32_t id) { ids.push_back(id); },
+      [&](size_t begin, size_t end) {
+        for (const auto& [first, last] : literal) {
+          if (begin < last && first < end) return false;
+        }
+        return true;
+      });
   return ids;
 }
 

@@ -7,51 +7,57 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "chat_text.h"
+
 namespace fsdp::data {
 
 namespace {
 
-// Jinja's `trim` (Python's str.strip()): what Llama 3's template does to each message's content.
-// Python strips every character str.isspace() accepts: ASCII's whitespace and separators
-// (\t \n \v \f \r, 0x1c-0x1f, space) and Unicode's (U+0085, U+00A0, U+1680, U+2000-U+200A,
-// U+2028, U+2029, U+202F, U+205F, U+3000).
-bool is_python_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-// The code point starting at text[i] and its length in bytes (invalid UTF-8: the byte itself).
-std::pair<uint32_t, size_t> code_point_at(const std::string& text, size_t i) {
-  const auto b = static_cast<unsigned char>(text[i]);
-  const size_t length = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 1;
-  if (length == 1 || i + length > text.size()) return {b, 1};
-  uint32_t c = b & (0xff >> (length + 1));
-  for (size_t k = 1; k < length; ++k) c = (c << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3f);
-  return {c, length};
-}
-
-std::string trim(const std::string& text) {
-  size_t first = 0;
-  while (first < text.size()) {
-    const auto [c, length] = code_point_at(text, first);
-    if (!is_python_space(c)) break;
-    first += length;
-  }
-  size_t last = text.size();  // one past the last kept byte
-  while (last > first) {
-    size_t start = last - 1;  // back to the start of the last code point
-    while (start > first && (static_cast<unsigned char>(text[start]) & 0xc0) == 0x80) --start;
-    const auto [c, length] = code_point_at(text, start);
-    if (start + length != last || !is_python_space(c)) break;
-    last = start;
-  }
-  return text.substr(first, last - first);
-}
-
-int32_t required_token(const Tokenizer& tokenizer, const std::string& token) {
+int32_t token_of(const Tokenizer& tokenizer, const std::string& token) {
   const auto* hf = dynamic_cast<const HfTokenizer*>(&tokenizer);
-  const int32_t id = hf ? hf->token_id(token) : -1;
-  if (id < 0) throw std::invalid_argument("chat format llama3: the tokenizer has no " + token + " token");
+  return hf ? hf->token_id(token) : -1;
+}
+
+// Each format: its name, the tokens its template writes (all of which the tokenizer must have as
+// tokens; the one that tells the format first, for the error), and the one that ends an answer. Plain needs none and
+// ends with end-of-text.
+struct ChatFormatSpec {
+  ChatFormat format;
+  const char* name;
+  std::vector<std::string> tokens;
+  const char* end_of_turn;
+};
+const std::vector<ChatFormatSpec>& chat_format_specs() {
+  static const std::vector<ChatFormatSpec> specs = {
+      {ChatFormat::Llama3,
+       "llama3",
+       {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|begin_of_text|>"},
+       "<|eot_id|>"},
+      {ChatFormat::ChatMl, "chatml", {"<|im_start|>", "<|im_end|>"}, "<|im_end|>"},
+      {ChatFormat::Mistral, "mistral", {"[INST]", "[/INST]", "<s>", "</s>"}, "</s>"},
+      {ChatFormat::Gemma, "gemma", {"<start_of_turn>", "<end_of_turn>", "<bos>"}, "<end_of_turn>"},
+      {ChatFormat::Plain, "plain", {}, ""},
+  };
+  return specs;
+}
+const ChatFormatSpec& spec_of(ChatFormat format) {
+  for (const auto& spec : chat_format_specs()) {
+    if (spec.format == format) return spec;
+  }
+  throw std::logic_error("chat format without a spec");
+}
+// The first of the format's tokens the tokenizer lacks; "" when it has them all.
+std::string missing_token(const ChatFormatSpec& spec, const Tokenizer& tokenizer) {
+  for (const auto& token : spec.tokens) {
+    if (token_of(tokenizer, token) < 0) return token;
+  }
+  return "";
+}
+
+int32_t required_token(const Tokenizer& tokenizer, const std::string& token, const char* format) {
+  const int32_t id = token_of(tokenizer, token);
+  if (id < 0)
+    throw std::invalid_argument(std::string("chat format ") + format + ": the tokenizer has no " + token + " token");
   return id;
 }
 
@@ -128,26 +134,40 @@ std::vector<InstructionExample> read_instruction_jsonl(const std::string& path) 
   return examples;
 }
 
-ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& tokenizer) {
-  const auto* hf = dynamic_cast<const HfTokenizer*>(&tokenizer);
-  const bool has_headers = hf && hf->token_id("<|start_header_id|>") >= 0;
-  if (name == "auto") return has_headers ? ChatFormat::Llama3 : ChatFormat::Plain;
-  if (name == "plain") return ChatFormat::Plain;
-  if (name == "llama3") {
-    if (!has_headers) {
-      throw std::invalid_argument(
-          "chat format llama3 needs a tokenizer with <|start_header_id|> (Llama 3's tokenizer.json); the " +
-          tokenizer.name() + " tokenizer has none");
-    }
-    return ChatFormat::Llama3;
-  }
-  throw std::invalid_argument("chat format '" + name + "' (expected auto, llama3 or plain)");
+const std::vector<std::string>& chat_format_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out{"auto"};
+    for (const auto& spec : chat_format_specs()) out.push_back(spec.name);
+    return out;
+  }();
+  return names;
 }
 
-const char* chat_format_name(ChatFormat format) { return format == ChatFormat::Llama3 ? "llama3" : "plain"; }
+ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& tokenizer) {
+  if (name == "auto") {
+    // The first format whose tokens the tokenizer has all of (the plain one has none).
+    for (const auto& spec : chat_format_specs()) {
+      if (missing_token(spec, tokenizer).empty()) return spec.format;
+    }
+  }
+  for (const auto& spec : chat_format_specs()) {
+    if (name != spec.name) continue;
+    if (const std::string missing = missing_token(spec, tokenizer); !missing.empty()) {
+      throw std::invalid_argument("chat format " + name + " needs a tokenizer with " + missing +
+                                  " as a token of its own; the " + tokenizer.name() + " tokenizer has none");
+    }
+    return spec.format;
+  }
+  std::string known;
+  for (const auto& option : chat_format_names()) known += (known.empty() ? "" : ", ") + option;
+  throw std::invalid_argument("chat format '" + name + "' (expected one of " + known + ")");
+}
+
+const char* chat_format_name(ChatFormat format) { return spec_of(format).name; }
 
 int32_t end_of_turn(ChatFormat format, const Tokenizer& tokenizer) {
-  return format == ChatFormat::Llama3 ? required_token(tokenizer, "<|eot_id|>") : tokenizer.end_of_text();
+  const ChatFormatSpec& spec = spec_of(format);
+  return format == ChatFormat::Plain ? tokenizer.end_of_text() : required_token(tokenizer, spec.end_of_turn, spec.name);
 }
 
 namespace {
@@ -156,8 +176,31 @@ std::vector<int32_t> encode_content(const std::string& text, const Tokenizer& to
 }
 }  // namespace
 
+namespace {
+// The formats rendered as one text (chat_text.h): the conversation in the format.
+ChatText chat_text(const std::vector<ChatMessage>& messages, ChatFormat format, bool add_generation_prompt) {
+  switch (format) {
+    case ChatFormat::ChatMl: return chatml_text(messages, add_generation_prompt);
+    case ChatFormat::Mistral: return mistral_text(messages, add_generation_prompt);
+    case ChatFormat::Gemma: return gemma_text(messages, add_generation_prompt);
+    case ChatFormat::Llama3:
+    case ChatFormat::Plain: break;
+  }
+  throw std::logic_error("chat format rendered piece by piece");
+}
+bool rendered_as_one_text(ChatFormat format) { return format != ChatFormat::Llama3 && format != ChatFormat::Plain; }
+}  // namespace
+
 RenderedExample render_chat(const InstructionExample& example, ChatFormat format, const Tokenizer& tokenizer,
                             ContentSpecialTokens content) {
+  if (rendered_as_one_text(format)) {
+    try {
+      return encode_chat_text(chat_text(example.messages, format, false), tokenizer, content);
+    } catch (const std::exception& e) {
+      if (example.line == 0) throw;
+      throw std::invalid_argument("line " + std::to_string(example.line) + ": " + e.what());
+    }
+  }
   RenderedExample out;
   const int32_t end = end_of_turn(format, tokenizer);
   for (size_t i = 0; i < example.messages.size(); ++i) {
@@ -168,7 +211,7 @@ RenderedExample render_chat(const InstructionExample& example, ChatFormat format
       // "\n\n", a pre-token of its own, so this equals encoding the template's whole string
       // (tests/hf/check_hf_models.py compares with transformers' apply_chat_template).
       append(out, llama3_header(message.role, i == 0, tokenizer), false);
-      append(out, encode_content(trim(message.content), tokenizer, content), trained);
+      append(out, encode_content(python_strip(message.content), tokenizer, content), trained);
       append(out, {end}, trained);
     } else {
       append(out, encode_content(message.content, tokenizer, content), trained);
@@ -180,11 +223,14 @@ RenderedExample render_chat(const InstructionExample& example, ChatFormat format
 
 std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format,
                                    const Tokenizer& tokenizer, ContentSpecialTokens content) {
+  if (rendered_as_one_text(format)) {
+    return encode_chat_text(chat_text(messages, format, true), tokenizer, content).tokens;
+  }
   RenderedExample out;
   if (format == ChatFormat::Llama3) {
     for (size_t i = 0; i < messages.size(); ++i) {
       append(out, llama3_header(messages[i].role, i == 0, tokenizer), false);
-      append(out, encode_content(trim(messages[i].content), tokenizer, content), false);
+      append(out, encode_content(python_strip(messages[i].content), tokenizer, content), false);
       append(out, {end_of_turn(format, tokenizer)}, false);
     }
     append(out, llama3_header("assistant", messages.empty(), tokenizer), false);

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "fsdp/comm/nccl_process_group.h"
+#include "fsdp/data/instructions.h"
 #include "fsdp/plan/memory_plan.h"
 
 namespace fsdp::train {
@@ -376,9 +377,10 @@ std::vector<ConfigKey> declare() {
   add(key("data.validation_jsonl", MEMBER(data.validation_jsonl),
           "instructions: held-out examples (else validation_percent)"));
   add(key("data.chat_format", MEMBER(data.chat_format),
-          "auto (llama3 when the tokenizer has its header tokens) | llama3 | plain"))
-      .check =
-      one_of("data.chat_format", [](const TrainConfig& c) { return c.data.chat_format; }, {"auto", "llama3", "plain"});
+          "auto (the first of llama3, chatml, mistral, gemma whose tokens the tokenizer has, else plain) | llama3 | "
+          "chatml | mistral | gemma | plain"))
+      .check = one_of(
+      "data.chat_format", [](const TrainConfig& c) { return c.data.chat_format; }, data::chat_format_names());
   add(key("data.packing", MEMBER(data.packing),
           "instructions: several examples to a row of train.seq_len, each attending only to itself (no padding paid "
           "for)"))

@@ -1,5 +1,6 @@
 // Instruction data (JSONL lines: messages, or prompt and completion): one line parsed, then rendered
-// in both chat formats with the byte tokenizer. Bad input must throw, never crash.
+// in every chat format with the byte tokenizer (those that need tokens it lacks throw). Bad input must throw, never
+// crash.
 #include <stdexcept>
 #include <string>
 
@@ -11,7 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto example =
         fsdp::data::parse_instruction_line(std::string(reinterpret_cast<const char*>(data), size), "fuzz:1");
-    for (const char* format : {"plain", "llama3"}) {
+    for (const auto& format : fsdp::data::chat_format_names()) {
       try {
         (void)fsdp::data::render_chat(example, fsdp::data::chat_format_from_name(format, *tokenizer), *tokenizer);
       } catch (const std::exception&) {

@@ -669,6 +669,39 @@ TEST(Instructions, PlainFormatTrainsOnlyTheAnswer) {
   EXPECT_EQ(rendered.trained, (std::vector<uint8_t>{0, 0, 1, 1, 1, 0, 1}));
 }
 
+// Mistral's format on the tiny SentencePiece-style tokenizer with [INST] and [/INST] added: one text
+// "<s>[INST] ab[/INST] abc</s>", encoded once; " abc</s>" trained. A format whose tokens the
+// tokenizer lacks is refused naming the token; roles that do not alternate, naming the message.
+TEST(Instructions, MistralFormatRendersOneTextAndTrainsTheAnswer) {
+  TempDir dir;
+  nlohmann::json root = nlohmann::json::parse(tiny_sentencepiece_json(
+      R"({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": false})"));
+  for (const auto& [content, id] : {std::pair<std::string, int>{"[INST]", 267}, {"[/INST]", 268}}) {
+    root["added_tokens"].push_back({{"id", id},
+                                    {"content", content},
+                                    {"single_word", false},
+                                    {"lstrip", false},
+                                    {"rstrip", false},
+                                    {"normalized", false},
+                                    {"special", true}});
+  }
+  write_text(dir.file("tokenizer.json"), root.dump());
+  const HfTokenizer tokenizer(dir.file("tokenizer.json"));
+  EXPECT_EQ(chat_format_from_name("auto", tokenizer), ChatFormat::Mistral);
+  const auto message = expect_throw_message([&] { chat_format_from_name("gemma", tokenizer); });
+  EXPECT_NE(message.find("needs a tokenizer with <start_of_turn>"), std::string::npos) << message;
+  const InstructionExample example{{{"user", "ab"}, {"assistant", "abc"}}, 0};
+  const auto rendered = render_chat(example, ChatFormat::Mistral, tokenizer);
+  EXPECT_EQ(rendered.tokens, (std::vector<int32_t>{1, 267, 265, 268, 265, 262, 2}));
+  EXPECT_EQ(rendered.trained, (std::vector<uint8_t>{0, 0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(render_prompt({{"user", "ab"}}, ChatFormat::Mistral, tokenizer), (std::vector<int32_t>{1, 267, 265, 268}));
+  const InstructionExample twice{{{"user", "ab"}, {"user", "b"}, {"assistant", "c"}}, 7};
+  const auto error = expect_throw_message([&] { render_chat(twice, ChatFormat::Mistral, tokenizer); });
+  EXPECT_NE(error.find("line 7: chat format mistral: message 2 is user where assistant was expected"),
+            std::string::npos)
+      << error;
+}
+
 // Rows: inputs are the tokens, targets the next token where it is trained (else -100), padding
 // after; examples longer than seq + 1 are dropped and counted.
 TEST(Instructions, DatasetShiftsMasksPadsAndDropsLongExamples) {

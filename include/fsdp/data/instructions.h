@@ -3,14 +3,19 @@
 // JSONL, one example per line, either
 //   {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
 //   {"prompt": "...", "completion": "..."}      (a user turn and the assistant's answer)
-// rendered into tokens with the family's chat format:
-//   llama3  <|begin_of_text|> then per message
-//           <|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>
-//           (the chat template of Llama 3's tokenizer_config.json)
-//   plain   the contents back to back, then the end-of-text token where the vocabulary has one
-//           (GPT-2: prompt + completion + <|endoftext|>)
-// Only the assistant's tokens are trained: its content and the token that ends its turn
-// (<|eot_id|>, or end-of-text); headers, system and user turns are context.
+// rendered into tokens with the family's chat format, as its tokenizer_config.json's template does:
+//   llama3   <|begin_of_text|> then per message
+//            <|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>
+//   chatml   (Qwen) per message <|im_start|>{role}\n{content}<|im_end|>\n
+//   mistral  (v3 instruct) <s>[INST] {user}[/INST] {assistant, trimmed}</s>..., the system
+//            message before the last user message's text
+//   gemma    (Gemma 3) <bos><start_of_turn>user\n{content, trimmed}<end_of_turn>\n
+//            <start_of_turn>model\n..., the system message before the first user message's text
+//   plain    the contents back to back, then the end-of-text token where the vocabulary has one
+//            (GPT-2: prompt + completion + <|endoftext|>)
+// (src/data/chat_text.h has the exact forms.) Only the assistant's tokens are trained: its content
+// and the token that ends its turn (<|eot_id|>, <|im_end|>, </s>, <end_of_turn>, or end-of-text);
+// headers, system and user turns are context.
 //
 // Each example is one row of the batch, padded to the window: rows never attend to each other, so
 // an example's loss does not depend on its neighbours (data.packing puts several in a row instead,
@@ -45,9 +50,12 @@ std::vector<InstructionExample> read_instruction_jsonl(const std::string& path);
 // One line's example (line numbers for messages only).
 InstructionExample parse_instruction_line(const std::string& text, const std::string& where);
 
-enum class ChatFormat { Llama3, Plain };
-// "llama3", "plain", or "auto": llama3 when the tokenizer has <|start_header_id|>, else plain.
-// Throws std::invalid_argument for another name, or llama3 on a tokenizer without its tokens.
+enum class ChatFormat { Llama3, ChatMl, Mistral, Gemma, Plain };
+// "auto" then each format's name: the values data.chat_format takes.
+const std::vector<std::string>& chat_format_names();
+// A format by name, or "auto": the first of llama3, chatml, mistral, gemma whose tokens the
+// tokenizer has, else plain. Throws std::invalid_argument for another name, or a format on a
+// tokenizer without its tokens (naming the first missing).
 ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& tokenizer);
 const char* chat_format_name(ChatFormat format);
 
@@ -62,12 +70,13 @@ struct RenderedExample {
 enum class ContentSpecialTokens { Control, Text };
 RenderedExample render_chat(const InstructionExample& example, ChatFormat format, const Tokenizer& tokenizer,
                             ContentSpecialTokens content = ContentSpecialTokens::Control);
-// The prompt a model answers in the chat format: the messages, then the assistant's header (llama3),
-// as Llama 3's chat template renders it with add_generation_prompt.
+// The prompt a model answers in the chat format: the messages, then the assistant's header, as the
+// chat template renders it with add_generation_prompt.
 std::vector<int32_t> render_prompt(const std::vector<ChatMessage>& messages, ChatFormat format,
                                    const Tokenizer& tokenizer,
                                    ContentSpecialTokens content = ContentSpecialTokens::Control);
-// The token that ends an assistant turn: <|eot_id|> (llama3) or end-of-text (plain; -1 if none).
+// The token that ends an assistant turn: <|eot_id|>, <|im_end|>, </s>, <end_of_turn>, or end-of-text
+// (plain; -1 if none).
 int32_t end_of_turn(ChatFormat format, const Tokenizer& tokenizer);
 
 // Rendered examples, one per row of seq tokens. Examples longer than seq + 1 tokens are dropped

@@ -50,6 +50,13 @@ class Tokenizer {
   // never as the control token (Hugging Face's split_special_tokens=True). Tokenizers with no
   // special tokens in text encode as encode() does.
   virtual std::vector<int32_t> encode_plain(const std::string& text) const { return encode(text); }
+  // As encode(), but no special token is matched where it would overlap a byte range in `literal`
+  // (a message's own text rendered into a chat template, under split_special_tokens).
+  using ByteRanges = std::vector<std::pair<size_t, size_t>>;  // [begin, end)
+  virtual std::vector<int32_t> encode_with_literal(const std::string& text, const ByteRanges& literal) const {
+    (void)literal;
+    return encode(text);
+  }
   // Valid UTF-8 always: bytes that make no character (a sample cut mid-character) become U+FFFD,
   // one per maximal invalid stretch, as Hugging Face's decoders do (src/data/utf8_repair.h).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
@@ -101,6 +108,7 @@ class HfTokenizer : public Tokenizer {
   // Text must be valid UTF-8 (std::invalid_argument names the byte offset otherwise).
   std::vector<int32_t> encode(const std::string& text) const override;
   std::vector<int32_t> encode_plain(const std::string& text) const override;
+  std::vector<int32_t> encode_with_literal(const std::string& text, const ByteRanges& literal) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   std::string name() const override { return "hf"; }

@@ -39,7 +39,7 @@ struct DataConfig {
   // instructions: JSONL of {"messages": [{"role", "content"}, ...]} or {"prompt", "completion"}
   // (data/instructions.h); without validation_jsonl, validation_percent of the examples are held out.
   std::string train_jsonl, validation_jsonl;
-  std::string chat_format = "auto";  // auto (llama3 when the tokenizer has its header tokens) | llama3 | plain
+  std::string chat_format = "auto";  // auto | llama3 | chatml | mistral | gemma | plain (data/instructions.h)
   // instructions: several examples to a row, each attending only to itself (data/packed_instructions.h)
   bool packing = false;
   // fortunes and token_files: a window's documents (ended by the end-of-text token) attend only to
