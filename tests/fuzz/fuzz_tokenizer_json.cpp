@@ -1,8 +1,8 @@
-// Hugging Face tokenizer.json files (byte-level BPE): load, then encode and decode a text. The
-// input is the file, then (after a NUL byte, if any) the text to encode, so that the text is fuzzed
-// too (long runs, special-token text, broken UTF-8, against the file's own split pattern); without
-// a NUL, a fixed text with special tokens, Unicode and digits. A malformed file or text must throw,
-// never crash or hang.
+// Hugging Face tokenizer.json files (BPE, byte-level or SentencePiece-style): load, then encode and
+// decode a text. The input is the file, then (after a NUL byte, if any) the text to encode, so that
+// the text is fuzzed too (long runs, special-token text, broken UTF-8, against the file's own split
+// pattern); without a NUL, a fixed text with special tokens, Unicode and digits. A malformed file or
+// text must throw, never crash or hang.
 #include <stdexcept>
 #include <string>
 
