@@ -174,6 +174,7 @@ HfNormalizer::HfNormalizer(const nlohmann::json& spec, const std::string& where,
     }
   }
 }
+HfNormalizer::HfNormalizer() = default;
 HfNormalizer::~HfNormalizer() = default;
 HfNormalizer::HfNormalizer(HfNormalizer&&) noexcept = default;
 HfNormalizer& HfNormalizer::operator=(HfNormalizer&&) noexcept = default;
@@ -244,6 +245,7 @@ HfPreTokenizer::HfPreTokenizer(const nlohmann::json& spec, const std::string& wh
     }
   }
 }
+HfPreTokenizer::HfPreTokenizer() = default;
 HfPreTokenizer::~HfPreTokenizer() = default;
 HfPreTokenizer::HfPreTokenizer(HfPreTokenizer&&) noexcept = default;
 HfPreTokenizer& HfPreTokenizer::operator=(HfPreTokenizer&&) noexcept = default;
@@ -319,6 +321,7 @@ HfDecoder::HfDecoder(const nlohmann::json& spec, const std::string& where, const
     steps_.push_back(std::move(decoded));
   }
 }
+HfDecoder::HfDecoder() = default;
 HfDecoder::~HfDecoder() = default;
 HfDecoder::HfDecoder(HfDecoder&&) noexcept = default;
 HfDecoder& HfDecoder::operator=(HfDecoder&&) noexcept = default;

@@ -44,7 +44,7 @@ class TextPattern {
 
 class HfNormalizer {
  public:
-  HfNormalizer() = default;  // none: text unchanged
+  HfNormalizer();  // none: text unchanged
   HfNormalizer(const nlohmann::json& spec, const std::string& where, const Refuse& refuse);
   ~HfNormalizer();
   HfNormalizer(HfNormalizer&&) noexcept;
@@ -70,7 +70,7 @@ struct PreTokenizedWord {
 
 class HfPreTokenizer {
  public:
-  HfPreTokenizer() = default;  // none: the stretch is one word
+  HfPreTokenizer();  // none: the stretch is one word
   HfPreTokenizer(const nlohmann::json& spec, const std::string& where, const Refuse& refuse);
   ~HfPreTokenizer();
   HfPreTokenizer(HfPreTokenizer&&) noexcept;
@@ -89,7 +89,9 @@ class HfPreTokenizer {
 // Decoders other than ByteLevel: token texts -> text.
 class HfDecoder {
  public:
-  HfDecoder() = default;  // none: the tokens joined with spaces, as Hugging Face does
+  // None: the tokens joined with spaces, as Hugging Face does. (The constructors and destructors
+  // of these three are out of line: their Step is complete only there.)
+  HfDecoder();
   HfDecoder(const nlohmann::json& spec, const std::string& where, const Refuse& refuse);
   ~HfDecoder();
   HfDecoder(HfDecoder&&) noexcept;
