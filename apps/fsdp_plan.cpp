@@ -77,16 +77,16 @@ nlohmann::json to_json(const Plan& p) {
                         {"tied_embedding", p.tied_embedding},
                         {"ranks", in.ranks},
                         {"ranks_per_node", in.ranks_per_node},
-                        {"strategy", in.strategy},
+                        {"strategy", fsdp::enum_name(in.strategy)},
                         {"shard_ranks", p.shard_ranks},
                         {"replicas", p.replicas},
-                        {"param_dtype", in.param_dtype},
-                        {"reduce_dtype", in.reduce_dtype},
+                        {"param_dtype", fsdp::enum_name(in.param_dtype)},
+                        {"reduce_dtype", fsdp::enum_name(in.reduce_dtype)},
                         {"activation_checkpointing", in.activation_checkpointing},
                         {"activation_checkpointing_every", in.activation_checkpointing_every},
                         {"cpu_offload", in.cpu_offload},
                         {"fused_attention", in.fused_attention},
-                        {"optimizer", in.optimizer},
+                        {"optimizer", fsdp::enum_name(in.optimizer)},
                         {"micro_batch", in.micro_batch},
                         {"micro_batches", in.micro_batches},
                         {"seq_len", in.seq_len},
@@ -145,7 +145,7 @@ void print_setup(const Plan& p) {
     std::printf(
         "LoRA: %.1f M adapter parameters (trainable, fp32, AdamW) over a frozen %s base (no gradients, no optimizer "
         "state)\n",
-        p.adapter_params / 1e6, in.lora_base_dtype.c_str());
+        p.adapter_params / 1e6, fsdp::enum_name(in.lora_base_dtype));
   }
   std::printf(
       "fsdp-plan: %s, %.3f B parameters (%lld blocks, largest unit %.1f M, embedding %.1f M and head %.1f M "
@@ -158,13 +158,13 @@ void print_setup(const Plan& p) {
   std::printf(
       "  %d ranks (%s), %s: %d shard ranks x %d replicas; %s compute, %s reduce; "
       "activation checkpointing %s; CPU offload %s; %s\n",
-      in.ranks, layout.c_str(), in.strategy.c_str(), p.shard_ranks, p.replicas, in.param_dtype.c_str(),
-      in.reduce_dtype.c_str(),
+      in.ranks, layout.c_str(), fsdp::enum_name(in.strategy), p.shard_ranks, p.replicas,
+      fsdp::enum_name(in.param_dtype), fsdp::enum_name(in.reduce_dtype),
       !in.activation_checkpointing ? "off"
       : in.activation_checkpointing_every == 1
           ? "on"
           : ("every " + std::to_string(in.activation_checkpointing_every) + " blocks").c_str(),
-      in.cpu_offload ? "on" : "off", in.optimizer.c_str());
+      in.cpu_offload ? "on" : "off", fsdp::enum_name(in.optimizer));
   // Images (ViT, CLIP, LLaVA) are counted as samples; text in tokens.
   const bool text = fsdp::models::is_language_model(in.model) && !fsdp::models::reads_image_and_text(in.model);
   const std::string sample = text ? std::to_string(in.micro_batch) + " x " + std::to_string(in.seq_len) + " tokens"
@@ -180,9 +180,10 @@ void print_memory(const Plan& p) {
   const auto& m = p.memory;
   const char* where = in.cpu_offload ? "host" : "device";
   std::printf("per rank\n");
-  const std::string parameters_label = p.adapter_params > 0
-                                           ? "parameters (" + in.lora_base_dtype.substr(0, 4) + " base, fp32 adapters)"
-                                           : "parameters (fp32 shards)";
+  const std::string parameters_label =
+      p.adapter_params > 0
+          ? "parameters (" + std::string(fsdp::enum_name(in.lora_base_dtype)).substr(0, 4) + " base, fp32 adapters)"
+          : "parameters (fp32 shards)";
   std::printf("  %-28s %12s  (%s)\n", parameters_label.c_str(), format_bytes(static_cast<double>(m.parameters)).c_str(),
               where);
   std::printf("  %-28s %12s  (%s)\n", p.adapter_params > 0 ? "gradients (adapters only)" : "gradients (fp32 shards)",
@@ -250,7 +251,7 @@ void print_plan(const Plan& p, bool compact) {
     const std::string mode =
         p.adapter_params > 0 ? "LoRA(" + std::to_string(p.adapter_params / 1000000) + "M)" : "full";
     std::printf("%-13s %-10s N=%-4d %-13s S=%-3d %-8s AC=%d off=%d mb=%lld  device %10s  %s\n", in.model_name.c_str(),
-                mode.c_str(), in.ranks, in.strategy.c_str(), p.shard_ranks, in.param_dtype.c_str(),
+                mode.c_str(), in.ranks, fsdp::enum_name(in.strategy), p.shard_ranks, fsdp::enum_name(in.param_dtype),
                 in.activation_checkpointing, in.cpu_offload, static_cast<long long>(in.micro_batch),
                 format_bytes(static_cast<double>(p.memory.device_total())).c_str(), fit_verdict(p).c_str());
     return;
@@ -258,6 +259,37 @@ void print_plan(const Plan& p, bool compact) {
   print_setup(p);
   print_memory(p);
   print_communication_and_peers(p);
+}
+
+// "a | b | c": an enum flag's values, for its help (the names fsdp-train's config takes).
+template <class E>
+std::string alternatives() {
+  std::string text;
+  for (const std::string& name : fsdp::enum_names<E>()) text += (text.empty() ? "" : " | ") + name;
+  return text;
+}
+
+// An enum flag's value by its name; std::invalid_argument "WHAT 'NAME' (expected a, b or c)".
+template <class E>
+E flag_value(const std::string& what, const std::string& name) {
+  try {
+    return fsdp::enum_from_name<E>(name);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(what + " " + e.what());
+  }
+}
+
+// --lora-base-dtype: a stored dtype (auto, the weights' own, is a config's: there are no weights here).
+fsdp::models::LoraBaseDtype lora_base_dtype_flag(const std::string& name) {
+  std::vector<std::string> stored;
+  for (const std::string& known : fsdp::enum_names<fsdp::models::LoraBaseDtype>()) {
+    if (known == name && known != "auto") return fsdp::enum_from_name<fsdp::models::LoraBaseDtype>(name);
+    if (known != "auto") stored.push_back(known);
+  }
+  std::string listed;
+  for (size_t i = 0; i < stored.size(); ++i)
+    listed += (i == 0 ? "" : i + 1 == stored.size() ? " or " : ", ") + stored[i];
+  throw std::invalid_argument("lora base dtype '" + name + "' (expected " + listed + ")");
 }
 
 // The command line: every flag, and the PlanInput fields a flag sets directly.
@@ -290,11 +322,11 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
   app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")
       ->check(CLI::PositiveNumber);
   app.add_option("--memory", f.memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
-  app.add_option("--strategy", f.strategy, "full_shard | shard_grad_op | no_shard | hybrid_shard");
+  app.add_option("--strategy", f.strategy, alternatives<fsdp::runtime::ShardingStrategy>());
   app.add_option("--shard-group-size", f.shard_group_size, "hybrid_shard: S (default: ranks per node)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--param-dtype", f.param_dtype, "float32 | bfloat16 | float16");
-  app.add_option("--reduce-dtype", f.reduce_dtype, "float32 | bfloat16 | float16");
+  app.add_option("--param-dtype", f.param_dtype, alternatives<at::ScalarType>());
+  app.add_option("--reduce-dtype", f.reduce_dtype, alternatives<at::ScalarType>());
   app.add_flag("--activation-checkpointing", f.checkpointing, "recompute each block in backward");
   app.add_option("--activation-checkpointing-every", f.checkpointing_every,
                  "with --activation-checkpointing: every k-th block only (fsdp.activation_checkpointing_every)")
@@ -305,7 +337,7 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
   app.add_flag("--composed-attention", f.composed_attention,
                "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "
                "fused (scaled_dot_product_attention, as fsdp.cpp's models)");
-  app.add_option("--optimizer", f.optimizer, "adamw | sgd");
+  app.add_option("--optimizer", f.optimizer, alternatives<fsdp::optim::OptimizerKind>());
   app.add_option("--lora-rank", f.lora_rank, "LoRA: adapters of this rank over a frozen base")
       ->check(CLI::PositiveNumber);
   app.add_option("--lora-targets", f.lora_targets,
@@ -361,7 +393,9 @@ PlanInput input_from_config(const PlanFlags& f, const fsdp::comm::ProcessGroupPt
     in = fsdp::train::plan_input(c, n);
   }
   // --lora-rank on a config without adapters: its lora.base_dtype "auto" as the run would resolve it.
-  if (f.lora_rank > 0 && in.lora_base_dtype == "auto") in.lora_base_dtype = fsdp::train::resolved_lora_base_dtype(c);
+  if (f.lora_rank > 0 && in.lora_base_dtype == fsdp::models::LoraBaseDtype::Auto) {
+    in.lora_base_dtype = fsdp::train::resolved_lora_base_dtype(c);
+  }
   // What the command line set before the config was read.
   in.ranks_per_node = f.in.ranks_per_node;
   in.cpu_offload = in.cpu_offload || f.in.cpu_offload;
@@ -399,23 +433,23 @@ void apply_lora_flags(const PlanFlags& f, PlanInput& in) {
     *lora = spec;
     fsdp::models::validate(in.model);
   }
-  if (!f.lora_base_dtype.empty()) in.lora_base_dtype = f.lora_base_dtype;
+  if (!f.lora_base_dtype.empty()) in.lora_base_dtype = lora_base_dtype_flag(f.lora_base_dtype);
 }
 
 // The flags that override the config's (or the defaults') settings.
 void apply_flags(const PlanFlags& f, PlanInput& in) {
   if (f.loss_chunk >= 0) in.loss_chunk_tokens = f.loss_chunk;
-  if (!f.strategy.empty()) in.strategy = f.strategy;
+  if (!f.strategy.empty()) in.strategy = flag_value<fsdp::runtime::ShardingStrategy>("strategy", f.strategy);
   if (f.shard_group_size > 0) in.shard_group_size = f.shard_group_size;
-  if (!f.param_dtype.empty()) in.param_dtype = f.param_dtype;
-  if (!f.reduce_dtype.empty()) in.reduce_dtype = f.reduce_dtype;
+  if (!f.param_dtype.empty()) in.param_dtype = flag_value<at::ScalarType>("param_dtype", f.param_dtype);
+  if (!f.reduce_dtype.empty()) in.reduce_dtype = flag_value<at::ScalarType>("reduce_dtype", f.reduce_dtype);
   if (f.checkpointing) in.activation_checkpointing = true;
   if (f.checkpointing_every > 0) {
     if (!in.activation_checkpointing)
       throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
     in.activation_checkpointing_every = f.checkpointing_every;
   }
-  if (!f.optimizer.empty()) in.optimizer = f.optimizer;
+  if (!f.optimizer.empty()) in.optimizer = flag_value<fsdp::optim::OptimizerKind>("optimizer", f.optimizer);
   if (f.micro_batch > 0) in.micro_batch = f.micro_batch;
   if (f.micro_batches > 0) in.micro_batches = f.micro_batches;
   if (f.seq > 0) in.seq_len = f.seq;
@@ -432,7 +466,7 @@ void apply_flags(const PlanFlags& f, PlanInput& in) {
 // --calibrate: the process overhead, the slowest rank's matmul rate and the all-gather bandwidth,
 // measured here (collective: every rank of `world`).
 void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool leader) {
-  const at::ScalarType dtype = in.param_dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = in.param_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
   in.overhead_bytes =
       std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
   world->barrier()->wait();
@@ -447,7 +481,7 @@ void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool lea
     std::printf(
         "calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul), all-gather %s per rank, "
         "process overhead %s\n",
-        world->size(), in.compute_flops / 1e9, in.param_dtype.c_str(), bandwidth,
+        world->size(), in.compute_flops / 1e9, fsdp::enum_name(in.param_dtype), bandwidth,
         format_bytes(static_cast<double>(in.overhead_bytes)).c_str());
   }
 }

@@ -12,10 +12,14 @@ namespace fsdp::plan {
 
 namespace {
 
-int64_t dtype_bytes(const std::string& name, const char* field) {
-  if (name == "float32") return 4;
-  if (name == "bfloat16" || name == "float16") return 2;
-  throw std::invalid_argument(std::string(field) + " '" + name + "' (expected float32, bfloat16 or float16)");
+using runtime::ShardingStrategy;
+
+// Bytes of a compute or reduction dtype (one of fsdp/runtime/dtype_names.h's).
+int64_t dtype_bytes(at::ScalarType dtype, const char* field) {
+  if (dtype == at::kFloat) return 4;
+  if (dtype == at::kBFloat16 || dtype == at::kHalf) return 2;
+  throw std::invalid_argument(std::string(field) + " " + c10::toString(dtype) + " (expected " +
+                              enum_names_listed<at::ScalarType>() + ")");
 }
 
 }  // namespace
@@ -38,29 +42,24 @@ void check_plan_input(const PlanInput& in) {
   if (in.micro_batch < 1 || in.micro_batches < 1) throw std::invalid_argument("micro-batch sizes must be at least 1");
   if (in.seq_len < 1) throw std::invalid_argument("sequence length must be at least 1");
   if (in.max_inflight < 0) throw std::invalid_argument("max_inflight must be 0 or more");
-  if (in.optimizer != "adamw" && in.optimizer != "sgd") {
-    throw std::invalid_argument("optimizer '" + in.optimizer + "' (expected adamw or sgd)");
-  }
   const int64_t c = dtype_bytes(in.param_dtype, "param_dtype"), r = dtype_bytes(in.reduce_dtype, "reduce_dtype");
-  const std::string& s = in.strategy;
-  if (s != "full_shard" && s != "shard_grad_op" && s != "no_shard" && s != "hybrid_shard") {
-    throw std::invalid_argument("strategy '" + s + "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)");
-  }
-  if (s == "no_shard" && (c != 4 || r != 4))
+  const ShardingStrategy s = in.strategy;
+  if (s == ShardingStrategy::NoShard && (c != 4 || r != 4))
     throw std::invalid_argument("no_shard keeps float32 (as the runtime does)");
   if (in.activation_checkpointing_every < 1) {
     throw std::invalid_argument("activation checkpointing every " + std::to_string(in.activation_checkpointing_every) +
                                 " blocks: it must be 1 or more");
   }
-  if (in.shard_group_size != 0 && s != "hybrid_shard") {
-    throw std::invalid_argument("a shard group size applies to hybrid_shard only (strategy is " + s + ")");
+  if (in.shard_group_size != 0 && s != ShardingStrategy::HybridShard) {
+    throw std::invalid_argument(std::string("a shard group size applies to hybrid_shard only (strategy is ") +
+                                enum_name(s) + ")");
   }
 }
 
 // What every part of the plan reads: the dtypes, the sharding and the units' sizes (parameters).
 struct PlanShape {
   const PlanInput* in = nullptr;
-  std::string strategy;
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
   int64_t c = 4, r = 4;  // bytes per compute and per reduce element
   int n = 1, shard = 1;  // N ranks; S, the ranks a unit is sharded over
   int64_t p = 0, layers = 0;
@@ -77,13 +76,13 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   PlanShape x;
   x.in = &in;
   x.strategy = in.strategy;
-  const std::string& s = x.strategy;
+  const ShardingStrategy s = x.strategy;
   x.c = dtype_bytes(in.param_dtype, "param_dtype");
   x.r = dtype_bytes(in.reduce_dtype, "reduce_dtype");
   x.n = in.ranks;
   x.shard = x.n;
-  if (s == "no_shard") x.shard = 1;
-  if (s == "hybrid_shard") {
+  if (s == ShardingStrategy::NoShard) x.shard = 1;
+  if (s == ShardingStrategy::HybridShard) {
     x.shard = in.shard_group_size > 0 ? in.shard_group_size : std::min(in.ranks_per_node, x.n);
     if (x.n % x.shard != 0) {
       throw std::invalid_argument(std::to_string(x.n) + " ranks are not divisible by the shard group size " +
@@ -91,7 +90,7 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
     }
   }
   plan.shard_ranks = x.shard;
-  plan.replicas = s == "no_shard" ? x.n : x.n / x.shard;
+  plan.replicas = s == ShardingStrategy::NoShard ? x.n : x.n / x.shard;
 
   x.p = models::parameter_count(in.model);
   const models::PlanUnits units = models::family_of(in.model).plan_units(in.model);
@@ -123,7 +122,7 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
 // the gathered and reduced buffers the runtime holds at its peak. Returns the trainable parameters.
 int64_t add_model_states(const PlanShape& x, Plan& plan) {
   const PlanInput& in = *x.in;
-  const std::string& s = x.strategy;
+  const ShardingStrategy s = x.strategy;
   const int64_t c = x.c, r = x.r, p = x.p, k = x.k, root = x.root, block = x.block, embedding = x.embedding;
   MemoryBreakdown& mem = plan.memory;
   mem.parameters = 4 * x.shard_numel;
@@ -132,14 +131,15 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
   const int64_t trainable = models::family_of(in.model).plan_trainable_params(in.model);
   const int64_t trainable_shard = (trainable + x.shard - 1) / x.shard;
   mem.gradients = 4 * trainable_shard;
-  mem.optimizer = in.optimizer == "adamw" ? 8 * trainable_shard + 4 * x.largest_unit_shard : 4 * trainable_shard;
+  mem.optimizer = in.optimizer == optim::OptimizerKind::AdamW ? 8 * trainable_shard + 4 * x.largest_unit_shard
+                                                              : 4 * trainable_shard;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
   // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit
   // gathered through backward plus the gradient buffer of the unit being reduced.
-  if (s == "no_shard") {
+  if (s == ShardingStrategy::NoShard) {
     mem.gathered = (k + 1) * 4 * x.largest_unit;
-  } else if (s == "shard_grad_op") {
+  } else if (s == ShardingStrategy::ShardGradOp) {
     mem.gathered = c * p + std::max(c, r) * x.largest_unit;
   } else if (x.tied) {
     mem.gathered = c * (2 * root + 2 * embedding + (k + 2) * block) + (r != c ? r * x.largest_unit : 0);
@@ -150,7 +150,7 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
     mem.gathered = c * (2 * root + (k + 2) * block) + (r != c ? r * block : 0);
   }
   // Each pending reduction holds its output shard until it is added into the gradient shard.
-  if (s != "no_shard") mem.reduced = k * r * x.largest_unit_shard;
+  if (s != ShardingStrategy::NoShard) mem.reduced = k * r * x.largest_unit_shard;
   return trainable;
 }
 
@@ -164,44 +164,44 @@ int64_t add_lora_states(const PlanShape& x, Plan& plan) {
   const PlanInput& in = *x.in;
   const models::LoraSpec* lora = models::lora_spec(in.model);
   if (lora == nullptr || !lora->enabled()) return 0;
-  const std::string& s = x.strategy;
+  const ShardingStrategy s = x.strategy;
   const int64_t c = x.c, r = x.r, p = x.p, k = x.k, root = x.root, shard = x.shard, layers = x.layers;
   MemoryBreakdown& mem = plan.memory;
-  if (in.lora_base_dtype != "bfloat16" && in.lora_base_dtype != "float32" && in.lora_base_dtype != "nf4") {
-    throw std::invalid_argument("lora base dtype '" + in.lora_base_dtype + "' (expected bfloat16, float32 or nf4)");
+  if (in.lora_base_dtype == models::LoraBaseDtype::Auto) {
+    throw std::invalid_argument("lora base dtype 'auto': resolve it (train::resolved_lora_base_dtype) before planning");
   }
   const int64_t adapters = models::family_of(in.model).plan_adapter_params(in.model);
   plan.adapter_params = adapters;
   // The frozen base per rank: bf16 or fp32 values; or (nf4) the blocks' linear weights in NF4
   // and the rest in bf16.
-  const int64_t linear = in.lora_base_dtype == "nf4" ? models::linear_weight_count(in.model) : 0;
-  const int64_t base_total = in.lora_base_dtype == "float32"
+  const int64_t linear = in.lora_base_dtype == models::LoraBaseDtype::Nf4 ? models::linear_weight_count(in.model) : 0;
+  const int64_t base_total = in.lora_base_dtype == models::LoraBaseDtype::Float32
                                  ? 4 * p
                                  : static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear)) + 2 * (p - linear);
   const int64_t adapter_shard = (adapters + shard - 1) / shard;
   const int64_t per_layer_adapters = layers > 0 ? (adapters + layers - 1) / layers : adapters;
   mem.parameters = (base_total + shard - 1) / shard + 4 * adapter_shard;
   mem.gradients = 4 * adapter_shard;
-  mem.optimizer =
-      in.optimizer == "adamw" ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard) : 4 * adapter_shard;
+  mem.optimizer = in.optimizer == optim::OptimizerKind::AdamW
+                      ? 8 * adapter_shard + 4 * ((per_layer_adapters + shard - 1) / shard)
+                      : 4 * adapter_shard;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   // The frozen base gathers no gradient buffer: one copy of the root and of the computing unit.
-  if (s == "full_shard" || s == "hybrid_shard")
-    mem.gathered = c * (root + (k + 1) * x.largest_unit) + 2 * c * per_layer_adapters;
+  if (runtime::regathers(s)) mem.gathered = c * (root + (k + 1) * x.largest_unit) + 2 * c * per_layer_adapters;
   // NF4: a block in flight holds its gathered bytes alone; its values are decoded (allocated) when
   // it runs, so only the computing block holds them (shard::FlatParam::unshard_async), beside its
   // own bytes while they are decoded. The embedding and the head are not NF4: one of them may be
   // in flight whole while a block computes, or compute while K blocks are in flight.
-  if (linear > 0 && s != "no_shard") {
+  if (linear > 0 && s != ShardingStrategy::NoShard) {
     const int64_t nf4_unit_bytes =
         static_cast<int64_t>(std::ceil(kNf4BytesPerWeight * linear / std::max<int64_t>(layers, 1)));
-    if (s == "full_shard" || s == "hybrid_shard") {
+    if (runtime::regathers(s)) {
       const int64_t outer = std::max(x.embedding, x.head);
       mem.gathered = c * (root + std::max(x.block + (k > 0 ? outer : 0), outer)) + 2 * c * per_layer_adapters;
     }
     mem.gathered += (k + 1) * nf4_unit_bytes;
   }
-  if (s != "no_shard") mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
+  if (s != ShardingStrategy::NoShard) mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
   return linear;
 }
 
@@ -212,8 +212,8 @@ void add_checkpoint_staging(const PlanShape& x, Plan& plan) {
   if (!in.async_checkpoint) return;
   MemoryBreakdown& mem = plan.memory;
   const int64_t trained = plan.adapter_params > 0 ? (plan.adapter_params + x.shard - 1) / x.shard : x.shard_numel;
-  mem.checkpoint_staging =
-      (plan.adapter_params > 0 ? mem.parameters : 4 * x.shard_numel) + (in.optimizer == "adamw" ? 8 : 4) * trained;
+  mem.checkpoint_staging = (plan.adapter_params > 0 ? mem.parameters : 4 * x.shard_numel) +
+                           (in.optimizer == optim::OptimizerKind::AdamW ? 8 : 4) * trained;
 }
 
 // Blocks recomputed in backward: every k-th of them with activation checkpointing (layers / k).
@@ -241,26 +241,27 @@ int64_t activation_bytes(const PlanShape& x) {
 // Bytes each rank sends per optimizer step; every micro-batch gathers and reduces.
 void add_communication(const PlanShape& x, Plan& plan, int64_t linear, int64_t trainable) {
   const PlanInput& in = *x.in;
-  const std::string& s = x.strategy;
+  const ShardingStrategy s = x.strategy;
   const int64_t c = x.c, r = x.r, p = x.p, root = x.root;
   const int n = x.n, shard = x.shard;
   const double in_group = shard > 1 ? static_cast<double>(shard - 1) / shard : 0.0;
   CommVolume& comm = plan.comm;
   const int64_t m = in.micro_batches;
-  if (s == "full_shard" || s == "hybrid_shard") {
+  if (runtime::regathers(s)) {
     // Units twice (forward, backward), the root once, a tied embedding three times (embedding,
     // head, and once in backward).
     const int64_t tied_params = x.tied ? x.embedding : 0;
     comm.all_gather = static_cast<int64_t>(m * c * (2 * (p - root - tied_params) + 3 * tied_params + root) * in_group);
-  } else if (s == "shard_grad_op") {
+  } else if (s == ShardingStrategy::ShardGradOp) {
     comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
   }
-  if (linear > 0 && s != "no_shard") {  // NF4 bytes instead of compute-dtype values, for each gather of a block
-    const int gathers = s == "shard_grad_op" ? 1 : 2;
+  if (linear > 0 &&
+      s != ShardingStrategy::NoShard) {  // NF4 bytes instead of compute-dtype values, for each gather of a block
+    const int gathers = s == ShardingStrategy::ShardGradOp ? 1 : 2;
     comm.all_gather -= static_cast<int64_t>(m * gathers * (c - kNf4BytesPerWeight) * linear * in_group);
   }
   const int64_t reduced_params = plan.adapter_params > 0 ? plan.adapter_params : trainable;  // LoRA: the adapters alone
-  if (s == "no_shard") {
+  if (s == ShardingStrategy::NoShard) {
     comm.all_reduce = static_cast<int64_t>(m * 2.0 * r * reduced_params * (n - 1) / n);
   } else {
     comm.reduce_scatter = static_cast<int64_t>(m * r * reduced_params * in_group);
@@ -271,7 +272,7 @@ void add_communication(const PlanShape& x, Plan& plan, int64_t linear, int64_t t
   // Which collectives cross nodes: a group wider than a node, or hybrid's replica all-reduce.
   const bool nodes_differ = n > in.ranks_per_node;
   if (nodes_differ) {
-    if (s == "hybrid_shard") {
+    if (s == ShardingStrategy::HybridShard) {
       comm.across_nodes = comm.all_reduce + (shard > in.ranks_per_node ? comm.all_gather + comm.reduce_scatter : 0);
     } else {
       comm.across_nodes = comm.total();

@@ -420,14 +420,16 @@ void validate_for_world(const TrainConfig& c, int world_size) {
                       " is not divisible by ranks x micro-batches (" + std::to_string(world_size) + " x " +
                       std::to_string(c.micro_batches) + ")");
   }
-  if (c.fsdp.strategy == "hybrid_shard" && c.fsdp.shard_group_size > 0 && world_size % c.fsdp.shard_group_size != 0) {
+  if (c.fsdp.strategy == runtime::ShardingStrategy::HybridShard && c.fsdp.shard_group_size > 0 &&
+      world_size % c.fsdp.shard_group_size != 0) {
     throw ConfigError(c.source + ": fsdp.shard_group_size " + std::to_string(c.fsdp.shard_group_size) +
                       " does not divide the " + std::to_string(world_size) + " ranks (hybrid_shard needs N = R x S)");
   }
 }
 
-std::string resolved_lora_base_dtype(const TrainConfig& c) {
-  if (c.lora_base_dtype != "auto") return c.lora_base_dtype;
+models::LoraBaseDtype resolved_lora_base_dtype(const TrainConfig& c) {
+  using models::LoraBaseDtype;
+  if (c.lora_base_dtype != LoraBaseDtype::Auto) return c.lora_base_dtype;
   // The base's own dtype, so that storing it loses nothing: a random base is fp32; published
   // weights are kept in bf16 only when they are bf16, in NF4 when transformers saved them 4-bit
   // (bitsandbytes' NF4); our checkpoints as their run kept them.
@@ -440,14 +442,18 @@ std::string resolved_lora_base_dtype(const TrainConfig& c) {
         return saved.find(std::string("base_dtype = \"") + dtype + "\"") != std::string::npos ||
                saved.find(std::string("base_dtype = '") + dtype + "'") != std::string::npos;
       };
-      return saved_as("nf4") ? "nf4" : saved_as("bfloat16") ? "bfloat16" : "float32";
+      return saved_as("nf4")        ? LoraBaseDtype::Nf4
+             : saved_as("bfloat16") ? LoraBaseDtype::BFloat16
+                                    : LoraBaseDtype::Float32;
     }
-    if (!c.init_from.empty() && checkpoint::stored_as_bnb_nf4(c.init_from)) return "nf4";
-    if (!c.init_from.empty() && checkpoint::stored_weights_dtype(c.init_from) == at::kBFloat16) return "bfloat16";
+    if (!c.init_from.empty() && checkpoint::stored_as_bnb_nf4(c.init_from)) return LoraBaseDtype::Nf4;
+    if (!c.init_from.empty() && checkpoint::stored_weights_dtype(c.init_from) == at::kBFloat16) {
+      return LoraBaseDtype::BFloat16;
+    }
   } catch (const std::exception& e) {
     throw ConfigError(c.source + ": lora.base_dtype 'auto' takes the dtype of model.init_from's weights: " + e.what());
   }
-  return "float32";
+  return LoraBaseDtype::Float32;
 }
 
 std::string checkpoints_dir(const TrainConfig& c) {

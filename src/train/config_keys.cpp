@@ -60,9 +60,12 @@ namespace {
 
 // ---- How values travel between a member and a ConfigValue ----
 
+// An enum with declared names (fsdp/enum_names.h) travels as its name: written as it, read from it
+// (another name is refused at once, listing the names).
 template <class T>
 constexpr ConfigType type_of() {
-  if constexpr (std::is_same_v<T, bool>) return ConfigType::Boolean;
+  if constexpr (has_enum_names<T>::value) return ConfigType::String;
+  else if constexpr (std::is_same_v<T, bool>) return ConfigType::Boolean;
   else if constexpr (std::is_integral_v<T>) return ConfigType::Integer;
   else if constexpr (std::is_floating_point_v<T>) return ConfigType::Number;
   else return ConfigType::String;
@@ -70,7 +73,8 @@ constexpr ConfigType type_of() {
 
 template <class T>
 ConfigValue to_value(const T& v) {
-  if constexpr (std::is_same_v<T, bool>) return v;
+  if constexpr (has_enum_names<T>::value) return std::string(enum_name(v));
+  else if constexpr (std::is_same_v<T, bool>) return v;
   else if constexpr (std::is_integral_v<T>) return static_cast<int64_t>(v);
   else if constexpr (std::is_floating_point_v<T>) return static_cast<double>(v);
   else return std::string(v);
@@ -78,7 +82,8 @@ ConfigValue to_value(const T& v) {
 
 template <class T>
 T from_value(const ConfigValue& v) {
-  if constexpr (std::is_same_v<T, bool>) return std::get<bool>(v);
+  if constexpr (has_enum_names<T>::value) return enum_from_name<T>(std::get<std::string>(v));
+  else if constexpr (std::is_same_v<T, bool>) return std::get<bool>(v);
   else if constexpr (std::is_integral_v<T>) return static_cast<T>(std::get<int64_t>(v));
   else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(std::get<double>(v));
   else return std::get<std::string>(v);
@@ -99,6 +104,14 @@ ConfigKey key(std::string name, Field field, std::string help) {
 }
 
 #define MEMBER(path) [](TrainConfig& c) { return &c.path; }
+
+// "a | b | c": an enum key's values, for its help.
+template <class E>
+std::string alternatives() {
+  std::string text;
+  for (const std::string& name : enum_names<E>()) text += (text.empty() ? "" : " | ") + name;
+  return text;
+}
 
 // ---- Checks ----
 
@@ -261,7 +274,7 @@ ConfigKey target_key(ConfigKey k) {
 }
 
 ConfigKey loss_scale_key(ConfigKey k) {
-  k.written = [](const TrainConfig& c) { return c.fsdp.param_dtype == "float16"; };
+  k.written = [](const TrainConfig& c) { return c.fsdp.param_dtype == at::kHalf; };
   return k;
 }
 
@@ -485,8 +498,7 @@ std::vector<ConfigKey> declare() {
       one_of("train.bf16_matmul", [](const TrainConfig& c) { return c.bf16_matmul; }, {"auto", "native", "fp32"});
 
   // ---- [optimizer] ----
-  add(key("optimizer.name", MEMBER(optimizer.name), "adamw | sgd")).check =
-      one_of("optimizer.name", [](const TrainConfig& c) { return c.optimizer.name; }, {"adamw", "sgd"});
+  add(key("optimizer.name", MEMBER(optimizer.name), alternatives<optim::OptimizerKind>()));
   add(key("optimizer.lr", MEMBER(optimizer.lr), "peak learning rate")).check = [](const TrainConfig& c) {
     return unless(c.optimizer.lr > 0, "optimizer.lr must be positive");
   };
@@ -509,11 +521,7 @@ std::vector<ConfigKey> declare() {
   add(key("optimizer.momentum", MEMBER(optimizer.momentum), "sgd: momentum"));
 
   // ---- [fsdp] ----
-  add(key("fsdp.strategy", MEMBER(fsdp.strategy), "full_shard | shard_grad_op | no_shard | hybrid_shard")).check =
-      [](const TrainConfig& c) {
-        return one_of("fsdp.strategy", [](const TrainConfig& c) { return c.fsdp.strategy; },
-                      {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"})(c);
-      };
+  add(key("fsdp.strategy", MEMBER(fsdp.strategy), alternatives<runtime::ShardingStrategy>()));
   add(key("fsdp.wrap", MEMBER(fsdp.wrap),
           "block (each transformer block a unit) | root (one unit) | min_params | tower (clip: each tower one unit; "
           "llava: the image tower)"))
@@ -538,38 +546,33 @@ std::vector<ConfigKey> declare() {
     return unless(c.fsdp.max_inflight >= 0 && c.fsdp.max_inflight <= 64, "fsdp.max_inflight must be in [0, 64]");
   };
   add(key("fsdp.param_dtype", MEMBER(fsdp.param_dtype),
-          "gathers and compute: float32 | bfloat16 | float16 (fp32 master shards; float16 scales the loss, "
-          "[loss_scale])"))
+          "gathers and compute: " + alternatives<at::ScalarType>() +
+              " (fp32 master shards; float16 scales the loss, [loss_scale])"))
       .check = [](const TrainConfig& c) {
-    std::string error = one_of("fsdp.param_dtype", [](const TrainConfig& c) { return c.fsdp.param_dtype; },
-                               {"float32", "bfloat16", "float16"})(c);
-    if (!error.empty()) return error;
-    return unless(c.fsdp.param_dtype == "float32" || c.fsdp.strategy != "no_shard",
-                  "fsdp.param_dtype '" + c.fsdp.param_dtype +
+    return unless(c.fsdp.param_dtype == at::kFloat || runtime::shards_parameters(c.fsdp.strategy),
+                  std::string("fsdp.param_dtype '") + enum_name(c.fsdp.param_dtype) +
                       "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps float32)");
   };
   add(key("fsdp.reduce_dtype", MEMBER(fsdp.reduce_dtype),
-          "gradient reduction: float32 | bfloat16 | float16 (float16 compute only)"))
+          "gradient reduction: " + alternatives<at::ScalarType>() + " (float16 compute only)"))
       .check = [](const TrainConfig& c) {
-    std::string error = one_of("fsdp.reduce_dtype", [](const TrainConfig& c) { return c.fsdp.reduce_dtype; },
-                               {"float32", "bfloat16", "float16"})(c);
-    if (!error.empty()) return error;
-    const std::string& param = c.fsdp.param_dtype;
-    const std::string& reduce = c.fsdp.reduce_dtype;
-    if (reduce == "float16" && param != "float16") {
+    const at::ScalarType param = c.fsdp.param_dtype;
+    const at::ScalarType reduce = c.fsdp.reduce_dtype;
+    if (reduce == at::kHalf && param != at::kHalf) {
       // Unscaled gradients of a bf16 or fp32 run: fp16 flushes the small ones to zero.
       return "fsdp.reduce_dtype 'float16' needs fsdp.param_dtype 'float16' (its loss scaling keeps gradients inside "
              "fp16's range; fsdp.param_dtype is '" +
-             param + "')";
+             std::string(enum_name(param)) + "')";
     }
-    if (reduce == "bfloat16" && param == "float16") {
+    if (reduce == at::kBFloat16 && param == at::kHalf) {
       // Scaled fp16 gradients rounded to bf16's 8 bits: less precise than the fp16 they came from.
       return std::string(
           "fsdp.reduce_dtype 'bfloat16' with fsdp.param_dtype 'float16' would round fp16 gradients to "
           "fewer bits: use float32 or float16");
     }
-    return unless(reduce == "float32" || c.fsdp.strategy != "no_shard",
-                  "fsdp.reduce_dtype '" + reduce + "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
+    return unless(reduce == at::kFloat || runtime::shards_parameters(c.fsdp.strategy),
+                  std::string("fsdp.reduce_dtype '") + enum_name(reduce) +
+                      "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
   };
   add(key("fsdp.activation_checkpointing", MEMBER(fsdp.activation_checkpointing),
           "recompute each block's forward in backward"));
@@ -584,14 +587,14 @@ std::vector<ConfigKey> declare() {
   add(key("fsdp.shard_group_size", MEMBER(fsdp.shard_group_size),
           "hybrid_shard: ranks per shard group S, N = R x S (0: one node's)"))
       .check = [](const TrainConfig& c) {
-    return unless(
-        c.fsdp.shard_group_size == 0 || c.fsdp.strategy == "hybrid_shard",
-        "fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '" + c.fsdp.strategy + "')");
+    return unless(c.fsdp.shard_group_size == 0 || c.fsdp.strategy == runtime::ShardingStrategy::HybridShard,
+                  std::string("fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '") +
+                      enum_name(c.fsdp.strategy) + "')");
   };
   add(key("fsdp.cpu_offload", MEMBER(fsdp.cpu_offload), "cuda: shards, gradients, AdamW state in pinned host memory"))
       .check = [](const TrainConfig& c) {
     if (!c.fsdp.cpu_offload) return std::string();
-    if (c.fsdp.strategy == "no_shard") {
+    if (!runtime::shards_parameters(c.fsdp.strategy)) {
       return std::string(
           "fsdp.cpu_offload needs a sharding strategy (full_shard, shard_grad_op or hybrid_shard), not no_shard");
     }
@@ -702,17 +705,15 @@ std::vector<ConfigKey> declare() {
     add(std::move(k));
   }
   {
-    ConfigKey k = lora_key(
-        key("lora.base_dtype", MEMBER(lora_base_dtype),
-            "the frozen base's shards: auto (the weights' own dtype; nf4 for a transformers 4-bit directory) | "
-            "bfloat16 | float32 | nf4 (QLoRA: linear weights in bitsandbytes' 4-bit NF4, the rest bfloat16)"));
+    ConfigKey k =
+        lora_key(key("lora.base_dtype", MEMBER(lora_base_dtype),
+                     "the frozen base's shards: " + alternatives<models::LoraBaseDtype>() +
+                         " (auto: the weights' own dtype, nf4 for a transformers 4-bit directory; nf4: QLoRA, linear "
+                         "weights in bitsandbytes' 4-bit NF4, the rest bfloat16)"));
     k.applies = has_lora;
     k.check = [](const TrainConfig& c) {
-      std::string error = one_of("lora.base_dtype", [](const TrainConfig& c) { return c.lora_base_dtype; },
-                                 {"auto", "bfloat16", "float32", "nf4"})(c);
-      if (!error.empty()) return error;
       // A family whose base is not stored in NF4 counts no linear weights for it (ModelFamily).
-      return unless(c.lora_base_dtype != "nf4" || models::linear_weight_count(c.model) > 0,
+      return unless(c.lora_base_dtype != models::LoraBaseDtype::Nf4 || models::linear_weight_count(c.model) > 0,
                     "lora.base_dtype 'nf4' is not built for " + std::string(models::family_name(c.model)) +
                         " models (an NF4 base is a Llama's or GPT-2's; use bfloat16)");
     };

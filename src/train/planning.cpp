@@ -34,7 +34,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.fused_ops = c.fused_ops;
   const models::AttentionPath attention = attention_path_for(c);
   in.fused_attention = attention != models::AttentionPath::Math;
-  in.attention_fp32 = attention == models::AttentionPath::FusedFp32 && c.fsdp.param_dtype != "float32";
+  in.attention_fp32 = attention == models::AttentionPath::FusedFp32 && c.fsdp.param_dtype != at::kFloat;
   in.micro_batches = c.micro_batches;
   in.ranks = ranks;
   // lora.base_dtype "auto" as the run resolves it (model.init_from's weights' own dtype) where there

@@ -11,7 +11,7 @@ namespace fsdp::train {
 
 runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   runtime::FsdpOptions options;
-  options.strategy = runtime::sharding_strategy_from_string(c.fsdp.strategy);
+  options.strategy = c.fsdp.strategy;
   if (c.fsdp.wrap == "block") options.wrap_policy.module_types = models::block_type_names(c.model);
   if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
   if (c.fsdp.wrap != "root" && c.fsdp.wrap != "tower" && c.fsdp.embedding_units) {
@@ -38,11 +38,8 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   }
   options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
   options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
-  auto dtype = [](const std::string& name) {
-    return name == "bfloat16" ? at::kBFloat16 : name == "float16" ? at::kHalf : at::kFloat;
-  };
-  options.mixed_precision.param_dtype = dtype(c.fsdp.param_dtype);
-  options.mixed_precision.reduce_dtype = dtype(c.fsdp.reduce_dtype);
+  options.mixed_precision.param_dtype = c.fsdp.param_dtype;
+  options.mixed_precision.reduce_dtype = c.fsdp.reduce_dtype;
   options.activation_checkpointing = c.fsdp.activation_checkpointing;
   options.activation_checkpointing_every = static_cast<int>(c.fsdp.activation_checkpointing_every);
   options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
@@ -50,9 +47,11 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   // A LoRA base is frozen: its shards may be kept in bf16 (gathered as bf16, widened after), or
   // (QLoRA) its blocks' linear weights in NF4 and the rest of it in bf16.
   const models::LoraSpec* lora = models::lora_spec(c.model);
-  const std::string base_dtype = lora != nullptr && lora->enabled() ? resolved_lora_base_dtype(c) : "float32";
-  if (base_dtype == "bfloat16" || base_dtype == "nf4") options.frozen_dtype = at::kBFloat16;
-  if (base_dtype == "nf4") {
+  using models::LoraBaseDtype;
+  const LoraBaseDtype base_dtype =
+      lora != nullptr && lora->enabled() ? resolved_lora_base_dtype(c) : LoraBaseDtype::Float32;
+  if (base_dtype == LoraBaseDtype::BFloat16 || base_dtype == LoraBaseDtype::Nf4) options.frozen_dtype = at::kBFloat16;
+  if (base_dtype == LoraBaseDtype::Nf4) {
     // Names inside their unit ("self_attn.q_proj.weight"): a linear layer's weight, as
     // bitsandbytes' Linear4bit replaces every linear layer but the head.
     options.frozen_nf4 = [layers = models::linear_layers(c.model)](const std::string& name, const at::Tensor& p) {
@@ -72,7 +71,7 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
 
 models::AttentionPath attention_path_for(const TrainConfig& c) {
   if (c.attention != "auto") return models::attention_path_from_string(c.attention);
-  const bool lower_precision = c.fsdp.param_dtype != "float32";
+  const bool lower_precision = c.fsdp.param_dtype != at::kFloat;
   return lower_precision && c.device == "cpu" ? models::AttentionPath::FusedFp32 : models::AttentionPath::Fused;
 }
 

@@ -14,7 +14,7 @@ StepGuard::StepGuard(const TrainConfig& config)
       max_nonfinite_steps_(config.max_nonfinite_steps),
       nonfinite_(config.max_nonfinite_steps),
       spikes_(config.guard.spike_zscore, config.guard.window) {
-  if (config.fsdp.param_dtype == "float16") {
+  if (config.fsdp.param_dtype == at::kHalf) {
     const LossScaleConfig& l = config.loss_scale;
     scaler_ = std::make_unique<optim::DynamicLossScaler>(
         optim::LossScalerOptions{static_cast<float>(l.init), static_cast<float>(l.growth_factor),

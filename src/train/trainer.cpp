@@ -197,7 +197,7 @@ class Trainer {
 
   void make_optimizer() {
     const auto& o = config_.optimizer;
-    if (o.name == "adamw") {
+    if (o.name == optim::OptimizerKind::AdamW) {
       optimizer_ = std::make_unique<optim::ShardedAdamW>(
           *state_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
     } else {
@@ -264,7 +264,7 @@ class Trainer {
     if (!leader() || !options_.print) return;
     const auto stats = state_->memory_stats();
     char line[512];
-    std::string strategy = config_.fsdp.strategy;
+    std::string strategy = enum_name(config_.fsdp.strategy);
     if (state_->replicate_group()) {  // hybrid: R replica groups x S shard ranks
       strategy += " (" + std::to_string(state_->replicate_group()->size()) + " replicas x " +
                   std::to_string(state_->shard_group()->size()) + " shards)";

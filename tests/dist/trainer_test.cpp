@@ -96,7 +96,7 @@ TEST(Trainer, Bf16WithActivationCheckpointingTrainsEveryModel) {
   for (const char* model : {"gpt-test", "llama-test", "vit-test"}) {
     auto config = small_config(model, "full_shard");
     auto fp32 = fsdp::train::train(config, world, quiet());
-    config.fsdp.param_dtype = "bfloat16";
+    config.fsdp.param_dtype = at::kBFloat16;
     config.fsdp.activation_checkpointing = true;
     auto bf16 = fsdp::train::train(config, world, quiet());
     for (double loss : bf16.losses) EXPECT_TRUE(std::isfinite(loss)) << model;
@@ -112,7 +112,7 @@ TEST(Trainer, Fp16WithLossScalingTrainsEveryModel) {
   for (const char* model : {"gpt-test", "llama-test", "vit-test"}) {
     auto config = small_config(model, "full_shard");
     auto fp32 = fsdp::train::train(config, world, quiet());
-    config.fsdp.param_dtype = "float16";
+    config.fsdp.param_dtype = at::kHalf;
     auto fp16 = fsdp::train::train(config, world, quiet());
     for (double loss : fp16.losses) EXPECT_TRUE(std::isfinite(loss)) << model;
     ASSERT_EQ(fp16.loss_scales.size(), 8u) << model;
@@ -129,7 +129,7 @@ TEST(Trainer, Fp16WithLossScalingTrainsEveryModel) {
 TEST(Trainer, Fp16OverflowSkipsTheStepHalvesTheScaleAndResumes) {
   auto world = fsdp::comm::init_world();
   auto config = small_config("llama-test", "full_shard");
-  config.fsdp.param_dtype = "float16";
+  config.fsdp.param_dtype = at::kHalf;
   config.max_nonfinite_steps = 1;
   config.loss_scale.growth_interval = 2;  // growth within the run too
   config.eval.every = 0;

@@ -98,7 +98,7 @@ TEST(Config, DefaultsAndOverrides) {
                                    {"train.steps=7", "optimizer.lr=0.01", "fsdp.strategy=no_shard", "model.layers=3"});
   EXPECT_EQ(config.steps, 7);
   EXPECT_DOUBLE_EQ(config.optimizer.lr, 0.01);
-  EXPECT_EQ(config.fsdp.strategy, "no_shard");  // a bare word is taken as a string
+  EXPECT_EQ(config.fsdp.strategy, fsdp::runtime::ShardingStrategy::NoShard);  // a bare word is taken as a string
   EXPECT_EQ(std::get<fsdp::models::GptConfig>(config.model).layers, 3);
   EXPECT_EQ(config.data.source, "fortunes");
   EXPECT_EQ(config.max_nonfinite_steps, 5);
@@ -157,7 +157,7 @@ TEST(Config, BadInputNamesTheProblem) {
   {
     const auto fp16 =
         parse_train_config(kMinimal, "test.toml", {"fsdp.param_dtype=float16", "fsdp.reduce_dtype=float16"});
-    EXPECT_EQ(fp16.fsdp.param_dtype, "float16");
+    EXPECT_EQ(fp16.fsdp.param_dtype, at::kHalf);
     EXPECT_NE(fsdp::train::to_toml(fp16).find("[loss_scale]"), std::string::npos)
         << "a float16 run's resolved config has its scaling";
     EXPECT_EQ(fsdp::train::to_toml(parse_train_config(kMinimal, "test.toml")).find("[loss_scale]"), std::string::npos);

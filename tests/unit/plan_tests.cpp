@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "fsdp/models/registry.h"
 #include "fsdp/plan/memory_plan.h"
 #include "fsdp/train/config.h"
@@ -20,19 +22,22 @@ PlanInput llama70b(int ranks, const std::string& strategy) {
   in.model = fsdp::models::model_config("llama3-70b");
   in.model_name = "llama3-70b";
   in.ranks = ranks;
-  in.strategy = strategy;
+  in.strategy = fsdp::enum_from_name<fsdp::runtime::ShardingStrategy>(strategy);
   in.seq_len = 4096;
   return in;
 }
 
-std::string error_of(const PlanInput& in) {
+std::string error_of(const std::function<void()>& call) {
   try {
-    make_plan(in);
+    call();
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
   ADD_FAILURE() << "expected an error";
   return "";
+}
+std::string error_of(const PlanInput& in) {
+  return error_of([&] { make_plan(in); });
 }
 
 TEST(Plan, EmbeddingAndHeadAsUnitsOfTheirOwn) {
@@ -81,7 +86,7 @@ TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
   sized.device_memory_bytes = parse_bytes("80GB");
   EXPECT_FALSE(make_plan(sized).fits);
   sized.cpu_offload = true;
-  sized.param_dtype = "bfloat16";
+  sized.param_dtype = at::kBFloat16;
   sized.activation_checkpointing = true;
   const auto offloaded = make_plan(sized);
   EXPECT_EQ(offloaded.memory.host_total, 16 * shard + scratch);
@@ -128,7 +133,7 @@ TEST(Plan, AsyncCheckpointStagingIsTheRanksShardAndMoments) {
   EXPECT_EQ(sync.memory.checkpoint_staging, 0);
   EXPECT_NEAR(static_cast<double>(async.memory.checkpoint_staging), 12.0 * static_cast<double>(shard), 12.0 * 8);
   EXPECT_EQ(async.memory.device_total(), sync.memory.device_total());
-  in.optimizer = "sgd";
+  in.optimizer = fsdp::optim::OptimizerKind::Sgd;
   EXPECT_NEAR(static_cast<double>(make_plan(in).memory.checkpoint_staging), 8.0 * static_cast<double>(shard), 8.0 * 8);
 }
 
@@ -170,7 +175,7 @@ TEST(Plan, CommunicationPerStrategy) {
   EXPECT_EQ(full.comm.all_reduce, 0);
   EXPECT_EQ(full.comm.across_nodes, full.comm.total());  // one group over two nodes
 
-  in.strategy = "hybrid_shard";  // S = 8 (a node), R = 2
+  in.strategy = fsdp::runtime::ShardingStrategy::HybridShard;  // S = 8 (a node), R = 2
   const auto hybrid = make_plan(in);
   EXPECT_EQ(hybrid.shard_ranks, 8);
   EXPECT_EQ(hybrid.replicas, 2);
@@ -179,27 +184,27 @@ TEST(Plan, CommunicationPerStrategy) {
   EXPECT_EQ(hybrid.comm.across_nodes, hybrid.comm.all_reduce);  // only the replica all-reduce crosses
   EXPECT_EQ(hybrid.memory.parameters, 4 * ((full.parameters + 7) / 8));
 
-  in.strategy = "no_shard";
+  in.strategy = fsdp::runtime::ShardingStrategy::NoShard;
   const auto ddp = make_plan(in);
   EXPECT_NEAR(ddp.comm.all_reduce, 2.0 * 4 * p * 15 / 16, 1e3);
   EXPECT_EQ(ddp.memory.parameters, 4 * full.parameters);
 
   // bf16 halves the gathers; checkpointing adds a third to compute.
-  in.strategy = "full_shard";
+  in.strategy = fsdp::runtime::ShardingStrategy::FullShard;
   in.compute_flops = 1e15;
   in.bandwidth_bytes = 1e11;
   const auto fp32 = make_plan(in);
-  in.param_dtype = "bfloat16";
+  in.param_dtype = at::kBFloat16;
   in.activation_checkpointing = true;
   const auto bf16 = make_plan(in);
   EXPECT_EQ(bf16.comm.all_gather * 2, fp32.comm.all_gather);
   EXPECT_NEAR(bf16.compute_seconds, fp32.compute_seconds * 4.0 / 3.0, 1e-9);
   EXPECT_LT(bf16.memory.activations, fp32.memory.activations / 4);
   // float16 moves and keeps the same bytes as bfloat16 (loss scaling adds no buffer: it rescales in place).
-  in.param_dtype = in.reduce_dtype = "float16";
+  in.param_dtype = in.reduce_dtype = at::kHalf;
   const auto fp16 = make_plan(in);
-  in.reduce_dtype = "bfloat16";
-  in.param_dtype = "bfloat16";
+  in.reduce_dtype = at::kBFloat16;
+  in.param_dtype = at::kBFloat16;
   const auto bf16_both = make_plan(in);
   EXPECT_EQ(fp16.comm.all_gather, bf16_both.comm.all_gather);
   EXPECT_EQ(fp16.comm.reduce_scatter, bf16_both.comm.reduce_scatter);
@@ -225,11 +230,18 @@ TEST(Plan, BadInputIsNamed) {
   PlanInput in = llama70b(12, "hybrid_shard");
   in.shard_group_size = 8;
   EXPECT_NE(error_of(in).find("12 ranks are not divisible by the shard group size 8"), std::string::npos);
-  in = llama70b(8, "zero3");
-  EXPECT_NE(error_of(in).find("strategy 'zero3'"), std::string::npos);
+  // Names are read where they are given (a config key, a flag): one declaration of each enum's.
+  EXPECT_NE(error_of([] {
+              fsdp::enum_from_name<fsdp::runtime::ShardingStrategy>("zero3");
+            }).find("'zero3' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              fsdp::enum_from_name<at::ScalarType>("fp16");
+            }).find("'fp16' (expected float32, bfloat16 or float16)"),
+            std::string::npos);
   in = llama70b(8, "full_shard");
-  in.param_dtype = "fp16";
-  EXPECT_NE(error_of(in).find("param_dtype 'fp16'"), std::string::npos);
+  in.param_dtype = at::kInt;  // a dtype the planner has no bytes for
+  EXPECT_NE(error_of(in).find("param_dtype Int (expected float32, bfloat16 or float16)"), std::string::npos);
   in = llama70b(8, "full_shard");
   in.shard_group_size = 4;
   EXPECT_NE(error_of(in).find("hybrid_shard only"), std::string::npos);
@@ -255,7 +267,7 @@ TEST(Plan, BadInputIsNamed) {
 // weights are 68.5 B of its 70.6 B; the rest (embedding, head, norms) stays bf16.
 TEST(Plan, QloraStoresTheBlocksLinearWeightsInNf4) {
   PlanInput in = llama70b(8, "full_shard");
-  in.param_dtype = "bfloat16";
+  in.param_dtype = at::kBFloat16;
   in.seq_len = 2048;
   in.activation_checkpointing = true;
   fsdp::models::LoraSpec spec;
@@ -263,7 +275,7 @@ TEST(Plan, QloraStoresTheBlocksLinearWeightsInNf4) {
   spec.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   std::get<fsdp::models::LlamaConfig>(in.model).lora = spec;
   const auto bf16 = make_plan(in);
-  in.lora_base_dtype = "nf4";
+  in.lora_base_dtype = fsdp::models::LoraBaseDtype::Nf4;
   const auto nf4 = make_plan(in);
   const auto& llama = std::get<fsdp::models::LlamaConfig>(in.model);
   const int64_t linear = fsdp::models::linear_weight_count(in.model);
@@ -284,10 +296,10 @@ TEST(Plan, QloraStoresTheBlocksLinearWeightsInNf4) {
   // The seeds' question: 8 x 24 GB. A bf16 base does not fit, an NF4 base does.
   in.device_memory_bytes = fsdp::plan::parse_bytes("24GB");
   EXPECT_TRUE(make_plan(in).fits);
-  in.lora_base_dtype = "bfloat16";
+  in.lora_base_dtype = fsdp::models::LoraBaseDtype::BFloat16;
   EXPECT_FALSE(make_plan(in).fits);
-  in.lora_base_dtype = "int4";
-  EXPECT_NE(error_of(in).find("lora base dtype 'int4' (expected bfloat16, float32 or nf4)"), std::string::npos);
+  in.lora_base_dtype = fsdp::models::LoraBaseDtype::Auto;  // a run's config resolves it first
+  EXPECT_NE(error_of(in).find("lora base dtype 'auto': resolve it"), std::string::npos);
 }
 
 // fsdp-plan follows the attention path the trainer takes (train.attention, "auto" resolved as the
@@ -300,7 +312,7 @@ TEST(Plan, TheActivationsFollowTheAttentionPath) {
     return make_plan(fsdp::train::plan_input(config, 2)).memory.activations;
   };
   const auto config = fsdp::train::load_train_config(vit);
-  ASSERT_EQ(config.fsdp.param_dtype, "bfloat16");
+  ASSERT_EQ(config.fsdp.param_dtype, at::kBFloat16);
   EXPECT_EQ(fsdp::train::attention_path_for(config), fsdp::models::AttentionPath::FusedFp32);
   EXPECT_EQ(fsdp::train::attention_path_for(fsdp::train::load_train_config(vit, {"fsdp.param_dtype=\"float32\""})),
             fsdp::models::AttentionPath::Fused);

@@ -43,7 +43,11 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/models/lora_base_dtype.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/optim/optimizer_kind.h"
+#include "fsdp/runtime/dtype_names.h"
+#include "fsdp/runtime/sharding_strategy.h"
 
 namespace fsdp::plan {
 
@@ -57,23 +61,23 @@ constexpr int64_t kCpuProcessOverheadBytes = 128LL << 20;
 struct PlanInput {
   models::ModelConfig model;
   std::string model_name;
-  int ranks = 1;                        // N
-  int ranks_per_node = 8;               // hybrid_shard's default S, and which all-reduce crosses nodes
-  std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
-  int shard_group_size = 0;             // hybrid_shard: S (0: ranks_per_node)
-  std::string param_dtype = "float32";  // float32 | bfloat16 | float16
-  std::string reduce_dtype = "float32";
+  int ranks = 1;           // N
+  int ranks_per_node = 8;  // hybrid_shard's default S, and which all-reduce crosses nodes
+  runtime::ShardingStrategy strategy = runtime::ShardingStrategy::FullShard;
+  int shard_group_size = 0;                 // hybrid_shard: S (0: ranks_per_node)
+  at::ScalarType param_dtype = at::kFloat;  // float32 | bfloat16 | float16
+  at::ScalarType reduce_dtype = at::kFloat;
   bool activation_checkpointing = false;
   int64_t activation_checkpointing_every = 1;  // with it: every k-th block recomputed (layers / k of them)
   bool cpu_offload = false;                    // parameter, gradient and optimizer shards in host memory
-  bool async_checkpoint = false;    // checkpoint.async: staging copies in host memory while a save is written
-  std::string optimizer = "adamw";  // adamw | sgd
-  int64_t micro_batch = 1;          // samples per rank per forward
-  int64_t micro_batches = 1;        // gradient accumulation steps (each one reduces)
-  int64_t seq_len = 2048;           // tokens per sample (language models)
-  int64_t loss_chunk_tokens = 0;    // language models: the head and loss this many tokens at a time (0: all)
-  int max_inflight = 2;             // K
-  bool embedding_units = true;      // token embedding and output head are units of their own
+  bool async_checkpoint = false;  // checkpoint.async: staging copies in host memory while a save is written
+  optim::OptimizerKind optimizer = optim::OptimizerKind::AdamW;
+  int64_t micro_batch = 1;        // samples per rank per forward
+  int64_t micro_batches = 1;      // gradient accumulation steps (each one reduces)
+  int64_t seq_len = 2048;         // tokens per sample (language models)
+  int64_t loss_chunk_tokens = 0;  // language models: the head and loss this many tokens at a time (0: all)
+  int max_inflight = 2;           // K
+  bool embedding_units = true;    // token embedding and output head are units of their own
   // Fused attention (scaled_dot_product_attention's flash or memory-efficient kernels, on a GPU and,
   // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
   // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.
@@ -84,9 +88,9 @@ struct PlanInput {
   // train.fused_ops: Llama's SwiGLU keeps its two inputs, not SiLU(gate) as well (models/fused_ops.h).
   bool fused_ops = true;
   // LoRA (the model's LoraSpec enabled): the base frozen, its shards in this dtype, no gradient or
-  // optimizer state for it; the adapters fp32 with AdamW. "bfloat16" | "float32" | "nf4" (the blocks'
-  // linear weights in NF4 with double quantization, the rest bf16).
-  std::string lora_base_dtype = "bfloat16";
+  // optimizer state for it; the adapters fp32 with AdamW. BFloat16, Float32 or Nf4 (the blocks'
+  // linear weights in NF4 with double quantization, the rest bf16); Auto is resolved before planning.
+  models::LoraBaseDtype lora_base_dtype = models::LoraBaseDtype::BFloat16;
   int64_t device_memory_bytes = 0;                    // per rank; 0: not checked
   int64_t overhead_bytes = kGpuProcessOverheadBytes;  // the process's own memory
   bool cpu = false;                                   // train.device = cpu: one process holds device and host memory

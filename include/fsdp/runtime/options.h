@@ -8,19 +8,10 @@
 #include <functional>
 #include <string>
 
+#include "fsdp/runtime/sharding_strategy.h"
 #include "fsdp/runtime/wrap_policy.h"
 
 namespace fsdp::runtime {
-
-// FullShard: parameters gathered for each use and freed after it (ZeRO-3).
-// ShardGradOp: gathered in forward and kept until the end of backward (ZeRO-2).
-// NoShard: replicated, gradients all-reduced (DDP).
-// HybridShard: FullShard inside groups of shard_group_size ranks, replicated across the groups:
-// gathers and reduce-scatters stay inside a group (one node's fast links), and each reduced
-// gradient shard is then all-reduced across the replicas (HSDP).
-enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
-const char* to_string(ShardingStrategy strategy);
-ShardingStrategy sharding_strategy_from_string(const std::string& name);  // "full_shard", ...
 
 // float16 compute needs loss scaling (optim/loss_scaler.h) for gradients that fp16's range would
 // flush to zero; the runtime itself only casts.

@@ -17,7 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/models/lora_base_dtype.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/optim/optimizer_kind.h"
+#include "fsdp/runtime/dtype_names.h"
+#include "fsdp/runtime/sharding_strategy.h"
 
 namespace fsdp::train {
 
@@ -51,9 +55,9 @@ struct DataConfig {
 };
 
 struct OptimizerConfig {
-  std::string name = "adamw";  // adamw | sgd
-  double lr = 1e-3;            // peak learning rate
-  double min_lr = 1e-4;        // end of the cosine decay
+  optim::OptimizerKind name = optim::OptimizerKind::AdamW;  // adamw | sgd
+  double lr = 1e-3;                                         // peak learning rate
+  double min_lr = 1e-4;                                     // end of the cosine decay
   int64_t warmup_steps = 0;
   double weight_decay = 0.1;  // matrices only (biases and norms get none)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
@@ -61,17 +65,17 @@ struct OptimizerConfig {
 };
 
 struct FsdpConfig {
-  std::string strategy = "full_shard";  // full_shard | shard_grad_op | no_shard | hybrid_shard
-  std::string wrap = "block";           // block: each transformer block a unit; root: one unit; min_params
+  runtime::ShardingStrategy strategy = runtime::ShardingStrategy::FullShard;
+  std::string wrap = "block";  // block: each transformer block a unit; root: one unit; min_params
   int64_t min_params = 0;
   // block and min_params: the token embedding and the output head are units of their own (tied:
   // one), so they are gathered only while used instead of all step in the root (as torchtitan).
   bool embedding_units = true;
-  bool prefetch = true;                   // gather the next unit while this one computes (both passes)
-  int64_t max_inflight = 2;               // unit buffers alive besides the computing one (0: no overlap)
-  std::string param_dtype = "float32";    // gather and compute: float32 | bfloat16 | float16
-  std::string reduce_dtype = "float32";   // gradient reduction: float32 | bfloat16 | float16 (with float16 compute)
-  bool activation_checkpointing = false;  // recompute each block's forward in backward
+  bool prefetch = true;                      // gather the next unit while this one computes (both passes)
+  int64_t max_inflight = 2;                  // unit buffers alive besides the computing one (0: no overlap)
+  at::ScalarType param_dtype = at::kFloat;   // gather and compute: float32 | bfloat16 | float16
+  at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction: float32 | bfloat16 | float16 (with float16 compute)
+  bool activation_checkpointing = false;     // recompute each block's forward in backward
   int64_t activation_checkpointing_every = 1;  // with it: every k-th block only (torchtitan's selective_ac_option)
   int64_t shard_group_size = 0;                // hybrid_shard: ranks per shard group (0: the ranks of one node)
   bool cpu_offload = false;  // shards, gradients, optimizer state in host memory (train.device 'cuda')
@@ -182,7 +186,7 @@ struct TrainConfig {
   // "auto" (resolved when read: the dtype of model.init_from's weights, bfloat16 only when they are,
   // float32 for a random base), "bfloat16", "float32", or "nf4" (QLoRA: the blocks' linear
   // weights in bitsandbytes' NF4 with double quantization, the rest of the base in bfloat16).
-  std::string lora_base_dtype = "auto";
+  models::LoraBaseDtype lora_base_dtype = models::LoraBaseDtype::Auto;
   // lora.init_adapter: a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
   // whose lora_A/lora_B start the adapters, to continue training one. Its r, lora_alpha,
   // lora_dropout and target_modules fill the [lora] keys left out (and must equal those given).
@@ -219,7 +223,7 @@ std::string checkpoints_dir(const TrainConfig& config);  // checkpoint.dir or <o
 // lora.base_dtype with "auto" resolved: the dtype of model.init_from's weights where every one is
 // bf16 ("bfloat16"), else "float32" (a random base, fp32 or fp16 weights). Reads the weights'
 // headers; throws ConfigError when they cannot be read.
-std::string resolved_lora_base_dtype(const TrainConfig& config);  // checkpoint.dir or <output_dir>/checkpoints
+models::LoraBaseDtype resolved_lora_base_dtype(const TrainConfig& config);
 
 // The resolved configuration as TOML (written beside the run's metrics): every key that applies,
 // numbers as written (0.95, not 0.9499999999999996).

@@ -1,0 +1,61 @@
+// fsdp/enum_names.h: an enum's values and the names a config file or a command line gives them,
+// declared once per enum (a specialization of EnumNames beside the enum), from which reading a name,
+// writing one, the "(expected a, b or c)" of an error and a flag's choices all follow.
+//
+//   template <> struct EnumNames<Color> {
+//     static constexpr std::pair<Color, const char*> values[] = {{Color::Red, "red"}, ...};
+//   };
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fsdp {
+
+template <class E>
+struct EnumNames;
+
+// Whether E has its names declared (config readers take such members as strings).
+template <class E, class = void>
+struct has_enum_names : std::false_type {};
+template <class E>
+struct has_enum_names<E, std::void_t<decltype(EnumNames<E>::values)>> : std::true_type {};
+
+template <class E>
+const char* enum_name(E value) {
+  for (const auto& [v, name] : EnumNames<E>::values) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+template <class E>
+std::vector<std::string> enum_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : EnumNames<E>::values) names.emplace_back(entry.second);
+  return names;
+}
+
+// "a, b or c"
+template <class E>
+std::string enum_names_listed() {
+  const std::vector<std::string> names = enum_names<E>();
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return text;
+}
+
+// The value named `name`; std::invalid_argument "'NAME' (expected a, b or c)" for another name (a
+// caller puts what was being read before it: "fsdp.strategy 'hsdp' (expected ...)").
+template <class E>
+E enum_from_name(const std::string& name) {
+  for (const auto& [v, known] : EnumNames<E>::values) {
+    if (name == known) return v;
+  }
+  throw std::invalid_argument("'" + name + "' (expected " + enum_names_listed<E>() + ")");
+}
+
+}  // namespace fsdp
