@@ -462,22 +462,20 @@ std::vector<ConfigKey> declare() {
   add(key("train.log_every", MEMBER(log_every), "plain-text log cadence when not on a terminal")).check =
       [](const TrainConfig& c) { return unless(c.log_every >= 1, "train.log_every must be at least 1"); };
   add(key("train.threads", MEMBER(threads), "intra-op threads per rank (0: cores / ranks on this machine)"));
-  add(key("train.device", MEMBER(device), "cpu (MPI) | cuda (NCCL, one GPU per rank; a -DFSDP_CUDA=ON build)")).check =
-      [](const TrainConfig& c) {
-        std::string error = one_of("train.device", [](const TrainConfig& c) { return c.device; }, {"cpu", "cuda"})(c);
-        if (!error.empty()) return error;
-        return unless(
-            c.device != "cuda" || comm::nccl_backend_built(),
-            "train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA libtorch; "
-            "see docs/gpu.md); this binary is the CPU build");
-      };
+  add(key("train.device", MEMBER(device),
+          alternatives<c10::DeviceType>() + " (cpu: MPI; cuda: NCCL, one GPU per rank; a -DFSDP_CUDA=ON build)"))
+      .check = [](const TrainConfig& c) {
+    return unless(c.device != c10::DeviceType::CUDA || comm::nccl_backend_built(),
+                  "train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA libtorch; "
+                  "see docs/gpu.md); this binary is the CPU build");
+  };
   add(key("train.device_memory_fraction", MEMBER(device_memory_fraction),
           "cuda: cap the caching allocator at this share of the GPU (0: none)"))
       .check = [](const TrainConfig& c) {
     if (!(c.device_memory_fraction >= 0.0 && c.device_memory_fraction <= 1.0)) {
       return std::string("train.device_memory_fraction must be in [0, 1] (0: no cap)");
     }
-    return unless(c.device_memory_fraction == 0.0 || c.device == "cuda",
+    return unless(c.device_memory_fraction == 0.0 || c.device == c10::DeviceType::CUDA,
                   "train.device_memory_fraction caps GPU memory: it needs train.device 'cuda'");
   };
   add(key("train.report_every", MEMBER(report_every),
@@ -523,17 +521,15 @@ std::vector<ConfigKey> declare() {
   // ---- [fsdp] ----
   add(key("fsdp.strategy", MEMBER(fsdp.strategy), alternatives<runtime::ShardingStrategy>()));
   add(key("fsdp.wrap", MEMBER(fsdp.wrap),
-          "block (each transformer block a unit) | root (one unit) | min_params | tower (clip: each tower one unit; "
-          "llava: the image tower)"))
+          alternatives<UnitWrap>() +
+              " (block: each transformer block a unit; root: one unit; tower: clip's each tower, llava's image "
+              "tower)"))
       .check = [](const TrainConfig& c) {
-    std::string error = one_of("fsdp.wrap", [](const TrainConfig& c) { return c.fsdp.wrap; },
-                               {"block", "root", "min_params", "tower"})(c);
-    if (!error.empty()) return error;
-    if (c.fsdp.wrap == "tower" && models::tower_paths(c.model).empty()) {
+    if (c.fsdp.wrap == UnitWrap::Tower && models::tower_paths(c.model).empty()) {
       return "fsdp.wrap 'tower' applies to clip and llava models (each image or text tower one unit), not " +
              std::string(models::family_name(c.model));
     }
-    return unless(c.fsdp.wrap != "min_params" || c.fsdp.min_params > 0,
+    return unless(c.fsdp.wrap != UnitWrap::MinParams || c.fsdp.min_params > 0,
                   "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
   };
   add(key("fsdp.min_params", MEMBER(fsdp.min_params), "wrap = min_params: parameters per unit at least"));
@@ -598,7 +594,7 @@ std::vector<ConfigKey> declare() {
       return std::string(
           "fsdp.cpu_offload needs a sharding strategy (full_shard, shard_grad_op or hybrid_shard), not no_shard");
     }
-    return unless(c.device == "cuda",
+    return unless(c.device == c10::DeviceType::CUDA,
                   "fsdp.cpu_offload moves shards from the GPU to host memory: it needs train.device 'cuda' "
                   "(on the CPU they are there already)");
   };

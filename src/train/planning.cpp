@@ -9,7 +9,7 @@ namespace fsdp::train {
 
 plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   validate_for_world(c, ranks);
-  if (c.fsdp.wrap == "tower") {
+  if (c.fsdp.wrap == UnitWrap::Tower) {
     throw std::invalid_argument(
         "fsdp-plan models block units: fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled");
   }
@@ -25,7 +25,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.cpu_offload = c.fsdp.cpu_offload;
   in.async_checkpoint = c.checkpoint.async;
   in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
-  in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != "root";
+  in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != UnitWrap::Root;
   in.optimizer = c.optimizer.name;
   // A language model's seq_len is resolved by now (0 -> its context); ViT has none (0): its tokens
   // are its patches and class token (plan::tokens_per_sample), and the planner needs only a positive value.
@@ -42,7 +42,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   const models::LoraSpec* lora = models::lora_spec(c.model);
   in.lora_base_dtype = lora != nullptr && lora->enabled() ? resolved_lora_base_dtype(c) : c.lora_base_dtype;
   in.micro_batch = c.global_batch / (static_cast<int64_t>(ranks) * c.micro_batches);
-  in.cpu = c.device == "cpu";
+  in.cpu = c.device == c10::DeviceType::CPU;
   in.overhead_bytes = in.cpu ? plan::kCpuProcessOverheadBytes : plan::kGpuProcessOverheadBytes;
   return in;
 }

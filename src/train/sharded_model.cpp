@@ -12,12 +12,12 @@ namespace fsdp::train {
 runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   runtime::FsdpOptions options;
   options.strategy = c.fsdp.strategy;
-  if (c.fsdp.wrap == "block") options.wrap_policy.module_types = models::block_type_names(c.model);
-  if (c.fsdp.wrap == "min_params") options.wrap_policy.min_params = c.fsdp.min_params;
-  if (c.fsdp.wrap != "root" && c.fsdp.wrap != "tower" && c.fsdp.embedding_units) {
+  if (c.fsdp.wrap == UnitWrap::Block) options.wrap_policy.module_types = models::block_type_names(c.model);
+  if (c.fsdp.wrap == UnitWrap::MinParams) options.wrap_policy.min_params = c.fsdp.min_params;
+  if (c.fsdp.wrap != UnitWrap::Root && c.fsdp.wrap != UnitWrap::Tower && c.fsdp.embedding_units) {
     options.wrap_policy.module_paths = models::embedding_and_head_paths(c.model);
   }
-  if (c.fsdp.wrap == "tower") {
+  if (c.fsdp.wrap == UnitWrap::Tower) {
     // Each tower one unit, its embeddings and blocks inside (one gather a tower a pass); what lies
     // outside the towers (LLaVA's Llama) keeps a unit per block and embedding, as torchtitan wraps
     // a VLM's decoder.
@@ -72,13 +72,14 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
 models::AttentionPath attention_path_for(const TrainConfig& c) {
   if (c.attention != "auto") return models::attention_path_from_string(c.attention);
   const bool lower_precision = c.fsdp.param_dtype != at::kFloat;
-  return lower_precision && c.device == "cpu" ? models::AttentionPath::FusedFp32 : models::AttentionPath::Fused;
+  return lower_precision && c.device == c10::DeviceType::CPU ? models::AttentionPath::FusedFp32
+                                                             : models::AttentionPath::Fused;
 }
 
 models::Bf16Matmul bf16_matmul_for(const TrainConfig& c) {
   if (c.bf16_matmul != "auto") return models::bf16_matmul_from_string(c.bf16_matmul);
-  return c.device == "cpu" && !runtime::cpu_has_bf16_instructions() ? models::Bf16Matmul::Fp32
-                                                                    : models::Bf16Matmul::Native;
+  return c.device == c10::DeviceType::CPU && !runtime::cpu_has_bf16_instructions() ? models::Bf16Matmul::Fp32
+                                                                                   : models::Bf16Matmul::Native;
 }
 
 ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group) {
@@ -88,7 +89,7 @@ ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const
   TrainConfig resolved = config;
   resolved.model = sharded.config;
   runtime::FsdpOptions options = fsdp_options(resolved);
-  if (config.device == "cuda") {
+  if (config.device == c10::DeviceType::CUDA) {
     // The launcher's local rank picks the GPU (comm/device_assignment.h).
     options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm::local_device_index()));
   }

@@ -279,8 +279,8 @@ class Trainer {
     progress_->message(std::string("  collectives: ") +
                        (comm::device_comm_from_env() == comm::DeviceComm::kStaged
                             ? "staged, a test backend (FSDP_DEVICE_COMM=staged: device copies around MPI)"
-                        : config_.device == "cuda" ? "NCCL, host tensors over MPI"
-                                                   : "MPI"));
+                        : config_.device == c10::DeviceType::CUDA ? "NCCL, host tensors over MPI"
+                                                                  : "MPI"));
     if (!data_.packing.empty()) progress_->message("  packing: " + data_.packing);
     print_family_lines();
     std::snprintf(
@@ -356,7 +356,7 @@ class Trainer {
     progress_->message(std::string("  attention: ") + models::to_string(models::attention_path(compute)) + " for " +
                        c10::toString(compute) + " compute (train.attention = " + config_.attention + ")");
     if (compute == at::kBFloat16) {
-      const bool without_instructions = config_.device == "cpu" && !runtime::cpu_has_bf16_instructions();
+      const bool without_instructions = config_.device == c10::DeviceType::CPU && !runtime::cpu_has_bf16_instructions();
       const bool native = models::bf16_matmul() == models::Bf16Matmul::Native;
       std::string why = without_instructions ? " (this CPU has no bf16 instructions: AVX512-BF16, AMX)" : "";
       if (bf16_matmul_times_) {

@@ -223,7 +223,7 @@ TEST(Config, HybridShardGroupSize) {
 // get a CUDA one; offload and the memory cap need a GPU device.
 TEST(Config, DeviceOptions) {
   auto config = parse_train_config(kMinimal, "d.toml");
-  EXPECT_EQ(config.device, "cpu");
+  EXPECT_EQ(config.device, c10::DeviceType::CPU);
   EXPECT_NE(error_of(kMinimal, {"train.device=tpu"}).find("train.device 'tpu' (expected cpu or cuda)"),
             std::string::npos);
   if (!fsdp::comm::nccl_backend_built()) {
@@ -237,7 +237,7 @@ TEST(Config, DeviceOptions) {
             std::string::npos);
   EXPECT_NE(error_of(kMinimal, {"train.device_memory_fraction=1.5"}).find("must be in [0, 1]"), std::string::npos);
   auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
-  EXPECT_EQ(again.device, "cpu");
+  EXPECT_EQ(again.device, c10::DeviceType::CPU);
   EXPECT_FALSE(again.fsdp.cpu_offload);
 }
 

@@ -159,7 +159,7 @@ TEST(Plan, ProcessOverheadFollowsTheDevice) {
   fsdp::train::TrainConfig config = fsdp::train::parse_train_config("[model]\nname = \"gpt-tiny\"\n", "test.toml");
   EXPECT_EQ(fsdp::train::plan_input(config, 2).overhead_bytes, fsdp::plan::kCpuProcessOverheadBytes);
   EXPECT_TRUE(fsdp::train::plan_input(config, 2).cpu);
-  config.device = "cuda";
+  config.device = c10::DeviceType::CUDA;
   EXPECT_EQ(fsdp::train::plan_input(config, 2).overhead_bytes, fsdp::plan::kGpuProcessOverheadBytes);
   EXPECT_FALSE(fsdp::train::plan_input(config, 2).cpu);
 }

@@ -20,6 +20,7 @@
 #include "fsdp/models/lora_base_dtype.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/optim/optimizer_kind.h"
+#include "fsdp/runtime/device_names.h"
 #include "fsdp/runtime/dtype_names.h"
 #include "fsdp/runtime/sharding_strategy.h"
 
@@ -64,9 +65,14 @@ struct OptimizerConfig {
   double momentum = 0.9;  // sgd
 };
 
+// fsdp.wrap: what a unit is. Block: each transformer block (and, with embedding_units, the token
+// embedding and the head); Root: the whole model one unit; MinParams: modules of at least
+// fsdp.min_params parameters; Tower: each CLIP tower, LLaVA's image tower.
+enum class UnitWrap { Block, Root, MinParams, Tower };
+
 struct FsdpConfig {
   runtime::ShardingStrategy strategy = runtime::ShardingStrategy::FullShard;
-  std::string wrap = "block";  // block: each transformer block a unit; root: one unit; min_params
+  UnitWrap wrap = UnitWrap::Block;
   int64_t min_params = 0;
   // block and min_params: the token embedding and the output head are units of their own (tied:
   // one), so they are gathered only while used instead of all step in the root (as torchtitan).
@@ -170,9 +176,10 @@ struct TrainConfig {
   double grad_clip = 1.0;             // global gradient norm (0 = off)
   // A step whose gradient norm is NaN or inf is skipped; this many such steps in a row stop the run.
   int64_t max_nonfinite_steps = 5;
-  int64_t log_every = 10;      // plain-text log cadence when not on a terminal
-  int64_t threads = 0;         // intra-op threads per rank (0 = cores / ranks on this machine)
-  std::string device = "cpu";  // "cpu" (MPI) or "cuda" (NCCL; one GPU per rank by local rank; FSDP_CUDA builds)
+  int64_t log_every = 10;  // plain-text log cadence when not on a terminal
+  int64_t threads = 0;     // intra-op threads per rank (0 = cores / ranks on this machine)
+  c10::DeviceType device =
+      c10::DeviceType::CPU;             // cpu (MPI) or cuda (NCCL; one GPU per rank by local rank; FSDP_CUDA builds)
   double device_memory_fraction = 0.0;  // cuda: cap the caching allocator at this share of the GPU (0 = no cap)
   OptimizerConfig optimizer;
   FsdpConfig fsdp;
@@ -236,3 +243,15 @@ std::string toml_string(const std::string& text);
 std::string list_config_keys();
 
 }  // namespace fsdp::train
+
+namespace fsdp {
+template <>
+struct EnumNames<train::UnitWrap> {
+  static constexpr std::pair<train::UnitWrap, const char*> values[] = {
+      {train::UnitWrap::Block, "block"},
+      {train::UnitWrap::Root, "root"},
+      {train::UnitWrap::MinParams, "min_params"},
+      {train::UnitWrap::Tower, "tower"},
+  };
+};
+}  // namespace fsdp
