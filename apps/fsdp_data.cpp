@@ -28,6 +28,7 @@
 #include "fsdp/data/bpe_training.h"
 #include "fsdp/data/corpus_tokenizer.h"
 #include "fsdp/data/instructions.h"
+#include "fsdp/enum_names.h"
 #include "fsdp/data/text_corpus.h"
 #include "fsdp/data/token_file.h"
 #include "fsdp/data/tokenizer.h"
@@ -446,9 +447,8 @@ void add_render_command(CLI::App& app) {
       app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
   command->add_option("--input", o->input, "instruction JSONL")->required();
   command->add_option("--output", o->output, "JSON lines {\"ids\", \"trained\", \"prompt_ids\"}")->required();
-  std::string formats;
-  for (const auto& name : fsdp::data::chat_format_names()) formats += (formats.empty() ? "" : ", ") + name;
-  command->add_option("--chat-format", o->format, formats)->capture_default_str();
+  command->add_option("--chat-format", o->format, fsdp::names_listed(fsdp::data::chat_format_names(), ", "))
+      ->capture_default_str();
   command->add_flag("--split-special-tokens", o->split_special_tokens,
                     "special-token text in a message stays text (data.split_special_tokens)");
   o->tokenizer.add_to(*command);

@@ -264,9 +264,7 @@ void print_plan(const Plan& p, bool compact) {
 // "a | b | c": an enum flag's values, for its help (the names fsdp-train's config takes).
 template <class E>
 std::string alternatives() {
-  std::string text;
-  for (const std::string& name : fsdp::enum_names<E>()) text += (text.empty() ? "" : " | ") + name;
-  return text;
+  return fsdp::enum_names_listed<E>(" | ");
 }
 
 // An enum flag's value by its name; std::invalid_argument "WHAT 'NAME' (expected a, b or c)".
@@ -286,10 +284,7 @@ fsdp::models::LoraBaseDtype lora_base_dtype_flag(const std::string& name) {
     if (known == name && known != "auto") return fsdp::enum_from_name<fsdp::models::LoraBaseDtype>(name);
     if (known != "auto") stored.push_back(known);
   }
-  std::string listed;
-  for (size_t i = 0; i < stored.size(); ++i)
-    listed += (i == 0 ? "" : i + 1 == stored.size() ? " or " : ", ") + stored[i];
-  throw std::invalid_argument("lora base dtype '" + name + "' (expected " + listed + ")");
+  throw std::invalid_argument("lora base dtype '" + name + "' (expected " + fsdp::names_listed(stored) + ")");
 }
 
 // The command line: every flag, and the PlanInput fields a flag sets directly.

@@ -39,13 +39,20 @@ std::vector<std::string> enum_names() {
   return names;
 }
 
-// "a, b or c"
-template <class E>
-std::string enum_names_listed() {
-  const std::vector<std::string> names = enum_names<E>();
+// "a, b or c" (for an error's "expected"), or with `separator` between every two ("a | b | c", for
+// a help line).
+inline std::string names_listed(const std::vector<std::string>& names, const char* separator = nullptr) {
   std::string text;
-  for (size_t i = 0; i < names.size(); ++i) text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) text += separator ? separator : i + 1 == names.size() ? " or " : ", ";
+    text += names[i];
+  }
   return text;
+}
+
+template <class E>
+std::string enum_names_listed(const char* separator = nullptr) {
+  return names_listed(enum_names<E>(), separator);
 }
 
 // The value named `name`; std::invalid_argument "'NAME' (expected a, b or c)" for another name (a

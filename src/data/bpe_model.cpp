@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <stdexcept>
 
 namespace fsdp::data {
 
@@ -42,6 +43,22 @@ void BpeMerges::apply(std::vector<std::string>& symbols) const {
     }
     symbols.swap(merged);
   }
+}
+
+std::vector<std::string> tokens_by_id(const std::unordered_map<std::string, int32_t>& token_to_id,
+                                      const std::string& source) {
+  const int64_t size = static_cast<int64_t>(token_to_id.size());
+  int32_t largest = -1;
+  for (const auto& [token, id] : token_to_id) {
+    if (id < 0 || id >= size) {
+      throw std::runtime_error(source + ": token '" + token + "' has id " + std::to_string(id) +
+                               ", expected an id in [0, " + std::to_string(size) + ") (the vocabulary's size)");
+    }
+    largest = std::max(largest, id);
+  }
+  std::vector<std::string> tokens(static_cast<size_t>(largest + 1));
+  for (const auto& [token, id] : token_to_id) tokens[static_cast<size_t>(id)] = token;
+  return tokens;
 }
 
 uint64_t new_bpe_instance() { return g_next_instance++; }

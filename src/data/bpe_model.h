@@ -37,6 +37,12 @@ class BpeMerges {
   std::unordered_map<std::string, int32_t> rank_;  // "left right" -> priority (lower first)
 };
 
+// The vocabulary's tokens by id ("" for ids it skips). Every id must lie in [0, vocabulary size)
+// (the layout every BPE file has), or a crafted file would index out of bounds (found by
+// tests/fuzz/fuzz_tokenizer_json): std::runtime_error naming `source`, the token and the id.
+std::vector<std::string> tokens_by_id(const std::unordered_map<std::string, int32_t>& token_to_id,
+                                      const std::string& source);
+
 // Words already encoded, per thread and model instance, so threads tokenizing a corpus together
 // (fsdp-data corpus) share no lock. `instance` names the model (new_bpe_instance: never reused).
 using BpeWordCache = std::unordered_map<std::string, std::vector<int32_t>>;

@@ -45,19 +45,7 @@ ByteLevelBpe::ByteLevelBpe(std::unordered_map<std::string, int32_t> vocab, const
     byte_to_symbol_[b] = byte_level_symbol(static_cast<uint8_t>(b));
     symbol_to_byte_[byte_to_symbol_[b]] = static_cast<uint8_t>(b);
   }
-  // Ids index id_to_token_: each must lie in [0, vocabulary size) (the layout every BPE file has),
-  // or a crafted file would index out of bounds (found by tests/fuzz/fuzz_tokenizer_json).
-  const int64_t size = static_cast<int64_t>(token_to_id_.size());
-  int32_t largest = -1;
-  for (const auto& [token, id] : token_to_id_) {
-    if (id < 0 || id >= size) {
-      throw std::runtime_error(source + ": token '" + token + "' has id " + std::to_string(id) +
-                               ", expected an id in [0, " + std::to_string(size) + ") (the vocabulary's size)");
-    }
-    largest = std::max(largest, id);
-  }
-  id_to_token_.resize(static_cast<size_t>(largest + 1));
-  for (const auto& [token, id] : token_to_id_) id_to_token_[static_cast<size_t>(id)] = token;
+  id_to_token_ = tokens_by_id(token_to_id_, source);
   for (int b = 0; b < 256; ++b) {
     if (!token_to_id_.count(byte_to_symbol_[b])) {
       throw std::runtime_error(source + " lacks the token for byte " + std::to_string(b) +

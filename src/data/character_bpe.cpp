@@ -10,17 +10,7 @@ namespace fsdp::data {
 CharacterBpe::CharacterBpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::string>& merges,
                            CharacterBpeOptions options, const std::string& source)
     : token_to_id_(std::move(vocab)), merges_(merges), options_(std::move(options)), instance_(new_bpe_instance()) {
-  const int64_t size = static_cast<int64_t>(token_to_id_.size());
-  int32_t largest = -1;
-  for (const auto& [token, id] : token_to_id_) {
-    if (id < 0 || id >= size) {
-      throw std::runtime_error(source + ": token '" + token + "' has id " + std::to_string(id) +
-                               ", expected an id in [0, " + std::to_string(size) + ") (the vocabulary's size)");
-    }
-    largest = std::max(largest, id);
-  }
-  id_to_token_.resize(static_cast<size_t>(largest + 1));
-  for (const auto& [token, id] : token_to_id_) id_to_token_[static_cast<size_t>(id)] = token;
+  id_to_token_ = tokens_by_id(token_to_id_, source);
   if (!options_.unk_token.empty()) {
     unk_id_ = id_of(options_.unk_token);
     if (unk_id_ < 0) {

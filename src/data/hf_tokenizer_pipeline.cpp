@@ -25,6 +25,20 @@ std::string replace_all(const std::string& text, const TextPattern& pattern, con
   return out;
 }
 
+// Every occurrence of `from` (not empty) replaced by `to`, left to right: Metaspace's and the
+// decoders' replacements, done per word and per token.
+std::string replace_literal(const std::string& text, const std::string& from, const std::string& to) {
+  std::string out;
+  size_t last = 0;
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, last)) {
+    out.append(text, last, at - last);
+    out += to;
+    last = at + from.size();
+  }
+  out.append(text, last, std::string::npos);
+  return out;
+}
+
 std::string nfc(const std::string& text, const std::string& where) {
   utf8proc_uint8_t* composed = nullptr;
   const utf8proc_ssize_t length =
@@ -196,7 +210,7 @@ std::string HfNormalizer::normalize(std::string text) const {
 
 struct HfPreTokenizer::Step {
   enum class Kind { Split, Metaspace } kind = Kind::Split;
-  std::unique_ptr<TextPattern> pattern;  // Split
+  std::unique_ptr<TextPattern> pattern;  // Split; Metaspace: the replacement, for its split
   SplitBehavior behavior = SplitBehavior::Isolated;
   std::string replacement;  // Metaspace: "▁"
   enum class Prepend { Always, First, Never } prepend = Prepend::Always;
@@ -239,6 +253,7 @@ HfPreTokenizer::HfPreTokenizer(const nlohmann::json& spec, const std::string& wh
       else if (scheme == "never") metaspace.prepend = Step::Prepend::Never;
       else refuse("Metaspace prepend_scheme " + scheme);
       metaspace.metaspace_split = step.value("split", true);
+      metaspace.pattern = std::make_unique<TextPattern>(nlohmann::json{{"String", metaspace.replacement}}, "");
       steps_.push_back(std::move(metaspace));
     } else {
       refuse("pre-tokenizer " + type);
@@ -262,7 +277,7 @@ std::vector<std::string> HfPreTokenizer::split(const std::string& text, bool at_
         continue;
       }
       // Metaspace (pre_tokenizers/metaspace.rs): spaces become the replacement; the prefix; the split.
-      std::string replaced = replace_all(word.text, TextPattern(nlohmann::json{{"String", " "}}, ""), step.replacement);
+      std::string replaced = replace_literal(word.text, " ", step.replacement);
       const bool starts_replaced = replaced.compare(0, step.replacement.size(), step.replacement) == 0;
       if (!starts_replaced &&
           (step.prepend == Step::Prepend::Always || (step.prepend == Step::Prepend::First && word.at_text_start))) {
@@ -272,8 +287,7 @@ std::vector<std::string> HfPreTokenizer::split(const std::string& text, bool at_
         if (!replaced.empty()) next.push_back({std::move(replaced), word.at_text_start});
         continue;
       }
-      const TextPattern marker(nlohmann::json{{"String", step.replacement}}, "");
-      for (const auto& [begin, end] : split_ranges(replaced, marker, SplitBehavior::MergedWithNext)) {
+      for (const auto& [begin, end] : split_ranges(replaced, *step.pattern, SplitBehavior::MergedWithNext)) {
         if (end > begin) next.push_back({replaced.substr(begin, end - begin), word.at_text_start && begin == 0});
       }
     }
@@ -383,7 +397,7 @@ std::string HfDecoder::decode(std::vector<std::string> tokens) const {
     switch (step.kind) {
       case Step::Kind::Replace:
         for (auto& token : tokens) {
-          token = replace_all(token, TextPattern(nlohmann::json{{"String", step.pattern}}, ""), step.content);
+          token = step.pattern.empty() ? token : replace_literal(token, step.pattern, step.content);
         }
         break;
       case Step::Kind::ByteFallback: tokens = byte_fallback(std::move(tokens)); break;
@@ -407,8 +421,7 @@ std::string HfDecoder::decode(std::vector<std::string> tokens) const {
       case Step::Kind::Metaspace:
         for (size_t i = 0; i < tokens.size(); ++i) {
           const bool drop = i == 0 && step.drop_first_replacements;
-          tokens[i] =
-              replace_all(tokens[i], TextPattern(nlohmann::json{{"String", step.content}}, ""), drop ? "" : " ");
+          tokens[i] = replace_literal(tokens[i], step.content, drop ? "" : " ");
         }
         break;
     }

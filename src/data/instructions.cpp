@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "chat_text.h"
+#include "fsdp/enum_names.h"
 
 namespace fsdp::data {
 
@@ -158,9 +159,7 @@ ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& token
     }
     return spec.format;
   }
-  std::string known;
-  for (const auto& option : chat_format_names()) known += (known.empty() ? "" : ", ") + option;
-  throw std::invalid_argument("chat format '" + name + "' (expected one of " + known + ")");
+  throw std::invalid_argument("chat format '" + name + "' (expected " + names_listed(chat_format_names()) + ")");
 }
 
 const char* chat_format_name(ChatFormat format) { return spec_of(format).name; }

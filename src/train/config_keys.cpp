@@ -108,20 +108,12 @@ ConfigKey key(std::string name, Field field, std::string help) {
 // "a | b | c": an enum key's values, for its help.
 template <class E>
 std::string alternatives() {
-  std::string text;
-  for (const std::string& name : enum_names<E>()) text += (text.empty() ? "" : " | ") + name;
-  return text;
+  return enum_names_listed<E>(" | ");
 }
 
 // ---- Checks ----
 
 std::string unless(bool ok, const std::string& message) { return ok ? std::string() : message; }
-
-std::string listed(const std::vector<std::string>& names) {
-  std::string text;
-  for (size_t i = 0; i < names.size(); ++i) text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  return text;
-}
 
 // "KEY 'VALUE' (expected a, b or c)" unless value is one of them.
 std::function<std::string(const TrainConfig&)> one_of(const std::string& name,
@@ -132,7 +124,7 @@ std::function<std::string(const TrainConfig&)> one_of(const std::string& name,
     for (const auto& choice : choices) {
       if (v == choice) return std::string();
     }
-    return name + " '" + v + "' (expected " + listed(choices) + ")";
+    return name + " '" + v + "' (expected " + names_listed(choices) + ")";
   };
 }
 
