@@ -54,12 +54,26 @@ requirements=("${FSDP_TORCH_REQUIREMENTS:-$root_dir/scripts/requirements-torch.t
 # shellcheck disable=SC2206  # a space-separated list on purpose
 requirements+=(${FSDP_EXTRA_REQUIREMENTS:-})
 stamp="$venv/.fsdp-requirements"
+# pip's own "No space left on device" comes after minutes of download and leaves a half-installed
+# environment; the torch wheel with its CUDA libraries unpacks to about 5.2 GiB (2.6 GB downloaded).
+require_free_space() {  # directory, GiB needed, what for
+  local dir=$1 need_gib=$2 what=$3 avail_kib
+  while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
+  avail_kib=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+  if [ "$avail_kib" -lt $((need_gib * 1024 * 1024)) ]; then
+    echo "setup: $what need about $need_gib GiB free on the disk of $dir; it has $((avail_kib / 1024)) MiB." >&2
+    echo "setup: free space there (df -h $dir), or set FSDP_VENV (and TMPDIR) to a folder on a larger disk" >&2
+    exit 1
+  fi
+}
 [ -x "$venv/bin/python" ] || rm -f "$stamp"
 for file in "${requirements[@]}"; do
   [ -f "$file" ] || { echo "setup: no requirements file $file" >&2; exit 1; }
   hash=$(sha256sum "$file" | cut -d' ' -f1)
   grep -qx "$hash" "$stamp" 2>/dev/null && continue
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+  require_free_space "$venv" 7 "the wheels in $file, unpacked into ${venv#$root_dir/}/"
+  require_free_space "${TMPDIR:-/tmp}" 1 "pip's download of the wheels in $file"
   echo "setup: installing into ${venv#$root_dir/}/ from PyPI: $(grep -v '^#' "$file" | xargs)"
   start=$SECONDS
   log=$(mktemp)
