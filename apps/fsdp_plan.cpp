@@ -10,11 +10,14 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/plan/memory_plan.h"
+#include "fsdp/plan/plan_fit.h"
+#include "fsdp/runtime/cpu_features.h"
 #include "fsdp/shard/storage.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/planning.h"
@@ -22,6 +25,7 @@
 
 namespace {
 
+using fsdp::plan::FitSetting;
 using fsdp::plan::Plan;
 using fsdp::plan::PlanInput;
 using fsdp::train::format_bytes;
@@ -305,6 +309,9 @@ struct PlanFlags {
   std::string lora_targets, lora_base_dtype;
   int64_t loss_chunk = -1;
   bool embeddings_in_root = false;
+  std::string fit;                    // --fit MEMORY
+  double host_link_gbps = 25;         // --fit: CPU offload's copies
+  std::set<FitSetting> config_fixed;  // --fit: the settings the config file gives
 };
 
 void declare_flags(CLI::App& app, PlanFlags& f) {
@@ -365,15 +372,25 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
                "ranks) and the process overhead on this machine, with the project's own kernels and collectives");
   app.add_flag("--compact", f.compact, "one line per plan");
   app.add_option("--json", f.json_path, "write the plan here as JSON");
+  app.add_option(
+      "--fit", f.fit,
+      "MEMORY per rank (e.g. 24GiB): search strategy, activation checkpointing, micro-batches, CPU offload, "
+      "LoRA base dtype, prefetch depth and loss chunk (those the flags and the config do not set) and print "
+      "the fastest plan that fits, with the config keys that make it (--micro-batch B without --micro-batches: B "
+      "samples per rank per step, split into micro-batches where that fits)");
+  app.add_option("--host-link-bandwidth", f.host_link_gbps,
+                 "--fit: host-device bandwidth per rank for CPU offload's copies, GB/s (default 25, PCIe 4 x16)")
+      ->check(CLI::PositiveNumber);
 }
 
 // The plan's input from a config file, as fsdp-train reads it: with its data (the vocabulary it
 // gives the model, the bytes it holds), the same prediction as the run's report. Where the data
 // cannot be read here (planning a run for elsewhere), the config alone, saying so.
-PlanInput input_from_config(const PlanFlags& f, const fsdp::comm::ProcessGroupPtr& world) {
+PlanInput input_from_config(PlanFlags& f, const fsdp::comm::ProcessGroupPtr& world) {
   std::vector<std::string> overrides = f.overrides;
   if (!f.model_name.empty()) overrides.push_back("model.name=\"" + f.model_name + "\"");
   const fsdp::train::TrainConfig c = fsdp::train::load_train_config(f.config_path, overrides);
+  f.config_fixed = fsdp::train::fit_settings_given(c);
   const int n = f.ranks > 0 ? f.ranks : (world ? world->size() : 1);
   PlanInput in;
   try {
@@ -461,7 +478,11 @@ void apply_flags(const PlanFlags& f, PlanInput& in) {
 // --calibrate: the process overhead, the slowest rank's matmul rate and the all-gather bandwidth,
 // measured here (collective: every rank of `world`).
 void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool leader) {
-  const at::ScalarType dtype = in.param_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  // bf16 compute multiplies in bf16, except on a CPU without bf16 instructions, where fsdp-train
+  // widens the operands to fp32 GEMMs (train.bf16_matmul = auto): libtorch's own bf16 GEMM there
+  // measured 1.0 GFLOP/s against 72 in fp32 (2026-12-05), a 70x wrong step estimate.
+  const bool widened = in.cpu && !fsdp::runtime::cpu_has_bf16_instructions();
+  const at::ScalarType dtype = in.param_dtype == at::kBFloat16 && !widened ? at::kBFloat16 : at::kFloat;
   in.overhead_bytes =
       std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
   world->barrier()->wait();
@@ -474,23 +495,148 @@ void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool lea
     char bandwidth[64] = "not measured (run under mpirun -np 2 or more)";
     if (world->size() > 1) std::snprintf(bandwidth, sizeof(bandwidth), "%.2f GB/s", in.bandwidth_bytes / 1e9);
     std::printf(
-        "calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul), all-gather %s per rank, "
+        "calibrated on %d rank(s): %.1f GFLOP/s per rank (%s matmul%s), all-gather %s per rank, "
         "process overhead %s\n",
-        world->size(), in.compute_flops / 1e9, fsdp::enum_name(in.param_dtype), bandwidth,
+        world->size(), in.compute_flops / 1e9, fsdp::enum_name(dtype),
+        dtype != in.param_dtype ? ", as fsdp-train multiplies bf16 on this CPU" : "", bandwidth,
         format_bytes(static_cast<double>(in.overhead_bytes)).c_str());
   }
 }
 
-// The plan as JSON at `path`, never half a file there.
-void write_json(const Plan& plan, const std::string& path) {
+// The plan as JSON at `path` (with `extra` keys), never half a file there.
+void write_json(const Plan& plan, const std::string& path, const nlohmann::json& extra = nlohmann::json::object()) {
   const std::string partial = path + ".partial";
   std::ofstream out(partial);
-  out << to_json(plan).dump(2) << "\n";
+  nlohmann::json j = to_json(plan);
+  j.update(extra);
+  out << j.dump(2) << "\n";
   out.close();
   if (!out || std::rename(partial.c_str(), path.c_str()) != 0) {
     std::remove(partial.c_str());
     throw std::runtime_error("cannot write '" + path + "'");
   }
+}
+
+// The settings the command line gives (fixed for --fit), with those the config file gives.
+std::set<FitSetting> fixed_settings(const PlanFlags& f) {
+  std::set<FitSetting> fixed = f.config_fixed;
+  if (!f.strategy.empty() || f.shard_group_size > 0) fixed.insert(FitSetting::Strategy);
+  if (f.checkpointing || f.checkpointing_every > 0) fixed.insert(FitSetting::ActivationCheckpointing);
+  // --micro-batch alone gives the samples a rank takes per step, which --fit may split into micro-batches.
+  if (f.micro_batches > 0) fixed.insert(FitSetting::MicroBatches);
+  if (f.in.cpu_offload) fixed.insert(FitSetting::CpuOffload);
+  if (!f.lora_base_dtype.empty()) fixed.insert(FitSetting::LoraBaseDtype);
+  if (f.max_inflight >= 0) fixed.insert(FitSetting::MaxInflight);
+  if (f.loss_chunk >= 0) fixed.insert(FitSetting::LossChunk);
+  return fixed;
+}
+
+// --fit ranks plans by time: the rates given or measured, else round figures for the device
+// (an H100's bf16 at ~40% and NVLink within a node; two CPU cores), said in the output.
+std::string assume_rates(PlanInput& in) {
+  std::string assumed;
+  if (in.compute_flops <= 0) {
+    in.compute_flops = in.cpu ? 0.1e12 : 400e12;
+    assumed += "compute";
+  }
+  if (in.bandwidth_bytes <= 0) {
+    in.bandwidth_bytes = in.cpu ? 2e9 : 150e9;
+    assumed += assumed.empty() ? "bandwidth" : " and bandwidth";
+  }
+  return assumed;
+}
+
+std::string settings_row(const fsdp::plan::FitCandidate& c) {
+  const PlanInput& in = c.plan.input;
+  char row[256];
+  const std::string checkpointing =
+      in.activation_checkpointing ? "every " + std::to_string(in.activation_checkpointing_every) : "off";
+  std::snprintf(row, sizeof(row), "%9.3f %10s  %-14s %-13s %5lld %-8s %-9s %4d %6lld",
+                c.step_seconds + c.offload_seconds, format_bytes(static_cast<double>(c.peak_bytes)).c_str(),
+                fsdp::enum_name(in.strategy), checkpointing.c_str(), static_cast<long long>(in.micro_batches),
+                in.cpu_offload ? "on" : "off",
+                fsdp::models::lora_spec(in.model) != nullptr && fsdp::models::lora_spec(in.model)->enabled()
+                    ? fsdp::enum_name(in.lora_base_dtype)
+                    : "-",
+                in.max_inflight, static_cast<long long>(in.loss_chunk_tokens));
+  return row;
+}
+
+// The settings of `chosen` as config keys: TOML tables to add to a config, and --set arguments.
+void print_fit_config(const PlanInput& chosen, const std::set<FitSetting>& fixed) {
+  auto values = fsdp::train::fit_config_values(chosen, fixed);
+  if (values.empty()) return;
+  const auto table_of = [](const std::pair<std::string, std::string>& v) {
+    return v.first.substr(0, v.first.find('.'));
+  };
+  std::stable_sort(values.begin(), values.end(),
+                   [&](const auto& a, const auto& b) { return table_of(a) < table_of(b); });
+  std::printf("config keys (add them to the config's tables, or pass them to fsdp-train as --set):\n");
+  std::string section, set_args;
+  for (const auto& [key, value] : values) {
+    const std::string table = key.substr(0, key.find('.')), name = key.substr(key.find('.') + 1);
+    if (table != section) std::printf("  [%s]\n", table.c_str());
+    section = table;
+    std::printf("  %s = %s\n", name.c_str(), value.c_str());
+    set_args += " --set " + key + "=" + (value[0] == '"' ? "'" + value + "'" : value);
+  }
+  std::printf("  fsdp-train CONFIG%s\n", set_args.c_str());
+}
+
+// --fit: the fastest plan that fits, the next ones, and its config keys. 1 when none fits.
+int fit(const PlanFlags& f, PlanInput in) {
+  fsdp::plan::FitRequest request;
+  request.memory_bytes = fsdp::plan::parse_bytes(f.fit);
+  in.device_memory_bytes = request.memory_bytes;
+  const std::string assumed = assume_rates(in);
+  request.base = in;
+  request.fixed = fixed_settings(f);
+  request.host_link_bytes_per_second = f.host_link_gbps * 1e9;
+  const fsdp::plan::FitResult result = fsdp::plan::fit_plans(request);
+  std::string searched, fixed;
+  for (FitSetting s : fsdp::plan::all_fit_settings()) {
+    std::string& list = request.fixed.count(s) ? fixed : searched;
+    list += (list.empty() ? "" : ", ") + std::string(fsdp::plan::fit_setting_name(s));
+  }
+  const std::string memory = format_bytes(static_cast<double>(request.memory_bytes));
+  if (result.fitting.empty()) {
+    std::printf("fsdp-plan --fit %s: none of %lld plans fits; the smallest needs %s per rank:\n", memory.c_str(),
+                static_cast<long long>(result.searched),
+                format_bytes(static_cast<double>(result.smallest.peak_bytes)).c_str());
+    print_plan(result.smallest.plan, false);
+    std::printf("searched: %s%s%s; more ranks, a shorter sequence or a smaller micro-batch would take less\n",
+                searched.c_str(), fixed.empty() ? "" : "; fixed: ", fixed.c_str());
+    return 1;
+  }
+  std::printf("fsdp-plan --fit %s per rank: %lld plans searched, %zu fit; the fastest:\n", memory.c_str(),
+              static_cast<long long>(result.searched), result.fitting.size());
+  print_plan(result.fitting.front().plan, false);
+  std::printf("searched: %s%s%s\n", searched.c_str(),
+              fixed.empty() ? "" : "; fixed by the config or the flags: ", fixed.c_str());
+  std::printf("ranked at %.3g TFLOP/s and %.3g GB/s per rank%s, offload's copies at %.3g GB/s\n",
+              in.compute_flops / 1e12, in.bandwidth_bytes / 1e9,
+              assumed.empty() ? "" : (" (" + assumed + " assumed: --tflops, --bandwidth or --calibrate)").c_str(),
+              f.host_link_gbps);
+  std::printf(
+      "the fastest that fit:\n   step s       peak  strategy       checkpointing micro offload  base   inflight "
+      "chunk\n");
+  for (size_t i = 0; i < result.fitting.size() && i < 5; ++i)
+    std::printf("  %s\n", settings_row(result.fitting[i]).c_str());
+  print_fit_config(result.fitting.front().plan.input, request.fixed);
+  if (!f.json_path.empty()) {
+    // "fit": what was searched, and the chosen plan's config keys with their TOML values (as --set takes them).
+    nlohmann::json keys = nlohmann::json::object();
+    for (const auto& [key, value] : fsdp::train::fit_config_values(result.fitting.front().plan.input, request.fixed))
+      keys[key] = value;
+    write_json(result.fitting.front().plan, f.json_path,
+               {{"fit",
+                 {{"memory_bytes", request.memory_bytes},
+                  {"searched", result.searched},
+                  {"fitting", result.fitting.size()},
+                  {"step_seconds", result.fitting.front().step_seconds},
+                  {"config_keys", keys}}}});
+  }
+  return 0;
 }
 
 }  // namespace
@@ -513,6 +659,10 @@ int main(int argc, char** argv) {
     PlanInput in = flags.config_path.empty() ? input_from_model(flags, world) : input_from_config(flags, world);
     apply_flags(flags, in);
     if (flags.calibrate) calibrate(in, world, leader);
+    if (!flags.fit.empty()) {
+      if (!flags.memory.empty()) throw std::invalid_argument("--fit takes the memory: leave out --memory");
+      return leader ? fit(flags, in) : 0;
+    }
     const Plan plan = fsdp::plan::make_plan(in);
     if (leader) {
       print_plan(plan, flags.compact);

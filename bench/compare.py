@@ -42,6 +42,10 @@ def mpirun(ranks):
     return ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(ranks), *env_flags]
 
 
+class RunFailed(Exception):
+    """A command that exited with a status it should not have, or ran past RUN_TIMEOUT."""
+
+
 def run(command, log_path, allowed=(0,)):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.pop("OMP_NUM_THREADS", None)  # every program sets its own thread count
@@ -50,11 +54,11 @@ def run(command, log_path, allowed=(0,)):
             done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                   timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
-            sys.exit(f"compare: {' '.join(map(str, command))} ran past {RUN_TIMEOUT} s; log: {log_path}")
+            raise RunFailed(f"{' '.join(map(str, command))} ran past {RUN_TIMEOUT} s; log: {log_path}")
     if done.returncode not in allowed:
         tail = Path(log_path).read_text().splitlines()[-15:]
-        sys.exit(f"compare: {' '.join(map(str, command))} failed (exit {done.returncode}); "
-                 f"end of {log_path}:\n" + "\n".join(tail))
+        raise RunFailed(f"{' '.join(map(str, command))} failed (exit {done.returncode}); "
+                        f"end of {log_path}:\n" + "\n".join(tail), done.returncode)
     return done.returncode
 
 
@@ -76,7 +80,10 @@ def fsdp_run(a, ranks, work):
                "--progress", "lines"]
     for key, value in sets.items():
         command += ["--set", f"{key}={json.dumps(value) if isinstance(value, str) else value}"]
-    run(command, work / f"fsdp_np{ranks}.log")
+    try:
+        run(command, work / f"fsdp_np{ranks}.log")
+    except RunFailed as e:  # fsdp.cpp's own run failing ends the comparison
+        sys.exit(f"compare: {e.args[0]}")
     steps = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if "step" in r]
     if len(steps) != a.steps:
@@ -89,13 +96,30 @@ def fsdp_run(a, ranks, work):
 def json_run(a, command, name, work):
     out = work / f"{name}.json"
     out.unlink(missing_ok=True)
-    run([*command, *model_args(a), "--json", str(out)], work / f"{name}.log", allowed=(0, 3))
-    r = json.loads(out.read_text())
+    # A peer is one cell of the table: its failure is shown there and the comparison goes on. One
+    # that wrote its result and then failed on the way out (PyTorch's gloo teardown has aborted with
+    # "terminate called without an active exception", exit 134) keeps its result, with a note.
+    log = work / f"{name}.log"
+    exit_after_result = None
+    try:
+        run([*command, *model_args(a), "--json", str(out)], log, allowed=(0, 3))
+    except RunFailed as e:
+        status = e.args[1] if len(e.args) > 1 else None
+        if status is None or not out.exists():
+            return {"error": f"exit {status} before its result; log {log}" if status is not None else e.args[0]}
+        exit_after_result = status
+    try:
+        r = json.loads(out.read_text())
+    except ValueError:
+        return {"error": f"its result {out} is not JSON; log {log}"}
     if "error" in r:  # torch_gpt.py's wrapper failed: its exception goes into the table
         return {"error": r["error"]}
     peak = r.get("peak_resident_bytes", max(r.get("peak_resident_bytes_per_rank", [0])))
-    return {"step_seconds": r["step_seconds"][a.warmup:], "tokens_per_step": r["batch"] * r["seq"],
-            "peak_resident_bytes": peak, "losses": r["losses"], "parameters": r["parameters"]}
+    result = {"step_seconds": r["step_seconds"][a.warmup:], "tokens_per_step": r["batch"] * r["seq"],
+              "peak_resident_bytes": peak, "losses": r["losses"], "parameters": r["parameters"]}
+    if exit_after_result is not None:
+        result["exit_after_result"] = exit_after_result
+    return result
 
 
 def plot(rows, png, work):
@@ -178,6 +202,8 @@ def main():
             elif family == "libtorch":
                 extra = ["--keep-freed-memory-mapped"] if variant == "fsdp" else []
                 r = json_run(a, [str(ROOT / "build/bench/plain_gpt"), "--threads", str(cores), *extra], name, work)
+                if "error" in r:  # the baseline every ratio divides by: the comparison cannot go on
+                    sys.exit(f"compare: plain libtorch failed: {r['error']}")
             else:
                 launcher = mpirun(n) if n > 1 else []
                 wrapper = ["--wrap", family] if n > 1 else []
@@ -202,6 +228,9 @@ def main():
             row["error"] = errors[0]
             rows.append(row)
             continue
+        exits = [r["exit_after_result"] for r in runs if "exit_after_result" in r]
+        if exits:
+            row["exit_after_result"] = exits
         steps = [s for r in runs for s in r["step_seconds"]]
         median_step = statistics.median(steps)
         row.update({
@@ -240,7 +269,8 @@ def main():
         print(f"{r['label']:<38} {r['threads_per_rank']:>3} {r['tokens_per_second']:>9.0f} "
               f"{r['tokens_vs_libtorch']:>5.2f}x {fmt(r['tokens_vs_ddp'], 7)} {fmt(r['tokens_vs_fsdp2'], 8)} "
               f"{r['peak_resident_mib']:>12.1f} {fmt(r['memory_vs_ddp'], 7)} {fmt(r['memory_vs_fsdp2'], 8)} "
-              f"{r['first_loss']:>7.4f}")
+              f"{r['first_loss']:>7.4f}" + (f"  (wrote its result, then exited {r['exit_after_result']})"
+                                              if "exit_after_result" in r else ""))
     out = {"model": {"layers": a.layers, "dim": a.dim, "heads": a.heads, "vocab": 256, "seq": a.seq,
                      "parameters": next((r["parameters"] for r in rows if r["parameters"]), None)},
            "global_batch": a.batch, "steps": a.steps, "warmup": a.warmup, "rounds": a.rounds, "cores": cores,

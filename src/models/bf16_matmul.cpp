@@ -74,7 +74,7 @@ at::Tensor matmul_in_compute_dtype(const at::Tensor& a, const at::Tensor& b) {
   return at::matmul(a.to(at::kFloat), b.scalar_type() == at::kFloat ? b : b.to(at::kFloat)).to(a.scalar_type());
 }
 
-at::Tensor matmul_operand(const at::Tensor& t) { return widened(t) ? t.to(at::kFloat) : t; }
+bool matmul_widens(const at::Tensor& t) { return widened(t); }
 
 Bf16MatmulTimes time_bf16_matmuls(const std::vector<LinearShape>& shapes, int repeats) {
   // Restores the mode it found, on an exception too.

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -14,14 +15,44 @@ namespace {
 
 constexpr int64_t kIgnored = -100;
 
+// Where bf16 products widen their operands (Bf16Matmul::Fp32, CPUs without bf16 instructions),
+// the head's weight [vocab, dim] is widened this many vocabulary rows at a time (128 MiB of fp32
+// at width 4096), never whole: Llama 3's whole head in fp32 is 2.1 GB at 8 B, 4.2 GB at 70 B, on
+// every rank, in forward and again in backward.
+constexpr int64_t kWidenedVocabRows = 8192;
+
 // One chunk's logits [rows, vocab], written as fp32 into `out` (a view of the op's chunk buffer):
 // computed in the compute dtype, as the composed head is (a bf16 product rounded to bf16, then
 // widened). fp32 operands: one GEMM straight into `out`, no temporary.
 void chunk_logits_into(at::Tensor out, const at::Tensor& hidden_chunk, const at::Tensor& weight) {
   if (hidden_chunk.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
     at::mm_out(out, hidden_chunk, weight.t());
-  } else {
+  } else if (!matmul_widens(hidden_chunk)) {
     out.copy_(matmul_in_compute_dtype(hidden_chunk, weight.t()));
+  } else {
+    const at::Tensor h = hidden_chunk.to(at::kFloat);  // [rows, dim] fp32
+    for (int64_t v = 0; v < weight.size(0); v += kWidenedVocabRows) {
+      const int64_t slice = std::min(kWidenedVocabRows, weight.size(0) - v);
+      out.narrow(1, v, slice)
+          .copy_(at::mm(h, weight.narrow(0, v, slice).to(at::kFloat).t()).to(hidden_chunk.scalar_type()));
+    }
+  }
+}
+
+// d hidden for one chunk's rows: dz [rows, vocab] (in the compute dtype) times weight [vocab, dim],
+// into grad_rows [rows, dim]; widened products sum the vocabulary slices in fp32, then round once.
+void chunk_input_grad_into(at::Tensor grad_rows, const at::Tensor& dz_compute, const at::Tensor& weight) {
+  if (dz_compute.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) {
+    at::mm_out(grad_rows, dz_compute, weight);
+  } else if (!matmul_widens(dz_compute)) {
+    grad_rows.copy_(matmul_in_compute_dtype(dz_compute, weight));
+  } else {
+    at::Tensor sum = at::zeros(grad_rows.sizes(), grad_rows.options().dtype(at::kFloat));  // [rows, dim] fp32
+    for (int64_t v = 0; v < weight.size(0); v += kWidenedVocabRows) {
+      const int64_t slice = std::min(kWidenedVocabRows, weight.size(0) - v);
+      sum.addmm_(dz_compute.narrow(1, v, slice).to(at::kFloat), weight.narrow(0, v, slice).to(at::kFloat));
+    }
+    grad_rows.copy_(sum);
   }
 }
 
@@ -49,7 +80,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const int64_t n = hidden.size(0);
     at::Tensor lse = at::empty({n}, hidden.options().dtype(at::kFloat));  // [n] fp32, kept for backward
     at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
-    const at::Tensor w = matmul_operand(weight);  // widened once for all chunks, where it is widened
+    const at::Tensor& w = weight;
     const at::Tensor buffer = chunk_buffer(chunk_rows, n, weight);
     for (int64_t start = 0; start < n; start += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - start);
@@ -75,7 +106,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const at::Tensor g = grad_outputs[0].to(at::kFloat);  // scalar
     const bool need_hidden = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
     const int64_t n = hidden.size(0);
-    const at::Tensor w = matmul_operand(weight);  // as in forward
+    const at::Tensor& w = weight;
     at::Tensor grad_hidden = need_hidden ? at::empty_like(hidden) : at::Tensor();
     // [vocab, dim], accumulated in place chunk by chunk (addmm_: no [vocab, dim] temporary per
     // chunk): in the weight's own dtype when it is fp32 or wider (returned as it is), else in fp32
@@ -99,15 +130,12 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
       dz.mul_((counted.to(at::kFloat) * g).unsqueeze(1));
       const at::Tensor dz_compute = dz.to(hidden.scalar_type());
       if (need_hidden) {
-        at::Tensor grad_rows = grad_hidden.narrow(0, start, rows);  // contiguous rows of grad_hidden
-        if (dz_compute.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat)
-          at::mm_out(grad_rows, dz_compute, w);
-        else grad_rows.copy_(matmul_in_compute_dtype(dz_compute, w));
+        chunk_input_grad_into(grad_hidden.narrow(0, start, rows), dz_compute, w);  // contiguous rows
       }
       if (need_weight) {
         if (accumulate_in_weight_dtype) {
           grad_weight.addmm_(dz_compute.t(), h);
-        } else if (w.scalar_type() == at::kFloat) {
+        } else if (matmul_widens(w)) {
           // bf16 matmuls widened (train.bf16_matmul = fp32, CPUs without bf16 instructions): fp32
           // operands, as every other GEMM then is; dz is fp32 already, h [rows, dim] small.
           grad_weight.addmm_(dz.t(), h.to(at::kFloat));

@@ -34,7 +34,7 @@ class VitFamily final : public FamilyOf<VitConfig> {
         // ImageNet shapes at 224x224 with 1000 classes.
         {"vit-test", vit(28, 7, 1, 10, 2, 32, 2, 64)},          {"vit-fmnist", vit(28, 7, 1, 10, 6, 128, 4, 256)},
         {"vit-s16", vit(224, 16, 3, 1000, 12, 384, 6, 1536)},   {"vit-b16", vit(224, 16, 3, 1000, 12, 768, 12, 3072)},
-        {"vit-l16", vit(224, 16, 3, 1000, 24, 1024, 16, 4096)},
+        {"vit-l16", vit(224, 16, 3, 1000, 24, 1024, 16, 4096)}, {"vit-h14", vit(224, 14, 3, 1000, 32, 1280, 16, 5120)},
     };
   }
   std::vector<ModelField> fields(ModelConfig& config) const override {

@@ -70,7 +70,10 @@ Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_
       for (size_t i = 0; i < params[kind].size(); ++i)
         selected.push_back(options.frozen_nf4(names[kind][i], params[kind][i]));
       nf4 = std::find(selected.begin(), selected.end(), true) != selected.end();
-      if (nf4) flat->set_nf4_storage(selected, options.nf4_double_quant, options.frozen_dtype);
+      if (nf4) {
+        flat->set_nf4_storage(selected, options.nf4_double_quant, options.frozen_dtype,
+                              !options.nf4_values_loaded_later);
+      }
     }
     flat->reshard();
     // Before the grad accumulators exist: a dtype change would drop them.

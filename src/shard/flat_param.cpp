@@ -70,8 +70,20 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
 
   torch::NoGradGuard no_grad;
   compute_device_ = device;
-  unsharded_ = empty_buffer(layout_.padded_numel, at::kFloat, device).zero_();
-  for (size_t i = 0; i < params_.size(); ++i) {
+  // A unit of one parameter that needs no padding (a token embedding, an output head) takes the
+  // parameter's own memory as its unsharded buffer: a copy would hold it twice while the unit is
+  // made, and an 8 B Llama's embedding and head are 2.1 GB each in fp32 on every rank.
+  const bool adopt = params_.size() == 1 && device.is_cpu() && layout_.padded_numel == params_[0].numel() &&
+                     params_[0].is_contiguous() && params_[0].storage_offset() == 0 &&
+                     params_[0].storage().nbytes() == static_cast<size_t>(params_[0].numel()) * sizeof(float) &&
+                     params_[0].storage().use_count() == 1;
+  if (adopt) {
+    unsharded_ = params_[0].detach().reshape(-1);
+    params_[0].set_data(unsharded_.view(layout_.entries[0].shape));
+  } else {
+    unsharded_ = empty_buffer(layout_.padded_numel, at::kFloat, device).zero_();
+  }
+  for (size_t i = 0; i < params_.size() && !adopt; ++i) {
     const FlatEntry& entry = layout_.entries[i];
     unsharded_.narrow(0, entry.offset, entry.numel).copy_(params_[i].reshape(-1));
     // The parameter keeps its TensorImpl (and so its grad accumulator); its data becomes a view.
@@ -238,7 +250,8 @@ int64_t FlatParam::gather_wire_bytes() const {
   return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(wire_dtype()));
 }
 
-void FlatParam::set_nf4_storage(const std::vector<bool>& nf4, bool double_quant, at::ScalarType raw_dtype) {
+void FlatParam::set_nf4_storage(const std::vector<bool>& nf4, bool double_quant, at::ScalarType raw_dtype,
+                                bool encode_values) {
   if (trainable_)
     throw std::invalid_argument("fully_shard: only frozen parameters may be stored as NF4 (unit '" + unit_name_ + "')");
   if (replicate_) throw std::invalid_argument("fully_shard: an NF4 base needs a sharding strategy (not no_shard)");
@@ -253,6 +266,10 @@ void FlatParam::set_nf4_storage(const std::vector<bool>& nf4, bool double_quant,
   // Every rank holds the whole unit here (built alike everywhere); each encodes the weights whose
   // bytes overlap its shard, one at a time.
   nf4_ = std::move(storage);
+  if (!encode_values) {
+    shard_ = at::zeros({nf4_->shard_bytes}, at::TensorOptions(at::kByte).device(compute_device_));
+    return;
+  }
   const at::Tensor values = unsharded_;
   shard_ = nf4_shard_for([&](size_t i) {
              const FlatEntry& entry = layout_.entries[i];

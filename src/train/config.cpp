@@ -381,6 +381,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
     if (k.read_first) continue;
     const std::optional<ConfigValue> value = r.value(k.name, k.type, k.may_be_negative);
     if (!value) continue;
+    c.keys_given.insert(k.name);
     if (!k.applies(c)) r.fail(k.not_applicable(c));
     if (shape_from_hf_dir && k.set_by_hf_config && !k.free_beside_hf_config(c)) {
       r.fail(k.name + " is set by " + c.init_from + "/config.json (leave it out)");

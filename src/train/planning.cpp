@@ -57,4 +57,65 @@ plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks) {
   return in;
 }
 
+namespace {
+
+// Each searched setting's config keys: any of them given in a config fixes the setting.
+const std::vector<std::pair<plan::FitSetting, std::vector<std::string>>>& fit_setting_keys() {
+  static const std::vector<std::pair<plan::FitSetting, std::vector<std::string>>> keys = {
+      {plan::FitSetting::Strategy, {"fsdp.strategy", "fsdp.shard_group_size"}},
+      {plan::FitSetting::ActivationCheckpointing,
+       {"fsdp.activation_checkpointing", "fsdp.activation_checkpointing_every"}},
+      {plan::FitSetting::MicroBatches, {"train.micro_batches"}},
+      {plan::FitSetting::CpuOffload, {"fsdp.cpu_offload"}},
+      {plan::FitSetting::LoraBaseDtype, {"lora.base_dtype"}},
+      {plan::FitSetting::MaxInflight, {"fsdp.max_inflight", "fsdp.prefetch"}},
+      {plan::FitSetting::LossChunk, {"train.loss_chunk_tokens"}},
+  };
+  return keys;
+}
+
+std::string quoted(const char* text) { return std::string("\"") + text + "\""; }
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> fit_config_values(const plan::PlanInput& chosen,
+                                                                   const std::set<plan::FitSetting>& fixed) {
+  std::vector<std::pair<std::string, std::string>> values;
+  const auto searched = [&](plan::FitSetting s) { return fixed.count(s) == 0; };
+  if (searched(plan::FitSetting::Strategy)) values.emplace_back("fsdp.strategy", quoted(enum_name(chosen.strategy)));
+  if (searched(plan::FitSetting::ActivationCheckpointing)) {
+    values.emplace_back("fsdp.activation_checkpointing", chosen.activation_checkpointing ? "true" : "false");
+    if (chosen.activation_checkpointing) {
+      values.emplace_back("fsdp.activation_checkpointing_every", std::to_string(chosen.activation_checkpointing_every));
+    }
+  }
+  if (searched(plan::FitSetting::MicroBatches))
+    values.emplace_back("train.micro_batches", std::to_string(chosen.micro_batches));
+  if (searched(plan::FitSetting::CpuOffload))
+    values.emplace_back("fsdp.cpu_offload", chosen.cpu_offload ? "true" : "false");
+  const models::LoraSpec* lora = models::lora_spec(chosen.model);
+  if (searched(plan::FitSetting::LoraBaseDtype) && lora != nullptr && lora->enabled()) {
+    values.emplace_back("lora.base_dtype", quoted(enum_name(chosen.lora_base_dtype)));
+  }
+  if (searched(plan::FitSetting::MaxInflight)) {
+    // fsdp.prefetch = false plans as max_inflight 0 (plan_input): a prefetch depth of 0 says the same.
+    values.emplace_back("fsdp.max_inflight", std::to_string(chosen.max_inflight));
+    if (chosen.max_inflight > 0) values.emplace_back("fsdp.prefetch", "true");
+  }
+  if (searched(plan::FitSetting::LossChunk) && models::is_language_model(chosen.model)) {
+    values.emplace_back("train.loss_chunk_tokens", std::to_string(chosen.loss_chunk_tokens));
+  }
+  return values;
+}
+
+std::set<plan::FitSetting> fit_settings_given(const TrainConfig& config) {
+  std::set<plan::FitSetting> given;
+  for (const auto& [setting, keys] : fit_setting_keys()) {
+    for (const std::string& key : keys) {
+      if (config.keys_given.count(key) > 0) given.insert(setting);
+    }
+  }
+  return given;
+}
+
 }  // namespace fsdp::train

@@ -82,13 +82,15 @@ models::Bf16Matmul bf16_matmul_for(const TrainConfig& c) {
                                                                                    : models::Bf16Matmul::Native;
 }
 
-ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group) {
+ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group,
+                                 bool weights_loaded_after) {
   ShardedModel sharded;
   sharded.config = config.model;
   models::family_of(sharded.config).take_data_vocab(sharded.config, vocab);
   TrainConfig resolved = config;
   resolved.model = sharded.config;
   runtime::FsdpOptions options = fsdp_options(resolved);
+  options.nf4_values_loaded_later = weights_loaded_after;
   if (config.device == c10::DeviceType::CUDA) {
     // The launcher's local rank picks the GPU (comm/device_assignment.h).
     options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm::local_device_index()));

@@ -173,11 +173,16 @@ class Trainer {
   // fine-tune starts from.
   void build_model() {
     {
-      ShardedModel sharded = build_sharded_model(config_, language() ? models::vocab_size(model_config_) : 0, world_);
+      // Weights loaded below (init_from, or the checkpoint resumed) replace the random init: an NF4
+      // base is then laid out, not quantized from it.
+      const bool weights_follow = !config_.init_from.empty() || !resume_.empty();
+      ShardedModel sharded =
+          build_sharded_model(config_, language() ? models::vocab_size(model_config_) : 0, world_, weights_follow);
       model_ = sharded.model;
       state_ = sharded.state;
       device_ = state_->flat_params().empty() ? at::Device(at::kCPU) : state_->flat_params().front()->device();
     }
+    trace_memory(rank_, 0, "built");
     if (config_.device_memory_fraction > 0.0)
       runtime::set_device_memory_fraction(device_, config_.device_memory_fraction);
     parameters_ = models::parameter_count(model_config_);
@@ -188,6 +193,7 @@ class Trainer {
       } else {
         checkpoint::import_weights(*state_, model_config_, config_.init_from);
       }
+      trace_memory(rank_, 0, "loaded");
     }
     if (!config_.lora_init_adapter.empty() && resume_.empty()) {
       // Continuing a LoRA fine-tune: the adapters from PEFT's directory (the base is init_from's).

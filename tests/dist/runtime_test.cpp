@@ -8,6 +8,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
+#include "fsdp/shard/flat_param.h"
 #include "tiny_transformer.h"
 #include "process_memory.h"
 
@@ -101,6 +102,32 @@ TEST(RuntimeMemory, PersistentBytesAreOneNthOfTheModel) {
               static_cast<long long>(per_rank), world->size(), unsharded_total, ratio);
   EXPECT_GE(ratio, 1.0);   // padding only adds
   EXPECT_LE(ratio, 1.02);  // and at most 2%
+}
+
+// A unit of one parameter needing no padding (a token embedding, an output head) takes the
+// parameter's memory as its unsharded buffer instead of copying it: an 8 B Llama's embedding and
+// head are 2.1 GB each in fp32, and the copy held each twice while its unit was made. Two
+// parameters, or one that needs padding, are copied; the values are the parameter's either way.
+TEST(RuntimeMemory, AOneParameterUnitTakesTheParametersMemory) {
+  auto world = fsdp::comm::init_world();
+  const int n = world->size();
+  torch::manual_seed(8);
+  auto check = [&](std::vector<at::Tensor> params, bool adopted) {
+    std::vector<at::Tensor> expected;
+    for (const auto& p : params) expected.push_back(p.clone());
+    void* memory = params[0].data_ptr();
+    std::vector<std::string> names;
+    for (size_t i = 0; i < params.size(); ++i) names.push_back("w" + std::to_string(i));
+    fsdp::shard::FlatParam flat("unit", names, params, std::vector<std::vector<std::string>>(params.size()), world,
+                                /*replicate=*/false, /*trainable=*/true);
+    EXPECT_EQ(flat.unsharded().data_ptr() == memory, adopted) << params.size() << " parameter(s)";
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(torch::equal(params[i], expected[i]));
+    EXPECT_TRUE(torch::equal(flat.shard(), flat.unsharded().narrow(0, world->rank() * flat.layout().shard_numel,
+                                                                   flat.layout().shard_numel)));
+  };
+  check({torch::randn({24 * n, 16})}, true);
+  check({torch::randn({24 * n, 16}), torch::randn({8})}, false);
+  if (n > 1) check({torch::randn({24 * n + 1})}, false);  // n - 1 elements of padding
 }
 
 // ---- bad input

@@ -246,6 +246,40 @@ TEST(LinearCrossEntropy, EqualsTheComposedHeadAndLoss) {
                std::invalid_argument);
 }
 
+// Where bf16 products widen to fp32 (train.bf16_matmul = fp32), the head's weight is widened a
+// slice of 8,192 vocabulary rows at a time, not whole (2.1 GB at 8 B). Over a vocabulary of three
+// slices the op gives the loss of the widened product taken whole (rounded to bf16, as the
+// composed head is) and its gradients: d hidden summed slice by slice in fp32, d weight per slice.
+TEST(LinearCrossEntropy, WidenedHeadSliceBySliceEqualsTheWholeProduct) {
+  torch::manual_seed(6);
+  const int64_t n = 23, dim = 16, vocab = 20000;
+  const at::Tensor hidden0 = torch::randn({n, dim}).to(at::kBFloat16);
+  const at::Tensor weight0 = (torch::randn({vocab, dim}) * 0.3).to(at::kBFloat16);
+  const at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
+  auto ref_h = hidden0.to(at::kFloat).set_requires_grad(true), ref_w = weight0.to(at::kFloat).set_requires_grad(true);
+  // The whole widened product, rounded to bf16 (straight through for the gradient), then the loss.
+  const at::Tensor logits = torch::matmul(ref_h, ref_w.t());
+  const at::Tensor rounded = logits + (logits.to(at::kBFloat16).to(at::kFloat) - logits).detach();
+  const at::Tensor reference = torch::nn::functional::cross_entropy(
+      rounded, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  reference.backward();
+  const auto mode = fsdp::models::bf16_matmul();
+  fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Fp32);
+  for (int64_t chunk : {7, 1000}) {
+    auto h = hidden0.clone().set_requires_grad(true), w = weight0.clone().set_requires_grad(true);
+    const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets, chunk);
+    loss.backward();
+    EXPECT_NEAR(loss.item<double>(), reference.item<double>(), 1e-5 * std::abs(reference.item<double>())) << chunk;
+    auto relative = [](const at::Tensor& a, const at::Tensor& b) {
+      return ((a.to(at::kFloat) - b.to(at::kFloat)).abs().max() / b.to(at::kFloat).abs().max()).item<double>();
+    };
+    EXPECT_LT(relative(h.grad(), ref_h.grad()), 8e-3) << "d hidden (bf16), chunk " << chunk;
+    EXPECT_LT(relative(w.grad(), ref_w.grad()), 8e-3) << "d weight (bf16), chunk " << chunk;
+    EXPECT_EQ(h.grad().scalar_type(), at::kBFloat16);
+  }
+  fsdp::models::set_bf16_matmul(mode);
+}
+
 // The op computes each chunk in one reused fp32 buffer (the logits, log-sum-exp in place, then the
 // logits' gradient in place) since 2026-12-05. In fp32 it gives the bits of the same chunked sums
 // written with a fresh tensor per step (at::logsumexp, out-of-place exp, matmul), the form it

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "fsdp/shard/nf4.h"
 #include "fsdp/shard/nf4_storage.h"
@@ -39,6 +40,71 @@ TEST(Nf4, PacksTwoCodesToAByteHighNibbleFirst) {
   EXPECT_EQ(odd.packed[0].item<int>(), 0x07);
   EXPECT_EQ(odd.absmax.item<float>(), 2.0f);
   EXPECT_TRUE(torch::equal(dequantize_nf4(odd), torch::tensor({-2.0f})));
+}
+
+// quantize_nf4 is one pass over the values (8 B weights took minutes as a chain of tensor ops);
+// it must give the bytes of bitsandbytes' formulation, which this writes out op for op: whole blocks
+// times the reciprocal of their absmax, the short last block divided by its own, clamped, then
+// bucketize on the midpoints of the code (a value equal to a midpoint takes the lower code). The
+// weights: float32 and bfloat16, a short last block and an odd count, a block of zeros, and a block
+// whose values lie exactly on the midpoints and on each side of them.
+TEST(Nf4, QuantizesAsBitsandbytesOpForOp) {
+  const std::vector<float> code = {-1.0f,
+                                   -0.6961928009986877f,
+                                   -0.5250730514526367f,
+                                   -0.39491748809814453f,
+                                   -0.28444138169288635f,
+                                   -0.18477343022823334f,
+                                   -0.09105003625154495f,
+                                   0.0f,
+                                   0.07958029955625534f,
+                                   0.16093020141124725f,
+                                   0.24611230194568634f,
+                                   0.33791524171829224f,
+                                   0.44070982933044434f,
+                                   0.5626170039176941f,
+                                   0.7229568362236023f,
+                                   1.0f};
+  const auto code_tensor = torch::tensor(code);
+  const auto midpoints = (code_tensor.slice(0, 0, -1) + code_tensor.slice(0, 1)) / 2;
+  auto reference = [&](const at::Tensor& weight, int64_t blocksize) {
+    const auto flat = weight.reshape(-1).to(at::kFloat);
+    const int64_t n = flat.numel(), full = n - n % blocksize;
+    std::vector<at::Tensor> absmax, scaled;
+    const auto blocks = flat.slice(0, 0, full).reshape({-1, blocksize});
+    absmax.push_back(std::get<0>(blocks.abs().max(-1)));
+    scaled.push_back(at::clamp(blocks * at::reciprocal(absmax[0].clamp_min(1e-38)).view({-1, 1}), -1, 1).reshape(-1));
+    if (full < n) {
+      const auto largest = flat.slice(0, full).abs().max().clamp_min(1e-38);
+      absmax.push_back(largest.unsqueeze(0));
+      scaled.push_back(at::clamp(flat.slice(0, full) / largest, -1, 1));
+    }
+    auto all = at::cat(scaled);
+    if (all.numel() % 2) all = at::constant_pad_nd(all, {0, 1}, 0.0);
+    const auto index = at::bucketize(all, midpoints, true).to(at::kByte);
+    const auto packed = at::bitwise_or(at::bitwise_left_shift(index.slice(0, 0, c10::nullopt, 2), 4),
+                                       index.slice(0, 1, c10::nullopt, 2));
+    return std::make_pair(packed, at::cat(absmax));
+  };
+  torch::manual_seed(11);
+  auto edges = torch::zeros({3, 64});
+  edges[0] = torch::randn({64});                            // an ordinary block
+  edges[1].zero_();                                         // zeros: absmax 0, every code 7
+  edges[2].slice(0, 0, 15).copy_(midpoints);                // on the midpoints
+  edges[2].slice(0, 15, 30).copy_(midpoints * (1 + 1e-6));  // just above them
+  edges[2].slice(0, 30, 45).copy_(midpoints * (1 - 1e-6));  // just below
+  edges[2][63] = 1.0f;                                      // absmax 1: the scaled values are the values
+  const auto random = torch::randn({4093}) * 0.02;          // 63 blocks and 61, an odd count
+  for (const auto& weight : {edges.reshape(-1), random, random.to(at::kBFloat16), edges.to(at::kBFloat16)}) {
+    for (int64_t blocksize : {64, 256}) {
+      const auto q = quantize_nf4(weight, blocksize, /*double_quant=*/false);
+      const auto [packed, absmax] = reference(weight, blocksize);
+      EXPECT_TRUE(torch::equal(q.packed, packed))
+          << weight.numel() << " " << weight.scalar_type() << " block " << blocksize;
+      EXPECT_TRUE(torch::equal(q.absmax, absmax))
+          << weight.numel() << " " << weight.scalar_type() << " block " << blocksize;
+    }
+  }
 }
 
 // Every element comes back within half the widest gap between NF4 values (-1 and -0.696) of its

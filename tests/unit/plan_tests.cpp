@@ -4,9 +4,13 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "fsdp/models/registry.h"
 #include "fsdp/plan/memory_plan.h"
+#include "fsdp/plan/plan_fit.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/planning.h"
 #include "fsdp/train/sharded_model.h"
@@ -364,6 +368,112 @@ TEST(Plan, ClipCountsBothTowersAndTheGatheredFeatures) {
     ADD_FAILURE() << "fsdp.wrap = tower should be refused";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("is not modelled"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace plan_tests
+
+namespace plan_tests {
+
+using fsdp::plan::fit_plans;
+using fsdp::plan::FitRequest;
+using fsdp::plan::FitSetting;
+
+// Llama 3 70B with LoRA rank 16 on 8 GPUs, bf16 compute, round rates (the fit ranks by time).
+FitRequest llama70b_lora_fit(int64_t memory_bytes) {
+  FitRequest r;
+  r.base = llama70b(8, "full_shard");
+  r.base.param_dtype = at::kBFloat16;
+  fsdp::models::LoraSpec lora;
+  lora.rank = 16;
+  lora.targets = fsdp::models::linear_layers(r.base.model);
+  *fsdp::models::mutable_lora_spec(r.base.model) = lora;
+  r.base.compute_flops = 400e12;
+  r.base.bandwidth_bytes = 150e9;
+  r.memory_bytes = memory_bytes;
+  return r;
+}
+
+// --fit: every plan it keeps fits, best first; the one it recommends is a plan make_plan makes of
+// those settings; what is fixed stays; offload, whose host copies cost time, only where needed.
+TEST(PlanFit, KeepsOnlyPlansThatFitFastestFirst) {
+  FitRequest r = llama70b_lora_fit(parse_bytes("24GB"));
+  const auto result = fit_plans(r);
+  ASSERT_FALSE(result.fitting.empty());
+  EXPECT_GT(result.searched, static_cast<int64_t>(result.fitting.size())) << "some plans do not fit 24 GB";
+  for (size_t i = 0; i < result.fitting.size(); ++i) {
+    EXPECT_LE(result.fitting[i].peak_bytes, r.memory_bytes);
+    if (i > 0) EXPECT_LE(result.fitting[i - 1].rank_seconds, result.fitting[i].rank_seconds);
+  }
+  const auto& best = result.fitting.front();
+  EXPECT_EQ(make_plan(best.plan.input).memory.device_total(), best.peak_bytes);
+  EXPECT_FALSE(best.plan.input.cpu_offload) << "a plan without offload fits: its copies cost time";
+  EXPECT_GT(make_plan(r.base).memory.device_total(), r.memory_bytes) << "the user's own settings do not fit";
+
+  r.fixed = {FitSetting::Strategy, FitSetting::LossChunk};
+  r.base.strategy = fsdp::runtime::ShardingStrategy::ShardGradOp;
+  for (const auto& c : fit_plans(r).fitting) {
+    EXPECT_EQ(c.plan.input.strategy, fsdp::runtime::ShardingStrategy::ShardGradOp);
+    EXPECT_EQ(c.plan.input.loss_chunk_tokens, r.base.loss_chunk_tokens);
+  }
+}
+
+// Where the user's settings fit and nothing is faster, they are the answer (each change costs 1%);
+// where nothing fits, the smallest plan says by how much: checkpointing and offload on (with the
+// shards on the host, the base's dtype no longer decides the device's share).
+TEST(PlanFit, TheUsersSettingsWhenTheyFitTheSmallestWhenNothingDoes) {
+  FitRequest r = llama70b_lora_fit(parse_bytes("1TB"));
+  r.base.activation_checkpointing = true;
+  const auto roomy = fit_plans(r);
+  ASSERT_FALSE(roomy.fitting.empty());
+  const PlanInput& chosen = roomy.fitting.front().plan.input;
+  EXPECT_EQ(chosen.strategy, r.base.strategy);
+  EXPECT_FALSE(chosen.activation_checkpointing) << "recomputing costs a third of the forward: off is faster";
+  EXPECT_EQ(chosen.lora_base_dtype, r.base.lora_base_dtype);
+  EXPECT_EQ(chosen.max_inflight, r.base.max_inflight);
+
+  r.memory_bytes = parse_bytes("4GB");
+  const auto tight = fit_plans(r);
+  EXPECT_TRUE(tight.fitting.empty());
+  EXPECT_GT(tight.smallest.peak_bytes, r.memory_bytes);
+  EXPECT_TRUE(tight.smallest.plan.input.activation_checkpointing);
+  EXPECT_TRUE(tight.smallest.plan.input.cpu_offload);
+}
+
+// The config keys --fit prints give a run that plans as the plan it chose: every fitting plan of a
+// small LoRA Llama, its keys passed as --set overrides, read back through plan_input. And a key
+// the config gives fixes its setting.
+TEST(PlanFit, ItsConfigKeysPlanAsTheChosenPlan) {
+  const std::string text =
+      "[model]\nname = \"llama-tiny\"\n[train]\nglobal_batch = 8\nseq_len = 64\n[fsdp]\nparam_dtype = \"bfloat16\"\n"
+      "[lora]\nrank = 4\ntargets = \"all-linear\"\nbase_dtype = \"bfloat16\"\n";
+  const auto config = fsdp::train::parse_train_config(text, "fit.toml");
+  FitRequest r;
+  r.base = fsdp::train::plan_input(config, 2);
+  r.base.compute_flops = 1e11;
+  r.base.bandwidth_bytes = 2e9;
+  r.memory_bytes = parse_bytes("1GiB");
+  r.fixed = fsdp::train::fit_settings_given(config);
+  EXPECT_EQ(r.fixed, std::set<FitSetting>{FitSetting::LoraBaseDtype}) << "lora.base_dtype is in the file";
+  const auto result = fit_plans(r);
+  ASSERT_GT(result.fitting.size(), 20u);
+  for (const auto& c : result.fitting) {
+    std::vector<std::string> overrides;
+    for (const auto& [key, value] : fsdp::train::fit_config_values(c.plan.input, r.fixed)) {
+      overrides.push_back(key + "=" + value);
+    }
+    const auto again = fsdp::train::plan_input(fsdp::train::parse_train_config(text, "fit.toml", overrides), 2);
+    const PlanInput& want = c.plan.input;
+    EXPECT_EQ(again.strategy, want.strategy);
+    EXPECT_EQ(again.activation_checkpointing, want.activation_checkpointing);
+    if (want.activation_checkpointing)
+      EXPECT_EQ(again.activation_checkpointing_every, want.activation_checkpointing_every);
+    EXPECT_EQ(again.micro_batches, want.micro_batches);
+    EXPECT_EQ(again.micro_batch, want.micro_batch);
+    EXPECT_EQ(again.max_inflight, want.max_inflight);
+    EXPECT_EQ(again.loss_chunk_tokens, want.loss_chunk_tokens);
+    EXPECT_EQ(again.lora_base_dtype, want.lora_base_dtype);
+    EXPECT_EQ(make_plan(again).memory.device_total(), make_plan(want).memory.device_total());
   }
 }
 

@@ -30,7 +30,7 @@ Bf16Matmul bf16_matmul();
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 // a [n, k] @ b [k, m] without autograd (inside custom autograd functions), the same way; the
-// result in a's dtype. b may come already widened (matmul_operand).
+// result in a's dtype. b may come already widened.
 at::Tensor matmul_in_compute_dtype(const at::Tensor& a, const at::Tensor& b);
 
 // One linear layer's GEMMs: x [rows, in] times weight [out, in] transposed, and its backward.
@@ -52,8 +52,7 @@ struct Bf16MatmulTimes {
 };
 Bf16MatmulTimes time_bf16_matmuls(const std::vector<LinearShape>& shapes, int repeats = 3);
 
-// An operand several matmul_in_compute_dtype calls share (the head's weight across loss chunks),
-// widened once to fp32 where those calls would widen it each time; else the tensor itself.
-at::Tensor matmul_operand(const at::Tensor& t);
+// Does a product with bf16 operand `t` widen its operands to fp32 (Bf16Matmul::Fp32)?
+bool matmul_widens(const at::Tensor& t);
 
 }  // namespace fsdp::models

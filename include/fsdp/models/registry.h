@@ -5,7 +5,7 @@
 // Names (each with an exact parameter count and FLOPs per token or image):
 //   gpt-test, gpt-tiny, gpt-mini, gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl
 //   llama-test, llama-tiny, llama-small, llama3-1b (Llama 3.2 1B), llama3-8b, llama3-70b
-//   vit-test, vit-fmnist, vit-s16, vit-b16, vit-l16
+//   vit-test, vit-fmnist, vit-s16, vit-b16, vit-l16, vit-h14 (632,045,800 parameters, as torchvision's vit_h_14)
 //   clip-test, clip-fmnist (byte captions, 28x28 greyscale), clip-vit-b32, clip-vit-l14
 //   llava-test, llava-fmnist (byte text, 28x28 greyscale), llava-1.5-7b
 // The small language models default to a byte vocabulary (256); the trainer sets vocab from the

@@ -57,6 +57,9 @@ struct FsdpOptions {
   // Meant for linear weights; empty: none. nf4_double_quant: bitsandbytes' compress_statistics.
   std::function<bool(const std::string& name, const at::Tensor& param)> frozen_nf4;
   bool nf4_double_quant = true;
+  // The NF4 weights' values come from loading after construction (model.init_from): laid out, not
+  // quantized from the random init (at 8 B that was minutes of a rank's start for bytes overwritten).
+  bool nf4_values_loaded_later = false;
 };
 
 }  // namespace fsdp::runtime

@@ -90,8 +90,10 @@ class FlatParam {
   // `nf4` selects (linear weights) quantized, the others in `raw_dtype`; the shard becomes this
   // rank's shard_bytes of the encoded bytes (uint8), a gather moves those bytes and decodes them
   // into the compute dtype. Call while unsharded, with the values to quantize in place (at
-  // construction); throws for a trainable or replicated FlatParam.
-  void set_nf4_storage(const std::vector<bool>& nf4, bool double_quant, at::ScalarType raw_dtype);
+  // construction); throws for a trainable or replicated FlatParam. encode_values false: the shard's
+  // bytes are zeros, for the caller to fill (loading weights: nf4_shard_for) before any gather.
+  void set_nf4_storage(const std::vector<bool>& nf4, bool double_quant, at::ScalarType raw_dtype,
+                       bool encode_values = true);
   // The NF4 layout, or nullptr when the shard holds the values themselves.
   const Nf4StorageLayout* nf4_storage() const { return nf4_.get(); }
   // This rank's shard of the NF4 bytes (uint8 [shard_bytes], CPU) for new entry values (loading

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,9 @@ struct GuardConfig {
 
 struct TrainConfig {
   std::string source;  // where it was read from, for messages
+  // The keys the file and the --set overrides give ("fsdp.strategy", ...), the rest being defaults
+  // or derived: what a user fixed (fsdp-plan --fit searches the others).
+  std::set<std::string> keys_given;
   std::string name = "run";
   uint64_t seed = 1234;
   std::string output_dir;  // default runs/<name>

@@ -3,7 +3,13 @@
 // configs through it, and fsdp-train records the plan's per-rank memory beside what it measures.
 #pragma once
 
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "fsdp/plan/memory_plan.h"
+#include "fsdp/plan/plan_fit.h"
 #include "fsdp/train/config.h"
 
 namespace fsdp::train {
@@ -17,5 +23,14 @@ plan::PlanInput plan_input(const TrainConfig& config, int ranks);
 // in memory (data::Dataset::held_bytes). What the run's own prediction is made of. Throws as
 // fsdp-train would when the data cannot be read.
 plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks);
+
+// The config keys and TOML values that give a run `chosen`'s searched settings (fsdp-plan --fit's
+// answer), for those not in `fixed`: ("fsdp.strategy", "\"full_shard\""), ... The inverse of
+// plan_input for them: a config given these as --set overrides plans as `chosen` does.
+std::vector<std::pair<std::string, std::string>> fit_config_values(const plan::PlanInput& chosen,
+                                                                   const std::set<plan::FitSetting>& fixed);
+
+// The settings a config fixes for --fit: those whose keys it gives (TrainConfig::keys_given).
+std::set<plan::FitSetting> fit_settings_given(const TrainConfig& config);
 
 }  // namespace fsdp::train

@@ -33,7 +33,10 @@ struct ShardedModel {
 };
 // Built with the config's seed on every rank (the CPU draws, whatever the device), sharded over
 // `group` (train.device 'cuda': over NCCL, bootstrapped through `group`, one GPU per local rank),
-// with the vocabulary given (language models).
-ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group);
+// with the vocabulary given (language models). weights_loaded_after: the caller loads every
+// frozen weight next (model.init_from, a checkpoint), so an NF4 base is not quantized from the
+// random init (runtime::FsdpOptions::nf4_values_loaded_later).
+ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group,
+                                 bool weights_loaded_after = false);
 
 }  // namespace fsdp::train
