@@ -78,7 +78,10 @@ FlatParam::FlatParam(std::string unit_name, std::vector<std::string> names, std:
                      params_[0].storage().nbytes() == static_cast<size_t>(params_[0].numel()) * sizeof(float) &&
                      params_[0].storage().use_count() == 1;
   if (adopt) {
-    unsharded_ = params_[0].detach().reshape(-1);
+    // variable_data(), not detach(): the buffer gets a version counter of its own, as a new buffer
+    // has, so gathers writing into it do not count as in-place changes of the parameter autograd
+    // saved in forward (detach() shares the counter: cli_strategies' staged hybrid run failed so).
+    unsharded_ = params_[0].variable_data().reshape(-1);
     params_[0].set_data(unsharded_.view(layout_.entries[0].shape));
   } else {
     unsharded_ = empty_buffer(layout_.padded_numel, at::kFloat, device).zero_();
