@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 #include <filesystem>
 #include <memory>
@@ -70,7 +72,7 @@ void write_tokenized_lines(const fsdp::data::Tokenizer& tokenizer, const std::st
   std::ifstream in(input);
   if (!in) throw std::runtime_error("tokenize: cannot open '" + input + "'");
   std::ofstream out(partial);
-  if (!out) throw std::runtime_error("tokenize: cannot write '" + partial + "'");
+  if (!out) throw std::runtime_error("tokenize: cannot write '" + partial + "': " + std::strerror(errno));
   std::string line;
   int64_t number = 0, tokens = 0;
   while (std::getline(in, line)) {
@@ -121,7 +123,7 @@ void write_lines_atomically(const std::string& output, WriteLines&& write_lines)
   const std::string partial = output + ".partial";
   try {
     std::ofstream out(partial);
-    if (!out) throw std::runtime_error("cannot write '" + partial + "'");
+    if (!out) throw std::runtime_error("cannot write '" + partial + "': " + std::strerror(errno));
     write_lines(out);
     out.close();
     if (!out) throw std::runtime_error("writing '" + partial + "' failed");

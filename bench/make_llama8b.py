@@ -13,6 +13,7 @@ Weights as transformers initializes a Llama: normal(0, initializer_range = 0.02)
 
   .venv/bin/python bench/make_llama8b.py --out runs/models/llama-3.1-8b-random
   .venv/bin/python bench/make_llama8b.py --out /tmp/l --layers 2   (the same files, 2 layers: a check)
+  .venv/bin/python bench/make_llama8b.py --model qwen2.5-14b --out runs/models/qwen2.5-14b-random
 
 About 2 minutes and 16 GB of disk here (2 cores). An existing directory is refused, never replaced.
 """
@@ -50,11 +51,41 @@ CONFIG = {
     "use_cache": True,
     "vocab_size": 128256,
 }
-SHARDS = 4
+# Qwen2.5 14B's config.json as published (Qwen/Qwen2.5-14B): 48 layers, width 5120, GQA 40/8,
+# SwiGLU 13824, vocabulary 152,064, biases on q, k and v. 14,770,033,664 parameters, 29.5 GB: the
+# largest model of the zoo fsdp-plan --fit finds room for at N = 2 on this 24 GiB machine (issue 55).
+# bos/eos are the Llama 3 tokenizer's, which the directory carries (Qwen's is not among the
+# project's shared files; its ids all lie inside this vocabulary).
+QWEN25_14B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "initializer_range": 0.02,
+    "intermediate_size": 13824,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 48,
+    "model_type": "qwen2",
+    "num_attention_heads": 40,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+# --model: its config.json and how many safetensors files the Hub splits it into.
+MODELS = {"llama-3.1-8b": (CONFIG, 4), "qwen2.5-14b": (QWEN25_14B, 8)}
 
 
 def tensors(config):
-    """(name, shape, init) in the order of the Hub's files: 'normal' or 'ones'."""
+    """(name, shape, init) in the order of the Hub's files: 'normal', 'ones' or 'zeros'."""
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = hidden // heads
@@ -65,6 +96,10 @@ def tensors(config):
         yield p + "self_attn.q_proj.weight", (heads * head_dim, hidden), "normal"
         yield p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden), "normal"
         yield p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden), "normal"
+        if config["model_type"] == "qwen2":  # Qwen2's q, k and v carry biases (zeros, as transformers initializes)
+            yield p + "self_attn.q_proj.bias", (heads * head_dim,), "zeros"
+            yield p + "self_attn.k_proj.bias", (kv_heads * head_dim,), "zeros"
+            yield p + "self_attn.v_proj.bias", (kv_heads * head_dim,), "zeros"
         yield p + "self_attn.o_proj.weight", (hidden, heads * head_dim), "normal"
         yield p + "post_attention_layernorm.weight", (hidden,), "ones"
         yield p + "mlp.gate_proj.weight", (inter, hidden), "normal"
@@ -111,8 +146,8 @@ def write_shard(path, entries, generator, std):
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for name, shape, init in entries:
-            if init == "ones":
-                t = torch.ones(shape, dtype=torch.bfloat16)
+            if init in ("ones", "zeros"):
+                t = (torch.ones if init == "ones" else torch.zeros)(shape, dtype=torch.bfloat16)
             else:
                 t = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=generator).to(torch.bfloat16)
             f.write(t.view(torch.int16).numpy().tobytes())
@@ -122,8 +157,9 @@ def write_shard(path, entries, generator, std):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="the directory to make (must not exist)")
-    parser.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"],
-                        help="fewer layers for a quick check of the files (default: 32, the real model)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b", help="the published shape")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="fewer layers for a quick check of the files (default: the real model's)")
     parser.add_argument("--tokenizer-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared",
                                                                 "data", "tokenizers", "llama3"))
     parser.add_argument("--seed", type=int, default=0)
@@ -132,9 +168,12 @@ def main():
 
     if os.path.exists(args.out):
         sys.exit(f"make_llama8b: {args.out} exists; give a new directory (nothing there is replaced)")
-    config = dict(CONFIG, num_hidden_layers=args.layers)
+    base, shards = MODELS[args.model]
+    config = dict(base, num_hidden_layers=args.layers or base["num_hidden_layers"])
+    if "max_window_layers" in config:
+        config["max_window_layers"] = config["num_hidden_layers"]
     entries = list(tensors(config))
-    groups, total = split_into_shards(entries, SHARDS)
+    groups, total = split_into_shards(entries, shards)
     free = shutil.disk_usage(os.path.dirname(os.path.abspath(args.out)) or ".").free
     if free < total * 1.05:
         sys.exit(f"make_llama8b: {total / 1e9:.2f} GB of weights, {free / 1e9:.2f} GB free beside {args.out}")

@@ -144,6 +144,7 @@ def main():
     if not Path(a.model_dir).exists():
         subprocess.run([PYTHON, str(ROOT / "bench/make_llama8b.py"), "--out", a.model_dir], check=True)
     if not Path(a.data).exists():
+        Path(a.data).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(ROOT / "build/apps/fsdp-data"), "instructions", "--output", a.data], check=True, cwd=ROOT)
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="fsdp-qlora8b-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,10 @@ def main():
         peer = json.loads(done.stdout.splitlines()[-1]) if done.returncode == 0 else {"error": done.stderr[-2000:]}
 
     gib = 2**30
-    print(f"\nLlama 3.1 8B shape (8.03 B parameters, random bf16 weights), QLoRA: NF4 base, rank 16 on every linear "
+    with open(Path(a.model_dir) / "config.json") as f:
+        shape = json.load(f)
+    print(f"\n{Path(a.model_dir).name} ({shape['model_type']}: {shape['num_hidden_layers']} layers, width "
+          f"{shape['hidden_size']}, random bf16 weights), QLoRA: NF4 base, rank 16 on every linear "
           f"layer, {a.seq} tokens per rank, {a.steps} steps; this machine: {mem_total_bytes() / gib:.1f} GiB, "
           f"{os.cpu_count()} cores")
     print(f"{'N':>2} {'settings (fsdp-plan --fit)':<44} {'planned':>8} {'measured VmHWM per rank':>26} "

@@ -261,62 +261,136 @@ bool stored_as_bnb_nf4(const std::string& path) {
 void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path) {
   const comm::ProcessGroupPtr& group = state.group();
   const auto flats = state.flat_params();
-  std::vector<at::Tensor> loaded(flats.size());
-  comm::on_every_rank(group, "loading weights from '" + path + "'", [&] {
-    // Each weight read (and widened, or quantized) is a temporary: at 8 B glibc's heap stranded
-    // about 2.9 GB of them resident beside 4.7 GB live while loading (2026-12-05). Trimmed as the
-    // resident set grows past the live bytes by this much.
-    shard::HeapGrowthGuard heap(256LL << 20);
-    WeightFiles weights(path);
-    auto contains = [&](const std::string& tensor) { return weights.contains(tensor); };
-    auto read = [&](const std::string& tensor) { return weights.file_of(tensor).read(tensor); };
-    // The files' name of `entry`: its Hugging Face name, or one older files give it.
-    auto stored_name = [&](const shard::FlatEntry& entry) {
-      std::string name = hf_name(model, entry.name);
-      for (const std::string& other : hf_other_names(model, name)) {
-        if (!weights.contains(name) && weights.contains(other)) name = other;
-      }
-      return name;
-    };
-    // A weight saved 4-bit by transformers through bitsandbytes (bnb_4bit_weight.h), or nullopt.
-    auto four_bit = [&](const shard::FlatEntry& entry) -> std::optional<Bnb4bitWeight> {
-      const std::string name = stored_name(entry);
-      if (!is_bnb_4bit(contains, name)) return std::nullopt;
+  std::optional<WeightFiles> files;
+  comm::on_every_rank(group, "opening the weights in '" + path + "'", [&] { files.emplace(path); });
+  const WeightFiles& weights = *files;
+  // Each weight read (and widened, or quantized) is a temporary: at 8 B glibc's heap stranded
+  // about 2.9 GB of them resident beside 4.7 GB live while loading (2026-12-05). Trimmed as the
+  // resident set grows past the live bytes by this much.
+  shard::HeapGrowthGuard heap(256LL << 20);
+  auto contains = [&](const std::string& tensor) { return weights.contains(tensor); };
+  auto read = [&](const std::string& tensor) { return weights.file_of(tensor).read(tensor); };
+  // The files' name of `entry`: its Hugging Face name, or one older files give it.
+  auto stored_name = [&](const shard::FlatEntry& entry) {
+    std::string name = hf_name(model, entry.name);
+    for (const std::string& other : hf_other_names(model, name)) {
+      if (!weights.contains(name) && weights.contains(other)) name = other;
+    }
+    return name;
+  };
+  // A weight saved 4-bit by transformers through bitsandbytes (bnb_4bit_weight.h), or nullopt.
+  auto four_bit = [&](const shard::FlatEntry& entry) -> std::optional<Bnb4bitWeight> {
+    const std::string name = stored_name(entry);
+    if (!is_bnb_4bit(contains, name)) return std::nullopt;
+    return read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read);
+  };
+  // The checks of every tensor the model reads that need no values: it is there, with the shape
+  // and dtype the model needs, or (4-bit) a complete quantization state of that shape, NF4's
+  // code, and (into an NF4 base) quantized from the dtype the base decodes to. Made for all
+  // tensors before any value is read: a refused file changes nothing.
+  auto read_small = [&](const std::string& tensor) {
+    const SafetensorsFile& file = weights.file_of(tensor);
+    const TensorInfo& info = file.info(tensor);
+    if (info.end - info.begin <= (1 << 20)) return file.read(tensor);
+    return at::empty(info.shape, at::TensorOptions().dtype(info.dtype).device(at::kMeta));  // shape and dtype
+  };
+  auto check_stored = [&](const shard::FlatParam& flat, size_t i) {
+    const shard::FlatEntry& entry = flat.layout().entries[i];
+    const std::string name = stored_name(entry);
+    if (is_bnb_4bit(contains, name)) {
       if (hf_transposed(model, entry.name)) {
         throw std::runtime_error("weights '" + path + "': tensor '" + name +
-                                 "' is stored 4-bit by bitsandbytes in a layer "
-                                 "fsdp.cpp keeps transposed (GPT-2's Conv1D): not read; use the model's bf16 weights");
+                                 "' is stored 4-bit by bitsandbytes in a layer fsdp.cpp keeps transposed (GPT-2's "
+                                 "Conv1D): not read; use the model's bf16 weights");
       }
-      return read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read);
-    };
-    // Elements [lo, hi) of the flat buffer, all inside `entry`, from the files, in fp32 (a 4-bit
-    // weight dequantized as bitsandbytes does, to the dtype it was quantized from, then widened).
-    auto read_values = [&](const shard::FlatEntry& entry, int64_t lo, int64_t hi) {
-      const std::string name = stored_name(entry);
-      if (auto quantized = four_bit(entry)) {
-        return shard::dequantize_nf4(quantized->weight, quantized->dtype)
-            .to(at::kFloat)
-            .reshape(-1)
-            .narrow(0, lo - entry.offset, hi - lo);
+      const auto quantized = read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read_small);
+      const shard::Nf4StorageLayout* storage = flat.nf4_storage();
+      if (storage != nullptr && storage->entries[i].nf4 && quantized->dtype != storage->raw_dtype) {
+        throw std::runtime_error(
+            "weights '" + path + "': tensor '" + name + "' was quantized from " + c10::toString(quantized->dtype) +
+            " values; the NF4 base is quantized from and "
+            "decodes to " +
+            c10::toString(storage->raw_dtype) + " (load the model with dtype bfloat16 before quantizing)");
       }
-      const bool transposed = hf_transposed(model, entry.name);
-      const SafetensorsFile& file = weights.file_of(name);
-      const TensorInfo& info = file.info(name);
-      const auto expected = stored_shape(entry.shape, transposed);
-      if (info.shape != expected) {
-        throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has shape " +
-                                 shape_text(info.shape) + ", the model expects " + shape_text(expected));
+      return;
+    }
+    const SafetensorsFile& file = weights.file_of(name);
+    const TensorInfo& info = file.info(name);
+    const auto expected = stored_shape(entry.shape, hf_transposed(model, entry.name));
+    if (info.shape != expected) {
+      throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has shape " +
+                               shape_text(info.shape) + ", the model expects " + shape_text(expected));
+    }
+    if (info.dtype != at::kFloat && info.dtype != at::kBFloat16 && info.dtype != at::kHalf) {
+      throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has dtype " +
+                               safetensors_dtype_name(info.dtype) + " (expected F32, BF16 or F16)");
+    }
+  };
+  // Elements [lo, hi) of the flat buffer, all inside `entry`, from the files, in fp32 (a 4-bit
+  // weight dequantized as bitsandbytes does, to the dtype it was quantized from, then widened).
+  auto read_values = [&](const shard::FlatEntry& entry, int64_t lo, int64_t hi) {
+    const std::string name = stored_name(entry);
+    if (auto quantized = four_bit(entry)) {
+      return shard::dequantize_nf4(quantized->weight, quantized->dtype)
+          .to(at::kFloat)
+          .reshape(-1)
+          .narrow(0, lo - entry.offset, hi - lo);
+    }
+    const bool transposed = hf_transposed(model, entry.name);
+    const SafetensorsFile& file = weights.file_of(name);
+    if (transposed) {
+      // Stored transposed: our contiguous range is strided there, so read the whole tensor.
+      return file.read(name).to(at::kFloat).t().contiguous().view(-1).narrow(0, lo - entry.offset, hi - lo);
+    }
+    return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
+  };
+  // This rank's values of every unit, read (and widened, or quantized) into its shards.
+  auto load_values = [&] {
+    for (size_t f = 0; f < flats.size(); ++f) {
+      const auto& layout = flats[f]->layout();
+      if (const shard::Nf4StorageLayout* storage = flats[f]->nf4_storage()) {
+        // QLoRA: each whole weight overlapping this rank's bytes, one at a time: a 4-bit weight's
+        // bytes as bitsandbytes stored them, any other read and quantized.
+        const at::Tensor bytes = flats[f]->nf4_shard_from_entries([&](size_t i) {
+          const shard::FlatEntry& entry = layout.entries[i];
+          if (storage->entries[i].nf4) {
+            if (auto quantized = four_bit(entry)) {  // its dtype checked (check_stored)
+              try {
+                return shard::nf4_entry_bytes(*storage, i, quantized->weight);
+              } catch (const std::invalid_argument& e) {
+                throw std::runtime_error("weights '" + path + "': tensor '" + stored_name(entry) + "': " + e.what());
+              }
+            }
+          }
+          at::Tensor bytes =
+              shard::encode_nf4_entry(*storage, i, read_values(entry, entry.offset, entry.offset + entry.numel));
+          heap.check();
+          return bytes;
+        });
+        flats[f]->shard().narrow(0, 0, bytes.numel()).copy_(bytes);
+        continue;
       }
-      if (info.dtype != at::kFloat && info.dtype != at::kBFloat16 && info.dtype != at::kHalf) {
-        throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has dtype " +
-                                 safetensors_dtype_name(info.dtype) + " (expected F32, BF16 or F16)");
+      const auto [begin, end] = held_range(*flats[f]);
+      // Parameters the weights do not hold (LoRA adapters, which a base model never has) keep theirs.
+      at::Tensor out = flats[f]->shard().narrow(0, 0, end - begin);
+      for (const auto& entry : layout.entries) {
+        const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
+        if (lo >= hi) continue;
+        if (is_adapter(entry.name)) continue;
+        // A range stored as it lies here is read 16 M values at a time: an 8 B Llama's embedding
+        // half (262 M values) was 1.5 GB of bf16 read and its fp32 widening at once (N = 2,
+        // 2026-12-06). Others are whole tensors to read anyway (transposed, or 4-bit).
+        const bool as_stored = !hf_transposed(model, entry.name) && !is_bnb_4bit(contains, stored_name(entry));
+        const int64_t step = as_stored ? int64_t{1} << 24 : hi - lo;
+        for (int64_t from = lo; from < hi; from += step) {
+          const int64_t to = std::min(hi, from + step);
+          out.narrow(0, from - begin, to - from).copy_(read_values(entry, from, to));
+          heap.check();
+        }
       }
-      if (transposed) {
-        // Stored transposed: our contiguous range is strided there, so read the whole tensor.
-        return file.read(name).to(at::kFloat).t().contiguous().view(-1).narrow(0, lo - entry.offset, hi - lo);
-      }
-      return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
-    };
+    }
+  };
+  comm::on_every_rank(group, "checking the weights in '" + path + "'", [&] {
     // The tensors the model reads under their Hugging Face names (and the other names some hold).
     const models::ModelFamily& family = models::family_of(model);
     std::set<std::string> expected;
@@ -358,51 +432,23 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
                      path.c_str(), unused.size(), names.c_str());
       }
     }
-    for (size_t f = 0; f < flats.size(); ++f) {
-      const auto& layout = flats[f]->layout();
-      if (const shard::Nf4StorageLayout* storage = flats[f]->nf4_storage()) {
-        // QLoRA: each whole weight overlapping this rank's bytes, one at a time: a 4-bit weight's
-        // bytes as bitsandbytes stored them, any other read and quantized.
-        loaded[f] = flats[f]->nf4_shard_from_entries([&](size_t i) {
-          const shard::FlatEntry& entry = layout.entries[i];
-          if (storage->entries[i].nf4) {
-            if (auto quantized = four_bit(entry)) {
-              if (quantized->dtype != storage->raw_dtype) {
-                throw std::runtime_error(
-                    "weights '" + path + "': tensor '" + stored_name(entry) + "' was quantized from " +
-                    c10::toString(quantized->dtype) + " values; the NF4 base is quantized from and decodes to " +
-                    c10::toString(storage->raw_dtype) + " (load the model with dtype bfloat16 before quantizing)");
-              }
-              try {
-                return shard::nf4_entry_bytes(*storage, i, quantized->weight);
-              } catch (const std::invalid_argument& e) {
-                throw std::runtime_error("weights '" + path + "': tensor '" + stored_name(entry) + "': " + e.what());
-              }
-            }
-          }
-          at::Tensor bytes =
-              shard::encode_nf4_entry(*storage, i, read_values(entry, entry.offset, entry.offset + entry.numel));
-          heap.check();
-          return bytes;
-        });
-        continue;
+    for (const auto* flat : flats) {
+      for (size_t i = 0; i < flat->layout().entries.size(); ++i) {
+        if (!is_adapter(flat->layout().entries[i].name)) check_stored(*flat, i);
       }
-      const auto [begin, end] = held_range(*flats[f]);
-      // Starts from the current values: parameters the weights do not hold (LoRA adapters, which a
-      // base model never has) keep theirs. In the shard's own dtype: every unit's copy is held
-      // until all ranks have read theirs, and a bf16 base's in fp32 would be twice its shard.
-      at::Tensor out = flats[f]->shard().narrow(0, 0, end - begin).clone();
-      for (const auto& entry : layout.entries) {
-        const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
-        if (lo >= hi) continue;
-        if (is_adapter(entry.name)) continue;
-        out.narrow(0, lo - begin, hi - lo).copy_(read_values(entry, lo, hi));
-        heap.check();
-      }
-      loaded[f] = out;
     }
   });
-  for (size_t f = 0; f < flats.size(); ++f) flats[f]->shard().narrow(0, 0, loaded[f].numel()).copy_(loaded[f]);
+  // Every rank's files passed: the values go straight into the shards, one unit at a time (not into
+  // a copy of them all, kept until every rank had read its own: a second copy of the rank's shards
+  // while loading, 2026-12-05). A read failing from here on (a file truncated or changed since, an unreadable disk)
+  // leaves the model partly loaded, and the error says so.
+  comm::on_every_rank(group, "loading weights from '" + path + "'", [&] {
+    try {
+      load_values();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string(e.what()) + " (the model is left partly loaded)");
+    }
+  });
 }
 
 }  // namespace fsdp::checkpoint

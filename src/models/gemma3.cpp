@@ -143,16 +143,19 @@ at::Tensor Gemma3BlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, 
 
 Gemma3Impl::Gemma3Impl(const Gemma3Config& c) : config_(c) {
   c.validate();
+  // The embedding (also the head: tied) is finished and announced before the blocks are built, so
+  // a wrapper sharding it as a unit never holds it whole beside them (Gemma 3's is 262 k rows).
   embed_tokens = register_module("embed_tokens", TokenEmbedding(c.vocab, c.dim));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.layers; ++i) fsdp::nn::push_block(layers, Gemma3Block(c));
-  norm = register_module("norm", Gemma3RMSNorm(c.dim, c.norm_eps));
   {
     torch::NoGradGuard no_grad;
     embed_tokens->weight.normal_(0.0, 0.02);
   }
+  if (c.lora.enabled()) embed_tokens->weight.set_requires_grad(false);  // base, as the blocks froze theirs
+  fsdp::nn::announce_built(embed_tokens.ptr(), "embed_tokens");
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) fsdp::nn::push_block(layers, Gemma3Block(c));
+  norm = register_module("norm", Gemma3RMSNorm(c.dim, c.norm_eps));
   if (c.lora.enabled()) {
-    for (auto& p : embed_tokens->parameters()) p.set_requires_grad(false);
     for (auto& p : norm->parameters()) p.set_requires_grad(false);
   }
   std::tie(global_cos_, global_sin_) = gemma_rotary_tables(c.context, c.head_dim, c.rope_theta, c.rope_linear_factor);

@@ -143,21 +143,27 @@ at::Tensor LlamaBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, c
 
 LlamaImpl::LlamaImpl(const LlamaConfig& c) : config_(c) {
   c.validate();
+  // The embedding and the head are each finished (drawn, frozen under LoRA: base, as the blocks
+  // froze theirs) and announced before the next module is built, so a wrapper sharding them as
+  // units holds at most one of them whole while the model is built (Llama 3's are 525 M values
+  // each). The draws: embedding, blocks, head.
+  auto draw_normal = [](at::Tensor& weight) {
+    torch::NoGradGuard no_grad;
+    weight.normal_(0.0, 0.02);
+  };
   embed_tokens = register_module("embed_tokens", TokenEmbedding(c.vocab, c.dim));
+  draw_normal(embed_tokens->weight);
+  if (c.lora.enabled()) embed_tokens->weight.set_requires_grad(false);
+  fsdp::nn::announce_built(embed_tokens.ptr(), "embed_tokens");
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.layers; ++i) fsdp::nn::push_block(layers, LlamaBlock(c));
   norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
-  torch::NoGradGuard no_grad;
-  embed_tokens->weight.normal_(0.0, 0.02);
+  if (c.lora.enabled()) norm->weight.set_requires_grad(false);
   if (!c.tie_embeddings) {
     lm_head = register_module("lm_head", LmHead(c.dim, c.vocab));
-    lm_head->weight.normal_(0.0, 0.02);
-  }
-  if (c.lora.enabled()) {
-    // The embedding, final norm and head are base too: frozen (the blocks froze theirs).
-    for (auto& p : embed_tokens->parameters()) p.set_requires_grad(false);
-    for (auto& p : norm->parameters()) p.set_requires_grad(false);
-    if (!lm_head.is_empty()) lm_head->weight.set_requires_grad(false);
+    draw_normal(lm_head->weight);
+    if (c.lora.enabled()) lm_head->weight.set_requires_grad(false);
+    fsdp::nn::announce_built(lm_head.ptr(), "lm_head");
   }
   std::tie(rope_cos_, rope_sin_) = rotary_tables(c.context, c.head_size(), c.rope_theta, c.rope_scaling);
 }

@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace fsdp::nn {
@@ -65,7 +66,12 @@ void notify_block_built(const std::shared_ptr<torch::nn::Module>& block) {
     for (auto it = blocks.begin(); it != blocks.end();) it = it->second.expired() ? blocks.erase(it) : std::next(it);
     blocks[block.get()] = block;
   }
-  if (t_block_listener) t_block_listener(block);
+  if (t_block_listener) t_block_listener(block, "");
+}
+
+void announce_built(const std::shared_ptr<torch::nn::Module>& module, const std::string& name) {
+  if (name.empty()) throw std::invalid_argument("fsdp::nn::announce_built: the module's name is empty");
+  if (t_block_listener) t_block_listener(module, name);
 }
 
 bool is_pushed_block(const torch::nn::Module* module) {

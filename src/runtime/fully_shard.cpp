@@ -31,6 +31,17 @@ std::unordered_set<const void*> parameter_ids(const std::vector<std::shared_ptr<
   return ids;
 }
 
+// Does a path of the policy name a module registered as `name` ("embed_tokens" matches
+// "embed_tokens" and "language_model.embed_tokens")?
+bool policy_path_ends_in(const WrapPolicy& policy, const std::string& name) {
+  for (const std::string& path : policy.module_paths) {
+    if (path == name || (path.size() > name.size() && path.compare(path.size() - name.size(), name.size(), name) == 0 &&
+                         path[path.size() - name.size() - 1] == '.'))
+      return true;
+  }
+  return false;
+}
+
 bool is_under(const std::string& name, const std::string& prefix) {
   return prefix.empty() || name.compare(0, prefix.size() + 1, prefix + ".") == 0;
 }
@@ -71,6 +82,12 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
       throw std::invalid_argument(
           "build_fully_sharded: a block given to fsdp::nn::push_block is not part of the "
           "built model (was it pushed into a list the model does not register?)");
+    }
+    // (A block's selection by size would count its parameters, sharded by now: only announced ones.)
+    if (!unit->checkpointable() && !options_.wrap_policy.selects(*unit->module(), found->second)) {
+      throw std::logic_error("build_fully_sharded: the module at '" + found->second +
+                             "' was sharded while built (announced by a name a wrap policy path ends in), but the "
+                             "policy does not select that path");
     }
     unit->adopt(this, found->second);
     prebuilt_modules.insert(unit->module().get());
@@ -140,6 +157,13 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   for (const auto& unit : units_) unit_pointers.push_back(unit.get());
   scheduler_->set_units(std::move(unit_pointers));
   prepare_buffers();
+  if (options_.host_heap_trim_allowance < 0) {
+    throw std::invalid_argument("fully_shard: host_heap_trim_allowance must be 0 or more, got " +
+                                std::to_string(options_.host_heap_trim_allowance));
+  }
+  if (options_.device.is_cpu() && options_.host_heap_trim_allowance > 0) {
+    heap_guard_.emplace(options_.host_heap_trim_allowance);
+  }
 
   // Cache capacity in fp32 bytes: with bf16 compute, a gradient cast for an fp32 reduction is fp32.
   // The reduced gradient shards in flight (up to K + 2 of them) are cached too.
@@ -362,6 +386,10 @@ void FsdpState::on_memory_changed() {
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
 
+void FsdpState::on_unit_released() {
+  if (heap_guard_) heap_guard_->check();
+}
+
 void FsdpState::wait(const comm::WorkPtr& work) {
   if (work->is_completed()) {
     work->wait();  // rethrows a failure; returns at once
@@ -489,10 +517,15 @@ std::shared_ptr<FsdpState> make_fsdp_state(std::shared_ptr<torch::nn::Module> ro
 BuildListener::BuildListener(const comm::ProcessGroupPtr& group, const FsdpOptions& options) {
   groups_ = make_sharding_groups(group, options);
   scope_ = std::make_unique<fsdp::nn::ScopedBlockBuiltListener>(
-      [this, options](const std::shared_ptr<torch::nn::Module>& block) {
-        if (!options.wrap_policy.selects(*block, "")) return;
+      [this, options](const std::shared_ptr<torch::nn::Module>& module, const std::string& name) {
+        // A block (name "") by type or size; an announced module (fsdp::nn::announce_built) when a
+        // policy path ends in its name: its whole path is known only once the model is built, and
+        // make_fsdp_state checks then that the policy selects it there.
+        const bool selected =
+            name.empty() ? options.wrap_policy.selects(*module, "") : policy_path_ends_in(options.wrap_policy, name);
+        if (!selected) return;
         // A parameter an earlier block took is left out here: make_fsdp_state names the tie.
-        auto unit = std::make_shared<Unit>(block, "", /*is_root=*/false, owned_, groups_, options);
+        auto unit = std::make_shared<Unit>(module, "", /*is_root=*/false, owned_, groups_, options);
         for (const void* id : parameter_ids({unit})) owned_.insert(id);
         units_.push_back(std::move(unit));
         // The block's full parameters (and an NF4 base's quantization temporaries) are free now:

@@ -338,6 +338,7 @@ void Unit::release(shard::FlatParam& flat) {
   prefetched_ = false;
   flat.reshard();
   state_->on_memory_changed();
+  state_->on_unit_released();
 }
 
 }  // namespace fsdp::runtime

@@ -239,11 +239,16 @@ class Trainer {
   void measure_peak_flops() {
     world_->barrier()->wait();
     // On a GPU against the compute dtype's peak (bf16: tensor cores); on the CPU against fp32's, as before.
-    const at::ScalarType peak_dtype = device_.is_cpu() ? at::kFloat : fsdp_options(config_).mixed_precision.param_dtype;
+    // Where bf16 products run as bf16 (bf16 compute on a CPU whose bf16 GEMM choose_bf16_matmul
+    // found faster: AMX, AVX512-BF16), against bf16's rate too: fp32's is lower there, and MFU read
+    // 167% for the 8 B QLoRA run on such a CPU (2026-12-06).
+    choose_bf16_matmul();
+    const at::ScalarType compute_dtype = fsdp_options(config_).mixed_precision.param_dtype;
+    const bool native_bf16 = compute_dtype == at::kBFloat16 && models::bf16_matmul() == models::Bf16Matmul::Native;
+    const at::ScalarType peak_dtype = !device_.is_cpu() || native_bf16 ? compute_dtype : at::kFloat;
     at::Tensor rate = at::tensor({measure_matmul_flops(0.3, device_, peak_dtype)}, at::kDouble);
     if (n_ > 1) world_->all_reduce(rate, comm::ReduceOp::Sum)->wait();
     peak_flops_ = rate.item<double>();
-    choose_bf16_matmul();
 
     // Construction's freed blocks go back to the OS before training (see release_free_host_memory).
     shard::release_free_host_memory();

@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <malloc.h>
 
 #include "fsdp/checkpoint/hf_weights.h"
+#include "process_memory.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"
@@ -631,6 +633,54 @@ TEST(HfWeights, ExportThenImportRoundTrips) {
     FAIL() << "expected a refusal";
   } catch (const fsdp::comm::AgreedStop& e) {
     if (e.should_report()) EXPECT_NE(std::string(e.what()).find("no tensor"), std::string::npos) << e.what();
+  }
+}
+
+// import_weights writes each weight's values into the shards as it reads them, so it holds one
+// weight's temporaries beside the shards, not a second copy of them all (kept, until 2026-12-06,
+// until every rank had read its own). Inputs: a Llama whose embedding and head are 65,536 x 512
+// (128 MiB each in fp32, units of their own) and one small block, exported, then imported into a
+// fresh build. At N ranks a rank's shards are 2 tables / N; a second copy is that much more. Each
+// range read is at least 32 MiB, glibc's largest mmap threshold, so it is mapped and unmapped on
+// its own whatever earlier tests left in the heap. Bound: the import's peak resident growth stays
+// under one table / N, the largest range it reads (64 MiB at most: read 16 M values at a time),
+// plus a quarter table / N (2026-12-06, 48 MiB tables: 1.08-1.13 tables / N alone, 2.1 after the
+// other tests on rank 0, when a range could land in the heap; with the copy, 3.2). The values
+// are the export's, compared after.
+TEST(HfWeights, ImportHoldsOneWeightAtATimeNotASecondCopyOfTheShards) {
+  auto world = fsdp::comm::init_world();
+  const std::string root = test_dir(world, "hf-import-memory");
+  fresh_dir(world, root);
+  auto build = [&](uint64_t seed) {
+    auto config = fsdp::train::parse_train_config(
+        "[model]\nname = \"llama-test\"\nvocab = 65536\ncontext = 64\ndim = 512\nheads = 4\nkv_heads = 4\n"
+        "layers = 1\nffn_hidden = 256\n",
+        "import memory test");
+    config.seed = seed;
+    return fsdp::train::build_sharded_model(config, 65536, world);
+  };
+  const std::string file = root + "/llama.safetensors";
+  std::map<std::string, at::Tensor> expected;
+  {
+    fsdp::train::ShardedModel source = build(5);
+    for (auto& [name, tensor] : source.state->full_parameters()) expected[name] = tensor;
+    fsdp::checkpoint::export_weights(*source.state, source.config, file);
+  }
+  world->barrier()->wait();
+  fsdp::train::ShardedModel target = build(6);
+  const int64_t table_bytes = 65536LL * 512 * 4;
+  const int64_t largest_read = std::min<int64_t>(table_bytes / world->size(), int64_t{4} << 24);
+  malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS
+  const int64_t baseline = fsdp::testing::status_bytes("VmRSS:");
+  fsdp::checkpoint::import_weights(*target.state, target.config, file);
+  const int64_t growth = fsdp::testing::status_bytes("VmHWM:") - baseline;
+  const int n = world->size();
+  std::printf("importing: peak resident growth %.1f MiB; a table / N %.1f MiB\n", growth / 1048576.0,
+              table_bytes / n / 1048576.0);
+  EXPECT_LT(growth, largest_read + table_bytes / n / 4);
+  for (auto& [name, tensor] : target.state->full_parameters()) {
+    EXPECT_TRUE(torch::equal(tensor, expected.at(name))) << name;
   }
 }
 

@@ -56,7 +56,11 @@ bool stored_as_bnb_nf4(const std::string& path);
 // Collective. Loads weights (a .safetensors file, or a directory with model.safetensors.index.json
 // or a single model.safetensors) into the sharded model: each rank reads only the elements of its
 // shards (whole tensors only where they are stored transposed). Throws on every rank, naming the
-// file and tensor, for a missing tensor, a wrong shape or an unreadable file; nothing is changed then.
+// file and tensor, for a missing tensor, a wrong shape or dtype, a 4-bit weight's incomplete or
+// foreign quantization state, or an unreadable index or header: all are checked before any value is
+// read, and nothing is changed then. A file failing while its values are read (truncated or changed
+// since) leaves the model partly loaded; the error says so. Holds one weight's temporaries at a
+// time beside the shards, not a second copy of them.
 void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path);
 
 }  // namespace fsdp::checkpoint

@@ -11,6 +11,8 @@
 //      block initialised its own parameters in its constructor, and touch them no more in the
 //      model's constructor. This lets a wrapper shard each block as soon as it is built, so a
 //      model larger than one rank's memory can be constructed.
+//   3. Optionally, announce other large modules once built (the token embedding, the output head)
+//      with fsdp::nn::announce_built(module, name), for the same reason.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -20,6 +22,7 @@
 
 #include <functional>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -123,8 +126,10 @@ auto call(const ModulePtr& module, Args&&... args)
 }
 
 // Construction notices. A listener installed on this thread sees every block given to push_block
-// (after it is added to its list) until the listener is removed.
-using BlockBuiltListener = std::function<void(const std::shared_ptr<torch::nn::Module>& block)>;
+// (after it is added to its list; `name` is "") and every module given to announce_built (with its
+// name) until the listener is removed.
+using BlockBuiltListener =
+    std::function<void(const std::shared_ptr<torch::nn::Module>& module, const std::string& name)>;
 
 class ScopedBlockBuiltListener {
  public:
@@ -138,6 +143,12 @@ class ScopedBlockBuiltListener {
 };
 
 void notify_block_built(const std::shared_ptr<torch::nn::Module>& block);
+// A module other than a block that its model is done building: registered as `name` in the module
+// whose constructor runs, its parameters initialised (and frozen or not), and not touched again by
+// that constructor. A wrapper whose policy makes it a unit may shard it at once: a Llama's token
+// embedding and head (each a few blocks' worth) are then never whole together while it is built.
+// Not a block: it is called through fsdp::nn::call like one, but never checkpointed.
+void announce_built(const std::shared_ptr<torch::nn::Module>& module, const std::string& name);
 // Was `module` added to its model with push_block (and is it still alive)? Such blocks are called
 // through fsdp::nn::call by contract, so a size-based wrap policy may choose them.
 bool is_pushed_block(const torch::nn::Module* module);

@@ -42,6 +42,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -52,6 +53,7 @@
 #include "fsdp/runtime/sharding_groups.h"
 #include "fsdp/runtime/wrap_policy.h"
 #include "fsdp/shard/flat_param.h"
+#include "fsdp/shard/storage.h"
 
 namespace fsdp::runtime {
 
@@ -138,6 +140,7 @@ class FsdpState {
 
   // Internal: the units call these.
   void on_memory_changed();
+  void on_unit_released();  // a unit freed its gathered parameters (FsdpOptions::host_heap_trim_allowance)
   void on_pre_backward();
   void wait(const comm::WorkPtr& work);  // counts the blocked time as exposed communication
   void count_gather(bool prefetch, int64_t bytes);
@@ -170,6 +173,7 @@ class FsdpState {
   int64_t gathered_bytes_ = 0;
   int64_t peak_gathered_bytes_ = 0;
   int64_t unsharded_param_bytes_ = 0;
+  std::optional<shard::HeapGrowthGuard> heap_guard_;  // on the CPU, with a trim allowance
 };
 
 template <class ModuleT>

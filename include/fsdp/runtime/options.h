@@ -5,6 +5,7 @@
 #include <ATen/core/TensorBody.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -60,6 +61,15 @@ struct FsdpOptions {
   // The NF4 weights' values come from loading after construction (model.init_from): laid out, not
   // quantized from the random init (at 8 B that was minutes of a rank's start for bytes overwritten).
   bool nf4_values_loaded_later = false;
+  // On the CPU: after a unit frees its gathered parameters, the heap's free pages go back to the OS
+  // (shard::HeapGrowthGuard) once the process's resident memory has grown this much past where the
+  // last trim left it. Activations under glibc's 32 MiB mmap threshold leave freed holes between
+  // longer-lived blocks that stay resident: 1 GiB above the live bytes per rank in the 8 B QLoRA
+  // run's backward (2026-12-05); with 256 MiB here, about 256 MiB (2026-12-06: the allowance is
+  // what stays). Small models' holes stay under 128 MiB (39-81 MiB, docs/planning.md), so they
+  // keep their pages (a trim then page faults: 15-27% fewer tokens/s when trimmed every
+  // micro-batch). 0: never.
+  int64_t host_heap_trim_allowance = int64_t{128} << 20;
 };
 
 }  // namespace fsdp::runtime
