@@ -291,7 +291,8 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
   auto read_small = [&](const std::string& tensor) {
     const SafetensorsFile& file = weights.file_of(tensor);
     const TensorInfo& info = file.info(tensor);
-    if (info.end - info.begin <= (1 << 20)) return file.read(tensor);
+    const bool quant_state = tensor.find(".quant_state.") != std::string::npos;  // JSON, parsed whole
+    if (quant_state || info.end - info.begin <= (1 << 20)) return file.read(tensor);
     return at::empty(info.shape, at::TensorOptions().dtype(info.dtype).device(at::kMeta));  // shape and dtype
   };
   auto check_stored = [&](const shard::FlatParam& flat, size_t i) {
@@ -305,12 +306,17 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       }
       const auto quantized = read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read_small);
       const shard::Nf4StorageLayout* storage = flat.nf4_storage();
-      if (storage != nullptr && storage->entries[i].nf4 && quantized->dtype != storage->raw_dtype) {
+      if (storage == nullptr || !storage->entries[i].nf4) return;  // dequantized as it is read
+      if (quantized->dtype != storage->raw_dtype) {
         throw std::runtime_error(
             "weights '" + path + "': tensor '" + name + "' was quantized from " + c10::toString(quantized->dtype) +
-            " values; the NF4 base is quantized from and "
-            "decodes to " +
-            c10::toString(storage->raw_dtype) + " (load the model with dtype bfloat16 before quantizing)");
+            " values; the NF4 base is quantized from and decodes to " + c10::toString(storage->raw_dtype) +
+            " (load the model with dtype bfloat16 before quantizing)");
+      }
+      try {  // block sizes and double quantization as the base's
+        shard::check_nf4_entry_quantization(*storage, i, quantized->weight);
+      } catch (const std::invalid_argument& e) {
+        throw std::runtime_error("weights '" + path + "': tensor '" + name + "': " + e.what());
       }
       return;
     }

@@ -219,7 +219,7 @@ at::Tensor entry_bytes(const Nf4StorageLayout& storage, size_t index,
 
 }  // namespace
 
-at::Tensor nf4_entry_bytes(const Nf4StorageLayout& storage, size_t index, const Nf4Weight& weight) {
+void check_nf4_entry_quantization(const Nf4StorageLayout& storage, size_t index, const Nf4Weight& weight) {
   const Nf4EntryLayout& entry = storage.entries.at(index);
   if (!entry.nf4) throw std::logic_error("nf4 storage: entry " + std::to_string(index) + " is not stored as NF4");
   if (weight.blocksize != storage.blocksize || weight.double_quant != storage.double_quant ||
@@ -231,6 +231,11 @@ at::Tensor nf4_entry_bytes(const Nf4StorageLayout& storage, size_t index, const 
         "; this storage holds blocks of " + std::to_string(storage.blocksize) +
         (storage.double_quant ? ", double quantization in blocks of 256" : ", no double quantization"));
   }
+}
+
+at::Tensor nf4_entry_bytes(const Nf4StorageLayout& storage, size_t index, const Nf4Weight& weight) {
+  check_nf4_entry_quantization(storage, index, weight);
+  const Nf4EntryLayout& entry = storage.entries.at(index);
   if (!weight.double_quant)
     return entry_bytes(storage, index, {{&entry.codes, weight.packed}, {&entry.absmax, weight.absmax}});
   return entry_bytes(storage, index,

@@ -234,15 +234,15 @@ class Trainer {
     }
   }
 
-  // The matmul rate MFU is measured against: every rank at once, as during training; then how bf16
-  // matmuls compute, and the heap trimmed before the first step.
+  // How bf16 matmuls compute, then the matmul rate MFU is measured against (every rank at once, as
+  // during training), and the heap trimmed before the first step.
   void measure_peak_flops() {
-    world_->barrier()->wait();
-    // On a GPU against the compute dtype's peak (bf16: tensor cores); on the CPU against fp32's, as before.
-    // Where bf16 products run as bf16 (bf16 compute on a CPU whose bf16 GEMM choose_bf16_matmul
-    // found faster: AMX, AVX512-BF16), against bf16's rate too: fp32's is lower there, and MFU read
+    // On a GPU against the compute dtype's peak (bf16: tensor cores). On the CPU against fp32's,
+    // except where bf16 products run as bf16 (bf16 compute on a CPU whose bf16 GEMM
+    // choose_bf16_matmul found faster: AMX, AVX512-BF16): fp32's rate is lower there, and MFU read
     // 167% for the 8 B QLoRA run on such a CPU (2026-12-06).
     choose_bf16_matmul();
+    world_->barrier()->wait();
     const at::ScalarType compute_dtype = fsdp_options(config_).mixed_precision.param_dtype;
     const bool native_bf16 = compute_dtype == at::kBFloat16 && models::bf16_matmul() == models::Bf16Matmul::Native;
     const at::ScalarType peak_dtype = !device_.is_cpu() || native_bf16 ? compute_dtype : at::kFloat;

@@ -63,6 +63,9 @@ at::Tensor encode_nf4_entry(const Nf4StorageLayout& storage, size_t index, const
 // 4-bit directory): its parts copied as they are. Throws std::invalid_argument when its block
 // sizes or double quantization differ from the storage's or a part's size from the layout's.
 at::Tensor nf4_entry_bytes(const Nf4StorageLayout& storage, size_t index, const Nf4Weight& weight);
+// nf4_entry_bytes' check of the block sizes and double quantization alone: it needs only the
+// weight's quantization state (a reader checks every weight so before it writes any).
+void check_nf4_entry_quantization(const Nf4StorageLayout& storage, size_t index, const Nf4Weight& weight);
 
 // The whole string (uint8 [padded_bytes], CPU) for the unsharded values [>= layout.numel].
 at::Tensor encode_nf4_storage(const Nf4StorageLayout& storage, const FlatLayout& layout, const at::Tensor& unsharded);
