@@ -174,7 +174,9 @@ def main():
         config["max_window_layers"] = config["num_hidden_layers"]
     entries = list(tensors(config))
     groups, total = split_into_shards(entries, shards)
-    free = shutil.disk_usage(os.path.dirname(os.path.abspath(args.out)) or ".").free
+    parent = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(parent, exist_ok=True)  # a fresh checkout has no runs/models/ yet
+    free = shutil.disk_usage(parent).free
     if free < total * 1.05:
         sys.exit(f"make_llama8b: {total / 1e9:.2f} GB of weights, {free / 1e9:.2f} GB free beside {args.out}")
 

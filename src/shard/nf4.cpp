@@ -197,8 +197,15 @@ Nf4Weight quantize_nf4(const at::Tensor& weight, int64_t blocksize, bool double_
     return out;
   }
   // Double quantization (functional.quantize_4bit with compress_statistics): the absmax less
-  // their mean, in blocks of 256, to the signed dynamic map.
+  // their mean, in blocks of 256, to the signed dynamic map. libtorch splits a long sum over its
+  // threads, and the split moves the mean's last bit and with it a few blocks' 8-bit codes (for
+  // bitsandbytes too: its bytes depend on its thread count). The mean is summed at one thread
+  // (libtorch's count is this thread's OpenMP setting, put back after): the bytes are the same on
+  // any machine, and bitsandbytes' wherever it sums in one piece (up to 32,768 blocks, or one thread).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
   const at::Tensor mean = absmax.mean();
+  at::set_num_threads(threads);
   out.offset = mean.item<float>();
   const at::Tensor centred = (absmax - mean).contiguous();
   out.nested_map = dynamic_map_signed();

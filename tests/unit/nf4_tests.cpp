@@ -139,6 +139,28 @@ TEST(Nf4, DoubleQuantizedAbsmaxWithinTheMapsResolution) {
   EXPECT_EQ(map[255].item<float>(), 1.0f);
 }
 
+// Double quantization centres the blocks' absmax on their mean. libtorch splits a long mean over
+// its threads, and the split moves its last bit: bitsandbytes' offset for Llama 3.1 8B's shape of
+// v_proj, 0.051962967962026596 at one thread, is 0.051962971687316895 at two, and 20 of its 65,536
+// blocks take another 8-bit absmax code (found comparing an 8B QLoRA run with peft, 2026-12-06).
+// The mean is summed as one thread sums it, whatever the thread count: the bytes do not depend on
+// the machine, and are bitsandbytes' at one thread (tests/hf/check_nf4.py compares them).
+// Seeds 0-4 of this shape: libtorch 2.11's mean of seed 2's absmax differs at 1 and 4 threads.
+TEST(Nf4, DoubleQuantizationDoesNotDependOnTheThreadCount) {
+  const int threads = at::get_num_threads();
+  for (int seed = 0; seed < 5; ++seed) {
+    torch::manual_seed(seed);
+    const at::Tensor weight = (torch::randn({1024, 4096}) * 0.02).to(at::kBFloat16);  // 65,536 blocks of 64
+    at::set_num_threads(1);
+    const auto one = quantize_nf4(weight);
+    at::set_num_threads(4);
+    const auto several = quantize_nf4(weight);
+    at::set_num_threads(threads);
+    EXPECT_EQ(one.offset, several.offset) << "seed " << seed << ": the absmax mean at 1 and 4 threads";
+    EXPECT_TRUE(torch::equal(one.absmax, several.absmax)) << "seed " << seed << ": the 8-bit absmax codes";
+  }
+}
+
 TEST(Nf4, BadInputIsNamed) {
   const auto w = torch::randn({4, 64});
   EXPECT_NE(error_of([&] { quantize_nf4(w, 48); }).find("block size 48"), std::string::npos);
