@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/plan/memory_plan.h"
 #include "fsdp/plan/plan_fit.h"
@@ -78,6 +79,7 @@ nlohmann::json to_json(const Plan& p) {
                         {"root_params", p.root_params},
                         {"embedding_params", p.embedding_params},
                         {"head_params", p.head_params},
+                        {"other_unit_params", p.other_unit_params},
                         {"tied_embedding", p.tied_embedding},
                         {"ranks", in.ranks},
                         {"ranks_per_node", in.ranks_per_node},
@@ -151,11 +153,17 @@ void print_setup(const Plan& p) {
         "state)\n",
         p.adapter_params / 1e6, fsdp::enum_name(in.lora_base_dtype));
   }
+  char others[96] = "";
+  if (p.other_units > 0) {
+    std::snprintf(others, sizeof(others), ", %lld more unit%s of %.1f M", static_cast<long long>(p.other_units),
+                  p.other_units == 1 ? "" : "s", p.other_unit_params / 1e6);
+  }
   std::printf(
       "fsdp-plan: %s, %.3f B parameters (%lld blocks, largest unit %.1f M, embedding %.1f M and head %.1f M "
-      "as units%s, %.1f M in the root)\n",
+      "as units%s%s, %.1f M in the root)\n",
       in.model_name.c_str(), p.parameters / 1e9, static_cast<long long>(p.layers), p.largest_unit_params / 1e6,
-      p.embedding_params / 1e6, p.head_params / 1e6, p.tied_embedding ? " (tied: one unit)" : "", p.root_params / 1e6);
+      p.embedding_params / 1e6, p.head_params / 1e6, p.tied_embedding ? " (tied: one unit)" : "", others,
+      p.root_params / 1e6);
   // "2 ranks (one node)", "16 ranks (8 per node)": a node count only where there are several.
   const std::string layout =
       in.ranks <= in.ranks_per_node ? "one node" : std::to_string(in.ranks_per_node) + " per node";
@@ -384,25 +392,21 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
 }
 
 // The plan's input from a config file, as fsdp-train reads it: with its data (the vocabulary it
-// gives the model, the bytes it holds), the same prediction as the run's report. Where the data
-// cannot be read here (planning a run for elsewhere), the config alone, saying so.
+// gives the model, the bytes it holds), the same prediction as the run's report. Where the data is
+// not on this machine (planning a run for elsewhere), the config alone, saying so.
 PlanInput input_from_config(PlanFlags& f, const fsdp::comm::ProcessGroupPtr& world) {
   std::vector<std::string> overrides = f.overrides;
   if (!f.model_name.empty()) overrides.push_back("model.name=\"" + f.model_name + "\"");
   const fsdp::train::TrainConfig c = fsdp::train::load_train_config(f.config_path, overrides);
   f.config_fixed = fsdp::train::fit_settings_given(c);
   const int n = f.ranks > 0 ? f.ranks : (world ? world->size() : 1);
-  PlanInput in;
-  try {
-    in = fsdp::train::plan_input_for_run(c, n);
-  } catch (const std::invalid_argument&) {
-    throw;  // the config, or what the planner does not model (ConfigError is one too)
-  } catch (const std::exception& e) {
-    if (!world || world->rank() == 0) {
-      std::fprintf(stderr, "fsdp-plan: note: the data is not counted, nor the model's vocabulary taken from it: %s\n",
-                   e.what());
-    }
-    in = fsdp::train::plan_input(c, n);
+  std::string missing;
+  PlanInput in = fsdp::train::plan_input_here(c, n, missing);
+  if (!missing.empty() && (!world || world->rank() == 0)) {
+    std::fprintf(stderr,
+                 "fsdp-plan: note: '%s' is not on this machine: the data is not counted, nor the model's vocabulary "
+                 "taken from it\n",
+                 missing.c_str());
   }
   // --lora-rank on a config without adapters: its lora.base_dtype "auto" as the run would resolve it.
   if (f.lora_rank > 0 && in.lora_base_dtype == fsdp::models::LoraBaseDtype::Auto) {
@@ -478,6 +482,11 @@ void apply_flags(const PlanFlags& f, PlanInput& in) {
 // --calibrate: the process overhead, the slowest rank's matmul rate and the all-gather bandwidth,
 // measured here (collective: every rank of `world`).
 void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool leader) {
+  if (!in.cpu && !fsdp::comm::nccl_backend_built()) {
+    throw std::invalid_argument(
+        "--calibrate measures this machine's device, and this CPU build has none for train.device 'cuda' (plan "
+        "it with --tflops and --bandwidth, or calibrate with a CUDA build on the GPU machine)");
+  }
   // bf16 compute multiplies in bf16, except on a CPU without bf16 instructions, where fsdp-train
   // widens the operands to fp32 GEMMs (train.bf16_matmul = auto): libtorch's own bf16 GEMM there
   // measured 1.0 GFLOP/s against 72 in fp32 (2026-12-05), a 70x wrong step estimate.

@@ -14,6 +14,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/shard/storage.h"
+#include "fsdp/train/construction_check.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/run_directory.h"
 #include "fsdp/train/trainer.h"
@@ -53,7 +54,7 @@ struct Command {
   std::vector<std::string> overrides;  // --set KEY=VALUE, then --steps and --output-dir as overrides
   int64_t steps = 0;
   std::string output_dir;
-  bool print_config = false, show_models = false, show_keys = false;
+  bool print_config = false, show_models = false, show_keys = false, check = false;
   std::string progress = "auto";
   std::string resume, profile_steps;
 
@@ -73,6 +74,10 @@ struct Command {
                    "A:B: record steps A to B (1-based) with libtorch's profiler into a Chrome trace per rank,\n"
                    "<output_dir>/profile/trace-rank<R>.json (open in ui.perfetto.dev); A alone: one step");
     app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
+    app.add_flag("--check", check,
+                 "check the config at this job's rank count without training: read it as a run does, construct\n"
+                 "and shard its model on the meta device (no memory, no values), compare it with the plan, and\n"
+                 "exit (0: accepted and as planned; 1: refused or counted otherwise). Writes nothing");
     app.add_flag("--list-models", show_models, "list the model zoo with parameter counts and exit");
     app.add_flag("--list-keys", show_keys, "list every config key with its type, help and default, and exit");
   }
@@ -94,6 +99,7 @@ fsdp::train::TrainConfig read_config(const Command& command, const fsdp::comm::P
   try {
     config = fsdp::train::load_train_config(command.config_path, command.overrides);
     fsdp::train::validate_for_world(config, world->size());
+    if (!command.check) fsdp::train::check_this_build_runs(config);  // --check says it instead
     if (!command.profile_steps.empty()) {
       std::tie(options.profile_first, options.profile_last) = fsdp::train::parse_profile_steps(command.profile_steps);
       if (options.profile_last > config.steps) {
@@ -117,6 +123,11 @@ int run(const Command& command, const fsdp::comm::ProcessGroupPtr& world) {
   if (command.print_config) {
     if (rank == 0) std::printf("%s", fsdp::train::to_toml(config).c_str());
     return 0;
+  }
+  if (command.check) {
+    const fsdp::train::ConstructionCheck check = fsdp::train::check_construction(config, world);
+    if (rank == 0) std::printf("%s", fsdp::train::describe(check, config).c_str());
+    return check.agrees() ? 0 : 1;
   }
   options.resume = command.resume;
   install_stop_handlers();

@@ -47,6 +47,19 @@ if [ -n "$cuda_check_pid" ]; then
   [ $((SECONDS - start)) -gt 1 ] && echo "test: waited $((SECONDS - start)) s for the CUDA compile check after the tests"
   if [ "$cuda_status" -eq 0 ]; then
     grep -E '^cuda-build-check:' "$cuda_check_log" || tail -n 3 "$cuda_check_log"
+    # The CUDA build's fsdp-train runs without a GPU as far as --check goes: fsdp-plan --fit's GPU
+    # setups must be accepted by it as they are, with no note that the build cannot run them.
+    if [ -x "$root_dir/build-cuda/apps/fsdp-train" ]; then
+      fit_log="$root_dir/build-cuda/fit_configs.log"
+      if OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 "$root_dir/tests/cli/fit_configs.py" \
+          "$root_dir/build" "$(command -v mpirun)" --train "$root_dir/build-cuda/apps/fsdp-train" >"$fit_log" 2>&1; then
+        echo "test: the CUDA build's fsdp-train --check accepts fsdp-plan --fit's GPU setups (log: ${fit_log#$root_dir/})"
+      else
+        cuda_status=1
+        echo "test: the CUDA build's fsdp-train --check refused fsdp-plan --fit's GPU setups (log: $fit_log):" >&2
+        grep -E '^FAIL' "$fit_log" >&2 || tail -n 20 "$fit_log" >&2
+      fi
+    fi
   else
     echo "test: the CUDA compile check failed (exit $cuda_status; log: $cuda_check_log):" >&2
     tail -n 40 "$cuda_check_log" >&2

@@ -11,6 +11,7 @@
 #include <torch/version.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <optional>
 
@@ -37,5 +38,50 @@ inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorL
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
                     /*weight_decay=*/0.0, eps, /*amsgrad=*/false, /*maximize=*/false);
 }
+
+// While alive, on this thread, every tensor made (factories included: torch::empty, the parameters
+// of torch::nn::Linear) is a meta tensor: shape and dtype, no storage, no values drawn. The C++
+// counterpart of Python's `with torch.device("meta")`, which libtorch's C++ API lacks. How: the
+// thread's dispatch keys include Meta, which outranks CPU, and exclude BackendSelect, through which
+// a factory would otherwise pick its kernel from its TensorOptions' device (CPU) alone. The thread's
+// key sets are saved whole and put back whole: IncludeDispatchKeyGuard's restore subtracts key sets,
+// which keeps backend bits, and left Meta's behind (every later op ran its meta kernel). Dispatcher
+// internals: tests/dist/meta_construction_test.cpp checks both on the libtorch built against.
+class MetaDeviceConstruction {
+ public:
+  MetaDeviceConstruction()
+      : saved_(c10::impl::tls_local_dispatch_key_set()),
+        enclosing_(own_keys()),
+        meta_(saved_.included_ | c10::DispatchKeySet(c10::DispatchKey::Meta),
+              saved_.excluded_ | c10::DispatchKeySet(c10::DispatchKey::BackendSelect)) {
+    own_keys() = &saved_;
+  }
+  ~MetaDeviceConstruction() { own_keys() = enclosing_; }  // then meta_ puts the thread's keys back
+  MetaDeviceConstruction(const MetaDeviceConstruction&) = delete;
+  MetaDeviceConstruction& operator=(const MetaDeviceConstruction&) = delete;
+
+  // The thread's key sets from before the innermost live guard; null outside one.
+  static const c10::impl::LocalDispatchKeySet*& own_keys() {
+    static thread_local const c10::impl::LocalDispatchKeySet* keys = nullptr;
+    return keys;
+  }
+
+ private:
+  c10::impl::LocalDispatchKeySet saved_;
+  const c10::impl::LocalDispatchKeySet* enclosing_;
+  c10::impl::ForceDispatchKeyGuard meta_;  // sets the keys above; puts the thread's own back when destroyed
+};
+
+// Inside a MetaDeviceConstruction, the thread's own key sets again while alive: what a host
+// collective over MPI makes for itself (an agreement's flags) is then the CPU's. No effect outside.
+class OutsideMetaDeviceConstruction {
+ public:
+  OutsideMetaDeviceConstruction() {
+    if (const c10::impl::LocalDispatchKeySet* own = MetaDeviceConstruction::own_keys()) restore_.emplace(*own);
+  }
+
+ private:
+  std::optional<c10::impl::ForceDispatchKeyGuard> restore_;
+};
 
 }  // namespace fsdp::compat

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fsdp/comm/meta_device_group.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/comm/staged_process_group.h"
 
@@ -20,6 +21,7 @@ DeviceComm device_comm_from_env() {
 }
 
 ProcessGroupPtr make_device_group(const ProcessGroupPtr& bootstrap, at::Device device) {
+  if (device.is_meta()) return make_meta_device_group(bootstrap);  // a construction check: nothing moves
   if (device_comm_from_env() == DeviceComm::kStaged) return make_staged_group(bootstrap, device);
   if (device.is_cuda()) return make_nccl_group(bootstrap, device.index());
   return bootstrap;

@@ -6,6 +6,7 @@
 
 #include "fsdp/models/model_family.h"
 #include "fsdp/nn/hooks.h"
+#include "clip_plan_terms.h"
 #include "plan_formulas.h"
 #include "shared_fields.h"
 
@@ -89,29 +90,6 @@ ClipConfig clip(int64_t image, int64_t patch, int64_t channels, ClipTowerShape v
   c.text = text;
   c.projection_dim = projection;
   return c;
-}
-
-// One block of a tower: attention's four projections with biases, two LayerNorms, the MLP.
-int64_t block_params(const ClipTowerShape& s) {
-  return 4 * (s.dim * s.dim + s.dim) + 4 * s.dim + 2 * s.dim * s.mlp_hidden + s.mlp_hidden + s.dim;
-}
-
-// The embeddings units: the text tower's (tokens and positions) and the image tower's (class
-// token, patch projection without bias, positions).
-int64_t text_embedding_params(const ClipConfig& m) { return (m.vocab + m.context) * m.text.dim; }
-int64_t vision_embedding_params(const ClipConfig& m) {
-  return m.vision.dim * (1 + m.channels * m.patch * m.patch + m.image_tokens());
-}
-
-// One block's saved activations for one sample of t tokens: what a GPT or ViT block keeps (two
-// LayerNorm inputs and outputs, q, k, v and their contiguous copies, the attention output, the
-// MLP's hidden before and after its activation; quick_gelu's sigmoid and product add one more
-// hidden), plus the softmax's statistics or probabilities.
-int64_t block_activation_bytes(const ClipTowerShape& s, int64_t t, const ActivationSettings& a) {
-  const int64_t c = a.compute_bytes;
-  const int64_t fp32_attention = a.attention_fp32 && c < 4 ? 4 * 4 * t * s.dim : 0;
-  return c * t * (11 * s.dim + 3 * s.mlp_hidden) + attention_softmax_bytes(s.heads, t, c, a.fused_attention) +
-         fp32_attention;
 }
 
 ModelField freeze_field(const char* key, bool& member, const char* help) {
@@ -234,10 +212,10 @@ class ClipFamily final : public FamilyOf<ClipConfig> {
   PlanUnits plan_units(const ModelConfig& config) const override {
     const ClipConfig& c = of(config);
     return {c.vision.layers + c.text.layers,
-            std::max(block_params(c.vision), block_params(c.text)),
-            c.vision.layers * block_params(c.vision) + c.text.layers * block_params(c.text),
-            text_embedding_params(c),
-            vision_embedding_params(c),
+            std::max(clip_block_params(c.vision), clip_block_params(c.text)),
+            c.vision.layers * clip_block_params(c.vision) + c.text.layers * clip_block_params(c.text),
+            clip_text_embedding_params(c),
+            clip_vision_embedding_params(c),
             false};
   }
   // A frozen tower's parameters get no gradient and no optimizer state.
@@ -245,11 +223,11 @@ class ClipFamily final : public FamilyOf<ClipConfig> {
     const ClipConfig& c = of(config);
     int64_t trainable = c.parameter_count();
     if (c.freeze_text) {
-      trainable -= c.text.layers * block_params(c.text) + text_embedding_params(c) + 2 * c.text.dim +
+      trainable -= c.text.layers * clip_block_params(c.text) + clip_text_embedding_params(c) + 2 * c.text.dim +
                    c.text.dim * c.projection_dim;
     }
     if (c.freeze_vision) {
-      trainable -= c.vision.layers * block_params(c.vision) + vision_embedding_params(c) + 4 * c.vision.dim +
+      trainable -= c.vision.layers * clip_block_params(c.vision) + clip_vision_embedding_params(c) + 4 * c.vision.dim +
                    c.vision.dim * c.projection_dim;
     }
     return trainable;
@@ -261,8 +239,8 @@ class ClipFamily final : public FamilyOf<ClipConfig> {
   int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
     const ClipConfig& c = of(config);
     const int64_t image_tokens = c.image_tokens(), text_tokens = c.context;
-    const int64_t vision_block = block_activation_bytes(c.vision, image_tokens, s);
-    const int64_t text_block = block_activation_bytes(c.text, text_tokens, s);
+    const int64_t vision_block = clip_block_activation_bytes(c.vision, image_tokens, s);
+    const int64_t text_block = clip_block_activation_bytes(c.text, text_tokens, s);
     const int64_t vision_input = s.compute_bytes * image_tokens * c.vision.dim,
                   text_input = s.compute_bytes * text_tokens * c.text.dim;
     const int64_t vision_saved =
@@ -277,7 +255,7 @@ class ClipFamily final : public FamilyOf<ClipConfig> {
   }
   int64_t largest_module_params(const ModelConfig& config) const override {
     const ClipConfig& c = of(config);
-    return std::max({text_embedding_params(c), vision_embedding_params(c), c.vision.dim * c.vision.mlp_hidden,
+    return std::max({clip_text_embedding_params(c), clip_vision_embedding_params(c), c.vision.dim * c.vision.mlp_hidden,
                      c.text.dim * c.text.mlp_hidden});
   }
   std::string peft_export_refusal(const ModelConfig& config) const override {

@@ -98,9 +98,7 @@ class DecoderFamily : public FamilyOf<Config> {
 
   PlanUnits plan_units(const ModelConfig& config) const override {
     const LlamaConfig& c = of(config);
-    LlamaConfig fewer = c;
-    fewer.layers = c.layers - 1;
-    const int64_t block = c.layers > 0 ? c.parameter_count() - fewer.parameter_count() : 0;
+    const int64_t block = one_block_params(c);
     return {c.layers,        block, c.layers * block, c.vocab * c.dim, c.tie_embeddings ? 0 : c.vocab * c.dim,
             c.tie_embeddings};
   }

@@ -198,9 +198,7 @@ class Gemma3Family final : public FamilyOf<Gemma3Config> {
 
   PlanUnits plan_units(const ModelConfig& config) const override {
     const Gemma3Config& c = of(config);
-    Gemma3Config fewer = c;
-    fewer.layers = c.layers - 1;
-    const int64_t block = c.layers > 0 ? c.parameter_count() - fewer.parameter_count() : 0;
+    const int64_t block = one_block_params(c);
     return {c.layers, block, c.layers * block, c.vocab * c.dim, 0, true};
   }
   int64_t plan_adapter_params(const ModelConfig& config) const override { return of(config).lora_parameter_count(); }

@@ -140,9 +140,7 @@ class GptFamily final : public FamilyOf<GptConfig> {
   // One tied unit: the embedding is the head.
   PlanUnits plan_units(const ModelConfig& config) const override {
     const GptConfig& c = of(config);
-    GptConfig fewer = c;
-    fewer.layers = c.layers - 1;
-    const int64_t block = c.layers > 0 ? c.parameter_count() - fewer.parameter_count() : 0;
+    const int64_t block = one_block_params(c);
     return {c.layers, block, c.layers * block, c.vocab * c.dim, 0, true};
   }
   int64_t plan_adapter_params(const ModelConfig& config) const override { return of(config).lora_parameter_count(); }

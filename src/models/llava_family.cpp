@@ -6,6 +6,8 @@
 
 #include "fsdp/models/model_family.h"
 #include "fsdp/nn/hooks.h"
+#include "clip_plan_terms.h"
+#include "plan_formulas.h"
 #include "shared_fields.h"
 
 namespace fsdp::models {
@@ -204,17 +206,52 @@ class LlavaFamily final : public FamilyOf<LlavaConfig> {
     return name == "vision_tower.vision_model.embeddings.position_ids";
   }
   std::string hf_exact_architecture() const override { return "LlavaForConditionalGeneration"; }
-  std::string plan_refusal(const ModelConfig&) const override {
-    return "fsdp-plan does not model the llava family yet (an image tower, a projector and a Llama); plan its Llama "
-           "alone with "
-           "--model for an upper bound of the language model's share";
+  // The planner's terms: the image tower's blocks and the Llama's in one stack (every k-th block
+  // of both recomputed alike), the Llama's embedding and head, and the image tower's embeddings a
+  // unit of their own; the rest (the tower's LayerNorms, the projector, the final norm) the root.
+  PlanUnits plan_units(const ModelConfig& config) const override {
+    const LlavaConfig& c = of(config);
+    const ClipTowerShape& v = c.vision.vision;
+    const int64_t llama_block = one_block_params(c.text);
+    PlanUnits units;
+    units.layers = v.layers + c.text.layers;
+    units.largest_block = std::max(clip_block_params(v), llama_block);
+    units.all_blocks = v.layers * clip_block_params(v) + c.text.layers * llama_block;
+    units.embedding = c.text.vocab * c.text.dim;
+    units.head = c.text.tie_embeddings ? 0 : c.text.vocab * c.text.dim;
+    units.tied = c.text.tie_embeddings;
+    units.other_units = 1;
+    units.other_params = clip_vision_embedding_params(c.vision);
+    return units;
   }
-  // Not planned yet (plan_refusal): the terms below are never asked for.
-  PlanUnits plan_units(const ModelConfig&) const override {
-    throw std::logic_error("fsdp-plan: the llava family is not planned");
+  // A frozen image tower trains nothing of it; else the blocks past the feature layer and the
+  // tower's post_layernorm, which never run, are frozen (ClipVisionTransformerImpl).
+  int64_t plan_trainable_params(const ModelConfig& config) const override {
+    const LlavaConfig& c = of(config);
+    const ClipTowerShape& v = c.vision.vision;
+    if (c.freeze_vision) return c.parameter_count() - c.vision.vision_tower_parameter_count();
+    return c.parameter_count() - (v.layers - c.read_blocks()) * clip_block_params(v) - 2 * v.dim;
   }
-  int64_t plan_activation_bytes(const ModelConfig&, const ActivationSettings&) const override {
-    throw std::logic_error("fsdp-plan: the llava family is not planned");
+  int64_t plan_adapter_params(const ModelConfig& config) const override {
+    return of(config).text.lora_parameter_count();
+  }
+  // The Llama's activations over its sequence (the image's tokens among them), as a Llama's; the
+  // projector's input, hidden and output for the image's tokens; and, unless the tower is frozen
+  // (nothing in it needs a gradient: it saves nothing), the blocks the features are read from, over
+  // the tower's tokens (patches and the class token), as CLIP's image tower keeps them.
+  int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
+    const LlavaConfig& c = of(config);
+    const ClipTowerShape& v = c.vision.vision;
+    const ModelConfig text = c.text;
+    const int64_t language = family_of(text).plan_activation_bytes(text, s);
+    const int64_t projector = s.micro_batch * s.compute_bytes * c.image_tokens() * (v.dim + 2 * c.text.dim);
+    if (c.freeze_vision || c.read_blocks() == 0) return language + projector;
+    const int64_t tokens = c.vision.image_tokens();
+    ActivationSettings stack = s;
+    stack.attention_fp32 = false;  // clip_block_activation_bytes counts fp32 attention's copies already
+    const int64_t tower = block_stack_activation_bytes(c.read_blocks(), v.dim, tokens,
+                                                       clip_block_activation_bytes(v, tokens, s), 0, stack);
+    return language + projector + tower;
   }
   int64_t largest_module_params(const ModelConfig& config) const override {
     const LlavaConfig& c = of(config);

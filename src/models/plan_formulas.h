@@ -9,6 +9,15 @@
 
 namespace fsdp::models {
 
+// The parameters of one block of a stack: the config's count less that of one block fewer.
+template <class StackConfig>
+int64_t one_block_params(const StackConfig& config) {
+  if (config.layers <= 0) return 0;
+  StackConfig fewer = config;
+  fewer.layers = config.layers - 1;
+  return config.parameter_count() - fewer.parameter_count();
+}
+
 // Composed attention keeps the probabilities [heads, t, t]; a fused kernel its log-sum-exp [heads, t] fp32.
 inline int64_t attention_softmax_bytes(int64_t heads, int64_t t, int64_t c, bool fused_attention) {
   return fused_attention ? 4 * heads * t : c * heads * t * t;

@@ -71,9 +71,7 @@ class VitFamily final : public FamilyOf<VitConfig> {
   // No embedding or head units (see embedding_and_head_paths).
   PlanUnits plan_units(const ModelConfig& config) const override {
     const VitConfig& c = of(config);
-    VitConfig fewer = c;
-    fewer.layers = c.layers - 1;
-    const int64_t block = c.layers > 0 ? c.parameter_count() - fewer.parameter_count() : 0;
+    const int64_t block = one_block_params(c);
     return {c.layers, block, c.layers * block, 0, 0, false};
   }
   // Patches and the class token a sample; the class head keeps its input and fp32 logits.

@@ -67,6 +67,7 @@ struct PlanShape {
   int64_t embedding = 0;  // the token embedding's unit, 0 without embedding units
   int64_t head = 0;       // the output head's unit, 0 when tied or without embedding units
   bool tied = false;
+  int64_t other = 0;  // the other units' parameters together (models::PlanUnits), 0 without embedding units
   int64_t root = 0, largest_unit = 0, k = 0;
   int64_t shard_numel = 0, largest_unit_shard = 0;  // per rank: every parameter's shard, the largest unit's
 };
@@ -103,13 +104,17 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
     x.embedding = units.embedding;
     x.head = units.head;
     x.tied = units.tied;
+    x.other = units.other_params;
+    plan.other_units = units.other_units;
   }
   plan.embedding_params = x.embedding;
   plan.head_params = x.head;
   plan.tied_embedding = x.tied;
-  x.largest_unit = std::max({x.block, x.embedding, x.head});
+  plan.other_unit_params = x.other;
+  // The other units together bound the largest of them (LLaVA has one).
+  x.largest_unit = std::max({x.block, x.embedding, x.head, x.other});
   plan.largest_unit_params = x.largest_unit;
-  plan.root_params = x.p - units.all_blocks - x.embedding - x.head;
+  plan.root_params = x.p - units.all_blocks - x.embedding - x.head - x.other;
   x.root = plan.root_params;
   x.k = in.max_inflight;
   // Rounded up as the shards are: every unit padded to a multiple of S.
@@ -313,6 +318,7 @@ Plan make_plan(const PlanInput& in) {
   const PlanShape x = shape_of(in, plan);
   const int64_t trainable = add_model_states(x, plan);
   const int64_t linear = add_lora_states(x, plan);
+  plan.trainable_params = plan.adapter_params > 0 ? plan.adapter_params : trainable;  // as the reductions count
   add_checkpoint_staging(x, plan);
   MemoryBreakdown& mem = plan.memory;
   mem.activations = activation_bytes(x);

@@ -236,7 +236,7 @@ void FsdpState::prepare_buffers() {
     if (!buffer.is_contiguous()) buffer.set_data(buffer.contiguous());
     buffers_.push_back(buffer);
   }
-  if (buffers_.empty()) return;
+  if (buffers_.empty() || options_.device.is_meta()) return;  // meta buffers have no values to agree on
   if (options_.sync_module_states) {
     for (at::Tensor& buffer : buffers_) wait(group_->broadcast(buffer.variable_data(), 0));
   } else {

@@ -63,7 +63,8 @@ Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_
     auto flat = std::make_unique<shard::FlatParam>(name_.empty() ? "<root>" : name_, names[kind], params[kind],
                                                    aliases[kind], groups.shard, replicate, kind == 0);
     if (groups.replicate) flat->set_replica_group(groups.replicate);
-    flat->verify_same_across_ranks(options.sync_module_states);
+    // Meta tensors (a construction check) have no values to compare or broadcast.
+    if (!options.device.is_meta()) flat->verify_same_across_ranks(options.sync_module_states);
     bool nf4 = false;
     if (kind == 1 && options.frozen_nf4) {  // QLoRA: encoded while the values are whole
       std::vector<bool> selected;

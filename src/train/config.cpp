@@ -9,6 +9,7 @@
 #include "fsdp/checkpoint/hf_weights.h"
 #include "fsdp/checkpoint/peft_adapter.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
+#include "fsdp/comm/nccl_process_group.h"
 #include "toml_screen.h"
 
 #include <toml++/toml.h>
@@ -413,6 +414,14 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   std::ostringstream text;
   text << in.rdbuf();
   return parse_train_config(text.str(), path, overrides);
+}
+
+void check_this_build_runs(const TrainConfig& c) {
+  if (c.device == c10::DeviceType::CUDA && !comm::nccl_backend_built()) {
+    throw ConfigError(c.source +
+                      ": train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA "
+                      "libtorch; see docs/gpu.md); this binary is the CPU build");
+  }
 }
 
 void validate_for_world(const TrainConfig& c, int world_size) {

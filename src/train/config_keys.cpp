@@ -8,7 +8,6 @@
 #include <optional>
 #include <type_traits>
 
-#include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/data/instructions.h"
 #include "fsdp/plan/memory_plan.h"
 
@@ -455,12 +454,7 @@ std::vector<ConfigKey> declare() {
       [](const TrainConfig& c) { return unless(c.log_every >= 1, "train.log_every must be at least 1"); };
   add(key("train.threads", MEMBER(threads), "intra-op threads per rank (0: cores / ranks on this machine)"));
   add(key("train.device", MEMBER(device),
-          alternatives<c10::DeviceType>() + " (cpu: MPI; cuda: NCCL, one GPU per rank; a -DFSDP_CUDA=ON build)"))
-      .check = [](const TrainConfig& c) {
-    return unless(c.device != c10::DeviceType::CUDA || comm::nccl_backend_built(),
-                  "train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON against a CUDA libtorch; "
-                  "see docs/gpu.md); this binary is the CPU build");
-  };
+          alternatives<c10::DeviceType>() + " (cpu: MPI; cuda: NCCL, one GPU per rank; a -DFSDP_CUDA=ON build)"));
   add(key("train.device_memory_fraction", MEMBER(device_memory_fraction),
           "cuda: cap the caching allocator at this share of the GPU (0: none)"))
       .check = [](const TrainConfig& c) {

@@ -13,6 +13,10 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
     throw std::invalid_argument(
         "fsdp-plan models block units: fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled");
   }
+  if (c.fsdp.wrap != UnitWrap::Block) {
+    throw std::invalid_argument("fsdp-plan models block units: fsdp.wrap = \"" + std::string(enum_name(c.fsdp.wrap)) +
+                                "\" is not modelled");
+  }
   plan::PlanInput in;
   in.model = c.model;
   in.model_name = c.model_name;
@@ -30,6 +34,12 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   // A language model's seq_len is resolved by now (0 -> its context); ViT has none (0): its tokens
   // are its patches and class token (plan::tokens_per_sample), and the planner needs only a positive value.
   in.seq_len = c.seq_len > 0 ? c.seq_len : 1;
+  // An image-text model's rows are the chats the trainer writes (as long as the longest).
+  if (models::family_of(c.model).task() == models::ModelTask::ImageText) {
+    const data::ImageChatWriter chats = image_chat_writer(c.model);
+    check_image_chats(c.model, chats);
+    in.seq_len = chats.row_length();
+  }
   in.loss_chunk_tokens = c.loss_chunk_tokens;
   in.fused_ops = c.fused_ops;
   const models::AttentionPath attention = attention_path_for(c);
@@ -47,14 +57,22 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   return in;
 }
 
-plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks) {
-  plan_input(config, ranks);  // what cannot be planned is said before any data is read
-  const LoadedData data = load_data(config);
+plan::PlanInput plan_input_with_data(const TrainConfig& config, int ranks, const LoadedData& data) {
   TrainConfig resolved = config;
   if (models::is_language_model(config.model)) resolved.model = resolve_model(config, data.vocab);
   plan::PlanInput in = plan_input(resolved, ranks);
   in.data_bytes = held_bytes(data);
   return in;
+}
+
+plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks) {
+  plan_input(config, ranks);  // what cannot be planned is said before any data is read
+  return plan_input_with_data(config, ranks, load_data(config));
+}
+
+plan::PlanInput plan_input_here(const TrainConfig& config, int ranks, std::string& missing) {
+  missing = missing_data_path(config);
+  return missing.empty() ? plan_input_for_run(config, ranks) : plan_input(config, ranks);
 }
 
 namespace {

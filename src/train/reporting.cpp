@@ -134,6 +134,16 @@ std::string format_bytes(double bytes) {
   return text;
 }
 
+std::string format_thousands(int64_t value) {
+  const std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out = value < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 std::string format_count(double value) {
   char text[32];
   if (value >= 1e9) {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "fsdp/comm/device_group.h"
+#include "fsdp/compat.h"
 #include "fsdp/comm/launch.h"
 #include "fsdp/comm/nccl_process_group.h"
 #include "fsdp/runtime/cpu_features.h"
@@ -82,27 +83,52 @@ models::Bf16Matmul bf16_matmul_for(const TrainConfig& c) {
                                                                                    : models::Bf16Matmul::Native;
 }
 
-ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group,
-                                 bool weights_loaded_after) {
+namespace {
+
+// The model of `config` with the vocabulary given, sharded over `group` as it is built, on the
+// device `options` name: the CPU, a GPU, or the meta device.
+ShardedModel build_and_shard(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group,
+                             runtime::FsdpOptions options) {
   ShardedModel sharded;
   sharded.config = config.model;
   models::family_of(sharded.config).take_data_vocab(sharded.config, vocab);
-  TrainConfig resolved = config;
-  resolved.model = sharded.config;
-  runtime::FsdpOptions options = fsdp_options(resolved);
-  options.nf4_values_loaded_later = weights_loaded_after;
-  if (config.device == c10::DeviceType::CUDA) {
-    // The launcher's local rank picks the GPU (comm/device_assignment.h).
-    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm::local_device_index()));
-  }
   // NCCL over the same ranks for a GPU, bootstrapped through `group` (host tensors still go
-  // there); MPI's `group` itself for the CPU; FSDP_DEVICE_COMM=staged: the test backend.
+  // there); MPI's `group` itself for the CPU; FSDP_DEVICE_COMM=staged: the test backend; nothing
+  // moved for the meta device.
   const comm::ProcessGroupPtr fsdp_group = comm::make_device_group(group, options.device);
   torch::manual_seed(config.seed);  // the model is built on the CPU, the same on every rank, whatever the device
   runtime::BuildListener listener(fsdp_group, options);
   sharded.model = models::build_model(sharded.config);
   sharded.state = runtime::make_fsdp_state(sharded.model.module, fsdp_group, options, listener.take_units());
   return sharded;
+}
+
+runtime::FsdpOptions options_with_vocab(const TrainConfig& config, int64_t vocab) {
+  TrainConfig resolved = config;
+  models::family_of(resolved.model).take_data_vocab(resolved.model, vocab);
+  return fsdp_options(resolved);
+}
+
+}  // namespace
+
+ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group,
+                                 bool weights_loaded_after) {
+  check_this_build_runs(config);  // a GPU run's config on a CPU build (fsdp-ckpt, the tests), said plainly
+  runtime::FsdpOptions options = options_with_vocab(config, vocab);
+  options.nf4_values_loaded_later = weights_loaded_after;
+  if (config.device == c10::DeviceType::CUDA) {
+    // The launcher's local rank picks the GPU (comm/device_assignment.h).
+    options.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(comm::local_device_index()));
+  }
+  return build_and_shard(config, vocab, group, std::move(options));
+}
+
+ShardedModel construct_on_meta_device(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group) {
+  runtime::FsdpOptions options = options_with_vocab(config, vocab);
+  options.device = at::Device(at::kMeta);
+  options.nf4_values_loaded_later = true;  // no values to quantize
+  compat::MetaDeviceConstruction on_meta;
+  return build_and_shard(config, vocab, group, std::move(options));
 }
 
 }  // namespace fsdp::train

@@ -134,29 +134,14 @@ class Trainer {
       }
     }
     if (family.task() == models::ModelTask::ImageText) {
-      // One-turn chats from the labels: bytes, end-of-text (the first id above the bytes that is
-      // not the image token) and the image token (data/image_chat.h).
-      const int64_t image_token = family.image_token(model_config_);
-      const int64_t end_of_text = image_token == 256 ? 257 : 256;
-      chat_ = std::make_unique<data::ImageChatWriter>(
-          data::fashion_mnist_class_names(), family.image_input(model_config_).tokens, image_token, end_of_text);
-      if (vocab <= std::max(end_of_text, image_token)) {
-        throw std::runtime_error("model.vocab " + std::to_string(vocab) +
-                                 " cannot hold the byte chats (bytes 0-255, end-of-text " +
-                                 std::to_string(end_of_text) + " and image_token " + std::to_string(image_token) + ")");
-      }
+      // One-turn chats from the labels (image_chat_writer); checked as fsdp-train --check checks them.
+      chat_ = std::make_unique<data::ImageChatWriter>(image_chat_writer(model_config_));
+      check_image_chats(model_config_, *chat_);
       // The loss is the mean over the global batch's answer tokens, counted as any masked loss's.
       std::vector<int64_t> answer_tokens;
       for (int64_t label = 0; label < chat_->classes(); ++label) answer_tokens.push_back(chat_->answer_tokens(label));
       if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get()))
         images->set_targets_per_label(answer_tokens);
-      const int64_t context = family.text_context(model_config_);
-      if (chat_->row_length() > context) {
-        throw std::runtime_error("the chats are " + std::to_string(chat_->row_length()) + " tokens (" +
-                                 std::to_string(family.image_input(model_config_).tokens) +
-                                 " image tokens, the question and the longest answer); model.context is " +
-                                 std::to_string(context));
-      }
     }
   }
 
@@ -1109,6 +1094,7 @@ class Trainer {
 }  // namespace
 
 TrainSummary train(const TrainConfig& config, const comm::ProcessGroupPtr& world, const TrainerOptions& options) {
+  check_this_build_runs(config);  // fsdp-train refuses it before claiming the output directory too
   models::set_fused_ops(config.fused_ops);
   models::set_attention_path(fsdp_options(config).mixed_precision.param_dtype, attention_path_for(config));
   models::set_bf16_matmul(bf16_matmul_for(config));

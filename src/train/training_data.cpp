@@ -1,6 +1,7 @@
 #include "training_data.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <limits>
 #include <stdexcept>
@@ -219,6 +220,53 @@ void check_data_sizes(const LoadedData& data, const TrainConfig& config, int wor
                                std::to_string(image_size) + " (model.channels, model.image_size)");
     }
   }
+}
+
+std::string missing_data_path(const TrainConfig& config) {
+  namespace fs = std::filesystem;
+  const DataConfig& d = config.data;
+  std::vector<std::string> paths;
+  if (d.source == "token_files") {
+    paths = {d.train_tokens, d.validation_tokens};
+  } else if (d.source == "instructions") {
+    paths = {d.train_jsonl, d.validation_jsonl};
+  } else {
+    paths = {!d.dir.empty() ? d.dir : d.source == "fashion_mnist" ? data::kFashionMnistDir : data::kFortunesDir};
+  }
+  for (const std::string& file : {d.vocab_json, d.merges_txt, d.tokenizer_json}) paths.push_back(file);
+  for (std::string path : paths) {
+    if (path.empty()) continue;
+    if (path.find_first_of("*?[") != std::string::npos) path = fs::path(path).parent_path().string();  // a glob
+    std::error_code error;
+    if (!path.empty() && !fs::exists(path, error)) return path;
+  }
+  return "";
+}
+
+void check_image_chats(const models::ModelConfig& model, const data::ImageChatWriter& chats) {
+  const models::ModelFamily& family = models::family_of(model);
+  const int64_t vocab = models::vocab_size(model), image_token = family.image_token(model);
+  const int64_t end_of_text = chats.end_of_text();
+  if (vocab <= std::max(end_of_text, image_token)) {
+    throw std::runtime_error("model.vocab " + std::to_string(vocab) +
+                             " cannot hold the byte chats (bytes 0-255, end-of-text " + std::to_string(end_of_text) +
+                             " and image_token " + std::to_string(image_token) + ")");
+  }
+  const int64_t context = family.text_context(model);
+  if (chats.row_length() > context) {
+    throw std::runtime_error("the chats are " + std::to_string(chats.row_length()) + " tokens (" +
+                             std::to_string(family.image_input(model).tokens) +
+                             " image tokens, the question and the longest answer); model.context is " +
+                             std::to_string(context));
+  }
+}
+
+data::ImageChatWriter image_chat_writer(const models::ModelConfig& model) {
+  const models::ModelFamily& family = models::family_of(model);
+  const int64_t image_token = family.image_token(model);
+  const int64_t end_of_text = image_token == 256 ? 257 : 256;
+  return data::ImageChatWriter(data::fashion_mnist_class_names(), family.image_input(model).tokens, image_token,
+                               end_of_text);
 }
 
 models::ModelConfig resolve_model(const TrainConfig& c, int64_t vocab) {

@@ -164,8 +164,8 @@ expect_failure clip-micro-batches "train.micro_batches 2 with the clip model 'cl
   "${ranks[@]}" "$train" "$(config clip-micro "$clip_model")" --set train.micro_batches=2
 expect_failure plan-clip-tower "fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled" \
   "$plan" "$(config clip-tower "$clip_model"$'\n[fsdp]\nwrap = "tower"')" --ranks 2
-# LLaVA: a tower block it has not to read, a context too short for its chats, fsdp-plan (not
-# modelled yet), the image token outside the vocabulary.
+# LLaVA: a tower block it has not to read, a context too short for its chats, the image token
+# outside the vocabulary. (fsdp-plan models LLaVA since 2026-12-06; what it refuses is LoRA on CLIP.)
 llava_model=$'[model]\nname = "llava-test"\n[data]\nsource = "fashion_mnist"\n[train]\nsteps = 2\nglobal_batch = 8'
 expect_failure llava-feature-layer "vision_feature_layer 5 is outside the image tower's 3 hidden states" \
   "${ranks[@]}" "$train" "$(config llava-layer "$llava_model")" --set model.vision_feature_layer=5
@@ -173,7 +173,8 @@ expect_failure llava-context "the chats are 78 tokens (16 image tokens, the ques
   "${ranks[@]}" "$train" "$(config llava-context "$llava_model")" --set model.context=64
 expect_failure llava-image-token "image_token 300 is outside the language model's vocabulary [0, 258)" \
   "${ranks[@]}" "$train" "$(config llava-token "$llava_model")" --set model.image_token=300
-expect_failure plan-llava "fsdp-plan does not model the llava family yet" "$plan" "$(config llava-plan "$llava_model")" --ranks 2
+expect_failure plan-clip-lora "fsdp-plan does not model LoRA on a clip model yet" \
+  "$plan" "$(config clip-lora "$clip_model"$'\n[lora]\nrank = 4\ntargets = "q_proj v_proj fc1"')" --ranks 2
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

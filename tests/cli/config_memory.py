@@ -37,10 +37,13 @@ KNOWN_SHORT = {
     "llama-finetune-fortunes": (0.30, STRANDED),
     "clip-fashion-mnist": (0.25, STRANDED),
     "vit-fashion-mnist": (0.20, STRANDED),
+    # Planned since 2026-12-06: its live peak 281.6 MiB against 291.6 planned (-3%), its resident 420 MiB:
+    # the step-0 evaluation's generation leaves 140 MiB of heap mapped above the live bytes.
+    "llava-fashion-mnist": (0.50, STRANDED),
     # +2% to +10.3% over eight runs on 2026-12-05: inside the aim most times, not every time.
     "gpt-fortunes-tiny": (0.15, STRANDED + " (from run to run: +2% to +10.3%)"),
 }
-NOT_MODELLED = {"llava-fashion-mnist": "fsdp-plan does not model the llava family"}
+NOT_MODELLED = {}  # configs fsdp-plan does not model: none since LLaVA (2026-12-06)
 STEPS = ["--set", "train.steps=4", "--set", "eval.every=2", "--set", "train.log_every=1"]
 
 

@@ -219,16 +219,29 @@ TEST(Config, HybridShardGroupSize) {
   EXPECT_EQ(again.fsdp.shard_group_size, 2);
 }
 
-// The GPU options: checked by name; train.device 'cuda' is refused by a CPU build, saying how to
-// get a CUDA one; offload and the memory cap need a GPU device.
+// The GPU options: checked by name; offload and the memory cap need a GPU device. A config for
+// the GPU is a valid config on any build (fsdp-plan and fsdp-train --check read it on a laptop);
+// running it needs a CUDA build: check_this_build_runs refuses it on a CPU one, saying how to get one.
 TEST(Config, DeviceOptions) {
   auto config = parse_train_config(kMinimal, "d.toml");
   EXPECT_EQ(config.device, c10::DeviceType::CPU);
   EXPECT_NE(error_of(kMinimal, {"train.device=tpu"}).find("train.device 'tpu' (expected cpu or cuda)"),
             std::string::npos);
+  const auto gpu = parse_train_config(kMinimal, "d.toml", {"train.device=\"cuda\"", "fsdp.cpu_offload=true"});
+  EXPECT_EQ(gpu.device, c10::DeviceType::CUDA);
+  EXPECT_NO_THROW(fsdp::train::check_this_build_runs(config));
   if (!fsdp::comm::nccl_backend_built()) {
-    EXPECT_NE(error_of(kMinimal, {"train.device=cuda"}).find("needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON"),
-              std::string::npos);
+    try {
+      fsdp::train::check_this_build_runs(gpu);
+      ADD_FAILURE() << "a CPU build accepted a run on train.device 'cuda'";
+    } catch (const fsdp::train::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    "d.toml: train.device 'cuda' needs a CUDA build of fsdp.cpp (cmake -DFSDP_CUDA=ON"),
+                std::string::npos)
+          << e.what();
+    }
+  } else {
+    EXPECT_NO_THROW(fsdp::train::check_this_build_runs(gpu));
   }
   EXPECT_NE(
       error_of(kMinimal, {"fsdp.cpu_offload=true"}).find("fsdp.cpu_offload moves shards from the GPU to host memory"),

@@ -102,8 +102,8 @@ int64_t parameters_of(const torch::nn::Module& module) {
   return total;
 }
 
-// The planner's terms agree with the built model: its blocks (count, largest, all), its embedding
-// and head units, and give activations and a largest module.
+// The planner's terms agree with the built model: its blocks (count, largest, all), its embedding,
+// head and other units, and give activations and a largest module.
 std::vector<std::string> plan_parts_missing(const ModelFamily& family, const ModelConfig& config,
                                             const BuiltModel& built) {
   std::vector<std::string> missing;
@@ -130,8 +130,10 @@ std::vector<std::string> plan_parts_missing(const ModelFamily& family, const Mod
       if (item.key() == path) outer += parameters_of(*item.value());
     }
   }
-  if (units.embedding + units.head != outer) {
-    missing.push_back("plan_units' embedding and head hold " + std::to_string(units.embedding + units.head) +
+  // The paths hold the embedding, the head and the other units (LLaVA's image embeddings).
+  if (units.embedding + units.head + units.other_params != outer) {
+    missing.push_back("plan_units' embedding, head and other units hold " +
+                      std::to_string(units.embedding + units.head + units.other_params) +
                       " parameters, the modules at embedding_and_head_paths " + std::to_string(outer));
   }
   const int64_t trainable = family.plan_trainable_params(config);

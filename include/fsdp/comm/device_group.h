@@ -4,7 +4,8 @@
 // A CUDA device gets NCCL (nccl_process_group.h), or the staged test backend
 // (staged_process_group.h) where the variable says staged: several ranks on one GPU. The CPU gets
 // the bootstrap group itself (MPI), or under staged a staged group over CPU tensors, so that the
-// backend's logic runs in CI.
+// backend's logic runs in CI. The meta device (a model constructed to be checked, not run) gets
+// collectives that move nothing (meta_device_group.h).
 #pragma once
 
 #include <c10/core/Device.h>

@@ -15,6 +15,10 @@ struct PlanUnits {
   int64_t embedding = 0;      // the token embedding's unit (CLIP: the text tower's embeddings)
   int64_t head = 0;           // the output head's unit, 0 when tied (CLIP: the image tower's embeddings)
   bool tied = false;          // the embedding's unit is the head too (used first and last)
+  // Other modules that are units of their own beside those, each gathered once a pass (LLaVA: the
+  // image tower's embeddings): how many, and their parameters together.
+  int64_t other_units = 0;
+  int64_t other_params = 0;
 };
 
 // How a micro-batch computes, for the activations it keeps.

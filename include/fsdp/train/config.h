@@ -229,6 +229,10 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::string& 
 // Checks what depends on the world size (batch divisible by ranks x micro-batches).
 void validate_for_world(const TrainConfig& config, int world_size);
 
+// Throws ConfigError when this binary cannot run the config: train.device 'cuda' on a CPU build.
+// Not part of reading a config: fsdp-plan and fsdp-train --check take a GPU run's config anywhere.
+void check_this_build_runs(const TrainConfig& config);
+
 std::string checkpoints_dir(const TrainConfig& config);  // checkpoint.dir or <output_dir>/checkpoints
 
 // lora.base_dtype with "auto" resolved: the dtype of model.init_from's weights where every one is

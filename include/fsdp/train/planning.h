@@ -24,6 +24,11 @@ plan::PlanInput plan_input(const TrainConfig& config, int ranks);
 // fsdp-train would when the data cannot be read.
 plan::PlanInput plan_input_for_run(const TrainConfig& config, int ranks);
 
+// plan_input_for_run where every file the config's data names is on this machine; where one is
+// not (a run planned here for elsewhere), plan_input of the config alone, and `missing` names it.
+// Data that is here but wrong throws as fsdp-train would.
+plan::PlanInput plan_input_here(const TrainConfig& config, int ranks, std::string& missing);
+
 // The config keys and TOML values that give a run `chosen`'s searched settings (fsdp-plan --fit's
 // answer), for those not in `fixed`: ("fsdp.strategy", "\"full_shard\""), ... The inverse of
 // plan_input for them: a config given these as --set overrides plans as `chosen` does.

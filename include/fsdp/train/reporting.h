@@ -31,6 +31,7 @@ double measure_matmul_flops(double seconds, at::Device device = at::kCPU, at::Sc
 
 std::string format_bytes(double bytes);       // "1.5 MiB"
 std::string format_count(double value);       // "12.3k", "1.2M"
+std::string format_thousands(int64_t value);  // "70,553,706,496"
 std::string format_duration(double seconds);  // "3m12s"
 
 // One line per step on a terminal (rewritten in place, with a bar and ETA); otherwise a plain line

@@ -39,4 +39,10 @@ struct ShardedModel {
 ShardedModel build_sharded_model(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group,
                                  bool weights_loaded_after = false);
 
+// The same model and units on the meta device (compat::MetaDeviceConstruction): every parameter,
+// shard and gathered buffer has its real shape and dtype and no storage, nothing is drawn or
+// quantized, and the collectives move nothing (comm/meta_device_group.h); the groups a strategy
+// splits are real. For fsdp-train --check: a 70B model "built" in seconds in no memory.
+ShardedModel construct_on_meta_device(const TrainConfig& config, int64_t vocab, const comm::ProcessGroupPtr& group);
+
 }  // namespace fsdp::train
