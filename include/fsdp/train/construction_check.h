@@ -5,8 +5,8 @@
 //   mpirun -np 8 fsdp-train configs/plan/llama3-70b-qlora.toml --check   # seconds, no memory
 //
 // What it shows beyond fsdp-plan: the config passes the checks fsdp-train makes before a run
-// (keys, the batch over the ranks, hybrid groups, LoRA targets, the data and its sizes, LLaVA's
-// chats, the wrap policy selecting real modules, ties), the real code builds the model and its
+// (keys, the batch over the ranks, hybrid groups, LoRA targets, the data and its sizes, an image-
+// text model's chats, the wrap policy selecting real modules, ties), the real code builds the model and its
 // units at the real size, and the planner's formulas count the same parameters, trainable ones,
 // units and recomputed blocks as that model holds. Not checked: model.init_from's weights (only its
 // config.json is read), the device itself. The data is read where every file it names is on this
