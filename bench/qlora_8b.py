@@ -130,24 +130,44 @@ def one_run(a, ranks, work):
     }
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--seq", type=int, default=512)
+def add_input_arguments(p, json_name):
+    """--model-dir, --data, --json and --work-dir, as the 8B benchmarks (this one, qlora_8b_peft.py) take them."""
     p.add_argument("--model-dir", default=str(ROOT / "runs/models/llama-3.1-8b-random"))
     p.add_argument("--data", default=str(ROOT / "runs/data/fortune-chat.jsonl"))
-    p.add_argument("--no-peer", action="store_true", help="leave out transformers + bitsandbytes")
-    p.add_argument("--json", default=str(ROOT / "runs/bench/qlora_8b.json"))
-    p.add_argument("--work-dir", default=None)
-    a = p.parse_args()
+    p.add_argument("--json", default=str(ROOT / "runs/bench" / json_name))
+    p.add_argument("--work-dir", default=None, help="default: a new temporary directory (kept: it holds the logs)")
+
+
+def prepare_inputs(a, prefix):
+    """The 8B directory and the instruction data, each made once if missing; the work directory."""
     if not Path(a.model_dir).exists():
         subprocess.run([PYTHON, str(ROOT / "bench/make_llama8b.py"), "--out", a.model_dir], check=True)
     if not Path(a.data).exists():
         Path(a.data).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(ROOT / "build/apps/fsdp-data"), "instructions", "--output", a.data], check=True, cwd=ROOT)
-    work = Path(a.work_dir or tempfile.mkdtemp(prefix="fsdp-qlora8b-"))
+    work = Path(a.work_dir or tempfile.mkdtemp(prefix=prefix))
     work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def write_json(path, result):
+    """`result` into `path` through path.partial: an interrupted write leaves no file that looks whole."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(str(path) + ".partial")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    partial.replace(path)
+    print(f"wrote {path}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--no-peer", action="store_true", help="leave out transformers + bitsandbytes")
+    add_input_arguments(p, "qlora_8b.json")
+    a = p.parse_args()
+    work = prepare_inputs(a, "fsdp-qlora8b-")
 
     rows = [one_run(a, n, work) for n in a.ranks]
     peer = None
@@ -191,11 +211,7 @@ def main():
     out = {"date": datetime.date.today().isoformat(), "model_dir": a.model_dir, "seq": a.seq, "steps": a.steps,
            "mem_total_bytes": mem_total_bytes(), "cores": os.cpu_count(), "rows": rows, "transformers_bnb": peer,
            "work_dir": str(work)}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(a.json + ".partial")
-    partial.write_text(json.dumps(out, indent=2) + "\n")
-    partial.replace(a.json)
-    print(f"wrote {a.json}")
+    write_json(a.json, out)
 
 
 if __name__ == "__main__":

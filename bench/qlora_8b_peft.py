@@ -29,12 +29,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from qlora_8b import add_input_arguments, prepare_inputs, write_json  # bench/: the 8B run's inputs and output
+
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON = str(ROOT / ".venv/bin/python")
 # fsdp.cpp and peft compute the same fp32 products over the same dequantized weights in another
 # order. The first runs (2026-12-06) differed by 1.0e-3 of the largest logit, traced to 20 of
 # 65,536 blocks of a weight whose double-quantized absmax bitsandbytes had quantized at two threads
@@ -151,28 +151,19 @@ def peft_logits(model_dir, adapter, ids):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-dir", default=str(ROOT / "runs/models/llama-3.1-8b-random"))
-    p.add_argument("--data", default=str(ROOT / "runs/data/fortune-chat.jsonl"))
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--seq", type=int, default=64, help="tokens per rank per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--rows", type=int, default=2)
     p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--json", default=str(ROOT / "runs/bench/qlora_8b_peft.json"))
-    p.add_argument("--work-dir", default=None, help="default: a new temporary directory (kept: it holds the logs)")
+    add_input_arguments(p, "qlora_8b_peft.json")
     p.add_argument("--reuse", action="store_true",
                    help="take the run, adapter and fsdp.cpp logits an earlier call left in --work-dir; compare again")
     a = p.parse_args()
     import torch
     from safetensors.torch import load_file, save_file
 
-    if not Path(a.model_dir).exists():
-        subprocess.run([PYTHON, str(ROOT / "bench/make_llama8b.py"), "--out", a.model_dir], check=True)
-    if not Path(a.data).exists():
-        Path(a.data).parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(ROOT / "build/apps/fsdp-data"), "instructions", "--output", a.data], check=True, cwd=ROOT)
-    work = Path(a.work_dir or tempfile.mkdtemp(prefix="fsdp-qlora8b-peft-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = prepare_inputs(a, "fsdp-qlora8b-peft-")
     out = work / "run"
     config = work / "qlora.toml"
     config.write_text(CONFIG.format(out=out, model=a.model_dir, data=a.data, steps=a.steps, seq=a.seq, lr=a.lr))
@@ -219,11 +210,7 @@ def main():
               "adapter_targets": sorted(adapter_config["target_modules"]), "logit_scale": scale,
               "max_abs_difference": error, "adapter_effect": effect, "difference_decoded_into_fp32": rounding, "relative_tolerance": RELATIVE_TOLERANCE,
               "passed": passed, "seconds": seconds, "work_dir": str(work)}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(a.json + ".partial")
-    partial.write_text(json.dumps(result, indent=2) + "\n")
-    partial.replace(a.json)
-    print(f"wrote {a.json}")
+    write_json(a.json, result)
     sys.exit(0 if passed else 1)
 
 

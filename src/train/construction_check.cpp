@@ -86,13 +86,8 @@ ConstructionCheck check_on_this_rank(const TrainConfig& config, const comm::Proc
 
 ConstructionCheck check_construction(const TrainConfig& config, const comm::ProcessGroupPtr& world) {
   ConstructionCheck check;
-  std::string error;
-  try {
-    check = check_on_this_rank(config, world);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  comm::agree_on_failure(world, error, "checking the config");  // every rank stops together, one says why
+  // Every rank stops together on a refusal, one of them saying why.
+  comm::on_every_rank(world, "checking the config", [&] { check = check_on_this_rank(config, world); });
   return check;
 }
 
