@@ -138,8 +138,12 @@ def add_input_arguments(p, json_name):
     p.add_argument("--work-dir", default=None, help="default: a new temporary directory (kept: it holds the logs)")
 
 
-def prepare_inputs(a, prefix):
-    """The 8B directory and the instruction data, each made once if missing; the work directory."""
+def prepare_inputs(a, prefix, reuse=False):
+    """The 8B directory and the instruction data, each made once if missing; the work directory (a
+    --work-dir that holds files is refused unless `reuse`: nothing there is replaced)."""
+    if a.work_dir and Path(a.work_dir).is_dir() and any(Path(a.work_dir).iterdir()) and not reuse:
+        sys.exit(f"{Path(sys.argv[0]).name}: --work-dir {a.work_dir} holds files; give a new or empty directory "
+                 "(nothing there is replaced)")
     if not Path(a.model_dir).exists():
         subprocess.run([PYTHON, str(ROOT / "bench/make_llama8b.py"), "--out", a.model_dir], check=True)
     if not Path(a.data).exists():

@@ -163,7 +163,7 @@ def main():
     import torch
     from safetensors.torch import load_file, save_file
 
-    work = prepare_inputs(a, "fsdp-qlora8b-peft-")
+    work = prepare_inputs(a, "fsdp-qlora8b-peft-", reuse=a.reuse)
     out = work / "run"
     config = work / "qlora.toml"
     config.write_text(CONFIG.format(out=out, model=a.model_dir, data=a.data, steps=a.steps, seq=a.seq, lr=a.lr))
