@@ -13,17 +13,14 @@ start=$SECONDS
 echo "build: $what ($estimate; log: ${log#$PWD/})"
 terminal=0
 [ -t 1 ] && terminal=1
-# The log exists before tail looks: tail -F on a file not there yet retries by polling, and under
-# load the first lines then came as late as the build's end (CI, 2026-12-05: 4 s of a 4 s build).
-: >"$log"
-"$@" >>"$log" 2>&1 &
-build=$!
-# Debian's awk (mawk) reads a pipe in 4 KB blocks, which held every line back until the build
-# ended; -W interactive makes it read line by line (gawk reads lines as they come anyway).
+# The build's output goes through a pipe to the log and to the progress filter at once, with
+# nothing that polls between them. Following the log with tail -F held the first line back until
+# the build's last write twice in CI under load (2026-12-05 and 2026-12-06: 4 s into a 4 s build),
+# even with the log created before tail started; it never did on an idle machine.
 awk_line_by_line=(awk)
 awk -W version 2>&1 | grep -q mawk && awk_line_by_line=(awk -W interactive)
-# Follow the log as the build writes it: CMake's "[ 42%] Building CXX object .../src/x.cpp.o".
-tail -n +1 -F "$log" --pid="$build" 2>/dev/null | "${awk_line_by_line[@]}" -v terminal="$terminal" -v start="$start" '
+# CMake's lines look like "[ 42%] Building CXX object .../src/x.cpp.o".
+"$@" 2>&1 | tee "$log" | "${awk_line_by_line[@]}" -v terminal="$terminal" -v start="$start" '
   function elapsed() { return strftime("%M:%S", systime() - start_time, 1) }
   BEGIN { start_time = systime(); last_tenth = -1 }
   /^\[ *[0-9]+%\]/ {
@@ -41,8 +38,7 @@ tail -n +1 -F "$log" --pid="$build" 2>/dev/null | "${awk_line_by_line[@]}" -v te
     }
   }
   END { if (terminal == 1) printf "\r%-100s\r", "" }'
-wait "$build"
-status=$?
+status=${PIPESTATUS[0]}
 if [ $status -ne 0 ]; then
   echo "build: failed after $((SECONDS - start)) s; the errors (full log in ${log#$PWD/}):" >&2
   grep -E -A3 'error|Error' "$log" | head -n 60 >&2 || tail -n 40 "$log" >&2
