@@ -13,6 +13,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "fsdp/shard/storage.h"
+
 namespace fsdp::checkpoint {
 
 namespace {
@@ -317,7 +319,7 @@ at::Tensor SafetensorsFile::read_range(const std::string& name, int64_t first, i
                             std::to_string(first + count) + ") outside tensor '" + name + "' of " +
                             std::to_string(t.numel()));
   }
-  at::Tensor out = at::empty({count}, at::TensorOptions().dtype(t.dtype));
+  at::Tensor out = shard::empty_buffer(count, t.dtype);
   const int64_t element = static_cast<int64_t>(c10::elementSize(t.dtype));
   pread_exact(fd_, out.data_ptr(), static_cast<size_t>(count * element), data_start_ + t.begin + first * element,
               path_);

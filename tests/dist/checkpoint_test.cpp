@@ -643,8 +643,10 @@ TEST(HfWeights, ExportThenImportRoundTrips) {
 // until every rank had read its own). Inputs: a Llama whose embedding and head are 65,536 x 512
 // (128 MiB each in fp32, units of their own) and one small block, exported, then imported into a
 // fresh build. At N ranks a rank's shards are 2 tables / N; a second copy is that much more. Each
-// range read is at least 32 MiB, glibc's largest mmap threshold, so it is mapped and unmapped on
-// its own whatever earlier tests left in the heap. Bound: the import's peak resident growth stays
+// range read is mapped and unmapped on its own (SafetensorsFile::read_range), whatever earlier
+// tests left in the heap: until 2026-12-06 glibc served 32 MiB reads from free heap chunks where
+// earlier tests had left 90 MiB or more, and two reads stayed resident (2.03 tables / N on one or
+// two of the 4 ranks, 3 of 6 runs in a fresh clone; 0 of 8 since). Bound: the import's peak resident growth stays
 // under one table / N, the largest range it reads (64 MiB at most: read 16 M values at a time),
 // plus half a table / N (2026-12-06: 1.03-1.06 tables / N; with 48 MiB tables 1.08-1.13 alone,
 // 2.1 after the other tests on rank 0, when a range could land in the heap; with the copy, 3.2;

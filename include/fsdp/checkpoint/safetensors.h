@@ -91,7 +91,9 @@ class SafetensorsFile {
 
   at::Tensor read(const std::string& name) const;  // [shape] of its dtype
   // Elements [first, first + count) of the flattened tensor, as a 1-D tensor of its dtype:
-  // reads only those bytes.
+  // reads only those bytes. Into memory of its own from 1 MiB up (shard::empty_buffer), outside
+  // glibc's heap: a freed read is unmapped, never left resident in the heap for the next one to
+  // miss (an import's reads of 32 MiB and 32 MiB + 512 B held both, 2026-12-06).
   at::Tensor read_range(const std::string& name, int64_t first, int64_t count) const;
   // crc32 of the whole file (reads it through once).
   uint32_t file_crc32() const;
