@@ -62,7 +62,7 @@ void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::model
   int64_t bos = -1, eos = -1;
   std::vector<std::string> files;
   std::vector<int64_t> extra_eos;
-  if (d.tokenizer == "hf") {
+  if (d.tokenizer == fsdp::data::TokenizerKind::Hf) {
     files = fsdp::checkpoint::tokenizer_files_in(fs::path(d.tokenizer_json).parent_path().string());
     fsdp::data::HfTokenizer tokenizer(d.tokenizer_json);
     for (const char* begin : {"<|begin_of_text|>", "<s>", "<bos>"}) {  // Llama 3's, SentencePiece's, Gemma's
@@ -70,14 +70,14 @@ void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::model
     }
     eos = tokenizer.end_of_text();
     // Fine-tuned on a chat format: generation must also stop where an answer ends.
-    if (d.source == "instructions") {
+    if (d.source == fsdp::train::DataSource::Instructions) {
       const auto format = fsdp::data::chat_format_from_name(d.chat_format, tokenizer);
       const int32_t end_of_turn = fsdp::data::end_of_turn(format, tokenizer);
       if (format != fsdp::data::ChatFormat::Plain && end_of_turn >= 0 && end_of_turn != eos) {
         extra_eos.push_back(end_of_turn);
       }
     }
-  } else if (d.tokenizer == "gpt2") {
+  } else if (d.tokenizer == fsdp::data::TokenizerKind::Gpt2) {
     files = {d.vocab_json, d.merges_txt};
     eos = bos = fsdp::data::Gpt2BpeTokenizer(d.vocab_json, d.merges_txt).end_of_text();
   }

@@ -38,14 +38,15 @@
 namespace {
 
 struct TokenizerArgs {
-  std::string kind = "byte";
+  fsdp::data::TokenizerKind kind = fsdp::data::TokenizerKind::Byte;
   std::string vocab_json, merges_txt, tokenizer_json;
   void add_to(CLI::App& command) {
     command
-        .add_option("--tokenizer", kind,
-                    "byte (vocab 256, built in), gpt2 (needs --vocab-json, --merges-txt) "
-                    "or hf (needs --tokenizer-json)")
-        ->check(CLI::IsMember({"byte", "gpt2", "hf"}));
+        .add_option_function<std::string>(
+            "--tokenizer",
+            [this](const std::string& name) { kind = fsdp::enum_from_name<fsdp::data::TokenizerKind>(name); },
+            "byte (vocab 256, built in), gpt2 (needs --vocab-json, --merges-txt) or hf (needs --tokenizer-json)")
+        ->check(CLI::IsMember(fsdp::enum_names<fsdp::data::TokenizerKind>()));
     command.add_option("--vocab-json", vocab_json, "GPT-2 BPE vocabulary (token -> id JSON)");
     command.add_option("--merges-txt", merges_txt, "GPT-2 BPE merges, one pair per line");
     command.add_option("--tokenizer-json", tokenizer_json, "a Hugging Face tokenizer.json (byte-level BPE)");
@@ -58,10 +59,14 @@ struct TokenizerArgs {
     auto set = [](const std::string& key, const std::string& value) {
       return " --set " + key + "='\"" + value + "\"'";
     };
-    if (kind == "gpt2")
-      return set("data.tokenizer", "gpt2") + set("data.vocab_json", vocab_json) + set("data.merges_txt", merges_txt);
-    if (kind == "hf") return set("data.tokenizer", "hf") + set("data.tokenizer_json", tokenizer_json);
-    return "";
+    const std::string name = fsdp::data::tokenizer_kind_name(kind);
+    switch (kind) {
+      case fsdp::data::TokenizerKind::Gpt2:
+        return set("data.tokenizer", name) + set("data.vocab_json", vocab_json) + set("data.merges_txt", merges_txt);
+      case fsdp::data::TokenizerKind::Hf:
+        return set("data.tokenizer", name) + set("data.tokenizer_json", tokenizer_json);
+      default: return "";
+    }
   }
 };
 

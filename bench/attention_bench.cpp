@@ -68,13 +68,13 @@ int main(int argc, char** argv) {
           {"shape", s.name}, {"batch", s.batch},       {"heads", s.heads},   {"kv_heads", s.kv_heads},
           {"t", s.t},        {"head_dim", s.head_dim}, {"causal", s.causal}, {"dtype", c10::toString(dtype)}};
       for (const auto& timing : timings) {
-        row[std::string(fsdp::models::to_string(timing.path)) + "_seconds"] = timing.seconds;
+        row[std::string(fsdp::enum_name(timing.path)) + "_seconds"] = timing.seconds;
         if (timing.path == fsdp::models::AttentionPath::Fused) fused = timing.seconds;
         if (timing.path == fsdp::models::AttentionPath::FusedFp32) fp32 = timing.seconds;
         if (timing.path == fsdp::models::AttentionPath::Math) math = timing.seconds;
         if (timing.seconds < best->seconds) best = &timing;
       }
-      row["fastest"] = fsdp::models::to_string(best->path);
+      row["fastest"] = fsdp::enum_name(best->path);
       rows.push_back(row);
       char label[96];
       std::snprintf(label, sizeof(label), "%s [%lld, %lld, %lld, %lld]", s.name.substr(0, 24).c_str(),
@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
                     static_cast<long long>(s.head_dim));
       auto ms = [](double v) { return v < 0 ? std::string("-") : std::to_string(v * 1e3).substr(0, 7); };
       std::printf("%-50s %-9s %10s %12s %10s  %s\n", label, c10::toString(dtype), ms(fused).c_str(), ms(fp32).c_str(),
-                  ms(math).c_str(), fsdp::models::to_string(best->path));
+                  ms(math).c_str(), fsdp::enum_name(best->path));
     }
   }
   // Packed rows (data.packing): the fine-tune job's micro-batch, 4 rows of 160 tokens holding about
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     std::vector<std::pair<std::string, double>> ways;
     for (auto path : {fsdp::models::AttentionPath::Fused, fsdp::models::AttentionPath::Math}) {
       fsdp::models::set_attention_path(at::kFloat, path);
-      ways.emplace_back(std::string("block-diagonal mask, ") + fsdp::models::to_string(path),
+      ways.emplace_back(std::string("block-diagonal mask, ") + fsdp::enum_name(path),
                         time(rows_per_batch, t, [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
                           return fsdp::models::attention(q, k, v, false, allowed);
                         }));

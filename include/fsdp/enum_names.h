@@ -7,6 +7,7 @@
 //   };
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -30,6 +31,13 @@ const char* enum_name(E value) {
     if (v == value) return name;
   }
   return "?";
+}
+
+// An optional value's name: "auto" when empty, a choice the program makes itself (train.attention).
+inline constexpr const char* kAutomaticName = "auto";
+template <class E>
+const char* enum_name(const std::optional<E>& value) {
+  return value ? enum_name(*value) : kAutomaticName;
 }
 
 template <class E>

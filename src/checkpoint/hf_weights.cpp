@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -258,71 +259,94 @@ bool stored_as_bnb_nf4(const std::string& path) {
   return false;
 }
 
-void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path) {
-  const comm::ProcessGroupPtr& group = state.group();
-  const auto flats = state.flat_params();
-  std::optional<WeightFiles> files;
-  comm::on_every_rank(group, "opening the weights in '" + path + "'", [&] { files.emplace(path); });
-  const WeightFiles& weights = *files;
-  // Each weight read (and widened, or quantized) is a temporary: at 8 B glibc's heap stranded
-  // about 2.9 GB of them resident beside 4.7 GB live while loading (2026-12-05). Trimmed as the
-  // resident set grows past the live bytes by this much.
-  shard::HeapGrowthGuard heap(256LL << 20);
-  auto contains = [&](const std::string& tensor) { return weights.contains(tensor); };
-  auto read = [&](const std::string& tensor) { return weights.file_of(tensor).read(tensor); };
+namespace {
+
+// One import_weights call: the files, the model's flat parameters, and the steps of reading them
+// in. Every rank checks all it reads before any value is written (a refused file changes nothing),
+// then reads its own ranges straight into its shards.
+class WeightImport {
+ public:
+  WeightImport(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path)
+      : group_(state.group()), flats_(state.flat_params()), model_(model), path_(path) {
+    comm::on_every_rank(group_, "opening the weights in '" + path + "'", [&] { files_.emplace(path); });
+  }
+
+  // The names the files hold against the model's, then each tensor's shape, dtype or 4-bit state.
+  void check() {
+    comm::on_every_rank(group_, "checking the weights in '" + path_ + "'", [&] {
+      check_names();
+      for (const auto* flat : flats_) {
+        for (size_t i = 0; i < flat->layout().entries.size(); ++i) {
+          if (!is_adapter(flat->layout().entries[i].name)) check_stored(*flat, i);
+        }
+      }
+    });
+  }
+
+  // Every rank's files passed: the values go straight into the shards, one unit at a time (not into
+  // a copy of them all, kept until every rank had read its own: a second copy of the rank's shards
+  // while loading, 2026-12-05). A read failing from here on (a file truncated or changed since, an
+  // unreadable disk) leaves the model partly loaded, and the error says so.
+  void load() {
+    comm::on_every_rank(group_, "loading weights from '" + path_ + "'", [&] {
+      try {
+        for (shard::FlatParam* flat : flats_) {
+          if (flat->nf4_storage() != nullptr) load_nf4_unit(*flat);
+          else load_unit(*flat);
+        }
+      } catch (const std::exception& e) {
+        throw std::runtime_error(std::string(e.what()) + " (the model is left partly loaded)");
+      }
+    });
+  }
+
+ private:
+  const WeightFiles& weights() const { return *files_; }
+  bool contains(const std::string& tensor) const { return weights().contains(tensor); }
+  std::function<bool(const std::string&)> contains_fn() const {
+    return [this](const std::string& tensor) { return contains(tensor); };
+  }
+
   // The files' name of `entry`: its Hugging Face name, or one older files give it.
-  auto stored_name = [&](const shard::FlatEntry& entry) {
-    std::string name = hf_name(model, entry.name);
-    for (const std::string& other : hf_other_names(model, name)) {
-      if (!weights.contains(name) && weights.contains(other)) name = other;
+  std::string stored_name(const shard::FlatEntry& entry) const {
+    std::string name = hf_name(model_, entry.name);
+    for (const std::string& other : hf_other_names(model_, name)) {
+      if (!contains(name) && contains(other)) name = other;
     }
     return name;
-  };
+  }
+
   // A weight saved 4-bit by transformers through bitsandbytes (bnb_4bit_weight.h), or nullopt.
-  auto four_bit = [&](const shard::FlatEntry& entry) -> std::optional<Bnb4bitWeight> {
+  std::optional<Bnb4bitWeight> four_bit(const shard::FlatEntry& entry) const {
     const std::string name = stored_name(entry);
-    if (!is_bnb_4bit(contains, name)) return std::nullopt;
-    return read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read);
-  };
-  // The checks of every tensor the model reads that need no values: it is there, with the shape
-  // and dtype the model needs, or (4-bit) a complete quantization state of that shape, NF4's
-  // code, and (into an NF4 base) quantized from the dtype the base decodes to. Made for all
-  // tensors before any value is read: a refused file changes nothing.
-  auto read_small = [&](const std::string& tensor) {
-    const SafetensorsFile& file = weights.file_of(tensor);
+    if (!is_bnb_4bit(contains_fn(), name)) return std::nullopt;
+    return read_bnb_4bit(weights().file_of(name).path(), name, entry.shape, contains_fn(),
+                         [this](const std::string& tensor) { return weights().file_of(tensor).read(tensor); });
+  }
+
+  // A tensor for the checks: its values when small (or a 4-bit weight's JSON state), else a meta
+  // tensor of its shape and dtype.
+  at::Tensor read_small(const std::string& tensor) const {
+    const SafetensorsFile& file = weights().file_of(tensor);
     const TensorInfo& info = file.info(tensor);
     const bool quant_state = tensor.find(".quant_state.") != std::string::npos;  // JSON, parsed whole
     if (quant_state || info.end - info.begin <= (1 << 20)) return file.read(tensor);
     return at::empty(info.shape, at::TensorOptions().dtype(info.dtype).device(at::kMeta));  // shape and dtype
-  };
-  auto check_stored = [&](const shard::FlatParam& flat, size_t i) {
+  }
+
+  // The checks of a tensor the model reads that need no values: it is there, with the shape and
+  // dtype the model needs, or (4-bit) a complete quantization state of that shape, NF4's code, and
+  // (into an NF4 base) quantized from the dtype the base decodes to.
+  void check_stored(const shard::FlatParam& flat, size_t i) const {
     const shard::FlatEntry& entry = flat.layout().entries[i];
     const std::string name = stored_name(entry);
-    if (is_bnb_4bit(contains, name)) {
-      if (hf_transposed(model, entry.name)) {
-        throw std::runtime_error("weights '" + path + "': tensor '" + name +
-                                 "' is stored 4-bit by bitsandbytes in a layer fsdp.cpp keeps transposed (GPT-2's "
-                                 "Conv1D): not read; use the model's bf16 weights");
-      }
-      const auto quantized = read_bnb_4bit(weights.file_of(name).path(), name, entry.shape, contains, read_small);
-      const shard::Nf4StorageLayout* storage = flat.nf4_storage();
-      if (storage == nullptr || !storage->entries[i].nf4) return;  // dequantized as it is read
-      if (quantized->dtype != storage->raw_dtype) {
-        throw std::runtime_error(
-            "weights '" + path + "': tensor '" + name + "' was quantized from " + c10::toString(quantized->dtype) +
-            " values; the NF4 base is quantized from and decodes to " + c10::toString(storage->raw_dtype) +
-            " (load the model with dtype bfloat16 before quantizing)");
-      }
-      try {  // block sizes and double quantization as the base's
-        shard::check_nf4_entry_quantization(*storage, i, quantized->weight);
-      } catch (const std::invalid_argument& e) {
-        throw std::runtime_error("weights '" + path + "': tensor '" + name + "': " + e.what());
-      }
+    if (is_bnb_4bit(contains_fn(), name)) {
+      check_four_bit(flat, i, name);
       return;
     }
-    const SafetensorsFile& file = weights.file_of(name);
+    const SafetensorsFile& file = weights().file_of(name);
     const TensorInfo& info = file.info(name);
-    const auto expected = stored_shape(entry.shape, hf_transposed(model, entry.name));
+    const auto expected = stored_shape(entry.shape, hf_transposed(model_, entry.name));
     if (info.shape != expected) {
       throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has shape " +
                                shape_text(info.shape) + ", the model expects " + shape_text(expected));
@@ -331,10 +355,87 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
       throw std::runtime_error("weights file '" + file.path() + "': tensor '" + name + "' has dtype " +
                                safetensors_dtype_name(info.dtype) + " (expected F32, BF16 or F16)");
     }
-  };
+  }
+
+  void check_four_bit(const shard::FlatParam& flat, size_t i, const std::string& name) const {
+    const shard::FlatEntry& entry = flat.layout().entries[i];
+    if (hf_transposed(model_, entry.name)) {
+      throw std::runtime_error("weights '" + path_ + "': tensor '" + name +
+                               "' is stored 4-bit by bitsandbytes in a layer fsdp.cpp keeps transposed (GPT-2's "
+                               "Conv1D): not read; use the model's bf16 weights");
+    }
+    const auto quantized = read_bnb_4bit(weights().file_of(name).path(), name, entry.shape, contains_fn(),
+                                         [this](const std::string& tensor) { return read_small(tensor); });
+    const shard::Nf4StorageLayout* storage = flat.nf4_storage();
+    if (storage == nullptr || !storage->entries[i].nf4) return;  // dequantized as it is read
+    if (quantized->dtype != storage->raw_dtype) {
+      throw std::runtime_error(
+          "weights '" + path_ + "': tensor '" + name + "' was quantized from " + c10::toString(quantized->dtype) +
+          " values; the NF4 base is quantized from and decodes to " + c10::toString(storage->raw_dtype) +
+          " (load the model with dtype bfloat16 before quantizing)");
+    }
+    try {  // block sizes and double quantization as the base's
+      shard::check_nf4_entry_quantization(*storage, i, quantized->weight);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error("weights '" + path_ + "': tensor '" + name + "': " + e.what());
+    }
+  }
+
+  // The tensors the model reads under their Hugging Face names (and the other names some hold).
+  std::set<std::string> expected_names() const {
+    std::set<std::string> expected;
+    for (const auto* flat : flats_) {
+      for (const auto& entry : flat->layout().entries) {
+        if (is_adapter(entry.name)) continue;
+        expected.insert(hf_name(model_, entry.name));
+        for (const std::string& other : hf_other_names(model_, hf_name(model_, entry.name))) expected.insert(other);
+      }
+    }
+    return expected;
+  }
+
+  void check_names() const {
+    const models::ModelFamily& family = models::family_of(model_);
+    const std::set<std::string> expected = expected_names();
+    if (const std::string architecture = family.hf_exact_architecture(); !architecture.empty()) {
+      // Files that hold exactly transformers' tensors (CLIP's, LLaVA's): one we would not read is a
+      // variant we do not implement (biases on CLIP's projections, another pooling, a LLaVA
+      // projector of other layers), named.
+      for (const auto& info : weights().tensors()) {
+        if (expected.count(info.name) == 0 && !family.hf_unread_buffer(info.name)) {
+          throw std::runtime_error("weights '" + path_ + "': tensor '" + info.name + "' is not part of the " +
+                                   family.display_name() + " model fsdp.cpp implements (transformers' " + architecture +
+                                   "): not read");
+        }
+      }
+    } else if (group_->rank() == 0) {
+      warn_of_unused(expected, family);
+    }
+  }
+
+  // As transformers does, a tensor the model has no place for is not read, and said (a checkpoint
+  // of another variant, or of a larger model, loads otherwise silently wrong). Buffers
+  // transformers itself ignores and a 4-bit weight's parts are not counted.
+  void warn_of_unused(const std::set<std::string>& expected, const models::ModelFamily& family) const {
+    std::vector<std::string> unused;
+    for (const auto& info : weights().tensors()) {
+      const std::string& name = info.name;
+      if (expected.count(name) != 0 || family.hf_unread_buffer(name)) continue;
+      const size_t dot = name.find(".weight.");
+      if (dot != std::string::npos && expected.count(name.substr(0, dot + 7)) != 0) continue;  // "x.weight.absmax"
+      unused.push_back(name);
+    }
+    if (unused.empty()) return;
+    std::string names;
+    for (size_t i = 0; i < unused.size() && i < 5; ++i) names += (i ? ", " : "") + unused[i];
+    if (unused.size() > 5) names += ", ...";
+    std::fprintf(stderr, "fsdp: warning: weights '%s': %zu tensor(s) the model does not use, not read: %s\n",
+                 path_.c_str(), unused.size(), names.c_str());
+  }
+
   // Elements [lo, hi) of the flat buffer, all inside `entry`, from the files, in fp32 (a 4-bit
   // weight dequantized as bitsandbytes does, to the dtype it was quantized from, then widened).
-  auto read_values = [&](const shard::FlatEntry& entry, int64_t lo, int64_t hi) {
+  at::Tensor read_values(const shard::FlatEntry& entry, int64_t lo, int64_t hi) const {
     const std::string name = stored_name(entry);
     if (auto quantized = four_bit(entry)) {
       return shard::dequantize_nf4(quantized->weight, quantized->dtype)
@@ -342,119 +443,76 @@ void import_weights(runtime::FsdpState& state, const models::ModelConfig& model,
           .reshape(-1)
           .narrow(0, lo - entry.offset, hi - lo);
     }
-    const bool transposed = hf_transposed(model, entry.name);
-    const SafetensorsFile& file = weights.file_of(name);
-    if (transposed) {
+    const SafetensorsFile& file = weights().file_of(name);
+    if (hf_transposed(model_, entry.name)) {
       // Stored transposed: our contiguous range is strided there, so read the whole tensor.
       return file.read(name).to(at::kFloat).t().contiguous().view(-1).narrow(0, lo - entry.offset, hi - lo);
     }
     return file.read_range(name, lo - entry.offset, hi - lo).to(at::kFloat);
-  };
-  // This rank's values of every unit, read (and widened, or quantized) into its shards.
-  auto load_values = [&] {
-    for (size_t f = 0; f < flats.size(); ++f) {
-      const auto& layout = flats[f]->layout();
-      if (const shard::Nf4StorageLayout* storage = flats[f]->nf4_storage()) {
-        // QLoRA: each whole weight overlapping this rank's bytes, one at a time: a 4-bit weight's
-        // bytes as bitsandbytes stored them, any other read and quantized.
-        const at::Tensor bytes = flats[f]->nf4_shard_from_entries([&](size_t i) {
-          const shard::FlatEntry& entry = layout.entries[i];
-          if (storage->entries[i].nf4) {
-            if (auto quantized = four_bit(entry)) {  // its dtype checked (check_stored)
-              try {
-                return shard::nf4_entry_bytes(*storage, i, quantized->weight);
-              } catch (const std::invalid_argument& e) {
-                throw std::runtime_error("weights '" + path + "': tensor '" + stored_name(entry) + "': " + e.what());
-              }
-            }
+  }
+
+  // QLoRA: each whole weight overlapping this rank's bytes, one at a time: a 4-bit weight's bytes
+  // as bitsandbytes stored them, any other read and quantized.
+  void load_nf4_unit(shard::FlatParam& flat) {
+    const auto& layout = flat.layout();
+    const shard::Nf4StorageLayout& storage = *flat.nf4_storage();
+    const at::Tensor bytes = flat.nf4_shard_from_entries([&](size_t i) {
+      const shard::FlatEntry& entry = layout.entries[i];
+      if (storage.entries[i].nf4) {
+        if (auto quantized = four_bit(entry)) {  // its dtype checked (check_four_bit)
+          try {
+            return shard::nf4_entry_bytes(storage, i, quantized->weight);
+          } catch (const std::invalid_argument& e) {
+            throw std::runtime_error("weights '" + path_ + "': tensor '" + stored_name(entry) + "': " + e.what());
           }
-          at::Tensor bytes =
-              shard::encode_nf4_entry(*storage, i, read_values(entry, entry.offset, entry.offset + entry.numel));
-          heap.check();
-          return bytes;
-        });
-        flats[f]->shard().narrow(0, 0, bytes.numel()).copy_(bytes);
-        continue;
-      }
-      const auto [begin, end] = held_range(*flats[f]);
-      // Parameters the weights do not hold (LoRA adapters, which a base model never has) keep theirs.
-      at::Tensor out = flats[f]->shard().narrow(0, 0, end - begin);
-      for (const auto& entry : layout.entries) {
-        const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
-        if (lo >= hi) continue;
-        if (is_adapter(entry.name)) continue;
-        // A range stored as it lies here is read 16 M values at a time: an 8 B Llama's embedding
-        // half (262 M values) was 1.5 GB of bf16 read and its fp32 widening at once (N = 2,
-        // 2026-12-06). Others are whole tensors to read anyway (transposed, or 4-bit).
-        const bool as_stored = !hf_transposed(model, entry.name) && !is_bnb_4bit(contains, stored_name(entry));
-        const int64_t step = as_stored ? int64_t{1} << 24 : hi - lo;
-        for (int64_t from = lo; from < hi; from += step) {
-          const int64_t to = std::min(hi, from + step);
-          out.narrow(0, from - begin, to - from).copy_(read_values(entry, from, to));
-          heap.check();
         }
       }
-    }
-  };
-  comm::on_every_rank(group, "checking the weights in '" + path + "'", [&] {
-    // The tensors the model reads under their Hugging Face names (and the other names some hold).
-    const models::ModelFamily& family = models::family_of(model);
-    std::set<std::string> expected;
-    for (auto* flat : flats) {
-      for (const auto& entry : flat->layout().entries) {
-        if (is_adapter(entry.name)) continue;
-        expected.insert(hf_name(model, entry.name));
-        for (const std::string& other : hf_other_names(model, hf_name(model, entry.name))) expected.insert(other);
+      at::Tensor bytes =
+          shard::encode_nf4_entry(storage, i, read_values(entry, entry.offset, entry.offset + entry.numel));
+      heap_.check();
+      return bytes;
+    });
+    flat.shard().narrow(0, 0, bytes.numel()).copy_(bytes);
+  }
+
+  // This rank's range of the unit's values, read (and widened) into its shard. Parameters the
+  // weights do not hold (LoRA adapters, which a base model never has) keep theirs.
+  void load_unit(shard::FlatParam& flat) {
+    const auto [begin, end] = held_range(flat);
+    at::Tensor out = flat.shard().narrow(0, 0, end - begin);
+    for (const auto& entry : flat.layout().entries) {
+      const int64_t lo = std::max(begin, entry.offset), hi = std::min(end, entry.offset + entry.numel);
+      if (lo >= hi || is_adapter(entry.name)) continue;
+      // A range stored as it lies here is read 16 M values at a time: an 8 B Llama's embedding
+      // half (262 M values) was 1.5 GB of bf16 read and its fp32 widening at once (N = 2,
+      // 2026-12-06). Others are whole tensors to read anyway (transposed, or 4-bit).
+      const bool as_stored = !hf_transposed(model_, entry.name) && !is_bnb_4bit(contains_fn(), stored_name(entry));
+      const int64_t step = as_stored ? int64_t{1} << 24 : hi - lo;
+      for (int64_t from = lo; from < hi; from += step) {
+        const int64_t to = std::min(hi, from + step);
+        out.narrow(0, from - begin, to - from).copy_(read_values(entry, from, to));
+        heap_.check();
       }
     }
-    if (const std::string architecture = family.hf_exact_architecture(); !architecture.empty()) {
-      // Files that hold exactly transformers' tensors (CLIP's, LLaVA's): one we would not read is a
-      // variant we do not implement (biases on CLIP's projections, another pooling, a LLaVA
-      // projector of other layers), named.
-      for (const auto& info : weights.tensors()) {
-        if (expected.count(info.name) == 0 && !family.hf_unread_buffer(info.name)) {
-          throw std::runtime_error("weights '" + path + "': tensor '" + info.name + "' is not part of the " +
-                                   family.display_name() + " model fsdp.cpp implements (transformers' " + architecture +
-                                   "): not read");
-        }
-      }
-    } else if (group->rank() == 0) {
-      // As transformers does, a tensor the model has no place for is not read, and said (a
-      // checkpoint of another variant, or of a larger model, loads otherwise silently wrong).
-      // Buffers transformers itself ignores and a 4-bit weight's parts are not counted.
-      std::vector<std::string> unused;
-      for (const auto& info : weights.tensors()) {
-        const std::string& name = info.name;
-        if (expected.count(name) != 0 || family.hf_unread_buffer(name)) continue;
-        const size_t dot = name.find(".weight.");
-        if (dot != std::string::npos && expected.count(name.substr(0, dot + 7)) != 0) continue;  // "x.weight.absmax"
-        unused.push_back(name);
-      }
-      if (!unused.empty()) {
-        std::string names;
-        for (size_t i = 0; i < unused.size() && i < 5; ++i) names += (i ? ", " : "") + unused[i];
-        if (unused.size() > 5) names += ", ...";
-        std::fprintf(stderr, "fsdp: warning: weights '%s': %zu tensor(s) the model does not use, not read: %s\n",
-                     path.c_str(), unused.size(), names.c_str());
-      }
-    }
-    for (const auto* flat : flats) {
-      for (size_t i = 0; i < flat->layout().entries.size(); ++i) {
-        if (!is_adapter(flat->layout().entries[i].name)) check_stored(*flat, i);
-      }
-    }
-  });
-  // Every rank's files passed: the values go straight into the shards, one unit at a time (not into
-  // a copy of them all, kept until every rank had read its own: a second copy of the rank's shards
-  // while loading, 2026-12-05). A read failing from here on (a file truncated or changed since, an unreadable disk)
-  // leaves the model partly loaded, and the error says so.
-  comm::on_every_rank(group, "loading weights from '" + path + "'", [&] {
-    try {
-      load_values();
-    } catch (const std::exception& e) {
-      throw std::runtime_error(std::string(e.what()) + " (the model is left partly loaded)");
-    }
-  });
+  }
+
+  comm::ProcessGroupPtr group_;
+  std::vector<shard::FlatParam*> flats_;
+  const models::ModelConfig& model_;
+  std::string path_;
+  std::optional<WeightFiles> files_;
+  // Each weight read (and widened, or quantized) is a temporary: at 8 B glibc's heap stranded
+  // about 2.9 GB of them resident beside 4.7 GB live while loading (2026-12-05). Trimmed as the
+  // resident set grows past the live bytes by this much.
+  shard::HeapGrowthGuard heap_{256LL << 20};
+};
+
+}  // namespace
+
+void import_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path) {
+  WeightImport import(state, model, path);
+  import.check();
+  import.load();
 }
 
 }  // namespace fsdp::checkpoint

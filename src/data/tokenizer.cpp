@@ -38,15 +38,7 @@ nlohmann::json read_json(const std::string& path, const std::string& what) {
   }
 }
 
-const char* tokenizer_kind_name(TokenizerKind kind) {
-  switch (kind) {
-    case TokenizerKind::Byte: return "byte";
-    case TokenizerKind::Gpt2: return "gpt2";
-    case TokenizerKind::Hf: return "hf";
-    case TokenizerKind::Unknown: break;
-  }
-  return "";
-}
+const char* tokenizer_kind_name(TokenizerKind kind) { return kind == TokenizerKind::Unknown ? "" : enum_name(kind); }
 
 std::string TokenizerStamp::describe() const {
   if (kind == TokenizerKind::Unknown) return "an unknown tokenizer";
@@ -173,20 +165,32 @@ std::string Gpt2BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   return replace_invalid_utf8(text);
 }
 
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, const std::string& vocab_json,
+                                          const std::string& merges_txt, const std::string& tokenizer_json) {
+  switch (kind) {
+    case TokenizerKind::Byte: return std::make_unique<ByteTokenizer>();
+    case TokenizerKind::Hf:
+      if (tokenizer_json.empty()) throw std::invalid_argument("tokenizer 'hf' needs a tokenizer.json path");
+      return std::make_unique<HfTokenizer>(tokenizer_json);
+    case TokenizerKind::Gpt2:
+      if (vocab_json.empty() || merges_txt.empty()) {
+        throw std::invalid_argument("tokenizer 'gpt2' needs a vocab.json and a merges.txt path");
+      }
+      return std::make_unique<Gpt2BpeTokenizer>(vocab_json, merges_txt);
+    case TokenizerKind::Unknown: break;
+  }
+  throw std::invalid_argument("an unknown tokenizer kind");
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_json,
                                           const std::string& merges_txt, const std::string& tokenizer_json) {
-  if (kind == "byte") return std::make_unique<ByteTokenizer>();
-  if (kind == "hf") {
-    if (tokenizer_json.empty()) throw std::invalid_argument("tokenizer 'hf' needs a tokenizer.json path");
-    return std::make_unique<HfTokenizer>(tokenizer_json);
+  TokenizerKind known;
+  try {
+    known = enum_from_name<TokenizerKind>(kind);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("unknown tokenizer ") + e.what());
   }
-  if (kind == "gpt2") {
-    if (vocab_json.empty() || merges_txt.empty()) {
-      throw std::invalid_argument("tokenizer 'gpt2' needs a vocab.json and a merges.txt path");
-    }
-    return std::make_unique<Gpt2BpeTokenizer>(vocab_json, merges_txt);
-  }
-  throw std::invalid_argument("unknown tokenizer '" + kind + "' (known: byte, gpt2, hf)");
+  return make_tokenizer(known, vocab_json, merges_txt, tokenizer_json);
 }
 
 }  // namespace fsdp::data

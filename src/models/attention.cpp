@@ -35,22 +35,6 @@ at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 }  // namespace
 
-const char* to_string(AttentionPath path) {
-  switch (path) {
-    case AttentionPath::Fused: return "fused";
-    case AttentionPath::FusedFp32: return "fused_fp32";
-    case AttentionPath::Math: return "math";
-  }
-  return "?";
-}
-
-AttentionPath attention_path_from_string(const std::string& text) {
-  for (AttentionPath path : {AttentionPath::Fused, AttentionPath::FusedFp32, AttentionPath::Math}) {
-    if (text == to_string(path)) return path;
-  }
-  throw std::invalid_argument("attention path '" + text + "' (expected fused, fused_fp32 or math)");
-}
-
 void set_attention_path(at::ScalarType dtype, AttentionPath path) { paths()[dtype] = path; }
 
 AttentionPath attention_path(at::ScalarType dtype) {

@@ -52,14 +52,6 @@ struct WidenedLinear : torch::autograd::Function<WidenedLinear> {
 
 }  // namespace
 
-const char* to_string(Bf16Matmul m) { return m == Bf16Matmul::Native ? "native" : "fp32"; }
-
-Bf16Matmul bf16_matmul_from_string(const std::string& text) {
-  if (text == "native") return Bf16Matmul::Native;
-  if (text == "fp32") return Bf16Matmul::Fp32;
-  throw std::invalid_argument("bf16 matmul mode '" + text + "' (expected native or fp32)");
-}
-
 void set_bf16_matmul(Bf16Matmul m) { mode().store(m); }
 Bf16Matmul bf16_matmul() { return mode().load(); }
 

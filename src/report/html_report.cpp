@@ -92,9 +92,10 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; overflow-x: auto; }
 
 }  // namespace
 
-std::string render_html(const std::vector<RunData>& runs) {
-  if (runs.empty()) throw std::invalid_argument("render_html: no runs");
-  const bool language = runs.front().language;
+namespace {
+
+// The page's head and the runs' legend, with each run's warnings.
+std::string page_start(const std::vector<RunData>& runs) {
   std::string html = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>fsdp.cpp: ";
   for (size_t i = 0; i < runs.size(); ++i) html += (i ? ", " : "") + escape_xml(runs[i].name);
   html += "</title>\n<style>" + std::string(kStyle) + "</style>\n</head>\n<body>\n";
@@ -113,24 +114,67 @@ std::string render_html(const std::vector<RunData>& runs) {
   for (const auto& r : runs) {
     for (const auto& w : r.warnings) html += "<p class=\"warning\">" + escape_xml(w) + "</p>\n";
   }
+  return html;
+}
 
-  std::vector<Marker> markers;
+// Training and validation loss, each run in its colour.
+ChartSpec loss_chart(const std::vector<RunData>& runs, const std::vector<Marker>& markers) {
+  const bool language = runs.front().language;
+  ChartSpec c{"loss", "Loss", language ? "cross-entropy (nats/token)" : "cross-entropy", {}, markers, false, {}};
   for (size_t i = 0; i < runs.size(); ++i) {
-    auto m = markers_of(runs[i]);
+    c.series.push_back(
+        series_of(runs[i], label(runs, i, "training"), colour_of(i), [](const StepPoint& p) { return p.loss; }));
+    Series v{label(runs, i, "validation"), colour_of(i), {}, true};
+    for (const auto& e : runs[i].evals) v.points.push_back({static_cast<double>(e.step), e.loss});
+    c.series.push_back(v);
+  }
+  return c;
+}
+
+// Each rank's peak memory, and fsdp-plan's prediction as a dashed line.
+ChartSpec memory_chart(const std::vector<RunData>& runs, const std::vector<Marker>& markers) {
+  ChartSpec c{"memory", "Peak memory per rank", "bytes", {}, markers, true, bytes_text, /*binary_ticks=*/true};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const size_t ranks = runs[i].steps.back().peak_memory_per_rank.size();
+    for (size_t r = 0; r < ranks; ++r) {
+      // One run: a colour per rank. Several: the run's colour for all its ranks.
+      c.series.push_back(series_of(
+          runs[i], label(runs, i, "rank " + std::to_string(r)), runs.size() == 1 ? colour_of(r) : colour_of(i),
+          [r](const StepPoint& p) { return r < p.peak_memory_per_rank.size() ? p.peak_memory_per_rank[r] : NAN; }));
+    }
+    if (runs[i].predicted_peak_bytes > 0) {
+      Series plan{label(runs, i, "fsdp-plan"), runs.size() == 1 ? "#000000" : colour_of(i), {}, true};
+      plan.points = {{static_cast<double>(runs[i].steps.front().step), runs[i].predicted_peak_bytes},
+                     {static_cast<double>(runs[i].steps.back().step), runs[i].predicted_peak_bytes}};
+      c.series.push_back(plan);
+    }
+  }
+  return c;
+}
+
+// Communication busy time per step, and the part of it exposed (not hidden behind compute).
+ChartSpec communication_chart(const std::vector<RunData>& runs, const std::vector<Marker>& markers) {
+  ChartSpec c{"communication", "Communication per step (largest rank)", "seconds", {}, markers, true, {}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    c.series.push_back(
+        series_of(runs[i], label(runs, i, "busy"), colour_of(i), [](const StepPoint& p) { return p.communication; }));
+    Series exposed = series_of(
+        runs[i], label(runs, i, "exposed"), colour_of(i),
+        [](const StepPoint& p) { return p.exposed >= 0 ? p.exposed : NAN; }, true);
+    if (!exposed.points.empty()) c.series.push_back(exposed);
+  }
+  return c;
+}
+
+// Every plot, in the page's order, each with the runs' markers.
+std::vector<ChartSpec> charts_of(const std::vector<RunData>& runs) {
+  const bool language = runs.front().language;
+  std::vector<Marker> markers;
+  for (const RunData& run : runs) {
+    auto m = markers_of(run);
     markers.insert(markers.end(), m.begin(), m.end());
   }
-  std::vector<ChartSpec> charts;
-  {
-    ChartSpec c{"loss", "Loss", language ? "cross-entropy (nats/token)" : "cross-entropy", {}, markers, false, {}};
-    for (size_t i = 0; i < runs.size(); ++i) {
-      c.series.push_back(
-          series_of(runs[i], label(runs, i, "training"), colour_of(i), [](const StepPoint& p) { return p.loss; }));
-      Series v{label(runs, i, "validation"), colour_of(i), {}, true};
-      for (const auto& e : runs[i].evals) v.points.push_back({static_cast<double>(e.step), e.loss});
-      c.series.push_back(v);
-    }
-    charts.push_back(c);
-  }
+  std::vector<ChartSpec> charts{loss_chart(runs, markers)};
   auto per_run = [&](const std::string& id, const std::string& title, const std::string& y_label, auto get,
                      std::function<std::string(double)> format, bool from_zero) {
     ChartSpec c{id, title, y_label, {}, markers, from_zero, format};
@@ -146,37 +190,8 @@ std::string render_html(const std::vector<RunData>& runs) {
       [](const StepPoint& p) { return p.rate; }, count_text, true);
   per_run(
       "mfu", "MFU", "model FLOPs utilisation", [](const StepPoint& p) { return p.mfu; }, percent_text, true);
-  {
-    ChartSpec c{"memory", "Peak memory per rank", "bytes", {}, markers, true, bytes_text, /*binary_ticks=*/true};
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const size_t ranks = runs[i].steps.back().peak_memory_per_rank.size();
-      for (size_t r = 0; r < ranks; ++r) {
-        // One run: a colour per rank. Several: the run's colour for all its ranks.
-        c.series.push_back(series_of(
-            runs[i], label(runs, i, "rank " + std::to_string(r)), runs.size() == 1 ? colour_of(r) : colour_of(i),
-            [r](const StepPoint& p) { return r < p.peak_memory_per_rank.size() ? p.peak_memory_per_rank[r] : NAN; }));
-      }
-      if (runs[i].predicted_peak_bytes > 0) {
-        Series plan{label(runs, i, "fsdp-plan"), runs.size() == 1 ? "#000000" : colour_of(i), {}, true};
-        plan.points = {{static_cast<double>(runs[i].steps.front().step), runs[i].predicted_peak_bytes},
-                       {static_cast<double>(runs[i].steps.back().step), runs[i].predicted_peak_bytes}};
-        c.series.push_back(plan);
-      }
-    }
-    charts.push_back(c);
-  }
-  {
-    ChartSpec c{"communication", "Communication per step (largest rank)", "seconds", {}, markers, true, {}};
-    for (size_t i = 0; i < runs.size(); ++i) {
-      c.series.push_back(
-          series_of(runs[i], label(runs, i, "busy"), colour_of(i), [](const StepPoint& p) { return p.communication; }));
-      Series exposed = series_of(
-          runs[i], label(runs, i, "exposed"), colour_of(i),
-          [](const StepPoint& p) { return p.exposed >= 0 ? p.exposed : NAN; }, true);
-      if (!exposed.points.empty()) c.series.push_back(exposed);
-    }
-    charts.push_back(c);
-  }
+  charts.push_back(memory_chart(runs, markers));
+  charts.push_back(communication_chart(runs, markers));
   per_run(
       "grad_norm", "Gradient norm (before clipping)", "global L2 norm", [](const StepPoint& p) { return p.grad_norm; },
       nullptr, true);
@@ -189,13 +204,12 @@ std::string render_html(const std::vector<RunData>& runs) {
         "loss_scale", "Loss scale (float16)", "scale",
         [](const StepPoint& p) { return p.loss_scale > 0 ? p.loss_scale : NAN; }, count_text, true);
   }
+  return charts;
+}
 
-  html += "<div class=\"plots\">\n";
-  for (const auto& c : charts) html += svg_chart(c);
-  html += "</div>\n";
-
-  // Measured against predicted memory.
-  html +=
+// Measured against predicted memory, a row per run.
+std::string memory_table(const std::vector<RunData>& runs) {
+  std::string html =
       "<h2>Memory: measured and planned</h2>\n<table class=\"memory\"><tr><th>run</th><th>fsdp-plan per "
       "rank</th><th>measured peak (largest rank)</th><th>measured / planned</th></tr>\n";
   for (const auto& r : runs) {
@@ -209,31 +223,34 @@ std::string render_html(const std::vector<RunData>& runs) {
             (r.predicted_peak_bytes > 0 ? bytes_text(r.predicted_peak_bytes) : "-") + "</td><td>" +
             bytes_text(measured) + "</td><td>" + ratio + "</td></tr>\n";
   }
-  html += "</table>\n";
+  return html + "</table>\n";
+}
 
-  html += "<h2>Targets</h2>\n";
+// The runs' [targets], met or missed.
+std::string targets_section(const std::vector<RunData>& runs) {
+  std::string html = "<h2>Targets</h2>\n";
   bool any_target = false;
   for (const auto& r : runs) any_target = any_target || !r.targets.empty();
-  if (!any_target) {
-    html += "<p>None set (a config's [targets] section).</p>\n";
-  } else {
-    html += "<table class=\"targets\"><tr><th>run</th><th>target</th><th>limit</th><th>outcome</th></tr>\n";
-    for (const auto& r : runs) {
-      for (const auto& t : r.targets) {
-        char number[32];
-        std::snprintf(number, sizeof(number), "%g", t.limit);
-        const std::string limit = t.key.find("memory") != std::string::npos ? bytes_text(t.limit) : number;
-        html += "<tr class=\"" + std::string(t.missed ? "target-missed" : "target-met") + "\" data-target=\"" +
-                escape_xml(t.key) + "\"><td>" + escape_xml(r.name) + "</td><td>" + escape_xml(t.key) + "</td><td>" +
-                limit + "</td><td>" +
-                (t.missed ? "missed at step " + std::to_string(t.step) + ": " + escape_xml(t.message) : "met so far") +
-                "</td></tr>\n";
-      }
+  if (!any_target) return html + "<p>None set (a config's [targets] section).</p>\n";
+  html += "<table class=\"targets\"><tr><th>run</th><th>target</th><th>limit</th><th>outcome</th></tr>\n";
+  for (const auto& r : runs) {
+    for (const auto& t : r.targets) {
+      char number[32];
+      std::snprintf(number, sizeof(number), "%g", t.limit);
+      const std::string limit = t.key.find("memory") != std::string::npos ? bytes_text(t.limit) : number;
+      html += "<tr class=\"" + std::string(t.missed ? "target-missed" : "target-met") + "\" data-target=\"" +
+              escape_xml(t.key) + "\"><td>" + escape_xml(r.name) + "</td><td>" + escape_xml(t.key) + "</td><td>" +
+              limit + "</td><td>" +
+              (t.missed ? "missed at step " + std::to_string(t.step) + ": " + escape_xml(t.message) : "met so far") +
+              "</td></tr>\n";
     }
-    html += "</table>\n";
   }
+  return html + "</table>\n";
+}
 
-  html += "<h2>Events</h2>\n<ul class=\"events\">\n";
+// Skipped steps, checkpoints, restarts and missed targets, then each run's resolved config.
+std::string events_and_configs(const std::vector<RunData>& runs) {
+  std::string html = "<h2>Events</h2>\n<ul class=\"events\">\n";
   for (const auto& r : runs) {
     for (const auto& e : r.events) {
       const char* kind = e.kind == RunEvent::Kind::Skipped      ? "skipped"
@@ -243,13 +260,25 @@ std::string render_html(const std::vector<RunData>& runs) {
       html += "<li class=\"" + std::string(kind) + "\">" + escape_xml(r.name) + ": " + escape_xml(e.text) + "</li>\n";
     }
   }
-  html += "</ul>\n";
-
-  html += "<h2>Configuration</h2>\n";
+  html += "</ul>\n<h2>Configuration</h2>\n";
   for (const auto& r : runs) {
     html += "<details open><summary>" + escape_xml(r.name) + " (resolved config.toml)</summary><pre>" +
             escape_xml(r.config_toml) + "</pre></details>\n";
   }
+  return html;
+}
+
+}  // namespace
+
+std::string render_html(const std::vector<RunData>& runs) {
+  if (runs.empty()) throw std::invalid_argument("render_html: no runs");
+  std::string html = page_start(runs);
+  html += "<div class=\"plots\">\n";
+  for (const auto& c : charts_of(runs)) html += svg_chart(c);
+  html += "</div>\n";
+  html += memory_table(runs);
+  html += targets_section(runs);
+  html += events_and_configs(runs);
   html += "</body>\n</html>\n";
   return html;
 }

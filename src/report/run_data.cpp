@@ -60,6 +60,106 @@ void add_step(RunData& run, const nlohmann::json& r) {
   run.steps.push_back(std::move(p));
 }
 
+// Whether the file's last byte is a newline (an empty file counts as ended).
+bool ends_with_newline(const fs::path& file) {
+  std::ifstream raw(file, std::ios::binary | std::ios::ate);
+  const auto size = static_cast<std::streamoff>(raw.tellg());
+  if (size <= 0) return true;
+  raw.seekg(size - 1);
+  char last = 0;
+  raw.get(last);
+  return last == '\n';
+}
+
+// The records of one metrics.jsonl, each added to the run as its kind says.
+class RecordReader {
+ public:
+  explicit RecordReader(RunData& run) : run_(run) {}
+
+  void add(const nlohmann::json& r) {
+    if (r.contains("run_start")) run_start(r);
+    else if (r.contains("rollback_to")) rollback(r);
+    else if (r.contains("eval_step")) evaluation(r);
+    else if (r.contains("checkpoint_step")) checkpoint(r);
+    else if (r.contains("target_missed")) target_missed(r);
+    else if (r.contains("step")) add_step(run_, r);
+  }
+
+ private:
+  void run_start(const nlohmann::json& r) {
+    const int64_t start = r.at("run_start").get<int64_t>();
+    run_.world_size = r.value("world_size", run_.world_size);
+    run_.language = r.value("language", run_.language);
+    run_.name = r.value("name", run_.name);
+    run_.predicted_peak_bytes = number_or(r, "predicted_peak_bytes_per_rank", run_.predicted_peak_bytes);
+    if (r.contains("config") && r.at("config").is_string()) run_.config_toml = r.at("config").get<std::string>();
+    // A resume discards what the first run did after its checkpoint: so do its markers.
+    if (start > 0) {
+      auto& events = run_.events;
+      events.erase(
+          std::remove_if(events.begin(), events.end(),
+                         [&](const RunEvent& e) { return e.step > start && e.kind != RunEvent::Kind::Restart; }),
+          events.end());
+      for (auto& t : run_.targets) {
+        if (t.missed && t.step > start) t = {t.key, t.limit, false, 0, ""};
+      }
+    }
+    const std::string resumed = r.value("resumed_from", std::string());
+    if (!resumed.empty()) {
+      run_.events.push_back(
+          {RunEvent::Kind::Restart, start, "resumed at step " + std::to_string(start) + " from " + resumed});
+    }
+    if (r.contains("targets") && r.at("targets").is_object()) {
+      for (const auto& [key, limit] : r.at("targets").items()) {
+        if (limit.is_number() && !target_index_.count(key)) target(key, limit.get<double>());
+      }
+    }
+  }
+
+  // A rollback ([guard]) discards the steps after its checkpoint, as a resume does.
+  void rollback(const nlohmann::json& r) {
+    const int64_t to = r.at("rollback_to").get<int64_t>();
+    auto& events = run_.events;
+    events.erase(std::remove_if(events.begin(), events.end(),
+                                [&](const RunEvent& e) { return e.step > to && e.kind == RunEvent::Kind::Checkpoint; }),
+                 events.end());
+    events.push_back({RunEvent::Kind::Restart, to, r.value("message", "rolled back to step " + std::to_string(to))});
+  }
+
+  void evaluation(const nlohmann::json& r) {
+    EvalPoint e{r.at("eval_step").get<int64_t>(), number_or(r, "validation_loss", 0),
+                number_or(r, "test_accuracy", -1)};
+    while (!run_.evals.empty() && run_.evals.back().step >= e.step) run_.evals.pop_back();
+    run_.evals.push_back(e);
+  }
+
+  void checkpoint(const nlohmann::json& r) {
+    const int64_t step = r.at("checkpoint_step").get<int64_t>();
+    run_.events.push_back({RunEvent::Kind::Checkpoint, step, "checkpoint at step " + std::to_string(step)});
+  }
+
+  void target_missed(const nlohmann::json& r) {
+    const std::string key = r.at("target_missed").get<std::string>();
+    const int64_t step = r.value("step", int64_t{0});
+    const std::string message = r.value("message", key + " missed");
+    run_.events.push_back({RunEvent::Kind::TargetMissed, step, message});
+    TargetOutcome& t = target(key, number_or(r, "limit", 0));
+    if (!t.missed) t = {key, number_or(r, "limit", t.limit), true, step, message};
+  }
+
+  // The target `key`, added (met so far, at `limit`) the first time it is named.
+  TargetOutcome& target(const std::string& key, double limit) {
+    if (!target_index_.count(key)) {
+      target_index_[key] = run_.targets.size();
+      run_.targets.push_back({key, limit, false, 0, ""});
+    }
+    return run_.targets[target_index_[key]];
+  }
+
+  RunData& run_;
+  std::map<std::string, size_t> target_index_;  // key -> its place in run_.targets
+};
+
 }  // namespace
 
 RunData read_run(const std::string& dir) {
@@ -75,16 +175,7 @@ RunData read_run(const std::string& dir) {
   }
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
-  const bool ends_with_newline = [&] {
-    std::ifstream raw(metrics, std::ios::binary | std::ios::ate);
-    const auto size = static_cast<std::streamoff>(raw.tellg());
-    if (size <= 0) return true;
-    raw.seekg(size - 1);
-    char last = 0;
-    raw.get(last);
-    return last == '\n';
-  }();
-  std::map<std::string, size_t> target_index;
+  RecordReader records(run);
   for (size_t i = 0; i < lines.size(); ++i) {
     if (lines[i].find_first_not_of(" \t\r") == std::string::npos) continue;
     nlohmann::json r;
@@ -95,72 +186,14 @@ RunData read_run(const std::string& dir) {
       if (i + 1 == lines.size()) {
         // The last line: a run writing it now, or one that died mid-line.
         run.warnings.push_back(metrics.string() + ": line " + std::to_string(i + 1) + " is " +
-                               (ends_with_newline ? "not valid JSON" : "truncated") + "; left out");
+                               (ends_with_newline(metrics) ? "not valid JSON" : "truncated") + "; left out");
         continue;
       }
       throw std::runtime_error(metrics.string() + ": line " + std::to_string(i + 1) + " is not a JSON object (" +
                                e.what() + ")");
     }
     try {
-      if (r.contains("run_start")) {
-        const int64_t start = r.at("run_start").get<int64_t>();
-        run.world_size = r.value("world_size", run.world_size);
-        run.language = r.value("language", run.language);
-        run.name = r.value("name", run.name);
-        run.predicted_peak_bytes = number_or(r, "predicted_peak_bytes_per_rank", run.predicted_peak_bytes);
-        if (r.contains("config") && r.at("config").is_string()) run.config_toml = r.at("config").get<std::string>();
-        // A resume discards what the first run did after its checkpoint: so do its markers.
-        if (start > 0) {
-          run.events.erase(
-              std::remove_if(run.events.begin(), run.events.end(),
-                             [&](const RunEvent& e) { return e.step > start && e.kind != RunEvent::Kind::Restart; }),
-              run.events.end());
-          for (auto& t : run.targets) {
-            if (t.missed && t.step > start) t = {t.key, t.limit, false, 0, ""};
-          }
-        }
-        const std::string resumed = r.value("resumed_from", std::string());
-        if (!resumed.empty())
-          run.events.push_back(
-              {RunEvent::Kind::Restart, start, "resumed at step " + std::to_string(start) + " from " + resumed});
-        if (r.contains("targets") && r.at("targets").is_object()) {
-          for (const auto& [key, limit] : r.at("targets").items()) {
-            if (!limit.is_number() || target_index.count(key)) continue;
-            target_index[key] = run.targets.size();
-            run.targets.push_back({key, limit.get<double>(), false, 0, ""});
-          }
-        }
-      } else if (r.contains("rollback_to")) {
-        // A rollback ([guard]) discards the steps after its checkpoint, as a resume does.
-        const int64_t to = r.at("rollback_to").get<int64_t>();
-        run.events.erase(
-            std::remove_if(run.events.begin(), run.events.end(),
-                           [&](const RunEvent& e) { return e.step > to && e.kind == RunEvent::Kind::Checkpoint; }),
-            run.events.end());
-        run.events.push_back(
-            {RunEvent::Kind::Restart, to, r.value("message", "rolled back to step " + std::to_string(to))});
-      } else if (r.contains("eval_step")) {
-        EvalPoint e{r.at("eval_step").get<int64_t>(), number_or(r, "validation_loss", 0),
-                    number_or(r, "test_accuracy", -1)};
-        while (!run.evals.empty() && run.evals.back().step >= e.step) run.evals.pop_back();
-        run.evals.push_back(e);
-      } else if (r.contains("checkpoint_step")) {
-        const int64_t step = r.at("checkpoint_step").get<int64_t>();
-        run.events.push_back({RunEvent::Kind::Checkpoint, step, "checkpoint at step " + std::to_string(step)});
-      } else if (r.contains("target_missed")) {
-        const std::string key = r.at("target_missed").get<std::string>();
-        const int64_t step = r.value("step", int64_t{0});
-        const std::string message = r.value("message", key + " missed");
-        run.events.push_back({RunEvent::Kind::TargetMissed, step, message});
-        if (!target_index.count(key)) {
-          target_index[key] = run.targets.size();
-          run.targets.push_back({key, number_or(r, "limit", 0), false, 0, ""});
-        }
-        TargetOutcome& t = run.targets[target_index[key]];
-        if (!t.missed) t = {key, number_or(r, "limit", t.limit), true, step, message};
-      } else if (r.contains("step")) {
-        add_step(run, r);
-      }
+      records.add(r);
     } catch (const nlohmann::json::exception& e) {
       throw std::runtime_error(metrics.string() + ": line " + std::to_string(i + 1) + ": " + e.what());
     }

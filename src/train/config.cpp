@@ -337,23 +337,23 @@ void finish_lora(const Reader& r, TrainConfig& c) {
 void resolve_defaults(const Reader& r, TrainConfig& c) {
   if (c.output_dir.empty()) c.output_dir = "runs/" + c.name;
   // (Instructions need train.seq_len given: the model's context would be mostly padding.)
-  if (models::is_language_model(c.model) && c.seq_len == 0 && c.data.source != "instructions") {
+  if (models::is_language_model(c.model) && c.seq_len == 0 && c.data.source != DataSource::Instructions) {
     c.seq_len = models::text_context(c.model);
   }
   DataConfig& d = c.data;
   // Image models (ViT, CLIP) read images: the one image source unless data.source says otherwise.
-  if (!r.has("data.source") && !models::is_language_model(c.model)) d.source = "fashion_mnist";
+  if (!r.has("data.source") && !models::is_language_model(c.model)) d.source = DataSource::FashionMnist;
   if (checkpoint::is_hf_model_dir(c.init_from)) {
     // A Hugging Face directory brings its tokenizer: tokenizer.json, or GPT-2's vocab.json + merges.txt.
     const std::string dir = c.init_from + "/";
     if (!r.has("data.tokenizer")) {
-      if (std::filesystem::exists(dir + "tokenizer.json")) d.tokenizer = "hf";
+      if (std::filesystem::exists(dir + "tokenizer.json")) d.tokenizer = data::TokenizerKind::Hf;
       else if (std::filesystem::exists(dir + "vocab.json") && std::filesystem::exists(dir + "merges.txt"))
-        d.tokenizer = "gpt2";
+        d.tokenizer = data::TokenizerKind::Gpt2;
     }
-    if (d.tokenizer == "hf" && d.tokenizer_json.empty()) d.tokenizer_json = dir + "tokenizer.json";
-    if (d.tokenizer == "gpt2" && d.vocab_json.empty()) d.vocab_json = dir + "vocab.json";
-    if (d.tokenizer == "gpt2" && d.merges_txt.empty()) d.merges_txt = dir + "merges.txt";
+    if (d.tokenizer == data::TokenizerKind::Hf && d.tokenizer_json.empty()) d.tokenizer_json = dir + "tokenizer.json";
+    if (d.tokenizer == data::TokenizerKind::Gpt2 && d.vocab_json.empty()) d.vocab_json = dir + "vocab.json";
+    if (d.tokenizer == data::TokenizerKind::Gpt2 && d.merges_txt.empty()) d.merges_txt = dir + "merges.txt";
   }
 }
 

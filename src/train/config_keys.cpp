@@ -60,10 +60,23 @@ namespace {
 // ---- How values travel between a member and a ConfigValue ----
 
 // An enum with declared names (fsdp/enum_names.h) travels as its name: written as it, read from it
-// (another name is refused at once, listing the names).
+// (another name is refused at once, listing the names). An optional one is "auto" when empty: a
+// choice the run makes itself (train.attention).
+template <class T>
+struct is_automatic_enum : std::false_type {};
+template <class E>
+struct is_automatic_enum<std::optional<E>> : has_enum_names<E> {};
+
+template <class T>
+std::vector<std::string> automatic_enum_names() {
+  std::vector<std::string> names{kAutomaticName};
+  for (std::string& name : enum_names<typename T::value_type>()) names.push_back(std::move(name));
+  return names;
+}
+
 template <class T>
 constexpr ConfigType type_of() {
-  if constexpr (has_enum_names<T>::value) return ConfigType::String;
+  if constexpr (has_enum_names<T>::value || is_automatic_enum<T>::value) return ConfigType::String;
   else if constexpr (std::is_same_v<T, bool>) return ConfigType::Boolean;
   else if constexpr (std::is_integral_v<T>) return ConfigType::Integer;
   else if constexpr (std::is_floating_point_v<T>) return ConfigType::Number;
@@ -73,6 +86,7 @@ constexpr ConfigType type_of() {
 template <class T>
 ConfigValue to_value(const T& v) {
   if constexpr (has_enum_names<T>::value) return std::string(enum_name(v));
+  else if constexpr (is_automatic_enum<T>::value) return std::string(enum_name(v));
   else if constexpr (std::is_same_v<T, bool>) return v;
   else if constexpr (std::is_integral_v<T>) return static_cast<int64_t>(v);
   else if constexpr (std::is_floating_point_v<T>) return static_cast<double>(v);
@@ -82,7 +96,14 @@ ConfigValue to_value(const T& v) {
 template <class T>
 T from_value(const ConfigValue& v) {
   if constexpr (has_enum_names<T>::value) return enum_from_name<T>(std::get<std::string>(v));
-  else if constexpr (std::is_same_v<T, bool>) return std::get<bool>(v);
+  else if constexpr (is_automatic_enum<T>::value) {
+    const std::string& name = std::get<std::string>(v);
+    if (name == kAutomaticName) return T{};
+    for (const auto& [value, known] : EnumNames<typename T::value_type>::values) {
+      if (name == known) return T{value};
+    }
+    throw std::invalid_argument("'" + name + "' (expected " + names_listed(automatic_enum_names<T>()) + ")");
+  } else if constexpr (std::is_same_v<T, bool>) return std::get<bool>(v);
   else if constexpr (std::is_integral_v<T>) return static_cast<T>(std::get<int64_t>(v));
   else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(std::get<double>(v));
   else return std::get<std::string>(v);
@@ -104,10 +125,11 @@ ConfigKey key(std::string name, Field field, std::string help) {
 
 #define MEMBER(path) [](TrainConfig& c) { return &c.path; }
 
-// "a | b | c": an enum key's values, for its help.
+// "a | b | c": an enum key's values, for its help (an optional enum's start with auto).
 template <class E>
 std::string alternatives() {
-  return enum_names_listed<E>(" | ");
+  if constexpr (is_automatic_enum<E>::value) return names_listed(automatic_enum_names<E>(), " | ");
+  else return enum_names_listed<E>(" | ");
 }
 
 // ---- Checks ----
@@ -274,20 +296,31 @@ ConfigKey guard_key(ConfigKey k) {
   return k;
 }
 
-std::vector<ConfigKey> declare() {
-  std::vector<ConfigKey> keys;
-  auto add = [&](ConfigKey k) -> ConfigKey& {
-    keys.push_back(std::move(k));
-    return keys.back();
-  };
+// The keys in --list-keys' order, each section's declared by a function of its own.
+class KeyList {
+ public:
+  ConfigKey& add(ConfigKey k) {
+    keys_.push_back(std::move(k));
+    return keys_.back();  // valid until the next add
+  }
+  std::vector<ConfigKey> take() { return std::move(keys_); }
 
-  // ---- top level ----
+ private:
+  std::vector<ConfigKey> keys_;
+};
+
+// ---- top level ----
+void declare_run_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(key("name", MEMBER(name), "run name; output_dir defaults to runs/<name>"));
   add(key("seed", MEMBER(seed), "seeds the model's initialisation, the data order and sampling"));
   add(key("output_dir", MEMBER(output_dir), "where config.toml, metrics.jsonl, report.html and checkpoints go"))
       .default_text = "runs/<name>";
+}
 
-  // ---- [model] ----
+// ---- [model] ----
+void declare_model_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   {
     ConfigKey& k =
         add(key("model.name", MEMBER(model_name), "a model of the zoo (fsdp-train --list-models), or a label"));
@@ -310,19 +343,18 @@ std::vector<ConfigKey> declare() {
           "checkpoint"))
       .read_first = true;
   for (ConfigKey& k : model_keys()) add(std::move(k));
+}
 
-  // ---- [data] ----
-  ConfigKey& source =
-      add(key("data.source", MEMBER(data.source), "fortunes | token_files | instructions | fashion_mnist"));
+// ---- [data] ----
+void declare_data_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
+  ConfigKey& source = add(key("data.source", MEMBER(data.source), alternatives<DataSource>()));
   source.default_text = "fortunes (fashion_mnist for vit, clip and llava)";
   source.check = [](const TrainConfig& c) {
     const bool language = models::is_language_model(c.model);
-    std::string error = one_of("data.source", [](const TrainConfig& c) { return c.data.source; },
-                               {"fortunes", "token_files", "instructions", "fashion_mnist"})(c);
-    if (!error.empty()) return error;
-    return unless(language == (c.data.source != "fashion_mnist"),
-                  "data.source '" + c.data.source + "' does not suit the " + models::family_name(c.model) + " model '" +
-                      c.model_name + "' (" +
+    return unless(language == (c.data.source != DataSource::FashionMnist),
+                  std::string("data.source '") + enum_name(c.data.source) + "' does not suit the " +
+                      models::family_name(c.model) + " model '" + c.model_name + "' (" +
                       (language ? "language models read fortunes, token_files or instructions"
                                 : "image models (vit, clip, llava) read fashion_mnist") +
                       ")");
@@ -331,13 +363,10 @@ std::vector<ConfigKey> declare() {
   add(key("data.tokenizer", MEMBER(data.tokenizer), "byte | gpt2 (vocab_json, merges_txt) | hf (tokenizer_json)"))
       .check = [](const TrainConfig& c) {
     const DataConfig& d = c.data;
-    std::string error =
-        one_of("data.tokenizer", [](const TrainConfig& c) { return c.data.tokenizer; }, {"byte", "gpt2", "hf"})(c);
-    if (!error.empty()) return error;
-    if (d.tokenizer == "gpt2" && (d.vocab_json.empty() || d.merges_txt.empty())) {
+    if (d.tokenizer == data::TokenizerKind::Gpt2 && (d.vocab_json.empty() || d.merges_txt.empty())) {
       return std::string("data.tokenizer 'gpt2' needs data.vocab_json and data.merges_txt");
     }
-    return unless(d.tokenizer != "hf" || !d.tokenizer_json.empty(),
+    return unless(d.tokenizer != data::TokenizerKind::Hf || !d.tokenizer_json.empty(),
                   "data.tokenizer 'hf' needs data.tokenizer_json (a Hugging Face tokenizer.json)");
   };
   add(key("data.vocab_json", MEMBER(data.vocab_json), "GPT-2 tokenizer: vocab.json"));
@@ -353,22 +382,22 @@ std::vector<ConfigKey> declare() {
   add(key("data.train_tokens", MEMBER(data.train_tokens),
           "token_files: the training tokens: a token file, a directory of shards or a glob (fsdp-data corpus)"))
       .check = [](const TrainConfig& c) {
-    return unless(c.data.source != "token_files" || (!c.data.train_tokens.empty() && !c.data.validation_tokens.empty()),
-                  "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
+    return unless(
+        c.data.source != DataSource::TokenFiles || (!c.data.train_tokens.empty() && !c.data.validation_tokens.empty()),
+        "data.source 'token_files' needs data.train_tokens and data.validation_tokens (made by fsdp-data)");
   };
   add(key("data.validation_tokens", MEMBER(data.validation_tokens),
           "token_files: the validation tokens (a file, a directory or a glob)"));
-  add(key("data.augment", MEMBER(data.augment), "images: none | hflip | shift | shift+hflip")).check =
+  add(key("data.augment", MEMBER(data.augment), "images: " + alternatives<data::ImageAugment>())).check =
       [](const TrainConfig& c) {
-        const std::string& a = c.data.augment;
-        return unless(a == "none" ||
-                          ((a == "hflip" || a == "shift" || a == "shift+hflip") && !models::is_language_model(c.model)),
-                      "data.augment '" + a + "' (expected none, or for images hflip, shift or shift+hflip)");
+        return unless(c.data.augment == data::ImageAugment::None || !models::is_language_model(c.model),
+                      std::string("data.augment '") + enum_name(c.data.augment) +
+                          "' augments images; a language model takes none");
       };
   add(key("data.train_jsonl", MEMBER(data.train_jsonl),
           "instructions: JSONL of {\"messages\": [...]} or {\"prompt\", \"completion\"}"))
       .check = [](const TrainConfig& c) {
-    if (c.data.source != "instructions") return std::string();
+    if (c.data.source != DataSource::Instructions) return std::string();
     if (c.data.train_jsonl.empty()) {
       return std::string(
           "data.source 'instructions' needs data.train_jsonl (JSONL of {\"messages\": [...]} or "
@@ -389,10 +418,11 @@ std::vector<ConfigKey> declare() {
           "instructions: several examples to a row of train.seq_len, each attending only to itself (no padding paid "
           "for)"))
       .check = [](const TrainConfig& c) {
-    return unless(!c.data.packing || c.data.source == "instructions",
-                  "data.packing packs instruction examples (data.source 'instructions'); data.source is '" +
-                      c.data.source +
-                      "' (for fortunes and token_files, data.document_masking keeps a window's documents apart)");
+    return unless(
+        !c.data.packing || c.data.source == DataSource::Instructions,
+        std::string("data.packing packs instruction examples (data.source 'instructions'); data.source is '") +
+            enum_name(c.data.source) +
+            "' (for fortunes and token_files, data.document_masking keeps a window's documents apart)");
   };
   add(key("data.split_special_tokens", MEMBER(data.split_special_tokens),
           "instructions: special-token text inside a message (\"<|eot_id|>\") stays text instead of becoming that "
@@ -400,22 +430,26 @@ std::vector<ConfigKey> declare() {
           "token (false: transformers' apply_chat_template default)"))
       .check = [](const TrainConfig& c) {
     return unless(
-        !c.data.split_special_tokens || c.data.source == "instructions",
-        "data.split_special_tokens applies to instruction data (data.source 'instructions'); data.source is '" +
-            c.data.source + "'");
+        !c.data.split_special_tokens || c.data.source == DataSource::Instructions,
+        std::string("data.split_special_tokens applies to instruction data (data.source 'instructions'); data.source "
+                    "is '") +
+            enum_name(c.data.source) + "'");
   };
   add(key("data.document_masking", MEMBER(data.document_masking),
           "fortunes, token_files: a window's documents (ended by end-of-text) attend only to themselves, positions "
           "restarting"))
       .check = [](const TrainConfig& c) {
     return unless(
-        !c.data.document_masking || c.data.source == "fortunes" || c.data.source == "token_files",
-        "data.document_masking splits token windows at end-of-text (data.source 'fortunes' or 'token_files'); "
-        "data.source is '" +
-            c.data.source + "'" + (c.data.source == "instructions" ? " (use data.packing)" : ""));
+        !c.data.document_masking || c.data.source == DataSource::Fortunes || c.data.source == DataSource::TokenFiles,
+        std::string("data.document_masking splits token windows at end-of-text (data.source 'fortunes' or "
+                    "'token_files'); data.source is '") +
+            enum_name(c.data.source) + "'" + (c.data.source == DataSource::Instructions ? " (use data.packing)" : ""));
   };
+}
 
-  // ---- [train] ----
+// ---- [train] ----
+void declare_train_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(key("train.steps", MEMBER(steps), "optimizer steps")).check = [](const TrainConfig& c) {
     return unless(c.steps >= 1, "train.steps must be at least 1");
   };
@@ -471,17 +505,17 @@ std::vector<ConfigKey> declare() {
   add(key("train.fused_ops", MEMBER(fused_ops),
           "Llama's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
   add(key("train.attention", MEMBER(attention),
-          "auto (fused_fp32 for bf16 and fp16 compute on the CPU, else fused) | fused | fused_fp32 | math "
-          "(models/attention.h)"))
-      .check = one_of("train.attention", [](const TrainConfig& c) { return c.attention; },
-                      {"auto", "fused", "fused_fp32", "math"});
+          alternatives<decltype(TrainConfig::attention)>() +
+              " (auto: fused_fp32 for bf16 and fp16 compute on the CPU, else fused; models/attention.h)"));
   add(key("train.bf16_matmul", MEMBER(bf16_matmul),
-          "auto (on a CPU with bf16 instructions the faster for the model's linear layers, measured at start; fp32 "
-          "GEMMs on bf16 operands on one without; native on a GPU) | native | fp32"))
-      .check =
-      one_of("train.bf16_matmul", [](const TrainConfig& c) { return c.bf16_matmul; }, {"auto", "native", "fp32"});
+          alternatives<decltype(TrainConfig::bf16_matmul)>() +
+              " (auto: on a CPU with bf16 instructions the faster for the model's linear layers, measured at start; "
+              "fp32 GEMMs on bf16 operands on one without; native on a GPU)"));
+}
 
-  // ---- [optimizer] ----
+// ---- [optimizer] ----
+void declare_optimizer_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(key("optimizer.name", MEMBER(optimizer.name), alternatives<optim::OptimizerKind>()));
   add(key("optimizer.lr", MEMBER(optimizer.lr), "peak learning rate")).check = [](const TrainConfig& c) {
     return unless(c.optimizer.lr > 0, "optimizer.lr must be positive");
@@ -503,8 +537,11 @@ std::vector<ConfigKey> declare() {
     return unless(c.optimizer.eps > 0, "optimizer.eps must be positive");
   };
   add(key("optimizer.momentum", MEMBER(optimizer.momentum), "sgd: momentum"));
+}
 
-  // ---- [fsdp] ----
+// ---- [fsdp] ----
+void declare_fsdp_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(key("fsdp.strategy", MEMBER(fsdp.strategy), alternatives<runtime::ShardingStrategy>()));
   add(key("fsdp.wrap", MEMBER(fsdp.wrap),
           alternatives<UnitWrap>() +
@@ -584,8 +621,11 @@ std::vector<ConfigKey> declare() {
                   "fsdp.cpu_offload moves shards from the GPU to host memory: it needs train.device 'cuda' "
                   "(on the CPU they are there already)");
   };
+}
 
-  // ---- [eval] ----
+// ---- [eval] ----
+void declare_eval_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(key("eval.every", MEMBER(eval.every), "steps between evaluations, also at the start and the end (0: ends only)"));
   add(key("eval.batches", MEMBER(eval.batches), "language models: global batches of validation windows per evaluation"))
       .check = [](const TrainConfig& c) { return unless(c.eval.batches >= 1, "eval.batches must be at least 1"); };
@@ -598,16 +638,22 @@ std::vector<ConfigKey> declare() {
   add(key("eval.top_k", MEMBER(eval.top_k), "sampling: the k most likely tokens")).check = [](const TrainConfig& c) {
     return unless(c.eval.top_k >= 1, "eval.top_k must be at least 1");
   };
+}
 
-  // ---- [checkpoint] ----
+// ---- [checkpoint] ----
+void declare_checkpoint_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(key("checkpoint.every", MEMBER(checkpoint.every),
           "save every this many steps and at the end (0: only when stopped)"));
   add(key("checkpoint.keep", MEMBER(checkpoint.keep), "newest checkpoints kept (0: all)"));
   add(key("checkpoint.dir", MEMBER(checkpoint.dir), "where checkpoints go")).default_text = "<output_dir>/checkpoints";
   add(key("checkpoint.async", MEMBER(checkpoint.async),
           "the step waits only for a copy of the shards; a thread writes the files, published at a later step"));
+}
 
-  // ---- [guard] ----
+// ---- [guard] ----
+void declare_guard_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(guard_key(key("guard.spike_zscore", MEMBER(guard.spike_zscore),
                     "skip a step whose loss is this many deviations above the recent window's mean (0: off)")))
       .check = [](const TrainConfig& c) {
@@ -627,8 +673,11 @@ std::vector<ConfigKey> declare() {
       .check = [](const TrainConfig& c) {
     return unless(c.guard.max_rollbacks >= 1, "guard.max_rollbacks must be at least 1");
   };
+}
 
-  // ---- [loss_scale]: float16 compute only ----
+// ---- [loss_scale]: float16 compute only ----
+void declare_loss_scale_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(loss_scale_key(key("loss_scale.init", MEMBER(loss_scale.init),
                          "float16: the first loss scale (2^16, as torch.amp.GradScaler)")))
       .check = [](const TrainConfig& c) {
@@ -659,8 +708,11 @@ std::vector<ConfigKey> declare() {
       .check = [](const TrainConfig& c) {
     return unless(static_cast<float>(c.loss_scale.min) > 0.0f, "loss_scale.min must be positive (in fp32)");
   };
+}
 
-  // ---- [lora] ----
+// ---- [lora] ----
+void declare_lora_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   auto lora_field = [](auto member) {
     return [member](TrainConfig& c) -> std::remove_reference_t<decltype(models::LoraSpec().*member)>* {
       models::LoraSpec* lora = models::mutable_lora_spec(c.model);
@@ -707,8 +759,11 @@ std::vector<ConfigKey> declare() {
     k.applies = has_lora;
     add(std::move(k));
   }
+}
 
-  // ---- [targets] ----
+// ---- [targets] ----
+void declare_targets_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(target_key(key("targets.min_tokens_per_second", MEMBER(targets.min_tokens_per_second),
                      "median of the last 10 steps (images/s for image models)")));
   add(target_key(key("targets.max_step_seconds", MEMBER(targets.max_step_seconds), "median of the last 10 steps")));
@@ -745,7 +800,23 @@ std::vector<ConfigKey> declare() {
       };
   add(target_key(
       key("targets.stop", MEMBER(targets.stop), "a missed target saves a checkpoint and ends the run (exit 3)")));
-  return keys;
+}
+
+std::vector<ConfigKey> declare() {
+  KeyList keys;
+  declare_run_keys(keys);
+  declare_model_keys(keys);
+  declare_data_keys(keys);
+  declare_train_keys(keys);
+  declare_optimizer_keys(keys);
+  declare_fsdp_keys(keys);
+  declare_eval_keys(keys);
+  declare_checkpoint_keys(keys);
+  declare_guard_keys(keys);
+  declare_loss_scale_keys(keys);
+  declare_lora_keys(keys);
+  declare_targets_keys(keys);
+  return keys.take();
 }
 
 #undef MEMBER

@@ -71,14 +71,14 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
 }
 
 models::AttentionPath attention_path_for(const TrainConfig& c) {
-  if (c.attention != "auto") return models::attention_path_from_string(c.attention);
+  if (c.attention) return *c.attention;
   const bool lower_precision = c.fsdp.param_dtype != at::kFloat;
   return lower_precision && c.device == c10::DeviceType::CPU ? models::AttentionPath::FusedFp32
                                                              : models::AttentionPath::Fused;
 }
 
 models::Bf16Matmul bf16_matmul_for(const TrainConfig& c) {
-  if (c.bf16_matmul != "auto") return models::bf16_matmul_from_string(c.bf16_matmul);
+  if (c.bf16_matmul) return *c.bf16_matmul;
   return c.device == c10::DeviceType::CPU && !runtime::cpu_has_bf16_instructions() ? models::Bf16Matmul::Fp32
                                                                                    : models::Bf16Matmul::Native;
 }

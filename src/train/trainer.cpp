@@ -12,7 +12,6 @@
 #include <map>
 #include <set>
 #include <atomic>
-#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -42,7 +41,10 @@
 #include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
 #include "fsdp/report/run_report.h"
+#include "checkpoint_writer.h"
+#include "bf16_matmul_choice.h"
 #include "evaluation.h"
+#include "live_report.h"
 #include "loss.h"
 #include "loss_spike.h"
 #include "rollback.h"
@@ -71,9 +73,7 @@ class Trainer {
  public:
   Trainer(const TrainConfig& config, comm::ProcessGroupPtr world, TrainerOptions options)
       : config_(config), world_(std::move(world)), options_(options), rank_(world_->rank()), n_(world_->size()) {}
-  ~Trainer() {
-    if (report_thread_.joinable()) report_thread_.join();
-  }
+  ~Trainer() = default;
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -252,6 +252,10 @@ class Trainer {
     }
     progress_ =
         std::make_unique<Progress>(config_.steps, config_.log_every, leader() && options_.print, options_.progress);
+    if (metrics_.is_open()) live_report_ = std::make_unique<LiveReport>(config_.output_dir, *progress_);
+    checkpoints_ = std::make_unique<CheckpointWriter>(
+        CheckpointWriter::Where{checkpoints_dir(config_), config_.checkpoint.keep, run_id(), leader()}, *state_,
+        optimizer_.get(), *progress_, metrics_);
     print_header();
     record_run_start();
   }
@@ -349,8 +353,8 @@ class Trainer {
   void print_compute_lines() {
     char line[512];
     const at::ScalarType compute = fsdp_options(config_).mixed_precision.param_dtype;
-    progress_->message(std::string("  attention: ") + models::to_string(models::attention_path(compute)) + " for " +
-                       c10::toString(compute) + " compute (train.attention = " + config_.attention + ")");
+    progress_->message(std::string("  attention: ") + enum_name(models::attention_path(compute)) + " for " +
+                       c10::toString(compute) + " compute (train.attention = " + enum_name(config_.attention) + ")");
     if (compute == at::kBFloat16) {
       const bool without_instructions = config_.device == c10::DeviceType::CPU && !runtime::cpu_has_bf16_instructions();
       const bool native = models::bf16_matmul() == models::Bf16Matmul::Native;
@@ -364,7 +368,7 @@ class Trainer {
       }
       progress_->message(std::string("  bf16 matmuls: ") +
                          (native ? "native bf16 GEMMs" : "fp32 GEMMs on bf16 operands") + why +
-                         " (train.bf16_matmul = " + config_.bf16_matmul + ")");
+                         " (train.bf16_matmul = " + enum_name(config_.bf16_matmul) + ")");
       if (native && without_instructions) {
         progress_->message(
             "  note: without bf16 instructions libtorch's bf16 GEMM widens element by element: 6-14x slower "
@@ -458,7 +462,7 @@ class Trainer {
     optimizer_->set_lr(r.lr);
     optimizer_->zero_grad();
     trace_memory(rank_, step, "start");
-    r.save_in_flight = pending_save_ != nullptr;
+    r.save_in_flight = checkpoints_->in_flight();
     const std::vector<int64_t> indices = loop.sampler.indices(step, rank_, n_);
     // The loss is the mean over the global batch's counted targets (instruction examples count
     // only their trained tokens, so ranks and micro-batches hold different counts). Every rank
@@ -509,13 +513,12 @@ class Trainer {
   // augmented as data.augment says, through the family's loss.
   at::Tensor micro_batch_loss(const std::vector<int64_t>& part, int64_t step) {
     data::Batch batch = data_.train->get(part);
-    const std::string& augment = config_.data.augment;
-    if (augment == "shift" || augment == "shift+hflip") {
+    const data::ImageAugment augment = config_.data.augment;
+    if (data::shifts(augment)) {
       // Background: a black pixel after normalisation.
       data::random_shift(batch.inputs, part, step, config_.seed, 2, -data::kFashionMnistMean / data::kFashionMnistStd);
     }
-    if (augment == "hflip" || augment == "shift+hflip")
-      data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
+    if (data::flips(augment)) data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
     const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
     const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
     // CLIP: captions drawn for this step from the labels; the loss over the global batch.
@@ -796,61 +799,16 @@ class Trainer {
     }
   }
 
-  // <output_dir>/report.html from metrics.jsonl, rewritten atomically (rank 0), so a browser tab
-  // shows the run as it goes. A failure here never stops training: one line says why.
-  // in_background (every train.report_every steps): written by a thread of rank 0's own, off the
-  // step, since reading metrics.jsonl costs more the longer the run (a 100k-step run's is tens of
-  // MB); one at a time, and a call while one is still writing is skipped. The last one of a run is
-  // written in the step, after any in flight.
+  // report.html from the metrics so far (live_report.h); in_background: off the step.
   void write_live_report(bool in_background = false) {
-    if (!leader() || !options_.write_files || !metrics_.is_open()) return;
-    {
-      std::lock_guard<std::mutex> lock(report_mutex_);
-      if (!report_error_.empty()) progress_->message("report.html not written: " + report_error_);
-      report_error_.clear();
-    }
-    if (in_background && report_busy_.load()) return;
-    if (report_thread_.joinable()) report_thread_.join();
-    auto write = [this] {
-      try {
-        report::write_report({config_.output_dir}, (fs::path(config_.output_dir) / "report.html").string());
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(report_mutex_);
-        report_error_ = e.what();
-      }
-      report_busy_.store(false);
-    };
-    report_busy_.store(true);
-    if (in_background) {
-      try {
-        report_thread_ = std::thread(write);
-        return;
-      } catch (const std::system_error&) {
-        // No thread to be had: written in the step, as before.
-      }
-    }
-    write();
-    std::lock_guard<std::mutex> lock(report_mutex_);
-    if (!report_error_.empty()) progress_->message("report.html not written: " + report_error_);
-    report_error_.clear();
+    if (live_report_) live_report_->write(in_background);
   }
 
-  // train.bf16_matmul = "auto" for bf16 compute on a CPU with bf16 instructions: libtorch's bf16
-  // GEMMs or fp32 GEMMs on the bf16 operands, whichever ran this model's linear layers faster here
-  // (models::time_bf16_matmuls; the flag alone does not say: docs/benchmarks.md). Every rank
-  // measures at once, as it will train, and takes rank 0's choice, so that all ranks compute alike.
-  // Like cuDNN's benchmark mode, two runs may choose differently where the two are close; a
-  // run that must repeat another's bf16 arithmetic to the bit names the way ("native", "fp32").
+  // train.bf16_matmul = "auto" for bf16 compute on a CPU: measured at start (bf16_matmul_choice.h).
   void choose_bf16_matmul() {
     const bool bf16 = fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16;
-    if (config_.bf16_matmul != "auto" || !bf16 || !device_.is_cpu()) return;  // the same on every rank
-    // Measured only where every rank's CPU has bf16 instructions (hosts may differ); elsewhere each
-    // rank keeps bf16_matmul_for's choice (fp32 GEMMs without them).
-    at::Tensor with_instructions = at::tensor({runtime::cpu_has_bf16_instructions() ? 1.0 : 0.0}, at::kDouble);
-    if (n_ > 1) world_->all_reduce(with_instructions, comm::ReduceOp::Sum)->wait();
-    if (with_instructions.item<double>() < n_) return;
-    // GEMM rows per micro-batch: its examples times the tokens each (a language model's window, a
-    // chat's row, an image's patches and class token).
+    if (config_.bf16_matmul || !bf16 || !device_.is_cpu()) return;  // the same on every rank
+    // GEMM rows per example: a language model's window, a chat's row, an image's patches and class token.
     int64_t tokens = 1;
     if (language()) {
       tokens = config_.seq_len;
@@ -861,30 +819,7 @@ class Trainer {
     }
     const int64_t examples =
         std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
-    const int64_t rows = std::min<int64_t>(4096, examples * std::max<int64_t>(1, tokens));
-    // Each 2-D parameter's GEMM once, at most 2^30 multiply-adds each way (fewer rows for a wide
-    // one), leaving out those over 2^26 elements (a large vocabulary's embedding and head: their
-    // fp32 copies alone would take gigabytes).
-    std::vector<models::LinearShape> shapes;
-    for (const auto& named : model_.module->named_parameters(/*recurse=*/true)) {
-      const at::Tensor& p = named.value();
-      if (p.dim() != 2 || p.numel() > (int64_t{1} << 26)) continue;
-      const int64_t shape_rows = std::max<int64_t>(16, std::min<int64_t>(rows, (int64_t{1} << 30) / p.numel()));
-      const models::LinearShape shape{shape_rows, p.size(1), p.size(0)};
-      const bool seen = std::any_of(shapes.begin(), shapes.end(), [&](const models::LinearShape& s) {
-        return s.in == shape.in && s.out == shape.out;
-      });
-      if (!seen) shapes.push_back(shape);
-    }
-    if (shapes.empty()) return;
-    models::Bf16MatmulTimes times;
-    comm::on_every_rank(world_, "timing bf16 GEMMs (train.bf16_matmul = auto)",
-                        [&] { times = models::time_bf16_matmuls(shapes); });
-    at::Tensor measured = at::tensor({times.native_seconds, times.fp32_seconds}, at::kDouble);
-    if (n_ > 1) world_->broadcast(measured, 0)->wait();
-    times = {measured[0].item<double>(), measured[1].item<double>()};
-    models::set_bf16_matmul(times.faster());
-    bf16_matmul_times_ = times;
+    bf16_matmul_times_ = choose_bf16_matmul_by_timing(*model_.module, examples * std::max<int64_t>(1, tokens), world_);
   }
 
   // The first record of every start (and resume): what the report needs besides the steps.
@@ -896,7 +831,7 @@ class Trainer {
         {"run_start", start_step_}, {"name", config_.name},          {"world_size", n_},
         {"language", language()},   {"resumed_from", resumed_from_}, {"config", to_toml(resolved)}};
     if (fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16)
-      record["bf16_matmul"] = models::to_string(models::bf16_matmul());
+      record["bf16_matmul"] = enum_name(models::bf16_matmul());
     if (bf16_matmul_times_) {
       record["bf16_matmul_seconds"] = {{"native", bf16_matmul_times_->native_seconds},
                                        {"fp32", bf16_matmul_times_->fp32_seconds}};
@@ -924,82 +859,19 @@ class Trainer {
     metrics_.write(record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));  // paths need not be UTF-8
   }
 
-  // A checkpoint of the state after `steps` steps; rank 0 then keeps only the newest ones.
-  // checkpoint.async: the save is started (the step waits for the staging copies only) and its
-  // directory returned; finish_save publishes it at a later step boundary. A save the run ends on
-  // (stop request, targets.stop) is written in the step: nothing would overlap it, and its message
-  // names a published checkpoint.
+  // A checkpoint of the state after `steps` steps (checkpoint_writer.h); rank 0 then keeps only
+  // the newest ones. checkpoint.async: started, and published by finish_save at a later step
+  // boundary. A save the run ends on (stop request, targets.stop) is written in the step: nothing
+  // would overlap it, and its message names a published checkpoint.
   std::string save(int64_t steps) { return save(steps, config_.checkpoint.async); }
   std::string save(int64_t steps, bool in_background) {
-    finish_save(/*wait=*/true);  // at most one in flight
-    const auto start = Clock::now();
     TrainConfig resolved = config_;
     resolved.model = model_config_;
     const checkpoint::CheckpointInfo info{steps, config_.model_name, to_toml(resolved), guard_.state(), run_id()};
-    if (in_background) {
-      pending_save_ =
-          std::make_unique<checkpoint::CheckpointSave>(checkpoints_dir(config_), *state_, optimizer_.get(), info,
-                                                       /*in_background=*/true, &staging_);
-      pending_save_blocked_ = std::chrono::duration<double>(Clock::now() - start).count();
-      pending_save_start_ = start;
-      char line[512];
-      std::snprintf(line, sizeof(line),
-                    "checkpoint step %lld | %s of shards staged in %.3f s, written in the background",
-                    static_cast<long long>(steps),
-                    format_bytes(static_cast<double>(pending_save_->staged_bytes())).c_str(), pending_save_blocked_);
-      progress_->message(line);
-      return pending_save_->directory();
-    }
-    const std::string dir = checkpoint::save_checkpoint(checkpoints_dir(config_), *state_, optimizer_.get(), info);
-    after_save(steps, dir, std::chrono::duration<double>(Clock::now() - start).count(), -1.0);
-    return dir;
+    return checkpoints_->save(info, in_background, guard_.streak_start());
   }
-
-  // checkpoint.async: publishes the save in flight once every rank has written it (wait: waits for
-  // it). Collective: every rank calls it at the same step boundaries.
-  void finish_save(bool wait) {
-    if (!pending_save_) return;
-    const int64_t steps = pending_save_->step();
-    const auto start = Clock::now();
-    if (wait) {
-      pending_save_->wait_and_publish();
-    } else if (!pending_save_->try_publish()) {
-      return;
-    }
-    // What training waited for it: the staging, and a wait for the write (the next save, the end).
-    const double blocked = pending_save_blocked_ + std::chrono::duration<double>(Clock::now() - start).count();
-    const double seconds = std::chrono::duration<double>(Clock::now() - pending_save_start_).count();
-    const std::string dir = pending_save_->published();
-    pending_save_.reset();
-    after_save(steps, dir, blocked, seconds);
-  }
-
-  // A published checkpoint: pruning, the progress line and metrics.jsonl. blocked: the seconds the
-  // step waited for it; in_flight (async, else < 0): from its start to its publication.
-  void after_save(int64_t steps, const std::string& dir, double blocked, double in_flight) {
-    const double seconds = blocked;
-    // During a streak of skipped steps the checkpoint a rollback would return to stays, however
-    // many newer ones `keep` would otherwise leave.
-    if (leader()) {
-      checkpoint::prune_checkpoints(checkpoints_dir(config_), config_.checkpoint.keep, guard_.streak_start(), run_id());
-    }
-    char line[512];
-    if (in_flight < 0) {
-      std::snprintf(line, sizeof(line), "checkpoint step %lld | %s | %.2f s", static_cast<long long>(steps),
-                    dir.c_str(), seconds);
-    } else {
-      std::snprintf(line, sizeof(line),
-                    "checkpoint step %lld | %s | published %.2f s after it started; steps waited %.3f s",
-                    static_cast<long long>(steps), dir.c_str(), in_flight, seconds);
-    }
-    progress_->message(line);
-    if (leader() && metrics_.is_open()) {
-      // seconds: what the steps waited for it (the whole save when synchronous).
-      nlohmann::json record{{"checkpoint_step", steps}, {"path", dir}, {"seconds", seconds}};
-      if (in_flight >= 0) record["in_flight_seconds"] = in_flight;
-      metrics_.write(record.dump());
-    }
-  }
+  // Collective: every rank calls it at the same step boundaries.
+  void finish_save(bool wait) { checkpoints_->finish(wait, guard_.streak_start()); }
 
   ModelInUse model_in_use() {
     return {model_,     config_, world_, device_, language(), captions_ ? captions_->class_prompts() : at::Tensor(),
@@ -1020,7 +892,7 @@ class Trainer {
 
   // Sampled text (evaluation.h), written to sample.txt.
   std::string generate() {
-    const bool chat = config_.data.source == "instructions";
+    const bool chat = config_.data.source == DataSource::Instructions;
     const std::string text = generate_sample(model_in_use(), *data_.tokenizer, chat ? &data_.chat_format : nullptr);
     if (leader() && options_.write_files) std::ofstream(fs::path(config_.output_dir) / "sample.txt") << text;
     return text;
@@ -1081,14 +953,8 @@ class Trainer {
   std::optional<models::Bf16MatmulTimes> bf16_matmul_times_;  // measured by choose_bf16_matmul
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
-  checkpoint::StagingBuffers staging_;  // checkpoint.async: host copies of this rank's tensors, kept between saves
-  std::unique_ptr<checkpoint::CheckpointSave> pending_save_;  // checkpoint.async: the save in flight (uses staging_)
-  double pending_save_blocked_ = 0.0;                         // seconds its staging held the step
-  std::thread report_thread_;                                 // rank 0: the live report being written off the step
-  std::atomic<bool> report_busy_{false};                      // ... until it is written
-  std::mutex report_mutex_;                                   // guards report_error_
-  std::string report_error_;                                  // the thread's failure, said at the next call
-  Clock::time_point pending_save_start_;
+  std::unique_ptr<LiveReport> live_report_;        // rank 0 writing files (after progress_: it says failures there)
+  std::unique_ptr<CheckpointWriter> checkpoints_;  // made with progress_ (it says each checkpoint there)
 };
 
 }  // namespace

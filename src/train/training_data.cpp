@@ -39,7 +39,8 @@ void check_tokenizer_of(const data::TokenShards& shards, const DataConfig& d, co
   if (made_by.kind == data::TokenizerKind::Gpt2) how += " and data.vocab_json, data.merges_txt to those files";
   throw std::runtime_error(
       "token files '" + shards.spec() + "' were made with " + made_by.describe() + ", and this run's is " +
-      (tokenizer ? configured.describe() : "data.tokenizer = \"" + d.tokenizer + "\"") + ": " + how);
+      (tokenizer ? configured.describe() : "data.tokenizer = \"" + std::string(enum_name(d.tokenizer)) + "\"") + ": " +
+      how);
 }
 
 LoadedData load_instructions(const TrainConfig& c) {
@@ -132,7 +133,7 @@ LoadedData load_instructions(const TrainConfig& c) {
 LoadedData load_data(const TrainConfig& c) {
   LoadedData loaded;
   const auto& d = c.data;
-  if (d.source == "fashion_mnist") {
+  if (d.source == DataSource::FashionMnist) {
     const std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
     loaded.train = std::make_unique<data::ImageDataset>(data::load_fashion_mnist(dir, "train"));
     loaded.validation = std::make_unique<data::ImageDataset>(data::load_fashion_mnist(dir, "test"));
@@ -140,9 +141,9 @@ LoadedData load_data(const TrainConfig& c) {
                          std::to_string(loaded.validation->size()) + " test images";
     return loaded;
   }
-  if (d.source == "instructions") return load_instructions(c);
+  if (d.source == DataSource::Instructions) return load_instructions(c);
   std::shared_ptr<const data::TokenSource> train_tokens, validation_tokens;
-  if (d.source == "fortunes") {
+  if (d.source == DataSource::Fortunes) {
     const std::string dir = d.dir.empty() ? data::kFortunesDir : d.dir;
     loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt, d.tokenizer_json);
     auto split = data::split_documents(data::read_fortunes(dir), d.validation_percent);
@@ -164,8 +165,10 @@ LoadedData load_data(const TrainConfig& c) {
                                "' have different vocabularies (" + std::to_string(train_tokens->vocab_size()) +
                                " and " + std::to_string(validation_tokens->vocab_size()) + ")");
     }
-    if (d.tokenizer == "byte" && train_tokens->vocab_size() == 256) loaded.tokenizer = data::make_tokenizer("byte");
-    if (d.tokenizer == "gpt2" || d.tokenizer == "hf") {
+    if (d.tokenizer == data::TokenizerKind::Byte && train_tokens->vocab_size() == 256) {
+      loaded.tokenizer = data::make_tokenizer(data::TokenizerKind::Byte);
+    }
+    if (d.tokenizer == data::TokenizerKind::Gpt2 || d.tokenizer == data::TokenizerKind::Hf) {
       loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt, d.tokenizer_json);
     }
     check_tokenizer_of(*train_shards, d, loaded.tokenizer.get());
@@ -212,7 +215,7 @@ void check_data_sizes(const LoadedData& data, const TrainConfig& config, int wor
   if (image_size > 0) {
     const at::Tensor first = data.train->get({0}).inputs;  // [1, channels, side, side]
     if (first.dim() != 4 || first.size(1) != channels || first.size(2) != image_size || first.size(3) != image_size) {
-      throw std::runtime_error("data.source '" + config.data.source + "' gives images of " +
+      throw std::runtime_error(std::string("data.source '") + enum_name(config.data.source) + "' gives images of " +
                                std::to_string(first.size(1)) + " x " + std::to_string(first.size(2)) + " x " +
                                std::to_string(first.size(3)) + " (channels x height x width); the " +
                                models::family_name(config.model) + " model '" + config.model_name + "' takes " +
@@ -226,12 +229,11 @@ std::string missing_data_path(const TrainConfig& config) {
   namespace fs = std::filesystem;
   const DataConfig& d = config.data;
   std::vector<std::string> paths;
-  if (d.source == "token_files") {
-    paths = {d.train_tokens, d.validation_tokens};
-  } else if (d.source == "instructions") {
-    paths = {d.train_jsonl, d.validation_jsonl};
-  } else {
-    paths = {!d.dir.empty() ? d.dir : d.source == "fashion_mnist" ? data::kFashionMnistDir : data::kFortunesDir};
+  switch (d.source) {
+    case DataSource::TokenFiles: paths = {d.train_tokens, d.validation_tokens}; break;
+    case DataSource::Instructions: paths = {d.train_jsonl, d.validation_jsonl}; break;
+    case DataSource::FashionMnist: paths = {!d.dir.empty() ? d.dir : data::kFashionMnistDir}; break;
+    case DataSource::Fortunes: paths = {!d.dir.empty() ? d.dir : data::kFortunesDir}; break;
   }
   for (const std::string& file : {d.vocab_json, d.merges_txt, d.tokenizer_json}) paths.push_back(file);
   for (std::string path : paths) {

@@ -241,7 +241,7 @@ TEST(Trainer, TrainsFromTokenFiles) {
                                fsdp::data::tokenize_documents(split.validation, bytes), 256);
   auto in_memory = small_config("gpt-test", "full_shard");
   auto from_files = in_memory;
-  from_files.data.source = "token_files";
+  from_files.data.source = fsdp::train::DataSource::TokenFiles;
   from_files.data.train_tokens = (dir / "train.tok").string();
   from_files.data.validation_tokens = (dir / "validation.tok").string();
   auto a = fsdp::train::train(in_memory, world, quiet());

@@ -100,7 +100,7 @@ TEST(Config, DefaultsAndOverrides) {
   EXPECT_DOUBLE_EQ(config.optimizer.lr, 0.01);
   EXPECT_EQ(config.fsdp.strategy, fsdp::runtime::ShardingStrategy::NoShard);  // a bare word is taken as a string
   EXPECT_EQ(std::get<fsdp::models::GptConfig>(config.model).layers, 3);
-  EXPECT_EQ(config.data.source, "fortunes");
+  EXPECT_EQ(config.data.source, fsdp::train::DataSource::Fortunes);
   EXPECT_EQ(config.max_nonfinite_steps, 5);
   // The resolved config reads back to the same values.
   auto again = parse_train_config(fsdp::train::to_toml(config), "resolved.toml");
@@ -434,7 +434,7 @@ TEST(Config, ResolvedConfigsReadBackAsTheSameModel) {
       EXPECT_EQ(back.projection_dim, clip->projection_dim);
       EXPECT_TRUE(back.freeze_text);
       EXPECT_FALSE(back.freeze_vision);
-      EXPECT_EQ(again.data.source, "fashion_mnist") << "the image source by default";
+      EXPECT_EQ(again.data.source, fsdp::train::DataSource::FashionMnist) << "the image source by default";
     }
   }
 }

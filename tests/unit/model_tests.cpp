@@ -408,10 +408,10 @@ TEST(Packing, EachExampleInAPackedRowIsItselfAlone) {
         at::Tensor only = at::full_like(targets, -100);
         only.narrow(1, start, length).copy_(targets.narrow(1, start, length));
         EXPECT_NEAR(built.loss_sum(ids, only, 4, positions).item<double>(), loss_alone, 1e-5 * loss_alone)
-            << name << " " << fsdp::models::to_string(path);
+            << name << " " << fsdp::enum_name(path);
         start += length;
       }
-      EXPECT_LE(worst, 1e-5) << name << " " << fsdp::models::to_string(path);
+      EXPECT_LE(worst, 1e-5) << name << " " << fsdp::enum_name(path);
       EXPECT_GT(neighbours_seen, 1e-3) << name << ": without positions the later examples see the earlier ones";
     }
   }

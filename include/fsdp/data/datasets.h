@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fsdp/data/fashion_mnist.h"
+#include "fsdp/data/image_augment.h"
 #include "fsdp/data/token_file.h"
 
 namespace fsdp::data {
@@ -70,9 +71,9 @@ class ImageDataset final : public Dataset {
   std::vector<int64_t> targets_per_label_;  // [classes], or empty: 1 per image
 };
 
-// Training augmentation for images: mirrors each image left-right with probability 1/2, decided by
-// a hash of (seed, step, sample index) alone, so a global batch is augmented the same whatever the
-// number of ranks, and a resumed run repeats it exactly. images [b, c, h, w], indices [b].
+// Training augmentation for images (image_augment.h says which): mirrors each image left-right with probability 1/2,
+// decided by a hash of (seed, step, sample index) alone, so a global batch is augmented the same whatever the number of
+// ranks, and a resumed run repeats it exactly. images [b, c, h, w], indices [b].
 void random_horizontal_flip(at::Tensor& images, const std::vector<int64_t>& indices, int64_t step, uint64_t seed);
 // Moves each image by up to max_shift pixels in each direction (padding with `background`), by the
 // same kind of hash: the "random crop with padding" of image classification recipes.

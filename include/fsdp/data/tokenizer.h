@@ -24,12 +24,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "fsdp/data/tokenizer_kind.h"
+
 namespace fsdp::data {
 
 // Which tokenizer made a sequence of ids: its kind and a checksum of the files it was read from
 // (tokenizer.json; vocab.json then merges.txt), so that token files can say what made them and a
 // run on them can check its own tokenizer is that one (token_file.h stores it in 4 bytes).
-enum class TokenizerKind : uint8_t { Unknown = 0, Byte = 1, Gpt2 = 2, Hf = 3 };
 struct TokenizerStamp {
   TokenizerKind kind = TokenizerKind::Unknown;
   uint32_t checksum = 0;  // the low 24 bits of the crc32 of the tokenizer's files; 0 for byte
@@ -39,8 +40,6 @@ struct TokenizerStamp {
   // "the hf tokenizer (files' crc32 ...a1b2c3)", "the byte tokenizer", "an unknown tokenizer"
   std::string describe() const;
 };
-// The kind's name in a config (data.tokenizer): "byte", "gpt2", "hf", or "" when unknown.
-const char* tokenizer_kind_name(TokenizerKind kind);
 
 class Tokenizer {
  public:
@@ -134,8 +133,11 @@ class HfTokenizer : public Tokenizer {
   uint32_t checksum_ = 0;  // of tokenizer.json (TokenizerStamp)
 };
 
-// kind: "byte", "gpt2" (which needs vocab_json and merges_txt), or "hf" (which needs
-// tokenizer_json). Throws on an unknown kind.
+// kind: Byte, Gpt2 (which needs vocab_json and merges_txt), or Hf (which needs tokenizer_json);
+// std::invalid_argument for Unknown or a missing file name.
+std::unique_ptr<Tokenizer> make_tokenizer(TokenizerKind kind, const std::string& vocab_json = "",
+                                          const std::string& merges_txt = "", const std::string& tokenizer_json = "");
+// The same by the kind's name ("byte", "gpt2", "hf"); std::invalid_argument for another name.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& vocab_json = "",
                                           const std::string& merges_txt = "", const std::string& tokenizer_json = "");
 

@@ -15,15 +15,27 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <string>
 #include <vector>
+
+#include "fsdp/enum_names.h"
 
 namespace fsdp::models {
 
 enum class AttentionPath { Fused, FusedFp32, Math };
-const char* to_string(AttentionPath path);  // "fused", "fused_fp32", "math"
-// "fused" | "fused_fp32" | "math"; throws std::invalid_argument naming the text otherwise.
-AttentionPath attention_path_from_string(const std::string& text);
+}  // namespace fsdp::models
+
+namespace fsdp {
+template <>
+struct EnumNames<models::AttentionPath> {  // train.attention's values
+  static constexpr std::pair<models::AttentionPath, const char*> values[] = {
+      {models::AttentionPath::Fused, "fused"},
+      {models::AttentionPath::FusedFp32, "fused_fp32"},
+      {models::AttentionPath::Math, "math"},
+  };
+};
+}  // namespace fsdp
+
+namespace fsdp::models {
 
 // q [b, heads, t, hd], k and v [b, kv_heads, t, hd] (heads a multiple of kv_heads) ->
 // [b, heads, t, hd], in q's dtype. causal: position i attends to positions <= i. Each group of

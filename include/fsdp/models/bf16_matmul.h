@@ -13,14 +13,25 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <string>
 #include <vector>
 
-namespace fsdp::models {
+#include "fsdp/enum_names.h"
 
+namespace fsdp::models {
 enum class Bf16Matmul { Native, Fp32 };
-const char* to_string(Bf16Matmul mode);                       // "native", "fp32"
-Bf16Matmul bf16_matmul_from_string(const std::string& text);  // std::invalid_argument otherwise
+}  // namespace fsdp::models
+
+namespace fsdp {
+template <>
+struct EnumNames<models::Bf16Matmul> {  // train.bf16_matmul's values
+  static constexpr std::pair<models::Bf16Matmul, const char*> values[] = {
+      {models::Bf16Matmul::Native, "native"},
+      {models::Bf16Matmul::Fp32, "fp32"},
+  };
+};
+}  // namespace fsdp
+
+namespace fsdp::models {
 
 void set_bf16_matmul(Bf16Matmul mode);
 Bf16Matmul bf16_matmul();

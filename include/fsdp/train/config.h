@@ -13,17 +13,23 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "fsdp/data/image_augment.h"
+#include "fsdp/data/tokenizer_kind.h"
+#include "fsdp/models/attention.h"
+#include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/lora_base_dtype.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/optim/optimizer_kind.h"
 #include "fsdp/runtime/device_names.h"
 #include "fsdp/runtime/dtype_names.h"
 #include "fsdp/runtime/sharding_strategy.h"
+#include "fsdp/train/data_source.h"
 
 namespace fsdp::train {
 
@@ -34,14 +40,15 @@ class ConfigError : public std::invalid_argument {
 };
 
 struct DataConfig {
-  std::string source = "fortunes";              // fortunes | token_files | instructions | fashion_mnist
-  std::string dir;                              // fortunes or Fashion-MNIST directory ("" = Debian's)
-  std::string tokenizer = "byte";               // byte | gpt2 | hf (fortunes source)
-  std::string vocab_json, merges_txt;           // gpt2 tokenizer files
-  std::string tokenizer_json;                   // hf: a Hugging Face tokenizer.json (byte-level BPE)
-  int validation_percent = 5;                   // fortunes: share of documents held out
-  std::string train_tokens, validation_tokens;  // token_files: files made by fsdp-data
-  std::string augment = "none";                 // images: none | hflip (mirror half) | shift (up to 2 px) | shift+hflip
+  DataSource source = DataSource::Fortunes;
+  std::string dir;                                            // fortunes or Fashion-MNIST directory ("" = Debian's)
+  data::TokenizerKind tokenizer = data::TokenizerKind::Byte;  // byte | gpt2 | hf (fortunes source)
+  std::string vocab_json, merges_txt;                         // gpt2 tokenizer files
+  std::string tokenizer_json;                                 // hf: a Hugging Face tokenizer.json (byte-level BPE)
+  int validation_percent = 5;                                 // fortunes: share of documents held out
+  std::string train_tokens, validation_tokens;                // token_files: files made by fsdp-data
+  // images: none | hflip (mirror half) | shift (up to 2 px) | shift+hflip
+  data::ImageAugment augment = data::ImageAugment::None;
   // instructions: JSONL of {"messages": [{"role", "content"}, ...]} or {"prompt", "completion"}
   // (data/instructions.h); without validation_jsonl, validation_percent of the examples are held out.
   std::string train_jsonl, validation_jsonl;
@@ -210,13 +217,13 @@ struct TrainConfig {
   // operations (models/fused_ops.h: one kernel each way on a GPU, fewer saved activations
   // everywhere); false: the composed references, for comparison.
   bool fused_ops = true;
-  // train.attention: how attention computes in the compute dtype (models/attention.h): "auto"
-  // (fused_fp32 for bf16 compute on the CPU, where libtorch's bf16 flash backward is slow; fused
-  // otherwise), "fused", "fused_fp32" or "math".
-  std::string attention = "auto";
-  // train.bf16_matmul: how bf16 linear layers and the head multiply (models/bf16_matmul.h): "auto"
-  // (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native), "native", "fp32".
-  std::string bf16_matmul = "auto";
+  // train.attention: how attention computes in the compute dtype (models/attention.h); nullopt is
+  // "auto" (resolved by train::attention_path_for: fused_fp32 for bf16 compute on the CPU, where
+  // libtorch's bf16 flash backward is slow; fused otherwise).
+  std::optional<models::AttentionPath> attention;
+  // train.bf16_matmul: how bf16 linear layers and the head multiply (models/bf16_matmul.h); nullopt
+  // is "auto" (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native).
+  std::optional<models::Bf16Matmul> bf16_matmul;
   int64_t report_every =
       50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
