@@ -269,6 +269,7 @@ class WeightImport {
   WeightImport(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path)
       : group_(state.group()), flats_(state.flat_params()), model_(model), path_(path) {
     comm::on_every_rank(group_, "opening the weights in '" + path + "'", [&] { files_.emplace(path); });
+    heap_.emplace(256LL << 20);
   }
 
   // The names the files hold against the model's, then each tensor's shape, dtype or 4-bit state.
@@ -469,7 +470,7 @@ class WeightImport {
       }
       at::Tensor bytes =
           shard::encode_nf4_entry(storage, i, read_values(entry, entry.offset, entry.offset + entry.numel));
-      heap_.check();
+      heap_->check();
       return bytes;
     });
     flat.shard().narrow(0, 0, bytes.numel()).copy_(bytes);
@@ -491,7 +492,7 @@ class WeightImport {
       for (int64_t from = lo; from < hi; from += step) {
         const int64_t to = std::min(hi, from + step);
         out.narrow(0, from - begin, to - from).copy_(read_values(entry, from, to));
-        heap_.check();
+        heap_->check();
       }
     }
   }
@@ -503,8 +504,8 @@ class WeightImport {
   std::optional<WeightFiles> files_;
   // Each weight read (and widened, or quantized) is a temporary: at 8 B glibc's heap stranded
   // about 2.9 GB of them resident beside 4.7 GB live while loading (2026-12-05). Trimmed as the
-  // resident set grows past the live bytes by this much.
-  shard::HeapGrowthGuard heap_{256LL << 20};
+  // resident set grows past the live bytes by this much (from where it stands once the files are open).
+  std::optional<shard::HeapGrowthGuard> heap_;
 };
 
 }  // namespace

@@ -175,6 +175,7 @@ RunData read_run(const std::string& dir) {
   }
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
+  const bool ended = ends_with_newline(metrics);  // as read, before a writer adds more
   RecordReader records(run);
   for (size_t i = 0; i < lines.size(); ++i) {
     if (lines[i].find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -186,7 +187,7 @@ RunData read_run(const std::string& dir) {
       if (i + 1 == lines.size()) {
         // The last line: a run writing it now, or one that died mid-line.
         run.warnings.push_back(metrics.string() + ": line " + std::to_string(i + 1) + " is " +
-                               (ends_with_newline(metrics) ? "not valid JSON" : "truncated") + "; left out");
+                               (ended ? "not valid JSON" : "truncated") + "; left out");
         continue;
       }
       throw std::runtime_error(metrics.string() + ": line " + std::to_string(i + 1) + " is not a JSON object (" +

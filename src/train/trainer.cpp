@@ -12,7 +12,6 @@
 #include <map>
 #include <set>
 #include <atomic>
-#include <system_error>
 #include <thread>
 
 #include "fsdp/checkpoint/hf_weights.h"
@@ -40,7 +39,6 @@
 #include "fsdp/train/contrastive_loss.h"
 #include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
-#include "fsdp/report/run_report.h"
 #include "checkpoint_writer.h"
 #include "bf16_matmul_choice.h"
 #include "evaluation.h"

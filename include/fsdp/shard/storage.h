@@ -68,7 +68,8 @@ class HeapGrowthGuard {
 void synchronize_current_stream(at::Device device);
 
 // A 1-D tensor for FSDP's own buffers (shards, their gradients and optimizer state, gathered and
-// reduction buffers): contents undefined. On the CPU, one of 1 MiB or more is mapped from the OS
+// reduction buffers) and for weights read from files (checkpoint::SafetensorsFile::read_range):
+// contents undefined. On the CPU, one of 1 MiB or more is mapped from the OS
 // on its own (mmap), outside glibc's heap, and so is every later re-allocation of its storage by
 // allocate_storage. Why: glibc would place buffers under its 32 MiB mmap threshold in the heap,
 // between activations, and freed holes there stay resident (fragmentation measured in

@@ -218,7 +218,7 @@ struct TrainConfig {
   // everywhere); false: the composed references, for comparison.
   bool fused_ops = true;
   // train.attention: how attention computes in the compute dtype (models/attention.h); nullopt is
-  // "auto" (resolved by train::attention_path_for: fused_fp32 for bf16 compute on the CPU, where
+  // "auto" (resolved by train::attention_path_for: fused_fp32 for bf16 and fp16 compute on the CPU, where
   // libtorch's bf16 flash backward is slow; fused otherwise).
   std::optional<models::AttentionPath> attention;
   // train.bf16_matmul: how bf16 linear layers and the head multiply (models/bf16_matmul.h); nullopt
