@@ -394,6 +394,11 @@ void declare_data_keys(KeyList& keys) {
                       std::string("data.augment '") + enum_name(c.data.augment) +
                           "' augments images; a language model takes none");
       };
+}
+
+// ---- [data], instruction examples and how windows and rows are cut ----
+void declare_example_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   add(key("data.train_jsonl", MEMBER(data.train_jsonl),
           "instructions: JSONL of {\"messages\": [...]} or {\"prompt\", \"completion\"}"))
       .check = [](const TrainConfig& c) {
@@ -807,6 +812,7 @@ std::vector<ConfigKey> declare() {
   declare_run_keys(keys);
   declare_model_keys(keys);
   declare_data_keys(keys);
+  declare_example_keys(keys);
   declare_train_keys(keys);
   declare_optimizer_keys(keys);
   declare_fsdp_keys(keys);
