@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "fsdp/plan/memory_plan.h"
 #include "fsdp/plan/plan_fit.h"
 #include "fsdp/runtime/cpu_features.h"
+#include "fsdp/runtime/sharding_settings.h"
 #include "fsdp/shard/storage.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/planning.h"
@@ -97,7 +100,8 @@ nlohmann::json to_json(const Plan& p) {
                         {"micro_batches", in.micro_batches},
                         {"seq_len", in.seq_len},
                         {"loss_chunk_tokens", in.loss_chunk_tokens},
-                        {"max_inflight", in.max_inflight},
+                        {"prefetch", in.prefetch},
+                        {"max_inflight", in.prefetch_depth()},
                         {"memory_bytes",
                          {{"parameters", m.parameters},
                           {"gradients", m.gradients},
@@ -181,8 +185,8 @@ void print_setup(const Plan& p) {
   const bool text = fsdp::models::is_language_model(in.model) && !fsdp::models::reads_image_and_text(in.model);
   const std::string sample = text ? std::to_string(in.micro_batch) + " x " + std::to_string(in.seq_len) + " tokens"
                                   : std::to_string(in.micro_batch) + " samples";
-  std::printf("  micro-batch %s, %lld micro-batch(es) per step, max_inflight %d, %s attention\n", sample.c_str(),
-              static_cast<long long>(in.micro_batches), in.max_inflight,
+  std::printf("  micro-batch %s, %lld micro-batch(es) per step, max_inflight %lld, %s attention\n", sample.c_str(),
+              static_cast<long long>(in.micro_batches), static_cast<long long>(in.prefetch_depth()),
               in.fused_attention ? (in.attention_fp32 ? "fused (in fp32)" : "fused") : "composed");
 }
 
@@ -300,18 +304,26 @@ fsdp::models::LoraBaseDtype lora_base_dtype_flag(const std::string& name) {
 }
 
 // The command line: every flag, and the PlanInput fields a flag sets directly.
+// One flag per sharding setting (runtime/sharding_settings.h), named after its config key
+// (fsdp.max_inflight: --max-inflight; a boolean one is a flag, --prefetch=false turns it off).
+struct SettingFlag {
+  std::string key;  // "fsdp.max_inflight"
+  CLI::Option* option = nullptr;
+  std::function<void(fsdp::runtime::ShardingSettings&)> apply;  // sets the given value
+};
+
 struct PlanFlags {
   std::string config_path, model_name, memory, overhead, json_path;
   std::vector<std::string> overrides;
-  PlanInput in;  // ranks_per_node, cpu_offload, async_checkpoint
+  PlanInput in;  // ranks_per_node, async_checkpoint
   int ranks = 0;
   double tflops = 0, bandwidth_gbps = 0, inter_node_gbps = 0;
   bool calibrate = false, compact = false;
-  std::string strategy, param_dtype, reduce_dtype, optimizer;
-  int shard_group_size = -1, max_inflight = -1;
+  std::string optimizer;
+  fsdp::runtime::ShardingSettings settings;      // what the setting flags read into
+  std::map<std::string, std::string> enum_text;  // an enum setting's flag, by setting name, as given
+  std::vector<SettingFlag> setting_flags;
   int64_t micro_batch = 0, micro_batches = 0, seq = 0;
-  bool checkpointing = false;
-  int64_t checkpointing_every = 0;
   bool composed_attention = false;
   int64_t lora_rank = 0;
   std::string lora_targets, lora_base_dtype;
@@ -321,6 +333,36 @@ struct PlanFlags {
   double host_link_gbps = 25;         // --fit: CPU offload's copies
   std::set<FitSetting> config_fixed;  // --fit: the settings the config file gives
 };
+
+std::string dashed(std::string name) {
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+void declare_setting_flags(CLI::App& app, PlanFlags& f) {
+  fsdp::runtime::for_each_sharding_setting([&](const char* name, auto member, const char* help) {
+    using T = std::decay_t<decltype(f.settings.*member)>;
+    SettingFlag flag;
+    flag.key = std::string("fsdp.") + name;
+    const std::string option = "--" + dashed(name);
+    const std::string text = std::string(help) + " (" + flag.key + ")";
+    if constexpr (fsdp::has_enum_names<T>::value) {
+      flag.option = app.add_option(option, f.enum_text[name], alternatives<T>() + ": " + text);
+      flag.apply = [&f, member, name = std::string(name)](fsdp::runtime::ShardingSettings& s) {
+        s.*member = flag_value<T>(name, f.enum_text.at(name));
+      };
+    } else {
+      if constexpr (std::is_same_v<T, bool>) {
+        const bool on = fsdp::runtime::ShardingSettings{}.*member;
+        flag.option = app.add_flag(option, f.settings.*member, on ? text + "; on unless " + option + "=false" : text);
+      } else {
+        flag.option = app.add_option(option, f.settings.*member, text)->check(CLI::NonNegativeNumber);
+      }
+      flag.apply = [&f, member](fsdp::runtime::ShardingSettings& s) { s.*member = f.settings.*member; };
+    }
+    f.setting_flags.push_back(std::move(flag));
+  });
+}
 
 void declare_flags(CLI::App& app, PlanFlags& f) {
   PlanInput& in = f.in;
@@ -332,16 +374,7 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
   app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")
       ->check(CLI::PositiveNumber);
   app.add_option("--memory", f.memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
-  app.add_option("--strategy", f.strategy, alternatives<fsdp::runtime::ShardingStrategy>());
-  app.add_option("--shard-group-size", f.shard_group_size, "hybrid_shard: S (default: ranks per node)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--param-dtype", f.param_dtype, alternatives<at::ScalarType>());
-  app.add_option("--reduce-dtype", f.reduce_dtype, alternatives<at::ScalarType>());
-  app.add_flag("--activation-checkpointing", f.checkpointing, "recompute each block in backward");
-  app.add_option("--activation-checkpointing-every", f.checkpointing_every,
-                 "with --activation-checkpointing: every k-th block only (fsdp.activation_checkpointing_every)")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--cpu-offload", in.cpu_offload, "parameter, gradient and optimizer shards in host memory");
+  declare_setting_flags(app, f);
   app.add_flag("--async-checkpoint", in.async_checkpoint,
                "checkpoint.async: count the save's staging copies (host memory)");
   app.add_flag("--composed-attention", f.composed_attention,
@@ -364,8 +397,6 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--embeddings-in-root", f.embeddings_in_root,
                "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
-  app.add_option("--max-inflight", f.max_inflight, "K: unit buffers alive besides the computing one")
-      ->check(CLI::NonNegativeNumber);
   app.add_option("--overhead", f.overhead,
                  "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 128MiB for a config "
                  "with train.device = cpu; --calibrate measures)");
@@ -414,7 +445,6 @@ PlanInput input_from_config(PlanFlags& f, const fsdp::comm::ProcessGroupPtr& wor
   }
   // What the command line set before the config was read.
   in.ranks_per_node = f.in.ranks_per_node;
-  in.cpu_offload = in.cpu_offload || f.in.cpu_offload;
   in.async_checkpoint = in.async_checkpoint || f.in.async_checkpoint;
   if (f.composed_attention) in.fused_attention = false;  // else the config's train.attention decides
   return in;
@@ -455,21 +485,15 @@ void apply_lora_flags(const PlanFlags& f, PlanInput& in) {
 // The flags that override the config's (or the defaults') settings.
 void apply_flags(const PlanFlags& f, PlanInput& in) {
   if (f.loss_chunk >= 0) in.loss_chunk_tokens = f.loss_chunk;
-  if (!f.strategy.empty()) in.strategy = flag_value<fsdp::runtime::ShardingStrategy>("strategy", f.strategy);
-  if (f.shard_group_size > 0) in.shard_group_size = f.shard_group_size;
-  if (!f.param_dtype.empty()) in.param_dtype = flag_value<at::ScalarType>("param_dtype", f.param_dtype);
-  if (!f.reduce_dtype.empty()) in.reduce_dtype = flag_value<at::ScalarType>("reduce_dtype", f.reduce_dtype);
-  if (f.checkpointing) in.activation_checkpointing = true;
-  if (f.checkpointing_every > 0) {
-    if (!in.activation_checkpointing)
-      throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
-    in.activation_checkpointing_every = f.checkpointing_every;
+  for (const SettingFlag& flag : f.setting_flags) {
+    if (flag.option->count() > 0) flag.apply(in);
   }
+  if (in.activation_checkpointing_every != 1 && !in.activation_checkpointing)
+    throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
   if (!f.optimizer.empty()) in.optimizer = flag_value<fsdp::optim::OptimizerKind>("optimizer", f.optimizer);
   if (f.micro_batch > 0) in.micro_batch = f.micro_batch;
   if (f.micro_batches > 0) in.micro_batches = f.micro_batches;
   if (f.seq > 0) in.seq_len = f.seq;
-  if (f.max_inflight >= 0) in.max_inflight = f.max_inflight;
   if (f.embeddings_in_root) in.embedding_units = false;
   apply_lora_flags(f, in);
   if (!f.memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(f.memory);
@@ -529,13 +553,14 @@ void write_json(const Plan& plan, const std::string& path, const nlohmann::json&
 // The settings the command line gives (fixed for --fit), with those the config file gives.
 std::set<FitSetting> fixed_settings(const PlanFlags& f) {
   std::set<FitSetting> fixed = f.config_fixed;
-  if (!f.strategy.empty() || f.shard_group_size > 0) fixed.insert(FitSetting::Strategy);
-  if (f.checkpointing || f.checkpointing_every > 0) fixed.insert(FitSetting::ActivationCheckpointing);
+  std::set<std::string> keys_given;
+  for (const SettingFlag& flag : f.setting_flags) {
+    if (flag.option->count() > 0) keys_given.insert(flag.key);
+  }
+  for (FitSetting setting : fsdp::train::fit_settings_of_keys(keys_given)) fixed.insert(setting);
   // --micro-batch alone gives the samples a rank takes per step, which --fit may split into micro-batches.
   if (f.micro_batches > 0) fixed.insert(FitSetting::MicroBatches);
-  if (f.in.cpu_offload) fixed.insert(FitSetting::CpuOffload);
   if (!f.lora_base_dtype.empty()) fixed.insert(FitSetting::LoraBaseDtype);
-  if (f.max_inflight >= 0) fixed.insert(FitSetting::MaxInflight);
   if (f.loss_chunk >= 0) fixed.insert(FitSetting::LossChunk);
   return fixed;
 }
@@ -560,14 +585,14 @@ std::string settings_row(const fsdp::plan::FitCandidate& c) {
   char row[256];
   const std::string checkpointing =
       in.activation_checkpointing ? "every " + std::to_string(in.activation_checkpointing_every) : "off";
-  std::snprintf(row, sizeof(row), "%9.3f %10s  %-14s %-13s %5lld %-8s %-9s %4d %6lld",
+  std::snprintf(row, sizeof(row), "%9.3f %10s  %-14s %-13s %5lld %-8s %-9s %4lld %6lld",
                 c.step_seconds + c.offload_seconds, format_bytes(static_cast<double>(c.peak_bytes)).c_str(),
                 fsdp::enum_name(in.strategy), checkpointing.c_str(), static_cast<long long>(in.micro_batches),
                 in.cpu_offload ? "on" : "off",
                 fsdp::models::lora_spec(in.model) != nullptr && fsdp::models::lora_spec(in.model)->enabled()
                     ? fsdp::enum_name(in.lora_base_dtype)
                     : "-",
-                in.max_inflight, static_cast<long long>(in.loss_chunk_tokens));
+                static_cast<long long>(in.prefetch_depth()), static_cast<long long>(in.loss_chunk_tokens));
   return row;
 }
 

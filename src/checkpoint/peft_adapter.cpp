@@ -169,8 +169,8 @@ void import_peft_adapter(runtime::FsdpState& state, const models::ModelConfig& m
     throw std::invalid_argument("import_peft_adapter: the model has no LoRA adapters");
   if (models::reads_image_and_text(model)) {
     throw std::invalid_argument(
-        "import_peft_adapter: PEFT directories of a llava model are not read yet (its adapters' names "
-        "are not checked against peft)");
+        std::string("import_peft_adapter: PEFT directories of a ") + models::family_name(model) +
+        " model (images and text) are not read yet (its adapters' names are not checked against peft)");
   }
   const comm::ProcessGroupPtr& group = state.group();
   const auto flats = state.flat_params();

@@ -42,6 +42,9 @@ void check_plan_input(const PlanInput& in) {
   if (in.micro_batch < 1 || in.micro_batches < 1) throw std::invalid_argument("micro-batch sizes must be at least 1");
   if (in.seq_len < 1) throw std::invalid_argument("sequence length must be at least 1");
   if (in.max_inflight < 0) throw std::invalid_argument("max_inflight must be 0 or more");
+  if (in.activation_checkpointing_every < 1)
+    throw std::invalid_argument("activation_checkpointing_every must be 1 or more");
+  if (in.shard_group_size < 0) throw std::invalid_argument("shard_group_size must be 0 or more");
   const int64_t c = dtype_bytes(in.param_dtype, "param_dtype"), r = dtype_bytes(in.reduce_dtype, "reduce_dtype");
   const ShardingStrategy s = in.strategy;
   if (s == ShardingStrategy::NoShard && (c != 4 || r != 4))
@@ -116,7 +119,7 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   plan.largest_unit_params = x.largest_unit;
   plan.root_params = x.p - units.all_blocks - x.embedding - x.head - x.other;
   x.root = plan.root_params;
-  x.k = in.max_inflight;
+  x.k = in.prefetch_depth();
   // Rounded up as the shards are: every unit padded to a multiple of S.
   x.shard_numel = (x.p + x.shard - 1) / x.shard;
   x.largest_unit_shard = (std::max(x.largest_unit, x.root) + x.shard - 1) / x.shard;

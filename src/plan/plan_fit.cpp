@@ -18,14 +18,14 @@ struct Settings {
   int64_t micro_batches;
   bool cpu_offload;
   models::LoraBaseDtype base_dtype;
-  int max_inflight;
+  int64_t max_inflight;  // K as planned (PlanInput::prefetch_depth)
   int64_t loss_chunk;
 };
 
 Settings settings_of(const PlanInput& in) {
   return {in.strategy,         in.activation_checkpointing ? in.activation_checkpointing_every : 0,
           in.micro_batches,    in.cpu_offload,
-          in.lora_base_dtype,  in.max_inflight,
+          in.lora_base_dtype,  in.prefetch_depth(),
           in.loss_chunk_tokens};
 }
 
@@ -39,6 +39,7 @@ PlanInput with_settings(PlanInput in, const Settings& s) {
   in.cpu_offload = s.cpu_offload;
   in.lora_base_dtype = s.base_dtype;
   in.max_inflight = s.max_inflight;
+  in.prefetch = s.max_inflight > 0;
   in.loss_chunk_tokens = s.loss_chunk;
   return in;
 }
@@ -49,7 +50,7 @@ struct Choices {
   std::vector<int64_t> checkpoint_every, micro_batches, loss_chunks;
   std::vector<bool> offload;
   std::vector<models::LoraBaseDtype> base_dtypes;
-  std::vector<int> max_inflight;
+  std::vector<int64_t> max_inflight;
 };
 
 Choices choices_for(const FitRequest& r, int64_t layers) {
@@ -110,7 +111,7 @@ FitCandidate candidate(const FitRequest& r, const Plan& plan, double cost) {
   FitCandidate c;
   c.plan = plan;
   const PlanInput& in = plan.input;
-  c.step_seconds = in.max_inflight > 0 ? plan.step_seconds_overlapped : plan.step_seconds_serial;
+  c.step_seconds = in.prefetch_depth() > 0 ? plan.step_seconds_overlapped : plan.step_seconds_serial;
   if (in.cpu_offload) {
     // Each gather starts from the host's parameter shard (forward, and again in backward unless
     // shard_grad_op keeps the unit); the gradient shard goes back once a step.
@@ -162,7 +163,7 @@ FitResult fit_plans(const FitRequest& r) {
       for (int64_t micro_batches : c.micro_batches)
         for (bool offload : c.offload)
           for (models::LoraBaseDtype dtype : c.base_dtypes)
-            for (int inflight : c.max_inflight)
+            for (int64_t inflight : c.max_inflight)
               for (int64_t chunk : c.loss_chunks) {
                 const Settings s{strategy, every, micro_batches, offload, dtype, inflight, chunk};
                 if (offload && strategy == ShardingStrategy::NoShard) continue;  // offload moves shards

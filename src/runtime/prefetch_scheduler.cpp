@@ -46,8 +46,8 @@ void PrefetchScheduler::prefetch_units(const std::vector<Unit*>& order, size_t f
 
 void PrefetchScheduler::prefetch_forward_from(size_t first) {
   // Forward: up to K units ahead (no reductions compete for the budget).
-  if (options_.forward_prefetch)
-    prefetch_units(forward_order_, first, static_cast<size_t>(std::max(0, options_.max_inflight)));
+  if (options_.prefetch)
+    prefetch_units(forward_order_, first, static_cast<size_t>(std::max<int64_t>(0, options_.max_inflight)));
 }
 
 void PrefetchScheduler::prefetch_forward_after(Unit* unit, size_t position) {
@@ -55,7 +55,7 @@ void PrefetchScheduler::prefetch_forward_after(Unit* unit, size_t position) {
 }
 
 void PrefetchScheduler::prefetch_backward_after(Unit* unit) {
-  if (!options_.backward_prefetch) return;
+  if (!options_.prefetch) return;
   std::vector<Unit*> order = backward_order_;
   if (order.empty()) order.assign(forward_order_.rbegin(), forward_order_.rend());  // first step: a guess
   // Only units this forward ran can run in this backward; the rest would be gathered for nothing.

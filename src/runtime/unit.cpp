@@ -78,7 +78,7 @@ Unit::Unit(std::shared_ptr<torch::nn::Module> module, std::string name, bool is_
     }
     flat->reshard();
     // Before the grad accumulators exist: a dtype change would drop them.
-    flat->set_precision(options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype);
+    flat->set_precision(options.param_dtype, options.reduce_dtype);
     if (kind == 1 && !nf4) flat->set_storage_dtype(options.frozen_dtype);
     if (options.cpu_offload) {
       if (replicate) throw std::invalid_argument("fully_shard: cpu_offload needs a sharding strategy (not no_shard)");

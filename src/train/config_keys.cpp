@@ -1,5 +1,7 @@
 // The one declaration of fsdp-train's config keys (config_keys.h). To add a key: a member in
 // TrainConfig (fsdp/train/config.h) with its default, and one entry below with its help and check.
+// A sharding setting ([fsdp], reaching the runtime and the planner) is declared in
+// fsdp/runtime/sharding_settings.h instead, and its key follows from there.
 #include "config_keys.h"
 
 #include <algorithm>
@@ -253,16 +255,42 @@ std::vector<ConfigKey> model_keys() {
   return keys;
 }
 
-// "gpt, llama, vit, clip and llava": the registered families (with adapters only, with_lora).
-std::string family_names(bool with_lora) {
+// "gpt, llama and vit": the registered families `which` holds for (given the family's default config).
+std::string families_where(const std::function<bool(const models::ModelFamily&, models::ModelConfig&)>& which) {
   std::vector<std::string> names;
   for (const models::ModelFamily* family : models::model_families()) {
     models::ModelConfig example = models::default_model_config(*family);
-    if (!with_lora || family->lora(example) != nullptr) names.push_back(family->name());
+    if (which(*family, example)) names.push_back(family->name());
   }
   std::string text;
   for (size_t i = 0; i < names.size(); ++i) text += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
   return text;
+}
+
+// The registered families (with adapters only, with_lora).
+std::string family_names(bool with_lora) {
+  return families_where([with_lora](const models::ModelFamily& family, models::ModelConfig& example) {
+    return !with_lora || family.lora(example) != nullptr;
+  });
+}
+
+// The families whose models read images (data.source fashion_mnist).
+std::string image_families() {
+  return families_where(
+      [](const models::ModelFamily&, models::ModelConfig& example) { return !models::is_language_model(example); });
+}
+
+// The families with towers (fsdp.wrap "tower").
+std::string tower_families() {
+  return families_where(
+      [](const models::ModelFamily&, models::ModelConfig& example) { return !models::tower_paths(example).empty(); });
+}
+
+// The families whose frozen base may be stored in NF4 (lora.base_dtype "nf4").
+std::string nf4_families() {
+  return families_where([](const models::ModelFamily&, models::ModelConfig& example) {
+    return models::lora_spec(example) != nullptr && models::linear_weight_count(example) > 0;
+  });
 }
 
 bool has_lora(const TrainConfig& c) { return models::lora_spec(c.model) != nullptr; }
@@ -302,6 +330,13 @@ class KeyList {
   ConfigKey& add(ConfigKey k) {
     keys_.push_back(std::move(k));
     return keys_.back();  // valid until the next add
+  }
+  // The key declared as `name`, to attach what its declaration could not (a check).
+  ConfigKey& at(const std::string& name) {
+    for (ConfigKey& k : keys_) {
+      if (k.name == name) return k;
+    }
+    throw std::logic_error("config key '" + name + "' is not declared");
   }
   std::vector<ConfigKey> take() { return std::move(keys_); }
 
@@ -349,14 +384,14 @@ void declare_model_keys(KeyList& keys) {
 void declare_data_keys(KeyList& keys) {
   auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
   ConfigKey& source = add(key("data.source", MEMBER(data.source), alternatives<DataSource>()));
-  source.default_text = "fortunes (fashion_mnist for vit, clip and llava)";
+  source.default_text = "fortunes (fashion_mnist for " + image_families() + ")";
   source.check = [](const TrainConfig& c) {
     const bool language = models::is_language_model(c.model);
     return unless(language == (c.data.source != DataSource::FashionMnist),
                   std::string("data.source '") + enum_name(c.data.source) + "' does not suit the " +
                       models::family_name(c.model) + " model '" + c.model_name + "' (" +
                       (language ? "language models read fortunes, token_files or instructions"
-                                : "image models (vit, clip, llava) read fashion_mnist") +
+                                : "image models (" + image_families() + ") read fashion_mnist") +
                       ")");
   };
   add(key("data.dir", MEMBER(data.dir), "the fortunes or Fashion-MNIST directory")).default_text = "Debian's";
@@ -468,7 +503,8 @@ void declare_train_keys(KeyList& keys) {
         // The contrastive loss compares every image with every caption of the global batch at once.
         return unless(
             c.micro_batches == 1 || !models::is_contrastive(c.model),
-            "train.micro_batches " + std::to_string(c.micro_batches) + " with the clip model '" + c.model_name +
+            "train.micro_batches " + std::to_string(c.micro_batches) + " with the " + models::family_name(c.model) +
+                " model '" + c.model_name +
                 "': its contrastive loss compares every image with every caption of the global batch in one pass "
                 "(micro-batches would change the loss); use 1");
       };
@@ -545,41 +581,30 @@ void declare_optimizer_keys(KeyList& keys) {
 }
 
 // ---- [fsdp] ----
-void declare_fsdp_keys(KeyList& keys) {
-  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
-  add(key("fsdp.strategy", MEMBER(fsdp.strategy), alternatives<runtime::ShardingStrategy>()));
-  add(key("fsdp.wrap", MEMBER(fsdp.wrap),
-          alternatives<UnitWrap>() +
-              " (block: each transformer block a unit; root: one unit; tower: clip's each tower, llava's image "
-              "tower)"))
-      .check = [](const TrainConfig& c) {
-    if (c.fsdp.wrap == UnitWrap::Tower && models::tower_paths(c.model).empty()) {
-      return "fsdp.wrap 'tower' applies to clip and llava models (each image or text tower one unit), not " +
-             std::string(models::family_name(c.model));
-    }
-    return unless(c.fsdp.wrap != UnitWrap::MinParams || c.fsdp.min_params > 0,
-                  "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
-  };
-  add(key("fsdp.min_params", MEMBER(fsdp.min_params), "wrap = min_params: parameters per unit at least"));
-  add(key("fsdp.embedding_units", MEMBER(fsdp.embedding_units),
-          "token embedding and output head as units of their own"));
-  add(key("fsdp.prefetch", MEMBER(fsdp.prefetch), "gather the next units while this one computes (both passes)"));
-  add(key("fsdp.max_inflight", MEMBER(fsdp.max_inflight),
-          "unit buffers alive besides the computing one (0: no overlap)"))
-      .check = [](const TrainConfig& c) {
+
+// fsdp.<name> for each sharding setting (runtime/sharding_settings.h declares them); an enum's help
+// starts with its names.
+void declare_sharding_setting_keys(KeyList& keys) {
+  runtime::for_each_sharding_setting([&](const char* name, auto member, const char* help) {
+    using T = std::decay_t<decltype(std::declval<runtime::ShardingSettings&>().*member)>;
+    std::string text = help;
+    if constexpr (has_enum_names<T>::value) text = alternatives<T>() + ": " + text;
+    keys.add(key(
+        std::string("fsdp.") + name, [member](TrainConfig& c) { return &(c.fsdp.*member); }, text));
+  });
+}
+
+// What the sharding settings may not be, alone and together (and with train.device).
+void declare_sharding_setting_checks(KeyList& keys) {
+  keys.at("fsdp.max_inflight").check = [](const TrainConfig& c) {
     return unless(c.fsdp.max_inflight >= 0 && c.fsdp.max_inflight <= 64, "fsdp.max_inflight must be in [0, 64]");
   };
-  add(key("fsdp.param_dtype", MEMBER(fsdp.param_dtype),
-          "gathers and compute: " + alternatives<at::ScalarType>() +
-              " (fp32 master shards; float16 scales the loss, [loss_scale])"))
-      .check = [](const TrainConfig& c) {
+  keys.at("fsdp.param_dtype").check = [](const TrainConfig& c) {
     return unless(c.fsdp.param_dtype == at::kFloat || runtime::shards_parameters(c.fsdp.strategy),
                   std::string("fsdp.param_dtype '") + enum_name(c.fsdp.param_dtype) +
                       "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard (no_shard keeps float32)");
   };
-  add(key("fsdp.reduce_dtype", MEMBER(fsdp.reduce_dtype),
-          "gradient reduction: " + alternatives<at::ScalarType>() + " (float16 compute only)"))
-      .check = [](const TrainConfig& c) {
+  keys.at("fsdp.reduce_dtype").check = [](const TrainConfig& c) {
     const at::ScalarType param = c.fsdp.param_dtype;
     const at::ScalarType reduce = c.fsdp.reduce_dtype;
     if (reduce == at::kHalf && param != at::kHalf) {
@@ -598,25 +623,18 @@ void declare_fsdp_keys(KeyList& keys) {
                   std::string("fsdp.reduce_dtype '") + enum_name(reduce) +
                       "' needs fsdp.strategy full_shard, shard_grad_op or hybrid_shard");
   };
-  add(key("fsdp.activation_checkpointing", MEMBER(fsdp.activation_checkpointing),
-          "recompute each block's forward in backward"));
-  add(key("fsdp.activation_checkpointing_every", MEMBER(fsdp.activation_checkpointing_every),
-          "with activation_checkpointing: recompute every k-th block only (k-th, 2k-th, ...; 1: all)"))
-      .check = [](const TrainConfig& c) {
+  keys.at("fsdp.activation_checkpointing_every").check = [](const TrainConfig& c) {
     if (c.fsdp.activation_checkpointing_every < 1)
       return std::string("fsdp.activation_checkpointing_every must be 1 or more");
     return unless(c.fsdp.activation_checkpointing_every == 1 || c.fsdp.activation_checkpointing,
                   "fsdp.activation_checkpointing_every applies with fsdp.activation_checkpointing = true");
   };
-  add(key("fsdp.shard_group_size", MEMBER(fsdp.shard_group_size),
-          "hybrid_shard: ranks per shard group S, N = R x S (0: one node's)"))
-      .check = [](const TrainConfig& c) {
+  keys.at("fsdp.shard_group_size").check = [](const TrainConfig& c) {
     return unless(c.fsdp.shard_group_size == 0 || c.fsdp.strategy == runtime::ShardingStrategy::HybridShard,
                   std::string("fsdp.shard_group_size applies to fsdp.strategy 'hybrid_shard' only (strategy is '") +
                       enum_name(c.fsdp.strategy) + "')");
   };
-  add(key("fsdp.cpu_offload", MEMBER(fsdp.cpu_offload), "cuda: shards, gradients, AdamW state in pinned host memory"))
-      .check = [](const TrainConfig& c) {
+  keys.at("fsdp.cpu_offload").check = [](const TrainConfig& c) {
     if (!c.fsdp.cpu_offload) return std::string();
     if (!runtime::shards_parameters(c.fsdp.strategy)) {
       return std::string(
@@ -626,6 +644,32 @@ void declare_fsdp_keys(KeyList& keys) {
                   "fsdp.cpu_offload moves shards from the GPU to host memory: it needs train.device 'cuda' "
                   "(on the CPU they are there already)");
   };
+}
+
+// How the model's units are chosen (the trainer's, from the model's family).
+void declare_unit_keys(KeyList& keys) {
+  auto add = [&](ConfigKey k) -> ConfigKey& { return keys.add(std::move(k)); };
+  add(key("fsdp.wrap", MEMBER(fsdp.wrap),
+          alternatives<UnitWrap>() +
+              " (block: each transformer block a unit; root: one unit; tower: each image or text tower of " +
+              tower_families() + ")"))
+      .check = [](const TrainConfig& c) {
+    if (c.fsdp.wrap == UnitWrap::Tower && models::tower_paths(c.model).empty()) {
+      return "fsdp.wrap 'tower' applies to " + tower_families() + " models (each image or text tower one unit), not " +
+             std::string(models::family_name(c.model));
+    }
+    return unless(c.fsdp.wrap != UnitWrap::MinParams || c.fsdp.min_params > 0,
+                  "fsdp.wrap 'min_params' needs fsdp.min_params > 0");
+  };
+  add(key("fsdp.min_params", MEMBER(fsdp.min_params), "wrap = min_params: parameters per unit at least"));
+  add(key("fsdp.embedding_units", MEMBER(fsdp.embedding_units),
+          "token embedding and output head as units of their own"));
+}
+
+void declare_fsdp_keys(KeyList& keys) {
+  declare_sharding_setting_keys(keys);
+  declare_sharding_setting_checks(keys);
+  declare_unit_keys(keys);
 }
 
 // ---- [eval] ----
@@ -754,7 +798,7 @@ void declare_lora_keys(KeyList& keys) {
       // A family whose base is not stored in NF4 counts no linear weights for it (ModelFamily).
       return unless(c.lora_base_dtype != models::LoraBaseDtype::Nf4 || models::linear_weight_count(c.model) > 0,
                     "lora.base_dtype 'nf4' is not built for " + std::string(models::family_name(c.model)) +
-                        " models (an NF4 base is a Llama's or GPT-2's; use bfloat16)");
+                        " models (an NF4 base is built for " + nf4_families() + "; use bfloat16)");
     };
     add(std::move(k));
   }

@@ -11,7 +11,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   validate_for_world(c, ranks);
   if (c.fsdp.wrap == UnitWrap::Tower) {
     throw std::invalid_argument(
-        "fsdp-plan models block units: fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled");
+        "fsdp-plan models block units: fsdp.wrap = \"tower\" (each image or text tower one unit) is not modelled");
   }
   if (c.fsdp.wrap != UnitWrap::Block) {
     throw std::invalid_argument("fsdp-plan models block units: fsdp.wrap = \"" + std::string(enum_name(c.fsdp.wrap)) +
@@ -20,15 +20,8 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   plan::PlanInput in;
   in.model = c.model;
   in.model_name = c.model_name;
-  in.strategy = c.fsdp.strategy;
-  in.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
-  in.param_dtype = c.fsdp.param_dtype;
-  in.reduce_dtype = c.fsdp.reduce_dtype;
-  in.activation_checkpointing = c.fsdp.activation_checkpointing;
-  in.activation_checkpointing_every = c.fsdp.activation_checkpointing_every;
-  in.cpu_offload = c.fsdp.cpu_offload;
+  static_cast<runtime::ShardingSettings&>(in) = c.fsdp;
   in.async_checkpoint = c.checkpoint.async;
-  in.max_inflight = c.fsdp.prefetch ? static_cast<int>(c.fsdp.max_inflight) : 0;
   in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != UnitWrap::Root;
   in.optimizer = c.optimizer.name;
   // A language model's seq_len is resolved by now (0 -> its context); ViT has none (0): its tokens
@@ -116,9 +109,9 @@ std::vector<std::pair<std::string, std::string>> fit_config_values(const plan::P
     values.emplace_back("lora.base_dtype", quoted(enum_name(chosen.lora_base_dtype)));
   }
   if (searched(plan::FitSetting::MaxInflight)) {
-    // fsdp.prefetch = false plans as max_inflight 0 (plan_input): a prefetch depth of 0 says the same.
-    values.emplace_back("fsdp.max_inflight", std::to_string(chosen.max_inflight));
-    if (chosen.max_inflight > 0) values.emplace_back("fsdp.prefetch", "true");
+    // fsdp.prefetch = false plans as a depth of 0 (PlanInput::prefetch_depth): max_inflight 0 says the same.
+    values.emplace_back("fsdp.max_inflight", std::to_string(chosen.prefetch_depth()));
+    if (chosen.prefetch_depth() > 0) values.emplace_back("fsdp.prefetch", "true");
   }
   if (searched(plan::FitSetting::LossChunk) && models::is_language_model(chosen.model)) {
     values.emplace_back("train.loss_chunk_tokens", std::to_string(chosen.loss_chunk_tokens));
@@ -126,14 +119,18 @@ std::vector<std::pair<std::string, std::string>> fit_config_values(const plan::P
   return values;
 }
 
-std::set<plan::FitSetting> fit_settings_given(const TrainConfig& config) {
+std::set<plan::FitSetting> fit_settings_of_keys(const std::set<std::string>& given_keys) {
   std::set<plan::FitSetting> given;
   for (const auto& [setting, keys] : fit_setting_keys()) {
     for (const std::string& key : keys) {
-      if (config.keys_given.count(key) > 0) given.insert(setting);
+      if (given_keys.count(key) > 0) given.insert(setting);
     }
   }
   return given;
+}
+
+std::set<plan::FitSetting> fit_settings_given(const TrainConfig& config) {
+  return fit_settings_of_keys(config.keys_given);
 }
 
 }  // namespace fsdp::train

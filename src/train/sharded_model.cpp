@@ -12,7 +12,7 @@ namespace fsdp::train {
 
 runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   runtime::FsdpOptions options;
-  options.strategy = c.fsdp.strategy;
+  static_cast<runtime::ShardingSettings&>(options) = c.fsdp;
   if (c.fsdp.wrap == UnitWrap::Block) options.wrap_policy.module_types = models::block_type_names(c.model);
   if (c.fsdp.wrap == UnitWrap::MinParams) options.wrap_policy.min_params = c.fsdp.min_params;
   if (c.fsdp.wrap != UnitWrap::Root && c.fsdp.wrap != UnitWrap::Tower && c.fsdp.embedding_units) {
@@ -37,14 +37,6 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
       }
     }
   }
-  options.forward_prefetch = options.backward_prefetch = c.fsdp.prefetch;
-  options.max_inflight = static_cast<int>(c.fsdp.max_inflight);
-  options.mixed_precision.param_dtype = c.fsdp.param_dtype;
-  options.mixed_precision.reduce_dtype = c.fsdp.reduce_dtype;
-  options.activation_checkpointing = c.fsdp.activation_checkpointing;
-  options.activation_checkpointing_every = static_cast<int>(c.fsdp.activation_checkpointing_every);
-  options.shard_group_size = static_cast<int>(c.fsdp.shard_group_size);
-  options.cpu_offload = c.fsdp.cpu_offload;
   // A LoRA base is frozen: its shards may be kept in bf16 (gathered as bf16, widened after), or
   // (QLoRA) its blocks' linear weights in NF4 and the rest of it in bf16.
   const models::LoraSpec* lora = models::lora_spec(c.model);

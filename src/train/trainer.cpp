@@ -226,7 +226,7 @@ class Trainer {
     // 167% for the 8 B QLoRA run on such a CPU (2026-12-06).
     choose_bf16_matmul();
     world_->barrier()->wait();
-    const at::ScalarType compute_dtype = fsdp_options(config_).mixed_precision.param_dtype;
+    const at::ScalarType compute_dtype = config_.fsdp.param_dtype;
     const bool native_bf16 = compute_dtype == at::kBFloat16 && models::bf16_matmul() == models::Bf16Matmul::Native;
     const at::ScalarType peak_dtype = !device_.is_cpu() || native_bf16 ? compute_dtype : at::kFloat;
     at::Tensor rate = at::tensor({measure_matmul_flops(0.3, device_, peak_dtype)}, at::kDouble);
@@ -350,7 +350,7 @@ class Trainer {
   // How the step computes: attention, bf16 matmuls, loss scaling, a warm-up longer than the run.
   void print_compute_lines() {
     char line[512];
-    const at::ScalarType compute = fsdp_options(config_).mixed_precision.param_dtype;
+    const at::ScalarType compute = config_.fsdp.param_dtype;
     progress_->message(std::string("  attention: ") + enum_name(models::attention_path(compute)) + " for " +
                        c10::toString(compute) + " compute (train.attention = " + enum_name(config_.attention) + ")");
     if (compute == at::kBFloat16) {
@@ -804,7 +804,7 @@ class Trainer {
 
   // train.bf16_matmul = "auto" for bf16 compute on a CPU: measured at start (bf16_matmul_choice.h).
   void choose_bf16_matmul() {
-    const bool bf16 = fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16;
+    const bool bf16 = config_.fsdp.param_dtype == at::kBFloat16;
     if (config_.bf16_matmul || !bf16 || !device_.is_cpu()) return;  // the same on every rank
     // GEMM rows per example: a language model's window, a chat's row, an image's patches and class token.
     int64_t tokens = 1;
@@ -828,8 +828,7 @@ class Trainer {
     nlohmann::json record = {
         {"run_start", start_step_}, {"name", config_.name},          {"world_size", n_},
         {"language", language()},   {"resumed_from", resumed_from_}, {"config", to_toml(resolved)}};
-    if (fsdp_options(config_).mixed_precision.param_dtype == at::kBFloat16)
-      record["bf16_matmul"] = enum_name(models::bf16_matmul());
+    if (config_.fsdp.param_dtype == at::kBFloat16) record["bf16_matmul"] = enum_name(models::bf16_matmul());
     if (bf16_matmul_times_) {
       record["bf16_matmul_seconds"] = {{"native", bf16_matmul_times_->native_seconds},
                                        {"fp32", bf16_matmul_times_->fp32_seconds}};
@@ -960,7 +959,7 @@ class Trainer {
 TrainSummary train(const TrainConfig& config, const comm::ProcessGroupPtr& world, const TrainerOptions& options) {
   check_this_build_runs(config);  // fsdp-train refuses it before claiming the output directory too
   models::set_fused_ops(config.fused_ops);
-  models::set_attention_path(fsdp_options(config).mixed_precision.param_dtype, attention_path_for(config));
+  models::set_attention_path(config.fsdp.param_dtype, attention_path_for(config));
   models::set_bf16_matmul(bf16_matmul_for(config));
   Trainer trainer(config, world, options);
   return trainer.run();

@@ -445,7 +445,7 @@ TEST(ActivationCheckpointing, MatchesWithPrefetchAndTraining) {
 TEST(MixedPrecision, Bf16GathersHalfTheBytesAndTrainsLikeFp32) {
   FsdpOptions fp32;
   FsdpOptions bf16;
-  bf16.mixed_precision.param_dtype = at::kBFloat16;
+  bf16.param_dtype = at::kBFloat16;
   const int steps = 10;
   const Trajectory full = train_tiny(fp32, steps), half = train_tiny(bf16, steps);
   EXPECT_LT(full.losses.back(), full.losses.front() - 0.1) << "fp32 learns";
@@ -535,7 +535,7 @@ Trajectory bf16_reference(int ranks, int steps) {
 // Measured: 0 at 1 and 2 ranks (same sums), below 2e-4 at 3 and 4.
 TEST(MixedPrecision, Bf16MatchesAOneProcessReferenceWithTheSameCasts) {
   FsdpOptions bf16;
-  bf16.mixed_precision.param_dtype = at::kBFloat16;
+  bf16.param_dtype = at::kBFloat16;
   const int steps = 10;
   const Trajectory half = train_tiny(bf16, steps);
   const Trajectory reference = bf16_reference(fsdp::comm::init_world()->size(), steps);
@@ -575,7 +575,7 @@ fsdp::optim::LossScalerOptions forcing_overflows() {
 // the gradient shards unscaled, the all-reduced norm judging an overflow on every rank alike.
 ScaledTrajectory train_tiny_fp16(const FsdpOptions& base, int steps, const fsdp::optim::LossScalerOptions& scaling) {
   FsdpOptions options = base;
-  options.mixed_precision.param_dtype = at::kHalf;
+  options.param_dtype = at::kHalf;
   const TinyConfig config = six_blocks();
   auto model = build_tiny(options, config);
   auto world = model.state().group();
@@ -700,7 +700,7 @@ TEST(MixedPrecision, Fp16WithLossScalingMatchesAOneProcessReference) {
 // does: losses within 2% over 8 steps (fp16 rounds the reduced gradient to 11 bits).
 TEST(MixedPrecision, Fp16ReductionTrains) {
   FsdpOptions fp16_reduction;
-  fp16_reduction.mixed_precision.reduce_dtype = at::kHalf;
+  fp16_reduction.reduce_dtype = at::kHalf;
   fsdp::optim::LossScalerOptions scaling;  // GradScaler's defaults
   const ScaledTrajectory fp32 = train_tiny_fp16(FsdpOptions{}, 8, scaling),
                          fp16 = train_tiny_fp16(fp16_reduction, 8, scaling);
@@ -711,8 +711,8 @@ TEST(MixedPrecision, Fp16ReductionTrains) {
 
 TEST(MixedPrecision, Bf16ReductionTrains) {
   FsdpOptions bf16;
-  bf16.mixed_precision.param_dtype = at::kBFloat16;
-  bf16.mixed_precision.reduce_dtype = at::kBFloat16;
+  bf16.param_dtype = at::kBFloat16;
+  bf16.reduce_dtype = at::kBFloat16;
   FsdpOptions fp32;
   const Trajectory full = train_tiny(fp32, 6), half = train_tiny(bf16, 6);
   for (int i = 0; i < 6; ++i) EXPECT_NEAR(half.losses[i], full.losses[i], 0.02 * full.losses[i]) << "step " << i;
@@ -732,7 +732,7 @@ TEST(MixedPrecision, Bf16ReductionTrains) {
 TEST(MixedPrecision, NoShardRefusesBf16) {
   FsdpOptions options;
   options.strategy = ShardingStrategy::NoShard;
-  options.mixed_precision.param_dtype = at::kBFloat16;
+  options.param_dtype = at::kBFloat16;
   try {
     build_tiny(options, six_blocks());
     FAIL() << "expected an error";

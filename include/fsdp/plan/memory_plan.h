@@ -47,7 +47,7 @@
 #include "fsdp/models/registry.h"
 #include "fsdp/optim/optimizer_kind.h"
 #include "fsdp/runtime/dtype_names.h"
-#include "fsdp/runtime/sharding_strategy.h"
+#include "fsdp/runtime/sharding_settings.h"
 
 namespace fsdp::plan {
 
@@ -58,26 +58,22 @@ namespace fsdp::plan {
 constexpr int64_t kGpuProcessOverheadBytes = 512LL << 20;
 constexpr int64_t kCpuProcessOverheadBytes = 128LL << 20;
 
-struct PlanInput {
+// One configuration: the sharding settings (runtime/sharding_settings.h, as the runtime takes
+// them; shard_group_size 0 is ranks_per_node here), the model, the batch and the machine.
+struct PlanInput : runtime::ShardingSettings {
   models::ModelConfig model;
   std::string model_name;
-  int ranks = 1;           // N
-  int ranks_per_node = 8;  // hybrid_shard's default S, and which all-reduce crosses nodes
-  runtime::ShardingStrategy strategy = runtime::ShardingStrategy::FullShard;
-  int shard_group_size = 0;                 // hybrid_shard: S (0: ranks_per_node)
-  at::ScalarType param_dtype = at::kFloat;  // float32 | bfloat16 | float16
-  at::ScalarType reduce_dtype = at::kFloat;
-  bool activation_checkpointing = false;
-  int64_t activation_checkpointing_every = 1;  // with it: every k-th block recomputed (layers / k of them)
-  bool cpu_offload = false;                    // parameter, gradient and optimizer shards in host memory
+  int ranks = 1;                  // N
+  int ranks_per_node = 8;         // hybrid_shard's default S, and which all-reduce crosses nodes
   bool async_checkpoint = false;  // checkpoint.async: staging copies in host memory while a save is written
   optim::OptimizerKind optimizer = optim::OptimizerKind::AdamW;
   int64_t micro_batch = 1;        // samples per rank per forward
   int64_t micro_batches = 1;      // gradient accumulation steps (each one reduces)
   int64_t seq_len = 2048;         // tokens per sample (language models)
   int64_t loss_chunk_tokens = 0;  // language models: the head and loss this many tokens at a time (0: all)
-  int max_inflight = 2;           // K
-  bool embedding_units = true;    // token embedding and output head are units of their own
+  // K as planned: without prefetch, 0 (every gather and reduction waited for when issued).
+  int64_t prefetch_depth() const { return prefetch ? max_inflight : 0; }
+  bool embedding_units = true;  // token embedding and output head are units of their own
   // Fused attention (scaled_dot_product_attention's flash or memory-efficient kernels, on a GPU and,
   // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
   // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.

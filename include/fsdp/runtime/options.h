@@ -9,47 +9,26 @@
 #include <functional>
 #include <string>
 
-#include "fsdp/runtime/sharding_strategy.h"
+#include "fsdp/runtime/sharding_settings.h"
 #include "fsdp/runtime/wrap_policy.h"
 
 namespace fsdp::runtime {
 
-// float16 compute needs loss scaling (optim/loss_scaler.h) for gradients that fp16's range would
-// flush to zero; the runtime itself only casts.
-struct MixedPrecision {
-  at::ScalarType param_dtype = at::kFloat;   // gather and compute: float32, bfloat16 or float16
-  at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction: float32, bfloat16 or float16
-};
-
-struct FsdpOptions {
-  ShardingStrategy strategy = ShardingStrategy::FullShard;
+// The user's sharding choices (sharding_settings.h: strategy, prefetch depth, precision,
+// activation checkpointing, offload), and what the runtime needs besides: which modules are units,
+// where buffers live, how frozen parameters are stored.
+struct FsdpOptions : ShardingSettings {
   WrapPolicy wrap_policy;
   // Overwrite every rank's initial parameters and buffers with rank 0's. Off: verify they agree
   // (checksum).
   bool sync_module_states = false;
-  MixedPrecision mixed_precision;
-  bool forward_prefetch = true;
-  bool backward_prefetch = true;
-  // K: unit buffers alive besides the computing unit's (prefetched gathers, reductions in flight).
-  // 0: no prefetch, and every reduction is waited for at once.
-  int max_inflight = 2;
-  bool activation_checkpointing = false;  // every unit that is a block (added with fsdp::nn::push_block)
-  // With activation_checkpointing, every k-th block only (the k-th, 2k-th, ... in model order, as
-  // torchtitan's selective_ac_option = k): 1 recomputes every block.
-  int activation_checkpointing_every = 1;
   // Keep freed unsharded buffers for reuse (shard/storage.h), up to the budget's peak:
   // 2 x root + (K + 2) x largest unit, in fp32 bytes. Off: every free returns memory to the OS.
   bool cache_buffers = true;
-  // HybridShard only: S, the ranks of one shard group; S divides the world size N and there are
-  // R = N / S replica groups. 0: the ranks of one node (the launcher's local world size).
-  int shard_group_size = 0;
   // Where shards and gathered buffers live. Parameters built elsewhere (a model is built on the
   // CPU, block by block) move here as their unit is sharded, so the whole model never sits on the
   // device unsharded. A CUDA device needs a NCCL process group (comm/nccl_process_group.h).
   at::Device device = at::kCPU;
-  // Sharded parameters, gradients and optimizer state in host memory, the optimizer step on the CPU
-  // (shard/flat_param.h, set_cpu_offload). For a GPU device; on the CPU it only adds copies.
-  bool cpu_offload = false;
   // Storage dtype of frozen parameters' shards (a LoRA base: bf16 halves it); gathered in the
   // compute dtype. Trainable shards stay fp32 (the master weights).
   at::ScalarType frozen_dtype = at::kFloat;

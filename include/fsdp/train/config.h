@@ -28,7 +28,7 @@
 #include "fsdp/optim/optimizer_kind.h"
 #include "fsdp/runtime/device_names.h"
 #include "fsdp/runtime/dtype_names.h"
-#include "fsdp/runtime/sharding_strategy.h"
+#include "fsdp/runtime/sharding_settings.h"
 #include "fsdp/train/data_source.h"
 
 namespace fsdp::train {
@@ -78,21 +78,14 @@ struct OptimizerConfig {
 // fsdp.min_params parameters; Tower: each CLIP tower, LLaVA's image tower.
 enum class UnitWrap { Block, Root, MinParams, Tower };
 
-struct FsdpConfig {
-  runtime::ShardingStrategy strategy = runtime::ShardingStrategy::FullShard;
+// [fsdp]: the sharding settings (runtime/sharding_settings.h, fsdp.<name> each), and how the
+// model's units are chosen.
+struct FsdpConfig : runtime::ShardingSettings {
   UnitWrap wrap = UnitWrap::Block;
   int64_t min_params = 0;
   // block and min_params: the token embedding and the output head are units of their own (tied:
   // one), so they are gathered only while used instead of all step in the root (as torchtitan).
   bool embedding_units = true;
-  bool prefetch = true;                      // gather the next unit while this one computes (both passes)
-  int64_t max_inflight = 2;                  // unit buffers alive besides the computing one (0: no overlap)
-  at::ScalarType param_dtype = at::kFloat;   // gather and compute: float32 | bfloat16 | float16
-  at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction: float32 | bfloat16 | float16 (with float16 compute)
-  bool activation_checkpointing = false;     // recompute each block's forward in backward
-  int64_t activation_checkpointing_every = 1;  // with it: every k-th block only (torchtitan's selective_ac_option)
-  int64_t shard_group_size = 0;                // hybrid_shard: ranks per shard group (0: the ranks of one node)
-  bool cpu_offload = false;  // shards, gradients, optimizer state in host memory (train.device 'cuda')
 };
 
 struct EvalConfig {

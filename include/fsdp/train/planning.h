@@ -37,5 +37,8 @@ std::vector<std::pair<std::string, std::string>> fit_config_values(const plan::P
 
 // The settings a config fixes for --fit: those whose keys it gives (TrainConfig::keys_given).
 std::set<plan::FitSetting> fit_settings_given(const TrainConfig& config);
+// The searched settings these config keys ("fsdp.strategy", ...) fix: fsdp-plan's flags, named
+// after the keys, fix the same ones.
+std::set<plan::FitSetting> fit_settings_of_keys(const std::set<std::string>& keys);
 
 }  // namespace fsdp::train
