@@ -181,7 +181,7 @@ void print_setup(const Plan& p) {
           ? "on"
           : ("every " + std::to_string(in.activation_checkpointing_every) + " blocks").c_str(),
       in.cpu_offload ? "on" : "off", fsdp::enum_name(in.optimizer));
-  // Images (ViT, CLIP, LLaVA) are counted as samples; text in tokens.
+  // Image models' samples are counted as samples; text in tokens.
   const bool text = fsdp::models::is_language_model(in.model) && !fsdp::models::reads_image_and_text(in.model);
   const std::string sample = text ? std::to_string(in.micro_batch) + " x " + std::to_string(in.seq_len) + " tokens"
                                   : std::to_string(in.micro_batch) + " samples";

@@ -399,8 +399,8 @@ class WeightImport {
     const models::ModelFamily& family = models::family_of(model_);
     const std::set<std::string> expected = expected_names();
     if (const std::string architecture = family.hf_exact_architecture(); !architecture.empty()) {
-      // Files that hold exactly transformers' tensors (CLIP's, LLaVA's): one we would not read is a
-      // variant we do not implement (biases on CLIP's projections, another pooling, a LLaVA
+      // Files that hold exactly transformers' tensors (hf_exact_architecture): one we would not read is a
+      // variant we do not implement (biases on projections, another pooling, another image-text
       // projector of other layers), named.
       for (const auto& info : weights().tensors()) {
         if (expected.count(info.name) == 0 && !family.hf_unread_buffer(info.name)) {

@@ -144,7 +144,7 @@ int64_t export_peft_adapter(runtime::FsdpState& state, const models::ModelConfig
     write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}});
     nlohmann::json config = {
         {"peft_type", "LORA"},
-        // A language model's adapter is PEFT's causal-LM kind; CLIP's the plain PeftModel's.
+        // A language model's adapter is PEFT's causal-LM kind; a contrastive model's the plain PeftModel's.
         {"task_type", models::is_language_model(model) ? nlohmann::json("CAUSAL_LM") : nlohmann::json(nullptr)},
         {"r", lora->rank},
         {"lora_alpha", lora->alpha},

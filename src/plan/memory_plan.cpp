@@ -114,7 +114,7 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   plan.head_params = x.head;
   plan.tied_embedding = x.tied;
   plan.other_unit_params = x.other;
-  // The other units together bound the largest of them (LLaVA has one).
+  // The other units together bound the largest of them (an image-text model's tower embeddings).
   x.largest_unit = std::max({x.block, x.embedding, x.head, x.other});
   plan.largest_unit_params = x.largest_unit;
   plan.root_params = x.p - units.all_blocks - x.embedding - x.head - x.other;
@@ -134,7 +134,7 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
   const int64_t c = x.c, r = x.r, p = x.p, k = x.k, root = x.root, block = x.block, embedding = x.embedding;
   MemoryBreakdown& mem = plan.memory;
   mem.parameters = 4 * x.shard_numel;
-  // Only the parameters that train get gradients and optimizer state (a frozen CLIP tower's do not).
+  // Only the parameters that train get gradients and optimizer state (a frozen tower's do not).
   // AdamW: two moments, and one fp32 scratch as large as the largest unit's shard (its denominator).
   const int64_t trainable = models::family_of(in.model).plan_trainable_params(in.model);
   const int64_t trainable_shard = (trainable + x.shard - 1) / x.shard;

@@ -274,7 +274,7 @@ std::string joined(const std::vector<std::string>& names) {
 // must agree with those given; then the adapters must be complete and valid.
 void finish_lora(const Reader& r, TrainConfig& c) {
   const models::LoraSpec* spec = models::lora_spec(c.model);
-  if (spec == nullptr) return;  // ViT: a [lora] key given was refused as not applying
+  if (spec == nullptr) return;  // a family without adapters: a [lora] key given was refused as not applying
   models::LoraSpec lora = *spec;
   const bool rank = r.has("lora.rank"), alpha = r.has("lora.alpha"), dropout = r.has("lora.dropout");
   const bool rslora = r.has("lora.rslora"), targets = r.has("lora.targets");
@@ -321,9 +321,8 @@ void finish_lora(const Reader& r, TrainConfig& c) {
   if (!rank && !from_adapter) r.fail("[lora] needs lora.rank (e.g. 8)");
   if (lora.rank <= 0) r.fail("lora.rank must be positive, got " + std::to_string(lora.rank));
   if (lora.targets.empty()) {
-    r.fail(
-        "[lora] needs lora.targets, e.g. \"q_proj k_proj v_proj o_proj\" (Llama), \"c_attn\" (GPT-2) or "
-        "\"all-linear\"");
+    r.fail("[lora] needs lora.targets: some of the " + std::string(models::family_name(c.model)) +
+           " model's linear layers (" + joined(models::linear_layers(c.model)) + ") or \"all-linear\"");
   }
   try {
     lora.validate(models::family_name(c.model), models::linear_layers(c.model));
@@ -341,7 +340,7 @@ void resolve_defaults(const Reader& r, TrainConfig& c) {
     c.seq_len = models::text_context(c.model);
   }
   DataConfig& d = c.data;
-  // Image models (ViT, CLIP) read images: the one image source unless data.source says otherwise.
+  // Image models read images: the one image source unless data.source says otherwise.
   if (!r.has("data.source") && !models::is_language_model(c.model)) d.source = DataSource::FashionMnist;
   if (checkpoint::is_hf_model_dir(c.init_from)) {
     // A Hugging Face directory brings its tokenizer: tokenizer.json, or GPT-2's vocab.json + merges.txt.

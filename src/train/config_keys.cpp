@@ -255,7 +255,7 @@ std::vector<ConfigKey> model_keys() {
   return keys;
 }
 
-// "gpt, llama and vit": the registered families `which` holds for (given the family's default config).
+// "a, b and c": the registered families `which` holds for (given the family's default config).
 std::string families_where(const std::function<bool(const models::ModelFamily&, models::ModelConfig&)>& which) {
   std::vector<std::string> names;
   for (const models::ModelFamily* family : models::model_families()) {
@@ -544,7 +544,7 @@ void declare_train_keys(KeyList& keys) {
   add(key("train.loss_chunk_tokens", MEMBER(loss_chunk_tokens),
           "head + loss this many tokens at a time, never all logits (0: composed)"));
   add(key("train.fused_ops", MEMBER(fused_ops),
-          "Llama's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
+          "the decoder's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
   add(key("train.attention", MEMBER(attention),
           alternatives<decltype(TrainConfig::attention)>() +
               " (auto: fused_fp32 for bf16 and fp16 compute on the CPU, else fused; models/attention.h)"));

@@ -30,7 +30,7 @@ struct ConfigKey {
   // Sets the member; throws std::invalid_argument with the reason for a value it cannot take
   // ("8 GiB" that is no size); the caller names the key and the file.
   std::function<void(TrainConfig&, const ConfigValue&)> set;
-  // Whether the key exists for this config (a model key of another family, [lora] on ViT): a key
+  // Whether the key exists for this config (a model key of another family, [lora] on a family without adapters): a key
   // given where it does not apply is refused with not_applicable(config); it is never written.
   std::function<bool(const TrainConfig&)> applies = [](const TrainConfig&) { return true; };
   std::function<std::string(const TrainConfig&)> not_applicable;
@@ -40,7 +40,7 @@ struct ConfigKey {
   // the key named ("train.steps must be at least 1"). Checks may read other keys.
   std::function<std::string(const TrainConfig&)> check = [](const TrainConfig&) { return std::string(); };
   // A model shape key that a Hugging Face directory's config.json sets (model.init_from): refused
-  // when given beside one, unless this says it may be (the longest sequence of a Llama).
+  // when given beside one, unless this says it may be (the longest sequence of a decoder).
   bool set_by_hf_config = false;
   std::function<bool(const TrainConfig&)> free_beside_hf_config = [](const TrainConfig&) { return false; };
   // Read before the others by parse_train_config itself (the model's source: name, family,

@@ -26,7 +26,7 @@ struct ChatScores {
   double totals[4] = {0.0, 0.0, 0.0, 0.0};  // as run_evaluation's
 };
 
-// LLaVA on one chunk of test images (weights: 1 real, 0 padding): the answers' token loss, teacher
+// An image-text model on one chunk of test images (weights: 1 real, 0 padding): the answers' token loss, teacher
 // forced, and each image's answer generated greedily (no sampling), right when it spells the
 // label's answer exactly (chosen among bytes and end-of-text). Every rank runs the same forwards: generation stops when
 // every rank's rows have ended their answers (one all-reduce of a count per token), or at the longest answer.

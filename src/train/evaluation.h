@@ -27,31 +27,31 @@ struct ModelInUse {
   const comm::ProcessGroupPtr& world;
   at::Device device;  // where the shards live: inputs go there
   bool language;      // a language model (else an image classifier)
-  // CLIP: one caption per class [classes, context] int64 (data::CaptionWriter::class_prompts);
+  // Contrastive models: one caption per class [classes, context] int64 (data::CaptionWriter::class_prompts);
   // undefined otherwise. Its evaluation is zero-shot: each image takes the nearest class caption.
   at::Tensor class_prompts = {};
-  // LLaVA: the chats the model was trained on; null otherwise. Its evaluation generates each test
+  // Image-text models: the chats the model was trained on; null otherwise. Its evaluation generates each test
   // image's answer greedily and counts the exact ones.
   const data::ImageChatWriter* chat = nullptr;
 };
 
-// What an image model's accuracy is: a classifier's (ViT), CLIP's zero-shot, or LLaVA's generated
-// answers that name the right class.
+// What an image model's accuracy is: a classifier's, a contrastive model's zero-shot, or an
+// image-text model's generated answers that name the right class.
 enum class AccuracyKind { Classes, ZeroShot, Answers };
 
 // How many validation items an evaluation covers: eval.batches global batches of windows
 // (language models), eval.max_items images or all of them (images); never more than `available`.
 int64_t evaluation_items(const TrainConfig& config, int64_t available, bool language);
 
-// Validation loss (and accuracy for images; CLIP: zero-shot, the loss the cross-entropy of the
-// zero-shot logits; LLaVA: the answers' token loss, the accuracy of greedy answers) after `step` steps, over
+// Validation loss (and accuracy for images; contrastive: zero-shot, the loss the cross-entropy of the
+// zero-shot logits; image-text: the answers' token loss, the accuracy of greedy answers) after `step` steps, over
 // evaluation_items samples spread evenly over the validation set. Ranks with fewer real samples pad with weight-0
 // copies. Leaves the model in training mode.
 EvalResult run_evaluation(const ModelInUse& m, const data::Dataset& validation, int64_t step);
 
 // The evaluation's progress line and its metrics.jsonl record.
-// The accuracy's kind is said in the line, and in the record ("zero_shot": true for CLIP,
-// "generated_answers": true for LLaVA).
+// The accuracy's kind is said in the line, and in the record ("zero_shot": true for a contrastive
+// model, "generated_answers": true for an image-text one).
 std::string evaluation_line(const EvalResult& result, int64_t items, bool language,
                             AccuracyKind kind = AccuracyKind::Classes);
 nlohmann::json evaluation_record(const EvalResult& result, bool language, AccuracyKind kind = AccuracyKind::Classes);

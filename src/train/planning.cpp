@@ -24,7 +24,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.async_checkpoint = c.checkpoint.async;
   in.embedding_units = c.fsdp.embedding_units && c.fsdp.wrap != UnitWrap::Root;
   in.optimizer = c.optimizer.name;
-  // A language model's seq_len is resolved by now (0 -> its context); ViT has none (0): its tokens
+  // A language model's seq_len is resolved by now (0 -> its context); an image classifier has none (0): its tokens
   // are its patches and class token (plan::tokens_per_sample), and the planner needs only a positive value.
   in.seq_len = c.seq_len > 0 ? c.seq_len : 1;
   // An image-text model's rows are the chats the trainer writes (as long as the longest).

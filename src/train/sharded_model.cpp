@@ -20,7 +20,7 @@ runtime::FsdpOptions fsdp_options(const TrainConfig& c) {
   }
   if (c.fsdp.wrap == UnitWrap::Tower) {
     // Each tower one unit, its embeddings and blocks inside (one gather a tower a pass); what lies
-    // outside the towers (LLaVA's Llama) keeps a unit per block and embedding, as torchtitan wraps
+    // outside the towers (an image-text model's decoder) keeps a unit per block and embedding, as torchtitan wraps
     // a VLM's decoder.
     const std::vector<std::string> towers = models::tower_paths(c.model);
     auto inside_a_tower = [&](const std::string& path) {

@@ -162,7 +162,7 @@ expect_failure clip-image-size "gives images of 1 x 28 x 28 (channels x height x
   "${ranks[@]}" "$train" "$(config clip-size "$clip_model")" --set model.image_size=35
 expect_failure clip-micro-batches "train.micro_batches 2 with the clip model 'clip-test'" \
   "${ranks[@]}" "$train" "$(config clip-micro "$clip_model")" --set train.micro_batches=2
-expect_failure plan-clip-tower "fsdp.wrap = \"tower\" (each CLIP tower one unit) is not modelled" \
+expect_failure plan-clip-tower "fsdp.wrap = \"tower\" (each image or text tower one unit) is not modelled" \
   "$plan" "$(config clip-tower "$clip_model"$'\n[fsdp]\nwrap = "tower"')" --ranks 2
 # LLaVA: a tower block it has not to read, a context too short for its chats, the image token
 # outside the vocabulary. (fsdp-plan models LLaVA since 2026-12-06; what it refuses is LoRA on CLIP.)

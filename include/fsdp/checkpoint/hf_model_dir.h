@@ -7,8 +7,8 @@
 //                                    merges.txt)
 //
 // Each family with a Hugging Face form reads and writes its own config.json (models::ModelFamily:
-// hf_model_types, read_hf_config, write_hf_config; today llama, gpt2, clip and llava). Whatever
-// changes the computation and is not implemented (another model_type, biases on the Llama
+// hf_model_types, read_hf_config, write_hf_config; fsdp-train --list-models). Whatever
+// changes the computation and is not implemented (another model_type, biases on a decoder's
 // projections, another activation, another rope_scaling type, ...) is refused naming the key; keys
 // that do not change it (torch_dtype, bos_token_id, architectures, ...) are ignored.
 #pragma once

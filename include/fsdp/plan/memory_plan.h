@@ -115,7 +115,7 @@ struct Plan {
   int64_t adapter_params = 0;                      // LoRA: trainable adapters (the rest is the frozen base)
   int64_t trainable_params = 0;                    // what gets gradients and optimizer state (LoRA: the adapters)
   int64_t embedding_params = 0, head_params = 0;   // their own units (head 0 when tied); 0 when in the root
-  int64_t other_units = 0, other_unit_params = 0;  // models::PlanUnits' others (LLaVA's image embeddings)
+  int64_t other_units = 0, other_unit_params = 0;  // models::PlanUnits' others (a tower's embeddings)
   bool tied_embedding = false;
   int shard_ranks = 1, replicas = 1;  // S and R
   MemoryBreakdown memory;

@@ -75,7 +75,7 @@ struct OptimizerConfig {
 
 // fsdp.wrap: what a unit is. Block: each transformer block (and, with embedding_units, the token
 // embedding and the head); Root: the whole model one unit; MinParams: modules of at least
-// fsdp.min_params parameters; Tower: each CLIP tower, LLaVA's image tower.
+// fsdp.min_params parameters; Tower: each image or text tower (models::tower_paths).
 enum class UnitWrap { Block, Root, MinParams, Tower };
 
 // [fsdp]: the sharding settings (runtime/sharding_settings.h, fsdp.<name> each), and how the
@@ -206,7 +206,7 @@ struct TrainConfig {
   // time (models/linear_cross_entropy.h), never holding [tokens, vocab] logits; 0: the composed
   // head (logits, then cross-entropy).
   int64_t loss_chunk_tokens = 1024;
-  // train.fused_ops: Llama's RMSNorm, rotary, SwiGLU and residual add + RMSNorm as fused
+  // train.fused_ops: the decoder's RMSNorm, rotary, SwiGLU and residual add + RMSNorm as fused
   // operations (models/fused_ops.h: one kernel each way on a GPU, fewer saved activations
   // everywhere); false: the composed references, for comparison.
   bool fused_ops = true;

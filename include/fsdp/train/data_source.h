@@ -8,7 +8,7 @@ namespace fsdp::train {
 //              validation documents
 // TokenFiles   token files fsdp-data wrote (data.train_tokens, data.validation_tokens)
 // Instructions JSONL conversations in a chat format, the loss on the answers (data.train_jsonl)
-// FashionMnist Debian's Fashion-MNIST images: the image models' source (ViT, CLIP, LLaVA)
+// FashionMnist Debian's Fashion-MNIST images: the image models' source (classifiers, contrastive and image-text)
 enum class DataSource { Fortunes, TokenFiles, Instructions, FashionMnist };
 }  // namespace fsdp::train
 
