@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -27,6 +28,32 @@ uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
   return hash;
 }
 
+// Channel names in the order their groups were made: "world/split#9" before "world/split#10" (digit
+// runs compare as numbers), so a step's first differing collective is looked for in the same group
+// whatever number of groups earlier code split off.
+struct CreationOrder {
+  bool operator()(const std::string& a, const std::string& b) const {
+    size_t i = 0, j = 0;
+    while (i < a.size() && j < b.size()) {
+      if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
+        size_t i_end = i, j_end = j;
+        while (i_end < a.size() && std::isdigit(static_cast<unsigned char>(a[i_end]))) ++i_end;
+        while (j_end < b.size() && std::isdigit(static_cast<unsigned char>(b[j_end]))) ++j_end;
+        const std::string x = a.substr(i, i_end - i), y = b.substr(j, j_end - j);
+        if (x.size() != y.size()) return x.size() < y.size();  // no leading zeros in split numbers
+        if (x != y) return x < y;
+        i = i_end;
+        j = j_end;
+      } else {
+        if (a[i] != b[j]) return a[i] < b[j];
+        ++i;
+        ++j;
+      }
+    }
+    return a.size() - i < b.size() - j;
+  }
+};
+
 // One communicator's records in this step, in issue order.
 struct ChannelLog {
   int64_t count = 0;
@@ -37,14 +64,18 @@ struct ChannelLog {
 
 struct StepLog {
   std::mutex mutex;
-  int64_t step = 0;                            // 0: before the first step (construction, loading)
-  int64_t first_step = -1;                     // the first step begun (a resumed run's is not 1); -1: none yet
-  int64_t count = 0;                           // every channel's records (a record's place in messages)
-  size_t kept = 0;                             // records kept in full, every channel
-  std::map<std::string, ChannelLog> channels;  // by channel name: the order fingerprints combine in
-  // Each channel's count when collective_fingerprint was last called: what the ranks compared
-  // (the comparison's own collectives come after).
-  std::map<std::string, int64_t> fingerprinted;
+  int64_t step = 0;         // 0: before the first step (construction, loading)
+  int64_t first_step = -1;  // the first step begun (a resumed run's is not 1); -1: none yet
+  int64_t count = 0;        // every channel's records (a record's place in messages)
+  size_t kept = 0;          // records kept in full, every channel
+  std::map<std::string, ChannelLog, CreationOrder> channels;  // the order fingerprints combine in
+  uint64_t interleaving = kFnvOffset;                         // FNV-1a over each record's channel name, in issue order
+  // [kept] every channel's records in issue order: the channel's name and the record's index there.
+  std::vector<std::pair<std::string, size_t>> issue_order;
+  // Each channel's count, and the records in issue order, when collective_fingerprint was last
+  // called: what the ranks compared (the comparison's own collectives come after).
+  std::map<std::string, int64_t, CreationOrder> fingerprinted;
+  size_t fingerprinted_in_order = 0;
 };
 
 StepLog& step_log() {
@@ -56,8 +87,8 @@ thread_local std::string current_label;
 
 std::string describe(const std::string& what) { return current_label.empty() ? what : current_label + ": " + what; }
 
-// The channels' fingerprints in name order, so that how they interleaved does not matter.
-CollectiveFingerprint combine(const std::map<std::string, ChannelLog>& channels) {
+// The channels' fingerprints in creation order, so that how they interleaved does not matter.
+CollectiveFingerprint combine(const std::map<std::string, ChannelLog, CreationOrder>& channels) {
   CollectiveFingerprint combined{0, kFnvOffset};
   for (const auto& [name, channel] : channels) {
     combined.count += channel.count;
@@ -99,8 +130,10 @@ std::string record_collective(const std::string& channel, const std::string& wha
   ChannelLog& chain = log.channels[channel];
   chain.hash = fnv1a(chain.hash, &own, sizeof(own));
   ++chain.count;
+  log.interleaving = fnv1a(log.interleaving, channel.data(), channel.size() + 1);  // with its NUL
   const int64_t index = ++log.count;
   if (log.kept < kKeptRecords) {
+    log.issue_order.emplace_back(channel, chain.records.size());
     chain.hashes.push_back(own);
     chain.records.push_back(text);
     ++log.kept;
@@ -125,7 +158,10 @@ void begin_collective_step(int64_t step) {
   log.count = 0;
   log.kept = 0;
   log.channels.clear();
+  log.interleaving = kFnvOffset;
+  log.issue_order.clear();
   log.fingerprinted.clear();
+  log.fingerprinted_in_order = 0;
 }
 
 CollectiveFingerprint collective_fingerprint() {
@@ -133,40 +169,74 @@ CollectiveFingerprint collective_fingerprint() {
   std::lock_guard<std::mutex> lock(log.mutex);
   log.fingerprinted.clear();
   for (const auto& [name, channel] : log.channels) log.fingerprinted[name] = channel.count;
-  return combine(log.channels);
+  log.fingerprinted_in_order = log.issue_order.size();
+  CollectiveFingerprint fingerprint = combine(log.channels);
+  fingerprint.interleaving = log.interleaving;
+  return fingerprint;
 }
 
-void fingerprint_to_doubles(const CollectiveFingerprint& fingerprint, double out[3]) {
+std::vector<std::string> collectives_in_issue_order() {
+  StepLog& log = step_log();
+  std::lock_guard<std::mutex> lock(log.mutex);
+  std::vector<std::string> order;
+  for (const auto& [name, index] : log.issue_order) order.push_back(name + ": " + log.channels.at(name).records[index]);
+  return order;
+}
+
+namespace {
+void hash_to_doubles(uint64_t hash, double* out) {
+  out[0] = static_cast<double>(hash >> 32);
+  out[1] = static_cast<double>(hash & 0xffffffffull);
+}
+uint64_t hash_from_doubles(const double* in) {
+  return (static_cast<uint64_t>(in[0]) << 32) | static_cast<uint64_t>(in[1]);
+}
+}  // namespace
+
+void fingerprint_to_doubles(const CollectiveFingerprint& fingerprint, double out[kFingerprintDoubles]) {
   out[0] = static_cast<double>(fingerprint.count);
-  out[1] = static_cast<double>(fingerprint.hash >> 32);
-  out[2] = static_cast<double>(fingerprint.hash & 0xffffffffull);
+  hash_to_doubles(fingerprint.hash, out + 1);
+  hash_to_doubles(fingerprint.interleaving, out + 3);
 }
 
-CollectiveFingerprint fingerprint_from_doubles(const double in[3]) {
-  return CollectiveFingerprint{static_cast<int64_t>(in[0]),
-                               (static_cast<uint64_t>(in[1]) << 32) | static_cast<uint64_t>(in[2])};
+CollectiveFingerprint fingerprint_from_doubles(const double in[kFingerprintDoubles]) {
+  return CollectiveFingerprint{static_cast<int64_t>(in[0]), hash_from_doubles(in + 1), hash_from_doubles(in + 3)};
 }
 
-void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<CollectiveFingerprint>& every_rank) {
+void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<CollectiveFingerprint>& every_rank,
+                             bool one_issue_order) {
   const int n = world->size(), rank = world->rank();
-  if (std::all_of(every_rank.begin(), every_rank.end(), [&](const auto& f) { return f == every_rank.front(); })) return;
+  const CollectiveFingerprint& first_rank = every_rank.front();
+  const bool same_collectives =
+      std::all_of(every_rank.begin(), every_rank.end(), [&](const auto& f) { return f.same_collectives(first_rank); });
+  const bool same_order = std::all_of(every_rank.begin(), every_rank.end(),
+                                      [&](const auto& f) { return f.interleaving == first_rank.interleaving; });
+  if (same_collectives && (same_order || !one_issue_order)) return;
+  // Which difference to name: the collectives themselves, or (they agree) their order across channels.
+  const bool by_issue_order = same_collectives;
 
-  // This rank's records up to the fingerprint it contributed (the caller's gather came after), the
-  // channels one after another in name order; each record's hash covers its channel too.
+  // This rank's records up to the fingerprint it contributed (the caller's gather came after): the
+  // channels one after another in creation order, or every channel's records in issue order. Each
+  // record's hash covers its channel too.
   std::vector<uint64_t> hashes;
-  std::vector<std::string> records;  // "unit 'blocks.1': all_gather(4096 x 2 Float) [world/split#1, its 3rd]"
+  std::vector<std::string> records;  // "unit 'blocks.1': all_gather(4096 x 2 Float) [group world/split#1, ...]"
   int64_t step = 0;
   {
     StepLog& log = step_log();
     std::lock_guard<std::mutex> lock(log.mutex);
     step = log.step;
-    for (const auto& [name, count] : log.fingerprinted) {
+    auto add = [&](const std::string& name, size_t i) {
       const ChannelLog& channel = log.channels.at(name);
       const uint64_t channel_hash = fnv1a(kFnvOffset, name.data(), name.size());
-      const size_t kept = std::min(channel.hashes.size(), static_cast<size_t>(count));
-      for (size_t i = 0; i < kept; ++i) {
-        hashes.push_back(fnv1a(channel_hash, &channel.hashes[i], sizeof(uint64_t)));
-        records.push_back(channel.records[i] + " [group " + name + ", collective " + std::to_string(i + 1) + " there]");
+      hashes.push_back(fnv1a(channel_hash, &channel.hashes[i], sizeof(uint64_t)));
+      records.push_back(channel.records[i] + " [group " + name + ", collective " + std::to_string(i + 1) + " there]");
+    };
+    if (by_issue_order) {
+      for (size_t k = 0; k < log.fingerprinted_in_order; ++k) add(log.issue_order[k].first, log.issue_order[k].second);
+    } else {
+      for (const auto& [name, count] : log.fingerprinted) {
+        const size_t kept = std::min(log.channels.at(name).hashes.size(), static_cast<size_t>(count));
+        for (size_t i = 0; i < kept; ++i) add(name, i);
       }
     }
   }
@@ -211,9 +281,12 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
     const char* start = chars + r * kDescriptionBytes;
     return std::string(start, strnlen(start, kDescriptionBytes));
   };
-  std::string message = "ranks issued different collectives in step " + std::to_string(step) +
-                        (first < 0 ? " past the first " + std::to_string(kKeptRecords) : "") +
-                        ": on rank 0: " + description_of(0);
+  std::string message =
+      std::string(by_issue_order ? "ranks issued their groups' collectives in different orders"
+                                 : "ranks issued different collectives") +
+      " in step " + std::to_string(step) + (first < 0 ? " past the first " + std::to_string(kKeptRecords) : "") +
+      (by_issue_order && first >= 0 ? ": collective " + std::to_string(first + 1) + " of the step was, " : ": ") +
+      "on rank 0: " + description_of(0);
   int listed = 0;
   for (int r = 1; r < n && listed < 4; ++r) {
     const std::string other = description_of(r);
@@ -221,9 +294,12 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
     message += "; on rank " + std::to_string(r) + ": " + other;
     ++listed;
   }
-  message +=
-      ". Every rank must run the same collectives in the same order on each group (a model or loop whose "
-      "control flow depends on the rank, or on data that differs between ranks, breaks this)";
+  message += by_issue_order
+                 ? ". A device backend (NCCL) needs the collectives of groups used together issued in one "
+                   "order on every rank, or it may deadlock: issue them at points every rank reaches alike, "
+                   "not when a collective is seen complete"
+                 : ". Every rank must run the same collectives in the same order on each group (a model or loop "
+                   "whose control flow depends on the rank, or on data that differs between ranks, breaks this)";
   throw AgreedStop(message, rank == 0);
 }
 

@@ -475,12 +475,17 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
         {output, input});
   }
 
-  WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+  WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) override { return all_reduce_after(nullptr, tensor, op); }
+
+  // The communication thread waits for `first` (another group's, run by its own thread) before it
+  // sums: the caller issues both at once and computes on.
+  WorkPtr all_reduce_after(const WorkPtr& first, const at::Tensor& tensor, ReduceOp op) override {
     check_all_reduce_args(*this, tensor, op);
     std::string what = std::string("all_reduce(") + to_string(op) + ", " + std::to_string(tensor.numel()) + " " +
                        c10::toString(tensor.scalar_type()) + ")";
     return enqueue(what,
-                   [this, tensor, op, what] {
+                   [this, first, tensor, op, what] {
+                     if (first) first->wait();
                      int count = checked_count(tensor.numel(), who_ + " " + what);
                      if (is_16_bit_float(tensor.scalar_type())) {
                        std::vector<float> values = to_float(tensor);

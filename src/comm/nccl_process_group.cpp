@@ -202,6 +202,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::string name() const override { return bootstrap_->name() + "/nccl"; }
   std::string channel() const override { return bootstrap_->channel() + "/nccl"; }
   at::DeviceType device_type() const override { return at::kCUDA; }
+  bool needs_one_issue_order() const override { return true; }
   double communication_seconds() const override { return busy_nanoseconds_.load() * 1e-9; }
 
   WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) override {
@@ -238,6 +239,17 @@ class NcclProcessGroup final : public ProcessGroup {
       return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
                            nccl_type(tensor.scalar_type()), nccl_op(op), comm_, stream_.stream());
     });
+  }
+
+  // This group's stream waits for `first`'s completion event (a collective of another NCCL group
+  // on this device), then the all-reduce is enqueued as any: the caller's stream never waits for
+  // `first`.
+  WorkPtr all_reduce_after(const WorkPtr& first, const at::Tensor& tensor, ReduceOp op) override {
+    const auto* on_device = dynamic_cast<const NcclWork*>(first.get());
+    if (on_device == nullptr || on_host(tensor, tensor)) return ProcessGroup::all_reduce_after(first, tensor, op);
+    check_cuda(cudaStreamWaitEvent(stream_.stream(), on_device->done_event(), 0), "cudaStreamWaitEvent",
+               who_ + " all_reduce after " + on_device->description());
+    return all_reduce(tensor, op);
   }
 
   WorkPtr broadcast(const at::Tensor& tensor, int root) override {

@@ -71,6 +71,7 @@ class StagedProcessGroup final : public ProcessGroup {
   std::string name() const override { return bootstrap_->name() + "/staged"; }
   std::string channel() const override { return bootstrap_->channel() + "/staged"; }
   at::DeviceType device_type() const override { return device_.type(); }
+  bool needs_one_issue_order() const override { return true; }  // as NCCL
   double communication_seconds() const override { return data_->communication_seconds(); }
 
   WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) override {

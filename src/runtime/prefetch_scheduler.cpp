@@ -78,14 +78,7 @@ void PrefetchScheduler::prefetch_backward_after(Unit* unit) {
 
 void PrefetchScheduler::reduction_issued(Unit* unit) {
   pending_reduces_.push_back(unit);
-  advance_reductions();
   make_room(0);
-}
-
-void PrefetchScheduler::advance_reductions() {
-  for (Unit* unit : pending_reduces_) {
-    if (!unit->advance_reduce()) break;  // in issue order: a later one waits for its turn
-  }
 }
 
 void PrefetchScheduler::finish_reductions() {

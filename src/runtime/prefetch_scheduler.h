@@ -7,9 +7,9 @@
 //   backward prefetch  a unit's pre-backward issues the gather of the unit that follows it in the
 //                      previous backward's order (the first backward guesses reverse forward order)
 //   async reductions   a reduce-scatter is waited for only when the budget is full, or at the end
-//                      of backward. HybridShard: once a reduce-scatter has completed, its all-reduce
-//                      across replicas is issued (in issue order, so every rank issues the same
-//                      sequence), and waited for with it.
+//                      of backward. HybridShard: its all-reduce across replicas is issued with it,
+//                      to run once it completes (ProcessGroup::all_reduce_after), and waited for
+//                      with it.
 // Budget K = max_inflight: besides the unit computing (and the root), at most K unit buffers are
 // alive: prefetched gathers plus reductions in flight. make_room is the one place that enforces
 // it: it finishes the oldest reductions until the new buffers fit. Gathered memory is therefore at
@@ -52,8 +52,7 @@ class PrefetchScheduler {
 
   // Reductions.
   void reduction_issued(Unit* unit);
-  void advance_reductions();  // HybridShard: issues the replica all-reduces whose turn has come
-  void finish_reductions();   // waits for every pending one, oldest first
+  void finish_reductions();  // waits for every pending one, oldest first
 
   const std::vector<Unit*>& forward_order() const { return forward_order_; }
   const std::vector<Unit*>& backward_order() const { return backward_order_; }

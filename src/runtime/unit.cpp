@@ -192,7 +192,6 @@ bool Unit::register_pre_backward_hooks(const std::vector<at::Tensor>& outputs) {
 
 void Unit::pre_backward() {
   state_->on_pre_backward();
-  state_->scheduler().advance_reductions();
   if (pre_backward_ran_) return;
   pre_backward_ran_ = true;
   if (!is_root_) state_->scheduler().record_backward(this);
@@ -212,7 +211,11 @@ void Unit::post_backward() {
         trace_name());  // marks the unit in --profile-steps traces (reduce-scatter, or all-reduce unsharded)
     prepare_grads();    // a unit unused in this step reduces zeros, so every rank joins
     pending_reduce_ = trainable_->reduce_grad_async();
-    replica_reduce_ = nullptr;
+    // HybridShard: the replica all-reduce goes right behind it, not when this host happens to see
+    // the reduce-scatter done: the two groups' collectives then reach NCCL in the same order on
+    // every rank (a per-rank order can deadlock NCCL), as FSDP2 issues them.
+    replica_reduce_ = trainable_->reduce_across_replicas_after(pending_reduce_);
+    if (replica_reduce_) state_->count_replica_reduction();
     state_->on_memory_changed();
   }
   // Trainable parameters are free to go: their accumulators ran after every node that used them.
@@ -240,24 +243,10 @@ void Unit::release_frozen_if_done() {
   release(*frozen_);
 }
 
-bool Unit::advance_reduce() {
-  if (!pending_reduce_) return true;
-  if (!trainable_->replica_group() || replica_reduce_) return true;
-  if (!pending_reduce_->is_completed()) return false;
-  pending_reduce_->wait();  // completed: returns at once, or rethrows its failure
-  replica_reduce_ = trainable_->reduce_across_replicas_async();
-  state_->count_replica_reduction(/*overlapped=*/true);
-  return true;
-}
-
 void Unit::finish_reduce() {
   if (!pending_reduce_) return;
   RECORD_USER_SCOPE("fsdp::wait_reduce " + trace_name());
   state_->wait(pending_reduce_);
-  if (trainable_->replica_group() && !replica_reduce_) {
-    replica_reduce_ = trainable_->reduce_across_replicas_async();
-    state_->count_replica_reduction(/*overlapped=*/false);
-  }
   if (replica_reduce_) state_->wait(replica_reduce_);
   pending_reduce_ = nullptr;
   replica_reduce_ = nullptr;

@@ -59,12 +59,9 @@ class Unit {
   // Every trainable gradient is accumulated (or the backward ended): reduce them.
   void post_backward();
 
-  // Reductions: issued by post_backward; HybridShard's replica all-reduce is issued by
-  // advance_reduce once the reduce-scatter is done; finish_reduce waits and adds into shard_grad.
+  // Reductions: issued by post_backward (HybridShard: the reduce-scatter and, right behind it,
+  // the replica all-reduce); finish_reduce waits and adds into shard_grad.
   bool reduce_pending() const { return pending_reduce_ != nullptr; }
-  // Returns true when nothing is left to issue before finish_reduce (false: the reduce-scatter
-  // is still running).
-  bool advance_reduce();
   void finish_reduce();
 
   void drop_unsharded_grads();
@@ -106,7 +103,7 @@ class Unit {
   bool post_backward_done_ = false;
   size_t grads_ready_ = 0;
   comm::WorkPtr pending_reduce_;  // the reduce-scatter (or NO_SHARD all-reduce) in flight
-  comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce across replicas, once issued
+  comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce across replicas, after pending_reduce_
 };
 
 }  // namespace fsdp::runtime

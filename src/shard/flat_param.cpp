@@ -356,14 +356,17 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
   return group_->reduce_scatter(reduced_grad_, input, comm::ReduceOp::Average);
 }
 
-comm::WorkPtr FlatParam::reduce_across_replicas_async() {
+comm::WorkPtr FlatParam::reduce_across_replicas_after(const comm::WorkPtr& reduce_scatter) {
   if (!replica_group_ || !trainable_) return nullptr;
   if (!reduced_grad_.defined()) {
-    throw std::logic_error("FlatParam '" + unit_name_ + "': reduce_across_replicas_async without a reduced gradient");
+    throw std::logic_error("FlatParam '" + unit_name_ + "': reduce_across_replicas_after without a reduced gradient");
   }
-  // On the replica group's own communication thread, while the shard group reduces the next unit.
+  // On the replica group's own thread (or stream), once the reduce-scatter has written the shard,
+  // while the shard group reduces the next unit. Issued now, whatever the timing: every rank issues
+  // the shard group's and the replica group's collectives in the same order.
   const comm::CollectiveLabel label(unit_label(unit_name_));
-  if (!replica_reduce_) replica_reduce_ = replica_group_->all_reduce(reduced_grad_, comm::ReduceOp::Average);
+  if (!replica_reduce_)
+    replica_reduce_ = replica_group_->all_reduce_after(reduce_scatter, reduced_grad_, comm::ReduceOp::Average);
   return replica_reduce_;
 }
 
@@ -373,7 +376,7 @@ void FlatParam::finish_reduce_grad() {
   const at::Tensor& reduced = replicate_ ? unsharded_grad_ : reduced_grad_;
   // HybridShard: the shard group's average, averaged again over the replicas = the world's average.
   if (replica_group_) {
-    if (!replica_reduce_) reduce_across_replicas_async();
+    if (!replica_reduce_) reduce_across_replicas_after(nullptr);  // the reduce-scatter was waited for
     replica_reduce_->wait();
     replica_reduce_ = nullptr;
   }

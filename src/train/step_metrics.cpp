@@ -11,17 +11,23 @@
 namespace fsdp::train {
 
 namespace {
-constexpr int64_t kFields = 10;  // RankStepFacts, in order (the fingerprint as three doubles)
+constexpr int64_t kFingerprintAt = 7;  // the first of the fingerprint's doubles, after the facts
+constexpr int64_t kFields = kFingerprintAt + comm::kFingerprintDoubles;  // RankStepFacts, in order
 }  // namespace
 
 StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankStepFacts& mine, bool on_cpu) {
   const int n = world->size();
-  double fingerprint[3];
+  double fingerprint[comm::kFingerprintDoubles];
   comm::fingerprint_to_doubles(mine.collectives, fingerprint);
-  at::Tensor local = at::tensor({mine.loss, mine.peak_resident_bytes, mine.communication_seconds,
-                                 mine.stop_requested ? 1.0 : 0.0, mine.exposed_seconds, mine.device_peak_reserved_bytes,
-                                 mine.step_seconds, fingerprint[0], fingerprint[1], fingerprint[2]},
-                                at::kDouble);
+  std::vector<double> facts = {mine.loss,
+                               mine.peak_resident_bytes,
+                               mine.communication_seconds,
+                               mine.stop_requested ? 1.0 : 0.0,
+                               mine.exposed_seconds,
+                               mine.device_peak_reserved_bytes,
+                               mine.step_seconds};
+  facts.insert(facts.end(), fingerprint, fingerprint + comm::kFingerprintDoubles);
+  at::Tensor local = at::tensor(facts, at::kDouble);
   at::Tensor all = at::empty({kFields * n}, at::kDouble);
   world->all_gather(all, local)->wait();
   StepMetrics metrics;
@@ -35,7 +41,8 @@ StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankSt
   metrics.exposed = metrics.per_rank.select(1, 4).max().item<double>();
   metrics.step_seconds = metrics.per_rank.select(1, 6).max().item<double>();
   const double* rows = all.data_ptr<double>();
-  for (int r = 0; r < n; ++r) metrics.collectives.push_back(comm::fingerprint_from_doubles(rows + r * kFields + 7));
+  for (int r = 0; r < n; ++r)
+    metrics.collectives.push_back(comm::fingerprint_from_doubles(rows + r * kFields + kFingerprintAt));
   return metrics;
 }
 

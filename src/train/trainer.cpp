@@ -315,7 +315,7 @@ class Trainer {
     print_compute_lines();
   }
 
-  // CLIP's captions and LLaVA's chats, as the header says them.
+  // A contrastive model's captions and an image-text model's chats, as the header says them.
   void print_family_lines() {
     char line[512];
     if (captions_) {
@@ -519,7 +519,7 @@ class Trainer {
     if (data::flips(augment)) data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
     const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
     const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
-    // CLIP: captions drawn for this step from the labels; the loss over the global batch.
+    // Contrastive: captions drawn for this step from the labels; the loss over the global batch.
     if (captions_) {
       return contrastive_loss_share(
           model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_);
@@ -553,7 +553,7 @@ class Trainer {
     agreed.metrics = gather_step_metrics(world_, mine, device_.is_cpu());
     // A silent wrong pairing, or one about to hang, stops every rank before a checkpoint could keep
     // the damage, naming the first collective that differed.
-    comm::check_collectives_agree(world_, agreed.metrics.collectives);
+    comm::check_collectives_agree(world_, agreed.metrics.collectives, state_->group()->needs_one_issue_order());
     agreed.seconds = std::chrono::duration<double>(Clock::now() - r.start).count();
     loop.training_seconds += agreed.seconds;
     return agreed;
@@ -686,7 +686,7 @@ class Trainer {
     return summary;
   }
 
-  // LLaVA: images [b, ...] on the device and their labels [b] -> the chats' summed answer-token loss.
+  // Image-text: images [b, ...] on the device and their labels [b] -> the chats' summed answer-token loss.
   at::Tensor chat_loss_sum(const at::Tensor& images, const at::Tensor& labels) {
     const data::ImageChatWriter::Rows rows = chat_->examples(labels);
     const int64_t chunk = config_.loss_chunk_tokens > 0 ? config_.loss_chunk_tokens : rows.ids.numel();
@@ -930,8 +930,8 @@ class Trainer {
   int threads_ = 1;
   at::Device device_ = at::kCPU;  // where the shards live: batches go there, logits come back for the loss sums
   LoadedData data_;
-  std::unique_ptr<data::CaptionWriter> captions_;  // CLIP: captions of the labelled images (null otherwise)
-  std::unique_ptr<data::ImageChatWriter> chat_;    // LLaVA: the labelled images as chats (null otherwise)
+  std::unique_ptr<data::CaptionWriter> captions_;  // contrastive models: captions of the labelled images (else null)
+  std::unique_ptr<data::ImageChatWriter> chat_;    // image-text models: the labelled images as chats (else null)
   models::ModelConfig model_config_;
   models::BuiltModel model_;
   std::shared_ptr<runtime::FsdpState> state_;

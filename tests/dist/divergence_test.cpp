@@ -27,14 +27,15 @@ namespace divergence_test {
 // then every rank's fingerprint, all-gathered as the trainer does, and the check.
 // Every rank's fingerprint of the step so far, all-gathered as the trainer does.
 std::vector<fsdp::comm::CollectiveFingerprint> every_rank_fingerprint(const fsdp::comm::ProcessGroupPtr& world) {
-  double mine[3];
+  constexpr int k = fsdp::comm::kFingerprintDoubles;
+  double mine[k];
   fsdp::comm::fingerprint_to_doubles(fsdp::comm::collective_fingerprint(), mine);
   const int n = world->size();
-  at::Tensor all = at::empty({3 * n}, at::kDouble);
-  world->all_gather(all, at::tensor({mine[0], mine[1], mine[2]}, at::kDouble))->wait();
+  at::Tensor all = at::empty({k * n}, at::kDouble);
+  world->all_gather(all, at::tensor(std::vector<double>(mine, mine + k), at::kDouble))->wait();
   std::vector<fsdp::comm::CollectiveFingerprint> every_rank;
   for (int r = 0; r < n; ++r)
-    every_rank.push_back(fsdp::comm::fingerprint_from_doubles(all.data_ptr<double>() + 3 * r));
+    every_rank.push_back(fsdp::comm::fingerprint_from_doubles(all.data_ptr<double>() + k * r));
   return every_rank;
 }
 
@@ -101,6 +102,36 @@ TEST(Divergence, OnlyTheOrderWithinEachCommunicatorCounts) {
     EXPECT_NE(what.find("on rank 1: all_gather(8 x 2 Float) [group world/split#1, collective 1 there]"),
               std::string::npos)
         << what;
+  }
+}
+
+// A device backend (NCCL) needs the interleaving across groups to agree as well (it may deadlock
+// otherwise): the same records, checked with one_issue_order, stop every rank naming the first
+// collective of the step whose group differs, on each side.
+TEST(Divergence, ADeviceBackendAlsoNeedsOneOrderAcrossGroups) {
+  auto world = fsdp::comm::init_world();
+  if (world->size() < 2) GTEST_SKIP() << "one rank cannot diverge from itself";
+  const bool odd = world->rank() % 2 == 1;
+  fsdp::comm::begin_collective_step(1);
+  if (odd) fsdp::comm::record_collective("world/split#2", "all_reduce(average, 8 Float)");
+  fsdp::comm::record_collective("world/split#1", "reduce_scatter(average, 16 Float)");
+  if (!odd) fsdp::comm::record_collective("world/split#2", "all_reduce(average, 8 Float)");
+  const auto every_rank = every_rank_fingerprint(world);
+  EXPECT_NO_THROW(fsdp::comm::check_collectives_agree(world, every_rank)) << "MPI: each group's own order agrees";
+  try {
+    fsdp::comm::check_collectives_agree(world, every_rank, /*one_issue_order=*/true);
+    FAIL() << "two groups interleaved otherwise on some ranks must stop every rank";
+  } catch (const fsdp::comm::AgreedStop& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("ranks issued their groups' collectives in different orders in step 1: collective 1 of the "
+                        "step was, on rank 0: reduce_scatter(average, 16 Float) [group world/split#1, collective 1 "
+                        "there]"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("on rank 1: all_reduce(average, 8 Float) [group world/split#2, collective 1 there]"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("NCCL"), std::string::npos) << what;
   }
 }
 

@@ -19,6 +19,8 @@
 #include <map>
 #include <thread>
 
+#include "fsdp/comm/agreement.h"
+#include "fsdp/comm/collective_log.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/gpt.h"
 #include "fsdp/nn/hooks.h"
@@ -240,13 +242,15 @@ TEST(Prefetch, ExposedCommunicationIsMeasured) {
 // while backward goes on, not on the compute thread when the reduction is finished. Each block's
 // backward here takes at least 30 ms (a sleeping identity), far longer than a reduce-scatter of
 // 11 k floats, so by the next block's hooks the previous reduce-scatter is done.
+int g_backward_sleep_ms = 30;  // SlowBackward's sleep on this rank
+
 struct SlowBackward : torch::autograd::Function<SlowBackward> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, const at::Tensor& x) {
     return {x.clone()};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
                                                  torch::autograd::variable_list grads) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(g_backward_sleep_ms));
     return grads;
   }
 };
@@ -298,7 +302,7 @@ TEST(HybridShard, TheDefaultShardGroupNeedsTheLaunchersNodeSize) {
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local_size.c_str(), 1);
 }
 
-TEST(HybridShard, ReplicaReductionsOverlapBackward) {
+TEST(HybridShard, ReplicaReductionsGoRightBehindTheirReduceScatters) {
   auto world = fsdp::comm::init_world();
   if (world->size() < 2) GTEST_SKIP() << "needs two replica groups";
   FsdpOptions options;
@@ -309,13 +313,61 @@ TEST(HybridShard, ReplicaReductionsOverlapBackward) {
   torch::manual_seed(kSeed);
   auto model = fsdp::runtime::build_fully_sharded<SleepyModelImpl>(world, options,
                                                                    [] { return std::make_shared<SleepyModelImpl>(); });
+  fsdp::comm::begin_collective_step(1);
   model.forward(torch::randn({4, 64}, at::TensorOptions().requires_grad(true))).sum().backward();
-  const auto stats = model.state().comm_stats();
-  EXPECT_EQ(stats.replica_reductions, 6) << "one per block (the root holds no parameters)";
-  // Each block's reduce-scatter (4,160 floats) is done long before the 30 ms of the next block's
-  // backward are over, so its replica all-reduce is issued at that block's hooks; only the last
-  // block reduced (blocks.0) waits for the end of backward.
-  EXPECT_GE(stats.overlapped_replica_reductions, 4);
+  EXPECT_EQ(model.state().comm_stats().replica_reductions, 6) << "one per block (the root holds no parameters)";
+  // Issued with the reduce-scatter, to run once it is done, while the next block's backward
+  // computes: in the step's issue order, each reduce-scatter's next collective is its all-reduce.
+  const std::vector<std::string> order = fsdp::comm::collectives_in_issue_order();
+  int followed = 0;
+  for (size_t i = 0; i + 1 < order.size(); ++i) {
+    const size_t at = order[i].find(": reduce_scatter(");
+    if (at == std::string::npos) continue;
+    const std::string unit = order[i].substr(order[i].find(": ") + 2, at - order[i].find(": ") - 2);
+    EXPECT_NE(order[i + 1].find(unit + ": all_reduce(average"), std::string::npos)
+        << "after " << order[i] << " came " << order[i + 1];
+    ++followed;
+  }
+  EXPECT_EQ(followed, 6);
+}
+
+// Issue 54: NCCL needs the collectives of groups used together (the shard group's reduce-scatters
+// and gathers, the replica group's all-reduces) issued in one order on every rank, or it may
+// deadlock. They were not: a replica all-reduce was issued when this host saw its reduce-scatter
+// complete, so a slower rank (here rank 0, 40 ms in each block's backward) interleaved the two
+// groups otherwise than its peers (this test failed so: "ranks issued their groups' collectives in
+// different orders in step 1: collective 13 of the step was, on rank 0: unit 'blocks.4': all_reduce(...)", 3 runs of
+// 3). MPI does not mind, so it is checked as a device backend would check it (check_collectives_agree with
+// one_issue_order).
+TEST(HybridShard, EveryRankIssuesBothGroupsCollectivesInOneOrderWhateverTheTiming) {
+  auto world = fsdp::comm::init_world();
+  if (world->size() != 4) GTEST_SKIP() << "needs 2 shard groups x 2 replicas (N = 4)";
+  FsdpOptions options;
+  options.strategy = ShardingStrategy::HybridShard;
+  options.shard_group_size = 2;
+  options.wrap_policy.module_types = {"SleepyBlock"};
+  g_backward_sleep_ms = world->rank() == 0 ? 40 : 0;
+  torch::manual_seed(kSeed);
+  auto model = fsdp::runtime::build_fully_sharded<SleepyModelImpl>(world, options,
+                                                                   [] { return std::make_shared<SleepyModelImpl>(); });
+  for (int step = 1; step <= 2; ++step) {
+    fsdp::comm::begin_collective_step(step);
+    model.forward(torch::randn({4, 64}, at::TensorOptions().requires_grad(true))).sum().backward();
+    constexpr int k = fsdp::comm::kFingerprintDoubles;
+    double mine[k];
+    fsdp::comm::fingerprint_to_doubles(fsdp::comm::collective_fingerprint(), mine);
+    at::Tensor all = at::empty({k * 4}, at::kDouble);
+    world->all_gather(all, at::tensor(std::vector<double>(mine, mine + k), at::kDouble))->wait();
+    std::vector<fsdp::comm::CollectiveFingerprint> every_rank;
+    for (int r = 0; r < 4; ++r)
+      every_rank.push_back(fsdp::comm::fingerprint_from_doubles(all.data_ptr<double>() + k * r));
+    try {
+      fsdp::comm::check_collectives_agree(world, every_rank, /*one_issue_order=*/true);
+    } catch (const fsdp::comm::AgreedStop& e) {
+      ADD_FAILURE() << "step " << step << ": " << e.what();
+    }
+  }
+  g_backward_sleep_ms = 30;
 }
 
 // ---------------------------------------------------------------------------------------------

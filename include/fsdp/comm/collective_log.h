@@ -6,13 +6,16 @@
 // units) or waits until a timeout. Every backend records each collective as it is issued: what it
 // is (operation, element count, group size, dtype) and the label of the code issuing it (FSDP
 // units label theirs "unit 'blocks.1'"), on its group's channel (ProcessGroup::channel: "world",
-// "world/split#2"). Each channel folds its records into a running fingerprint of its own: only the
-// order within one communicator must agree across ranks. The order in which communicators
-// interleave may differ (hybrid sharding issues a unit's replica all-reduce when its reduce-scatter
-// completes, which depends on timing), so the step's fingerprint combines the channels' in channel
-// order. The trainer compares fingerprints in the all-gather it already does once per step, and on
-// a mismatch check_collectives_agree finds the first collective that differs and stops every rank
-// naming it on each side. A wait past the timeout names its collective's place in the step.
+// "world/split#2"). Each channel folds its records into a running fingerprint of its own, and the
+// step's fingerprint combines the channels' in creation order: what MPI requires, the order within
+// each communicator. NCCL requires more: communicators used together must see their collectives
+// interleaved in one order on every rank, or it may deadlock. So the fingerprint also hashes the
+// channels in issue order across them (`interleaving`), which device backends compare too
+// (ProcessGroup::needs_one_issue_order; hybrid sharding issues each replica all-reduce right behind
+// its reduce-scatter, whatever the timing). The trainer compares fingerprints in the all-gather it
+// already does once per step, and on a mismatch check_collectives_agree finds the first collective
+// that differs and stops every rank naming it on each side. A wait past the timeout names its
+// collective's place in the step.
 #pragma once
 
 #include <cstdint>
@@ -69,21 +72,36 @@ void begin_collective_step(int64_t step);
 bool in_first_collective_step();
 
 struct CollectiveFingerprint {
-  int64_t count = 0;  // collectives recorded since begin_collective_step, every channel
-  uint64_t hash = 0;  // FNV-1a over the channels in name order: each one's name, count and the
-                      // FNV-1a of its descriptions in issue order
-  bool operator==(const CollectiveFingerprint& o) const { return count == o.count && hash == o.hash; }
+  int64_t count = 0;          // collectives recorded since begin_collective_step, every channel
+  uint64_t hash = 0;          // FNV-1a over the channels in creation order: each one's name, count and the
+                              // FNV-1a of its descriptions in issue order
+  uint64_t interleaving = 0;  // FNV-1a over every collective's channel name, in issue order across channels
+  // The same collectives on each channel (what MPI requires).
+  bool same_collectives(const CollectiveFingerprint& o) const { return count == o.count && hash == o.hash; }
+  bool operator==(const CollectiveFingerprint& o) const {
+    return same_collectives(o) && interleaving == o.interleaving;
+  }
 };
 CollectiveFingerprint collective_fingerprint();
 
-// Collective over `world`. `every_rank[r]` is rank r's fingerprint taken at the same point of the
-// step on every rank (all-gathered by the caller). Returns when they are all equal; otherwise finds
-// the first collective that differs, in the channels taken in name order (two all-gathers), and
-// throws AgreedStop on every rank, naming that collective and its channel as each side issued it.
-void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<CollectiveFingerprint>& every_rank);
+// This step's collectives so far in issue order across channels: "CHANNEL: DESCRIPTION" (the first
+// kept ones of a long step). For tests and messages.
+std::vector<std::string> collectives_in_issue_order();
 
-// Fingerprints travel in fp64 all-gathers: three exact doubles (count, high and low 32 bits).
-void fingerprint_to_doubles(const CollectiveFingerprint& fingerprint, double out[3]);
-CollectiveFingerprint fingerprint_from_doubles(const double in[3]);
+// Collective over `world`. `every_rank[r]` is rank r's fingerprint taken at the same point of the
+// step on every rank (all-gathered by the caller). Returns when they all have the same collectives
+// on each channel and, with `one_issue_order` (a device backend: NCCL, or the staged test backend
+// that keeps its rules), the same interleaving of the channels; otherwise finds the first
+// collective that differs, in the channels taken in creation order or, for the interleaving, in issue
+// order (two all-gathers), and throws AgreedStop on every rank, naming that collective and its
+// channel as each side issued it.
+void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<CollectiveFingerprint>& every_rank,
+                             bool one_issue_order = false);
+
+// Fingerprints travel in fp64 all-gathers: kFingerprintDoubles exact doubles (the count, then the
+// high and low 32 bits of each hash).
+constexpr int kFingerprintDoubles = 5;
+void fingerprint_to_doubles(const CollectiveFingerprint& fingerprint, double out[kFingerprintDoubles]);
+CollectiveFingerprint fingerprint_from_doubles(const double in[kFingerprintDoubles]);
 
 }  // namespace fsdp::comm

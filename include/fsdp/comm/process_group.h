@@ -74,6 +74,9 @@ class ProcessGroup {
   virtual std::string channel() const = 0;
   // Where this group's tensors live: kCPU for MPI, kCUDA for NCCL (one device per rank).
   virtual at::DeviceType device_type() const { return at::kCPU; }
+  // Whether this group's collectives must interleave with other groups' in one order on every
+  // rank (NCCL, and the staged backend that keeps NCCL's rules); MPI only orders each group's own.
+  virtual bool needs_one_issue_order() const { return false; }
 
   // output [size()*k] <- input [k]: rank r's input lands at output[r*k, (r+1)*k). No staging copy.
   virtual WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
@@ -81,6 +84,18 @@ class ProcessGroup {
   virtual WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) = 0;
   // In place: tensor <- reduction of every rank's tensor.
   virtual WorkPtr all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  // all_reduce, started only once `first` (a collective of another group, the one writing
+  // `tensor`) has completed, while neither the caller's host nor its stream waits for `first`: two
+  // collectives over two groups issued back to back, so every rank issues them in one order
+  // whatever the timing (NCCL requires communicators used together to see their collectives in
+  // the same order on every rank). Hybrid sharding's replica all-reduce of a reduce-scatter's
+  // output, as FSDP2 issues it. MPI: the group's thread waits for `first`; NCCL: the group's
+  // stream. This default, for backends that have neither (test and meta groups), waits for
+  // `first` on the host and then issues.
+  virtual WorkPtr all_reduce_after(const WorkPtr& first, const at::Tensor& tensor, ReduceOp op) {
+    if (first) first->wait();
+    return all_reduce(tensor, op);
+  }
   // In place: tensor <- root's tensor.
   virtual WorkPtr broadcast(const at::Tensor& tensor, int root) = 0;
   virtual WorkPtr barrier() = 0;

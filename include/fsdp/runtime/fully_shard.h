@@ -75,10 +75,9 @@ struct CommStats {
   int64_t prefetched_gathers = 0;  // of which issued ahead of the unit's use
   int64_t gathered_bytes = 0;      // bytes the gathers delivered to this rank (padded buffers, wire dtype)
   int64_t reductions = 0;          // gradient reductions issued
-  // HybridShard: all-reduces of reduced gradient shards across replicas, and of those the ones
-  // issued while backward still computed (their reduce-scatter done before the reduction was due).
+  // HybridShard: all-reduces of reduced gradient shards across replicas (each issued with its
+  // reduce-scatter, while backward computes on).
   int64_t replica_reductions = 0;
-  int64_t overlapped_replica_reductions = 0;
 };
 
 class Unit;               // one FSDP unit (src/runtime/unit.h)
@@ -145,10 +144,7 @@ class FsdpState {
   void wait(const comm::WorkPtr& work);  // counts the blocked time as exposed communication
   void count_gather(bool prefetch, int64_t bytes);
   void count_reduction() { ++comm_stats_.reductions; }
-  void count_replica_reduction(bool overlapped) {
-    ++comm_stats_.replica_reductions;
-    if (overlapped) ++comm_stats_.overlapped_replica_reductions;
-  }
+  void count_replica_reduction() { ++comm_stats_.replica_reductions; }
   PrefetchScheduler& scheduler() { return *scheduler_; }
 
  private:

@@ -149,15 +149,17 @@ class FlatParam {
   void drop_unsharded_grad();
 
   // HybridShard: the ranks that hold this shard in the other replica groups. The reduced gradient
-  // shard is then averaged across them before it is added to shard_grad: once the reduce-scatter
-  // has completed, reduce_across_replicas_async issues that all-reduce (finish_reduce_grad issues
-  // and waits for it if the caller did not). verify_same_across_ranks covers them too. Call before
-  // the first backward.
+  // shard is then averaged across them before it is added to shard_grad: reduce_across_replicas_after
+  // issues that all-reduce right behind the reduce-scatter (finish_reduce_grad issues and waits for
+  // it if the caller did not). verify_same_across_ranks covers them too. Call before the first
+  // backward.
   void set_replica_group(comm::ProcessGroupPtr group);
   const comm::ProcessGroupPtr& replica_group() const { return replica_group_; }
-  // Call after the work of reduce_grad_async completed; returns the all-reduce's work (null
-  // without a replica group). Wait for it before finish_reduce_grad.
-  comm::WorkPtr reduce_across_replicas_async();
+  // Issues the all-reduce across replicas of the gradient shard `reduce_scatter` (reduce_grad_async's
+  // work) writes, to start once that completes (ProcessGroup::all_reduce_after): neither the host
+  // nor the compute stream waits. Returns its work (null without a replica group); wait for it
+  // before finish_reduce_grad.
+  comm::WorkPtr reduce_across_replicas_after(const comm::WorkPtr& reduce_scatter);
 
   // Checks (collective) that every rank holds the same values, by a checksum; with
   // broadcast_from_rank0, overwrites them with rank 0's instead. Call while unsharded.
