@@ -26,9 +26,7 @@
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/device_memory.h"
 #include "fsdp/shard/storage.h"
-#include "fsdp/data/captions.h"
 #include "fsdp/data/datasets.h"
-#include "fsdp/data/image_chat.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/optim/loss_scaler.h"
@@ -36,14 +34,12 @@
 #include "fsdp/optim/nonfinite_guard.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/runtime/fully_shard.h"
-#include "fsdp/train/contrastive_loss.h"
 #include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
 #include "checkpoint_writer.h"
 #include "bf16_matmul_choice.h"
 #include "evaluation.h"
 #include "live_report.h"
-#include "loss.h"
 #include "loss_spike.h"
 #include "rollback.h"
 #include "step_metrics.h"
@@ -52,6 +48,7 @@
 #include "targets.h"
 #include "training_data.h"
 #include "training_loop.h"
+#include "training_task.h"
 
 namespace fsdp::train {
 
@@ -107,40 +104,12 @@ class Trainer {
       check_data_sizes(data_, config_, n_);
       if (models::is_language_model(config_.model)) model_config_ = resolve_model(config_, data_.vocab);
       else model_config_ = config_.model;
-      make_family_writers();
+      task_ = make_training_task(config_, model_config_, data_, world_);
     } catch (const std::exception& e) {
       error = e.what();
     }
     comm::agree_on_failure(world_, error, "loading the data");
     check_same_data_everywhere();
-  }
-
-  // The writer of the task's examples from the labelled images: a contrastive model's captions, an
-  // image-text model's chats.
-  void make_family_writers() {
-    const models::ModelFamily& family = models::family_of(model_config_);
-    const int64_t vocab = family.vocab_size(model_config_);
-    if (family.task() == models::ModelTask::Contrastive) {
-      // Captions from the labels: bytes and the model's end-of-text token (data/captions.h).
-      const int64_t eos_token = family.end_of_text_token(model_config_);
-      captions_ = std::make_unique<data::CaptionWriter>(data::fashion_mnist_class_names(), data::caption_templates(),
-                                                        family.text_context(model_config_), eos_token);
-      if (vocab <= eos_token || vocab < 256) {
-        throw std::runtime_error("model.vocab " + std::to_string(vocab) +
-                                 " cannot hold the byte captions (bytes 0-255 and eos_token " +
-                                 std::to_string(eos_token) + ")");
-      }
-    }
-    if (family.task() == models::ModelTask::ImageText) {
-      // One-turn chats from the labels (image_chat_writer); checked as fsdp-train --check checks them.
-      chat_ = std::make_unique<data::ImageChatWriter>(image_chat_writer(model_config_));
-      check_image_chats(model_config_, *chat_);
-      // The loss is the mean over the global batch's answer tokens, counted as any masked loss's.
-      std::vector<int64_t> answer_tokens;
-      for (int64_t label = 0; label < chat_->classes(); ++label) answer_tokens.push_back(chat_->answer_tokens(label));
-      if (auto* images = dynamic_cast<data::ImageDataset*>(data_.train.get()))
-        images->set_targets_per_label(answer_tokens);
-    }
   }
 
   // Intra-op threads: train.threads, or the cores shared among this node's ranks.
@@ -280,7 +249,7 @@ class Trainer {
                         : config_.device == c10::DeviceType::CUDA ? "NCCL, host tensors over MPI"
                                                                   : "MPI"));
     if (!data_.packing.empty()) progress_->message("  packing: " + data_.packing);
-    print_family_lines();
+    if (const std::string line = task_->header_line(); !line.empty()) progress_->message(line);
     std::snprintf(
         line, sizeof(line),
         "  per rank: %s of parameter shards, %s of optimizer state; matmul peak %.1f GFLOP/s (all ranks, measured)",
@@ -313,38 +282,6 @@ class Trainer {
           ")");
     }
     print_compute_lines();
-  }
-
-  // A contrastive model's captions and an image-text model's chats, as the header says them.
-  void print_family_lines() {
-    char line[512];
-    if (captions_) {
-      std::snprintf(
-          line, sizeof(line),
-          "  captions: %lld classes x %zu templates as bytes + end-of-text %lld; longest %lld bytes of a %lld-token "
-          "context%s; "
-          "contrastive loss over the global batch (features gathered across the %d ranks); zero-shot eval with \"%s\"",
-          static_cast<long long>(captions_->classes()), data::caption_templates().size(),
-          static_cast<long long>(models::family_of(model_config_).end_of_text_token(model_config_)),
-          static_cast<long long>(captions_->longest_bytes()), static_cast<long long>(captions_->context()),
-          captions_->truncated_pairs() > 0
-              ? (", " + std::to_string(captions_->truncated_pairs()) + " captions cut to fit (raise model.context)")
-                    .c_str()
-              : "",
-          n_, data::caption_templates().front().c_str());
-      progress_->message(line);
-    }
-    if (chat_) {
-      std::string question;  // its newline shown as \n
-      for (char ch : chat_->question()) question += ch == '\n' ? std::string("\\n") : std::string(1, ch);
-      std::snprintf(
-          line, sizeof(line),
-          "  chats: %lld image tokens + \"%s\" + the answer (\"%s\", ...) as bytes + end-of-text, rows of %lld tokens; "
-          "only the answer trained; eval: greedy answers, exact match",
-          static_cast<long long>(models::family_of(model_config_).image_input(model_config_).tokens), question.c_str(),
-          chat_->answer(7).c_str(), static_cast<long long>(chat_->row_length()));
-      progress_->message(line);
-    }
   }
 
   // How the step computes: attention, bf16 matmuls, loss scaling, a warm-up longer than the run.
@@ -423,8 +360,7 @@ class Trainer {
     loop.micro = config_.global_batch / n_ / config_.micro_batches;
     loop.samples_per_step =
         static_cast<double>(config_.global_batch) * (language() ? static_cast<double>(config_.seq_len) : 1.0);
-    loop.flops_per_step =
-        loop.samples_per_step * models::flops_per_sample(model_config_, chat_ ? chat_->row_length() : config_.seq_len);
+    loop.flops_per_step = loop.samples_per_step * models::flops_per_sample(model_config_, task_->flops_sequence());
     loop.summary.start_step = start_step_;
     loop.summary.evals.push_back(evaluate(start_step_));
     loop.communication_before = state_->communication_seconds();
@@ -517,19 +453,14 @@ class Trainer {
       data::random_shift(batch.inputs, part, step, config_.seed, 2, -data::kFashionMnistMean / data::kFashionMnistStd);
     }
     if (data::flips(augment)) data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
-    const at::Tensor inputs = batch.inputs.to(device_), targets = batch.targets.to(device_);
-    const at::Tensor positions = batch.positions.defined() ? batch.positions.to(device_) : at::Tensor();  // packed rows
-    // Contrastive: captions drawn for this step from the labels; the loss over the global batch.
-    if (captions_) {
-      return contrastive_loss_share(
-          model_.contrastive(inputs, captions_->captions(batch.targets, part, step, config_.seed).to(device_)), world_);
-    }
-    if (chat_) return chat_loss_sum(inputs, batch.targets);
-    // Language models: the head fused with the loss a chunk of tokens at a time (no [tokens,
-    // vocab] logits) unless train.loss_chunk_tokens is 0.
-    if (model_.has_loss_sum() && config_.loss_chunk_tokens > 0)
-      return model_.loss_sum(inputs, targets, config_.loss_chunk_tokens, positions);
-    return loss_of(model_.forward(inputs, positions), targets, torch::kSum);
+    MicroBatch micro;
+    micro.inputs = batch.inputs.to(device_);
+    micro.targets = batch.targets.to(device_);
+    if (batch.positions.defined()) micro.positions = batch.positions.to(device_);  // packed rows
+    micro.labels = batch.targets;
+    micro.indices = &part;
+    micro.step = step;
+    return task_->loss_sum(model_, micro);
   }
 
   // One small all-gather per step: every rank's loss, peak memory, communication time (busy, and
@@ -686,13 +617,6 @@ class Trainer {
     return summary;
   }
 
-  // Image-text: images [b, ...] on the device and their labels [b] -> the chats' summed answer-token loss.
-  at::Tensor chat_loss_sum(const at::Tensor& images, const at::Tensor& labels) {
-    const data::ImageChatWriter::Rows rows = chat_->examples(labels);
-    const int64_t chunk = config_.loss_chunk_tokens > 0 ? config_.loss_chunk_tokens : rows.ids.numel();
-    return model_.image_text_loss(images, rows.ids.to(device_), rows.targets.to(device_), chunk);
-  }
-
   // Every rank must read the same token files: a different copy on another host would give its
   // ranks other tokens (and another order), silently. Collective; every rank stops alike.
   void check_same_data_everywhere() {
@@ -807,14 +731,7 @@ class Trainer {
     const bool bf16 = config_.fsdp.param_dtype == at::kBFloat16;
     if (config_.bf16_matmul || !bf16 || !device_.is_cpu()) return;  // the same on every rank
     // GEMM rows per example: a language model's window, a chat's row, an image's patches and class token.
-    int64_t tokens = 1;
-    if (language()) {
-      tokens = config_.seq_len;
-    } else if (chat_) {
-      tokens = chat_->row_length();
-    } else {
-      tokens = models::family_of(model_config_).image_input(model_config_).tokens;
-    }
+    const int64_t tokens = task_->gemm_rows_per_sample();
     const int64_t examples =
         std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
     bf16_matmul_times_ = choose_bf16_matmul_by_timing(*model_.module, examples * std::max<int64_t>(1, tokens), world_);
@@ -871,16 +788,13 @@ class Trainer {
   void finish_save(bool wait) { checkpoints_->finish(wait, guard_.streak_start()); }
 
   ModelInUse model_in_use() {
-    return {model_,     config_, world_, device_, language(), captions_ ? captions_->class_prompts() : at::Tensor(),
-            chat_.get()};
+    return {model_, config_, world_, device_, language(), task_->class_prompts(), task_->chats()};
   }
 
   // Validation loss (and accuracy for images), shown and recorded (evaluation.h).
   EvalResult evaluate(int64_t step) {
     const EvalResult result = run_evaluation(model_in_use(), *data_.validation, step);
-    const AccuracyKind kind = captions_ ? AccuracyKind::ZeroShot
-                              : chat_   ? AccuracyKind::Answers
-                                        : AccuracyKind::Classes;
+    const AccuracyKind kind = task_->accuracy_kind();
     progress_->message(
         evaluation_line(result, evaluation_items(config_, data_.validation->size(), language()), language(), kind));
     if (leader() && metrics_.is_open()) metrics_.write(evaluation_record(result, language(), kind).dump());
@@ -912,10 +826,7 @@ class Trainer {
     } else {
       std::snprintf(line, sizeof(line), "done: %s in %s, %s img/s (median); %s accuracy %.2f%% -> %.2f%%",
                     steps.c_str(), format_duration(summary.seconds).c_str(),
-                    format_count(summary.samples_per_second).c_str(),
-                    captions_ ? "zero-shot"
-                    : chat_   ? "answer"
-                              : "test",
+                    format_count(summary.samples_per_second).c_str(), accuracy_name(task_->accuracy_kind()),
                     100.0 * first.accuracy, 100.0 * last.accuracy);
     }
     progress_->message(line);
@@ -930,8 +841,7 @@ class Trainer {
   int threads_ = 1;
   at::Device device_ = at::kCPU;  // where the shards live: batches go there, logits come back for the loss sums
   LoadedData data_;
-  std::unique_ptr<data::CaptionWriter> captions_;  // contrastive models: captions of the labelled images (else null)
-  std::unique_ptr<data::ImageChatWriter> chat_;    // image-text models: the labelled images as chats (else null)
+  std::unique_ptr<TrainingTask> task_;  // what the model's task does (training_task.h), made with the data
   models::ModelConfig model_config_;
   models::BuiltModel model_;
   std::shared_ptr<runtime::FsdpState> state_;
