@@ -482,13 +482,24 @@ void apply_lora_flags(const PlanFlags& f, PlanInput& in) {
   if (!f.lora_base_dtype.empty()) in.lora_base_dtype = lora_base_dtype_flag(f.lora_base_dtype);
 }
 
+// Whether the command line gives the sharding setting whose key is `key` ("fsdp.prefetch").
+bool setting_given(const PlanFlags& f, const std::string& key) {
+  for (const SettingFlag& flag : f.setting_flags) {
+    if (flag.key == key) return flag.option->count() > 0;
+  }
+  return false;
+}
+
 // The flags that override the config's (or the defaults') settings.
 void apply_flags(const PlanFlags& f, PlanInput& in) {
   if (f.loss_chunk >= 0) in.loss_chunk_tokens = f.loss_chunk;
   for (const SettingFlag& flag : f.setting_flags) {
     if (flag.option->count() > 0) flag.apply(in);
   }
-  if (in.activation_checkpointing_every != 1 && !in.activation_checkpointing)
+  // --max-inflight K is the prefetch depth planned, whatever the config's fsdp.prefetch (unless
+  // --prefetch is given too).
+  if (setting_given(f, "fsdp.max_inflight") && !setting_given(f, "fsdp.prefetch")) in.prefetch = in.max_inflight > 0;
+  if (setting_given(f, "fsdp.activation_checkpointing_every") && !in.activation_checkpointing)
     throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
   if (!f.optimizer.empty()) in.optimizer = flag_value<fsdp::optim::OptimizerKind>("optimizer", f.optimizer);
   if (f.micro_batch > 0) in.micro_batch = f.micro_batch;

@@ -23,8 +23,8 @@ int main(int argc, char** argv) {
 
     fsdp::runtime::FsdpOptions options;
     options.wrap_policy.module_types = {"ResidualBlock"};
-    options.max_inflight = 2;  // up to 2 blocks gathered ahead, or reductions in flight
-    if (!fp32) options.mixed_precision.param_dtype = at::kBFloat16;  // fp32 master shards, bf16 compute
+    options.max_inflight = 2;                        // up to 2 blocks gathered ahead, or reductions in flight
+    if (!fp32) options.param_dtype = at::kBFloat16;  // fp32 master shards, bf16 compute
     torch::manual_seed(0);
     // Sharded block by block while it is built: no rank ever holds the whole model.
     auto model = fsdp::runtime::build_fully_sharded<ResidualMlpImpl>(

@@ -333,6 +333,15 @@ class MpiWork final : public Work {
 
   double busy_seconds() const override { return busy_seconds_; }
 
+  // Blocks until completed, without this work's timeout: for a communication thread whose next
+  // collective waits for it (all_reduce_after). If it never completes, the wait that times out is
+  // the host's, on the collective it is really blocked in, and that one names it.
+  void wait_for_completion() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
   void finish(std::exception_ptr error, double busy_seconds) {
     in_flight_.release();  // the thread is done with the tensors' memory
     {
@@ -363,6 +372,12 @@ bool mpi_finalized() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   return finalized != 0;
+}
+
+// `first` completed (an MPI collective's without its timeout; another backend's by its wait()).
+void wait_for_completion(const WorkPtr& first) {
+  if (auto* mpi = dynamic_cast<MpiWork*>(first.get())) mpi->wait_for_completion();
+  else first->wait();
 }
 
 class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_from_this<MpiProcessGroup> {
@@ -483,22 +498,20 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     check_all_reduce_args(*this, tensor, op);
     std::string what = std::string("all_reduce(") + to_string(op) + ", " + std::to_string(tensor.numel()) + " " +
                        c10::toString(tensor.scalar_type()) + ")";
-    return enqueue(what,
-                   [this, first, tensor, op, what] {
-                     if (first) first->wait();
-                     int count = checked_count(tensor.numel(), who_ + " " + what);
-                     if (is_16_bit_float(tensor.scalar_type())) {
-                       std::vector<float> values = to_float(tensor);
-                       all_reduce_values(values.data(), count, MPI_FLOAT, op, who_ + " " + what);
-                       from_float(values, tensor, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
-                       return;
-                     }
-                     all_reduce_values(tensor.data_ptr(), count, transport_type(tensor.scalar_type()), op,
-                                       who_ + " " + what);
-                     if (op == ReduceOp::Average)
-                       divide_in_place(tensor.data_ptr(), tensor.scalar_type(), tensor.numel(), size_);
-                   },
-                   {tensor});
+    return enqueue(
+        what,
+        [this, tensor, op, what] {
+          int count = checked_count(tensor.numel(), who_ + " " + what);
+          if (is_16_bit_float(tensor.scalar_type())) {
+            std::vector<float> values = to_float(tensor);
+            all_reduce_values(values.data(), count, MPI_FLOAT, op, who_ + " " + what);
+            from_float(values, tensor, op == ReduceOp::Average ? static_cast<float>(size_) : 1.0f);
+            return;
+          }
+          all_reduce_values(tensor.data_ptr(), count, transport_type(tensor.scalar_type()), op, who_ + " " + what);
+          if (op == ReduceOp::Average) divide_in_place(tensor.data_ptr(), tensor.scalar_type(), tensor.numel(), size_);
+        },
+        {tensor}, first);
   }
 
   // Sums (or maxima) of `count` values in place. Under kBackoff, a large float or double sum that
@@ -591,10 +604,12 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
   struct Task {
     std::shared_ptr<MpiWork> work;
     std::function<void()> body;
+    WorkPtr after;  // the body runs once this completed (all_reduce_after); not counted as busy
   };
 
   // `tensors`: those the body reads or writes, marked in flight until it has run (in_flight_storage.h).
-  WorkPtr enqueue(const std::string& what, std::function<void()> body, const std::vector<at::Tensor>& tensors = {}) {
+  WorkPtr enqueue(const std::string& what, std::function<void()> body, const std::vector<at::Tensor>& tensors = {},
+                  WorkPtr after = nullptr) {
     // A split's color differs between ranks by design: it is fingerprinted without it.
     const std::string recorded = what.rfind("split(", 0) == 0 ? "split" : what;
     // A collective carrying another (an agreement's exchange, a staged group's host copy) is
@@ -610,7 +625,7 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) throw std::runtime_error(who_ + " " + what + ": the process group is shut down");
-      queue_.push_back(Task{work, std::move(body)});
+      queue_.push_back(Task{work, std::move(body), std::move(after)});
     }
     queue_cv_.notify_one();
     return work;
@@ -629,6 +644,10 @@ class MpiProcessGroup final : public ProcessGroup, public std::enable_shared_fro
       auto start = Clock::now();
       std::exception_ptr error;
       try {
+        if (task.after) {
+          wait_for_completion(task.after);
+          start = Clock::now();  // waiting for it is not this group's communication
+        }
         task.body();
       } catch (...) {
         error = std::current_exception();

@@ -245,8 +245,9 @@ class NcclProcessGroup final : public ProcessGroup {
   // on this device), then the all-reduce is enqueued as any: the caller's stream never waits for
   // `first`.
   WorkPtr all_reduce_after(const WorkPtr& first, const at::Tensor& tensor, ReduceOp op) override {
+    if (on_host(tensor, tensor)) return bootstrap_->all_reduce_after(first, tensor, op);
     const auto* on_device = dynamic_cast<const NcclWork*>(first.get());
-    if (on_device == nullptr || on_host(tensor, tensor)) return ProcessGroup::all_reduce_after(first, tensor, op);
+    if (on_device == nullptr) return ProcessGroup::all_reduce_after(first, tensor, op);
     check_cuda(cudaStreamWaitEvent(stream_.stream(), on_device->done_event(), 0), "cudaStreamWaitEvent",
                who_ + " all_reduce after " + on_device->description());
     return all_reduce(tensor, op);

@@ -31,7 +31,8 @@ struct RankStepFacts {
 
 // Every rank's facts and the step's figures from them.
 struct StepMetrics {
-  at::Tensor per_rank;  // [world, 10] fp64, one row of RankStepFacts per rank, in field order
+  at::Tensor
+      per_rank;  // [world, 7 + comm::kFingerprintDoubles] fp64, one row of RankStepFacts per rank, in field order
   std::vector<comm::CollectiveFingerprint> collectives;  // [world] each rank's step fingerprint
   bool stop = false;                                     // some rank was asked to stop
   double loss = 0.0;                                     // mean over ranks

@@ -75,6 +75,12 @@ def main():
         if lora["adapter_parameters"] <= 0:
             failures.append("config with [lora]: the plan shows no adapters")
         checked += 1
+        # --max-inflight is the depth planned even where the config turns prefetch off.
+        depth = plan(executable, ["configs/gpt-fortunes-tiny.toml", "--ranks", "2", "--set", "fsdp.prefetch=false",
+                                  "--max-inflight", "3"], out)
+        if depth["max_inflight"] != 3:
+            failures.append(f"--max-inflight 3 on a config with fsdp.prefetch = false: planned depth {depth['max_inflight']}")
+        checked += 1
     if failures:
         print("\n".join(["plan_flags: FAILED"] + failures))
         return 1

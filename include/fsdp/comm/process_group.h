@@ -90,8 +90,9 @@ class ProcessGroup {
   // whatever the timing (NCCL requires communicators used together to see their collectives in
   // the same order on every rank). Hybrid sharding's replica all-reduce of a reduce-scatter's
   // output, as FSDP2 issues it. MPI: the group's thread waits for `first`; NCCL: the group's
-  // stream. This default, for backends that have neither (test and meta groups), waits for
-  // `first` on the host and then issues.
+  // stream. This default, for backends that have neither (the staged and meta groups), calls
+  // `first->wait()` (for MPI and staged works the host waits; for a NCCL work only the caller's
+  // stream) and then issues.
   virtual WorkPtr all_reduce_after(const WorkPtr& first, const at::Tensor& tensor, ReduceOp op) {
     if (first) first->wait();
     return all_reduce(tensor, op);

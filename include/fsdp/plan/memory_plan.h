@@ -71,7 +71,8 @@ struct PlanInput : runtime::ShardingSettings {
   int64_t micro_batches = 1;      // gradient accumulation steps (each one reduces)
   int64_t seq_len = 2048;         // tokens per sample (language models)
   int64_t loss_chunk_tokens = 0;  // language models: the head and loss this many tokens at a time (0: all)
-  // K as planned: without prefetch, 0 (every gather and reduction waited for when issued).
+  // K as planned: without prefetch, 0. (The runtime then prefetches no gather but still lets up to
+  // max_inflight reductions finish in the background: their buffers are not counted.)
   int64_t prefetch_depth() const { return prefetch ? max_inflight : 0; }
   bool embedding_units = true;  // token embedding and output head are units of their own
   // Fused attention (scaled_dot_product_attention's flash or memory-efficient kernels, on a GPU and,
