@@ -121,6 +121,67 @@ bool hf_transposed(const models::ModelConfig& model, const std::string& name) {
   return models::family_of(model).hf_transposed(model, name);
 }
 
+namespace {
+
+// The adapters' full tensors by name ("layers.0.self_attn.q_proj.lora_A.weight" -> [r, in] fp32)
+// on the writing rank (empty elsewhere): small, rank x (in + out) per layer. Collective.
+std::map<std::string, at::Tensor> gathered_adapters(runtime::FsdpState& state, bool writer_rank) {
+  std::map<std::string, at::Tensor> adapters;
+  for (auto* flat : state.flat_params()) {
+    if (!flat->trainable()) continue;
+    std::vector<at::Tensor> full = flat->gather_full_params();  // collective
+    for (size_t e = 0; e < full.size(); ++e) {
+      if (is_adapter(flat->layout().entries[e].name) && writer_rank) {
+        adapters[flat->layout().entries[e].name] = full[e].to(at::kFloat);
+      }
+    }
+  }
+  return adapters;
+}
+
+// Where each exported tensor goes: its flat parameter and entry, its declaration, and its file.
+struct PlannedTensor {
+  size_t flat, entry;
+  TensorInfo info;
+  int file;
+};
+struct ExportPlan {
+  std::vector<PlannedTensor> tensors;
+  std::vector<int64_t> file_bytes;  // [files]
+};
+
+// Declarations from the layouts alone, so every file's header is known before any gather: the
+// tensors under Hugging Face names in `dtype`, a new file whenever max_file_bytes would be passed.
+ExportPlan plan_export(runtime::FsdpState& state, const models::ModelConfig& model, const ExportOptions& options) {
+  const auto element = static_cast<int64_t>(c10::elementSize(options.dtype));
+  ExportPlan plan;
+  plan.file_bytes.push_back(0);
+  const auto flats = state.flat_params();
+  for (size_t f = 0; f < flats.size(); ++f) {
+    for (size_t e = 0; e < flats[f]->layout().entries.size(); ++e) {
+      const auto& entry = flats[f]->layout().entries[e];
+      if (is_adapter(entry.name)) continue;  // merged into their layers' weights
+      PlannedTensor p{f, e, {}, 0};
+      p.info.name = hf_name(model, entry.name);
+      p.info.dtype = options.dtype;
+      p.info.shape = stored_shape(entry.shape, hf_transposed(model, entry.name));
+      const int64_t bytes = entry.numel * element;
+      const int64_t current = plan.file_bytes.back();
+      if (options.max_file_bytes > 0 && current > 0 && current + bytes > options.max_file_bytes) {
+        plan.file_bytes.push_back(0);
+      }
+      p.file = static_cast<int>(plan.file_bytes.size()) - 1;
+      p.info.begin = plan.file_bytes.back();
+      p.info.end = p.info.begin + bytes;
+      plan.file_bytes.back() += bytes;
+      plan.tensors.push_back(std::move(p));
+    }
+  }
+  return plan;
+}
+
+}  // namespace
+
 int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& model, const std::string& path,
                        const ExportOptions& options) {
   const comm::ProcessGroupPtr& group = state.group();
@@ -128,28 +189,17 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
   if (options.dtype != at::kFloat && options.dtype != at::kBFloat16) {
     throw std::invalid_argument("export_weights: dtype must be fp32 or bf16");
   }
-  const int64_t element = options.dtype == at::kFloat ? 4 : 2;
   const models::LoraSpec* lora = models::lora_spec(model);
   if (lora != nullptr && lora->enabled() && !options.merge_lora) {
     throw std::invalid_argument(
         "export_weights: the model has LoRA adapters: merge them into the weights (--merge), "
         "or export the adapters alone (--peft-dir)");
   }
-  // Merging: the adapters first (small: rank x (in + out) per layer), by name. Each layer's
-  // full-size delta scale B A is computed on the writing rank just before its weight is written,
-  // so no rank ever holds more than one (Llama 3 8B's seven projections x 32 layers would be 28 GB).
-  std::map<std::string, at::Tensor> adapters;  // "layers.0.self_attn.q_proj.lora_A.weight" -> [r, in] fp32
-  if (lora != nullptr && lora->enabled()) {
-    for (auto* flat : state.flat_params()) {
-      if (!flat->trainable()) continue;
-      std::vector<at::Tensor> full = flat->gather_full_params();  // collective
-      for (size_t e = 0; e < full.size(); ++e) {
-        if (is_adapter(flat->layout().entries[e].name) && writer_rank) {
-          adapters[flat->layout().entries[e].name] = full[e].to(at::kFloat);
-        }
-      }
-    }
-  }
+  // Merging: the adapters first, by name. Each layer's full-size delta scale B A is computed on the
+  // writing rank just before its weight is written, so no rank ever holds more than one (Llama 3
+  // 8B's seven projections x 32 layers would be 28 GB).
+  const std::map<std::string, at::Tensor> adapters =
+      lora != nullptr && lora->enabled() ? gathered_adapters(state, writer_rank) : std::map<std::string, at::Tensor>{};
   // W + scale B A for an adapted weight `name` ("layers.0.self_attn.q_proj.weight"), else W as it is.
   auto merged = [&](const std::string& name, const at::Tensor& weight) {
     const std::string layer = name.substr(0, name.size() - std::string(".weight").size());
@@ -158,34 +208,10 @@ int64_t export_weights(runtime::FsdpState& state, const models::ModelConfig& mod
     const at::Tensor& b = adapters.at(layer + ".lora_B.weight");
     return weight.to(at::kFloat) + at::matmul(b, a->second) * lora->scale();  // [out, in] fp32, this layer's only
   };
-  // Declarations from the layouts alone: every file's header is known before any gather.
-  struct Planned {
-    size_t flat, entry;
-    TensorInfo info;
-    int file;
-  };
-  std::vector<Planned> plan;
-  std::vector<int64_t> file_bytes(1, 0);
+  const ExportPlan planned = plan_export(state, model, options);
+  const std::vector<PlannedTensor>& plan = planned.tensors;
+  const std::vector<int64_t>& file_bytes = planned.file_bytes;
   const auto flats = state.flat_params();
-  for (size_t f = 0; f < flats.size(); ++f) {
-    for (size_t e = 0; e < flats[f]->layout().entries.size(); ++e) {
-      const auto& entry = flats[f]->layout().entries[e];
-      if (is_adapter(entry.name)) continue;  // merged into their layers' weights
-      Planned p{f, e, {}, 0};
-      p.info.name = hf_name(model, entry.name);
-      p.info.dtype = options.dtype;
-      p.info.shape = stored_shape(entry.shape, hf_transposed(model, entry.name));
-      const int64_t bytes = entry.numel * element;
-      if (options.max_file_bytes > 0 && file_bytes.back() > 0 && file_bytes.back() + bytes > options.max_file_bytes) {
-        file_bytes.push_back(0);
-      }
-      p.file = static_cast<int>(file_bytes.size()) - 1;
-      p.info.begin = file_bytes.back();
-      p.info.end = p.info.begin + bytes;
-      file_bytes.back() += bytes;
-      plan.push_back(std::move(p));
-    }
-  }
   const bool sharded_set = options.max_file_bytes > 0;
   const int files = static_cast<int>(file_bytes.size());
   auto file_name = [&](int i) {

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <sstream>
 #include <system_error>
+#include <functional>
 #include <thread>
 
 #include "fsdp/checkpoint/published_files.h"
@@ -192,6 +193,79 @@ void pause_for_tests(int rank, int64_t step) {
   std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(ms)));
 }
 
+// What rank `rank` of the `world` file writers saves: its slice of every FlatParam and of the
+// optimizer state, rank 0 the module buffers too, and the RNG states (the CPU's; on a GPU the
+// device's too, which dropout draws from).
+std::vector<std::pair<std::string, at::Tensor>> saved_tensors(runtime::FsdpState& state,
+                                                              optim::ShardedOptimizer* optimizer, int rank, int world) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  const std::vector<shard::FlatParam*> flats = state.flat_params();
+  for (size_t i = 0; i < flats.size(); ++i) {
+    const auto [begin, end] = saved_range(stored_numel(*flats[i]), world, rank);
+    // What this rank stores is inside what it holds: replicated holds all; sharded holds exactly it.
+    const int64_t offset = begin - held_range(*flats[i]).first;
+    tensors.emplace_back("p" + std::to_string(i) + ".param", flats[i]->shard().narrow(0, offset, end - begin));
+    if (optimizer == nullptr) continue;
+    for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
+      if (optimizer->flat_of_slot(slot) != flats[i]) continue;
+      const auto names = optimizer->state_names();
+      for (size_t w = 0; w < names.size(); ++w) {
+        tensors.emplace_back("p" + std::to_string(i) + "." + names[w],
+                             optimizer->state_tensor(slot, w).narrow(0, offset, end - begin));
+      }
+    }
+  }
+  if (rank == 0) {
+    for (const auto& [name, buffer] : module_buffers(state.root_module()))
+      tensors.emplace_back(kBufferPrefix + name, buffer.detach());
+  }
+  tensors.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
+  const at::Device device = state.options().device;
+  if (!device.is_cpu())
+    tensors.emplace_back(device_rng_name(device), at::globalContext().defaultGenerator(device).get_state());
+  return tensors;
+}
+
+// Replaces each tensor by a copy in host memory (pinned beside a GPU; `staging`'s reused buffers
+// where given), which a background writer reads while the step changes the originals. Returns the
+// copies' bytes.
+int64_t stage_copies(std::vector<std::pair<std::string, at::Tensor>>& tensors, at::Device device,
+                     StagingBuffers* staging) {
+  at::NoGradGuard no_grad;  // the copies are data, not part of any graph
+  const bool pinned = !device.is_cpu();
+  int64_t bytes = 0;
+  for (auto& [name, tensor] : tensors) {
+    at::Tensor copy = staging != nullptr
+                          ? staging->buffer_for(name, tensor, pinned)
+                          : at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(pinned));
+    copy.copy_(tensor);
+    bytes += static_cast<int64_t>(copy.nbytes());
+    tensor = copy;
+  }
+  return bytes;
+}
+
+// Runs `write` on `thread`, or here when no thread can be had (resource limits: this rank then
+// writes in the step; the others need not know, as publication agrees on having written alike).
+// At the training's own priority: on this 2-core VM, where two ranks keep both cores busy, a writer
+// at SCHED_IDLE or nice 10 hardly ran (15-18 s for 1 GB, so the next save waited for it); at nice 0
+// it takes 7 s and slows the steps beside it (docs/benchmarks.md). Beside a GPU the cores are free
+// for it. SIGTERM/SIGINT stay with the training threads (their handler asks the step loop to stop
+// and save): the writer is started with them blocked, and a thread inherits its creator's mask.
+void start_writer(std::thread& thread, const std::function<void()>& write) {
+  sigset_t stop_signals, previous;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
+  try {
+    thread = std::thread(write);
+  } catch (const std::system_error&) {
+    write();
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+}
+
 }  // namespace
 
 CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::FsdpState& state,
@@ -213,7 +287,6 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
   const bool writes_files = state.replica_index() == 0;
   const int rank = writers_->rank(), world = writers_->size();
   const fs::path partial_dir = fs::path(checkpoints_dir) / (step_dir_name(info.step) + ".partial");
-  const std::vector<shard::FlatParam*> flats = state.flat_params();
 
   comm::on_every_rank(group_, "preparing the checkpoint directory", [&] {
     if (group_->rank() == 0) {
@@ -224,47 +297,13 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
   });
 
   // Each rank: its slice of every FlatParam and of the optimizer state, and its RNG state; rank 0
-  // also the module buffers. In the background, copies of them (host memory, pinned for a GPU's):
-  // the step goes on changing the originals while the file is written.
+  // also the module buffers. In the background, copies of them: the step goes on changing the
+  // originals while the file is written.
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   comm::on_every_rank(group_, "staging checkpoint shards", [&] {
     if (!writes_files) return;
-    for (size_t i = 0; i < flats.size(); ++i) {
-      const auto [begin, end] = saved_range(stored_numel(*flats[i]), world, rank);
-      // What this rank stores is inside what it holds: replicated holds all; sharded holds exactly it.
-      const int64_t offset = begin - held_range(*flats[i]).first;
-      tensors.emplace_back("p" + std::to_string(i) + ".param", flats[i]->shard().narrow(0, offset, end - begin));
-      if (optimizer == nullptr) continue;
-      for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
-        if (optimizer->flat_of_slot(slot) != flats[i]) continue;
-        const auto names = optimizer->state_names();
-        for (size_t w = 0; w < names.size(); ++w) {
-          tensors.emplace_back("p" + std::to_string(i) + "." + names[w],
-                               optimizer->state_tensor(slot, w).narrow(0, offset, end - begin));
-        }
-      }
-    }
-    if (rank == 0) {
-      for (const auto& [name, buffer] : module_buffers(state.root_module()))
-        tensors.emplace_back(kBufferPrefix + name, buffer.detach());
-    }
-    tensors.emplace_back("rng", at::detail::getDefaultCPUGenerator().get_state());
-    // On a GPU, dropout draws from the device's generator: its seed and offset resume too.
-    const at::Device device = state.options().device;
-    if (!device.is_cpu())
-      tensors.emplace_back(device_rng_name(device), at::globalContext().defaultGenerator(device).get_state());
-    if (in_background) {
-      at::NoGradGuard no_grad;  // the copies are data, not part of any graph
-      for (auto& [name, tensor] : tensors) {
-        const bool pinned = !device.is_cpu();
-        at::Tensor copy = staging != nullptr
-                              ? staging->buffer_for(name, tensor, pinned)
-                              : at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(pinned));
-        copy.copy_(tensor);
-        staged_bytes_ += copy.nbytes();
-        tensor = copy;
-      }
-    }
+    tensors = saved_tensors(state, optimizer, rank, world);
+    if (in_background) staged_bytes_ = stage_copies(tensors, state.options().device, staging);
   });
 
   // Writing the rank file: {"bytes", "crc32", "tensors": {name: crc32}} for the manifest.
@@ -286,25 +325,7 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
     written_.store(true);
   };
   if (in_background) {
-    // At the training's own priority: on this 2-core VM, where two ranks keep both cores busy, a
-    // writer at SCHED_IDLE or nice 10 hardly ran (15-18 s for 1 GB, so the next save waited for it);
-    // at nice 0 it takes 7 s and slows the steps beside it (docs/benchmarks.md). Beside a GPU the
-    // cores are free for it.
-    // SIGTERM/SIGINT stay with the training threads (their handler asks the step loop to stop and
-    // save): the writer is started with them blocked, and a thread inherits its creator's mask.
-    sigset_t stop_signals, previous;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, &previous);
-    try {
-      writer_ = std::thread(write);
-    } catch (const std::system_error&) {
-      // No thread to be had (resource limits): this rank writes now, in the step. The others need
-      // not know; publication agrees on written_ alike.
-      write();
-    }
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    start_writer(writer_, write);
   } else {
     write();
   }

@@ -203,6 +203,42 @@ CollectiveFingerprint fingerprint_from_doubles(const double in[kFingerprintDoubl
   return CollectiveFingerprint{static_cast<int64_t>(in[0]), hash_from_doubles(in + 1), hash_from_doubles(in + 3)};
 }
 
+namespace {
+
+// This rank's records up to the fingerprint it contributed (the caller's gather came after): the
+// channels one after another in creation order, or every channel's records in issue order. Each
+// record's hash covers its channel too.
+struct RankRecords {
+  std::vector<uint64_t> hashes;
+  std::vector<std::string> records;  // "unit 'blocks.1': all_gather(4096 x 2 Float) [group world/split#1, ...]"
+  int64_t step = 0;
+};
+
+RankRecords rank_records(bool in_issue_order) {
+  RankRecords mine;
+  StepLog& log = step_log();
+  std::lock_guard<std::mutex> lock(log.mutex);
+  mine.step = log.step;
+  auto add = [&](const std::string& name, size_t i) {
+    const ChannelLog& channel = log.channels.at(name);
+    const uint64_t channel_hash = fnv1a(kFnvOffset, name.data(), name.size());
+    mine.hashes.push_back(fnv1a(channel_hash, &channel.hashes[i], sizeof(uint64_t)));
+    mine.records.push_back(channel.records[i] + " [group " + name + ", collective " + std::to_string(i + 1) +
+                           " there]");
+  };
+  if (in_issue_order) {
+    for (size_t k = 0; k < log.fingerprinted_in_order; ++k) add(log.issue_order[k].first, log.issue_order[k].second);
+  } else {
+    for (const auto& [name, count] : log.fingerprinted) {
+      const size_t kept = std::min(log.channels.at(name).hashes.size(), static_cast<size_t>(count));
+      for (size_t i = 0; i < kept; ++i) add(name, i);
+    }
+  }
+  return mine;
+}
+
+}  // namespace
+
 void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<CollectiveFingerprint>& every_rank,
                              bool one_issue_order) {
   const int n = world->size(), rank = world->rank();
@@ -215,31 +251,10 @@ void check_collectives_agree(const ProcessGroupPtr& world, const std::vector<Col
   // Which difference to name: the collectives themselves, or (they agree) their order across channels.
   const bool by_issue_order = same_collectives;
 
-  // This rank's records up to the fingerprint it contributed (the caller's gather came after): the
-  // channels one after another in creation order, or every channel's records in issue order. Each
-  // record's hash covers its channel too.
-  std::vector<uint64_t> hashes;
-  std::vector<std::string> records;  // "unit 'blocks.1': all_gather(4096 x 2 Float) [group world/split#1, ...]"
-  int64_t step = 0;
-  {
-    StepLog& log = step_log();
-    std::lock_guard<std::mutex> lock(log.mutex);
-    step = log.step;
-    auto add = [&](const std::string& name, size_t i) {
-      const ChannelLog& channel = log.channels.at(name);
-      const uint64_t channel_hash = fnv1a(kFnvOffset, name.data(), name.size());
-      hashes.push_back(fnv1a(channel_hash, &channel.hashes[i], sizeof(uint64_t)));
-      records.push_back(channel.records[i] + " [group " + name + ", collective " + std::to_string(i + 1) + " there]");
-    };
-    if (by_issue_order) {
-      for (size_t k = 0; k < log.fingerprinted_in_order; ++k) add(log.issue_order[k].first, log.issue_order[k].second);
-    } else {
-      for (const auto& [name, count] : log.fingerprinted) {
-        const size_t kept = std::min(log.channels.at(name).hashes.size(), static_cast<size_t>(count));
-        for (size_t i = 0; i < kept; ++i) add(name, i);
-      }
-    }
-  }
+  const RankRecords mine = rank_records(by_issue_order);
+  const std::vector<uint64_t>& hashes = mine.hashes;
+  const std::vector<std::string>& records = mine.records;
+  const int64_t step = mine.step;
   // Every rank's record count, then the records' hashes (bit patterns, 0 past a rank's count).
   at::Tensor lengths = at::empty({n}, at::kLong);
   world->all_gather(lengths, at::tensor({static_cast<int64_t>(hashes.size())}, at::kLong))->wait();

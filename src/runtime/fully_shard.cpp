@@ -57,6 +57,26 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
       group_(std::move(group)),
       options_(std::move(options)),
       scheduler_(std::make_unique<PrefetchScheduler>(options_)) {
+  check_options();
+  // Units built by build_fully_sharded already split the groups: reuse theirs (a split is collective).
+  groups_ = prebuilt.empty() ? make_sharding_groups(group_, options_) : prebuilt.front()->groups();
+  if (groups_.world != group_) {
+    throw std::invalid_argument("build_fully_sharded: the blocks were sharded over another process group");
+  }
+  const bool any_prebuilt = !prebuilt.empty();
+  adopt_prebuilt_units(std::move(prebuilt));
+  make_units(select_modules(any_prebuilt));
+  std::vector<Unit*> unit_pointers;
+  for (const auto& unit : units_) unit_pointers.push_back(unit.get());
+  scheduler_->set_units(std::move(unit_pointers));
+  prepare_buffers();
+  if (options_.device.is_cpu() && options_.host_heap_trim_allowance > 0) {
+    heap_guard_.emplace(options_.host_heap_trim_allowance);
+  }
+  size_buffer_cache();
+}
+
+void FsdpState::check_options() const {
   if (!group_) throw std::invalid_argument("fully_shard: the process group is null");
   if (options_.activation_checkpointing_every < 1) {
     throw std::invalid_argument("fully_shard: activation_checkpointing_every must be 1 or more, got " +
@@ -66,17 +86,21 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
     throw std::invalid_argument("fully_shard: max_inflight must be 0 or more, got " +
                                 std::to_string(options_.max_inflight));
   }
-  // Units built by build_fully_sharded already split the groups: reuse theirs (a split is collective).
-  groups_ = prebuilt.empty() ? make_sharding_groups(group_, options_) : prebuilt.front()->groups();
-  if (groups_.world != group_) {
-    throw std::invalid_argument("build_fully_sharded: the blocks were sharded over another process group");
+  if (options_.host_heap_trim_allowance < 0) {
+    throw std::invalid_argument("fully_shard: host_heap_trim_allowance must be 0 or more, got " +
+                                std::to_string(options_.host_heap_trim_allowance));
   }
-  // Paths of every module, to name prebuilt units and apply the policy to the rest.
+}
+
+std::unordered_map<const torch::nn::Module*, std::string> FsdpState::module_paths() const {
   std::unordered_map<const torch::nn::Module*, std::string> path_of;
   for (const auto& item : root_->named_modules("", /*include_self=*/false)) path_of[item.value().get()] = item.key();
+  return path_of;
+}
 
-  std::unordered_set<const torch::nn::Module*> prebuilt_modules;
-  for (const auto& unit : prebuilt) {
+void FsdpState::adopt_prebuilt_units(std::vector<std::shared_ptr<Unit>> prebuilt) {
+  const auto path_of = module_paths();
+  for (auto& unit : prebuilt) {
     auto found = path_of.find(unit->module().get());
     if (found == path_of.end()) {
       throw std::invalid_argument(
@@ -90,10 +114,14 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
                              "policy does not select that path");
     }
     unit->adopt(this, found->second);
-    prebuilt_modules.insert(unit->module().get());
-    units_.push_back(unit);
+    units_.push_back(std::move(unit));
   }
+}
 
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> FsdpState::select_modules(
+    bool any_prebuilt) const {
+  std::unordered_set<const torch::nn::Module*> prebuilt_modules;
+  for (const auto& unit : units_) prebuilt_modules.insert(unit->module().get());
   // Outermost selected modules, in model order; a selected module's descendants are not visited.
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> selected;
   std::vector<std::string> taken_prefixes;
@@ -111,6 +139,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
       taken_prefixes.push_back(path);
     }
   }
+  const auto path_of = module_paths();
   for (const std::string& wanted : options_.wrap_policy.module_paths) {
     if (!path_of.empty() &&
         std::none_of(path_of.begin(), path_of.end(), [&](const auto& e) { return e.second == wanted; })) {
@@ -118,7 +147,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
                                   root_->name() + " does not have");
     }
   }
-  if (!options_.wrap_policy.empty() && selected.empty() && prebuilt.empty()) {
+  if (!options_.wrap_policy.empty() && selected.empty() && !any_prebuilt) {
     std::set<std::string> types;
     for (const auto& item : root_->named_modules("", false)) types.insert(short_type_name(*item.value()));
     std::string listed;
@@ -127,9 +156,13 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
                                 " (module types present: " + listed +
                                 "; min_params considers only blocks added with fsdp::nn::push_block)");
   }
+  return selected;
+}
+
+void FsdpState::make_units(const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& selected) {
   // A parameter already in a unit is left out of the next ones: check_parameter_ties names it.
   std::unordered_set<const void*> owned = parameter_ids(units_);
-  for (auto& [path, module] : selected) {
+  for (const auto& [path, module] : selected) {
     auto unit = std::make_shared<Unit>(module, path, /*is_root=*/false, owned, groups_, options_);
     for (const void* id : parameter_ids({unit})) owned.insert(id);
     unit->adopt(this, path);
@@ -153,20 +186,11 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroup
   auto root_unit = std::make_shared<Unit>(root_, "", /*is_root=*/true, owned, groups_, options_);
   root_unit->adopt(this, "");
   units_.push_back(std::move(root_unit));
-  std::vector<Unit*> unit_pointers;
-  for (const auto& unit : units_) unit_pointers.push_back(unit.get());
-  scheduler_->set_units(std::move(unit_pointers));
-  prepare_buffers();
-  if (options_.host_heap_trim_allowance < 0) {
-    throw std::invalid_argument("fully_shard: host_heap_trim_allowance must be 0 or more, got " +
-                                std::to_string(options_.host_heap_trim_allowance));
-  }
-  if (options_.device.is_cpu() && options_.host_heap_trim_allowance > 0) {
-    heap_guard_.emplace(options_.host_heap_trim_allowance);
-  }
+}
 
-  // Cache capacity in fp32 bytes: with bf16 compute, a gradient cast for an fp32 reduction is fp32.
-  // The reduced gradient shards in flight (up to K + 2 of them) are cached too.
+// Cache capacity in fp32 bytes: with bf16 compute, a gradient cast for an fp32 reduction is fp32.
+// The reduced gradient shards in flight (up to K + 2 of them) are cached too.
+void FsdpState::size_buffer_cache() {
   int64_t root_bytes = 0, largest_bytes = 0, largest_shard_bytes = 0;
   for (const auto& unit : units_) {
     int64_t unit_bytes = 0;

@@ -44,6 +44,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <unordered_set>
 #include <vector>
 
@@ -148,6 +150,16 @@ class FsdpState {
   PrefetchScheduler& scheduler() { return *scheduler_; }
 
  private:
+  // Construction, in order: the options' own checks; the units build_fully_sharded made while the
+  // model was built; the outermost modules the wrap policy selects among the rest (refusing a
+  // policy that names what the model lacks, or selects nothing); their units, in model order, then
+  // the root's; the buffer cache sized for them.
+  void check_options() const;
+  std::unordered_map<const torch::nn::Module*, std::string> module_paths() const;  // every module's path
+  void adopt_prebuilt_units(std::vector<std::shared_ptr<Unit>> prebuilt);
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> select_modules(bool any_prebuilt) const;
+  void make_units(const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& selected);
+  void size_buffer_cache();
   void check_parameter_ties();
   void end_of_backward();
   void reshard_after_eval();
