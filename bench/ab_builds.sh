@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two builds of fsdp-train side by side on one config: a change's step time before and after it,
 # interleaved (before, after, before, after, ...) on the same machine in one run, then
-# bench/compare_runs.py's table (median step after the first 5) and its JSON in out/bench/.
+# bench/compare_runs.py's table (median step after the first 5) and its JSON in out/bench/; the
+# runs in a new out/bench/ab.XXXXXX/.
 #   bash bench/ab_builds.sh BEFORE_FSDP_TRAIN AFTER_FSDP_TRAIN RANKS ROUNDS CONFIG [--set key=value ...]
 # The "before" binary comes from a worktree of the earlier commit, built once:
 #   git worktree add /tmp/before/src COMMIT
@@ -21,8 +22,8 @@ for binary in "$before" "$after"; do
 done
 root_dir=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root_dir"
-work=out/bench/ab
-mkdir -p "$work"
+mkdir -p out/bench
+work=$(mktemp -d out/bench/ab.XXXXXX)  # this run's own directory: nothing earlier is overwritten
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 runs=()
 for round in $(seq 1 "$rounds"); do
@@ -30,7 +31,6 @@ for round in $(seq 1 "$rounds"); do
     binary=$before
     [ "$side" = after ] && binary=$after
     out="$work/$side-$round"
-    rm -rf "$out"  # this script's own output from an earlier run
     mpirun --oversubscribe --bind-to none -np "$ranks" "$binary" "$config" --progress lines --output-dir "$out" \
       --set eval.every=0 --set eval.sample_tokens=0 --set train.report_every=0 "$@" >"$out.log" 2>&1 ||
       { echo "ab_builds: the $side run of round $round failed (log: $out.log):" >&2; tail -n 20 "$out.log" >&2; exit 1; }

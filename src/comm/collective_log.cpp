@@ -3,12 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <map>
 #include <mutex>
 
 #include "fsdp/comm/agreement.h"
+#include "fsdp/number_order.h"
 
 namespace fsdp::comm {
 
@@ -28,31 +28,10 @@ uint64_t fnv1a(uint64_t hash, const void* data, size_t size) {
   return hash;
 }
 
-// Channel names in the order their groups were made: "world/split#9" before "world/split#10" (digit
-// runs compare as numbers), so a step's first differing collective is looked for in the same group
-// whatever number of groups earlier code split off.
-struct CreationOrder {
-  bool operator()(const std::string& a, const std::string& b) const {
-    size_t i = 0, j = 0;
-    while (i < a.size() && j < b.size()) {
-      if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
-        size_t i_end = i, j_end = j;
-        while (i_end < a.size() && std::isdigit(static_cast<unsigned char>(a[i_end]))) ++i_end;
-        while (j_end < b.size() && std::isdigit(static_cast<unsigned char>(b[j_end]))) ++j_end;
-        const std::string x = a.substr(i, i_end - i), y = b.substr(j, j_end - j);
-        if (x.size() != y.size()) return x.size() < y.size();  // no leading zeros in split numbers
-        if (x != y) return x < y;
-        i = i_end;
-        j = j_end;
-      } else {
-        if (a[i] != b[j]) return a[i] < b[j];
-        ++i;
-        ++j;
-      }
-    }
-    return a.size() - i < b.size() - j;
-  }
-};
+// Channel names in the order their groups were made: "world/split#9" before "world/split#10", so a
+// step's first differing collective is looked for in the same group whatever number of groups
+// earlier code split off.
+using CreationOrder = NumberOrder;
 
 // One communicator's records in this step, in issue order.
 struct ChannelLog {

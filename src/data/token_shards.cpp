@@ -6,44 +6,14 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cctype>
 #include <filesystem>
 #include <stdexcept>
+
+#include "fsdp/number_order.h"
 
 namespace fsdp::data {
 
 namespace fs = std::filesystem;
-
-namespace {
-
-// "shard-99999.tok" before "shard-100000.tok": runs of digits compare as numbers, the rest as
-// bytes (what sort -V does for these names).
-bool names_in_number_order(const std::string& a, const std::string& b) {
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
-      size_t i_end = i, j_end = j;
-      while (i_end < a.size() && std::isdigit(static_cast<unsigned char>(a[i_end]))) ++i_end;
-      while (j_end < b.size() && std::isdigit(static_cast<unsigned char>(b[j_end]))) ++j_end;
-      size_t i_digits = i, j_digits = j;  // leading zeros do not count
-      while (i_digits + 1 < i_end && a[i_digits] == '0') ++i_digits;
-      while (j_digits + 1 < j_end && b[j_digits] == '0') ++j_digits;
-      if (i_end - i_digits != j_end - j_digits) return i_end - i_digits < j_end - j_digits;
-      const int order = a.compare(i_digits, i_end - i_digits, b, j_digits, j_end - j_digits);
-      if (order != 0) return order < 0;
-      if (i_end - i != j_end - j) return i_end - i < j_end - j;
-      i = i_end;
-      j = j_end;
-    } else {
-      if (a[i] != b[j]) return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[j]);
-      ++i;
-      ++j;
-    }
-  }
-  return a.size() - i < b.size() - j;
-}
-
-}  // namespace
 
 std::vector<std::string> token_shard_paths(const std::string& spec) {
   std::vector<std::string> paths;
@@ -64,7 +34,7 @@ std::vector<std::string> token_shard_paths(const std::string& spec) {
   } else {
     paths.push_back(spec);  // one token file: TokenFile says what is wrong with it, if anything
   }
-  std::sort(paths.begin(), paths.end(), names_in_number_order);
+  std::sort(paths.begin(), paths.end(), in_number_order);  // shard-99999 before shard-100000
   return paths;
 }
 
