@@ -303,7 +303,6 @@ fsdp::models::LoraBaseDtype lora_base_dtype_flag(const std::string& name) {
   throw std::invalid_argument("lora base dtype '" + name + "' (expected " + fsdp::names_listed(stored) + ")");
 }
 
-// The command line: every flag, and the PlanInput fields a flag sets directly.
 // One flag per sharding setting (runtime/sharding_settings.h), named after its config key
 // (fsdp.max_inflight: --max-inflight; a boolean one is a flag, --prefetch=false turns it off).
 struct SettingFlag {
@@ -312,6 +311,7 @@ struct SettingFlag {
   std::function<void(fsdp::runtime::ShardingSettings&)> apply;  // sets the given value
 };
 
+// The command line: every flag, and the PlanInput fields a flag sets directly.
 struct PlanFlags {
   std::string config_path, model_name, memory, overhead, json_path;
   std::vector<std::string> overrides;
