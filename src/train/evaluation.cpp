@@ -1,4 +1,5 @@
 #include "evaluation.h"
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 
 #include <torch/torch.h>
@@ -41,23 +42,32 @@ ChatScores score_answers(const ModelInUse& m, const data::Batch& batch, const st
       m.model.image_text_loss(images, chats.ids.to(m.device), targets.to(m.device), chats.ids.numel()).item<double>();
   scores.totals[2] = targets.ne(-100).sum().item<double>();
 
-  at::Tensor ids = m.chat->prompts(rows).to(m.device);
+  // Every forward runs over the whole chat, [rows, prompt + longest answer], the answer's places
+  // filled as they are generated (end-of-text until then): the causal mask keeps a position's
+  // logits from seeing the places after it, and one shape for every token keeps libtorch's
+  // shape-keyed caches (oneDNN's primitives) from growing with each length: a context grown a
+  // token at a time left 70 MiB of them live after LLaVA's evaluation of 128 images (2026-12-06).
+  const int64_t prompt = m.chat->prompt_length(), longest = m.chat->longest_answer_tokens();
   const int64_t end_of_text = m.chat->end_of_text();
+  at::Tensor ids = at::full({rows, prompt + longest}, end_of_text, at::TensorOptions().dtype(at::kLong));
+  ids.narrow(1, 0, prompt).copy_(m.chat->prompts(rows));
+  ids = ids.to(m.device);
   at::Tensor ended = at::logical_not(real).to(m.device);  // padding rows count as ended
-  for (int64_t k = 0; k < m.chat->longest_answer_tokens(); ++k) {
+  int64_t answered = 0;                                   // answer tokens generated
+  while (answered < longest) {
     // The chats' own vocabulary only, bytes and end-of-text: never the image token, which would
     // ask for a second image.
-    const at::Tensor last = m.model.image_text_logits(images, ids).select(1, ids.size(1) - 1);  // [rows, vocab]
+    const at::Tensor last = m.model.image_text_logits(images, ids).select(1, prompt + answered - 1);  // [rows, vocab]
     const at::Tensor choice = at::cat({last.narrow(1, 0, 256), last.narrow(1, end_of_text, 1)}, 1).argmax(-1);
     const at::Tensor next = at::where(choice.eq(256), at::full_like(choice, end_of_text), choice);  // [rows]
-    ids = at::cat({ids, next.unsqueeze(1)}, 1);
+    ids.select(1, prompt + answered).copy_(next);
+    ++answered;
     ended = ended.logical_or(next.eq(end_of_text));
     at::Tensor open = at::logical_not(ended).sum().to(at::kCPU, at::kDouble).reshape({1});
     if (m.world->size() > 1) m.world->all_reduce(open, comm::ReduceOp::Sum)->wait();
     if (open.item<double>() == 0.0) break;
   }
-  const at::Tensor generated =
-      ids.narrow(1, m.chat->prompt_length(), ids.size(1) - m.chat->prompt_length()).cpu().contiguous();
+  const at::Tensor generated = ids.narrow(1, prompt, answered).cpu().contiguous();
   const at::Tensor labels = batch.targets.to(at::kCPU, at::kLong);
   for (int64_t r = 0; r < rows; ++r) {
     if (weights[static_cast<size_t>(r)] <= 0.0f) continue;
