@@ -22,6 +22,7 @@
 #include "fsdp/plan/plan_fit.h"
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/sharding_settings.h"
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/planning.h"
@@ -398,7 +399,7 @@ void declare_flags(CLI::App& app, PlanFlags& f) {
   app.add_flag("--embeddings-in-root", f.embeddings_in_root,
                "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
   app.add_option("--overhead", f.overhead,
-                 "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 128MiB for a config "
+                 "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 152MiB for a config "
                  "with train.device = cpu; --calibrate measures)");
   app.add_option("--tflops", f.tflops, "compute rate per rank, TFLOP/s (e.g. 700 for bf16 on an H100 at ~70%)")
       ->check(CLI::NonNegativeNumber);
@@ -527,8 +528,9 @@ void calibrate(PlanInput& in, const fsdp::comm::ProcessGroupPtr& world, bool lea
   // measured 1.0 GFLOP/s against 72 in fp32 (2026-12-05), a 70x wrong step estimate.
   const bool widened = in.cpu && !fsdp::runtime::cpu_has_bf16_instructions();
   const at::ScalarType dtype = in.param_dtype == at::kBFloat16 && !widened ? at::kBFloat16 : at::kFloat;
+  // libtorch and MPI loaded, nothing trained; on the CPU training's heap cache comes on top.
   in.overhead_bytes =
-      std::max<int64_t>(0, fsdp::shard::resident_host_bytes());  // libtorch and MPI loaded, nothing trained
+      std::max<int64_t>(0, fsdp::shard::resident_host_bytes()) + (in.cpu ? fsdp::plan::kCpuHeapCacheBytes : 0);
   world->barrier()->wait();
   double rate = matmul_rate(dtype, 0.5);  // every rank at once, as in training
   at::Tensor slowest = at::tensor({rate}, at::kDouble);

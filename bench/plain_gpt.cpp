@@ -18,6 +18,7 @@
 #include <fstream>
 
 #include "fsdp/models/gpt.h"
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 #include "fsdp/train/reporting.h"
 

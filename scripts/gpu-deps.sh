@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Debian packages fsdp.cpp builds against that a GPU machine's image may lack (Open MPI, its
-# libraries, toml++, CLI11, nlohmann-json, GoogleTest, zlib's headers), downloaded here as .deb
+# libraries, toml++, CLI11, nlohmann-json, GoogleTest, zlib's headers, tcmalloc), downloaded here as .deb
 # files into .gpu-deps/ (ignored by git, about 9 MB) for a machine that cannot reach a package
 # registry. scripts/gpu-check.sh unpacks them under /tmp there (never into /) when mpicxx is
 # missing, and points the build and mpirun at them (OPAL_PREFIX relocates Open MPI).
@@ -17,7 +17,7 @@ packages=(
   libnl-3-200 libnl-route-3-200 libmunge2 libnuma1 libltdl7 libxnvctrl0 libgfortran5
   # The libraries the build links or includes.
   libtomlplusplus3 libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libgtest-dev zlib1g zlib1g-dev
-  libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2
+  libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2 libtcmalloc-minimal4
 )
 mkdir -p .gpu-deps
 # apt's sandbox user must be able to write there; as root without it, apt warns and goes on.

@@ -17,6 +17,7 @@ packages=(
   python3 python3-venv python3-pip   # the virtual environment that holds the torch wheel
   libopenmpi-dev openmpi-bin
   libgtest-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev libpcre2-dev libutf8proc-dev
+  libtcmalloc-minimal4               # the apps' malloc (include/fsdp/shard/host_heap.h)
   fortunes dataset-fashion-mnist
 )
 # shellcheck disable=SC2206  # a space-separated list on purpose

@@ -20,6 +20,7 @@
 #include "flat_ranges.h"
 #include "fsdp/comm/agreement.h"
 #include "fsdp/shard/nf4_storage.h"
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 #include "shape_text.h"
 

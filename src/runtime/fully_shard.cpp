@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 #include "prefetch_scheduler.h"
 #include "unit.h"

@@ -5,7 +5,6 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -160,32 +159,6 @@ void allocate_storage(const at::Tensor& t, size_t nbytes) {
 }
 
 bool storage_is_allocated(const at::Tensor& t) { return t.storage().nbytes() > 0; }
-
-bool keep_freed_host_memory_mapped() {
-  const bool threshold = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;  // glibc's maximum on 64-bit
-  const bool trim = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
-  return threshold && trim;
-}
-
-void release_free_host_memory() { malloc_trim(0); }
-
-int64_t resident_host_bytes() {
-  std::FILE* statm = std::fopen("/proc/self/statm", "r");
-  if (statm == nullptr) return -1;
-  long long pages = 0, resident = -1;
-  const bool read = std::fscanf(statm, "%lld %lld", &pages, &resident) == 2;
-  std::fclose(statm);
-  return read ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : -1;
-}
-
-HeapGrowthGuard::HeapGrowthGuard(int64_t allowance) : allowance_(allowance), base_(resident_host_bytes()) {}
-
-void HeapGrowthGuard::check() {
-  const int64_t now = resident_host_bytes();
-  if (now < 0 || base_ < 0 || now <= base_ + allowance_) return;
-  release_free_host_memory();
-  base_ = resident_host_bytes();  // lower after a trim; `now` where the growth was live memory
-}
 
 int64_t mapped_host_buffer_bytes() { return g_mapped_bytes.load(); }
 

@@ -46,7 +46,8 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.lora_base_dtype = lora != nullptr && lora->enabled() ? resolved_lora_base_dtype(c) : c.lora_base_dtype;
   in.micro_batch = c.global_batch / (static_cast<int64_t>(ranks) * c.micro_batches);
   in.cpu = c.device == c10::DeviceType::CPU;
-  in.overhead_bytes = in.cpu ? plan::kCpuProcessOverheadBytes : plan::kGpuProcessOverheadBytes;
+  in.overhead_bytes =
+      in.cpu ? plan::kCpuProcessOverheadBytes + plan::kCpuHeapCacheBytes : plan::kGpuProcessOverheadBytes;
   return in;
 }
 

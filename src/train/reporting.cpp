@@ -1,8 +1,8 @@
 #include "fsdp/train/reporting.h"
 
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 
-#include <malloc.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -49,7 +49,7 @@ bool memory_trace_enabled() {
 }
 
 namespace {
-// Samples glibc's bytes in use every millisecond while the trace is on: the phase's peak of live
+// Samples the heap's bytes in use every millisecond while the trace is on: the phase's peak of live
 // allocations (what a model of memory predicts), beside the resident peak (what the kernel charges).
 class HeapSampler {
  public:
@@ -62,8 +62,7 @@ class HeapSampler {
 
  private:
   static size_t in_use() {
-    const struct mallinfo2 heap = mallinfo2();
-    return heap.uordblks + heap.hblkhd + static_cast<size_t>(shard::mapped_host_buffer_bytes());
+    return static_cast<size_t>(shard::host_heap_bytes().in_use + shard::mapped_host_buffer_bytes());
   }
   void run() {
     while (!stop_) {
@@ -83,17 +82,15 @@ class HeapSampler {
 void trace_memory(int rank, int64_t step, const char* phase) {
   if (!memory_trace_enabled()) return;
   static HeapSampler sampler;
-  const struct mallinfo2 heap = mallinfo2();
+  const shard::HostHeapBytes heap = shard::host_heap_bytes();
   const int64_t phase_peak_kib = status_kib("VmHWM:");
   const double buffers = static_cast<double>(shard::mapped_host_buffer_bytes());
-  std::fprintf(
-      stderr,
-      "memory-trace rank %d step %lld until %-10s peak: resident %8.1f MiB, live %8.1f MiB; now: resident %8.1f MiB, "
-      "live %8.1f MiB = heap in use %8.1f + fsdp buffers %8.1f MiB; heap mapped %8.1f MiB (arena %8.1f, mmap %8.1f)\n",
-      rank, static_cast<long long>(step), phase, phase_peak_kib / 1024.0, sampler.take_peak() / 1048576.0,
-      status_kib("VmRSS:") / 1024.0, (heap.uordblks + heap.hblkhd + buffers) / 1048576.0,
-      (heap.uordblks + heap.hblkhd) / 1048576.0, buffers / 1048576.0, (heap.arena + heap.hblkhd) / 1048576.0,
-      heap.arena / 1048576.0, heap.hblkhd / 1048576.0);
+  std::fprintf(stderr,
+               "memory-trace rank %d step %lld until %-10s peak: resident %8.1f MiB, live %8.1f MiB; now: resident "
+               "%8.1f MiB, live %8.1f MiB = heap in use %8.1f + fsdp buffers %8.1f MiB; %s heap mapped %8.1f MiB\n",
+               rank, static_cast<long long>(step), phase, phase_peak_kib / 1024.0, sampler.take_peak() / 1048576.0,
+               status_kib("VmRSS:") / 1024.0, (heap.in_use + buffers) / 1048576.0, heap.in_use / 1048576.0,
+               buffers / 1048576.0, shard::host_heap_name(), heap.mapped / 1048576.0);
   // Reset VmHWM to the current resident size (Linux >= 4.0), so the next line shows the next phase's peak.
   peak_before_reset_bytes = std::max(peak_before_reset_bytes, phase_peak_kib * 1024);
   std::ofstream("/proc/self/clear_refs") << "5";

@@ -25,6 +25,7 @@
 #include "fsdp/models/bf16_matmul.h"
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/device_memory.h"
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/sampler.h"
@@ -83,6 +84,7 @@ class Trainer {
 
   void prepare() {
     baseline_resident_bytes_ = peak_resident_bytes();
+    trace_memory(rank_, 0, "launched");  // libtorch and MPI loaded: the process's own memory
     load_and_check_data();
     // The output directory: this run's, and no other job's (run_directory.h). Collective.
     claim_run_directory();
@@ -756,9 +758,11 @@ class Trainer {
       plan::PlanInput input = plan_input(resolved, n_);
       input.data_bytes = held_bytes(data_);
       record["predicted_peak_bytes_per_rank"] = static_cast<double>(plan::make_plan(input).peak_bytes);
-      if (device_.is_cpu())
+      if (device_.is_cpu()) {
         record["process_baseline_bytes"] =
-            baseline_resident_bytes_;  // rank 0's, against plan::kCpuProcessOverheadBytes
+            baseline_resident_bytes_;                   // rank 0's, against plan::kCpuProcessOverheadBytes
+        record["host_heap"] = shard::host_heap_name();  // whose cache plan::kCpuHeapCacheBytes stands for
+      }
     } catch (const std::exception&) {
       // No prediction for this configuration: the report says so.
     }

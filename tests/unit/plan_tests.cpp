@@ -158,10 +158,12 @@ TEST(Plan, ACpuRunsPeakIsTheWholeProcess) {
             cpu.memory.device_total() + cpu.memory.host_total + (55LL << 20) + cpu.memory.checkpoint_staging);
 }
 
-// fsdp-train's config keys decide the overhead: the measured CPU process, or a GPU's round figure.
+// fsdp-train's config keys decide the overhead: the measured CPU process and its heap's cache, or a GPU's
+// round figure.
 TEST(Plan, ProcessOverheadFollowsTheDevice) {
   fsdp::train::TrainConfig config = fsdp::train::parse_train_config("[model]\nname = \"gpt-tiny\"\n", "test.toml");
-  EXPECT_EQ(fsdp::train::plan_input(config, 2).overhead_bytes, fsdp::plan::kCpuProcessOverheadBytes);
+  EXPECT_EQ(fsdp::train::plan_input(config, 2).overhead_bytes,
+            fsdp::plan::kCpuProcessOverheadBytes + fsdp::plan::kCpuHeapCacheBytes);
   EXPECT_TRUE(fsdp::train::plan_input(config, 2).cpu);
   config.device = c10::DeviceType::CUDA;
   EXPECT_EQ(fsdp::train::plan_input(config, 2).overhead_bytes, fsdp::plan::kGpuProcessOverheadBytes);

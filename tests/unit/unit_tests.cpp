@@ -3,7 +3,9 @@
 #include <malloc.h>
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "fsdp/nn/hooks.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/shard/flat_param.h"
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 #include "process_memory.h"
 
@@ -349,10 +352,28 @@ TEST(Storage, BufferCacheReusesSameSizeWithinCapacity) {
   fsdp::shard::set_buffer_cache_capacity(before);
 }
 
+// The heap's bytes in use follow the program's allocations, whichever malloc serves it: glibc's in
+// this test program, which does not link tcmalloc (the apps do: tests/cli/config_memory.py checks
+// their runs report it).
+TEST(HostHeap, CountsTheProgramsLiveBytesAndHandsFreePagesBack) {
+  EXPECT_EQ(fsdp::shard::host_heap(), fsdp::shard::HostHeap::Glibc);
+  EXPECT_STREQ(fsdp::shard::host_heap_name(), "glibc");
+  const int64_t before = fsdp::shard::host_heap_bytes().in_use;
+  std::vector<std::unique_ptr<char[]>> blocks;
+  for (int i = 0; i < 64; ++i) blocks.emplace_back(new char[64 << 10]());  // 4 MiB in 64 KiB blocks
+  const fsdp::shard::HostHeapBytes held = fsdp::shard::host_heap_bytes();
+  EXPECT_GE(held.in_use - before, 4 << 20);
+  EXPECT_GE(held.mapped, held.in_use);
+  blocks.clear();
+  EXPECT_LT(fsdp::shard::host_heap_bytes().in_use - before, 1 << 20);
+  fsdp::shard::release_free_host_memory();
+  EXPECT_LE(fsdp::shard::host_heap_bytes().mapped, held.mapped);
+}
+
 // FSDP's host buffers of 1 MiB or more live outside glibc's heap (so their holes cannot fragment
 // it), when made and when re-allocated after a free; smaller ones come from the heap as usual.
 TEST(Storage, LargeHostBuffersAreMappedOutsideTheHeap) {
-  auto heap_in_use = [] { return static_cast<int64_t>(mallinfo2().uordblks); };
+  auto heap_in_use = [] { return fsdp::shard::host_heap_bytes().in_use; };
   const int64_t numel = (8 << 20) / 4;  // 8 MiB of float32: under glibc's 32 MiB mmap threshold
   const int64_t before = heap_in_use();
   at::Tensor large = fsdp::shard::empty_buffer(numel, at::kFloat).fill_(2.0f);

@@ -27,7 +27,8 @@
 //                plan_activation_bytes; composed attention keeps the softmax output, a fused kernel
 //                its log-sum-exp; a chunked loss one chunk's logits at a time)
 //   overhead     the process itself (libtorch, communication library; a CUDA context on a GPU):
-//                kGpuProcessOverheadBytes, or on the CPU kCpuProcessOverheadBytes (measured)
+//                kGpuProcessOverheadBytes, or on the CPU kCpuProcessOverheadBytes plus the heap's
+//                cache, kCpuHeapCacheBytes (both measured)
 //   data         the training and validation data the rank holds in memory (host memory; token
 //                files are memory-mapped and count 0). Evaluation runs a micro-batch at a time
 //                without saved activations: below the training's activations, never a peak of its own
@@ -57,6 +58,11 @@ namespace fsdp::plan {
 // libtorch 2.11 (2026-12-05: 122-128 MiB at 2 ranks, resident before the data and the model).
 constexpr int64_t kGpuProcessOverheadBytes = 512LL << 20;
 constexpr int64_t kCpuProcessOverheadBytes = 128LL << 20;
+// On the CPU the heap also keeps blocks training freed, for the next step (tcmalloc's thread and
+// central caches and free pages, shard/host_heap.h): over the seven configs of configs/ at 2 ranks
+// (2026-12-06, the memory trace), the resident peak stood 15-38 MiB (median 26) above the launch's
+// resident memory plus the live bytes' growth. Part of a CPU run's overhead.
+constexpr int64_t kCpuHeapCacheBytes = 24LL << 20;
 
 // One configuration: the sharding settings (runtime/sharding_settings.h, as the runtime takes
 // them; shard_group_size 0 is ranks_per_node here), the model, the batch and the machine.

@@ -55,6 +55,7 @@
 #include "fsdp/runtime/sharding_groups.h"
 #include "fsdp/runtime/wrap_policy.h"
 #include "fsdp/shard/flat_param.h"
+#include "fsdp/shard/host_heap.h"
 #include "fsdp/shard/storage.h"
 
 namespace fsdp::runtime {

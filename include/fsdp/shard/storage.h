@@ -33,37 +33,6 @@ void set_buffer_cache_capacity(int64_t bytes);
 int64_t buffer_cache_capacity();
 int64_t buffer_cache_bytes();  // held now
 void clear_buffer_cache();
-// For the whole process (training programs call it first): glibc's malloc keeps freed blocks up
-// to 32 MiB (its largest mmap threshold) in its heap instead of unmapping them, and does not trim
-// the heap, so activations and gradients reuse resident pages instead of faulting fresh ones in.
-// Resident memory then stays near its peak rather than falling between steps. Returns false if
-// glibc refused a setting.
-bool keep_freed_host_memory_mapped();
-
-// Returns the free pages of the host heap to the OS (glibc's malloc_trim), holes in the middle
-// included. For the moment between building a model and training it: construction frees whole
-// blocks' parameters (each block is built in full, then sharded), leaving holes that training's
-// smaller allocations would not fill, and that would otherwise stay resident for good.
-void release_free_host_memory();
-
-// This process's resident memory now, in bytes (/proc/self/statm; -1 where it cannot be read).
-int64_t resident_host_bytes();
-
-// Trims the heap (release_free_host_memory) whenever resident memory has grown `allowance` bytes
-// past where it stood when the guard was made or last trimmed. For loops of small, varied
-// allocations that glibc's heap strands instead of reusing (evaluation: a ViT's 79 test chunks
-// grew the resident set 90 MiB with its live bytes flat, 2026-12-05): the resident peak stays
-// within the allowance, and the page faults a trim costs come once per `allowance` of growth, not
-// once per iteration.
-class HeapGrowthGuard {
- public:
-  explicit HeapGrowthGuard(int64_t allowance);
-  void check();  // cheap: one read of /proc/self/statm
-
- private:
-  int64_t allowance_, base_;
-};
-
 // Blocks the host until the work queued on `device`'s current stream is done (no-op on the CPU).
 void synchronize_current_stream(at::Device device);
 
