@@ -8,7 +8,8 @@ The same GPT (default 6 blocks, width 256, 8 heads, byte vocabulary, 128-token w
 4.8 M parameters), the same global batch, trained by:
   fsdp N=1,2,4   fsdp-train FULL_SHARD (prefetch on), threads per rank = cores / N (at least 1)
   libtorch 1p    bench/plain_gpt: one process, plain libtorch, no sharding, all cores; once with
-                 fsdp-train's malloc settings (freed blocks stay mapped) and once with glibc's defaults
+                 fsdp-train's malloc (the tcmalloc it links, preloaded, and its settings) and once with
+                 glibc's defaults
   pytorch 1p     bench/torch_gpt.py in one process (Python, same kernels: the torch wheel fsdp.cpp
                  links, from .venv/)
   ddp N=2,4      bench/torch_gpt.py under DistributedDataParallel on gloo, threads = cores / N
@@ -91,6 +92,15 @@ def fsdp_run(a, ranks, work):
     return {"step_seconds": [r["step_seconds"] for r in steps[a.warmup:]], "tokens_per_step": a.batch * a.seq,
             "peak_resident_bytes": max(max(r["peak_resident_bytes_per_rank"]) for r in steps),
             "losses": [r["loss"] for r in steps]}
+
+
+def fsdp_train_malloc():
+    """The tcmalloc fsdp-train links (apps/CMakeLists.txt), as ldd finds it; None if it links none."""
+    listing = subprocess.run(["ldd", str(ROOT / "build/apps/fsdp-train")], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        if "libtcmalloc" in line and "=>" in line:
+            return line.split("=>")[1].split("(")[0].strip()
+    return None
 
 
 def json_run(a, command, name, work):
@@ -201,7 +211,10 @@ def main():
                 r = fsdp_run(a, n, work)
             elif family == "libtorch":
                 extra = ["--keep-freed-memory-mapped"] if variant == "fsdp" else []
-                r = json_run(a, [str(ROOT / "build/bench/plain_gpt"), "--threads", str(cores), *extra], name, work)
+                malloc = fsdp_train_malloc() if variant == "fsdp" else None
+                preload = ["env", f"LD_PRELOAD={malloc}"] if malloc else []
+                r = json_run(a, [*preload, str(ROOT / "build/bench/plain_gpt"), "--threads", str(cores), *extra], name,
+                             work)
                 if "error" in r:  # the baseline every ratio divides by: the comparison cannot go on
                     sys.exit(f"compare: plain libtorch failed: {r['error']}")
             else:

@@ -66,7 +66,7 @@ def mpirun(ranks):
 
 TRACE = re.compile(r"memory-trace rank (\d+) step \d+ until \S+ +peak: resident +([\d.]+) MiB, live +([\d.]+) MiB; "
                    r"now: resident +([\d.]+) MiB, live +[\d.]+ MiB = heap in use +[\d.]+ \+ fsdp buffers +([\d.]+) MiB; "
-                   r"heap mapped +([\d.]+) MiB")
+                   r"(?:\S+ )?heap mapped +([\d.]+) MiB")
 
 
 def live_peak_bytes(log):

@@ -59,7 +59,10 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Fully Sharded Data Parallel training in C
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "fsdp.cpp developers")
 set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_DEBIAN_PACKAGE_DEPENDS
-    "libopenmpi-dev, libpcre2-dev, libutf8proc-dev, openmpi-bin, nlohmann-json3-dev, zlib1g-dev, libtomlplusplus-dev, libtcmalloc-minimal4, fortunes")
+    "libopenmpi-dev, libpcre2-dev, libutf8proc-dev, openmpi-bin, nlohmann-json3-dev, zlib1g-dev, libtomlplusplus-dev, fortunes")
+if(FSDP_TCMALLOC)  # the apps' malloc (apps/CMakeLists.txt)
+  string(APPEND CPACK_DEBIAN_PACKAGE_DEPENDS ", libtcmalloc-minimal4")
+endif()
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # fsdp-cpp_0.2.0_amd64.deb
 include(CPack)

@@ -101,14 +101,15 @@ stage() {  # stage NAME SECONDS COMMAND...: runs it with a limit, logs to WORK/N
 }
 
 # Carried packages (scripts/gpu-deps.sh), unpacked under /tmp. The image may have Open MPI (then
-# only the libraries it lacks are used: toml++, CLI11, GoogleTest) or not (then all of them).
+# only the libraries it lacks are used: toml++, CLI11, GoogleTest, PCRE2, utf8proc, tcmalloc) or
+# not (then all of them).
 CMAKE_EXTRA=()
 if ls .gpu-deps/*.deb > /dev/null 2>&1; then
   DEPS=/tmp/fsdp-gpu-deps
   rm -rf "$DEPS" && mkdir -p "$DEPS/bin"
   for deb in .gpu-deps/*.deb; do
     if command -v mpicxx > /dev/null; then
-      case $(basename "$deb") in libtomlplusplus*|libcli11-dev*|libgtest-dev*|libpcre2*|libutf8proc*) ;; *) continue ;; esac
+      case $(basename "$deb") in libtomlplusplus*|libcli11-dev*|libgtest-dev*|libpcre2*|libutf8proc*|libtcmalloc*) ;; *) continue ;; esac
     fi
     dpkg-deb -x "$deb" "$DEPS" || echo "gpu-check: could not unpack $deb"
   done
@@ -118,6 +119,7 @@ if ls .gpu-deps/*.deb > /dev/null 2>&1; then
   done
   L="$DEPS/usr/lib/x86_64-linux-gnu"
   CMAKE_EXTRA=(-Dtomlplusplus_DIR="$L/cmake/tomlplusplus" -DGTest_DIR="$L/cmake/GTest" -DCLI11_DIR="$DEPS/usr/share/cmake/CLI11")
+  [ -e "$L/libtcmalloc_minimal.so.4" ] && CMAKE_EXTRA+=(-DFSDP_TCMALLOC_LIBRARY="$L/libtcmalloc_minimal.so.4")
   export LD_LIBRARY_PATH="$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"
   export LIBRARY_PATH="$L${LIBRARY_PATH:+:$LIBRARY_PATH}"

@@ -24,16 +24,17 @@ inline int64_t attention_softmax_bytes(int64_t heads, int64_t t, int64_t c, bool
 }
 
 // A GPT or ViT block for one sample of t tokens: two LayerNorm inputs and outputs (4 d), qkv
-// (3 d), the attention's output made contiguous for the projection (d), the MLP's hidden before
-// and after GELU (2 ffn); and the attention's own: composed, the contiguous copies of q, k and v
-// its batched matmuls save (3 d); fused, its output [heads, t, head_dim] beside the copy (d),
-// q, k and v being saved as the views of qkv they are. (With 11 d for both, gpt-fortunes-tiny's
-// plan stood 26 MiB above the live bytes its fused step adds, 2026-12-06.)
+// (3 d), the attention's output (d), the MLP's hidden before and after GELU (2 ffn); composed
+// attention also keeps the contiguous copies of q, k and v its batched matmuls save (3 d). A fused
+// kernel saves q, k and v as the views of qkv they are, and writes its output [t, heads,
+// head_dim] (returned transposed), so the projection reads it as it is, without a copy: 8 d. (At
+// 11 d for both, gpt-fortunes-tiny's plan stood 26 MiB above the live bytes its step adds: its
+// forward ends holding 4 blocks of 16 MiB, 8 d and 2 ffn, and the head's; 2026-12-06.)
 inline int64_t layer_norm_block_activation_bytes(int64_t dim, int64_t heads, int64_t ffn, int64_t t,
                                                  const ActivationSettings& s) {
   const int64_t c = s.compute_bytes;
-  const int64_t attention_widths = s.fused_attention ? 1 : 3;
-  return c * t * ((8 + attention_widths) * dim + 2 * ffn) + attention_softmax_bytes(heads, t, c, s.fused_attention);
+  const int64_t copies_of_q_k_v = s.fused_attention ? 0 : 3;
+  return c * t * ((8 + copies_of_q_k_v) * dim + 2 * ffn) + attention_softmax_bytes(heads, t, c, s.fused_attention);
 }
 
 // A language model's head for `t` tokens: the final norm (2 d), the logits in the compute dtype,

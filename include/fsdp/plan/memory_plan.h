@@ -59,9 +59,9 @@ namespace fsdp::plan {
 constexpr int64_t kGpuProcessOverheadBytes = 512LL << 20;
 constexpr int64_t kCpuProcessOverheadBytes = 128LL << 20;
 // On the CPU the heap also keeps blocks training freed, for the next step (tcmalloc's thread and
-// central caches and free pages, shard/host_heap.h): over the seven configs of configs/ at 2 ranks
-// (2026-12-06, the memory trace), the resident peak stood 15-38 MiB (median 26) above the launch's
-// resident memory plus the live bytes' growth. Part of a CPU run's overhead.
+// central caches and free pages, shard/host_heap.h): in three traced runs of the seven configs of
+// configs/ at 2 ranks (2026-12-06), the resident peak stood 15-38 MiB (median 26) above the
+// launch's resident memory plus the live bytes' growth. Part of a CPU run's overhead.
 constexpr int64_t kCpuHeapCacheBytes = 24LL << 20;
 
 // One configuration: the sharding settings (runtime/sharding_settings.h, as the runtime takes

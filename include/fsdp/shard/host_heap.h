@@ -23,8 +23,9 @@ const char* host_heap_name();  // "glibc" | "tcmalloc"
 // For the whole process (training programs call it first). glibc: freed blocks up to 32 MiB (its
 // largest mmap threshold) stay in its heap instead of being unmapped, and the heap is not trimmed,
 // so activations and gradients reuse resident pages instead of faulting fresh ones in. tcmalloc
-// keeps freed blocks in its size classes as it is, and needs no setting. Returns false if glibc
-// refused a setting.
+// keeps freed blocks in its size classes and hands free pages back gradually (its
+// TCMALLOC_RELEASE_RATE); left at its defaults, its steps measured 0.97x glibc's with these
+// settings (docs/benchmarks.md). Returns false if glibc refused a setting.
 bool keep_freed_host_memory_mapped();
 
 // Returns the heap's free pages to the OS (glibc's malloc_trim, holes in the middle included;
