@@ -23,7 +23,6 @@
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/sharding_settings.h"
 #include "fsdp/shard/host_heap.h"
-#include "fsdp/shard/storage.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"

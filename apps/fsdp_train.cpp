@@ -14,7 +14,6 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/shard/host_heap.h"
-#include "fsdp/shard/storage.h"
 #include "fsdp/train/construction_check.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/run_directory.h"

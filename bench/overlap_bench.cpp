@@ -25,7 +25,6 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/runtime/fully_shard.h"
 #include "fsdp/shard/host_heap.h"
-#include "fsdp/shard/storage.h"
 
 namespace {
 

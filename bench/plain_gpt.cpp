@@ -19,7 +19,6 @@
 
 #include "fsdp/models/gpt.h"
 #include "fsdp/shard/host_heap.h"
-#include "fsdp/shard/storage.h"
 #include "fsdp/train/reporting.h"
 
 int main(int argc, char** argv) {

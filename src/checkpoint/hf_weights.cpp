@@ -21,7 +21,6 @@
 #include "fsdp/comm/agreement.h"
 #include "fsdp/shard/nf4_storage.h"
 #include "fsdp/shard/host_heap.h"
-#include "fsdp/shard/storage.h"
 #include "shape_text.h"
 
 namespace fsdp::checkpoint {

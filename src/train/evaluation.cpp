@@ -1,6 +1,5 @@
 #include "evaluation.h"
 #include "fsdp/shard/host_heap.h"
-#include "fsdp/shard/storage.h"
 
 #include <torch/torch.h>
 

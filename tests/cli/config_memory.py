@@ -64,7 +64,9 @@ def main():
     mpi = [args.mpiexec, "--oversubscribe", "-np", "2"]
     if args.work:
         work = Path(args.work).resolve()
-        work.mkdir(parents=True)  # a new directory: nothing of the user's is overwritten
+        if work.exists():  # a new directory: nothing of the user's is overwritten
+            sys.exit(f"config_memory: --work {work} exists; name a new directory")
+        work.mkdir(parents=True)
     else:
         work = Path(tempfile.mkdtemp(prefix="config-memory-"))
 
