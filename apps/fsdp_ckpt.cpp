@@ -71,7 +71,7 @@ void write_hf_metadata(const fsdp::train::TrainConfig& config, const fsdp::model
     eos = tokenizer.end_of_text();
     // Fine-tuned on a chat format: generation must also stop where an answer ends.
     if (d.source == fsdp::train::DataSource::Instructions) {
-      const auto format = fsdp::data::chat_format_from_name(d.chat_format, tokenizer);
+      const auto format = fsdp::data::resolve_chat_format(d.chat_format, tokenizer);
       const int32_t end_of_turn = fsdp::data::end_of_turn(format, tokenizer);
       if (format != fsdp::data::ChatFormat::Plain && end_of_turn >= 0 && end_of_turn != eos) {
         extra_eos.push_back(end_of_turn);

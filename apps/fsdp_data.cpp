@@ -175,7 +175,13 @@ void write_fortune_instructions(const std::string& dir, const std::string& outpu
 // what the trainer sees, for checking against transformers' apply_chat_template.
 void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::string& chat_format,
                          bool split_special_tokens, const std::string& input, const std::string& output) {
-  const auto format = fsdp::data::chat_format_from_name(chat_format, tokenizer);
+  std::optional<fsdp::data::ChatFormat> requested;
+  try {
+    requested = fsdp::optional_enum_from_name<fsdp::data::ChatFormat>(chat_format);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--chat-format ") + e.what());
+  }
+  const auto format = fsdp::data::resolve_chat_format(requested, tokenizer);
   const auto content =
       split_special_tokens ? fsdp::data::ContentSpecialTokens::Text : fsdp::data::ContentSpecialTokens::Control;
   const auto examples = fsdp::data::read_instruction_jsonl(input);
@@ -190,8 +196,7 @@ void render_instructions(const fsdp::data::Tokenizer& tokenizer, const std::stri
       out << record.dump() << "\n";
     }
   });
-  std::printf("%s: %zu examples rendered (%s format)\n", output.c_str(), examples.size(),
-              fsdp::data::chat_format_name(format));
+  std::printf("%s: %zu examples rendered (%s format)\n", output.c_str(), examples.size(), fsdp::enum_name(format));
 }
 
 // A byte-level BPE tokenizer trained on the fortunes' training split (or on text files), written as
@@ -454,7 +459,9 @@ void add_render_command(CLI::App& app) {
       app.add_subcommand("render", "render instruction JSONL in the chat format: ids and trained-token masks");
   command->add_option("--input", o->input, "instruction JSONL")->required();
   command->add_option("--output", o->output, "JSON lines {\"ids\", \"trained\", \"prompt_ids\"}")->required();
-  command->add_option("--chat-format", o->format, fsdp::names_listed(fsdp::data::chat_format_names(), ", "))
+  command
+      ->add_option("--chat-format", o->format,
+                   fsdp::names_listed(fsdp::enum_names_with_auto<fsdp::data::ChatFormat>(), ", "))
       ->capture_default_str();
   command->add_flag("--split-special-tokens", o->split_special_tokens,
                     "special-token text in a message stays text (data.split_special_tokens)");

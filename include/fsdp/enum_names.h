@@ -47,6 +47,14 @@ std::vector<std::string> enum_names() {
   return names;
 }
 
+// "auto" then each name: the values an optional enum takes.
+template <class E>
+std::vector<std::string> enum_names_with_auto() {
+  std::vector<std::string> names{kAutomaticName};
+  for (std::string& name : enum_names<E>()) names.push_back(std::move(name));
+  return names;
+}
+
 // "a, b or c" (for an error's "expected"), or with `separator` between every two ("a | b | c", for
 // a help line).
 inline std::string names_listed(const std::vector<std::string>& names, const char* separator = nullptr) {
@@ -71,6 +79,17 @@ E enum_from_name(const std::string& name) {
     if (name == known) return v;
   }
   throw std::invalid_argument("'" + name + "' (expected " + enum_names_listed<E>() + ")");
+}
+
+// The value named `name`, or empty for "auto"; std::invalid_argument "'NAME' (expected auto, a, b or c)"
+// for another name.
+template <class E>
+std::optional<E> optional_enum_from_name(const std::string& name) {
+  if (name == kAutomaticName) return std::nullopt;
+  for (const auto& [v, known] : EnumNames<E>::values) {
+    if (name == known) return v;
+  }
+  throw std::invalid_argument("'" + name + "' (expected " + names_listed(enum_names_with_auto<E>()) + ")");
 }
 
 }  // namespace fsdp

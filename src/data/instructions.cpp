@@ -19,25 +19,24 @@ int32_t token_of(const Tokenizer& tokenizer, const std::string& token) {
   return hf ? hf->token_id(token) : -1;
 }
 
-// Each format: its name, the tokens its template writes (all of which the tokenizer must have as
-// tokens; the one that tells the format first, for the error), and the one that ends an answer. Plain needs none and
-// ends with end-of-text.
+// Each format: the tokens its template writes (all of which the tokenizer must have as tokens; the
+// one that tells the format first, for the error), and the one that ends an answer. Plain needs none
+// and ends with end-of-text. "auto" tries them in this order.
 struct ChatFormatSpec {
   ChatFormat format;
-  const char* name;
   std::vector<std::string> tokens;
   const char* end_of_turn;
+  const char* name() const { return enum_name(format); }
 };
 const std::vector<ChatFormatSpec>& chat_format_specs() {
   static const std::vector<ChatFormatSpec> specs = {
       {ChatFormat::Llama3,
-       "llama3",
        {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|begin_of_text|>"},
        "<|eot_id|>"},
-      {ChatFormat::ChatMl, "chatml", {"<|im_start|>", "<|im_end|>"}, "<|im_end|>"},
-      {ChatFormat::Mistral, "mistral", {"[INST]", "[/INST]", "<s>", "</s>"}, "</s>"},
-      {ChatFormat::Gemma, "gemma", {"<start_of_turn>", "<end_of_turn>", "<bos>"}, "<end_of_turn>"},
-      {ChatFormat::Plain, "plain", {}, ""},
+      {ChatFormat::ChatMl, {"<|im_start|>", "<|im_end|>"}, "<|im_end|>"},
+      {ChatFormat::Mistral, {"[INST]", "[/INST]", "<s>", "</s>"}, "</s>"},
+      {ChatFormat::Gemma, {"<start_of_turn>", "<end_of_turn>", "<bos>"}, "<end_of_turn>"},
+      {ChatFormat::Plain, {}, ""},
   };
   return specs;
 }
@@ -135,38 +134,26 @@ std::vector<InstructionExample> read_instruction_jsonl(const std::string& path) 
   return examples;
 }
 
-const std::vector<std::string>& chat_format_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out{"auto"};
-    for (const auto& spec : chat_format_specs()) out.push_back(spec.name);
-    return out;
-  }();
-  return names;
-}
-
-ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& tokenizer) {
-  if (name == "auto") {
+ChatFormat resolve_chat_format(std::optional<ChatFormat> requested, const Tokenizer& tokenizer) {
+  if (!requested) {
     // The first format whose tokens the tokenizer has all of (the plain one has none).
     for (const auto& spec : chat_format_specs()) {
       if (missing_token(spec, tokenizer).empty()) return spec.format;
     }
+    throw std::logic_error("the plain chat format needs no tokens, yet was not chosen");
   }
-  for (const auto& spec : chat_format_specs()) {
-    if (name != spec.name) continue;
-    if (const std::string missing = missing_token(spec, tokenizer); !missing.empty()) {
-      throw std::invalid_argument("chat format " + name + " needs a tokenizer with " + missing +
-                                  " as a token of its own; the " + tokenizer.name() + " tokenizer has none");
-    }
-    return spec.format;
+  const ChatFormatSpec& spec = spec_of(*requested);
+  if (const std::string missing = missing_token(spec, tokenizer); !missing.empty()) {
+    throw std::invalid_argument("chat format " + std::string(spec.name()) + " needs a tokenizer with " + missing +
+                                " as a token of its own; the " + tokenizer.name() + " tokenizer has none");
   }
-  throw std::invalid_argument("chat format '" + name + "' (expected " + names_listed(chat_format_names()) + ")");
+  return spec.format;
 }
-
-const char* chat_format_name(ChatFormat format) { return spec_of(format).name; }
 
 int32_t end_of_turn(ChatFormat format, const Tokenizer& tokenizer) {
   const ChatFormatSpec& spec = spec_of(format);
-  return format == ChatFormat::Plain ? tokenizer.end_of_text() : required_token(tokenizer, spec.end_of_turn, spec.name);
+  return format == ChatFormat::Plain ? tokenizer.end_of_text()
+                                     : required_token(tokenizer, spec.end_of_turn, spec.name());
 }
 
 namespace {

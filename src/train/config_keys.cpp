@@ -70,13 +70,6 @@ template <class E>
 struct is_automatic_enum<std::optional<E>> : has_enum_names<E> {};
 
 template <class T>
-std::vector<std::string> automatic_enum_names() {
-  std::vector<std::string> names{kAutomaticName};
-  for (std::string& name : enum_names<typename T::value_type>()) names.push_back(std::move(name));
-  return names;
-}
-
-template <class T>
 constexpr ConfigType type_of() {
   if constexpr (has_enum_names<T>::value || is_automatic_enum<T>::value) return ConfigType::String;
   else if constexpr (std::is_same_v<T, bool>) return ConfigType::Boolean;
@@ -98,14 +91,9 @@ ConfigValue to_value(const T& v) {
 template <class T>
 T from_value(const ConfigValue& v) {
   if constexpr (has_enum_names<T>::value) return enum_from_name<T>(std::get<std::string>(v));
-  else if constexpr (is_automatic_enum<T>::value) {
-    const std::string& name = std::get<std::string>(v);
-    if (name == kAutomaticName) return T{};
-    for (const auto& [value, known] : EnumNames<typename T::value_type>::values) {
-      if (name == known) return T{value};
-    }
-    throw std::invalid_argument("'" + name + "' (expected " + names_listed(automatic_enum_names<T>()) + ")");
-  } else if constexpr (std::is_same_v<T, bool>) return std::get<bool>(v);
+  else if constexpr (is_automatic_enum<T>::value)
+    return optional_enum_from_name<typename T::value_type>(std::get<std::string>(v));
+  else if constexpr (std::is_same_v<T, bool>) return std::get<bool>(v);
   else if constexpr (std::is_integral_v<T>) return static_cast<T>(std::get<int64_t>(v));
   else if constexpr (std::is_floating_point_v<T>) return static_cast<T>(std::get<double>(v));
   else return std::get<std::string>(v);
@@ -130,26 +118,13 @@ ConfigKey key(std::string name, Field field, std::string help) {
 // "a | b | c": an enum key's values, for its help (an optional enum's start with auto).
 template <class E>
 std::string alternatives() {
-  if constexpr (is_automatic_enum<E>::value) return names_listed(automatic_enum_names<E>(), " | ");
+  if constexpr (is_automatic_enum<E>::value) return names_listed(enum_names_with_auto<typename E::value_type>(), " | ");
   else return enum_names_listed<E>(" | ");
 }
 
 // ---- Checks ----
 
 std::string unless(bool ok, const std::string& message) { return ok ? std::string() : message; }
-
-// "KEY 'VALUE' (expected a, b or c)" unless value is one of them.
-std::function<std::string(const TrainConfig&)> one_of(const std::string& name,
-                                                      std::function<std::string(const TrainConfig&)> value,
-                                                      std::vector<std::string> choices) {
-  return [name, value, choices](const TrainConfig& c) {
-    const std::string v = value(c);
-    for (const auto& choice : choices) {
-      if (v == choice) return std::string();
-    }
-    return name + " '" + v + "' (expected " + names_listed(choices) + ")";
-  };
-}
 
 // ---- [model]: the keys are the families' fields (ModelFamily::fields), one key per field name ----
 
@@ -450,10 +425,8 @@ void declare_example_keys(KeyList& keys) {
   add(key("data.validation_jsonl", MEMBER(data.validation_jsonl),
           "instructions: held-out examples (else validation_percent)"));
   add(key("data.chat_format", MEMBER(data.chat_format),
-          "auto (the first of llama3, chatml, mistral, gemma whose tokens the tokenizer has, else plain) | llama3 | "
-          "chatml | mistral | gemma | plain"))
-      .check = one_of(
-      "data.chat_format", [](const TrainConfig& c) { return c.data.chat_format; }, data::chat_format_names());
+          "instructions: " + alternatives<std::optional<data::ChatFormat>>() +
+              " (auto: the first format whose tokens the tokenizer has, else plain)"));
   add(key("data.packing", MEMBER(data.packing),
           "instructions: several examples to a row of train.seq_len, each attending only to itself (no padding paid "
           "for)"))

@@ -47,7 +47,7 @@ LoadedData load_instructions(const TrainConfig& c) {
   const auto& d = c.data;
   LoadedData loaded;
   loaded.tokenizer = data::make_tokenizer(d.tokenizer, d.vocab_json, d.merges_txt, d.tokenizer_json);
-  loaded.chat_format = data::chat_format_from_name(d.chat_format, *loaded.tokenizer);
+  loaded.chat_format = data::resolve_chat_format(d.chat_format, *loaded.tokenizer);
   std::vector<data::InstructionExample> train = data::read_instruction_jsonl(d.train_jsonl), validation;
   if (!d.validation_jsonl.empty()) {
     validation = data::read_instruction_jsonl(d.validation_jsonl);
@@ -67,8 +67,7 @@ LoadedData load_instructions(const TrainConfig& c) {
     throw std::runtime_error(c.source +
                              ": data.packing needs a token that ends each answer, so that a packed example's "
                              "end is learnt; chat format " +
-                             std::string(data::chat_format_name(loaded.chat_format)) + " with the " +
-                             loaded.tokenizer->name() +
+                             std::string(enum_name(loaded.chat_format)) + " with the " + loaded.tokenizer->name() +
                              " tokenizer has none (no end-of-text token): use an hf or gpt2 tokenizer");
   }
   const int32_t pad = end >= 0 ? end : 0;  // padding is never attended to by a real token, nor trained
@@ -96,7 +95,7 @@ LoadedData load_instructions(const TrainConfig& c) {
   loaded.dropped_examples = train_set->dropped() + validation_set->dropped();
   loaded.vocab = loaded.tokenizer->vocab_size();
   loaded.description = "instructions " + d.train_jsonl + (d.validation_jsonl.empty() ? "" : ", " + d.validation_jsonl) +
-                       " (" + loaded.tokenizer->name() + " tokenizer, " + data::chat_format_name(loaded.chat_format) +
+                       " (" + loaded.tokenizer->name() + " tokenizer, " + enum_name(loaded.chat_format) +
                        " format): " + std::to_string(train_set->size()) + " training and " +
                        std::to_string(validation_set->size()) + " validation examples, " +
                        format_count(static_cast<double>(train_set->trained_tokens())) + " trained tokens";

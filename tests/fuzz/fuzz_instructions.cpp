@@ -12,9 +12,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto example =
         fsdp::data::parse_instruction_line(std::string(reinterpret_cast<const char*>(data), size), "fuzz:1");
-    for (const auto& format : fsdp::data::chat_format_names()) {
+    for (const auto& name : fsdp::enum_names_with_auto<fsdp::data::ChatFormat>()) {
       try {
-        (void)fsdp::data::render_chat(example, fsdp::data::chat_format_from_name(format, *tokenizer), *tokenizer);
+        const auto format = fsdp::optional_enum_from_name<fsdp::data::ChatFormat>(name);
+        (void)fsdp::data::render_chat(example, fsdp::data::resolve_chat_format(format, *tokenizer), *tokenizer);
       } catch (const std::exception&) {
       }
     }

@@ -108,6 +108,20 @@ TEST(Config, DefaultsAndOverrides) {
   EXPECT_EQ(std::get<fsdp::models::GptConfig>(again.model).layers, 3);
 }
 
+// data.chat_format is read into the format, "auto" (the default) as none chosen: a name the
+// program does not know is refused where the config is read, listing the names.
+TEST(Config, ChatFormatIsReadAsAFormatOrAuto) {
+  using fsdp::data::ChatFormat;
+  EXPECT_FALSE(parse_train_config(kMinimal, "test.toml").data.chat_format.has_value());
+  EXPECT_FALSE(parse_train_config(kMinimal, "test.toml", {"data.chat_format=auto"}).data.chat_format.has_value());
+  const auto config = parse_train_config(kMinimal, "test.toml", {"data.chat_format=chatml"});
+  EXPECT_EQ(config.data.chat_format, ChatFormat::ChatMl);
+  EXPECT_NE(fsdp::train::to_toml(config).find("chat_format = \"chatml\""), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"data.chat_format=qwen"})
+                .find("data.chat_format 'qwen' (expected auto, llama3, chatml, mistral, gemma or plain)"),
+            std::string::npos);
+}
+
 TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nstepz = 3\n").find("test.toml: unknown key 'train.stepz'"),
             std::string::npos);

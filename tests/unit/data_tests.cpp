@@ -662,8 +662,8 @@ TEST(Instructions, ReadsBothFormsAndNamesTheBadLine) {
 TEST(Instructions, PlainFormatTrainsOnlyTheAnswer) {
   ByteTokenizer bytes;
   InstructionExample example{{{"user", "ab"}, {"assistant", "cde"}, {"user", "f"}, {"assistant", "g"}}, 0};
-  EXPECT_EQ(chat_format_from_name("auto", bytes), ChatFormat::Plain);
-  EXPECT_THROW(chat_format_from_name("llama3", bytes), std::invalid_argument);
+  EXPECT_EQ(resolve_chat_format(std::nullopt, bytes), ChatFormat::Plain);
+  EXPECT_THROW(resolve_chat_format(ChatFormat::Llama3, bytes), std::invalid_argument);
   auto rendered = render_chat(example, ChatFormat::Plain, bytes);
   EXPECT_EQ(bytes.decode(rendered.tokens), "abcdefg");
   EXPECT_EQ(rendered.trained, (std::vector<uint8_t>{0, 0, 1, 1, 1, 0, 1}));
@@ -687,8 +687,8 @@ TEST(Instructions, MistralFormatRendersOneTextAndTrainsTheAnswer) {
   }
   write_text(dir.file("tokenizer.json"), root.dump());
   const HfTokenizer tokenizer(dir.file("tokenizer.json"));
-  EXPECT_EQ(chat_format_from_name("auto", tokenizer), ChatFormat::Mistral);
-  const auto message = expect_throw_message([&] { chat_format_from_name("gemma", tokenizer); });
+  EXPECT_EQ(resolve_chat_format(std::nullopt, tokenizer), ChatFormat::Mistral);
+  const auto message = expect_throw_message([&] { resolve_chat_format(ChatFormat::Gemma, tokenizer); });
   EXPECT_NE(message.find("needs a tokenizer with <start_of_turn>"), std::string::npos) << message;
   const InstructionExample example{{{"user", "ab"}, {"assistant", "abc"}}, 0};
   const auto rendered = render_chat(example, ChatFormat::Mistral, tokenizer);

@@ -24,9 +24,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "fsdp/data/chat_format.h"
 #include "fsdp/data/datasets.h"
 #include "fsdp/data/tokenizer.h"
 
@@ -50,14 +52,10 @@ std::vector<InstructionExample> read_instruction_jsonl(const std::string& path);
 // One line's example (line numbers for messages only).
 InstructionExample parse_instruction_line(const std::string& text, const std::string& where);
 
-enum class ChatFormat { Llama3, ChatMl, Mistral, Gemma, Plain };
-// "auto" then each format's name: the values data.chat_format takes.
-const std::vector<std::string>& chat_format_names();
-// A format by name, or "auto": the first of llama3, chatml, mistral, gemma whose tokens the
-// tokenizer has, else plain. Throws std::invalid_argument for another name, or a format on a
-// tokenizer without its tokens (naming the first missing).
-ChatFormat chat_format_from_name(const std::string& name, const Tokenizer& tokenizer);
-const char* chat_format_name(ChatFormat format);
+// The format a run renders in: `requested` (data.chat_format), or where empty ("auto") the first of
+// llama3, chatml, mistral, gemma whose tokens the tokenizer has, else plain. Throws
+// std::invalid_argument for a format on a tokenizer without its tokens (naming the first missing).
+ChatFormat resolve_chat_format(std::optional<ChatFormat> requested, const Tokenizer& tokenizer);
 
 struct RenderedExample {
   std::vector<int32_t> tokens;

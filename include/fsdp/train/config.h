@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/data/chat_format.h"
 #include "fsdp/data/image_augment.h"
 #include "fsdp/data/tokenizer_kind.h"
 #include "fsdp/models/attention.h"
@@ -52,7 +53,8 @@ struct DataConfig {
   // instructions: JSONL of {"messages": [{"role", "content"}, ...]} or {"prompt", "completion"}
   // (data/instructions.h); without validation_jsonl, validation_percent of the examples are held out.
   std::string train_jsonl, validation_jsonl;
-  std::string chat_format = "auto";  // auto | llama3 | chatml | mistral | gemma | plain (data/instructions.h)
+  // instructions: the chat format (data/instructions.h); empty is "auto": the one the tokenizer's tokens tell
+  std::optional<data::ChatFormat> chat_format;
   // instructions: several examples to a row, each attending only to itself (data/packed_instructions.h)
   bool packing = false;
   // fortunes and token_files: a window's documents (ended by the end-of-text token) attend only to
