@@ -20,6 +20,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/plan/memory_plan.h"
 #include "fsdp/plan/plan_fit.h"
+#include "fsdp/plan/workload_settings.h"
 #include "fsdp/runtime/cpu_features.h"
 #include "fsdp/runtime/sharding_settings.h"
 #include "fsdp/shard/host_heap.h"
@@ -303,32 +304,40 @@ fsdp::models::LoraBaseDtype lora_base_dtype_flag(const std::string& name) {
   throw std::invalid_argument("lora base dtype '" + name + "' (expected " + fsdp::names_listed(stored) + ")");
 }
 
-// One flag per sharding setting (runtime/sharding_settings.h), named after its config key
-// (fsdp.max_inflight: --max-inflight; a boolean one is a flag, --prefetch=false turns it off).
+// One flag per setting of the plan's input: each sharding setting (runtime/sharding_settings.h),
+// named after its config key (fsdp.max_inflight: --max-inflight), and each workload setting
+// (plan/workload_settings.h: --micro-batch, --seq-len, ...). A boolean one is a flag; one that is
+// on by default is turned off with --NAME=false.
 struct SettingFlag {
-  std::string key;  // "fsdp.max_inflight"
+  std::string key;  // the config key that gives it in a run: "fsdp.max_inflight"; "" where none does
   CLI::Option* option = nullptr;
-  std::function<void(fsdp::runtime::ShardingSettings&)> apply;  // sets the given value
+  std::function<void(PlanInput&)> apply;  // sets the given value
 };
+
+// The names some flags had before they were generated from the settings (2026-12-06), still taken:
+// an alias, or with "!" the flag that sets the boolean setting false.
+const std::map<std::string, std::string>& former_flag_names() {
+  static const std::map<std::string, std::string> names = {{"seq_len", "--seq"},
+                                                           {"loss_chunk_tokens", "--loss-chunk"},
+                                                           {"embedding_units", "!--embeddings-in-root"},
+                                                           {"fused_attention", "!--composed-attention"}};
+  return names;
+}
 
 // The command line: every flag, and the PlanInput fields a flag sets directly.
 struct PlanFlags {
   std::string config_path, model_name, memory, overhead, json_path;
   std::vector<std::string> overrides;
-  PlanInput in;  // ranks_per_node, async_checkpoint
-  int ranks = 0;
+  int ranks = 0, ranks_per_node = 8;
   double tflops = 0, bandwidth_gbps = 0, inter_node_gbps = 0;
   bool calibrate = false, compact = false;
-  std::string optimizer;
-  fsdp::runtime::ShardingSettings settings;      // what the setting flags read into
-  std::map<std::string, std::string> enum_text;  // an enum setting's flag, by setting name, as given
+  // What the setting flags read into: the two kinds of setting, an enum's name as given.
+  fsdp::runtime::ShardingSettings settings;
+  fsdp::plan::WorkloadSettings workload;
+  std::map<std::string, std::string> enum_text;
   std::vector<SettingFlag> setting_flags;
-  int64_t micro_batch = 0, micro_batches = 0, seq = 0;
-  bool composed_attention = false;
-  int64_t lora_rank = 0;
-  std::string lora_targets, lora_base_dtype;
-  int64_t loss_chunk = -1;
-  bool embeddings_in_root = false;
+  int64_t lora_rank = 0;  // the model's adapters (models::LoraSpec)
+  std::string lora_targets;
   std::string fit;                    // --fit MEMORY
   double host_link_gbps = 25;         // --fit: CPU offload's copies
   std::set<FitSetting> config_fixed;  // --fit: the settings the config file gives
@@ -339,64 +348,64 @@ std::string dashed(std::string name) {
   return name;
 }
 
+// The flag of the setting `name` (a member of `values`, of type T), reading into `values`.
+template <class Settings, class T>
+SettingFlag setting_flag(CLI::App& app, PlanFlags& f, Settings& values, const std::string& name, T Settings::*member,
+                         const std::string& key, const std::string& help) {
+  SettingFlag flag;
+  flag.key = key;
+  std::string option = "--" + dashed(name);
+  std::string former;
+  if (const auto it = former_flag_names().find(name); it != former_flag_names().end()) {
+    former = it->second;
+    option += "," + former;
+  }
+  const std::string text = help + (key.empty() ? "" : " (" + key + ")");
+  if constexpr (std::is_same_v<T, fsdp::models::LoraBaseDtype>) {
+    // A stored dtype: "auto", the weights' own, is a config's (there are no weights here).
+    flag.option = app.add_option(option, f.enum_text[name], "bfloat16 | float32 | nf4: " + text);
+    flag.apply = [&f, member, name](PlanInput& in) { in.*member = lora_base_dtype_flag(f.enum_text.at(name)); };
+  } else if constexpr (fsdp::has_enum_names<T>::value) {
+    flag.option = app.add_option(option, f.enum_text[name], alternatives<T>() + ": " + text);
+    flag.apply = [&f, member, name](PlanInput& in) { in.*member = flag_value<T>(name, f.enum_text.at(name)); };
+  } else {
+    if constexpr (std::is_same_v<T, bool>) {
+      const bool on = Settings{}.*member;
+      const std::string off =
+          on ? "; on unless --" + dashed(name) + "=false" + (former.empty() ? "" : " (or " + former.substr(1) + ")")
+             : "";
+      flag.option = app.add_flag(option, values.*member, text + off);
+    } else {
+      flag.option = app.add_option(option, values.*member, text)->check(CLI::NonNegativeNumber);
+    }
+    flag.apply = [&values, member](PlanInput& in) { in.*member = values.*member; };
+  }
+  return flag;
+}
+
 void declare_setting_flags(CLI::App& app, PlanFlags& f) {
   fsdp::runtime::for_each_sharding_setting([&](const char* name, auto member, const char* help) {
-    using T = std::decay_t<decltype(f.settings.*member)>;
-    SettingFlag flag;
-    flag.key = std::string("fsdp.") + name;
-    const std::string option = "--" + dashed(name);
-    const std::string text = std::string(help) + " (" + flag.key + ")";
-    if constexpr (fsdp::has_enum_names<T>::value) {
-      flag.option = app.add_option(option, f.enum_text[name], alternatives<T>() + ": " + text);
-      flag.apply = [&f, member, name = std::string(name)](fsdp::runtime::ShardingSettings& s) {
-        s.*member = flag_value<T>(name, f.enum_text.at(name));
-      };
-    } else {
-      if constexpr (std::is_same_v<T, bool>) {
-        const bool on = fsdp::runtime::ShardingSettings{}.*member;
-        flag.option = app.add_flag(option, f.settings.*member, on ? text + "; on unless " + option + "=false" : text);
-      } else {
-        flag.option = app.add_option(option, f.settings.*member, text)->check(CLI::NonNegativeNumber);
-      }
-      flag.apply = [&f, member](fsdp::runtime::ShardingSettings& s) { s.*member = f.settings.*member; };
-    }
-    f.setting_flags.push_back(std::move(flag));
+    f.setting_flags.push_back(setting_flag(app, f, f.settings, name, member, std::string("fsdp.") + name, help));
+  });
+  fsdp::plan::for_each_workload_setting([&](const char* name, auto member, const char* key, const char* help) {
+    f.setting_flags.push_back(setting_flag(app, f, f.workload, name, member, key, help));
   });
 }
 
 void declare_flags(CLI::App& app, PlanFlags& f) {
-  PlanInput& in = f.in;
   app.add_option("config", f.config_path, "TOML training configuration (optional)");
   app.add_option("--set", f.overrides, "override a config key, as fsdp-train --set");
   app.add_option("--model", f.model_name, "a model of the zoo (fsdp-train --list-models)");
   app.add_option("--ranks", f.ranks, "N, ranks in all (default: the config's launch, else 1)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--ranks-per-node", in.ranks_per_node, "GPUs per node (hybrid_shard's default S)")
+  app.add_option("--ranks-per-node", f.ranks_per_node, "GPUs per node (hybrid_shard's default S)")
       ->check(CLI::PositiveNumber);
   app.add_option("--memory", f.memory, "device memory per rank with a unit, e.g. 80GB, 141GB, 5GiB");
   declare_setting_flags(app, f);
-  app.add_flag("--async-checkpoint", in.async_checkpoint,
-               "checkpoint.async: count the save's staging copies (host memory)");
-  app.add_flag("--composed-attention", f.composed_attention,
-               "attention keeps its [heads, t, t] probabilities for backward (matmul, softmax, matmul); default: "
-               "fused (scaled_dot_product_attention, as fsdp.cpp's models)");
-  app.add_option("--optimizer", f.optimizer, alternatives<fsdp::optim::OptimizerKind>());
   app.add_option("--lora-rank", f.lora_rank, "LoRA: adapters of this rank over a frozen base")
       ->check(CLI::PositiveNumber);
   app.add_option("--lora-targets", f.lora_targets,
                  "LoRA: the adapted layers, e.g. \"q_proj v_proj\" (default: every linear layer of the blocks)");
-  app.add_option("--lora-base-dtype", f.lora_base_dtype,
-                 "LoRA: bfloat16 (default), float32 or nf4 (QLoRA: linear weights in 4-bit NF4, the rest bf16) storage "
-                 "of the frozen base");
-  app.add_option("--micro-batch", f.micro_batch, "samples per rank per forward")->check(CLI::PositiveNumber);
-  app.add_option("--micro-batches", f.micro_batches, "gradient accumulation steps")->check(CLI::PositiveNumber);
-  app.add_option("--seq", f.seq, "tokens per sample")->check(CLI::PositiveNumber);
-  app.add_option("--loss-chunk", f.loss_chunk,
-                 "language models: the head and loss this many tokens at a time (train.loss_chunk_tokens; "
-                 "default 1024, or the config's; 0: whole logits)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--embeddings-in-root", f.embeddings_in_root,
-               "keep the token embedding and output head in the root unit (fsdp.embedding_units = false)");
   app.add_option("--overhead", f.overhead,
                  "the process's own memory per rank, e.g. 2GiB (default 512MiB on a GPU, 152MiB for a config "
                  "with train.device = cpu; --calibrate measures)");
@@ -443,10 +452,7 @@ PlanInput input_from_config(PlanFlags& f, const fsdp::comm::ProcessGroupPtr& wor
   if (f.lora_rank > 0 && in.lora_base_dtype == fsdp::models::LoraBaseDtype::Auto) {
     in.lora_base_dtype = fsdp::train::resolved_lora_base_dtype(c);
   }
-  // What the command line set before the config was read.
-  in.ranks_per_node = f.in.ranks_per_node;
-  in.async_checkpoint = in.async_checkpoint || f.in.async_checkpoint;
-  if (f.composed_attention) in.fused_attention = false;  // else the config's train.attention decides
+  in.ranks_per_node = f.ranks_per_node;
   return in;
 }
 
@@ -454,8 +460,8 @@ PlanInput input_from_config(PlanFlags& f, const fsdp::comm::ProcessGroupPtr& wor
 PlanInput input_from_model(const PlanFlags& f, const fsdp::comm::ProcessGroupPtr& world) {
   if (f.model_name.empty()) throw std::invalid_argument("give --model NAME or a config file (--help)");
   if (!f.overrides.empty()) throw std::invalid_argument("--set needs a config file");
-  PlanInput in = f.in;
-  if (f.composed_attention) in.fused_attention = false;
+  PlanInput in;
+  in.ranks_per_node = f.ranks_per_node;
   in.model = fsdp::models::model_config(f.model_name);
   in.model_name = f.model_name;
   in.ranks = f.ranks > 0 ? f.ranks : (world ? world->size() : 1);
@@ -479,10 +485,9 @@ void apply_lora_flags(const PlanFlags& f, PlanInput& in) {
     *lora = spec;
     fsdp::models::validate(in.model);
   }
-  if (!f.lora_base_dtype.empty()) in.lora_base_dtype = lora_base_dtype_flag(f.lora_base_dtype);
 }
 
-// Whether the command line gives the sharding setting whose key is `key` ("fsdp.prefetch").
+// Whether the command line gives the setting whose config key is `key` ("fsdp.prefetch").
 bool setting_given(const PlanFlags& f, const std::string& key) {
   for (const SettingFlag& flag : f.setting_flags) {
     if (flag.key == key) return flag.option->count() > 0;
@@ -492,7 +497,6 @@ bool setting_given(const PlanFlags& f, const std::string& key) {
 
 // The flags that override the config's (or the defaults') settings.
 void apply_flags(const PlanFlags& f, PlanInput& in) {
-  if (f.loss_chunk >= 0) in.loss_chunk_tokens = f.loss_chunk;
   for (const SettingFlag& flag : f.setting_flags) {
     if (flag.option->count() > 0) flag.apply(in);
   }
@@ -501,11 +505,6 @@ void apply_flags(const PlanFlags& f, PlanInput& in) {
   if (setting_given(f, "fsdp.max_inflight") && !setting_given(f, "fsdp.prefetch")) in.prefetch = in.max_inflight > 0;
   if (setting_given(f, "fsdp.activation_checkpointing_every") && !in.activation_checkpointing)
     throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
-  if (!f.optimizer.empty()) in.optimizer = flag_value<fsdp::optim::OptimizerKind>("optimizer", f.optimizer);
-  if (f.micro_batch > 0) in.micro_batch = f.micro_batch;
-  if (f.micro_batches > 0) in.micro_batches = f.micro_batches;
-  if (f.seq > 0) in.seq_len = f.seq;
-  if (f.embeddings_in_root) in.embedding_units = false;
   apply_lora_flags(f, in);
   if (!f.memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(f.memory);
   if (!f.overhead.empty()) in.overhead_bytes = fsdp::plan::parse_bytes(f.overhead);
@@ -569,11 +568,9 @@ std::set<FitSetting> fixed_settings(const PlanFlags& f) {
   for (const SettingFlag& flag : f.setting_flags) {
     if (flag.option->count() > 0) keys_given.insert(flag.key);
   }
+  // (--micro-batch has no key: alone it gives the samples a rank takes per step, which --fit may
+  // split into micro-batches.)
   for (FitSetting setting : fsdp::train::fit_settings_of_keys(keys_given)) fixed.insert(setting);
-  // --micro-batch alone gives the samples a rank takes per step, which --fit may split into micro-batches.
-  if (f.micro_batches > 0) fixed.insert(FitSetting::MicroBatches);
-  if (!f.lora_base_dtype.empty()) fixed.insert(FitSetting::LoraBaseDtype);
-  if (f.loss_chunk >= 0) fixed.insert(FitSetting::LossChunk);
   return fixed;
 }
 

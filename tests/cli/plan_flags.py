@@ -8,8 +8,13 @@ and once on top of --model gpt-tiny, and the plan's JSON must show it: the field
 memory term it adds. A flag dropped on one of the two paths (as --async-checkpoint was with a
 config until 2026-12-05: the config's input replaced the command line's) fails here, naming the
 flag and the path. A config with adapters and lora.base_dtype "auto" is planned too.
+
+Every flag fsdp-plan's --help lists must be checked here or named in NOT_PLAN_INPUTS: a setting
+added to runtime/sharding_settings.h or plan/workload_settings.h (each gets a flag) without a
+check fails, named.
 """
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,20 +34,45 @@ FLAGS = [
     (["--optimizer", "sgd"], lambda p: p["optimizer"] == "sgd", "optimizer"),
     (["--micro-batch", "3"], lambda p: p["micro_batch"] == 3, "micro_batch"),
     (["--micro-batches", "5"], lambda p: p["micro_batches"] == 5, "micro_batches"),
-    (["--seq", "96"], lambda p: p["seq_len"] == 96, "seq_len"),
-    (["--loss-chunk", "0"], lambda p: p["loss_chunk_tokens"] == 0, "loss_chunk_tokens"),
+    (["--seq-len", "96"], lambda p: p["seq_len"] == 96, "seq_len"),
+    (["--seq", "96"], lambda p: p["seq_len"] == 96, "seq_len (the former name)"),
+    (["--loss-chunk-tokens", "0"], lambda p: p["loss_chunk_tokens"] == 0, "loss_chunk_tokens"),
+    (["--loss-chunk", "0"], lambda p: p["loss_chunk_tokens"] == 0, "loss_chunk_tokens (the former name)"),
     (["--max-inflight", "0"], lambda p: p["max_inflight"] == 0, "max_inflight"),
     (["--prefetch=false"], lambda p: not p["prefetch"] and p["max_inflight"] == 0, "no prefetch"),
     (["--strategy", "hybrid_shard", "--shard-group-size", "1"],
      lambda p: p["strategy"] == "hybrid_shard" and p["shard_ranks"] == 1, "shard group of 1"),
-    (["--composed-attention"], lambda p: not p["fused_attention"], "fused_attention off"),
-    (["--embeddings-in-root"], lambda p: p["embedding_params"] == 0, "no embedding unit"),
+    (["--fused-attention=false"], lambda p: not p["fused_attention"], "fused_attention off"),
+    (["--composed-attention"], lambda p: not p["fused_attention"], "fused_attention off (the former flag)"),
+    (["--embedding-units=false"], lambda p: p["embedding_params"] == 0, "no embedding unit"),
+    (["--embeddings-in-root"], lambda p: p["embedding_params"] == 0, "no embedding unit (the former flag)"),
     (["--ranks-per-node", "1"], lambda p: p["ranks_per_node"] == 1, "ranks_per_node"),
     (["--memory", "5GiB"], lambda p: p["device_memory_bytes"] == 5 << 30, "device memory"),
     (["--overhead", "1GiB"], lambda p: p["memory_bytes"]["overhead"] == 1 << 30, "overhead"),
     (["--tflops", "2"], lambda p: p["compute_flops_per_second"] == 2e12, "compute rate"),
     (["--lora-rank", "4"], lambda p: p["adapter_parameters"] > 0, "adapters"),
+    (["--lora-rank", "4", "--lora-targets", "c_attn"],  # a quarter of the adapters on every linear layer
+     lambda p: 0 < p["adapter_parameters"] <= 8192, "adapters on c_attn only"),
+    (["--lora-rank", "4", "--lora-base-dtype", "nf4"],  # 1.7 MB of fp32 shards, 0.34 MB with an NF4 base
+     lambda p: p["adapter_parameters"] > 0 and p["memory_bytes"]["parameters"] < 1 << 20, "an NF4 base"),
+    (["--inter-node-bandwidth", "1", "--tflops", "1", "--bandwidth", "1"],
+     lambda p: p["step_seconds_serial"] > 0, "a step time"),
 ]
+
+# The flags that set no plan input: they choose the model or config, or what is printed and how.
+NOT_PLAN_INPUTS = {"--help", "--set", "--model", "--ranks", "--calibrate", "--compact", "--json", "--fit",
+                   "--host-link-bandwidth"}
+
+
+def unchecked_flags(executable):
+    """The flags --help lists that neither FLAGS nor NOT_PLAN_INPUTS name."""
+    listed = subprocess.run([executable, "--help"], capture_output=True, text=True, check=True).stdout
+    names = set()
+    for line in listed.splitlines():
+        if line.startswith("  -"):
+            names.update(re.findall(r"--[a-z][a-z-]*", line.split()[0]))
+    checked = {arg.split("=")[0] for flag, _, _ in FLAGS for arg in flag if arg.startswith("--")}
+    return sorted(names - checked - NOT_PLAN_INPUTS)
 
 
 def plan(executable, args, out):
@@ -55,6 +85,8 @@ def plan(executable, args, out):
 def main():
     executable = sys.argv[1]
     failures, checked = [], 0
+    for flag in unchecked_flags(executable):
+        failures.append(f"{flag}: fsdp-plan has this flag and nothing here checks that it reaches the plan")
     with tempfile.TemporaryDirectory() as work:
         out = str(Path(work) / "plan.json")
         for base_name, base in [("config", ["configs/gpt-fortunes-tiny.toml", "--ranks", "2"]),

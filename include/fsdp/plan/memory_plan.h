@@ -48,6 +48,7 @@
 #include "fsdp/models/registry.h"
 #include "fsdp/optim/optimizer_kind.h"
 #include "fsdp/runtime/dtype_names.h"
+#include "fsdp/plan/workload_settings.h"
 #include "fsdp/runtime/sharding_settings.h"
 
 namespace fsdp::plan {
@@ -65,35 +66,21 @@ constexpr int64_t kCpuProcessOverheadBytes = 128LL << 20;
 constexpr int64_t kCpuHeapCacheBytes = 24LL << 20;
 
 // One configuration: the sharding settings (runtime/sharding_settings.h, as the runtime takes
-// them; shard_group_size 0 is ranks_per_node here), the model, the batch and the machine.
-struct PlanInput : runtime::ShardingSettings {
+// them; shard_group_size 0 is ranks_per_node here), the workload (plan/workload_settings.h: the
+// optimizer, the batch and sequence, ...), the model and the machine.
+struct PlanInput : runtime::ShardingSettings, WorkloadSettings {
   models::ModelConfig model;
   std::string model_name;
-  int ranks = 1;                  // N
-  int ranks_per_node = 8;         // hybrid_shard's default S, and which all-reduce crosses nodes
-  bool async_checkpoint = false;  // checkpoint.async: staging copies in host memory while a save is written
-  optim::OptimizerKind optimizer = optim::OptimizerKind::AdamW;
-  int64_t micro_batch = 1;        // samples per rank per forward
-  int64_t micro_batches = 1;      // gradient accumulation steps (each one reduces)
-  int64_t seq_len = 2048;         // tokens per sample (language models)
-  int64_t loss_chunk_tokens = 0;  // language models: the head and loss this many tokens at a time (0: all)
+  int ranks = 1;           // N
+  int ranks_per_node = 8;  // hybrid_shard's default S, and which all-reduce crosses nodes
   // K as planned: without prefetch, 0. (The runtime then prefetches no gather but still lets up to
   // max_inflight reductions finish in the background: their buffers are not counted.)
   int64_t prefetch_depth() const { return prefetch ? max_inflight : 0; }
-  bool embedding_units = true;  // token embedding and output head are units of their own
-  // Fused attention (scaled_dot_product_attention's flash or memory-efficient kernels, on a GPU and,
-  // from libtorch 2.2, on the CPU: what fsdp.cpp's models call) keeps no [heads, t, t] probabilities;
-  // composed attention (matmul, softmax, matmul: an explicit mask or an old libtorch) keeps them.
-  bool fused_attention = true;
   // Attention in fp32 for a lower-precision compute dtype (models::AttentionPath::FusedFp32):
   // its q, k, v and output are kept in fp32.
   bool attention_fp32 = false;
   // train.fused_ops: Llama's SwiGLU keeps its two inputs, not SiLU(gate) as well (models/fused_ops.h).
   bool fused_ops = true;
-  // LoRA (the model's LoraSpec enabled): the base frozen, its shards in this dtype, no gradient or
-  // optimizer state for it; the adapters fp32 with AdamW. BFloat16, Float32 or Nf4 (the blocks'
-  // linear weights in NF4 with double quantization, the rest bf16); Auto is resolved before planning.
-  models::LoraBaseDtype lora_base_dtype = models::LoraBaseDtype::BFloat16;
   int64_t device_memory_bytes = 0;                    // per rank; 0: not checked
   int64_t overhead_bytes = kGpuProcessOverheadBytes;  // the process's own memory
   bool cpu = false;                                   // train.device = cpu: one process holds device and host memory
