@@ -23,11 +23,14 @@ namespace fsdp::compat {
 // softmax(q k^T / sqrt(hd)) v for q, k, v [b, heads, t, hd], causal or not, or under `allowed` (bool,
 // broadcastable to [b, heads, t, t]; true where a query may attend a key): the fused kernel (flash or
 // memory-efficient attention on CUDA, a blocked one on the CPU, which takes a mask since 2.3).
+// grouped_query (enable_gqa, from 2.5): k and v have fewer heads, [b, kv_heads, t, hd], each read by
+// heads / kv_heads query heads in place.
 inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                               bool causal, const at::Tensor& allowed = {}) {
+                                               bool causal, const at::Tensor& allowed = {},
+                                               bool grouped_query = false) {
   return at::scaled_dot_product_attention(q, k, v,
                                           allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt,
-                                          /*dropout_p=*/0.0, causal);
+                                          /*dropout_p=*/0.0, causal, /*scale=*/std::nullopt, grouped_query);
 }
 
 // AdamW over lists of tensors in one fused kernel, weight decay left to the caller (decoupled, on the

@@ -53,24 +53,29 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t heads = q.size(1), kv_heads = k.size(1);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: ", heads, " query heads are not a multiple of ",
               kv_heads, " key/value heads");
-  at::Tensor keys = k, values = v;
-  if (kv_heads != heads) {
-    // [b, kv, t, hd] -> [b, kv * group, t, hd]: query head h reads key/value head h / group.
-    keys = k.repeat_interleave(heads / kv_heads, 1);
-    values = v.repeat_interleave(heads / kv_heads, 1);
-  }
+  const bool grouped = kv_heads != heads;
+  // [b, kv, t, hd] -> [b, kv * group, t, hd]: query head h reads key/value head h / group.
+  const auto repeated = [&](const at::Tensor& x) { return grouped ? x.repeat_interleave(heads / kv_heads, 1) : x; };
+  // The fused kernels that take grouped heads read k and v in place (enable_gqa), so no
+  // [b, heads, t, hd] copies are made, nor kept for backward: every CPU kernel, and CUDA's flash and
+  // cuDNN attention. CUDA's memory-efficient kernel, the one that takes a mask, does not (libtorch
+  // would fall back to the composed math for it): its k and v are repeated.
+  const bool kernel_takes_groups = grouped && !(allowed.defined() && q.is_cuda());
+  const auto fused = [&](const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+    return kernel_takes_groups
+               ? compat::scaled_dot_product_attention(q_in, k_in, v_in, causal, allowed, true)
+               : compat::scaled_dot_product_attention(q_in, repeated(k_in), repeated(v_in), causal, allowed);
+  };
   switch (attention_path(q.scalar_type())) {
     case AttentionPath::FusedFp32:
       if (q.scalar_type() != at::kFloat && q.scalar_type() != at::kDouble) {
-        return compat::scaled_dot_product_attention(q.to(at::kFloat), keys.to(at::kFloat), values.to(at::kFloat),
-                                                    causal, allowed)
-            .to(q.scalar_type());
+        return fused(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat)).to(q.scalar_type());
       }
       break;
-    case AttentionPath::Math: return math_attention(q, keys, values, causal, allowed);
+    case AttentionPath::Math: return math_attention(q, repeated(k), repeated(v), causal, allowed);
     case AttentionPath::Fused: break;
   }
-  return compat::scaled_dot_product_attention(q, keys, values, causal, allowed);
+  return fused(q, k, v);
 }
 
 at::Tensor document_causal_mask(const at::Tensor& positions) {

@@ -103,20 +103,20 @@ class DecoderFamily : public FamilyOf<Config> {
             c.tie_embeddings};
   }
   int64_t plan_adapter_params(const ModelConfig& config) const override { return of(config).lora_parameter_count(); }
-  // A block for one sample of t tokens: each RMSNorm keeps its input and output (composed: an fp32
-  // copy of the input and the normalised output, 2 d; fused: the input and 1/rms per row, 1 d), q
-  // and k after rotary (rotary keeps only its tables; with qk_norm their inputs too), keys and
-  // values repeated to every query head, the attention output, the SwiGLU's gate and up (the fused
-  // op's closed-form backward needs no SiLU(gate); the composed one keeps it too) and their
-  // product (3 or 4 ffn). q and the attention output are heads x head_dim wide, not dim.
+  // A block for one sample of t tokens: each RMSNorm keeps its input (composed: an fp32 copy of it
+  // and the normalised output, 2 d; fused: the input and 1/rms per row, 1 d), and the normalised
+  // outputs the projections read (2 d); with qk_norm, the per-head norms' likewise over q and k; the
+  // attention (grouped_attention_activation_bytes: q, k, v after rotary, rotary keeping only its
+  // tables); the SwiGLU's gate and up (the fused op's closed-form backward needs no SiLU(gate); the
+  // composed one keeps it too) and their product (3 or 4 ffn). Measured against the forward of a
+  // llama-small block, every way it computes, in tests/unit/block_activation_tests.cpp.
   int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
     const LlamaConfig& c = of(config);
     const int64_t t = s.seq_len, q = c.heads * c.head_size(), kv = c.kv_heads * c.head_size();
-    const int64_t norms = s.fused_ops ? 2 : 4;
+    const int64_t norms = s.fused_ops ? 1 : 2;  // widths an RMSNorm keeps of its input
     const int64_t widths =
-        (3 + norms) * c.dim + 2 * q + kv + (c.qk_norm ? q + kv : 0) + (s.fused_ops ? 3 : 4) * c.ffn_hidden;
-    const int64_t block =
-        s.compute_bytes * t * widths + attention_softmax_bytes(c.heads, t, s.compute_bytes, s.fused_attention);
+        (2 + 2 * norms) * c.dim + (c.qk_norm ? norms * (q + kv) : 0) + (s.fused_ops ? 3 : 4) * c.ffn_hidden;
+    const int64_t block = s.compute_bytes * t * widths + grouped_attention_activation_bytes(c.heads, q, kv, t, s);
     const int64_t head = language_head_activation_bytes(c.dim, c.vocab, s.micro_batch * t, s);
     return block_stack_activation_bytes(c.layers, c.dim, t, block, head, s);
   }

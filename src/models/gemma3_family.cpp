@@ -202,16 +202,19 @@ class Gemma3Family final : public FamilyOf<Gemma3Config> {
     return {c.layers, block, c.layers * block, c.vocab * c.dim, 0, true};
   }
   int64_t plan_adapter_params(const ModelConfig& config) const override { return of(config).lora_parameter_count(); }
-  // A block for one sample of t tokens: four norms, each keeping its input, an fp32 copy and its
-  // output (3 d each; q_norm and k_norm likewise over q and k), q and k after rotary, values, the
-  // attention output, the GeGLU's gate, GELU(gate), up and their product (4 ffn), and the
-  // attention's softmax terms (a local layer's are those of its window, counted as a global one's).
+  // A block for one sample of t tokens. Each of the six RMSNorms (composed, in fp32) keeps its
+  // input in fp32 and its fp32 normalised product (8 bytes a channel); the two whose output a
+  // projection reads, that output in the compute dtype too (input_layernorm, pre_feedforward: 2 x
+  // (8 + c) d; the two after the attention and the MLP: 2 x 8 d; q_norm and k_norm: 8 (q + kv)).
+  // The attention (grouped_attention_activation_bytes: q scaled after rotary, k, v, the output);
+  // the GeGLU's gate, GELU(gate), up and their product (4 ffn). A local layer's softmax terms are
+  // those of its window, counted as a global one's. Measured against gemma3-test's block, every
+  // way it computes, in tests/unit/block_activation_tests.cpp.
   int64_t plan_activation_bytes(const ModelConfig& config, const ActivationSettings& s) const override {
     const Gemma3Config& c = of(config);
-    const int64_t t = s.seq_len, q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim;
-    const int64_t widths = 12 * c.dim + 3 * (q + kv) + 2 * q + 2 * kv + 4 * c.ffn_hidden;
-    const int64_t block =
-        s.compute_bytes * t * widths + attention_softmax_bytes(c.heads, t, s.compute_bytes, s.fused_attention);
+    const int64_t t = s.seq_len, q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim, b = s.compute_bytes;
+    const int64_t norms = (2 * (8 + b) + 2 * 8) * c.dim + 8 * (q + kv);
+    const int64_t block = t * (norms + 4 * b * c.ffn_hidden) + grouped_attention_activation_bytes(c.heads, q, kv, t, s);
     const int64_t head = language_head_activation_bytes(c.dim, c.vocab, s.micro_batch * t, s);
     return block_stack_activation_bytes(c.layers, c.dim, t, block, head, s);
   }

@@ -247,10 +247,8 @@ class LlavaFamily final : public FamilyOf<LlavaConfig> {
     const int64_t projector = s.micro_batch * s.compute_bytes * c.image_tokens() * (v.dim + 2 * c.text.dim);
     if (c.freeze_vision || c.read_blocks() == 0) return language + projector;
     const int64_t tokens = c.vision.image_tokens();
-    ActivationSettings stack = s;
-    stack.attention_fp32 = false;  // clip_block_activation_bytes counts fp32 attention's copies already
-    const int64_t tower = block_stack_activation_bytes(c.read_blocks(), v.dim, tokens,
-                                                       clip_block_activation_bytes(v, tokens, s), 0, stack);
+    const int64_t tower =
+        block_stack_activation_bytes(c.read_blocks(), v.dim, tokens, clip_block_activation_bytes(v, tokens, s), 0, s);
     return language + projector + tower;
   }
   int64_t largest_module_params(const ModelConfig& config) const override {

@@ -30,10 +30,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 AIM = 0.10
 # Configs whose prediction is known to fall short of the aim, each with the tolerance that still
-# catches the errors this test was written for (ViT's 5x of 2026-12-05) and its reason: none since
-# 2026-12-06 (docs/planning.md, "How close it comes"; gpt-fortunes-tiny, the closest to the bound,
-# measured -6.2% to -8.2% against this plan over ten runs).
-KNOWN_SHORT = {}
+# catches the errors this test was written for (ViT's 5x of 2026-12-05) and its reason
+# (docs/planning.md, "How close it comes"; gpt-fortunes-tiny measured -6.2% to -8.2% against the
+# plan over ten runs).
+KNOWN_SHORT = {
+    # Since the blocks' terms were measured (tests/unit/block_activation_tests.cpp, 2026-12-06), the
+    # language model's fp32 attention is no longer counted at 16 bytes a channel of the stream, and
+    # what that hid shows: 17 MiB live after the start-up matmul measurements (bf16 GEMMs' state
+    # that libtorch keeps) and 14 MiB after the first evaluation's generated answers, neither in the
+    # plan (memory traces, 2026-12-06). Measured +9.2% and +10.1%.
+    "llava-fashion-mnist": (0.13, "bf16 GEMM state after the start-up measurements and the first "
+                                  "evaluation's answers, 31 MiB live, not in the plan"),
+}
 NOT_MODELLED = {}  # configs fsdp-plan does not model: none since LLaVA (2026-12-06)
 STEPS = ["--set", "train.steps=4", "--set", "eval.every=2", "--set", "train.log_every=1"]
 

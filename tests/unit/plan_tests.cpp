@@ -324,9 +324,10 @@ TEST(Plan, TheActivationsFollowTheAttentionPath) {
             fsdp::models::AttentionPath::Fused);
   const int64_t automatic = activations({}), fused = activations({"train.attention=\"fused\""}),
                 math = activations({"train.attention=\"math\""});
-  // ViT: 6 blocks, 17 tokens, width 128, 64 images per rank: 4 fp32 tensors of [64, 17, 128] per block
-  // (seven blocks held at the peak: every block's and the last one's gradients).
-  EXPECT_EQ(automatic - fused, 7 * 4 * 4 * 64 * 17 * 128);
+  // ViT: 6 blocks, 17 tokens, width 128, 64 images per rank: fp32 q, k, v and output of [64, 17, 128]
+  // per block where the bf16 q, k and v are no longer kept, 16 - 3 x 2 bytes a channel (seven
+  // blocks held at the peak: every block's and the last one's gradients).
+  EXPECT_EQ(automatic - fused, 7 * (16 - 3 * 2) * 64 * 17 * 128);
   EXPECT_GT(math, fused);
 }
 
