@@ -348,10 +348,11 @@ std::string dashed(std::string name) {
   return name;
 }
 
-// The flag of the setting `name` (a member of `values`, of type T), reading into `values`.
+// The flag of the setting `name` (a member of `values`, of type T), reading into `values`. A number
+// is at least 0, or with `positive` at least 1.
 template <class Settings, class T>
 SettingFlag setting_flag(CLI::App& app, PlanFlags& f, Settings& values, const std::string& name, T Settings::*member,
-                         const std::string& key, const std::string& help) {
+                         const std::string& key, const std::string& help, bool positive = false) {
   SettingFlag flag;
   flag.key = key;
   std::string option = "--" + dashed(name);
@@ -376,7 +377,8 @@ SettingFlag setting_flag(CLI::App& app, PlanFlags& f, Settings& values, const st
              : "";
       flag.option = app.add_flag(option, values.*member, text + off);
     } else {
-      flag.option = app.add_option(option, values.*member, text)->check(CLI::NonNegativeNumber);
+      flag.option =
+          app.add_option(option, values.*member, text)->check(positive ? CLI::PositiveNumber : CLI::NonNegativeNumber);
     }
     flag.apply = [&values, member](PlanInput& in) { in.*member = values.*member; };
   }
@@ -388,7 +390,8 @@ void declare_setting_flags(CLI::App& app, PlanFlags& f) {
     f.setting_flags.push_back(setting_flag(app, f, f.settings, name, member, std::string("fsdp.") + name, help));
   });
   fsdp::plan::for_each_workload_setting([&](const char* name, auto member, const char* key, const char* help) {
-    f.setting_flags.push_back(setting_flag(app, f, f.workload, name, member, key, help));
+    const bool positive = fsdp::plan::takes_no_zero(member);
+    f.setting_flags.push_back(setting_flag(app, f, f.workload, name, member, key, help, positive));
   });
 }
 
@@ -505,6 +508,7 @@ void apply_flags(const PlanFlags& f, PlanInput& in) {
   if (setting_given(f, "fsdp.max_inflight") && !setting_given(f, "fsdp.prefetch")) in.prefetch = in.max_inflight > 0;
   if (setting_given(f, "fsdp.activation_checkpointing_every") && !in.activation_checkpointing)
     throw std::invalid_argument("--activation-checkpointing-every needs --activation-checkpointing");
+  if (!in.fused_attention) in.attention_fp32 = false;  // composed attention computes in the compute dtype
   apply_lora_flags(f, in);
   if (!f.memory.empty()) in.device_memory_bytes = fsdp::plan::parse_bytes(f.memory);
   if (!f.overhead.empty()) in.overhead_bytes = fsdp::plan::parse_bytes(f.overhead);

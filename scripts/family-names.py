@@ -9,9 +9,11 @@ The families are those registered (each src/models/*_family.cpp's name(): gpt, l
 matched by stem (qwen2 -> qwen) against the words of every identifier in the code of src/, apps/
 and include/ (comments and string literals left out: a comment may say "an 8 B Llama's embedding",
 a help text may give an example config). An identifier's words are split at '_' and at a capital
-(Gpt2BpeTokenizer -> gpt2, bpe, tokenizer). DATA_FORMATS lists the identifiers that name a file
-format or a template after the vendor that made it, not a model family (the GPT-2 tokenizer's
-vocab.json and merges.txt, Llama 3's chat template): any data may use them with any family.
+(Gpt2BpeTokenizer -> gpt2, bpe, tokenizer). DATA_FORMATS lists the names that call a file format
+or a template after the vendor that made it, not a model family (the GPT-2 tokenizer's vocab.json
+and merges.txt, Llama 3's chat template): any data may use them with any family. An enumerator is
+listed with its enum (ChatFormat::Mistral, also where its enum declares it), so that a bare
+`Mistral` elsewhere still counts.
 """
 import argparse
 import re
@@ -22,15 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Identifiers named after a data format, not a model family, and why.
 DATA_FORMATS = {
-    "Gpt2": "data::TokenizerKind::Gpt2: the GPT-2 BPE tokenizer's files (vocab.json, merges.txt)",
+    "TokenizerKind::Gpt2": "data.tokenizer = \"gpt2\": the GPT-2 BPE tokenizer's files (vocab.json, merges.txt)",
     "Gpt2BpeTokenizer": "the tokenizer that reads those files",
     "gpt2_regex": "that tokenizer's pre-tokenizing pattern",
     "kGpt2SplitPattern": "the pattern's text, which Hugging Face byte-level tokenizers share",
-    "Llama3": "data::ChatFormat::Llama3: Llama 3's chat template",
+    "ChatFormat::Llama3": "data.chat_format = \"llama3\": Llama 3's chat template",
     "llama3_header": "that template's turn header",
-    "Mistral": "data::ChatFormat::Mistral: Mistral's [INST] chat template",
+    "ChatFormat::Mistral": "data.chat_format = \"mistral\": Mistral's [INST] chat template",
     "mistral_text": "that template's text",
-    "Gemma": "data::ChatFormat::Gemma: Gemma's <start_of_turn> chat template",
+    "ChatFormat::Gemma": "data.chat_format = \"gemma\": Gemma's <start_of_turn> chat template",
     "gemma_text": "that template's text",
 }
 # Words that are a family's name but mean something else here.
@@ -60,19 +62,27 @@ def words(identifier):
 
 
 def uses(stems):
-    """(path, line number, identifier) for each identifier in code naming a family."""
+    """(path, line number, name) for each name in code naming a family: an identifier, or an
+    enumerator as ENUM::NAME."""
     found = []
+    families_own = (ROOT / "src" / "models", ROOT / "include" / "fsdp" / "models")
     for folder in ("src", "apps", "include"):
         for path in sorted((ROOT / folder).rglob("*")):
-            if path.suffix not in (".h", ".cpp", ".cu") or "models" in path.relative_to(ROOT).parts:
+            if path.suffix not in (".h", ".cpp", ".cu") or any(own in path.parents for own in families_own):
                 continue
             for number, line in enumerate(code_only(path.read_text()).split("\n"), 1):
-                for identifier in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", line):
-                    named = [w for w in words(identifier) if w in stems]
-                    if any(w == "clip" for w in named) and any(o in identifier.lower() for o in OTHER_MEANINGS["clip"]):
-                        continue
-                    if named:
-                        found.append((path.relative_to(ROOT), number, identifier))
+                declared = re.search(r"enum\s+class\s+(\w+)", line)  # its enumerators, unqualified
+                for qualified in re.findall(r"[A-Za-z_]\w*(?:::[A-Za-z_]\w*)*", line):
+                    parts = qualified.split("::")
+                    for i, identifier in enumerate(parts):
+                        named = [w for w in words(identifier) if w in stems]
+                        if any(w == "clip" for w in named) and any(o in identifier.lower() for o in OTHER_MEANINGS["clip"]):
+                            continue
+                        if not named:
+                            continue
+                        owner = parts[i - 1] if i > 0 else (declared.group(1) if declared else "")
+                        name = f"{owner}::{identifier}" if f"{owner}::{identifier}" in DATA_FORMATS else identifier
+                        found.append((path.relative_to(ROOT), number, name))
     return found
 
 

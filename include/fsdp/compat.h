@@ -33,6 +33,16 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
                                           /*dropout_p=*/0.0, causal, /*scale=*/std::nullopt, grouped_query);
 }
 
+// Whether scaled_dot_product_attention runs grouped k and v [b, kv_heads, t, hd] (enable_gqa) in a
+// fused kernel rather than its composed math, as libtorch itself would choose (0 is its math;
+// -1 none): every CPU kernel takes them; on CUDA flash and cuDNN do (fp16 and bf16, no mask, sm80
+// and later), memory-efficient attention does not.
+inline bool fused_kernel_takes_grouped_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                             const at::Tensor& allowed = {}) {
+  return at::_fused_sdp_choice(q, k, v, allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt,
+                               /*dropout_p=*/0.0, causal, /*scale=*/std::nullopt, /*enable_gqa=*/true) > 0;
+}
+
 // AdamW over lists of tensors in one fused kernel, weight decay left to the caller (decoupled, on the
 // matrices only); `steps` are read, not advanced: the caller sets them to the step being taken, 1 first.
 inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,

@@ -58,13 +58,13 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const auto repeated = [&](const at::Tensor& x) { return grouped ? x.repeat_interleave(heads / kv_heads, 1) : x; };
   // The fused kernels that take grouped heads read k and v in place (enable_gqa), so no
   // [b, heads, t, hd] copies are made, nor kept for backward: every CPU kernel, and CUDA's flash and
-  // cuDNN attention. CUDA's memory-efficient kernel, the one that takes a mask, does not (libtorch
-  // would fall back to the composed math for it): its k and v are repeated.
-  const bool kernel_takes_groups = grouped && !(allowed.defined() && q.is_cuda());
+  // cuDNN attention. Where libtorch would take its composed math instead (CUDA's memory-efficient
+  // kernel, which a mask or fp32 selects, takes no groups), k and v are repeated for that kernel.
   const auto fused = [&](const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
-    return kernel_takes_groups
-               ? compat::scaled_dot_product_attention(q_in, k_in, v_in, causal, allowed, true)
-               : compat::scaled_dot_product_attention(q_in, repeated(k_in), repeated(v_in), causal, allowed);
+    if (grouped && compat::fused_kernel_takes_grouped_heads(q_in, k_in, v_in, causal, allowed)) {
+      return compat::scaled_dot_product_attention(q_in, k_in, v_in, causal, allowed, /*grouped_query=*/true);
+    }
+    return compat::scaled_dot_product_attention(q_in, repeated(k_in), repeated(v_in), causal, allowed);
   };
   switch (attention_path(q.scalar_type())) {
     case AttentionPath::FusedFp32:

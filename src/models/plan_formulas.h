@@ -29,8 +29,8 @@ inline int64_t attention_softmax_bytes(int64_t heads, int64_t t, int64_t c, bool
 // its log-sum-exp; in fp32 for a lower-precision compute dtype (FusedFp32: the fp32 copies, and
 // the output cast back for the projection). Composed attention keeps q, k and v repeated (q wide
 // each), the output's contiguous copy, and the probabilities. Measured against a Llama block's
-// forward in tests/unit/block_activation_tests.cpp. (On CUDA, a mask selects the memory-efficient
-// kernel, which takes no groups: k and v are repeated, q wide; packed and windowed rows there keep
+// forward in tests/unit/block_activation_tests.cpp. (On CUDA, a mask or fp32 selects the
+// memory-efficient kernel, which takes no groups: k and v are repeated, q wide; such runs keep
 // 2 (q - kv) more a token than this counts.)
 inline int64_t grouped_attention_activation_bytes(int64_t heads, int64_t q, int64_t kv, int64_t t,
                                                   const ActivationSettings& s) {

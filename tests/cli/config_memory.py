@@ -38,7 +38,7 @@ KNOWN_SHORT = {
     # language model's fp32 attention is no longer counted at 16 bytes a channel of the stream, and
     # what that hid shows: 17 MiB live after the start-up matmul measurements (bf16 GEMMs' state
     # that libtorch keeps) and 14 MiB after the first evaluation's generated answers, neither in the
-    # plan (memory traces, 2026-12-06). Measured +9.2% and +10.1%.
+    # plan (memory traces, 2026-12-06). Measured +9.2% to +10.4%.
     "llava-fashion-mnist": (0.13, "bf16 GEMM state after the start-up measurements and the first "
                                   "evaluation's answers, 31 MiB live, not in the plan"),
 }

@@ -53,13 +53,19 @@ FLAGS = [
     (["--lora-rank", "4"], lambda p: p["adapter_parameters"] > 0, "adapters"),
     (["--lora-rank", "4", "--lora-targets", "c_attn"],  # a quarter of the adapters on every linear layer
      lambda p: 0 < p["adapter_parameters"] <= 8192, "adapters on c_attn only"),
-    (["--lora-rank", "4", "--lora-base-dtype", "nf4"],  # 1.7 MB of fp32 shards, 0.34 MB with an NF4 base
-     lambda p: p["adapter_parameters"] > 0 and p["memory_bytes"]["parameters"] < 1 << 20, "an NF4 base"),
-    (["--inter-node-bandwidth", "1", "--tflops", "1", "--bandwidth", "1"],
-     lambda p: p["step_seconds_serial"] > 0, "a step time"),
+    # 1.7 MB of fp32 shards, 0.9 MB with a bf16 base, 0.34 MB with an NF4 base
+    (["--lora-rank", "4", "--lora-base-dtype", "nf4"],
+     lambda p: p["adapter_parameters"] > 0 and p["memory_bytes"]["parameters"] < 1 << 19, "an NF4 base"),
+    # 1 MB/s inside the node: the step's communication takes seconds (1000 GB/s: microseconds).
+    (["--tflops", "1", "--bandwidth", "0.001"], lambda p: p["comm_seconds"] > 1, "the bandwidth"),
+    # Two nodes of one rank: all of it crosses nodes, at 1 MB/s, where the node's link is 1000 GB/s.
+    (["--tflops", "1", "--bandwidth", "1000", "--ranks-per-node", "1", "--inter-node-bandwidth", "0.001"],
+     lambda p: p["comm_seconds"] > 1, "the bandwidth across nodes"),
 ]
 
-# The flags that set no plan input: they choose the model or config, or what is printed and how.
+# The flags not checked here: the model or config and the rank count (every plan here has them),
+# what is printed and how, --fit and its --host-link-bandwidth (a search, not a plan input:
+# tests/unit/plan_tests.cpp PlanFit, cli_fit_configs), and --calibrate (it measures this machine).
 NOT_PLAN_INPUTS = {"--help", "--set", "--model", "--ranks", "--calibrate", "--compact", "--json", "--fit",
                    "--host-link-bandwidth"}
 

@@ -57,11 +57,23 @@ int64_t kept_by_forward(const fsdp::models::ModelConfig& config, int64_t b, int6
 // keeps for b more samples of t tokens within 3% of the plan's term for it (b = 16 of 64 tokens;
 // llama-small 4 of 128).
 // GPT-2's LayerNorm blocks; Llama's grouped-query attention (8 query heads over 4 key/value heads);
-// Qwen3's per-head q and k norms; Mistral's sliding window (a mask); Gemma 3's four norms, GeGLU
-// and local layers.
+// Qwen3's per-head q and k norms; Mistral's sliding window (a mask); Gemma 3's six norms, GeGLU
+// and local layers. One intra-op thread: which thread frees what then never moves bytes between
+// glibc's per-thread caches, which mallinfo2 counts as in use.
 TEST(BlockActivations, EachDecoderBlockKeepsWhatThePlanCounts) {
   if (fsdp::shard::host_heap() != fsdp::shard::HostHeap::Glibc) GTEST_SKIP() << "measured on glibc's heap";
   using fsdp::models::AttentionPath;
+  // The process's attention paths, fused ops and threads, put back however the test ends.
+  struct Restore {
+    int threads = at::get_num_threads();
+    ~Restore() {
+      fsdp::models::set_attention_path(at::kFloat, AttentionPath::Fused);
+      fsdp::models::set_attention_path(at::kBFloat16, AttentionPath::Fused);
+      fsdp::models::set_fused_ops(true);
+      at::set_num_threads(threads);
+    }
+  } restore;
+  at::set_num_threads(1);
   for (const std::string name : {"gpt-tiny", "llama-small", "qwen3-test", "mistral-test", "gemma3-test"}) {
     const int64_t b = name == "llama-small" ? 4 : 16, t = name == "llama-small" ? 128 : 64;
     for (const Computation how :
@@ -95,9 +107,6 @@ TEST(BlockActivations, EachDecoderBlockKeepsWhatThePlanCounts) {
       EXPECT_NEAR(static_cast<double>(planned), static_cast<double>(measured), 0.03 * measured) << what;
     }
   }
-  fsdp::models::set_attention_path(at::kFloat, AttentionPath::Fused);
-  fsdp::models::set_attention_path(at::kBFloat16, AttentionPath::Fused);
-  fsdp::models::set_fused_ops(true);
 }
 
 }  // namespace block_activation_tests

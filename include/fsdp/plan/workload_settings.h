@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "fsdp/models/lora_base_dtype.h"
 #include "fsdp/optim/optimizer_kind.h"
@@ -55,6 +56,14 @@ void for_each_workload_setting(Visit&& visit) {
         "count the asynchronous save's staging copies (host memory)");
   visit("lora_base_dtype", &W::lora_base_dtype, "lora.base_dtype",
         "LoRA: the frozen base's storage (nf4: QLoRA, the blocks' linear weights in 4-bit NF4, the rest bf16)");
+}
+
+// A number setting whose default is positive takes no 0 (a micro-batch, a sequence length): fsdp-plan
+// refuses it as it parses. loss_chunk_tokens' 0 means the whole logits.
+template <class T>
+constexpr bool takes_no_zero(T WorkloadSettings::*member) {
+  if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) return WorkloadSettings{}.*member > 0;
+  return false;
 }
 
 }  // namespace fsdp::plan
