@@ -372,9 +372,9 @@ SettingFlag setting_flag(CLI::App& app, PlanFlags& f, Settings& values, const st
   } else {
     if constexpr (std::is_same_v<T, bool>) {
       const bool on = Settings{}.*member;
-      const std::string off =
-          on ? "; on unless --" + dashed(name) + "=false" + (former.empty() ? "" : " (or " + former.substr(1) + ")")
-             : "";
+      const std::string off = on ? "; on unless --" + dashed(name) + "=false" +
+                                       (former.rfind("!", 0) == 0 ? " (or " + former.substr(1) + ")" : "")
+                                 : "";
       flag.option = app.add_flag(option, values.*member, text + off);
     } else {
       flag.option =

@@ -106,7 +106,7 @@ class DecoderFamily : public FamilyOf<Config> {
   // A block for one sample of t tokens: each RMSNorm keeps its input (composed: an fp32 copy of it
   // and the normalised output, 2 d; fused: the input and 1/rms per row, 1 d), and the normalised
   // outputs the projections read (2 d); with qk_norm, the per-head norms' likewise over q and k; the
-  // attention (grouped_attention_activation_bytes: q, k, v after rotary, rotary keeping only its
+  // attention (attention_activation_bytes: q, k, v after rotary, rotary keeping only its
   // tables); the SwiGLU's gate and up (the fused op's closed-form backward needs no SiLU(gate); the
   // composed one keeps it too) and their product (3 or 4 ffn). Measured against the forward of a
   // llama-small block, every way it computes, in tests/unit/block_activation_tests.cpp.
@@ -116,7 +116,7 @@ class DecoderFamily : public FamilyOf<Config> {
     const int64_t norms = s.fused_ops ? 1 : 2;  // widths an RMSNorm keeps of its input
     const int64_t widths =
         (2 + 2 * norms) * c.dim + (c.qk_norm ? norms * (q + kv) : 0) + (s.fused_ops ? 3 : 4) * c.ffn_hidden;
-    const int64_t block = s.compute_bytes * t * widths + grouped_attention_activation_bytes(c.heads, q, kv, t, s);
+    const int64_t block = s.compute_bytes * t * widths + attention_activation_bytes(c.heads, q, kv, t, s);
     const int64_t head = language_head_activation_bytes(c.dim, c.vocab, s.micro_batch * t, s);
     return block_stack_activation_bytes(c.layers, c.dim, t, block, head, s);
   }

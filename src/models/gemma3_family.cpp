@@ -206,7 +206,7 @@ class Gemma3Family final : public FamilyOf<Gemma3Config> {
   // input in fp32 and its fp32 normalised product (8 bytes a channel); the two whose output a
   // projection reads, that output in the compute dtype too (input_layernorm, pre_feedforward: 2 x
   // (8 + c) d; the two after the attention and the MLP: 2 x 8 d; q_norm and k_norm: 8 (q + kv)).
-  // The attention (grouped_attention_activation_bytes: q scaled after rotary, k, v, the output);
+  // The attention (attention_activation_bytes: q scaled after rotary, k, v, the output);
   // the GeGLU's gate, GELU(gate), up and their product (4 ffn). A local layer's softmax terms are
   // those of its window, counted as a global one's. Measured against gemma3-test's block, every
   // way it computes, in tests/unit/block_activation_tests.cpp.
@@ -214,7 +214,7 @@ class Gemma3Family final : public FamilyOf<Gemma3Config> {
     const Gemma3Config& c = of(config);
     const int64_t t = s.seq_len, q = c.heads * c.head_dim, kv = c.kv_heads * c.head_dim, b = s.compute_bytes;
     const int64_t norms = (2 * (8 + b) + 2 * 8) * c.dim + 8 * (q + kv);
-    const int64_t block = t * (norms + 4 * b * c.ffn_hidden) + grouped_attention_activation_bytes(c.heads, q, kv, t, s);
+    const int64_t block = t * (norms + 4 * b * c.ffn_hidden) + attention_activation_bytes(c.heads, q, kv, t, s);
     const int64_t head = language_head_activation_bytes(c.dim, c.vocab, s.micro_batch * t, s);
     return block_stack_activation_bytes(c.layers, c.dim, t, block, head, s);
   }

@@ -23,38 +23,32 @@ inline int64_t attention_softmax_bytes(int64_t heads, int64_t t, int64_t c, bool
   return fused_attention ? 4 * heads * t : c * heads * t * t;
 }
 
-// What grouped-query attention keeps for one sample of t tokens, q = heads x head_dim and kv =
-// kv_heads x head_dim wide: a fused kernel q, k, v (k and v read in place, not repeated to every
-// query head: models/attention.h), its output (which the output projection reads as it is) and
-// its log-sum-exp; in fp32 for a lower-precision compute dtype (FusedFp32: the fp32 copies, and
-// the output cast back for the projection). Composed attention keeps q, k and v repeated (q wide
-// each), the output's contiguous copy, and the probabilities. Measured against a Llama block's
-// forward in tests/unit/block_activation_tests.cpp. (On CUDA, a mask or fp32 selects the
+// What attention keeps for one sample of t tokens, q = heads x head_dim and kv = kv_heads x
+// head_dim wide (kv = q without grouped heads): a fused kernel q, k, v (grouped k and v read in
+// place, not repeated to every query head: models/attention.h; a GPT's q, k, v as the views of qkv
+// they are), its output (written [t, heads, head_dim] and returned transposed, so the output
+// projection reads it as it is) and its log-sum-exp; in fp32 for a lower-precision compute dtype
+// (FusedFp32: the fp32 copies, and the output cast back for the projection; the compute-dtype q,
+// k and v are then kept by nothing). Composed attention keeps contiguous q, k and v (repeated, q
+// wide each), the output's contiguous copy, and the probabilities. Measured against the blocks'
+// forwards in tests/unit/block_activation_tests.cpp. (On CUDA, a mask or fp32 selects the
 // memory-efficient kernel, which takes no groups: k and v are repeated, q wide; such runs keep
 // 2 (q - kv) more a token than this counts.)
-inline int64_t grouped_attention_activation_bytes(int64_t heads, int64_t q, int64_t kv, int64_t t,
-                                                  const ActivationSettings& s) {
+inline int64_t attention_activation_bytes(int64_t heads, int64_t q, int64_t kv, int64_t t,
+                                          const ActivationSettings& s) {
   const int64_t c = s.compute_bytes, softmax = attention_softmax_bytes(heads, t, c, s.fused_attention);
   if (!s.fused_attention) return c * t * 4 * q + softmax;
   if (s.attention_fp32 && c < 4) return 4 * t * (2 * q + 2 * kv) + c * t * q + softmax;
   return c * t * (2 * q + 2 * kv) + softmax;
 }
 
-// A GPT or ViT block for one sample of t tokens: two LayerNorm inputs and outputs (4 d), qkv
-// (3 d), the attention's output (d), the MLP's hidden before and after GELU (2 ffn): 8 d. A fused
-// kernel saves q, k and v as the views of qkv they are, and writes its output [t, heads,
-// head_dim] (returned transposed), so the projection reads it as it is, without a copy. Composed
-// attention's matmuls save contiguous copies of q, k and v where the views of qkv are freed, and
-// the projection its output's copy: 8 d again, and the probabilities. In fp32 for a
-// lower-precision compute dtype (FusedFp32), the kernel keeps fp32 q, k, v and output (16 bytes a
-// channel) and the compute-dtype qkv is kept by nothing. Measured against gpt-tiny's block, every
-// way it computes, in tests/unit/block_activation_tests.cpp. (At 11 d, gpt-fortunes-tiny's plan
-// stood 26 MiB above the live bytes its step adds, 2026-12-06.)
+// A GPT or ViT block for one sample of t tokens: two LayerNorm inputs and outputs (4 d), the MLP's
+// hidden before and after GELU (2 ffn), and the attention (attention_activation_bytes, q = kv = d:
+// 4 d fused or composed). (At 11 d for the block, gpt-fortunes-tiny's plan stood 26 MiB above the
+// live bytes its step adds, 2026-12-06.)
 inline int64_t layer_norm_block_activation_bytes(int64_t dim, int64_t heads, int64_t ffn, int64_t t,
                                                  const ActivationSettings& s) {
-  const int64_t c = s.compute_bytes;
-  const int64_t fp32_attention = s.fused_attention && s.attention_fp32 && c < 4 ? (16 - 3 * c) * t * dim : 0;
-  return c * t * (8 * dim + 2 * ffn) + fp32_attention + attention_softmax_bytes(heads, t, c, s.fused_attention);
+  return s.compute_bytes * t * (4 * dim + 2 * ffn) + attention_activation_bytes(heads, dim, dim, t, s);
 }
 
 // A language model's head for `t` tokens: the final norm (2 d), the logits in the compute dtype,
