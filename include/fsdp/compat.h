@@ -34,13 +34,13 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
 }
 
 // Whether scaled_dot_product_attention runs grouped k and v [b, kv_heads, t, hd] (enable_gqa) in a
-// fused kernel rather than its composed math. The CPU's kernel takes them (and its math repeats
-// them itself, as a caller would): no question asked. On CUDA flash and cuDNN take them (fp16 and
-// bf16, no mask, sm80 and later), memory-efficient attention does not: libtorch's own choice is
-// asked (0 is its math, -1 none).
+// fused kernel rather than its composed math, as libtorch itself chooses (0 is its math, -1 none).
+// The CPU's flash kernel takes them from libtorch 2.8 on; 2.7 sends them to its math, which
+// repeats k and v and keeps the [b, h, t, t] scores (a Llama block held 33% more than the plan,
+// block_activation_tests under scripts/test-oldest-torch.sh). On CUDA flash and cuDNN take them
+// (fp16 and bf16, no mask, sm80 and later), memory-efficient attention does not.
 inline bool fused_kernel_takes_grouped_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                              const at::Tensor& allowed = {}) {
-  if (!q.is_cuda()) return true;
   return at::_fused_sdp_choice(q, k, v, allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt,
                                /*dropout_p=*/0.0, causal, /*scale=*/std::nullopt, /*enable_gqa=*/true) > 0;
 }

@@ -57,9 +57,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // [b, kv, t, hd] -> [b, kv * group, t, hd]: query head h reads key/value head h / group.
   const auto repeated = [&](const at::Tensor& x) { return grouped ? x.repeat_interleave(heads / kv_heads, 1) : x; };
   // The fused kernels that take grouped heads read k and v in place (enable_gqa), so no
-  // [b, heads, t, hd] copies are made, nor kept for backward: every CPU kernel, and CUDA's flash and
-  // cuDNN attention. Where libtorch would take its composed math instead (CUDA's memory-efficient
-  // kernel, which a mask or fp32 selects, takes no groups), k and v are repeated for that kernel.
+  // [b, heads, t, hd] copies are made, nor kept for backward: the CPU's (libtorch 2.8 on), and
+  // CUDA's flash and cuDNN attention. Where libtorch would take its composed math instead (the
+  // CPU's in 2.7; CUDA's memory-efficient kernel, which a mask or fp32 selects, takes no groups),
+  // k and v are repeated for the fused kernel (compat::fused_kernel_takes_grouped_heads).
   const auto fused = [&](const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
     if (grouped && compat::fused_kernel_takes_grouped_heads(q_in, k_in, v_in, causal, allowed)) {
       return compat::scaled_dot_product_attention(q_in, k_in, v_in, causal, allowed, /*grouped_query=*/true);
