@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -127,9 +128,13 @@ class NcclWork final : public Work {
   std::atomic<double> busy_seconds_{0.0};
 };
 
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0), "ncclCommSplit needs NCCL 2.18 or newer");
+
 class NcclProcessGroup final : public ProcessGroup {
  public:
-  NcclProcessGroup(ProcessGroupPtr bootstrap, int device_index, ProcessGroupOptions options)
+  // `comm`: the communicator split for it from its parent's (split()); null: one made here from
+  // rank 0's unique id, broadcast through the bootstrap group.
+  NcclProcessGroup(ProcessGroupPtr bootstrap, int device_index, ProcessGroupOptions options, ncclComm_t comm = nullptr)
       : bootstrap_(std::move(bootstrap)),
         device_index_(device_index),
         options_(options),
@@ -139,6 +144,11 @@ class NcclProcessGroup final : public ProcessGroup {
     who_ = "[fsdp nccl group " + bootstrap_->name() + " rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
            ", cuda:" + std::to_string(device_index_) + "]";
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    if (comm != nullptr) {
+      comm_ = comm;
+      watchdog_ = std::thread([this] { watch(); });
+      return;
+    }
     // ncclUniqueId is 128 opaque bytes: broadcast from rank 0 as 16 int64 through the bootstrap group.
     ncclUniqueId id;
     static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0, "ncclUniqueId is not a whole number of int64");
@@ -149,7 +159,9 @@ class NcclProcessGroup final : public ProcessGroup {
     }
     if (size_ > 1) bootstrap_->broadcast(id_words, 0)->wait();
     std::memcpy(&id, id_words.data_ptr(), sizeof(id));
-    comm_ = init_within_timeout(id);
+    const int size = size_, rank = rank_;
+    comm_ = within_timeout("ncclCommInitRank",
+                           [id, size, rank](ncclComm_t* made) { return ncclCommInitRank(made, size, id, rank); });
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -162,11 +174,12 @@ class NcclProcessGroup final : public ProcessGroup {
     if (comm_ != nullptr) ncclCommDestroy(comm_);
   }
 
-  // ncclCommInitRank returns once every rank of the group has called it: a rank that died after
-  // the id's broadcast would leave the others in it for ever (the watchdog starts after it). It
-  // runs on a thread of its own, waited for up to the group's timeout; past it this rank throws
-  // naming the init, and the thread (still inside NCCL) is left to the process's exit.
-  ncclComm_t init_within_timeout(ncclUniqueId id) {
+  // ncclCommInitRank and ncclCommSplit return once every rank of the group has called them: a rank
+  // that died before would leave the others in it for ever (the watchdog starts after it). `call`
+  // runs on a thread of its own (on this group's device), waited for up to the group's timeout;
+  // past it this rank throws naming the call, and the thread (still inside NCCL) is left to the
+  // process's exit.
+  ncclComm_t within_timeout(const char* call, std::function<ncclResult_t(ncclComm_t*)> make) {
     struct Init {
       std::mutex mutex;
       std::condition_variable done_cv;
@@ -175,11 +188,11 @@ class NcclProcessGroup final : public ProcessGroup {
       ncclComm_t comm = nullptr;
     };
     auto init = std::make_shared<Init>();
-    const int size = size_, rank = rank_, device = device_index_;
-    std::thread([init, id, size, rank, device] {
+    const int device = device_index_;
+    std::thread([init, make, device] {
       cudaSetDevice(device);
       ncclComm_t comm = nullptr;
-      const ncclResult_t result = ncclCommInitRank(&comm, size, id, rank);
+      const ncclResult_t result = make(&comm);
       std::lock_guard<std::mutex> lock(init->mutex);
       init->result = result;
       init->comm = comm;
@@ -188,12 +201,12 @@ class NcclProcessGroup final : public ProcessGroup {
     }).detach();
     std::unique_lock<std::mutex> lock(init->mutex);
     if (!init->done_cv.wait_for(lock, options_.timeout, [&] { return init->done; })) {
-      throw std::runtime_error(who_ + ": ncclCommInitRank did not complete within " +
+      throw std::runtime_error(who_ + ": " + call + " did not complete within " +
                                std::to_string(std::chrono::duration<double>(options_.timeout).count()) +
                                " s (FSDP_COMM_TIMEOUT_MS): a rank of the " + std::to_string(size_) +
-                               " did not join it (did one die after the NCCL id was broadcast?)");
+                               " did not join it (did one die, or take another code path?)");
     }
-    check_nccl(init->result, "ncclCommInitRank", who_);
+    check_nccl(init->result, call, who_);
     return init->comm;
   }
 
@@ -276,11 +289,33 @@ class NcclProcessGroup final : public ProcessGroup {
     return bootstrap_->barrier();
   }
 
-  // Split through the bootstrap group (same colors and keys), then a fresh communicator for each part.
+  // Split through the bootstrap group (same colors and keys: host tensors go there), then this
+  // group's communicator with ncclCommSplit, which every rank of it joins (one outside any part
+  // with NCCL_SPLIT_NOCOLOR): no unique id to exchange. Its key is the rank the bootstrap split
+  // gave, so both number the part's ranks alike (checked).
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     ProcessGroupPtr part = bootstrap_->split(color, key);
-    if (!part) return nullptr;
-    return std::make_shared<NcclProcessGroup>(part, device_index_, options_);
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    ncclComm_t parent = comm_;
+    const int nccl_color = part ? color : NCCL_SPLIT_NOCOLOR, nccl_key = part ? part->rank() : 0;
+    ncclComm_t comm = within_timeout("ncclCommSplit", [parent, nccl_color, nccl_key](ncclComm_t* made) {
+      return ncclCommSplit(parent, nccl_color, nccl_key, made, nullptr);
+    });
+    if (!part) {
+      if (comm != nullptr) ncclCommDestroy(comm);
+      return nullptr;
+    }
+    int nccl_rank = -1, nccl_size = 0;
+    check_nccl(ncclCommUserRank(comm, &nccl_rank), "ncclCommUserRank", who_);
+    check_nccl(ncclCommCount(comm, &nccl_size), "ncclCommCount", who_);
+    if (nccl_rank != part->rank() || nccl_size != part->size()) {
+      ncclCommDestroy(comm);
+      throw std::runtime_error(who_ + ": ncclCommSplit(color " + std::to_string(color) + ", key " +
+                               std::to_string(key) + ") made rank " + std::to_string(nccl_rank) + " of " +
+                               std::to_string(nccl_size) + ", the bootstrap split rank " +
+                               std::to_string(part->rank()) + " of " + std::to_string(part->size()));
+    }
+    return std::make_shared<NcclProcessGroup>(part, device_index_, options_, comm);
   }
 
   [[noreturn]] void abort(const std::string& why) override {

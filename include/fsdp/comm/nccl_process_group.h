@@ -5,7 +5,9 @@
 //
 // Bootstrap: the communicator's unique id is made by rank 0 and broadcast through an existing
 // group of the same ranks (the MPI world, or its split), so the same mpirun/srun launch works; a
-// process without a launcher is world size 1 and needs no exchange.
+// process without a launcher is world size 1 and needs no exchange. A split group's communicator
+// is split from its parent's (ncclCommSplit, NCCL >= 2.18), which every rank of the parent joins:
+// no second id exchange.
 //
 // Numerics: bf16 is reduced by NCCL itself (rounding as it goes around the ring), and Average is
 // NCCL's ncclAvg; the MPI backend instead sums bf16 in fp32 and rounds once. The difference is a
@@ -25,7 +27,7 @@
 // error, names the operation and aborts every rank through the bootstrap group.
 //
 // Start: the ranks first exchange which device each took (comm/device_assignment.h) and refuse two
-// on one device, naming them; ncclCommInitRank is bounded by the group's timeout.
+// on one device, naming them; ncclCommInitRank and ncclCommSplit are bounded by the group's timeout.
 #pragma once
 
 #include "fsdp/comm/process_group.h"
