@@ -9,6 +9,7 @@
 
 #include "fsdp/shard/flat_param.h"
 #include "fsdp/shard/nf4_storage.h"
+#include "fsdp/shard/shard_extent.h"
 
 namespace fsdp::checkpoint {
 
@@ -30,9 +31,18 @@ inline std::pair<int64_t, int64_t> held_range(const shard::FlatParam& flat) {
   return {begin, std::min<int64_t>(begin + stored_shard_numel(flat), numel)};
 }
 
-// [begin, end) that rank `rank` of `world` stores in a checkpoint: k = ceil(numel / world) each.
-inline std::pair<int64_t, int64_t> saved_range(int64_t numel, int world, int rank) {
-  const int64_t k = (numel + world - 1) / world;
+// Elements (NF4: bytes) of stored_numel that each of `world` rank files holds of this unit: k of
+// the shards (shard/shard_extent.h), so that a sharded rank saves exactly what it holds. The
+// manifest records it per unit ("stored_per_file"); format versions 1 and 2 had ceil(numel / world).
+inline int64_t stored_per_file(const shard::FlatParam& flat, int world) {
+  const int64_t alignment = flat.nf4_storage() != nullptr ? shard::kNf4ShardAlignment : shard::kValueShardAlignment;
+  return shard::shard_extent(stored_numel(flat), world, alignment);
+}
+
+// [begin, end) of a unit's `numel` stored elements that rank file `rank` holds: `per_file` each,
+// the last files fewer or none.
+inline std::pair<int64_t, int64_t> saved_range(int64_t numel, int64_t per_file, int rank) {
+  const int64_t k = std::min<int64_t>(per_file, std::max<int64_t>(numel, 1));  // rank * k cannot overflow
   const int64_t begin = std::min<int64_t>(static_cast<int64_t>(rank) * k, numel);
   return {begin, std::min<int64_t>(begin + k, numel)};
 }

@@ -9,6 +9,10 @@ namespace {
 
 using json = nlohmann::json;
 
+// ceil(stored / files) without overflow (a manifest's numel may be any int64): what each of
+// `files` rank files holds of a unit in versions 1 and 2, and the least it can hold in version 3.
+int64_t even_per_file(int64_t stored, int64_t files) { return stored / files + (stored % files != 0); }
+
 // Every key the loaders read, with its type, checked before any is used (a manifest edited by
 // hand or damaged must be refused, naming the key, not read as undefined behaviour).
 void validate_manifest(const json& m, const std::string& dir, int version) {
@@ -47,6 +51,16 @@ void validate_manifest(const json& m, const std::string& dir, int version) {
     integer(flat, "numel", where, 0);
     if (!flat.contains("trainable") || !flat.at("trainable").is_boolean())
       fail(where + "'trainable' is missing or not a boolean");
+    if (flat.contains("nf4_bytes")) integer(flat, "nf4_bytes", where, 0);
+    if (version >= 3) {
+      // The files, stored_per_file each, must cover what the unit stores (its NF4 bytes or values).
+      integer(flat, "stored_per_file", where, 1);
+      const int64_t stored = stored_numel_of(flat), world = m.at("world_size").get<int64_t>();
+      if (flat.at("stored_per_file").get<int64_t>() < even_per_file(stored, world)) {
+        fail(where + "'stored_per_file' " + flat.at("stored_per_file").dump() + " in " + std::to_string(world) +
+             " files cannot hold the unit's " + std::to_string(stored) + " stored elements");
+      }
+    }
     each_object(flat, "entries", where, [&](const json& entry, const std::string& at) {
       text(entry, "name", at);
       shape(entry, at);
@@ -84,6 +98,16 @@ void validate_manifest(const json& m, const std::string& dir, int version) {
 }
 
 }  // namespace
+
+int64_t stored_numel_of(const json& unit) {
+  const int64_t nf4_bytes = unit.value("nf4_bytes", int64_t{0});
+  return nf4_bytes > 0 ? nf4_bytes : unit.at("numel").get<int64_t>();
+}
+
+int64_t stored_per_file_of(const json& unit, const json& manifest) {
+  if (manifest.at("version").get<int>() >= 3) return unit.at("stored_per_file").get<int64_t>();
+  return even_per_file(stored_numel_of(unit), manifest.at("world_size").get<int64_t>());
+}
 
 json parse_manifest(const std::string& text, const std::string& dir) {
   json manifest;

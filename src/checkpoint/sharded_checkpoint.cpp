@@ -56,7 +56,7 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
-json layout_json(const std::vector<shard::FlatParam*>& flats) {
+json layout_json(const std::vector<shard::FlatParam*>& flats, int files) {
   json out = json::array();
   for (const shard::FlatParam* flat : flats) {
     json entries = json::array();
@@ -69,6 +69,7 @@ json layout_json(const std::vector<shard::FlatParam*>& flats) {
                  {"entries", entries}};
     // A QLoRA base's files hold the bytes of its NF4 encoding (shard/nf4_storage.h), not values.
     if (flat->nf4_storage() != nullptr) unit["nf4_bytes"] = flat->nf4_storage()->bytes;
+    unit["stored_per_file"] = stored_per_file(*flat, files);
     out.push_back(unit);
   }
   return out;
@@ -201,9 +202,16 @@ std::vector<std::pair<std::string, at::Tensor>> saved_tensors(runtime::FsdpState
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   const std::vector<shard::FlatParam*> flats = state.flat_params();
   for (size_t i = 0; i < flats.size(); ++i) {
-    const auto [begin, end] = saved_range(stored_numel(*flats[i]), world, rank);
+    const auto [begin, end] = saved_range(stored_numel(*flats[i]), stored_per_file(*flats[i], world), rank);
     // What this rank stores is inside what it holds: replicated holds all; sharded holds exactly it.
-    const int64_t offset = begin - held_range(*flats[i]).first;
+    const auto [held_begin, held_end] = held_range(*flats[i]);
+    if (begin < held_begin || end > held_end) {
+      throw std::logic_error("checkpoint: rank file " + std::to_string(rank) + " of " + std::to_string(world) +
+                             " stores [" + std::to_string(begin) + ", " + std::to_string(end) + ") of unit '" +
+                             flats[i]->unit_name() + "', and its writer holds [" + std::to_string(held_begin) + ", " +
+                             std::to_string(held_end) + ")");
+    }
+    const int64_t offset = begin - held_begin;
     tensors.emplace_back("p" + std::to_string(i) + ".param", flats[i]->shard().narrow(0, offset, end - begin));
     if (optimizer == nullptr) continue;
     for (size_t slot = 0; slot < optimizer->slot_count(); ++slot) {
@@ -275,7 +283,7 @@ CheckpointSave::CheckpointSave(const std::string& checkpoints_dir, runtime::Fsdp
       writers_(state.shard_group()),
       checkpoints_dir_(checkpoints_dir),
       info_(info),
-      flats_layout_(layout_json(state.flat_params()).dump()),
+      flats_layout_(layout_json(state.flat_params(), state.shard_group()->size()).dump()),
       buffers_(buffers_json(module_buffers(state.root_module())).dump()),
       optimizer_name_(optimizer ? optimizer->name() : ""),
       optimizer_state_(optimizer ? optimizer->state_names() : std::vector<std::string>{}),
@@ -443,6 +451,7 @@ class CheckpointFiles {
       throw std::runtime_error("checkpoint '" + dir_ + "': manifest lists " + std::to_string(files_.size()) +
                                " files for " + std::to_string(saved_world_) + " ranks");
     }
+    for (const json& unit : manifest.at("flat_params")) per_file_.push_back(stored_per_file_of(unit, manifest));
   }
   int saved_world() const { return saved_world_; }
 
@@ -498,7 +507,7 @@ class CheckpointFiles {
     const int64_t numel = stored_numel(flat);
     const std::string name = "p" + std::to_string(flat_index) + "." + tensor_suffix;
     for (int r = 0; r < saved_world_; ++r) {
-      const auto [b, e] = saved_range(numel, saved_world_, r);
+      const auto [b, e] = saved_range(numel, per_file_.at(flat_index), r);
       const int64_t lo = std::max(b, begin), hi = std::min(e, end);
       if (lo >= hi) continue;
       const at::Tensor piece = read_checked(r, name);
@@ -523,6 +532,7 @@ class CheckpointFiles {
   std::string dir_;
   const json& files_;
   int version_ = 0, saved_world_ = 0;
+  std::vector<int64_t> per_file_;  // per unit: elements (NF4: bytes) each rank file holds
   std::map<int, std::unique_ptr<SafetensorsFile>> open_;
 };
 

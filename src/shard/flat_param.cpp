@@ -8,6 +8,7 @@
 
 #include "fsdp/comm/collective_log.h"
 #include "fsdp/shard/nf4_storage.h"
+#include "fsdp/shard/shard_extent.h"
 #include "fsdp/shard/storage.h"
 
 namespace fsdp::shard {
@@ -27,9 +28,8 @@ FlatLayout FlatLayout::make(std::vector<FlatEntry> entries, int num_shards) {
   }
   layout.entries = std::move(entries);
   layout.numel = offset;
-  layout.padded_numel = (offset + num_shards - 1) / num_shards * num_shards;
-  if (layout.padded_numel == 0) layout.padded_numel = num_shards;  // keep every buffer non-empty
-  layout.shard_numel = layout.padded_numel / num_shards;
+  layout.shard_numel = shard_extent(offset, num_shards, kValueShardAlignment);
+  layout.padded_numel = layout.shard_numel * num_shards;
   return layout;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "fsdp/shard/nf4.h"
+#include "fsdp/shard/shard_extent.h"
 
 #ifdef FSDP_HAVE_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -186,8 +187,8 @@ Nf4StorageLayout Nf4StorageLayout::make(const FlatLayout& layout, const std::vec
     out.entries.push_back(entry);
   }
   out.bytes = cursor;
-  out.padded_bytes = (cursor + num_shards - 1) / num_shards * num_shards;
-  out.shard_bytes = out.padded_bytes / num_shards;
+  out.shard_bytes = shard_extent(cursor, num_shards, kNf4ShardAlignment);
+  out.padded_bytes = out.shard_bytes * num_shards;
   return out;
 }
 

@@ -1,13 +1,14 @@
 // Sharded checkpoints: saved at S ranks and loaded at L ranks (every S, L up to the job's size,
 // using sub-groups), parameters, optimizer state and module buffers come back bit for bit; corrupt
 // or foreign checkpoints are refused on every rank, and a corrupt tensor no rank reads is never
-// looked at; version 1 checkpoints still load; Hugging Face safetensors export and import
+// looked at; version 1 and 2 checkpoints still load; Hugging Face safetensors export and import
 // round-trip.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -381,6 +382,12 @@ TEST(Checkpoint, RefusesMalformedManifestsOnEveryRank) {
        }},
       {"flat_params", [](nlohmann::json& m) { m["flat_params"] = "none"; }},
       {"step", [](nlohmann::json& m) { m.erase("step"); }},
+      {"stored_per_file", [](nlohmann::json& m) { m["flat_params"][0].erase("stored_per_file"); }},
+      {"stored_per_file",  // files that cannot hold the unit
+       [](nlohmann::json& m) {
+         m["flat_params"][0]["stored_per_file"] =
+             (m["flat_params"][0]["numel"].get<int64_t>() - 1) / m["world_size"].get<int64_t>();
+       }},
   };
   ModelUnderTest fresh = make("llama-test", world, 6);
   const at::Tensor fresh_before = everything(fresh);
@@ -524,37 +531,104 @@ TEST(Checkpoint, RefusesCheckpointsWhoseBuffersDifferFromTheModels) {
 
 // Version 1 checkpoints (one crc32 per file, no per-tensor checksums, no buffers) still load, each
 // file a rank opens checked whole.
-TEST(Checkpoint, LoadsVersionOneCheckpoints) {
+// Rewrites a checkpoint this build saved as versions 1 and 2 wrote it: every unit's slices
+// ceil(numel / N) elements per file (version 3's are its shards' own k, rounded up to 8), the rank
+// files written again, and a manifest without what those versions lacked (stored_per_file; version
+// 1 also the buffers and each tensor's crc32). Returns how many units' slices moved. Rank 0 only.
+int rewrite_as_version(const std::string& dir, int version) {
+  nlohmann::json manifest;
+  std::ifstream(dir + "/manifest.json") >> manifest;
+  const int n = manifest["world_size"].get<int>();
+  // Each rank file's tensors in order; each unit's tensors ("p<i>.param", "p<i>.exp_avg", ...) whole.
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> files(n);
+  std::map<std::string, std::vector<at::Tensor>> pieces;
+  auto unit_of = [](const std::string& name) {
+    return name.size() > 1 && name[0] == 'p' && std::isdigit(static_cast<unsigned char>(name[1]))
+               ? std::stoi(name.substr(1))
+               : -1;
+  };
+  for (int r = 0; r < n; ++r) {
+    fsdp::checkpoint::SafetensorsFile file(rank_file(dir, r, n));
+    for (const auto& info : file.tensors()) {
+      files[r].emplace_back(info.name, file.read(info.name));
+      if (unit_of(info.name) >= 0) pieces[info.name].push_back(files[r].back().second.reshape(-1));
+    }
+  }
+  int moved = 0;
+  for (auto& unit : manifest["flat_params"]) {
+    const int64_t numel = unit["numel"].get<int64_t>();
+    moved += unit["stored_per_file"].get<int64_t>() != (numel + n - 1) / n ? 1 : 0;
+    unit.erase("stored_per_file");
+  }
+  for (int r = 0; r < n; ++r) {
+    for (auto& [name, tensor] : files[r]) {
+      const int unit = unit_of(name);
+      if (unit < 0) continue;
+      const int64_t numel = manifest["flat_params"][unit]["numel"].get<int64_t>(), k = (numel + n - 1) / n;
+      const int64_t begin = std::min<int64_t>(r * k, numel), end = std::min<int64_t>(begin + k, numel);
+      tensor = at::cat(pieces[name]).narrow(0, begin, end - begin).clone();
+    }
+    fsdp::checkpoint::SafetensorsWriter writer(rank_file(dir, r, n), fsdp::checkpoint::layout_tensors(files[r]));
+    for (const auto& [name, tensor] : files[r]) writer.write(name, tensor);
+    writer.finish();
+    auto& entry = manifest["files"][r];
+    entry["bytes"] = writer.bytes_written();
+    entry["crc32"] = writer.crc32();
+    if (version == 1) {
+      entry.erase("tensors");
+    } else {
+      entry["tensors"] = writer.tensor_crc32s();
+    }
+  }
+  manifest["version"] = version;
+  if (version == 1) manifest.erase("buffers");
+  std::ofstream(dir + "/manifest.json") << manifest.dump(1);
+  return moved;
+}
+
+// Checkpoints of versions 1 and 2, whose files hold ceil(numel / N) of each unit, load bit for bit
+// at the N they were saved at (this build's shards start elsewhere: a model whose units' sizes are
+// not multiples of 8 N, so that they do at N > 1). A version 1 file is checked whole when opened.
+TEST(Checkpoint, LoadsVersionOneAndTwoCheckpoints) {
   auto world = fsdp::comm::init_world();
   const int n = world->size(), rank = world->rank();
-  const std::string root = test_dir(world, "version1");
-  fresh_dir(world, root);
-  ModelUnderTest s = make("llama-test", world, 5);
-  train_steps(s, world, 1);
-  const std::string dir =
-      fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "llama-test", ""});
-  const at::Tensor saved = everything(s);
-  if (rank == 0) {  // what version 1 wrote: the same files, a manifest without the new entries
-    nlohmann::json manifest;
-    std::ifstream(dir + "/manifest.json") >> manifest;
-    manifest["version"] = 1;
-    manifest.erase("buffers");
-    for (auto& file : manifest["files"]) file.erase("tensors");
-    std::ofstream(dir + "/manifest.json") << manifest.dump(1);
-  }
-  world->barrier()->wait();
-  ModelUnderTest loaded = make("llama-test", world, 6);
-  fsdp::checkpoint::load_checkpoint(dir, *loaded.sharded.state, loaded.optimizer.get());
-  EXPECT_TRUE(torch::equal(everything(loaded), saved));
+  auto config = fsdp::train::parse_train_config(
+      "[model]\nname = \"gpt-test\"\ncontext = 8\ndim = 12\nheads = 2\nlayers = 2\n", "checkpoint_test");
+  auto build = [&](uint64_t seed) {
+    config.seed = seed;
+    ModelUnderTest s;
+    s.sharded = fsdp::train::build_sharded_model(config, 256, world);
+    s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state,
+                                                              fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
+    return s;
+  };
+  for (int version : {1, 2}) {
+    const std::string root = test_dir(world, "version" + std::to_string(version));
+    fresh_dir(world, root);
+    ModelUnderTest s = build(5);
+    train_steps(s, world, 1);
+    const std::string dir =
+        fsdp::checkpoint::save_checkpoint(root, *s.sharded.state, s.optimizer.get(), {1, "gpt-test", ""});
+    const at::Tensor saved = everything(s);
+    if (rank == 0) {
+      const int moved = rewrite_as_version(dir, version);
+      if (n > 1) EXPECT_GT(moved, 0) << "no unit's slices moved at N = " << n << ": the test would see nothing";
+    }
+    world->barrier()->wait();
+    ModelUnderTest loaded = build(6);
+    fsdp::checkpoint::load_checkpoint(dir, *loaded.sharded.state, loaded.optimizer.get());
+    EXPECT_TRUE(torch::equal(everything(loaded), saved)) << "version " << version << " at N = " << n;
+    if (version == 2) continue;
 
-  // A flipped byte in a tensor a weights-only load does not use still fails that file's check.
-  const std::string file0 = rank_file(dir, 0, n);
-  if (rank == 0) flip_byte(file0, first_byte_of(file0, "p0.exp_avg"));
-  world->barrier()->wait();
-  ModelUnderTest weights_only = make("llama-test", world, 6);
-  const std::string refusal =
-      refusal_of([&] { fsdp::checkpoint::load_checkpoint(dir, *weights_only.sharded.state, nullptr); });
-  if (rank == 0) EXPECT_NE(refusal.find("'" + file0 + "' fails its checksum"), std::string::npos) << refusal;
+    // A flipped byte in a tensor a weights-only load does not use still fails that file's check.
+    const std::string file0 = rank_file(dir, 0, n);
+    if (rank == 0) flip_byte(file0, first_byte_of(file0, "p0.exp_avg"));
+    world->barrier()->wait();
+    ModelUnderTest weights_only = build(6);
+    const std::string refusal =
+        refusal_of([&] { fsdp::checkpoint::load_checkpoint(dir, *weights_only.sharded.state, nullptr); });
+    if (rank == 0) EXPECT_NE(refusal.find("'" + file0 + "' fails its checksum"), std::string::npos) << refusal;
+  }
 }
 
 // Export to Hugging Face names and import into a differently initialised model: exact in fp32

@@ -206,7 +206,7 @@ TEST(Nf4Storage, EachEntryIsQuantizeNf4sBytesAndDecodesToDequantizeNf4sValues) {
     for (size_t i = 0; i < values.size(); ++i)
       unsharded.narrow(0, layout.entries[i].offset, values[i].numel()).copy_(values[i].reshape(-1));
     const auto storage = fsdp::shard::Nf4StorageLayout::make(layout, nf4, 3, double_quant, at::kBFloat16);
-    EXPECT_EQ(storage.padded_bytes % 3, 0);
+    EXPECT_EQ(storage.shard_bytes % 16, 0);
     EXPECT_EQ(storage.shard_bytes * 3, storage.padded_bytes);
     EXPECT_EQ(storage.nf4_weights(), 3);
     const at::Tensor bytes = fsdp::shard::encode_nf4_storage(storage, layout, unsharded);

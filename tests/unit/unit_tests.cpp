@@ -19,6 +19,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/shard/flat_param.h"
 #include "fsdp/shard/host_heap.h"
+#include "fsdp/shard/nf4_storage.h"
 #include "fsdp/shard/storage.h"
 #include "process_memory.h"
 
@@ -167,27 +168,54 @@ TEST(CommWait, FromTheEnvironmentOrRefusedByName) {
 }
 
 TEST(FlatLayout, PaddingAndSegments) {
-  std::vector<fsdp::shard::FlatEntry> entries = {{"a", {}, {2, 3}, 0, 6}, {"b", {}, {5}, 0, 5}};
+  std::vector<fsdp::shard::FlatEntry> entries = {{"a", {}, {3, 4}, 0, 12}, {"b", {}, {5}, 0, 5}};
   auto layout = fsdp::shard::FlatLayout::make(entries, 3);
-  EXPECT_EQ(layout.numel, 11);
-  EXPECT_EQ(layout.padded_numel, 12);
-  EXPECT_EQ(layout.shard_numel, 4);
-  EXPECT_EQ(layout.entries[1].offset, 6);
-  // shard 1 covers [4, 8): the last 2 elements of a, the first 2 of b.
+  EXPECT_EQ(layout.numel, 17);
+  EXPECT_EQ(layout.shard_numel, 8);  // ceil(17 / 3) = 6, rounded up to 8 elements
+  EXPECT_EQ(layout.padded_numel, 24);
+  EXPECT_EQ(layout.entries[1].offset, 12);
+  // shard 1 covers [8, 16): the last 4 elements of a, the first 4 of b.
   auto segments = layout.segments_of_shard(1);
   ASSERT_EQ(segments.size(), 2u);
   EXPECT_EQ(segments[0].entry, 0u);
-  EXPECT_EQ(segments[0].entry_offset, 4);
+  EXPECT_EQ(segments[0].entry_offset, 8);
   EXPECT_EQ(segments[0].shard_offset, 0);
-  EXPECT_EQ(segments[0].length, 2);
+  EXPECT_EQ(segments[0].length, 4);
   EXPECT_EQ(segments[1].entry, 1u);
   EXPECT_EQ(segments[1].entry_offset, 0);
-  EXPECT_EQ(segments[1].shard_offset, 2);
-  EXPECT_EQ(segments[1].length, 2);
-  // shard 2 covers [8, 12): 3 elements of b, then 1 of padding.
+  EXPECT_EQ(segments[1].shard_offset, 4);
+  EXPECT_EQ(segments[1].length, 4);
+  // shard 2 covers [16, 24): b's last element, then padding.
   segments = layout.segments_of_shard(2);
   ASSERT_EQ(segments.size(), 1u);
-  EXPECT_EQ(segments[0].length, 3);
+  EXPECT_EQ(segments[0].entry_offset, 4);
+  EXPECT_EQ(segments[0].length, 1);
+}
+
+// Every rank's piece of a gathered buffer starts on 16 bytes in bf16 (and so in fp32), an NF4
+// string's on 16 bytes, for any size and number of shards; one shard needs no padding (a unit of
+// one parameter adopts its memory). Issue 54: only the buffer's end was padded, and a rank's
+// bf16 piece started 2 bytes off whenever ceil(numel / N) was odd.
+TEST(FlatLayout, EachShardStartsOnSixteenBytes) {
+  for (int64_t numel : {0, 1, 7, 8, 9, 17, 1000, 4097, 1234567}) {
+    const std::vector<fsdp::shard::FlatEntry> entries = {{"w", {}, {numel}, 0, numel}};
+    for (int shards = 1; shards <= 9; ++shards) {
+      const auto layout = fsdp::shard::FlatLayout::make(entries, shards);
+      const std::string where = "numel " + std::to_string(numel) + ", " + std::to_string(shards) + " shards";
+      EXPECT_EQ(layout.padded_numel, layout.shard_numel * shards) << where;
+      EXPECT_GE(layout.padded_numel, std::max<int64_t>(numel, 1)) << where;
+      if (shards == 1) {
+        EXPECT_EQ(layout.shard_numel, std::max<int64_t>(numel, 1)) << where;
+        continue;
+      }
+      EXPECT_EQ(layout.shard_numel * 2 % 16, 0) << where << ": a bf16 shard of " << layout.shard_numel;
+      EXPECT_LT(layout.shard_numel - std::max<int64_t>((numel + shards - 1) / shards, 1), 8)
+          << where << ": more padding than alignment";
+      const auto storage = fsdp::shard::Nf4StorageLayout::make(layout, {false}, shards, true, at::kBFloat16);
+      EXPECT_EQ(storage.shard_bytes % 16, 0) << where << ": an NF4 shard of " << storage.shard_bytes << " bytes";
+      EXPECT_EQ(storage.padded_bytes, storage.shard_bytes * shards) << where;
+    }
+  }
 }
 
 TEST(Schedule, WarmupThenCosine) {

@@ -4,7 +4,8 @@
 // On disk (one directory per checkpoint, under the run's checkpoints/ folder):
 //   step-00000100/manifest.json                     rank 0: format, version, step, world size, model
 //                                                   name and config, every FlatParam's layout
-//                                                   (names, shapes, offsets, numel), optimizer,
+//                                                   (names, shapes, offsets, numel, and the
+//                                                   elements each rank file holds of it), optimizer,
 //                                                   the module buffers (names, shapes, dtypes), and
 //                                                   for each rank file its size, its crc32 and the
 //                                                   crc32 of every tensor in it
@@ -15,7 +16,9 @@
 //                                                   file also the module buffers ("buffer.<name>",
 //                                                   in their own dtype: BatchNorm's running stats)
 // Slices are ranges of each FlatParam's unpadded flat buffer: rank r of N holds elements
-// [r*k, min((r+1)*k, numel)) with k = ceil(numel / N), so a checkpoint does not depend on padding.
+// [r*k, min((r+1)*k, numel)) with k its shard's size (ceil(numel / N) rounded up to 8 elements,
+// an NF4 base's bytes to 16: shard/shard_extent.h), recorded per unit ("stored_per_file"), so a
+// rank saves exactly what it holds and a checkpoint does not depend on the padding past numel.
 // Loading, rank r' of M opens only the files whose slices overlap its new range, reads from them
 // only the tensors it uses (each such slice whole, as its checksum covers all of it) and checks
 // each against the manifest's crc32 before using it: a rank holding the range it saved (full_shard
@@ -23,9 +26,10 @@
 // overlaps (no_shard, which holds everything, reads all). Module buffers are replicated (the
 // runtime keeps them equal on every rank): saved once, read by every rank from rank 0's file.
 //
-// Versions: 2 (this build's) checks each tensor read against its own crc32. Version 1 checkpoints
-// (one crc32 per file, no buffers) still load: each file a rank opens is checked whole, and a model
-// with buffers refuses them, naming the buffer.
+// Versions: 3 (this build's) records each unit's k. Version 2 had k = ceil(numel / N) for every
+// unit and checks each tensor read against its own crc32, as 3 does. Version 1 checkpoints (one
+// crc32 per file, no buffers; k as version 2) still load: each file a rank opens is checked whole,
+// and a model with buffers refuses them, naming the buffer.
 //
 // Publication is atomic: everything is written into step-00000100.partial/ (each file fsynced),
 // every rank agrees it succeeded, then rank 0 writes the manifest and renames the directory (over
@@ -46,7 +50,7 @@
 
 namespace fsdp::checkpoint {
 
-constexpr int kCheckpointFormatVersion = 2;
+constexpr int kCheckpointFormatVersion = 3;
 
 struct CheckpointInfo {
   int64_t step = 0;         // optimizer steps done; training resumes at this step

@@ -12,8 +12,9 @@
 // tensors for good, gradients come out in bf16 and are reduced in the reduce dtype (fp32 by
 // default: cast once, then reduce-scattered), and the fp32 shard stays the master copy.
 //
-// padded_numel is the parameters' total rounded up so that the group size divides it;
-// shard_numel = padded_numel / group size (NO_SHARD: the whole buffer, replicated).
+// shard_numel is the parameters' total divided among the group, rounded up so that every rank's
+// shard starts on 16 bytes (shard/shard_extent.h); padded_numel = shard_numel * group size
+// (NO_SHARD: the whole buffer, replicated).
 // A parameter keeps its identity and shape for its whole life (set_data to a view), so autograd's
 // gradient accumulators and hooks on it stay valid.
 #pragma once
@@ -50,8 +51,8 @@ struct ShardSegment {
 struct FlatLayout {
   std::vector<FlatEntry> entries;
   int64_t numel = 0;         // sum of the entries
-  int64_t padded_numel = 0;  // numel rounded up to a multiple of the number of shards
-  int64_t shard_numel = 0;   // padded_numel / number of shards
+  int64_t padded_numel = 0;  // shard_numel * number of shards
+  int64_t shard_numel = 0;   // shard_extent(numel, number of shards, kValueShardAlignment)
   int num_shards = 1;
 
   static FlatLayout make(std::vector<FlatEntry> entries, int num_shards);

@@ -14,8 +14,8 @@
 // it (as bitsandbytes quantizes a bf16 weight and dequantizes to bf16), then to the compute dtype.
 // Every part holds exactly bitsandbytes' tensor (quantize_4bit's packed weight, absmax,
 // state2.absmax, offset), blocks of 64 over the weight flattened row-major. The string is padded
-// with zeros to padded_bytes, a multiple of the number of shards; the bytes before the padding do
-// not depend on the number of shards.
+// with zeros to padded_bytes, shard_bytes per shard (each shard starting on 16 bytes,
+// shard/shard_extent.h); the bytes before the padding do not depend on the number of shards.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -45,8 +45,8 @@ struct Nf4StorageLayout {
   bool double_quant = true;
   at::ScalarType raw_dtype = at::kBFloat16;
   int64_t bytes = 0;         // the entries' bytes
-  int64_t padded_bytes = 0;  // rounded up to a multiple of num_shards
-  int64_t shard_bytes = 0;   // padded_bytes / num_shards
+  int64_t padded_bytes = 0;  // shard_bytes * num_shards
+  int64_t shard_bytes = 0;   // shard_extent(bytes, num_shards, kNf4ShardAlignment)
 
   // `nf4[i]`: store entry i as NF4 (one flag per entry of `layout`); raw_dtype: float32, bfloat16
   // or float16. Throws std::invalid_argument naming a bad argument.
