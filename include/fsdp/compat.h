@@ -99,4 +99,16 @@ class OutsideMetaDeviceConstruction {
   std::optional<c10::impl::ForceDispatchKeyGuard> restore_;
 };
 
+// Whether the CPU's fused attention takes grouped k and v in place (fused_kernel_takes_grouped_heads
+// of CPU tensors: libtorch 2.8 on; 2.7 has them repeated): asked once, of small CPU tensors (made
+// outside any meta construction), for the memory planner, which has no tensors to ask with.
+inline bool cpu_fused_attention_takes_grouped_heads() {
+  static const bool takes = [] {
+    OutsideMetaDeviceConstruction outside;
+    const at::Tensor q = at::zeros({1, 4, 8, 16}, at::kFloat), kv = at::zeros({1, 2, 8, 16}, at::kFloat);
+    return fused_kernel_takes_grouped_heads(q, kv, kv, /*causal=*/true);
+  }();
+  return takes;
+}
+
 }  // namespace fsdp::compat

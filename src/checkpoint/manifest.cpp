@@ -1,5 +1,6 @@
 #include "manifest.h"
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -46,6 +47,8 @@ void validate_manifest(const json& m, const std::string& dir, int version) {
   };
   integer(m, "step", "", 0);
   integer(m, "world_size", "", 1);
+  if (m.at("world_size").get<int64_t>() > std::numeric_limits<int>::max())
+    fail("'world_size' is not a number of ranks");
   each_object(m, "flat_params", "", [&](const json& flat, const std::string& where) {
     text(flat, "unit", where);
     integer(flat, "numel", where, 0);

@@ -136,6 +136,13 @@ void check_layout(const std::string& dir, const json& saved, const std::vector<s
                                form(saved_nf4) + ", this run keeps it " + form(nf4) +
                                " (lora.base_dtype must be the one the checkpoint was written with)");
     }
+    // The saved numel sizes the files' slices (stored_per_file is checked against it), so it must
+    // be this unit's: entries alike but a numel not (a manifest edited by hand) would leave holes.
+    if (saved.at(i).at("numel").get<int64_t>() != flats[i]->layout().numel) {
+      throw std::runtime_error("checkpoint '" + dir + "': manifest.json gives unit '" + flats[i]->unit_name() +
+                               "' numel " + saved.at(i).at("numel").dump() + ", its entries and this model " +
+                               std::to_string(flats[i]->layout().numel));
+    }
     const json& s = saved.at(i).at("entries");
     if (s.size() != entries.size()) {
       throw std::runtime_error("checkpoint '" + dir + "': unit '" + flats[i]->unit_name() + "' holds " +
@@ -777,8 +784,12 @@ std::string shown(const json& value) { return shown(value.is_string() ? value.ge
 std::string describe_checkpoint(const std::string& checkpoint_dir) {
   const json manifest = read_manifest(checkpoint_dir);
   std::ostringstream out;
-  int64_t parameters = 0;
-  for (const auto& flat : manifest.at("flat_params")) parameters += flat.at("numel").get<int64_t>();
+  int64_t parameters = 0;  // each numel is validated >= 0; a crafted sum past int64 is refused
+  for (const auto& flat : manifest.at("flat_params")) {
+    if (__builtin_add_overflow(parameters, flat.at("numel").get<int64_t>(), &parameters))
+      throw std::runtime_error("checkpoint '" + checkpoint_dir +
+                               "': manifest.json: the units' numel add up past int64");
+  }
   out << shown(checkpoint_dir) << ": step " << manifest.at("step") << ", model " << shown(manifest.value("model", "?"))
       << ", " << parameters << " parameters in " << manifest.at("flat_params").size() << " flat groups, saved by "
       << manifest.at("world_size") << " ranks, optimizer " << shown(manifest.value("optimizer", "none")) << " ("

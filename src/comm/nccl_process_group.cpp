@@ -178,8 +178,10 @@ class NcclProcessGroup final : public ProcessGroup {
   // that died before would leave the others in it for ever (the watchdog starts after it). `call`
   // runs on a thread of its own (on this group's device), waited for up to the group's timeout;
   // past it this rank throws naming the call, and the thread (still inside NCCL) is left to the
-  // process's exit.
-  ncclComm_t within_timeout(const char* call, std::function<ncclResult_t(ncclComm_t*)> make) {
+  // process's exit. A split's thread is inside this group's own communicator, which unwinding
+  // would destroy under it: `abort_on_timeout` ends the job instead (abort()).
+  ncclComm_t within_timeout(const char* call, std::function<ncclResult_t(ncclComm_t*)> make,
+                            bool abort_on_timeout = false) {
     struct Init {
       std::mutex mutex;
       std::condition_variable done_cv;
@@ -201,10 +203,13 @@ class NcclProcessGroup final : public ProcessGroup {
     }).detach();
     std::unique_lock<std::mutex> lock(init->mutex);
     if (!init->done_cv.wait_for(lock, options_.timeout, [&] { return init->done; })) {
-      throw std::runtime_error(who_ + ": " + call + " did not complete within " +
-                               std::to_string(std::chrono::duration<double>(options_.timeout).count()) +
-                               " s (FSDP_COMM_TIMEOUT_MS): a rank of the " + std::to_string(size_) +
-                               " did not join it (did one die, or take another code path?)");
+      const std::string why = std::string(call) + " did not complete within " +
+                              std::to_string(std::chrono::duration<double>(options_.timeout).count()) +
+                              " s (FSDP_COMM_TIMEOUT_MS): a rank of the " + std::to_string(size_) +
+                              " did not join it (did one die, or take another code path?)";
+      lock.unlock();
+      if (abort_on_timeout) abort(why);
+      throw std::runtime_error(who_ + ": " + why);
     }
     check_nccl(init->result, call, who_);
     return init->comm;
@@ -298,9 +303,12 @@ class NcclProcessGroup final : public ProcessGroup {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
     ncclComm_t parent = comm_;
     const int nccl_color = part ? color : NCCL_SPLIT_NOCOLOR, nccl_key = part ? part->rank() : 0;
-    ncclComm_t comm = within_timeout("ncclCommSplit", [parent, nccl_color, nccl_key](ncclComm_t* made) {
-      return ncclCommSplit(parent, nccl_color, nccl_key, made, nullptr);
-    });
+    ncclComm_t comm = within_timeout(
+        "ncclCommSplit",
+        [parent, nccl_color, nccl_key](ncclComm_t* made) {
+          return ncclCommSplit(parent, nccl_color, nccl_key, made, nullptr);
+        },
+        /*abort_on_timeout=*/true);
     if (!part) {
       if (comm != nullptr) ncclCommDestroy(comm);
       return nullptr;

@@ -31,15 +31,17 @@ inline int64_t attention_softmax_bytes(int64_t heads, int64_t t, int64_t c, bool
 // (FusedFp32: the fp32 copies, and the output cast back for the projection; the compute-dtype q,
 // k and v are then kept by nothing). Composed attention keeps contiguous q, k and v (repeated, q
 // wide each), the output's contiguous copy, and the probabilities. Measured against the blocks'
-// forwards in tests/unit/block_activation_tests.cpp. (On CUDA, a mask or fp32 selects the
-// memory-efficient kernel, which takes no groups: k and v are repeated, q wide; such runs keep
-// 2 (q - kv) more a token than this counts.)
+// forwards in tests/unit/block_activation_tests.cpp. Where the kernel gets k and v repeated
+// (grouped_kv_repeated) they are q wide. (On CUDA, a mask or fp32 selects the memory-efficient
+// kernel, which takes no groups: k and v are repeated there too; such runs keep 2 (q - kv) more
+// a token than this counts.)
 inline int64_t attention_activation_bytes(int64_t heads, int64_t q, int64_t kv, int64_t t,
                                           const ActivationSettings& s) {
   const int64_t c = s.compute_bytes, softmax = attention_softmax_bytes(heads, t, c, s.fused_attention);
   if (!s.fused_attention) return c * t * 4 * q + softmax;
-  if (s.attention_fp32 && c < 4) return 4 * t * (2 * q + 2 * kv) + c * t * q + softmax;
-  return c * t * (2 * q + 2 * kv) + softmax;
+  const int64_t k_and_v = 2 * (s.grouped_kv_repeated ? q : kv);
+  if (s.attention_fp32 && c < 4) return 4 * t * (2 * q + k_and_v) + c * t * q + softmax;
+  return c * t * (2 * q + k_and_v) + softmax;
 }
 
 // A GPT or ViT block for one sample of t tokens: two LayerNorm inputs and outputs (4 d), the MLP's

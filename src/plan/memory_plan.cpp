@@ -1,5 +1,6 @@
 #include "fsdp/plan/memory_plan.h"
 
+#include "fsdp/compat.h"
 #include "fsdp/models/model_family.h"
 
 #include <algorithm>
@@ -120,7 +121,8 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   plan.root_params = x.p - units.all_blocks - x.embedding - x.head - x.other;
   x.root = plan.root_params;
   x.k = in.prefetch_depth();
-  // Rounded up as the shards are: every unit padded to a multiple of S.
+  // ceil(p / S): each unit's shard is rounded up further to 8 elements (shard/shard_extent.h),
+  // under 32 bytes a unit, not counted.
   x.shard_numel = (x.p + x.shard - 1) / x.shard;
   x.largest_unit_shard = (std::max(x.largest_unit, x.root) + x.shard - 1) / x.shard;
   return x;
@@ -240,6 +242,7 @@ int64_t activation_bytes(const PlanShape& x) {
   settings.fused_attention = in.fused_attention;
   settings.fused_ops = in.fused_ops;
   settings.attention_fp32 = in.attention_fp32;
+  settings.grouped_kv_repeated = in.cpu && !compat::cpu_fused_attention_takes_grouped_heads();
   settings.checkpointing = in.activation_checkpointing;
   settings.checkpointing_every = in.activation_checkpointing_every;
   settings.loss_chunk_tokens = in.loss_chunk_tokens;

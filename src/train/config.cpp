@@ -189,11 +189,12 @@ void apply_override(toml::table& root, const std::string& assignment) {
   const std::string key = assignment.substr(0, equals), text = assignment.substr(equals + 1);
   toml::table parsed;
   bool is_toml = true;
-  if (!non_ascii_outside_strings(text).empty()) {
+  const ScreenedToml screened = screen_toml("value = " + text);
+  if (!screened.refusal.empty()) {
     is_toml = false;  // text toml++ must not see (toml_screen.h) is not TOML either: a string
   } else {
     try {
-      parsed = toml::parse("value = " + text);
+      parsed = toml::parse(screened.text);
     } catch (const toml::parse_error&) {
       is_toml = false;
     }
@@ -361,11 +362,10 @@ void resolve_defaults(const Reader& r, TrainConfig& c) {
 TrainConfig parse_train_config(const std::string& toml_text, const std::string& source_name,
                                const std::vector<std::string>& overrides) {
   toml::table root;
-  if (const std::string where = non_ascii_outside_strings(toml_text); !where.empty()) {
-    throw ConfigError(source_name + ":" + where);
-  }
+  const ScreenedToml screened = screen_toml(toml_text);
+  if (!screened.refusal.empty()) throw ConfigError(source_name + ":" + screened.refusal);
   try {
-    root = toml::parse(toml_text, source_name);
+    root = toml::parse(screened.text, source_name);
   } catch (const toml::parse_error& e) {
     std::ostringstream where;
     where << source_name << ":" << e.source().begin.line << ":" << e.source().begin.column << ": " << e.description();

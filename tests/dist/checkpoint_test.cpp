@@ -383,6 +383,9 @@ TEST(Checkpoint, RefusesMalformedManifestsOnEveryRank) {
       {"flat_params", [](nlohmann::json& m) { m["flat_params"] = "none"; }},
       {"step", [](nlohmann::json& m) { m.erase("step"); }},
       {"stored_per_file", [](nlohmann::json& m) { m["flat_params"][0].erase("stored_per_file"); }},
+      {"numel",  // smaller than its entries: the slices would leave the rest of the unit unread
+       [](nlohmann::json& m) { m["flat_params"][0]["numel"] = m["flat_params"][0]["numel"].get<int64_t>() - 1; }},
+      {"world_size", [](nlohmann::json& m) { m["world_size"] = int64_t{1} << 32; }},
       {"stored_per_file",  // files that cannot hold the unit
        [](nlohmann::json& m) {
          m["flat_params"][0]["stored_per_file"] =

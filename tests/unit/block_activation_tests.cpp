@@ -11,6 +11,7 @@
 #include <string>
 #include <variant>
 
+#include "fsdp/compat.h"
 #include "fsdp/models/attention.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/built_model.h"
@@ -97,6 +98,7 @@ TEST(BlockActivations, EachDecoderBlockKeepsWhatThePlanCounts) {
       s.fused_attention = how.attention != AttentionPath::Math;
       s.attention_fp32 = how.attention == AttentionPath::FusedFp32;
       s.fused_ops = how.fused_ops;
+      s.grouped_kv_repeated = !fsdp::compat::cpu_fused_attention_takes_grouped_heads();  // libtorch 2.7
       const auto& family = fsdp::models::family_of(with_layers(name, 2));
       const int64_t planned =
           family.plan_activation_bytes(with_layers(name, 3), s) - family.plan_activation_bytes(with_layers(name, 2), s);

@@ -51,6 +51,19 @@ TEST(Config, NonAsciiOutsideStringsAndCommentsIsRefusedBeforeParsing) {
   EXPECT_NE(message.find("test.toml:1:17: a non-ASCII"), std::string::npos) << message;
   message = error_of("x = 'a'\"\xcf\x91\"\n");
   EXPECT_NE(message.find("test.toml:1:9: a non-ASCII"), std::string::npos) << message;
+  // Found by fuzzing on 2026-12-06 (regressions/fuzz_config/quote-after-a-dot-in-a-value.toml): a
+  // '.' separates keys, not a value's characters (`200x."`): the quote after it starts no string
+  // for toml++, which tested U+FEDC after it as a value's end. Dotted keys still take quotes: at a
+  // line's start, in a table header, in an inline table, and in arrays of them.
+  message = error_of("steps = 200x.\"\xef\xbb\x9c\"\n");
+  EXPECT_NE(message.find("test.toml:1:15: a non-ASCII"), std::string::npos) << message;
+  message = error_of("x = [\n  1.\"\xc3\xa9\"]\n");
+  EXPECT_NE(message.find("test.toml:2:6: a non-ASCII"), std::string::npos) << message;
+  for (const char* text : {"[t.\"\xc3\xa9\"]\n", "[[t.\"\xc3\xa9\"]]\n", "x = {a.\"\xc3\xa9\" = 1}\n",
+                           "x = [{b = 1, a.\"\xc3\xa9\" = 1}]\n"}) {
+    message = error_of(text);
+    EXPECT_EQ(message.find("non-ASCII"), std::string::npos) << text << ": " << message;
+  }
   // Quoted keys (bare, dotted, in a table header) are strings: refused as unknown keys, not here.
   for (const char* text : {"\"k\xc3\xa9y\" = 1\n", "a . \"k\xc3\xa9y\" = 1\n", "[ \"t\xc3\xa9\" ]\n"}) {
     message = error_of(text);
@@ -71,6 +84,34 @@ TEST(Config, NonAsciiOutsideStringsAndCommentsIsRefusedBeforeParsing) {
   EXPECT_EQ(config.output_dir, "o\xc3\xa9");
   EXPECT_EQ(config.eval.prompt, "\xef\xb9\xbf '' ");
   EXPECT_EQ(config.data.dir, "d\xc3\xa9");
+}
+
+// Found by fuzzing on 2026-12-06 (regressions/fuzz_config/*backslash*): in a multi-line basic
+// string toml++ 3.3.0 tests the character after a backslash, and the first one after a line-ending
+// backslash's trimmed whitespace, as whitespace, and reaches TOML_UNREACHABLE for most non-ASCII
+// ones. After a backslash (and spaces) it is not TOML: refused, naming it. After a line-ending
+// backslash it is: toml++ is given it as its \u escape, and the string is the one TOML defines.
+TEST(Config, NonAsciiAfterABackslashInAMultiLineStringNeverReachesTomlPlusPlus) {
+  auto message = error_of(std::string(kMinimal) + "[eval]\nprompt = \"\"\"a\\\xef\xbb\xaf\"\"\"\n");
+  EXPECT_NE(message.find("test.toml:4:15: a non-ASCII character after a backslash"), std::string::npos) << message;
+  message = error_of(std::string(kMinimal) + "[eval]\nprompt = \"\"\"a\\  \xc3\xa9\"\"\"\n");
+  EXPECT_NE(message.find("test.toml:4:17: a non-ASCII character after a backslash"), std::string::npos) << message;
+  // After a line-ending backslash: one line, several lines, 2-, 3- and 4-byte characters.
+  const std::vector<std::pair<std::string, std::string>> valid = {
+      {"\"\"\"a\\\n  \xc3\xa9 b\"\"\"", "a\xc3\xa9 b"},
+      {"\"\"\"a\\  \r\n\n\t\xef\xbb\xaf\\\n\xc3\xa9\"\"\"", "a\xef\xbb\xaf\xc3\xa9"},
+      {"\"\"\"\\\n\xf0\x9f\x98\x80 \\\n \"\"\"", "\xf0\x9f\x98\x80 "},
+  };
+  for (const auto& [value, expected] : valid) {
+    const auto config = parse_train_config(std::string(kMinimal) + "[eval]\nprompt = " + value + "\n", "test.toml");
+    EXPECT_EQ(config.eval.prompt, expected) << value;
+  }
+  // An error after the escape is still placed on its line (the escape lengthens only that line).
+  message = error_of(std::string("name = \"\"\"a\\\n\xc3\xa9\"\"\"\n") + "steps = [\n");
+  EXPECT_NE(message.find("test.toml:3:"), std::string::npos) << message;
+  // The same through an override's value.
+  EXPECT_EQ(parse_train_config(kMinimal, "test.toml", {"eval.prompt=\"\"\"x\\\n\xc3\xa9\"\"\""}).eval.prompt,
+            "x\xc3\xa9");
 }
 
 TEST(Config, GuardKeysAreCheckedAndWrittenBack) {

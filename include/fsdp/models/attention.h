@@ -40,10 +40,11 @@ namespace fsdp::models {
 // q [b, heads, t, hd], k and v [b, kv_heads, t, hd] (heads a multiple of kv_heads) ->
 // [b, heads, t, hd], in q's dtype. causal: position i attends to positions <= i. Each group of
 // heads/kv_heads query heads shares one key/value head (grouped-query attention): the fused
-// kernels that take grouped heads read the kv_heads heads in place (enable_gqa; every CPU kernel,
-// CUDA's flash and cuDNN), so nothing kv_heads -> heads is copied or kept for backward; the
-// composed path, and CUDA's memory-efficient kernel (with a mask, or in fp32), get them repeated
-// to every query head (compat::fused_kernel_takes_grouped_heads asks libtorch which it takes).
+// kernels that take grouped heads read the kv_heads heads in place (enable_gqa; the CPU's from
+// libtorch 2.8 on, CUDA's flash and cuDNN), so nothing kv_heads -> heads is copied or kept for
+// backward; the composed path, libtorch 2.7's CPU kernel and CUDA's memory-efficient kernel (with
+// a mask, or in fp32) get them repeated to every query head
+// (compat::fused_kernel_takes_grouped_heads asks libtorch which it takes).
 // allowed (instead of causal, which must then be false): bool [b, 1, t, t], true where query i may
 // attend key j; every query must be allowed at least one key (document_causal_mask allows itself).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,

@@ -30,6 +30,9 @@ struct ActivationSettings {
   bool fused_attention = true;
   bool fused_ops = true;
   bool attention_fp32 = false;
+  // The fused kernel gets grouped k and v repeated to every query head rather than read in place
+  // (compat::fused_kernel_takes_grouped_heads: the CPU's under libtorch 2.7).
+  bool grouped_kv_repeated = false;
   bool checkpointing = false;
   int64_t checkpointing_every = 1;
   int64_t loss_chunk_tokens = 0;  // 0: the logits of every token at once
