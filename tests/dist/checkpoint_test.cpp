@@ -35,12 +35,8 @@ struct ModelUnderTest {
   std::unique_ptr<fsdp::optim::ShardedAdamW> optimizer;
 };
 
-// shard_group_size > 0: hybrid_shard with that S; 0: full_shard.
-ModelUnderTest make(const std::string& model, const ProcessGroupPtr& group, uint64_t seed, int shard_group_size = 0) {
-  std::string toml = "[model]\nname = \"" + model + "\"\n";
-  if (shard_group_size > 0) {
-    toml += "[fsdp]\nstrategy = \"hybrid_shard\"\nshard_group_size = " + std::to_string(shard_group_size) + "\n";
-  }
+// The model a config's text describes, sharded over `group`, with AdamW.
+ModelUnderTest make_from_toml(const std::string& toml, const ProcessGroupPtr& group, uint64_t seed) {
   auto config = fsdp::train::parse_train_config(toml, "checkpoint_test");
   config.seed = seed;
   ModelUnderTest s;
@@ -48,6 +44,15 @@ ModelUnderTest make(const std::string& model, const ProcessGroupPtr& group, uint
   s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state,
                                                             fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
   return s;
+}
+
+// shard_group_size > 0: hybrid_shard with that S; 0: full_shard.
+ModelUnderTest make(const std::string& model, const ProcessGroupPtr& group, uint64_t seed, int shard_group_size = 0) {
+  std::string toml = "[model]\nname = \"" + model + "\"\n";
+  if (shard_group_size > 0) {
+    toml += "[fsdp]\nstrategy = \"hybrid_shard\"\nshard_group_size = " + std::to_string(shard_group_size) + "\n";
+  }
+  return make_from_toml(toml, group, seed);
 }
 
 void train_steps(ModelUnderTest& s, const ProcessGroupPtr& group, int steps) {
@@ -248,15 +253,8 @@ TEST(Checkpoint, SmallFlatsWithEmptySlicesLoadBack) {
   auto world = fsdp::comm::init_world();
   const std::string root = test_dir(world, "small_flats");
   fresh_dir(world, root);
-  auto config = fsdp::train::parse_train_config(
-      "[model]\nname = \"gpt-test\"\ncontext = 2\ndim = 4\nheads = 1\nlayers = 2\n", "checkpoint_test");
   auto build = [&](uint64_t seed) {
-    config.seed = seed;
-    ModelUnderTest s;
-    s.sharded = fsdp::train::build_sharded_model(config, 256, world);
-    s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state,
-                                                              fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
-    return s;
+    return make_from_toml("[model]\nname = \"gpt-test\"\ncontext = 2\ndim = 4\nheads = 1\nlayers = 2\n", world, seed);
   };
   ModelUnderTest saved = build(5);
   const at::Tensor reference = everything(saved);
@@ -595,15 +593,8 @@ int rewrite_as_version(const std::string& dir, int version) {
 TEST(Checkpoint, LoadsVersionOneAndTwoCheckpoints) {
   auto world = fsdp::comm::init_world();
   const int n = world->size(), rank = world->rank();
-  auto config = fsdp::train::parse_train_config(
-      "[model]\nname = \"gpt-test\"\ncontext = 8\ndim = 12\nheads = 2\nlayers = 2\n", "checkpoint_test");
   auto build = [&](uint64_t seed) {
-    config.seed = seed;
-    ModelUnderTest s;
-    s.sharded = fsdp::train::build_sharded_model(config, 256, world);
-    s.optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*s.sharded.state,
-                                                              fsdp::optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
-    return s;
+    return make_from_toml("[model]\nname = \"gpt-test\"\ncontext = 8\ndim = 12\nheads = 2\nlayers = 2\n", world, seed);
   };
   for (int version : {1, 2}) {
     const std::string root = test_dir(world, "version" + std::to_string(version));
