@@ -124,13 +124,13 @@ int main(int argc, char** argv) {
     for (int64_t s = 0; s < warmup + steps; ++s) {
       world->barrier()->wait();
       const double busy_before = world->communication_seconds();
-      const double exposed_before = model.state().comm_stats().exposed_seconds;
+      const double exposed_before = model.state().exposed_seconds();
       const auto start = Clock::now();
       model.state().zero_grad();
       model.forward(x).pow(2).mean().backward();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       const double busy = world->communication_seconds() - busy_before;
-      const double exposed = model.state().comm_stats().exposed_seconds - exposed_before;
+      const double exposed = model.state().exposed_seconds() - exposed_before;
       if (s >= warmup) record(mode.times, world, seconds, busy, exposed);
     }
   }

@@ -7,8 +7,9 @@
 #     torch.utils.cmake_prefix_path) and NCCL (NCCL_ROOT, the nvidia-nccl wheel, or CUDA's own),
 #     with fsdp.cpp's fused kernels where nvcc is found;
 #  2. runs the parity tests on the GPU (FSDP_TEST_DEVICE=cuda: NCCL, TF32 off, fp32 against the
-#     single-process CPU reference; CPU offload too; NcclGroup.*: a split made by ncclCommSplit)
-#     and the fused operations' tests (FusedOps.*:
+#     single-process CPU reference; CPU offload too), the NCCL group's own calls in a stage of
+#     their own (NcclGroup.*: a split made by ncclCommSplit; the stream's stand-still at a wait,
+#     timed by events), and the fused operations' tests (FusedOps.*:
 #     each kernel against its composed reference, forward and backward, fp32 and bf16; the NF4
 #     decode kernel against the host's decode, to the bit), the NF4 decode's GB/s
 #     (bench/nf4_decode_bench: one 1B Llama block against the composed decode and a copy), then
@@ -172,7 +173,11 @@ grep -h "fused CUDA kernels\|no CUDA compiler" "$WORK/build.log" | head -2
 # 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')  # not nvidia-smi -L: it lists MIG slices too
 stage parity 120 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_DEVICE=cuda \
-  "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum:NcclGroup.*'
+  "$BUILD/tests/fsdp_dist_tests" --gtest_filter='AllStrategies/StrategyParity.*:Parity.CpuOffload:Parity.SgdWithMomentum'
+# The NCCL group's own calls that have never run (ncclCommSplit; the stream-wait timing), a stage of
+# their own: a failed split ends its process (abort), which would take the parity tests with it.
+stage nccl_group 45 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_DEVICE=cuda \
+  "$BUILD/tests/fsdp_dist_tests" --gtest_filter='NcclGroup.*'
 # The fused kernels against their composed references (a GPU that libtorch cannot see fails here).
 # Where nvcc built the kernels, the NF4 test fails if the composed path ran instead.
 EXPECT_KERNELS=$(grep -q "fused CUDA kernels ON" "$WORK/build.log" 2> /dev/null && echo 1 || echo 0)

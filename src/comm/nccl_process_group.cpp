@@ -19,9 +19,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -69,15 +71,27 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+class NcclWork;
+
+// The callers' waits on a group's collectives that were timed (NcclWork::wait), kept until both of
+// a wait's events have fired and summed then: the seconds the callers' streams stood still.
+struct TimedStreamWaits {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<NcclWork>> queued;  // in the order waited
+  std::atomic<int64_t> stalled_nanoseconds{0};
+};
+
 // One collective in flight. Owned by the caller (as a Work) and by the group's pending list
 // until its completion event fired; the tensors it names stay referenced until then.
-class NcclWork final : public Work {
+class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork> {
  public:
-  NcclWork(std::string description, int device_index, std::vector<at::Tensor> tensors)
+  NcclWork(std::string description, int device_index, std::vector<at::Tensor> tensors,
+           std::weak_ptr<TimedStreamWaits> timed_waits)
       : description_(std::move(description)),
         device_index_(device_index),
         tensors_(std::move(tensors)),
         in_flight_(tensors_, description_),
+        timed_waits_(std::move(timed_waits)),
         enqueued_(Clock::now()) {
     check_cuda(cudaEventCreate(&start_), "cudaEventCreate", description_);
     check_cuda(cudaEventCreate(&done_), "cudaEventCreate", description_);
@@ -85,15 +99,42 @@ class NcclWork final : public Work {
   ~NcclWork() override {
     cudaEventDestroy(start_);
     cudaEventDestroy(done_);
+    if (wait_begin_ != nullptr) cudaEventDestroy(wait_begin_);
+    if (wait_end_ != nullptr) cudaEventDestroy(wait_end_);
   }
 
   // Stream-ordered: the caller's current stream waits for the collective; the host does not,
-  // except, while agreement is due, for the ranks' descriptions (over MPI).
+  // except, while agreement is due, for the ranks' descriptions (over MPI). The host's clock
+  // cannot see how long the stream then stands still (the exposed communication on a GPU), so the
+  // first wait on a collective not yet completed is bracketed by two events on the caller's
+  // stream: the first fires when the stream reaches the wait, the second when it passes it.
   void wait() override {
     if (agreement_) check_collective_agreement(*agreement_);
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
+    std::shared_ptr<TimedStreamWaits> timed = (completed_ || wait_begin_ != nullptr) ? nullptr : timed_waits_.lock();
+    if (timed) {
+      check_cuda(cudaEventCreate(&wait_begin_), "cudaEventCreate", description_);
+      check_cuda(cudaEventCreate(&wait_end_), "cudaEventCreate", description_);
+      check_cuda(cudaEventRecord(wait_begin_, current.stream()), "cudaEventRecord", description_);
+    }
     check_cuda(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent", description_);
+    if (timed) {
+      check_cuda(cudaEventRecord(wait_end_, current.stream()), "cudaEventRecord", description_);
+      std::lock_guard<std::mutex> lock(timed->mutex);
+      timed->queued.push_back(shared_from_this());
+    }
     in_flight_.release();  // the caller's stream is ordered after it (and the blocks are recorded on ours)
+  }
+
+  // The seconds the caller's stream stood still at the timed wait, once the stream has passed it
+  // (both events fired); nullopt before. A failed query reads as 0 s (the collective's own
+  // failure is the watchdog's to report).
+  std::optional<double> stalled_seconds() const {
+    const cudaError_t state = cudaEventQuery(wait_end_);
+    if (state == cudaErrorNotReady) return std::nullopt;
+    float milliseconds = 0.0f;
+    if (state != cudaSuccess || cudaEventElapsedTime(&milliseconds, wait_begin_, wait_end_) != cudaSuccess) return 0.0;
+    return milliseconds * 1e-3;
   }
 
   bool is_completed() override { return completed_.load(); }
@@ -121,9 +162,12 @@ class NcclWork final : public Work {
   std::vector<at::Tensor> tensors_;
   InFlightStorage in_flight_;                    // tensors_' storages, until wait() or completion (in_flight_storage.h)
   std::shared_ptr<PendingAgreement> agreement_;  // collective_agreement.h
+  std::weak_ptr<TimedStreamWaits> timed_waits_;  // the group's; gone with it
   Clock::time_point enqueued_;
   cudaEvent_t start_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  cudaEvent_t wait_begin_ = nullptr;  // on the caller's stream, around its first wait (made then)
+  cudaEvent_t wait_end_ = nullptr;
   std::atomic<bool> completed_{false};
   std::atomic<double> busy_seconds_{0.0};
 };
@@ -222,6 +266,10 @@ class NcclProcessGroup final : public ProcessGroup {
   at::DeviceType device_type() const override { return at::kCUDA; }
   bool needs_one_issue_order() const override { return true; }
   double communication_seconds() const override { return busy_nanoseconds_.load() * 1e-9; }
+  double stream_wait_seconds() const override {
+    read_timed_waits();
+    return timed_waits_->stalled_nanoseconds.load() * 1e-9;
+  }
 
   WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) override {
     if (on_host(output, input)) return bootstrap_->all_gather(output, input);
@@ -350,7 +398,8 @@ class NcclProcessGroup final : public ProcessGroup {
   WorkPtr enqueue(const std::string& what, std::vector<at::Tensor> tensors, Launch&& launch) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
     const std::string place = record_collective(channel(), what);
-    auto work = std::make_shared<NcclWork>(who_ + " " + what + " [" + place + "]", device_index_, std::move(tensors));
+    auto work = std::make_shared<NcclWork>(who_ + " " + what + " [" + place + "]", device_index_, std::move(tensors),
+                                           timed_waits_);
     // While agreement is due (the first step, by default), every rank's description travels over
     // MPI beside the collective; wait() compares them before anything waits on the device.
     if (collective_agreement_due(collective_agreement_mode(CollectiveAgreementMode::kFirstStep))) {
@@ -381,10 +430,26 @@ class NcclProcessGroup final : public ProcessGroup {
     return work;
   }
 
+  // Sums the stalls of the timed waits whose streams have passed them, and lets those go. Called
+  // by the watchdog and by stream_wait_seconds() (so a reader after a device sync sees them all).
+  void read_timed_waits() const {
+    std::lock_guard<std::mutex> lock(timed_waits_->mutex);
+    auto& queued = timed_waits_->queued;
+    queued.erase(std::remove_if(queued.begin(), queued.end(),
+                                [this](const std::shared_ptr<NcclWork>& work) {
+                                  const std::optional<double> seconds = work->stalled_seconds();
+                                  if (!seconds) return false;
+                                  timed_waits_->stalled_nanoseconds += static_cast<int64_t>(*seconds * 1e9);
+                                  return true;
+                                }),
+                 queued.end());
+  }
+
   // Completes works in issue order (one stream runs them in that order), keeps the timeout.
   void watch() {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
     while (!stopping_) {
+      read_timed_waits();
       std::shared_ptr<NcclWork> oldest;
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -428,6 +493,7 @@ class NcclProcessGroup final : public ProcessGroup {
   std::deque<std::shared_ptr<NcclWork>> pending_;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> busy_nanoseconds_{0};
+  std::shared_ptr<TimedStreamWaits> timed_waits_ = std::make_shared<TimedStreamWaits>();
   std::thread watchdog_;
 };
 

@@ -505,11 +505,17 @@ void FsdpState::end_of_backward() {
   backward_callback_queued_ = false;
 }
 
-double FsdpState::communication_seconds() const {
-  double seconds = group_->communication_seconds();
-  if (groups_.shard != group_) seconds += groups_.shard->communication_seconds();
-  if (groups_.replicate) seconds += groups_.replicate->communication_seconds();
+double FsdpState::sum_over_groups(double (comm::ProcessGroup::*figure)() const) const {
+  double seconds = ((*group_).*figure)();
+  if (groups_.shard != group_) seconds += ((*groups_.shard).*figure)();
+  if (groups_.replicate) seconds += ((*groups_.replicate).*figure)();
   return seconds;
+}
+
+double FsdpState::communication_seconds() const { return sum_over_groups(&comm::ProcessGroup::communication_seconds); }
+
+double FsdpState::exposed_seconds() const {
+  return comm_stats_.exposed_seconds + sum_over_groups(&comm::ProcessGroup::stream_wait_seconds);
 }
 
 std::shared_ptr<FsdpState> make_fsdp_state(std::shared_ptr<torch::nn::Module> root, comm::ProcessGroupPtr group,

@@ -46,16 +46,12 @@ StepMetrics gather_step_metrics(const comm::ProcessGroupPtr& world, const RankSt
   return metrics;
 }
 
-namespace {
-// Communication the compute thread waited for is exposed; the rest of its busy time ran while
-// this thread computed (overlapped). On a GPU a wait queues a stream wait and returns at once, so
-// the host's clock cannot see exposure: it is not reported there.
-bool exposure_measured(const StepFigures& figures) { return figures.on_cpu; }
-}  // namespace
-
+// Communication the compute thread waited for is exposed (on a GPU: the time its stream stood still
+// at the waits, FsdpState::exposed_seconds); the rest of its busy time ran while this thread
+// computed (overlapped).
 std::string step_line(const StepMetrics& metrics, const StepFigures& figures) {
   char exposure[64] = "";
-  if (exposure_measured(figures)) std::snprintf(exposure, sizeof(exposure), " (exposed %.3f s)", metrics.exposed);
+  std::snprintf(exposure, sizeof(exposure), " (exposed %.3f s)", metrics.exposed);
   char skips[96] = "";
   if (figures.skipped) {
     std::snprintf(skips, sizeof(skips), " | skipped: %s (%lld in all)", figures.skip_reason.c_str(),
@@ -109,7 +105,6 @@ nlohmann::json step_record(const StepMetrics& metrics, const StepFigures& figure
     if (!figures.on_cpu) record["peak_device_reserved_bytes_per_rank"].push_back(per_rank[r][5].item<double>());
     const double busy = per_rank[r][2].item<double>(), waited = per_rank[r][4].item<double>();
     record["communication_seconds_per_rank"].push_back(busy);
-    if (!exposure_measured(figures)) continue;  // (arrays made by their first push_back)
     record["exposed_communication_seconds_per_rank"].push_back(waited);
     record["overlapped_communication_seconds_per_rank"].push_back(std::max(0.0, busy - waited));
     record["compute_seconds_per_rank"].push_back(figures.seconds - waited);

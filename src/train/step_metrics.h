@@ -23,7 +23,7 @@ struct RankStepFacts {
   double peak_resident_bytes = 0.0;         // the process's peak resident memory
   double communication_seconds = 0.0;       // busy time of the step's collectives, every group
   bool stop_requested = false;              // asked to save and stop (SIGTERM, SIGINT)
-  double exposed_seconds = 0.0;             // time this thread waited for collectives
+  double exposed_seconds = 0.0;             // time this thread (or its device stream) waited for collectives
   double device_peak_reserved_bytes = 0.0;  // on a GPU, the caching allocator's peak reservation
   double step_seconds = 0.0;                // the step's time on this rank's clock, up to this gather
   comm::CollectiveFingerprint collectives;  // the step's collectives so far (comm/collective_log.h)

@@ -366,7 +366,7 @@ class Trainer {
     loop.summary.start_step = start_step_;
     loop.summary.evals.push_back(evaluate(start_step_));
     loop.communication_before = state_->communication_seconds();
-    loop.exposed_before = state_->comm_stats().exposed_seconds;
+    loop.exposed_before = state_->exposed_seconds();
     loop.loss_faults = loss_faults_from_env();
     // A resumed run profiles what is left of the range (none of it: said, not an error).
     loop.profile_first = options_.profile_first;
@@ -466,13 +466,16 @@ class Trainer {
   }
 
   // One small all-gather per step: every rank's loss, peak memory, communication time (busy, and
-  // exposed: the time this thread waited for it), and whether it was asked to stop (so every rank
-  // stops at the same step). Ranks whose collectives differed stop here.
+  // exposed: the time this thread, or on a GPU its stream, waited for it), and whether it was
+  // asked to stop (so every rank stops at the same step). Ranks whose collectives differed stop
+  // here.
   AgreedStep agree_on_step(const StepResult& r, LoopState& loop) {
-    const double communication_now = state_->communication_seconds();
-    const double exposed_now = state_->comm_stats().exposed_seconds;
     RankStepFacts mine;
+    // First: reading the loss waits for the step's device work, the stream waits among it (their
+    // events read by exposed_seconds()).
     mine.loss = r.loss_sum.item<double>();
+    const double communication_now = state_->communication_seconds();
+    const double exposed_now = state_->exposed_seconds();
     mine.peak_resident_bytes = static_cast<double>(peak_resident_bytes());
     mine.communication_seconds = communication_now - loop.communication_before;
     mine.stop_requested = stop_requested();

@@ -215,6 +215,45 @@ TEST(NcclGroup, SplitsFromItsCommunicator) {
   nccl->barrier()->wait();
 }
 
+// On a GPU a wait blocks no host thread: the exposed communication is the time the caller's stream
+// stands still at it, timed by events around the queued wait (NcclWork::wait). Four gathers of
+// 256 MiB queued back to back and the last waited for at once: the stream stands still for about
+// all four. The same after the device has finished them: next to nothing. The host's clock, which
+// FsdpState::wait reads, sees neither (the wait returns at once).
+TEST(NcclGroup, TimesHowLongTheCallersStreamStoodStill) {
+  const char* device = std::getenv("FSDP_TEST_DEVICE");
+  if (device == nullptr || std::string(device) != "cuda") GTEST_SKIP() << "a device test (FSDP_TEST_DEVICE=cuda)";
+  auto g = world();
+  const int device_index = fsdp::comm::local_device_index();
+  const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
+  auto nccl = fsdp::comm::make_nccl_group(g, device_index);
+  const int64_t k = int64_t{64} << 20;  // fp32 elements per rank: 256 MiB
+  at::Tensor input = at::ones({k}, at::TensorOptions(cuda));
+  at::Tensor output = at::empty({k * nccl->size()}, at::TensorOptions(cuda));
+  torch::cuda::synchronize();
+
+  const double before = nccl->stream_wait_seconds();
+  const auto issued = std::chrono::steady_clock::now();
+  fsdp::comm::WorkPtr last;
+  for (int i = 0; i < 4; ++i) last = nccl->all_gather(output, input);
+  last->wait();
+  torch::cuda::synchronize();
+  const double host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - issued).count();
+  const double stood = nccl->stream_wait_seconds() - before;
+
+  auto done = nccl->all_gather(output, input);
+  torch::cuda::synchronize();  // the gather has run before the stream reaches the wait
+  done->wait();
+  torch::cuda::synchronize();
+  const double stood_after_it_ran = nccl->stream_wait_seconds() - before - stood;
+
+  EXPECT_GT(stood, 0.0);
+  EXPECT_LE(stood, host_seconds) << "more than the time from issue to the device's end";
+  EXPECT_LT(stood_after_it_ran * 10, stood) << "a wait on a collective already done stood " << stood_after_it_ran
+                                            << " s, one on four queued gathers " << stood << " s";
+  nccl->barrier()->wait();
+}
+
 TEST(Comm, ManyCollectivesInFlightCompleteInOrder) {
   auto g = world();
   std::vector<at::Tensor> outputs;

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -779,6 +780,70 @@ TEST(MixedPrecision, Bf16ReductionTrains) {
     loss_on(model, ids, config.vocab).backward();
   }
   EXPECT_EQ(2 * b.state().memory_stats().peak_gathered_bytes, a.state().memory_stats().peak_gathered_bytes);
+}
+
+// A group that forwards every call to another and reports a fixed stream stand-still, as a NCCL
+// group would after its callers' streams waited (ProcessGroup::stream_wait_seconds); its splits
+// are the same kind.
+class StandStillGroup final : public fsdp::comm::ProcessGroup {
+ public:
+  StandStillGroup(fsdp::comm::ProcessGroupPtr inner, double seconds) : inner_(std::move(inner)), seconds_(seconds) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  std::string channel() const override { return inner_->channel(); }
+  fsdp::comm::WorkPtr all_gather(const at::Tensor& output, const at::Tensor& input) override {
+    return inner_->all_gather(output, input);
+  }
+  fsdp::comm::WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                     fsdp::comm::ReduceOp op) override {
+    return inner_->reduce_scatter(output, input, op);
+  }
+  fsdp::comm::WorkPtr all_reduce(const at::Tensor& tensor, fsdp::comm::ReduceOp op) override {
+    return inner_->all_reduce(tensor, op);
+  }
+  fsdp::comm::WorkPtr all_reduce_after(const fsdp::comm::WorkPtr& first, const at::Tensor& tensor,
+                                       fsdp::comm::ReduceOp op) override {
+    return inner_->all_reduce_after(first, tensor, op);
+  }
+  fsdp::comm::WorkPtr broadcast(const at::Tensor& tensor, int root) override { return inner_->broadcast(tensor, root); }
+  fsdp::comm::WorkPtr barrier() override { return inner_->barrier(); }
+  std::shared_ptr<ProcessGroup> split(int color, int key) override {
+    auto part = inner_->split(color, key);
+    return part ? std::make_shared<StandStillGroup>(part, seconds_) : nullptr;
+  }
+  [[noreturn]] void abort(const std::string& why) override {
+    inner_->abort(why);
+    std::abort();  // not reached: the inner group ends the job
+  }
+  double communication_seconds() const override { return inner_->communication_seconds(); }
+  double stream_wait_seconds() const override { return seconds_; }
+
+ private:
+  fsdp::comm::ProcessGroupPtr inner_;
+  double seconds_;
+};
+
+// On a GPU the exposed communication is the streams' stand-still at the waits, which each group
+// counts; FsdpState::exposed_seconds adds it to the host's blocked time, each group once: under
+// full_shard the world is the shard group, under hybrid_shard the shard and replica groups are
+// split from it (three groups).
+TEST(ExposedCommunication, CountsEachGroupsStreamStandStillOnce) {
+  auto world = std::make_shared<StandStillGroup>(fsdp::comm::init_world(), 0.25);
+  for (const ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::HybridShard}) {
+    if (strategy == ShardingStrategy::HybridShard && world->size() < 2) continue;  // one group of one
+    FsdpOptions options;
+    options.strategy = strategy;
+    options.shard_group_size = 1;  // hybrid: N replicas of one rank each
+    options.wrap_policy.module_types = {"SleepyBlock"};
+    torch::manual_seed(kSeed);
+    auto model = fsdp::runtime::build_fully_sharded<SleepyModelImpl>(
+        world, options, [] { return std::make_shared<SleepyModelImpl>(); });
+    model.forward(torch::randn({4, 64}, at::TensorOptions().requires_grad(true))).sum().backward();
+    const double stood = model.state().exposed_seconds() - model.state().comm_stats().exposed_seconds;
+    EXPECT_DOUBLE_EQ(stood, strategy == ShardingStrategy::FullShard ? 0.25 : 0.75)
+        << (strategy == ShardingStrategy::FullShard ? "full_shard" : "hybrid_shard");
+  }
 }
 
 TEST(MixedPrecision, NoShardRefusesBf16) {

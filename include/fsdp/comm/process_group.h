@@ -111,6 +111,10 @@ class ProcessGroup {
 
   // Total busy seconds of completed collectives on this group since creation.
   virtual double communication_seconds() const = 0;
+  // Total seconds the callers' device streams stood still in this group's Work::wait (NCCL: the
+  // wait is queued on the stream, timed by two CUDA events around it, counted once the stream
+  // has passed it). 0 where wait() blocks the host instead (MPI, staged): the caller times those.
+  virtual double stream_wait_seconds() const { return 0.0; }
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 

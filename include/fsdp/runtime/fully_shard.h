@@ -73,7 +73,7 @@ struct MemoryStats {
 
 // Where the runtime's collectives spent time, cumulative since construction.
 struct CommStats {
-  double exposed_seconds = 0;      // this thread blocked waiting for a gather or a reduction
+  double exposed_seconds = 0;      // this thread blocked waiting for a gather or a reduction (host time)
   int64_t gathers = 0;             // all-gathers of units issued
   int64_t prefetched_gathers = 0;  // of which issued ahead of the unit's use
   int64_t gathered_bytes = 0;      // bytes the gathers delivered to this rank (padded buffers, wire dtype)
@@ -104,6 +104,11 @@ class FsdpState {
   int replica_index() const { return groups_.replica_index(); }
   // Busy seconds of the collectives on every group above (world, shard, replicate), cumulative.
   double communication_seconds() const;
+  // Exposed communication, cumulative: the seconds this thread blocked in wait()
+  // (CommStats::exposed_seconds) and the seconds the device streams stood still in the waits it
+  // queued there (ProcessGroup::stream_wait_seconds, every group above). On the host the first is
+  // all of it; on a GPU with NCCL a wait blocks nothing and the second is.
+  double exposed_seconds() const;
   const FsdpOptions& options() const { return options_; }
   torch::nn::Module& root_module() { return *root_; }
 
@@ -168,6 +173,8 @@ class FsdpState {
   // training forward.
   void prepare_buffers();
   void sync_buffers();
+  // A per-group figure summed over world, shard and replicate, each group once.
+  double sum_over_groups(double (comm::ProcessGroup::*figure)() const) const;
 
   std::shared_ptr<torch::nn::Module> root_;
   comm::ProcessGroupPtr group_;
