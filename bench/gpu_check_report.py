@@ -51,9 +51,13 @@ def fsdp_run(directory):
     # After the first three; steps the profiler recorded (--profile-steps) are slower and left out.
     settled = [r for r in steps[3:] if not r.get("profiled")] or steps
     reserved = [max(r.get("peak_device_reserved_bytes_per_rank", [-1])) for r in steps]
+    # The compute stream's stand-still at the waits (the largest rank's), where the run reports it.
+    exposed = [max(r["exposed_communication_seconds_per_rank"]) for r in settled
+               if r.get("exposed_communication_seconds_per_rank")]
     return {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in settled),
             "mfu": statistics.median(r["mfu"] for r in settled), "peak_flops": steps[0]["peak_flops"],
-            "peak_reserved_bytes": max(reserved), "final_loss": steps[-1]["loss"], "steps": len(steps)}
+            "peak_reserved_bytes": max(reserved), "final_loss": steps[-1]["loss"], "steps": len(steps),
+            "exposed_seconds_per_step": statistics.median(exposed) if exposed else None}
 
 
 def main():
@@ -97,6 +101,8 @@ def main():
     if llama:
         report["llama1b_mfu"] = llama["mfu"]
         print(f"llama1b MFU {llama['mfu'] * 100:.1f}% (aim {AIMS['llama1b_mfu'] * 100:.0f}%)")
+        if llama["exposed_seconds_per_step"] is not None:
+            print(f"llama1b exposed communication {llama['exposed_seconds_per_step'] * 1e3:.2f} ms per step (median)")
     # The NF4 decode (bench/nf4_decode_bench.cpp): GB/s of each path on one 1B Llama block.
     decode_path = d / "nf4_decode.json"
     try:
