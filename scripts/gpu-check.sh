@@ -164,8 +164,9 @@ if [ -z "${NCCL_ROOT:-}" ]; then
   fi
 fi
 # Unity batches of 4 sources, not 16: 16 cores compile many small batches at once, not a few large
-# ones one after another.
-stage build 300 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=ON -DFSDP_UNITY_BATCH=4 \
+# ones one after another. Its limit is generous (the 2026-12-04 build took 291 s): a build cut
+# short loses the whole call, one that runs long only the stages the budget then cannot reach.
+stage build 400 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=ON -DFSDP_UNITY_BATCH=4 \
     -DCMAKE_PREFIX_PATH='$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}' ${CMAKE_EXTRA[*]} && \
     cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests nf4_decode_bench" || exit 1
 grep -h "fused CUDA kernels\|no CUDA compiler" "$WORK/build.log" | head -2

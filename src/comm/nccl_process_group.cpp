@@ -104,26 +104,16 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
   }
 
   // Stream-ordered: the caller's current stream waits for the collective; the host does not,
-  // except, while agreement is due, for the ranks' descriptions (over MPI). The host's clock
-  // cannot see how long the stream then stands still (the exposed communication on a GPU), so the
-  // first wait on a collective not yet completed is bracketed by two events on the caller's
-  // stream: the first fires when the stream reaches the wait, the second when it passes it.
-  void wait() override {
-    if (agreement_) check_collective_agreement(*agreement_);
-    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
-    std::shared_ptr<TimedStreamWaits> timed = (completed_ || wait_begin_ != nullptr) ? nullptr : timed_waits_.lock();
-    if (timed) {
-      check_cuda(cudaEventCreate(&wait_begin_), "cudaEventCreate", description_);
-      check_cuda(cudaEventCreate(&wait_end_), "cudaEventCreate", description_);
-      check_cuda(cudaEventRecord(wait_begin_, current.stream()), "cudaEventRecord", description_);
-    }
-    check_cuda(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent", description_);
-    if (timed) {
-      check_cuda(cudaEventRecord(wait_end_, current.stream()), "cudaEventRecord", description_);
-      std::lock_guard<std::mutex> lock(timed->mutex);
-      timed->queued.push_back(shared_from_this());
-    }
-    in_flight_.release();  // the caller's stream is ordered after it (and the blocks are recorded on ours)
+  // except, while agreement is due, for the ranks' descriptions (over MPI).
+  void wait() override { wait_on_stream(/*timed=*/false); }
+
+  // The host's clock cannot see how long the stream then stands still (the exposed communication
+  // on a GPU), so the first such wait on a collective not yet completed is bracketed by two
+  // events on the caller's stream: the first fires when the stream reaches the wait, the second
+  // when it passes it; the group sums the time between them (TimedStreamWaits).
+  bool wait_timing_stream() override {
+    wait_on_stream(/*timed=*/true);
+    return true;
   }
 
   // The seconds the caller's stream stood still at the timed wait, once the stream has passed it
@@ -157,6 +147,27 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
   }
 
  private:
+  void wait_on_stream(bool timed) {
+    if (agreement_) check_collective_agreement(*agreement_);
+    // The events and the stream are this work's device's, whatever device the calling thread has.
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index_));
+    std::shared_ptr<TimedStreamWaits> ledger =
+        (!timed || completed_ || wait_begin_ != nullptr) ? nullptr : timed_waits_.lock();
+    if (ledger) {
+      check_cuda(cudaEventCreate(&wait_begin_), "cudaEventCreate", description_);
+      check_cuda(cudaEventCreate(&wait_end_), "cudaEventCreate", description_);
+      check_cuda(cudaEventRecord(wait_begin_, current.stream()), "cudaEventRecord", description_);
+    }
+    check_cuda(cudaStreamWaitEvent(current.stream(), done_, 0), "cudaStreamWaitEvent", description_);
+    if (ledger) {
+      check_cuda(cudaEventRecord(wait_end_, current.stream()), "cudaEventRecord", description_);
+      std::lock_guard<std::mutex> lock(ledger->mutex);
+      ledger->queued.push_back(shared_from_this());
+    }
+    in_flight_.release();  // the caller's stream is ordered after it (and the blocks are recorded on ours)
+  }
+
   std::string description_;
   int device_index_;
   std::vector<at::Tensor> tensors_;
@@ -433,16 +444,22 @@ class NcclProcessGroup final : public ProcessGroup {
   // Sums the stalls of the timed waits whose streams have passed them, and lets those go. Called
   // by the watchdog and by stream_wait_seconds() (so a reader after a device sync sees them all).
   void read_timed_waits() const {
+    std::vector<std::shared_ptr<NcclWork>> taken;  // queried outside the lock: a waiting caller never waits for it
+    {
+      std::lock_guard<std::mutex> lock(timed_waits_->mutex);
+      taken.swap(timed_waits_->queued);
+    }
+    std::vector<std::shared_ptr<NcclWork>> unfinished;
+    for (const std::shared_ptr<NcclWork>& work : taken) {
+      if (const std::optional<double> seconds = work->stalled_seconds()) {
+        timed_waits_->stalled_nanoseconds += static_cast<int64_t>(*seconds * 1e9);
+      } else {
+        unfinished.push_back(work);
+      }
+    }
+    if (unfinished.empty()) return;
     std::lock_guard<std::mutex> lock(timed_waits_->mutex);
-    auto& queued = timed_waits_->queued;
-    queued.erase(std::remove_if(queued.begin(), queued.end(),
-                                [this](const std::shared_ptr<NcclWork>& work) {
-                                  const std::optional<double> seconds = work->stalled_seconds();
-                                  if (!seconds) return false;
-                                  timed_waits_->stalled_nanoseconds += static_cast<int64_t>(*seconds * 1e9);
-                                  return true;
-                                }),
-                 queued.end());
+    timed_waits_->queued.insert(timed_waits_->queued.end(), unfinished.begin(), unfinished.end());
   }
 
   // Completes works in issue order (one stream runs them in that order), keeps the timeout.

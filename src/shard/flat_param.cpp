@@ -165,6 +165,19 @@ class GatherWork final : public comm::Work {
         cache_(cache) {}
   void wait() override {
     inner_->wait();
+    finish_gather();
+  }
+  bool wait_timing_stream() override {
+    const bool timed = inner_->wait_timing_stream();
+    finish_gather();
+    return timed;
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+  double busy_seconds() const override { return inner_->busy_seconds(); }
+
+ private:
+  // After the gather: the wire buffer cast into the unsharded parameters, both buffers let go.
+  void finish_gather() {
     if (input_.defined()) free_storage(input_, cache_);
     input_ = at::Tensor();
     if (wire_output_.defined()) {
@@ -174,10 +187,7 @@ class GatherWork final : public comm::Work {
       wire_output_ = at::Tensor();
     }
   }
-  bool is_completed() override { return inner_->is_completed(); }
-  double busy_seconds() const override { return inner_->busy_seconds(); }
 
- private:
   comm::WorkPtr inner_;
   at::Tensor input_;
   at::Tensor wire_output_;

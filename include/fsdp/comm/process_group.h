@@ -37,6 +37,14 @@ class Work {
   // Blocks until the collective completed; rethrows its failure. Past the group's timeout it
   // reports the operation and aborts the job (no rank waits forever for a rank that failed).
   virtual void wait() = 0;
+  // wait(), with the time it exposes counted where this thread's clock cannot see it: a backend
+  // whose wait() only queues a wait on the caller's device stream (NCCL) times how long that
+  // stream then stands still (ProcessGroup::stream_wait_seconds) and returns true. The others
+  // return false: their wait() blocks this thread, and the caller times it (FsdpState::wait).
+  virtual bool wait_timing_stream() {
+    wait();
+    return false;
+  }
   virtual bool is_completed() = 0;
   // Seconds between the operation starting on the communication thread and its completion
   // (valid once completed): the time communication really took, overlapped or not.
@@ -111,9 +119,9 @@ class ProcessGroup {
 
   // Total busy seconds of completed collectives on this group since creation.
   virtual double communication_seconds() const = 0;
-  // Total seconds the callers' device streams stood still in this group's Work::wait (NCCL: the
-  // wait is queued on the stream, timed by two CUDA events around it, counted once the stream
-  // has passed it). 0 where wait() blocks the host instead (MPI, staged): the caller times those.
+  // Total seconds the callers' device streams stood still in this group's Work::wait_timing_stream
+  // (NCCL: the wait is queued on the stream, timed by two CUDA events around it, counted once the
+  // stream has passed it). 0 where wait() blocks the host instead (MPI, staged): the caller times those.
   virtual double stream_wait_seconds() const { return 0.0; }
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

@@ -149,7 +149,8 @@ class FsdpState {
   void on_memory_changed();
   void on_unit_released();  // a unit freed its gathered parameters (FsdpOptions::host_heap_trim_allowance)
   void on_pre_backward();
-  void wait(const comm::WorkPtr& work);  // counts the blocked time as exposed communication
+  // Waits, counting the exposed time: blocked here, or a device stream's stand-still (NCCL).
+  void wait(const comm::WorkPtr& work);
   void count_gather(bool prefetch, int64_t bytes);
   void count_reduction() { ++comm_stats_.reductions; }
   void count_replica_reduction() { ++comm_stats_.replica_reductions; }
