@@ -40,9 +40,16 @@ function(fsdp_add_dist_test)
   foreach(n ${T_RANKS})
     add_test(NAME ${T_NAME}.np${n}
              COMMAND ${FSDP_MPIRUN} ${MPIEXEC_NUMPROC_FLAG} ${n} ${T_COMMAND})
+    # A rank computes on one thread (tests/dist/dist_main.cpp): one core a rank, up to the two of
+    # CI's machine, so that ctest -j2 runs a one-rank test beside another test.
+    if(n GREATER 1)
+      set(cores 2)
+    else()
+      set(cores 1)
+    endif()
     set_tests_properties(${T_NAME}.np${n} PROPERTIES
       LABELS "dist;${T_LABELS}" TIMEOUT ${T_TIMEOUT}
-      ENVIRONMENT "${FSDP_MPI_ENV}" PROCESSORS 2)
+      ENVIRONMENT "${FSDP_MPI_ENV}" PROCESSORS ${cores})
     if(T_PASS_REGEX)
       set_tests_properties(${T_NAME}.np${n} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS_REGEX}")
     endif()
