@@ -170,18 +170,34 @@ TEST(Comm, SplitIntoSubGroups) {
   EXPECT_EQ(none == nullptr, g->rank() == 0);
 }
 
+// The NcclGroup tests run on a GPU only (FSDP_TEST_DEVICE=cuda: scripts/gpu-check.sh); skipped on
+// the CPU. Each makes a NCCL group over the world on this rank's device.
+bool device_tests_asked() {
+  const char* device = std::getenv("FSDP_TEST_DEVICE");
+  return device != nullptr && std::string(device) == "cuda";
+}
+
+struct NcclOnThisRank {
+  at::Device device;
+  fsdp::comm::ProcessGroupPtr group;
+};
+
+NcclOnThisRank nccl_on_this_rank() {
+  const int device_index = fsdp::comm::local_device_index();
+  return {at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index)),
+          fsdp::comm::make_nccl_group(world(), device_index)};
+}
+
 // On a GPU (FSDP_TEST_DEVICE=cuda: scripts/gpu-check.sh runs it; skipped on the CPU): a NCCL
 // group's split makes each part's communicator from the parent's (ncclCommSplit), with the ranks
 // in the bootstrap split's order (descending here, seen in an all-gather), and a negative color
 // joins none (NCCL_SPLIT_NOCOLOR: at N = 1 every rank, which NCCL must take too). With one GPU
 // (gpu-check's machine) N = 1: the orders are trivial there, the two calls into NCCL are not.
 TEST(NcclGroup, SplitsFromItsCommunicator) {
-  const char* device = std::getenv("FSDP_TEST_DEVICE");
-  if (device == nullptr || std::string(device) != "cuda") GTEST_SKIP() << "a device test (FSDP_TEST_DEVICE=cuda)";
-  auto g = world();
-  const int device_index = fsdp::comm::local_device_index();
-  const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
-  auto nccl = fsdp::comm::make_nccl_group(g, device_index);
+  if (!device_tests_asked()) GTEST_SKIP() << "a device test (FSDP_TEST_DEVICE=cuda)";
+  const NcclOnThisRank on_gpu = nccl_on_this_rank();
+  const at::Device cuda = on_gpu.device;
+  const fsdp::comm::ProcessGroupPtr& nccl = on_gpu.group;
   const int rank = nccl->rank(), n = nccl->size();
   auto sub = nccl->split(rank % 2, -rank);
   std::vector<int64_t> members;  // the part's parent ranks, in its rank order: descending
@@ -221,12 +237,10 @@ TEST(NcclGroup, SplitsFromItsCommunicator) {
 // copy) and the last waited for at once: the stream stands still for about all of them. The same
 // after the device has finished them: next to nothing. A plain wait() is not timed.
 TEST(NcclGroup, TimesHowLongTheCallersStreamStoodStill) {
-  const char* device = std::getenv("FSDP_TEST_DEVICE");
-  if (device == nullptr || std::string(device) != "cuda") GTEST_SKIP() << "a device test (FSDP_TEST_DEVICE=cuda)";
-  auto g = world();
-  const int device_index = fsdp::comm::local_device_index();
-  const at::Device cuda(at::kCUDA, static_cast<c10::DeviceIndex>(device_index));
-  auto nccl = fsdp::comm::make_nccl_group(g, device_index);
+  if (!device_tests_asked()) GTEST_SKIP() << "a device test (FSDP_TEST_DEVICE=cuda)";
+  const NcclOnThisRank on_gpu = nccl_on_this_rank();
+  const at::Device cuda = on_gpu.device;
+  const fsdp::comm::ProcessGroupPtr& nccl = on_gpu.group;
   const int64_t k = int64_t{64} << 20;  // fp32 elements per rank: 256 MiB
   at::Tensor input = at::ones({k}, at::TensorOptions(cuda));
   at::Tensor output = at::empty({k * nccl->size()}, at::TensorOptions(cuda));
