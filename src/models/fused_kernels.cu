@@ -131,8 +131,106 @@ __global__ void add_rms_norm_backward_kernel(const T* grad_normed, const T* grad
   }
 }
 
+// A running (max, sum of exp(v - max)) pair, as online softmax keeps it: `add` takes one value,
+// `merge` another pair. An empty pair is (-inf, 0); -inf values add nothing, NaN makes the sum NaN,
+// and a value equal to the max (+inf included, where v - max would be NaN) adds exp(0) = 1.
+struct MaxSum {
+  float max = -INFINITY, sum = 0.0f;
+  __device__ void add(float v) {
+    if (v == -INFINITY) return;
+    if (v > max) {
+      sum = sum * expf(max - v) + 1.0f;  // expf(-inf) = 0 for the first value
+      max = v;
+    } else if (v == max) {
+      sum += 1.0f;
+    } else {
+      sum += expf(v - max);  // NaN stays NaN
+    }
+  }
+  __device__ void merge(float other_max, float other_sum) {
+    if (other_max == -INFINITY) {
+      sum += other_sum;  // 0, or NaN carried along
+    } else if (other_max > max) {
+      sum = sum * expf(max - other_max) + other_sum;
+      max = other_max;
+    } else if (other_max == max) {
+      sum += other_sum;
+    } else {
+      sum += other_sum * expf(other_max - max);  // a NaN max makes the sum NaN
+    }
+  }
+};
+
+// The block's merged pair, returned to every thread (blockDim.x a multiple of 32, at most 1024).
+__device__ MaxSum block_max_sum(MaxSum mine) {
+  __shared__ float maxes[32], sums[32];
+  __shared__ float total_max, total_sum;  // plain floats: a __shared__ variable takes no initializer
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other_max = __shfl_xor_sync(0xffffffffu, mine.max, offset);
+    const float other_sum = __shfl_xor_sync(0xffffffffu, mine.sum, offset);
+    mine.merge(other_max, other_sum);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();  // a previous row's readers of the totals are done
+  if (lane == 0) {
+    maxes[warp] = mine.max;
+    sums[warp] = mine.sum;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum v;
+    if (lane < warps) v = MaxSum{maxes[lane], sums[lane]};
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other_max = __shfl_xor_sync(0xffffffffu, v.max, offset);
+      const float other_sum = __shfl_xor_sync(0xffffffffu, v.sum, offset);
+      v.merge(other_max, other_sum);
+    }
+    if (lane == 0) {
+      total_max = v.max;
+      total_sum = v.sum;
+    }
+  }
+  __syncthreads();
+  return MaxSum{total_max, total_sum};
+}
+
+// One block per row (striding over rows): the row's (max, sum) in one read, its log-sum-exp, the
+// loss, then the gradient in a second read and one write. 32-bit column indices: a row of a
+// vocabulary is far below 2^31 elements.
+template <typename T>
+__global__ void cross_entropy_rows_kernel(T* z, const int64_t* targets, float* row_loss, int64_t rows, int vocab,
+                                          float scale, bool gradient) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    T* zr = z + row * static_cast<int64_t>(vocab);
+    MaxSum mine;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) mine.add(load(zr, c));
+    const MaxSum all = block_max_sum(mine);
+    // As at::logsumexp answers: NaN anywhere gives NaN; else an infinite max gives itself.
+    float lse = logf(all.sum) + all.max;
+    if (isnan(all.sum)) {
+      lse = NAN;
+    } else if (isinf(all.max)) {
+      lse = all.max;
+    }
+    const int64_t target = targets[row];
+    const bool counted = target != -100;
+    // Every thread reads the target's logit before any thread overwrites the row.
+    const float picked = counted ? load(zr, target) : 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) row_loss[row] = counted ? lse - picked : 0.0f;
+    if (!gradient) continue;
+    const float factor = counted ? scale : 0.0f;
+    for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
+      float p = expf(load(zr, c) - lse);
+      if (c == target) p -= 1.0f;
+      store(zr, c, p * factor);
+    }
+  }
+}
+
 constexpr int kThreads = 256;
 constexpr int kNormThreads = 256;          // per row: 8 columns per thread at dim 2048
+constexpr int kRowThreads = 512;           // cross_entropy_rows: a row of 128,256 logits is 251 per thread
 constexpr int kNormBackwardBlocks = 1024;  // the weight partials: [1024, dim] fp32 at most (8 MiB at dim 2048)
 
 int blocks_for(int64_t work) {
@@ -186,6 +284,22 @@ void add_rms_norm_backward(const void* grad_normed, const void* grad_sum, const 
         static_cast<const T*>(weight), rstd, static_cast<T*>(grad_sum_out), weight_partials, rows, dim);
   });
   check_launch("add_rms_norm_backward");
+}
+
+void cross_entropy_rows(void* z, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab, float scale,
+                        bool gradient, Dtype dtype, void* stream) {
+  if (rows == 0) return;
+  if (vocab <= 0 || vocab > (int64_t{1} << 30)) {
+    throw std::invalid_argument("cross_entropy_rows: a vocabulary of " + std::to_string(vocab) +
+                                " is outside (0, 2^30]");
+  }
+  const int blocks = static_cast<int>(std::min<int64_t>(rows, 65536));
+  by_dtype(dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    cross_entropy_rows_kernel<T><<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<T*>(z), targets, row_loss, rows, static_cast<int>(vocab), scale, gradient);
+  });
+  check_launch("cross_entropy_rows");
 }
 
 void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Dtype dtype, void* stream) {

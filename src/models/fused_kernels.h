@@ -43,4 +43,12 @@ void add_rms_norm_backward(const void* grad_normed, const void* grad_sum, const 
 // The number of blocks add_rms_norm_backward should take for `rows` rows (the weight partials' rows).
 int rms_norm_backward_blocks(int64_t rows);
 
+// The cross-entropy of rows of logits z [rows, vocab] (the head's product, in the dtype), one block
+// per row, reading each row twice: targets [rows] int64 in [0, vocab), or -100 for a row not
+// counted; row_loss [rows] fp32 gets logsumexp(z_row) - z_row[target] (0 for a row not counted).
+// With `gradient`, z is then overwritten in place by the loss's gradient times `scale`:
+// (exp(z - logsumexp) - onehot(target)) x scale on counted rows, 0 on the others, rounded once.
+void cross_entropy_rows(void* z, const int64_t* targets, float* row_loss, int64_t rows, int64_t vocab, float scale,
+                        bool gradient, Dtype dtype, void* stream);
+
 }  // namespace fsdp::models::kernels

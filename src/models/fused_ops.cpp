@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <stdexcept>
 #include <utility>
 
 #ifdef FSDP_HAVE_CUDA_KERNELS
@@ -374,6 +375,31 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
     return RotaryFunction::apply(x.contiguous(), cos.contiguous(), sin.contiguous());
   }
   return RotaryFunction::apply(x, cos, sin);
+}
+
+bool cross_entropy_rows_take(const at::Tensor& like) {
+  return fused_ops_enabled() && like.is_cuda() && cuda_kernels_take(like);
+}
+
+void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& row_loss, double scale,
+                        bool gradient) {
+  if (!cross_entropy_rows_take(logits) || logits.dim() != 2 || !logits.is_contiguous() ||
+      targets.scalar_type() != at::kLong || !targets.is_contiguous() || targets.numel() != logits.size(0) ||
+      row_loss.scalar_type() != at::kFloat || !row_loss.is_contiguous() || row_loss.numel() != logits.size(0) ||
+      targets.device() != logits.device() || row_loss.device() != logits.device()) {
+    throw std::invalid_argument(
+        "cross_entropy_rows: contiguous CUDA logits [rows, vocab] of a dtype the kernels take, targets [rows] int64 "
+        "and row_loss [rows] fp32 expected, all on one device");
+  }
+#ifdef FSDP_HAVE_CUDA_KERNELS
+  const c10::cuda::CUDAGuard device(logits.device());
+  kernels::cross_entropy_rows(logits.data_ptr(), targets.data_ptr<int64_t>(), row_loss.data_ptr<float>(),
+                              logits.size(0), logits.size(1), static_cast<float>(scale), gradient, kernel_dtype(logits),
+                              current_stream());
+#else
+  (void)scale;
+  (void)gradient;
+#endif
 }
 
 }  // namespace fsdp::models

@@ -166,9 +166,9 @@ at::Tensor Gemma3Impl::forward(const at::Tensor& ids, const at::Tensor& position
   return fsdp::nn::call(embed_tokens, hidden_states(ids, positions));
 }
 
-at::Tensor Gemma3Impl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+at::Tensor Gemma3Impl::forward(const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                                const at::Tensor& positions) {
-  return fsdp::nn::call(embed_tokens, hidden_states(ids, positions), targets, chunk_rows);
+  return fsdp::nn::call(embed_tokens, hidden_states(ids, positions), targets, chunks);
 }
 
 at::Tensor Gemma3Impl::hidden_states(const at::Tensor& ids, const at::Tensor& positions) {

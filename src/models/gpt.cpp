@@ -128,9 +128,9 @@ at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& positions) 
   return fsdp::nn::call(wte, hidden_states(ids, positions));  // tied head: logits = ln_f(x) wte^T
 }
 
-at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+at::Tensor GptImpl::forward(const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                             const at::Tensor& positions) {
-  return fsdp::nn::call(wte, hidden_states(ids, positions), targets, chunk_rows);
+  return fsdp::nn::call(wte, hidden_states(ids, positions), targets, chunks);
 }
 
 at::Tensor GptImpl::hidden_states(const at::Tensor& ids, const at::Tensor& positions) {

@@ -16,9 +16,9 @@ BuiltModel language_model_entry_points(std::shared_ptr<Module> module) {
   built.forward_function = [module](const at::Tensor& ids, const at::Tensor& positions) {
     return fsdp::nn::call(module, ids, positions);
   };
-  built.loss_sum_function = [module](const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+  built.loss_sum_function = [module](const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                                      const at::Tensor& positions) {
-    return fsdp::nn::call(module, ids, targets, chunk_rows, positions);
+    return fsdp::nn::call(module, ids, targets, chunks, positions);
   };
   return built;
 }

@@ -174,8 +174,8 @@ at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& ids_or_hidden) {
   return models::linear(ids_or_hidden, weight);
 }
 
-at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
-  return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunk_rows);
+at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks) {
+  return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunks);
 }
 
 LmHeadImpl::LmHeadImpl(int64_t dim, int64_t vocab) {
@@ -186,8 +186,8 @@ LmHeadImpl::LmHeadImpl(int64_t dim, int64_t vocab) {
 
 at::Tensor LmHeadImpl::forward(const at::Tensor& hidden) { return models::linear(hidden, weight); }
 
-at::Tensor LmHeadImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
-  return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunk_rows);
+at::Tensor LmHeadImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks) {
+  return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunks);
 }
 
 void init_normal(torch::nn::Module& module, double std) {

@@ -174,11 +174,11 @@ at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& positions
   return head(hidden_states(embed(ids), positions));
 }
 
-at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+at::Tensor LlamaImpl::forward(const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                               const at::Tensor& positions) {
   TORCH_CHECK(!positions.defined() || positions.sizes() == ids.sizes(), "llama: positions ", positions.sizes(),
               " do not match the ids ", ids.sizes());
-  return head(hidden_states(embed(ids), positions), targets, chunk_rows);
+  return head(hidden_states(embed(ids), positions), targets, chunks);
 }
 
 // Embedding and head are called through fsdp::nn::call, so each may be a unit of its own.
@@ -186,17 +186,18 @@ at::Tensor LlamaImpl::embed(const at::Tensor& ids) { return fsdp::nn::call(embed
 
 at::Tensor LlamaImpl::logits_from_embeddings(const at::Tensor& embedded) { return head(hidden_states(embedded, {})); }
 
-at::Tensor LlamaImpl::loss_from_embeddings(const at::Tensor& embedded, const at::Tensor& targets, int64_t chunk_rows) {
-  return head(hidden_states(embedded, {}), targets, chunk_rows);
+at::Tensor LlamaImpl::loss_from_embeddings(const at::Tensor& embedded, const at::Tensor& targets,
+                                           const ChunkedLoss& chunks) {
+  return head(hidden_states(embedded, {}), targets, chunks);
 }
 
 at::Tensor LlamaImpl::head(const at::Tensor& hidden) {
   return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, hidden) : fsdp::nn::call(lm_head, hidden);
 }
 
-at::Tensor LlamaImpl::head(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows) {
-  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, hidden, targets, chunk_rows)
-                            : fsdp::nn::call(lm_head, hidden, targets, chunk_rows);
+at::Tensor LlamaImpl::head(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks) {
+  return lm_head.is_empty() ? fsdp::nn::call(embed_tokens, hidden, targets, chunks)
+                            : fsdp::nn::call(lm_head, hidden, targets, chunks);
 }
 
 at::Tensor LlamaImpl::hidden_states(const at::Tensor& embedded, const at::Tensor& positions) {

@@ -100,8 +100,8 @@ at::Tensor LlavaImpl::forward(const at::Tensor& images, const at::Tensor& ids) {
 }
 
 at::Tensor LlavaImpl::forward(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets,
-                              int64_t chunk_rows) {
-  return language_model->loss_from_embeddings(input_embeddings(images, ids), targets, chunk_rows);
+                              const ChunkedLoss& chunks) {
+  return language_model->loss_from_embeddings(input_embeddings(images, ids), targets, chunks);
 }
 
 }  // namespace fsdp::models

@@ -124,8 +124,8 @@ class LlavaFamily final : public FamilyOf<LlavaConfig> {
       return fsdp::nn::call(module, images, ids);
     };
     built.image_text_loss_function = [module](const at::Tensor& images, const at::Tensor& ids,
-                                              const at::Tensor& targets, int64_t chunk_rows) {
-      return fsdp::nn::call(module, images, ids, targets, chunk_rows);
+                                              const at::Tensor& targets, const ChunkedLoss& chunks) {
+      return fsdp::nn::call(module, images, ids, targets, chunks);
     };
     return built;
   }

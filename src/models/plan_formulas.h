@@ -55,14 +55,16 @@ inline int64_t layer_norm_block_activation_bytes(int64_t dim, int64_t heads, int
 
 // A language model's head for `t` tokens: the final norm (2 d), the logits in the compute dtype,
 // their fp32 copy when that is bf16, log-softmax's output and the logits' gradient (fp32): the
-// loss is computed in fp32. Chunked: the norm's output and a log-sum-exp per token; the op's one
-// fp32 chunk buffer (logits, then their gradient, in place) and, in bf16, the chunk's bf16 product
-// or gradient beside it (models/linear_cross_entropy.h).
+// loss is computed in fp32. Chunked: the norm's input and d hidden, which the op computes in
+// forward and keeps for backward (2 d); the op's one fp32 chunk buffer (logits, then their
+// gradient, in place) and, in bf16, the chunk's bf16 product or gradient beside it
+// (models/linear_cross_entropy.h); a GPU's row kernel keeps the chunk in the compute dtype alone.
 inline int64_t language_head_activation_bytes(int64_t dim, int64_t vocab, int64_t t, const ActivationSettings& s) {
   const int64_t c = s.compute_bytes;
   const int64_t logits_per_token = c * vocab + (c == 4 ? 0 : 4 * vocab) + 8 * vocab;
   if (s.loss_chunk_tokens <= 0) return t * (2 * c * dim + logits_per_token);
-  return t * (2 * c * dim + 4) + std::min(t, s.loss_chunk_tokens) * (4 + (c == 4 ? 0 : c)) * vocab;
+  const int64_t chunk_per_logit = s.loss_rows_in_compute_dtype ? c : 4 + (c == 4 ? 0 : c);
+  return t * 2 * c * dim + std::min(t, s.loss_chunk_tokens) * chunk_per_logit * vocab;
 }
 
 // A stack of `layers` blocks of `width` over `tokens` tokens a sample, each keeping `per_block`

@@ -246,6 +246,9 @@ int64_t activation_bytes(const PlanShape& x) {
   settings.checkpointing = in.activation_checkpointing;
   settings.checkpointing_every = in.activation_checkpointing_every;
   settings.loss_chunk_tokens = in.loss_chunk_tokens;
+  // Assumes a CUDA build with its kernels and native bf16 products; without either, the host's
+  // fp32 chunk buffer runs and this term is low by 4 bytes a chunk's logit.
+  settings.loss_rows_in_compute_dtype = !in.cpu && in.fused_ops;
   return models::family_of(in.model).plan_activation_bytes(in.model, settings);
 }
 

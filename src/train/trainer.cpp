@@ -421,7 +421,9 @@ class Trainer {
     for (int64_t m = 0; m < (batch_skipped ? 0 : config_.micro_batches); ++m) {
       const std::vector<int64_t> part(indices.begin() + m * loop.micro, indices.begin() + (m + 1) * loop.micro);
       state_->set_requires_gradient_sync(config_.sync_each_micro_batch || m + 1 == config_.micro_batches);
-      const at::Tensor loss = micro_batch_loss(part, step) * loss_scale;
+      // What backward brings to the micro-batch's sum, rounded as autograd's fp32 products round it.
+      const float loss_gradient = static_cast<float>(loss_scale) * (scaler != nullptr ? r.loss_scale : 1.0f);
+      const at::Tensor loss = micro_batch_loss(part, step, loss_gradient) * loss_scale;
       trace_memory(rank_, step, "forward");
       (scaler != nullptr ? loss * r.loss_scale : loss).backward();
       trace_memory(rank_, step, "backward");
@@ -446,8 +448,9 @@ class Trainer {
   }
 
   // One micro-batch's summed loss (before the step's scale), forward only: the examples `part`,
-  // augmented as data.augment says, through the family's loss.
-  at::Tensor micro_batch_loss(const std::vector<int64_t>& part, int64_t step) {
+  // augmented as data.augment says, through the family's loss; `loss_gradient` is what backward will
+  // bring to that sum (MicroBatch::loss_gradient).
+  at::Tensor micro_batch_loss(const std::vector<int64_t>& part, int64_t step, double loss_gradient) {
     data::Batch batch = data_.train->get(part);
     const data::ImageAugment augment = config_.data.augment;
     if (data::shifts(augment)) {
@@ -462,6 +465,7 @@ class Trainer {
     micro.labels = batch.targets;
     micro.indices = &part;
     micro.step = step;
+    micro.loss_gradient = loss_gradient;
     return task_->loss_sum(model_, micro);
   }
 

@@ -20,7 +20,7 @@ namespace {
 // is not 0; else cross-entropy of the whole logits.
 at::Tensor logits_loss_sum(models::BuiltModel& model, const MicroBatch& batch, int64_t loss_chunk_tokens) {
   if (model.has_loss_sum() && loss_chunk_tokens > 0)
-    return model.loss_sum(batch.inputs, batch.targets, loss_chunk_tokens, batch.positions);
+    return model.loss_sum(batch.inputs, batch.targets, {loss_chunk_tokens, batch.loss_gradient}, batch.positions);
   return loss_of(model.forward(batch.inputs, batch.positions), batch.targets, torch::kSum);
 }
 
@@ -121,7 +121,8 @@ class ImageTextTask final : public TrainingTask {
     const data::ImageChatWriter::Rows rows = chats_.examples(batch.labels);
     const int64_t chunk = config_.loss_chunk_tokens > 0 ? config_.loss_chunk_tokens : rows.ids.numel();
     const at::Device device = batch.inputs.device();
-    return model.image_text_loss(batch.inputs, rows.ids.to(device), rows.targets.to(device), chunk);
+    return model.image_text_loss(batch.inputs, rows.ids.to(device), rows.targets.to(device),
+                                 {chunk, batch.loss_gradient});
   }
   int64_t flops_sequence() const override { return chats_.row_length(); }
   int64_t gemm_rows_per_sample() const override { return chats_.row_length(); }

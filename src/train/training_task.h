@@ -34,6 +34,10 @@ struct MicroBatch {
   at::Tensor labels;                              // on the host: the images' labels (image tasks)
   const std::vector<int64_t>* indices = nullptr;  // the samples' indices in the training set
   int64_t step = 0;
+  // The factor backward will bring to this micro-batch's summed loss (the trainer's scale to the
+  // global mean, times float16's loss scale): the chunked head computes its gradients in forward
+  // already multiplied by it (models::ChunkedLoss).
+  double loss_gradient = 1.0;
 };
 
 class TrainingTask {

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "fsdp/models/fused_ops.h"
+#include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/layers.h"
+#include "fsdp/models/linear_cross_entropy.h"
 
 namespace fused_ops_tests {
 
@@ -271,6 +273,53 @@ TEST(FusedOps, AddRmsNormRejectsMismatchedInputs) {
   EXPECT_THROW(fsdp::models::add_rms_norm(x, torch::randn({2, 7}), w, 1e-5), c10::Error);
   EXPECT_THROW(fsdp::models::add_rms_norm(x, torch::randn({2, 8}, at::kDouble), w, 1e-5), c10::Error);
   EXPECT_THROW(fsdp::models::add_rms_norm(x, torch::randn({2, 8}), torch::ones({7}), 1e-5), c10::Error);
+}
+
+// The chunked head and loss (models/linear_cross_entropy.h) against the composed head (models::linear,
+// to fp32) and cross-entropy: on a GPU, the row kernel (fused_ops.h: cross_entropy_rows) computes
+// the loss and the logits' gradient in the compute dtype; on the CPU, passes over an fp32 copy.
+// Truth: the formula in fp64 from the inputs as rounded to the dtype. Loss, d hidden and d weight,
+// for backward's factor (0.25) said right and said wrong (1: corrected in backward), chunks that
+// divide the rows and do not, rows not counted, a vocabulary that fills no block evenly. A missed
+// onehot, an unscaled gradient or a row counted that is not moves these by O(1).
+TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
+  for (const Case& c : cases()) {
+    if (!usable(c.device)) continue;
+    SCOPED_TRACE(c.name());
+    torch::manual_seed(3);
+    const int64_t n = 45, dim = 32, vocab = 1001;
+    const double factor = 0.25;
+    const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+    const at::Tensor hidden64 = torch::randn({n, dim}, at::kDouble).to(c.dtype).to(at::kDouble);
+    const at::Tensor weight64 = (torch::randn({vocab, dim}, at::kDouble) * 0.2).to(c.dtype).to(at::kDouble);
+    at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
+    targets.index_put_({torch::arange(0, n, 7)}, -100);
+    const auto sum_ignoring =
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(-100);
+
+    at::Tensor h_truth = hidden64.clone().requires_grad_(true), w_truth = weight64.clone().requires_grad_(true);
+    const at::Tensor truth = torch::nn::functional::cross_entropy(at::mm(h_truth, w_truth.t()), targets, sum_ignoring);
+    (truth * factor).backward();
+
+    const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
+    at::Tensor h_ref = leaf(hidden64), w_ref = leaf(weight64);
+    const at::Tensor reference = torch::nn::functional::cross_entropy(fsdp::models::linear(h_ref, w_ref).to(at::kFloat),
+                                                                      targets.to(c.device), sum_ignoring);
+    (reference * factor).backward();
+
+    for (double said : {factor, 1.0}) {
+      for (int64_t chunk : {16, 45}) {
+        SCOPED_TRACE("chunk " + std::to_string(chunk) + ", factor said " + std::to_string(said));
+        at::Tensor h = leaf(hidden64), w = leaf(weight64);
+        const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets.to(c.device), {chunk, said});
+        (loss * factor).backward();
+        expect_as_accurate(loss, reference, truth, "loss");
+        expect_as_accurate(h.grad(), h_ref.grad(), h_truth.grad(), "d hidden");
+        expect_as_accurate(w.grad(), w_ref.grad(), w_truth.grad(), "d weight");
+        EXPECT_EQ(w.grad().scalar_type(), c.dtype);
+      }
+    }
+  }
 }
 
 // Where a GPU runs these, say whether fsdp.cpp's own kernels were tested or the composed fallback.

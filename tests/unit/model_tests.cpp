@@ -1,4 +1,5 @@
 // The model zoo: published parameter counts, layers against slow direct implementations, causality.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -280,47 +281,122 @@ TEST(LinearCrossEntropy, WidenedHeadSliceBySliceEqualsTheWholeProduct) {
   fsdp::models::set_bf16_matmul(mode);
 }
 
-// The op computes each chunk in one reused fp32 buffer (the logits, log-sum-exp in place, then the
-// logits' gradient in place) since 2026-12-05. In fp32 it gives the bits of the same chunked sums
-// written with a fresh tensor per step (at::logsumexp, out-of-place exp, matmul), the form it
-// replaced: loss, d hidden and d weight equal exactly, for chunks that divide the rows and do not.
+// The op computes each chunk's logits once, in one reused fp32 buffer (the logits, log-sum-exp and
+// softmax in place, then their gradient in place), and its gradients in forward, for the factor
+// the caller says backward will bring (ChunkedLoss::gradient). In fp32, with that factor right, it
+// gives the bits of the same chunked sums written with a fresh tensor per step: loss, d hidden and
+// d weight equal exactly, for chunks that divide the rows and do not. With the factor left at 1,
+// backward's correction (x 0.7 after the sums instead of before) moves them by rounding only.
 TEST(LinearCrossEntropy, OneChunkBufferGivesTheBitsOfFreshTensors) {
   torch::manual_seed(4);
   const int64_t n = 29, dim = 16, vocab = 67;
   const at::Tensor hidden = torch::randn({n, dim}), weight = torch::randn({vocab, dim}) * 0.3;
   at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
   targets.index_put_({torch::arange(0, n, 4)}, -100);
-  const double g = 0.7;
+  const float g = 0.7f;
   for (int64_t chunk : {5, 29, 8}) {
-    torch::NoGradGuard no_grad;
-    at::Tensor total = at::zeros({}), lse = at::empty({n});
+    at::Tensor total = at::zeros({});
     at::Tensor grad_hidden = at::empty_like(hidden), grad_weight = at::zeros_like(weight);
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t rows = std::min(chunk, n - start);
-      const at::Tensor h = hidden.narrow(0, start, rows), t = targets.narrow(0, start, rows), counted = t.ne(-100);
-      const at::Tensor z = at::matmul(h, weight.t());
-      const at::Tensor chunk_lse = at::logsumexp(z, 1);
-      lse.narrow(0, start, rows).copy_(chunk_lse);
-      const at::Tensor picked = z.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);
-      total += at::where(counted, chunk_lse - picked, at::zeros_like(picked)).sum();
+    {
+      torch::NoGradGuard no_grad;
+      for (int64_t start = 0; start < n; start += chunk) {
+        const int64_t rows = std::min(chunk, n - start);
+        const at::Tensor h = hidden.narrow(0, start, rows), t = targets.narrow(0, start, rows), counted = t.ne(-100);
+        const at::Tensor z = at::matmul(h, weight.t());
+        const at::Tensor maxes = at::amax(z, {1}, true);
+        const at::Tensor e = at::exp(z - maxes), sums = e.sum(1, true);
+        const at::Tensor lse = (at::log(sums) + maxes).squeeze(1);
+        const at::Tensor picked = z.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1);
+        total += at::where(counted, lse - picked, at::zeros_like(picked)).sum();
+        at::Tensor dz = e / sums;
+        dz.scatter_add_(1, t.clamp_min(0).unsqueeze(1), at::full({rows, 1}, -1.0f));
+        dz.mul_((counted.to(at::kFloat) * at::tensor(g)).unsqueeze(1));
+        grad_hidden.narrow(0, start, rows).copy_(at::matmul(dz, weight));
+        grad_weight.addmm_(dz.t(), h);
+      }
     }
-    for (int64_t start = 0; start < n; start += chunk) {
-      const int64_t rows = std::min(chunk, n - start);
-      const at::Tensor h = hidden.narrow(0, start, rows), t = targets.narrow(0, start, rows), counted = t.ne(-100);
-      at::Tensor dz = (at::matmul(h, weight.t()) - lse.narrow(0, start, rows).unsqueeze(1)).exp_();
-      dz.scatter_add_(1, t.clamp_min(0).unsqueeze(1), at::full({rows, 1}, -1.0f));
-      dz.mul_((counted.to(at::kFloat) * at::tensor(static_cast<float>(g))).unsqueeze(1));
-      grad_hidden.narrow(0, start, rows).copy_(at::matmul(dz, weight));
-      grad_weight.addmm_(dz.t(), h);
+    for (double said : {static_cast<double>(g), 1.0}) {
+      auto h = hidden.clone().set_requires_grad(true), w = weight.clone().set_requires_grad(true);
+      const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets, {chunk, said});
+      loss.backward(at::tensor(g));
+      EXPECT_TRUE(torch::equal(loss, total))
+          << "chunk " << chunk << ": " << loss.item<double>() << " vs " << total.item<double>();
+      if (said == g) {
+        EXPECT_TRUE(torch::equal(h.grad(), grad_hidden)) << "d hidden, chunk " << chunk;
+        EXPECT_TRUE(torch::equal(w.grad(), grad_weight)) << "d weight, chunk " << chunk;
+      } else {
+        EXPECT_TRUE(torch::allclose(h.grad(), grad_hidden, 1e-6, 1e-7)) << "d hidden, chunk " << chunk;
+        EXPECT_TRUE(torch::allclose(w.grad(), grad_weight, 1e-6, 1e-7)) << "d weight, chunk " << chunk;
+        EXPECT_FALSE(torch::equal(h.grad(), grad_hidden) && torch::equal(w.grad(), grad_weight))
+            << "chunk " << chunk << ": the correction after the sums rounds differently somewhere";
+      }
     }
-    torch::AutoGradMode grad(true);
-    auto h = hidden.clone().set_requires_grad(true), w = weight.clone().set_requires_grad(true);
+  }
+}
+
+// The head's GEMMs run once per chunk, in forward (fsdp-train's head on a GPU spent 7-9 ms of a
+// 190 ms step recomputing the logits in backward, 2026-12-04): counted by the profiler's record of
+// every aten::mm and aten::addmm the op calls, per chunk of rows. With both gradients wanted:
+// forward 3 (logits, d hidden, d weight), backward none; a frozen weight (LoRA): 2; evaluation (no
+// grad mode): 1.
+TEST(LinearCrossEntropy, HeadGemmsRunOnceInForward) {
+  torch::manual_seed(5);
+  const int64_t n = 12, dim = 8, vocab = 40, chunk = 4;  // 3 chunks
+  const at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
+  static thread_local int64_t gemms = 0;
+  const auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        const std::string name = fn.name();
+        if (name == "aten::mm" || name == "aten::addmm" || name == "aten::addmm_") ++gemms;
+        return nullptr;
+      }));
+  auto count = [&](bool hidden_grad, bool weight_grad, bool grad_mode) {
+    const at::Tensor h = torch::randn({n, dim}).set_requires_grad(hidden_grad);
+    const at::Tensor w = torch::randn({vocab, dim}).set_requires_grad(weight_grad);
+    torch::AutoGradMode mode(grad_mode);
+    gemms = 0;
     const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets, chunk);
-    loss.backward(at::tensor(static_cast<float>(g)));
-    EXPECT_TRUE(torch::equal(loss, total))
-        << "chunk " << chunk << ": " << loss.item<double>() << " vs " << total.item<double>();
-    EXPECT_TRUE(torch::equal(h.grad(), grad_hidden)) << "d hidden, chunk " << chunk;
-    EXPECT_TRUE(torch::equal(w.grad(), grad_weight)) << "d weight, chunk " << chunk;
+    const int64_t forward = gemms;
+    gemms = 0;
+    if (loss.requires_grad()) loss.backward();
+    return std::make_pair(forward, gemms);
+  };
+  EXPECT_EQ(count(true, true, true), std::make_pair(int64_t{9}, int64_t{0}));
+  EXPECT_EQ(count(true, false, true), std::make_pair(int64_t{6}, int64_t{0}));
+  EXPECT_EQ(count(true, true, false), std::make_pair(int64_t{3}, int64_t{0}));
+  at::removeCallback(handle);
+}
+
+// A factor that cannot scale the gradients (0, inf, NaN: the trainer's loss faults make them) is
+// not refused: forward computes for 1 and backward's correction carries the factor that came, so
+// the guard sees NaN gradients where backward brings NaN, and right ones otherwise.
+TEST(LinearCrossEntropy, AFactorThatCannotScaleIsLeftToBackward) {
+  torch::manual_seed(7);
+  const at::Tensor hidden = torch::randn({10, 6}), weight = torch::randn({13, 6});
+  const at::Tensor targets = torch::randint(0, 13, {10}, at::kLong);
+  auto grad_for = [&](double said, float g) {
+    auto h = hidden.clone().set_requires_grad(true);
+    fsdp::models::linear_cross_entropy_sum(h, weight, targets, {4, said}).backward(at::tensor(g));
+    return h.grad();
+  };
+  const at::Tensor right = grad_for(0.5, 0.5f);
+  for (double said : {0.0, std::nan(""), static_cast<double>(INFINITY)}) {
+    EXPECT_TRUE(torch::allclose(grad_for(said, 0.5f), right, 1e-6, 1e-7)) << said;
+    EXPECT_TRUE(grad_for(said, NAN).isnan().all().item<bool>()) << said;
+  }
+}
+
+// Backward hands over the gradients forward computed, once: a second backward through the same
+// graph (retain_graph) is refused by name, not answered with gradients scaled twice.
+TEST(LinearCrossEntropy, RefusesASecondBackward) {
+  const at::Tensor h = torch::randn({6, 4}).set_requires_grad(true), w = torch::randn({9, 4});
+  const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, torch::zeros({6}, at::kLong), 4);
+  loss.backward({}, /*retain_graph=*/true);
+  try {
+    loss.backward();
+    FAIL() << "a second backward was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("backward ran twice through one forward"), std::string::npos) << e.what();
   }
 }
 

@@ -8,6 +8,8 @@
 
 #include <torch/nn/module.h>
 
+#include "fsdp/models/linear_cross_entropy.h"
+
 namespace fsdp::models {
 
 // A contrastive model's two outputs in their shared space (ModelTask::Contrastive).
@@ -24,9 +26,10 @@ struct ContrastiveOutput {
 struct BuiltModel {
   std::shared_ptr<torch::nn::Module> module;
   std::function<at::Tensor(const at::Tensor& inputs, const at::Tensor& positions)> forward_function;
-  // Language models: (ids, targets [b, t], chunk_rows, positions) -> the summed token loss (fp32
+  // Language models: (ids, targets [b, t], chunks, positions) -> the summed token loss (fp32
   // scalar), the head and cross-entropy fused a chunk of tokens at a time. Empty for ViT.
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&)> loss_sum_function;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const ChunkedLoss&, const at::Tensor&)>
+      loss_sum_function;
 
   at::Tensor forward(const at::Tensor& inputs, const at::Tensor& positions = {}) const {
     return forward_function(inputs, positions);
@@ -37,9 +40,10 @@ struct BuiltModel {
       contrastive_function;
 
   // Image and text (LLaVA): (images [b, c, s, s] fp32, ids [b, t] int64) -> logits [b, t, vocab];
-  // with (targets [b, t], chunk_rows) the summed token loss (fp32 scalar). Empty for the others.
+  // with (targets [b, t], chunks) the summed token loss (fp32 scalar). Empty for the others.
   std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> image_text_logits_function;
-  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)> image_text_loss_function;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const ChunkedLoss&)>
+      image_text_loss_function;
 
   bool is_contrastive() const { return static_cast<bool>(contrastive_function); }
   bool reads_image_and_text() const { return static_cast<bool>(image_text_logits_function); }
@@ -47,17 +51,17 @@ struct BuiltModel {
     return image_text_logits_function(images, ids);
   }
   at::Tensor image_text_loss(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets,
-                             int64_t chunk_rows) const {
-    return image_text_loss_function(images, ids, targets, chunk_rows);
+                             const ChunkedLoss& chunks) const {
+    return image_text_loss_function(images, ids, targets, chunks);
   }
   ContrastiveOutput contrastive(const at::Tensor& images, const at::Tensor& ids) const {
     auto [image, text, scale] = contrastive_function(images, ids);
     return {image, text, scale};
   }
   bool has_loss_sum() const { return static_cast<bool>(loss_sum_function); }
-  at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+  at::Tensor loss_sum(const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                       const at::Tensor& positions = {}) const {
-    return loss_sum_function(ids, targets, chunk_rows, positions);
+    return loss_sum_function(ids, targets, chunks, positions);
   }
 };
 

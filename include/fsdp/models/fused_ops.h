@@ -45,13 +45,24 @@ at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor rotary_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// The chunked head's row step (linear_cross_entropy.h) in one CUDA kernel: logits [rows, vocab]
+// (a contiguous CUDA tensor in the compute dtype, from the head's GEMM), targets [rows] int64
+// (contiguous; -100: not counted) -> row_loss [rows] fp32 = logsumexp(row) - row[target] (0 where
+// not counted), and, with `gradient`, the logits replaced in place by (softmax - onehot(target)) x
+// scale (0 where not counted). Two reads of the logits and one write, where the host composes about
+// eight passes over an fp32 copy. cross_entropy_rows_take says whether logits like `like` (same
+// device and dtype) take it: a CUDA tensor of this build's kernels, fused ops on.
+bool cross_entropy_rows_take(const at::Tensor& like);
+void cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& row_loss, double scale,
+                        bool gradient);
+
 // Process-wide switch (default on; fsdp-train sets it from train.fused_ops): off, every operation
 // here computes its reference, for comparisons. Set it before building a model.
 void set_fused_ops(bool enabled);
 bool fused_ops_enabled();
 
-// Whether this build holds fsdp.cpp's CUDA kernels (SwiGLU, rotary, add + RMSNorm); without them CUDA tensors
-// take the reference path.
+// Whether this build holds fsdp.cpp's CUDA kernels (SwiGLU, rotary, add + RMSNorm, the head's cross-entropy
+// rows); without them CUDA tensors take the reference path.
 bool fused_kernels_compiled();
 
 }  // namespace fsdp::models

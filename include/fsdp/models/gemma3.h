@@ -95,7 +95,7 @@ struct Gemma3Impl : torch::nn::Module {
   // ids [b, t] int64 -> logits [b, t, vocab]; positions [b, t] int64 for packed rows (undefined: 0..t-1).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions = {});
   // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar (chunked head).
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                      const at::Tensor& positions = {});
   const Gemma3Config& config() const { return config_; }
 

@@ -86,7 +86,7 @@ struct GptImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions = {});
   // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
   // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                      const at::Tensor& positions = {});
   const GptConfig& config() const { return config_; }
 

@@ -10,6 +10,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "fsdp/models/attention.h"
+#include "fsdp/models/linear_cross_entropy.h"
 
 #include <string>
 #include <vector>
@@ -59,19 +60,19 @@ struct TokenEmbeddingImpl : torch::nn::Module {
   TokenEmbeddingImpl(int64_t vocab, int64_t dim);
   at::Tensor forward(const at::Tensor& ids_or_hidden);
   // As the tied output head: hidden [b, t, dim], targets [b, t] -> the summed token loss (fp32
-  // scalar), a chunk of chunk_rows tokens at a time (linear_cross_entropy.h).
-  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows);
+  // scalar), chunks.rows tokens at a time (linear_cross_entropy.h).
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks);
   at::Tensor weight;  // [vocab, dim]
 };
 TORCH_MODULE(TokenEmbedding);
 
 // An untied output head: parameter "weight" [vocab, dim], no bias (drawn as torch::nn::Linear
-// draws it). forward(hidden) gives logits [..., vocab]; forward(hidden, targets, chunk_rows) the
+// draws it). forward(hidden) gives logits [..., vocab]; forward(hidden, targets, chunks) the
 // summed token loss without materialising them (linear_cross_entropy.h).
 struct LmHeadImpl : torch::nn::Module {
   LmHeadImpl(int64_t dim, int64_t vocab);
   at::Tensor forward(const at::Tensor& hidden);
-  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows);
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks);
   at::Tensor weight;  // [vocab, dim]
 };
 TORCH_MODULE(LmHead);

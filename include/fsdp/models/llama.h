@@ -95,7 +95,7 @@ struct LlamaImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions = {});
   // ids, targets [b, t] (-100: not counted) -> the summed token loss, fp32 scalar, through the
   // chunked head (linear_cross_entropy.h): no [b * t, vocab] logits.
-  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows,
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& targets, const ChunkedLoss& chunks,
                      const at::Tensor& positions = {});
   const LlamaConfig& config() const { return config_; }
 
@@ -104,7 +104,7 @@ struct LlamaImpl : torch::nn::Module {
   // embedded [b, t, dim] -> logits [b, t, vocab], or with targets the summed token loss.
   at::Tensor embed(const at::Tensor& ids);
   at::Tensor logits_from_embeddings(const at::Tensor& embedded);
-  at::Tensor loss_from_embeddings(const at::Tensor& embedded, const at::Tensor& targets, int64_t chunk_rows);
+  at::Tensor loss_from_embeddings(const at::Tensor& embedded, const at::Tensor& targets, const ChunkedLoss& chunks);
 
   TokenEmbedding embed_tokens{nullptr};  // also the output head when tied
   torch::nn::ModuleList layers;
@@ -114,8 +114,8 @@ struct LlamaImpl : torch::nn::Module {
  private:
   // embedded [b, t, dim] -> the final norm's output [b, t, dim]; positions as forward's.
   at::Tensor hidden_states(const at::Tensor& embedded, const at::Tensor& positions);
-  at::Tensor head(const at::Tensor& hidden);                                                 // -> logits
-  at::Tensor head(const at::Tensor& hidden, const at::Tensor& targets, int64_t chunk_rows);  // -> summed loss
+  at::Tensor head(const at::Tensor& hidden);                                                        // -> logits
+  at::Tensor head(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks);  // -> summed loss
 
   LlamaConfig config_;
   at::Tensor rope_cos_, rope_sin_;  // [context, head_dim] fp32, computed once; not parameters

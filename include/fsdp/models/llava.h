@@ -65,7 +65,8 @@ struct LlavaImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& images, const at::Tensor& ids);
   // ... and targets [b, t] (-100: not counted; typically the answer's tokens only) -> the summed
   // token loss, fp32 scalar, through the chunked head.
-  at::Tensor forward(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets, int64_t chunk_rows);
+  at::Tensor forward(const at::Tensor& images, const at::Tensor& ids, const at::Tensor& targets,
+                     const ChunkedLoss& chunks);
   const LlavaConfig& config() const { return config_; }
 
   ClipVisionTransformer vision_tower{nullptr};

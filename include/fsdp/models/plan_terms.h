@@ -36,6 +36,9 @@ struct ActivationSettings {
   bool checkpointing = false;
   int64_t checkpointing_every = 1;
   int64_t loss_chunk_tokens = 0;  // 0: the logits of every token at once
+  // The chunked loss's logits stay in the compute dtype (a GPU's row kernel, fused_ops.h:
+  // cross_entropy_rows) rather than widened into an fp32 buffer (the host's path).
+  bool loss_rows_in_compute_dtype = false;
 };
 
 }  // namespace fsdp::models
