@@ -45,13 +45,14 @@ inline bool fused_kernel_takes_grouped_heads(const at::Tensor& q, const at::Tens
                                /*dropout_p=*/0.0, causal, /*scale=*/std::nullopt, /*enable_gqa=*/true) > 0;
 }
 
-// AdamW over lists of tensors in one fused kernel, weight decay left to the caller (decoupled, on the
-// matrices only); `steps` are read, not advanced: the caller sets them to the step being taken, 1 first.
+// AdamW over lists of tensors in one fused kernel (libtorch's CUDA kernel, or its CPU one),
+// decoupled weight decay inside it (param -= lr x weight_decay x param, before the update); `steps`
+// are read, not advanced: the caller sets them to the step being taken, 1 first.
 inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
-                        double eps) {
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
-                    /*weight_decay=*/0.0, eps, /*amsgrad=*/false, /*maximize=*/false);
+                        double weight_decay, double eps) {
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
+                    eps, /*amsgrad=*/false, /*maximize=*/false);
 }
 
 // While alive, on this thread, every tensor made (factories included: torch::empty, the parameters

@@ -54,34 +54,51 @@ runtime::FsdpState& refuse_module_parameters(const std::vector<at::Tensor>& para
 ShardedAdamW::ShardedAdamW(const std::vector<at::Tensor>& module_parameters, AdamWOptions options)
     : ShardedAdamW(refuse_module_parameters(module_parameters), std::move(options)) {}
 
-bool ShardedAdamW::step_fused() {
-  if (!options_.fused || slots_.empty() || !slots_.front().flat->shard().is_cuda()) return false;
+namespace {
+// One fused call's tensor lists: views of shards and their gradients, moments and step counts.
+struct FusedAdamWLists {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+};
+}  // namespace
+
+bool ShardedAdamW::step_fused() {
+  if (!options_.fused || slots_.empty()) return false;
+  if (!slots_.front().flat->shard().is_cuda() && !options_.fused_on_host) return false;
   if (fused_steps_.empty()) {
     for (const Slot& slot : slots_) fused_steps_.push_back(at::zeros({1}, slot.flat->shard().options()));
   }
   // The kernel reads the step (for the bias corrections) and does not advance it: set it from the
   // global count every time, so a resumed run (or set_step_count) cannot leave it stale.
   for (at::Tensor& count : fused_steps_) count.fill_(static_cast<double>(step_count_));
+  // Each shard cut at its decay ranges: those ranges in one call with the weight decay inside the
+  // kernel (as torch.optim.AdamW(fused=True) applies it), the rest in another without, where a
+  // decay pass of its own read and wrote every decayed parameter once more.
+  FusedAdamWLists decayed, undecayed;
+  auto add = [&](FusedAdamWLists& lists, size_t i, int64_t offset, int64_t length) {
+    if (length == 0) return;
+    lists.params.push_back(slots_[i].flat->shard().narrow(0, offset, length));
+    lists.grads.push_back(slots_[i].flat->shard_grad().narrow(0, offset, length));
+    lists.exp_avgs.push_back(exp_avg_[i].narrow(0, offset, length));
+    lists.exp_avg_sqs.push_back(exp_avg_sq_[i].narrow(0, offset, length));
+    lists.steps.push_back(fused_steps_[i]);  // one count per slot, read by each of its views
+  };
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].flat->shard_grad().defined()) continue;
-    params.push_back(slots_[i].flat->shard());
-    grads.push_back(slots_[i].flat->shard_grad());
-    exp_avgs.push_back(exp_avg_[i]);
-    exp_avg_sqs.push_back(exp_avg_sq_[i]);
-    steps.push_back(fused_steps_[i]);
-  }
-  if (params.empty()) return true;
-  // Decoupled decay first, on the matrices' ranges only, as in the composed update.
-  if (options_.weight_decay != 0) {
-    for (const Slot& slot : slots_) {
-      if (!slot.flat->shard_grad().defined()) continue;
-      for (const auto& [offset, length] : slot.decay_ranges) {
-        slot.flat->shard().narrow(0, offset, length).mul_(1 - lr_ * options_.weight_decay);
+    if (!slots_[i].flat->shard_grad().defined()) continue;  // no backward reached it yet
+    int64_t done = 0;
+    if (options_.weight_decay != 0) {
+      for (const auto& [offset, length] : slots_[i].decay_ranges) {
+        add(undecayed, i, done, offset - done);
+        add(decayed, i, offset, length);
+        done = offset + length;
       }
     }
+    add(undecayed, i, done, slots_[i].flat->shard().numel() - done);
   }
-  compat::fused_adamw(params, grads, exp_avgs, exp_avg_sqs, steps, lr_, options_.beta1, options_.beta2, options_.eps);
+  for (FusedAdamWLists* lists : {&decayed, &undecayed}) {
+    if (lists->params.empty()) continue;
+    compat::fused_adamw(lists->params, lists->grads, lists->exp_avgs, lists->exp_avg_sqs, lists->steps, lr_,
+                        options_.beta1, options_.beta2, lists == &decayed ? options_.weight_decay : 0.0, options_.eps);
+  }
   return true;
 }
 

@@ -29,10 +29,14 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.01;
   DecayFilter decay = decay_matrices_only;
-  // On CUDA with libtorch >= 2.1: one fused kernel over every shard (at::_fused_adamw_) instead of
-  // five element-wise passes per shard. Its rounding differs from the composed update (~1 ulp a
-  // step); off reproduces torch::optim::AdamW bit for bit. Ignored on the CPU.
+  // On CUDA: libtorch's fused kernel over every shard (at::_fused_adamw_, two calls: the ranges that
+  // take weight decay, decayed inside the kernel, and the rest) instead of six element-wise passes
+  // per shard. Its rounding differs from the composed update (~1 ulp a step); off reproduces
+  // torch::optim::AdamW bit for bit.
   bool fused = true;
+  // The fused kernel for shards in host memory too (libtorch's CPU kernel: CPU runs, and CPU
+  // offload's step). Off by default, so that a CPU run reproduces torch::optim::AdamW bit for bit.
+  bool fused_on_host = false;
 };
 
 struct SgdOptions {
@@ -93,10 +97,10 @@ class ShardedAdamW final : public ShardedOptimizer {
   const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
 
  private:
-  bool step_fused();  // false where the fused kernel does not apply (CPU, libtorch < 2.1)
+  bool step_fused();  // false where the fused kernel does not apply (shards on the host, unless fused_on_host)
   AdamWOptions options_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
-  std::vector<at::Tensor> fused_steps_;  // [1] float32 on the device per slot: the fused kernel's step counts
+  std::vector<at::Tensor> fused_steps_;  // [1] float32 beside each slot's shard: the fused kernel's step counts
   // [largest shard numel] fp32 beside the shards: the composed step's sqrt(v) term. Made at the
   // first composed step, so the fused (CUDA) path never holds it.
   at::Tensor denominator_scratch_;
