@@ -9,13 +9,6 @@
 namespace fsdp::comm {
 namespace {
 
-class CompletedWork final : public Work {
- public:
-  void wait() override {}
-  bool is_completed() override { return true; }
-  double busy_seconds() const override { return 0.0; }
-};
-
 class MetaDeviceGroup final : public ProcessGroup {
  public:
   explicit MetaDeviceGroup(ProcessGroupPtr bootstrap) : bootstrap_(std::move(bootstrap)) {}
@@ -69,7 +62,7 @@ class MetaDeviceGroup final : public ProcessGroup {
                                 " values into " + std::to_string(output.numel()) + " " +
                                 c10::toString(output.scalar_type()) + " over " + std::to_string(size()) + " ranks");
   }
-  static WorkPtr done() { return std::make_shared<CompletedWork>(); }
+  static WorkPtr done() { return completed_work(); }
   // The bootstrap group, called with the thread's own dispatch keys: the tensors MPI's side makes
   // for itself (a split's agreement) are the CPU's, not meta.
   struct Host {

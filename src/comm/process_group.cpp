@@ -29,6 +29,17 @@ CommWait comm_wait_from_env(CommWait fallback) {
 
 const char* to_string(CommWait wait) { return wait == CommWait::kSpin ? "spin" : "backoff"; }
 
+namespace {
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+  double busy_seconds() const override { return 0.0; }
+};
+}  // namespace
+
+WorkPtr completed_work() { return std::make_shared<CompletedWork>(); }
+
 const char* to_string(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return "sum";

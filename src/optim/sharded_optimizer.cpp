@@ -221,8 +221,8 @@ double grad_norm(runtime::FsdpState& state) {
   // Over the shard group: its ranks hold one whole gradient between them (under hybrid_shard
   // every replica group holds the same one, so every group computes the same norm).
   const comm::ProcessGroupPtr& group = state.shard_group();
-  // This thread blocks for it: exposed communication, booked as such.
-  state.wait(group->all_reduce(sums, comm::ReduceOp::Sum));
+  // This thread blocks for it: exposed communication, booked as such. A rank alone has the sums.
+  if (group->size() > 1) state.wait(group->all_reduce(sums, comm::ReduceOp::Sum));
   // Replicated gradients are identical on every rank: count them once.
   const double total = sums[0].item<double>() + sums[1].item<double>() / group->size();
   return std::sqrt(total);

@@ -236,6 +236,13 @@ comm::WorkPtr FlatParam::unshard_async() {
         cache_buffers_);
   }
   allocate_storage(unsharded_, static_cast<size_t>(unsharded_bytes()));
+  if (alone()) {
+    // The shard is the whole unit: cast (or copied from host memory) into the unsharded buffer on
+    // the caller's stream, the values a gather in the wire dtype would land. variable_data(): a
+    // version counter of its own, as the collective's raw writes bump none.
+    unsharded_.variable_data().copy_(shard_, /*non_blocking=*/offload_);
+    return comm::completed_work();
+  }
   // Writes through the raw pointer: no version bump, so autograd's saved views stay acceptable.
   const at::ScalarType wire = wire_dtype();
   if (wire == shard_.scalar_type() && wire == compute_dtype_ && !offload_)
@@ -351,6 +358,7 @@ comm::WorkPtr FlatParam::reduce_grad_async() {
       unsharded_grad_.narrow(0, entry.offset, entry.numel).add_(grad.reshape(-1));
     }
   }
+  if (alone()) return comm::completed_work();  // the reduction is the gradient itself: finish_reduce_grad
   const comm::CollectiveLabel label(unit_label(unit_name_));
   if (replicate_) {
     return group_->all_reduce(unsharded_grad_, comm::ReduceOp::Average);
@@ -383,7 +391,13 @@ comm::WorkPtr FlatParam::reduce_across_replicas_after(const comm::WorkPtr& reduc
 void FlatParam::finish_reduce_grad() {
   if (!trainable_) return;
   torch::NoGradGuard no_grad;
-  const at::Tensor& reduced = replicate_ ? unsharded_grad_ : reduced_grad_;
+  // Alone: the gradient in the reduce dtype's values (rounded through it only where that is neither
+  // the compute dtype nor fp32, as a reduce-scatter's input would be; no_shard's all-reduce takes
+  // the fp32 gradient as it is).
+  const bool rounds = !replicate_ && reduce_dtype_ != compute_dtype_ && reduce_dtype_ != at::kFloat;
+  const at::Tensor reduced = !alone() ? (replicate_ ? unsharded_grad_ : reduced_grad_)
+                             : rounds ? unsharded_grad_.to(reduce_dtype_)
+                                      : unsharded_grad_;
   // HybridShard: the shard group's average, averaged again over the replicas = the world's average.
   if (replica_group_) {
     if (!replica_reduce_) reduce_across_replicas_after(nullptr);  // the reduce-scatter was waited for

@@ -52,6 +52,10 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// A Work done already: what an operation that needed no collective returns (a meta tensor's, or a
+// rank alone in its group whose "collective" was a local copy).
+WorkPtr completed_work();
+
 // How the MPI backend's communication thread waits for a collective in flight.
 //   kSpin:    MPI's blocking calls, which poll the progress engine without pause: the lowest
 //             latency, but the thread holds a core for as long as the collective lasts, taking it

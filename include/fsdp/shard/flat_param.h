@@ -72,6 +72,10 @@ class FlatParam {
   const std::vector<at::Tensor>& params() const { return params_; }
   bool trainable() const { return trainable_; }
   bool replicated() const { return replicate_; }
+  // One rank holds the whole unit (a group of one, no replicas: N = 1): a gather is the shard cast
+  // into the unsharded buffer and a reduction the gradient itself, on the caller's stream, and no
+  // collective is issued (an NF4 base's bytes are still gathered, then decoded).
+  bool alone() const { return group_->size() == 1 && !replica_group_; }
   const comm::ProcessGroupPtr& group() const { return group_; }
   int shard_index() const { return replicate_ ? 0 : group_->rank(); }
 
