@@ -69,12 +69,12 @@ at::Tensor logsumexp_in_place(const at::Tensor& z, bool softmax) {
   return sums.log_().add_(maxes).squeeze(1);
 }
 
-// The op's one [chunk_rows, vocab] fp32 buffer, reused by every chunk: a chunk's logits, then their
-// softmax and gradient in place. One allocation per call, not two or three per chunk: on the host,
-// 16 MiB blocks allocated and freed chunk after chunk stranded about 50 MiB of glibc's heap
-// (llama-fortunes-pretrain, 2026-12-05).
-at::Tensor chunk_buffer(int64_t chunk_rows, int64_t n, const at::Tensor& weight) {
-  return at::empty({std::min(chunk_rows, n), weight.size(0)}, weight.options().dtype(at::kFloat));
+// The op's one [chunk_rows, vocab] buffer, reused by every chunk: a chunk's logits, then their
+// softmax and gradient in place (fp32 on the host's path, the compute dtype on the row kernel's).
+// One allocation per call, not two or three per chunk: on the host, 16 MiB blocks allocated and
+// freed chunk after chunk stranded about 50 MiB of glibc's heap (llama-fortunes-pretrain, 2026-12-05).
+at::Tensor chunk_buffer(int64_t chunk_rows, int64_t n, const at::Tensor& weight, at::ScalarType dtype) {
+  return at::empty({std::min(chunk_rows, n), weight.size(0)}, weight.options().dtype(dtype));
 }
 
 // The gradients forward computes, for the loss times `expected`: d hidden [n, dim] in hidden's
@@ -142,8 +142,7 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const bool gradients = want_hidden || want_weight;
     // [chunk rows, vocab]: fp32 on the host's path; the compute dtype on the kernel's, beside the
     // rows' losses [chunk rows] fp32.
-    const at::Tensor buffer = row_kernel ? at::empty({std::min(chunk_rows, n), weight.size(0)}, hidden.options())
-                                         : chunk_buffer(chunk_rows, n, weight);
+    const at::Tensor buffer = chunk_buffer(chunk_rows, n, weight, row_kernel ? hidden.scalar_type() : at::kFloat);
     const at::Tensor row_losses =
         row_kernel ? at::empty({std::min(chunk_rows, n)}, hidden.options().dtype(at::kFloat)) : at::Tensor();
     for (int64_t start = 0; start < n; start += chunk_rows) {
@@ -191,16 +190,21 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     ctx->saved_data["expected"] = c10::IValue();
     ctx->saved_data["grad_hidden"] = at::Tensor();
     ctx->saved_data["grad_weight"] = at::Tensor();
-    // [] fp32 on the loss's device: 1 exactly when the caller's factor was the expected one. A
-    // true division by a tensor: CUDA divides by a host scalar as a product with its reciprocal,
-    // which can leave 1 - 2^-24.
     const at::Tensor g = grad_outputs[0].to(at::kFloat);
-    const at::Tensor correction = g / at::full({}, expected, g.options());
-    if (grad_hidden.defined()) grad_hidden.mul_(correction);
+    // On the host the factor that came is read for free: none to apply when it is the expected one,
+    // as in training (a pass over d weight [vocab, dim] saved). A device's is not read (that would
+    // wait for its stream): the correction, 1 exactly then, is multiplied in, folded into the
+    // weight gradient's cast where it has one. A true division by a tensor: CUDA divides by a host
+    // scalar as a product with its reciprocal, which can leave 1 - 2^-24.
+    const bool as_expected = g.is_cpu() && g.item<float>() == static_cast<float>(expected);
+    const at::Tensor correction = as_expected ? at::Tensor() : g / at::full({}, expected, g.options());
+    if (grad_hidden.defined() && !as_expected) grad_hidden.mul_(correction);
     if (grad_weight.defined()) {
       const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
       if (grad_weight.scalar_type() == weight_dtype) {
-        grad_weight.mul_(correction);
+        if (!as_expected) grad_weight.mul_(correction);
+      } else if (as_expected) {
+        grad_weight = grad_weight.to(weight_dtype);
       } else {
         // The correction and the cast in one pass over [vocab, dim].
         at::Tensor cast = at::empty(grad_weight.sizes(), grad_weight.options().dtype(weight_dtype));

@@ -24,6 +24,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 
 #include "fsdp/comm/device_group.h"
@@ -315,6 +316,17 @@ void expect_parity(const RunConfig& run) {
   EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.05);
 }
 
+// expect_parity for each strategy, the run otherwise as `configure` sets it.
+void expect_parity_under(std::initializer_list<ShardingStrategy> strategies,
+                         const std::function<void(RunConfig&)>& configure) {
+  for (ShardingStrategy strategy : strategies) {
+    RunConfig run;
+    run.strategy = strategy;
+    configure(run);
+    expect_parity(run);
+  }
+}
+
 class StrategyParity : public ::testing::TestWithParam<std::tuple<ShardingStrategy, Accumulation>> {};
 
 TEST_P(StrategyParity, MatchesSingleProcessAdamW) {
@@ -407,12 +419,8 @@ TEST(Parity, CpuOffload) {
 // kTolerance. Decay applied to every range, or to none, moves the parameters by about 2e-3 of
 // their size over the 20 steps.
 TEST(Parity, FusedAdamWOnTheHost) {
-  for (ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::NoShard}) {
-    RunConfig run;
-    run.strategy = strategy;
-    run.fused_adamw_on_host = true;
-    expect_parity(run);
-  }
+  expect_parity_under({ShardingStrategy::FullShard, ShardingStrategy::NoShard},
+                      [](RunConfig& run) { run.fused_adamw_on_host = true; });
 }
 
 TEST(Parity, SgdWithMomentum) {
@@ -456,12 +464,8 @@ TEST(Parity, UnclippedSgdAndAdamW) {
 
 // Frozen weights in every block are freed after each block's backward (not at the end): same values.
 TEST(Parity, FrozenWeightsInEveryBlock) {
-  for (ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
-    RunConfig run;
-    run.strategy = strategy;
-    run.freeze_every_block = true;
-    expect_parity(run);
-  }
+  expect_parity_under({ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp},
+                      [](RunConfig& run) { run.freeze_every_block = true; });
 }
 
 TEST(Parity, FrozenParametersAndUnusedUnit) {
