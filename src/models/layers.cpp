@@ -1,5 +1,7 @@
 #include "fsdp/models/layers.h"
 
+#include "fsdp/nn/hooks.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -170,11 +172,16 @@ TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim) {
 }
 
 at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& ids_or_hidden) {
-  if (!at::isFloatingType(ids_or_hidden.scalar_type())) return at::embedding(weight, ids_or_hidden);
+  if (!at::isFloatingType(ids_or_hidden.scalar_type())) {
+    // A lookup's backward scatters the rows' gradients by index: it keeps the table's size, not its values.
+    fsdp::nn::backward_reads_no_parameters(*this);
+    return at::embedding(weight, ids_or_hidden);
+  }
   return models::linear(ids_or_hidden, weight);
 }
 
 at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks) {
+  fsdp::nn::backward_reads_no_parameters(*this);  // the chunked loss computes its gradients in forward
   return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunks);
 }
 
@@ -187,6 +194,7 @@ LmHeadImpl::LmHeadImpl(int64_t dim, int64_t vocab) {
 at::Tensor LmHeadImpl::forward(const at::Tensor& hidden) { return models::linear(hidden, weight); }
 
 at::Tensor LmHeadImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, const ChunkedLoss& chunks) {
+  fsdp::nn::backward_reads_no_parameters(*this);  // the chunked loss computes its gradients in forward
   return linear_cross_entropy_sum(hidden.reshape({-1, hidden.size(-1)}), weight, targets.reshape(-1), chunks);
 }
 

@@ -21,6 +21,7 @@ HookRegistry& registry() {
 }
 
 thread_local BlockBuiltListener t_block_listener;
+thread_local const torch::nn::Module* t_parameter_free_backward = nullptr;
 
 // Every block given to push_block, by address; weak, so a destroyed block (whose address may be
 // reused) is not taken for a pushed one.
@@ -35,6 +36,18 @@ PushedBlocks& pushed_blocks() {
 }
 
 }  // namespace
+
+void backward_reads_no_parameters(const torch::nn::Module& module) { t_parameter_free_backward = &module; }
+
+namespace detail {
+const torch::nn::Module* parameter_free_backward_said() { return t_parameter_free_backward; }
+
+const torch::nn::Module* exchange_parameter_free_backward(const torch::nn::Module* module) {
+  const torch::nn::Module* before = t_parameter_free_backward;
+  t_parameter_free_backward = module;
+  return before;
+}
+}  // namespace detail
 
 void set_forward_hooks(const torch::nn::Module* module, ForwardHooks hooks) {
   std::unique_lock<std::shared_mutex> lock(registry().mutex);

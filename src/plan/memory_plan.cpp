@@ -262,10 +262,13 @@ void add_communication(const PlanShape& x, Plan& plan, int64_t linear, int64_t t
   CommVolume& comm = plan.comm;
   const int64_t m = in.micro_batches;
   if (runtime::regathers(s)) {
-    // Units twice (forward, backward), the root once, a tied embedding three times (embedding,
-    // head, and once in backward).
-    const int64_t tied_params = x.tied ? x.embedding : 0;
-    comm.all_gather = static_cast<int64_t>(m * c * (2 * (p - root - tied_params) + 3 * tied_params + root) * in_group);
+    // Blocks twice (forward, backward), the root once. The embedding and the head units once, in
+    // forward: neither a lookup's backward nor the chunked loss's reads their weights, so neither
+    // is gathered again (fsdp::nn::backward_reads_no_parameters); a tied one twice (lookup, head).
+    const int64_t forward_only = x.embedding + x.head;
+    const int64_t tied_twice = x.tied ? x.embedding : 0;
+    comm.all_gather =
+        static_cast<int64_t>(m * c * (2 * (p - root - forward_only) + forward_only + tied_twice + root) * in_group);
   } else if (s == ShardingStrategy::ShardGradOp) {
     comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
   }

@@ -350,7 +350,7 @@ int FsdpState::checkpointable_units() const {
 }
 
 void FsdpState::zero_grad() {
-  for (auto& unit : units_) unit->drop_unsharded_grads();
+  for (auto& unit : units_) unit->drop_grads();
   for (shard::FlatParam* flat : flat_params()) {
     if (flat->trainable()) flat->zero_shard_grad();
   }

@@ -58,11 +58,12 @@ void PrefetchScheduler::prefetch_backward_after(Unit* unit) {
   if (!options_.prefetch) return;
   std::vector<Unit*> order = backward_order_;
   if (order.empty()) order.assign(forward_order_.rbegin(), forward_order_.rend());  // first step: a guess
-  // Only units this forward ran can run in this backward; the rest would be gathered for nothing.
-  // A unit called twice in forward appears once.
+  // Only units this forward ran can run in this backward, and only those whose backward reads
+  // their parameters need them; the rest would be gathered for nothing. A unit called twice in
+  // forward appears once.
   std::vector<Unit*> candidates;
   for (Unit* u : order) {
-    const bool candidate = u == unit || (u->ran_forward() && !u->ran_pre_backward());
+    const bool candidate = u == unit || (u->ran_forward() && !u->ran_pre_backward() && u->gathers_for_backward());
     if (candidate && std::find(candidates.begin(), candidates.end(), u) == candidates.end()) candidates.push_back(u);
   }
   size_t next = 0;

@@ -140,6 +140,9 @@ void Unit::install_hooks() {
   } else {
     hooks.pre_forward = [this] { pre_forward(); };
     hooks.post_forward = [this](const std::vector<at::Tensor>& outputs) { post_forward(outputs); };
+    hooks.backward_reads_parameters = [this](bool reads) {
+      if (reads && torch::GradMode::is_enabled()) backward_reads_params_ = true;
+    };
     hooks.checkpoint_activations = checkpointed_;
     if (frozen_) {
       // Frozen parameters have no gradient accumulator to say when the last node using them ran:
@@ -175,7 +178,8 @@ void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
   const bool grad_needed = register_pre_backward_hooks(outputs);
   const bool reshard_after_forward =
       strategy_ == ShardingStrategy::FullShard || strategy_ == ShardingStrategy::HybridShard;
-  if (!is_root_ && (reshard_after_forward || !grad_needed)) release_params();
+  // Kept for backward (SHARD_GRAD_OP) only where a call's backward reads the parameters.
+  if (!is_root_ && (reshard_after_forward || !grad_needed || !backward_reads_params_)) release_params();
 }
 
 bool Unit::register_pre_backward_hooks(const std::vector<at::Tensor>& outputs) {
@@ -195,9 +199,10 @@ void Unit::pre_backward() {
   if (pre_backward_ran_) return;
   pre_backward_ran_ = true;
   if (!is_root_) state_->scheduler().record_backward(this);
-  issue_gather(/*prefetch=*/false);
+  // A unit whose backward reads none of its parameters (embedding lookup, chunked loss head) is
+  // not gathered again: its gradients come from autograd's tensors alone.
+  if (is_root_ || backward_reads_params_) issue_gather(/*prefetch=*/false);
   prefetched_ = false;
-  prepare_grads();
   state_->scheduler().prefetch_backward_after(this);
   wait_gather();
 }
@@ -209,7 +214,7 @@ void Unit::post_backward() {
     RECORD_USER_SCOPE(
         "fsdp::reduce_grad " +
         trace_name());  // marks the unit in --profile-steps traces (reduce-scatter, or all-reduce unsharded)
-    prepare_grads();    // a unit unused in this step reduces zeros, so every rank joins
+    // A unit unused in this step reduces zeros, so every rank joins.
     pending_reduce_ = trainable_->reduce_grad_async();
     // HybridShard: the replica all-reduce goes right behind it, not when this host happens to see
     // the reduce-scatter done: the two groups' collectives then reach NCCL in the same order on
@@ -254,9 +259,9 @@ void Unit::finish_reduce() {
   state_->on_memory_changed();
 }
 
-void Unit::drop_unsharded_grads() {
-  if (trainable_ && trainable_->has_unsharded_grad()) {
-    trainable_->drop_unsharded_grad();
+void Unit::drop_grads() {
+  if (trainable_ && trainable_->holds_grads()) {
+    trainable_->drop_grads();
     state_->on_memory_changed();
   }
 }
@@ -276,6 +281,7 @@ void Unit::reset_step() {
   hooked_input_calls_ = 0;
   inputs_backward_done_ = 0;
   pre_backward_ran_ = false;
+  backward_reads_params_ = false;
   post_backward_done_ = false;
   grads_ready_ = 0;
 }
@@ -313,13 +319,6 @@ void Unit::wait_gather() {
   for (auto& work : pending_gathers_) state_->wait(work);
   pending_gathers_.clear();
   state_->on_memory_changed();  // an NF4 unit's values are allocated and decoded at the wait
-}
-
-void Unit::prepare_grads() {
-  if (trainable_ && !trainable_->has_unsharded_grad()) {
-    trainable_->prepare_grad();
-    state_->on_memory_changed();
-  }
 }
 
 void Unit::release(shard::FlatParam& flat) {

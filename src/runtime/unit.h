@@ -38,6 +38,10 @@ class Unit {
   bool ran_forward() const { return forward_calls_ > 0; }
   bool ran_pre_backward() const { return pre_backward_ran_; }
   bool is_prefetched() const { return prefetched_; }
+  // Whether this step's backward needs the parameters gathered: false when every call made with
+  // grad mode on said its backward reads none (fsdp::nn::backward_reads_no_parameters: an
+  // embedding lookup, the chunked loss head), and the unit then is not gathered again for backward.
+  bool gathers_for_backward() const { return backward_reads_params_; }
   std::vector<shard::FlatParam*> flat_params() const;
   int64_t gathered_bytes() const;
   int64_t unsharded_param_bytes() const;
@@ -64,7 +68,7 @@ class Unit {
   bool reduce_pending() const { return pending_reduce_ != nullptr; }
   void finish_reduce();
 
-  void drop_unsharded_grads();
+  void drop_grads();  // zero_grad: the parameters' unreduced gradients are forgotten
   void release_params();
   // Starts gathering this unit's parameters ahead of its use (no-op if gathered or in flight).
   void prefetch();
@@ -76,7 +80,6 @@ class Unit {
 
   bool issue_gather(bool prefetch);
   void wait_gather();
-  void prepare_grads();
   void release(shard::FlatParam& flat);
   void on_inputs_backward_done();
   void release_frozen_if_done();
@@ -100,6 +103,7 @@ class Unit {
   int hooked_input_calls_ = 0;                  // of which have their inputs' post-backward hooked
   int inputs_backward_done_ = 0;                // those post-backwards that ran
   bool pre_backward_ran_ = false;
+  bool backward_reads_params_ = false;  // a grad-mode call this step whose backward reads them
   bool post_backward_done_ = false;
   size_t grads_ready_ = 0;
   comm::WorkPtr pending_reduce_;  // the reduce-scatter (or NO_SHARD all-reduce) in flight

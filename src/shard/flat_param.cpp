@@ -135,7 +135,7 @@ void FlatParam::set_precision(at::ScalarType compute, at::ScalarType reduce) {
         " parameter dtype needs sharded parameters (full_shard, shard_grad_op or hybrid_shard); "
         "no_shard keeps float32 parameters");
   }
-  if (!unsharded_grad_.defined() && is_unsharded()) reshard();
+  if (!holds_grads() && is_unsharded()) reshard();
   compute_dtype_ = compute;
   torch::NoGradGuard no_grad;
   unsharded_ = empty_buffer(layout_.padded_numel, compute, device());
@@ -319,7 +319,7 @@ int64_t FlatParam::gathered_bytes() const {
   int64_t bytes = 0;
   if (!replicate_ && storage_is_allocated(unsharded_)) bytes += unsharded_bytes();
   if (nf4_landing_) bytes += nf4_->padded_bytes;  // gathered, not yet decoded
-  if (unsharded_grad_.defined()) bytes += unsharded_grad_.nbytes();
+  bytes += held_grad_bytes();
   if (reduce_input_.defined()) bytes += reduce_input_.nbytes();
   return bytes;
 }
@@ -334,44 +334,91 @@ void FlatParam::reshard() {
   if (!replicate_) free_storage(unsharded_, cache_buffers_);
 }
 
-void FlatParam::prepare_grad() {
-  if (!trainable_ || unsharded_grad_.defined()) return;
-  unsharded_grad_ = empty_from_cache(layout_.padded_numel, compute_dtype_, device()).zero_();
+bool FlatParam::holds_grads() const {
+  for (const at::Tensor& p : params_)
+    if (p.grad().defined()) return true;
+  return false;
+}
+
+int64_t FlatParam::held_grad_bytes() const {
+  int64_t bytes = 0;
+  for (const at::Tensor& p : params_)
+    if (p.grad().defined()) bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+  return bytes;
+}
+
+bool FlatParam::shard_grad_counts_as_zeros() const { return !shard_grad_.defined() || shard_grad_zeroed_; }
+
+void FlatParam::pack_grads(const at::Tensor& out, bool overwrite, bool round_through_reduce_dtype) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatEntry& entry = layout_.entries[i];
-    // AccumulateGrad adds into an existing .grad in place: the gradients land in the flat buffer.
-    params_[i].mutable_grad() = unsharded_grad_.narrow(0, entry.offset, entry.numel).view(entry.shape);
+    at::Tensor destination = out.narrow(0, entry.offset, entry.numel);
+    const at::Tensor& grad = params_[i].grad();
+    if (!grad.defined()) {
+      if (overwrite) destination.zero_();  // unused this step (or a unit unused altogether): zeros
+      continue;
+    }
+    at::Tensor values = grad.reshape(-1);
+    if (round_through_reduce_dtype) values = values.to(reduce_dtype_);
+    if (overwrite) {
+      destination.copy_(values);
+    } else {
+      destination.add_(values);
+    }
   }
+  if (overwrite && out.numel() > layout_.numel) out.narrow(0, layout_.numel, out.numel() - layout_.numel).zero_();
+  // Autograd's tensors are done with: freed now, not at the step's end.
+  for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
 }
 
 comm::WorkPtr FlatParam::reduce_grad_async() {
   if (!trainable_) return nullptr;
-  prepare_grad();  // a unit unused this step still takes part, with zeros
-  // A parameter whose .grad was replaced (not accumulated into our view) is folded in here.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const FlatEntry& entry = layout_.entries[i];
-    const at::Tensor& grad = params_[i].grad();
-    const auto* view_start =
-        static_cast<const char*>(unsharded_grad_.data_ptr()) + entry.offset * unsharded_grad_.element_size();
-    if (grad.defined() && grad.data_ptr() != view_start) {
-      torch::NoGradGuard no_grad;
-      unsharded_grad_.narrow(0, entry.offset, entry.numel).add_(grad.reshape(-1));
-    }
+  torch::NoGradGuard no_grad;
+  // Alone, the reduction is the gradient itself, in the reduce dtype's values (rounded through it
+  // only where that is neither the compute dtype nor fp32, as a reduce-scatter's input would be;
+  // no_shard's all-reduce takes the fp32 gradient as it is).
+  const bool rounds = alone() && !replicate_ && reduce_dtype_ != compute_dtype_ && reduce_dtype_ != at::kFloat;
+  const bool first = shard_grad_counts_as_zeros();
+  if (alone() && !offload_) {
+    take_shard_grad();
+    pack_grads(shard_grad_, /*overwrite=*/first, rounds);
+    return comm::completed_work();
   }
-  if (alone()) return comm::completed_work();  // the reduction is the gradient itself: finish_reduce_grad
+  if (alone()) {  // offloaded: the device's gradient, copied to the host's shard_grad at finish
+    reduce_input_ = empty_from_cache(layout_.padded_numel, at::kFloat, device());
+    pack_grads(reduce_input_, /*overwrite=*/true, rounds);
+    return comm::completed_work();
+  }
   const comm::CollectiveLabel label(unit_label(unit_name_));
-  if (replicate_) {
-    return group_->all_reduce(unsharded_grad_, comm::ReduceOp::Average);
+  if (replicate_) {  // no_shard: the fp32 gradient all-reduced in place, into shard_grad when it is the step's first
+    if (first) {
+      take_shard_grad();
+      reduced_in_shard_grad_ = true;
+    } else {
+      reduce_input_ = empty_from_cache(layout_.padded_numel, compute_dtype_, device());
+    }
+    const at::Tensor& buffer = first ? shard_grad_ : reduce_input_;
+    pack_grads(buffer, /*overwrite=*/true, /*round_through_reduce_dtype=*/false);
+    return group_->all_reduce(buffer, comm::ReduceOp::Average);
   }
-  at::Tensor input = unsharded_grad_;
-  if (reduce_dtype_ != compute_dtype_) {
-    torch::NoGradGuard no_grad;
-    reduce_input_ = empty_from_cache(layout_.padded_numel, reduce_dtype_, device()).copy_(unsharded_grad_);
-    input = reduce_input_;
-    drop_unsharded_grad();  // the compute-dtype gradient is no longer needed
+  // [padded_numel] reduce dtype: each gradient cast once into the reduce-scatter's input.
+  reduce_input_ = empty_from_cache(layout_.padded_numel, reduce_dtype_, device());
+  pack_grads(reduce_input_, /*overwrite=*/true, /*round_through_reduce_dtype=*/false);
+  // The step's first fp32 reduction writes this rank's shard gradient itself (FSDP2's path); one
+  // accumulating, offloaded or in another dtype lands beside it and is added at finish.
+  if (first && !offload_ && reduce_dtype_ == at::kFloat) {
+    take_shard_grad();
+    reduced_grad_ = shard_grad_;
+    reduced_in_shard_grad_ = true;
+  } else {
+    reduced_grad_ = empty_from_cache(layout_.shard_numel, reduce_dtype_, device());
   }
-  reduced_grad_ = empty_from_cache(layout_.shard_numel, reduce_dtype_, device());
-  return group_->reduce_scatter(reduced_grad_, input, comm::ReduceOp::Average);
+  return group_->reduce_scatter(reduced_grad_, reduce_input_, comm::ReduceOp::Average);
+}
+
+void FlatParam::take_shard_grad() {
+  if (!shard_grad_.defined()) shard_grad_ = empty_buffer(layout_.shard_numel, at::kFloat, device());
+  shard_grad_zeroed_ = false;  // being overwritten: the lazy zeros must not land on it afterwards
 }
 
 comm::WorkPtr FlatParam::reduce_across_replicas_after(const comm::WorkPtr& reduce_scatter) {
@@ -391,19 +438,26 @@ comm::WorkPtr FlatParam::reduce_across_replicas_after(const comm::WorkPtr& reduc
 void FlatParam::finish_reduce_grad() {
   if (!trainable_) return;
   torch::NoGradGuard no_grad;
-  // Alone: the gradient in the reduce dtype's values (rounded through it only where that is neither
-  // the compute dtype nor fp32, as a reduce-scatter's input would be; no_shard's all-reduce takes
-  // the fp32 gradient as it is).
-  const bool rounds = !replicate_ && reduce_dtype_ != compute_dtype_ && reduce_dtype_ != at::kFloat;
-  const at::Tensor reduced = !alone() ? (replicate_ ? unsharded_grad_ : reduced_grad_)
-                             : rounds ? unsharded_grad_.to(reduce_dtype_)
-                                      : unsharded_grad_;
   // HybridShard: the shard group's average, averaged again over the replicas = the world's average.
   if (replica_group_) {
     if (!replica_reduce_) reduce_across_replicas_after(nullptr);  // the reduce-scatter was waited for
     replica_reduce_->wait();
     replica_reduce_ = nullptr;
   }
+  // Alone and on the device, reduce_grad_async wrote shard_grad already; so did a reduction into it.
+  const bool written = (alone() && !offload_) || reduced_in_shard_grad_;
+  if (!written) {
+    const at::Tensor reduced = reduced_grad_.defined() ? reduced_grad_ : reduce_input_;
+    add_reduced_to_shard_grad(reduced);
+  }
+  if (reduced_grad_.defined() && !reduced_in_shard_grad_) free_storage(reduced_grad_, cache_buffers_);
+  reduced_grad_ = at::Tensor();
+  reduced_in_shard_grad_ = false;
+  if (reduce_input_.defined()) free_storage(reduce_input_, cache_buffers_);
+  reduce_input_ = at::Tensor();
+}
+
+void FlatParam::add_reduced_to_shard_grad(const at::Tensor& reduced) {
   if (offload_) {
     if (shard_grad_.defined() && !shard_grad_zeroed_) {
       wait_for_shard_grad();
@@ -421,15 +475,9 @@ void FlatParam::finish_reduce_grad() {
   } else {
     // The step's first gradient overwrites the buffer: one copy, where zeroing it at the step's
     // start and adding would be two more passes over the fp32 shard.
-    if (!shard_grad_.defined()) shard_grad_ = empty_buffer(layout_.shard_numel, at::kFloat, device());
+    take_shard_grad();
     shard_grad_.copy_(reduced);  // fp32 <- reduce dtype
-    shard_grad_zeroed_ = false;
   }
-  if (reduced_grad_.defined()) free_storage(reduced_grad_, cache_buffers_);
-  reduced_grad_ = at::Tensor();
-  if (reduce_input_.defined()) free_storage(reduce_input_, cache_buffers_);
-  reduce_input_ = at::Tensor();
-  drop_unsharded_grad();
 }
 
 void FlatParam::set_cpu_offload(bool on) {
@@ -472,11 +520,8 @@ void FlatParam::zero_shard_grad() {
   shard_grad_zeroed_ = true;
 }
 
-void FlatParam::drop_unsharded_grad() {
+void FlatParam::drop_grads() {
   for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
-  // The .grad views are gone; a caller still holding one would see an empty tensor.
-  if (unsharded_grad_.defined()) free_storage(unsharded_grad_, cache_buffers_);
-  unsharded_grad_ = at::Tensor();
 }
 
 void FlatParam::set_replica_group(comm::ProcessGroupPtr group) {

@@ -13,6 +13,10 @@
 //      model larger than one rank's memory can be constructed.
 //   3. Optionally, announce other large modules once built (the token embedding, the output head)
 //      with fsdp::nn::announce_built(module, name), for the same reason.
+//   4. Optionally, inside a module's forward, say that this call's backward reads none of the
+//      module's own parameters with fsdp::nn::backward_reads_no_parameters(*this) (an embedding
+//      lookup; a loss whose gradients forward already computed), so that a wrapper need not gather
+//      them again for backward. Say it only where true: their memory may be gone by then.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -35,6 +39,9 @@ namespace fsdp::nn {
 struct ForwardHooks {
   std::function<void()> pre_forward;                                         // before module->forward
   std::function<void(const std::vector<at::Tensor>& outputs)> post_forward;  // after, with the outputs
+  // After each call's forward, before post_forward: whether this call's backward may read the
+  // module's parameters (false when its forward said backward_reads_no_parameters).
+  std::function<void(bool backward_reads_parameters)> backward_reads_parameters;
   // Run the forward under activation checkpointing (checkpoint.h) when grad mode is on: its
   // activations are recomputed in backward. The module's forward must return one tensor.
   bool checkpoint_activations = false;
@@ -73,12 +80,31 @@ T* raw(const torch::nn::ModuleHolder<T>& module) {
 }
 }  // namespace detail
 
+// See 4. above: `module` is the one whose forward is running (a nested module speaks for itself).
+void backward_reads_no_parameters(const torch::nn::Module& module);
+
+namespace detail {
+// The module that said backward_reads_no_parameters during the innermost hooked call (nullptr:
+// none). Each hooked call clears it and restores the caller's on leaving, so a nested call's word
+// stays its own.
+const torch::nn::Module* parameter_free_backward_said();
+const torch::nn::Module* exchange_parameter_free_backward(const torch::nn::Module* module);
+
+struct ParameterFreeBackwardScope {
+  ParameterFreeBackwardScope() : outer_(exchange_parameter_free_backward(nullptr)) {}
+  ~ParameterFreeBackwardScope() { exchange_parameter_free_backward(outer_); }
+  bool said_by(const torch::nn::Module* module) const { return parameter_free_backward_said() == module; }
+  const torch::nn::Module* outer_;
+};
+}  // namespace detail
+
 namespace detail {
 // Runs the forward (checkpointed when asked) and the post-forward hook; args are the call's own.
 template <class Impl, class... Args>
 auto hooked_forward(Impl* impl, const ForwardHooks* hooks, Args&&... args)
     -> decltype(impl->forward(std::forward<Args>(args)...)) {
   using Output = decltype(impl->forward(std::forward<Args>(args)...));
+  const ParameterFreeBackwardScope scope;
   Output output = [&]() -> Output {
     if constexpr (std::is_same_v<Output, at::Tensor>) {
       if (hooks->checkpoint_activations && at::GradMode::is_enabled())
@@ -90,6 +116,7 @@ auto hooked_forward(Impl* impl, const ForwardHooks* hooks, Args&&... args)
     }
     return impl->forward(std::forward<Args>(args)...);
   }();
+  if (hooks->backward_reads_parameters) hooks->backward_reads_parameters(!scope.said_by(impl));
   if (hooks->post_forward) {
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(output, tensors);

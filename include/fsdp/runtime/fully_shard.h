@@ -126,7 +126,7 @@ class FsdpState {
   void set_requires_gradient_sync(bool sync) { gradient_sync_ = sync; }
   bool requires_gradient_sync() const { return gradient_sync_; }
 
-  void zero_grad();  // zeroes shard_grad (and drops unsharded gradients kept without sync)
+  void zero_grad();  // zeroes shard_grad (and drops the parameters' gradients kept without sync)
   // name -> full parameter, gathered from every rank. Collective: every rank must call it.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
 

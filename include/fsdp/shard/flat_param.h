@@ -5,7 +5,7 @@
 //   shard      [shard_numel]  fp32   this rank's slice: the master copy the optimizer updates
 //   shard_grad [shard_numel]  fp32   this rank's slice of the averaged gradient (trainable only;
 //                                     undefined until the first backward reduces into it)
-//   unsharded_grad [padded_numel] compute dtype  during backward the parameters' .grad are views of it
+//   .grad of each parameter          compute dtype  autograd's own tensors until the unit reduces them
 //
 // The compute dtype is fp32 unless mixed precision sets another (bf16): then the gather sends the
 // shard cast to bf16 (half the traffic and half the gathered memory), the parameters are bf16
@@ -142,16 +142,16 @@ class FlatParam {
   void reshard();
   bool is_unsharded() const;
 
-  // Gradients. prepare: the params' .grad become views of a zeroed unsharded gradient buffer (kept
-  // if it already exists, to accumulate micro-batches without sync). reduce: averages it over the
-  // group and returns the work; finish_reduce adds the result into shard_grad and frees the buffer.
-  // With a reduce dtype other than the compute dtype, reduce casts the gradient (the compute-dtype
-  // buffer is freed at once) and the reduction runs on the cast copy.
-  void prepare_grad();
-  bool has_unsharded_grad() const { return unsharded_grad_.defined(); }
+  // Gradients, as FSDP2 takes them: autograd's AccumulateGrad keeps each parameter's gradient
+  // tensor as it comes (summing micro-batches without sync into it). reduce: casts each once into
+  // the reduction's input [padded_numel] in the reduce dtype (zeros for a parameter without one),
+  // frees them, and returns the reduction's work; the step's first fp32 reduction writes
+  // shard_grad itself, a later one (micro-batches with sync), an offloaded or a narrower one lands
+  // beside it and finish_reduce adds it in. Alone, the gradients go straight into shard_grad.
+  bool holds_grads() const;  // a parameter's .grad is defined (produced, not yet reduced)
   comm::WorkPtr reduce_grad_async();
   void finish_reduce_grad();
-  void drop_unsharded_grad();
+  void drop_grads();  // forgets the parameters' gradients (zero_grad before any reduction)
 
   // HybridShard: the ranks that hold this shard in the other replica groups. The reduced gradient
   // shard is then averaged across them before it is added to shard_grad: reduce_across_replicas_after
@@ -181,8 +181,8 @@ class FlatParam {
     return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(compute_dtype_));
   }
   // Bytes held now in unsharded buffers: gathered parameters (not for replicated ones, which are
-  // the shard; NF4: the gathered bytes until wait() decodes them), the unsharded gradient, and a
-  // gradient cast for reduction.
+  // the shard; NF4: the gathered bytes until wait() decodes them), the parameters' gradients not
+  // yet reduced, and the reduction's packed input.
   int64_t gathered_bytes() const;
 
   // Freed unsharded buffers (parameters, gradients) go to shard::storage's buffer cache, so the
@@ -207,12 +207,20 @@ class FlatParam {
   at::Tensor unsharded_;  // [padded_numel] compute dtype
   at::Tensor shard_;  // [shard_numel] fp32 on the compute device, or the host if offloaded (replicated: same tensor as
                       // unsharded_)
-  at::Tensor shard_grad_;         // [shard_numel] fp32 beside shard_, trainable only
-  at::Tensor unsharded_grad_;     // [padded_numel] compute dtype while gradients are being produced
-  at::Tensor reduce_input_;       // [padded_numel] reduce dtype: the gradient cast for reduction (if cast)
-  at::Tensor reduced_grad_;       // [shard_numel] reduce dtype output of the in-flight reduction
-  comm::WorkPtr replica_reduce_;  // HybridShard: the all-reduce of reduced_grad_ across replicas
-  std::shared_ptr<const Nf4StorageLayout> nf4_;  // set: shard_ is uint8 [shard_bytes] of the NF4 encoding
+  at::Tensor shard_grad_;               // [shard_numel] fp32 beside shard_, trainable only
+  at::Tensor reduce_input_;             // [padded_numel] reduce dtype: the gradients packed for the reduction
+  at::Tensor reduced_grad_;             // [shard_numel] reduce dtype output of the in-flight reduction
+  bool reduced_in_shard_grad_ = false;  // the in-flight reduction writes shard_grad_ itself
+  comm::WorkPtr replica_reduce_;        // HybridShard: the all-reduce of reduced_grad_ across replicas
+  // The parameters' gradients into out [padded_numel] at their offsets (overwrite: copied, with
+  // zeros for the missing ones and the padding; else added), cast to out's dtype (through the
+  // reduce dtype first if asked); then drops them.
+  void pack_grads(const at::Tensor& out, bool overwrite, bool round_through_reduce_dtype);
+  bool shard_grad_counts_as_zeros() const;  // undefined, or zeroed and not written since
+  void take_shard_grad();                   // allocates shard_grad_ if needed; about to be overwritten
+  void add_reduced_to_shard_grad(const at::Tensor& reduced);  // finish: copies or adds (offloaded: to the host)
+  int64_t held_grad_bytes() const;                            // the parameters' .grad tensors
+  std::shared_ptr<const Nf4StorageLayout> nf4_;               // set: shard_ is uint8 [shard_bytes] of the NF4 encoding
   bool nf4_landing_ = false;  // an NF4 gather is in flight: unsharded_ is allocated and decoded at its wait()
 };
 
