@@ -262,13 +262,14 @@ void add_communication(const PlanShape& x, Plan& plan, int64_t linear, int64_t t
   CommVolume& comm = plan.comm;
   const int64_t m = in.micro_batches;
   if (runtime::regathers(s)) {
-    // Blocks twice (forward, backward), the root once. The embedding and the head units once, in
-    // forward: neither a lookup's backward nor the chunked loss's reads their weights, so neither
-    // is gathered again (fsdp::nn::backward_reads_no_parameters); a tied one twice (lookup, head).
-    const int64_t forward_only = x.embedding + x.head;
-    const int64_t tied_twice = x.tied ? x.embedding : 0;
+    // Blocks twice (forward, backward), the root once. A lookup's backward reads no weights, nor
+    // does the chunked loss's (fsdp::nn::backward_reads_no_parameters): the embedding unit is
+    // gathered once, the head once when chunked and twice for whole logits, a tied unit once more
+    // than its head (the lookup).
+    const int64_t head_gathers = in.loss_chunk_tokens > 0 ? 1 : 2;
+    const int64_t embedding_and_head = x.tied ? (head_gathers + 1) * x.embedding : x.embedding + head_gathers * x.head;
     comm.all_gather =
-        static_cast<int64_t>(m * c * (2 * (p - root - forward_only) + forward_only + tied_twice + root) * in_group);
+        static_cast<int64_t>(m * c * (2 * (p - root - x.embedding - x.head) + embedding_and_head + root) * in_group);
   } else if (s == ShardingStrategy::ShardGradOp) {
     comm.all_gather = static_cast<int64_t>(m * c * p * in_group);
   }

@@ -448,7 +448,10 @@ void FsdpState::post_root_forward(const std::vector<at::Tensor>& outputs) {
     }
   }
   scheduler_->end_forward();
-  if (torch::GradMode::is_enabled()) sync_buffers();
+  if (torch::GradMode::is_enabled()) {
+    sync_buffers();
+    for (auto& unit : units_) unit->release_if_backward_reads_none();
+  }
   if (!units_.back()->register_pre_backward_hooks(outputs)) reshard_after_eval();
 }
 

@@ -178,8 +178,11 @@ void Unit::post_forward(const std::vector<at::Tensor>& outputs) {
   const bool grad_needed = register_pre_backward_hooks(outputs);
   const bool reshard_after_forward =
       strategy_ == ShardingStrategy::FullShard || strategy_ == ShardingStrategy::HybridShard;
-  // Kept for backward (SHARD_GRAD_OP) only where a call's backward reads the parameters.
-  if (!is_root_ && (reshard_after_forward || !grad_needed || !backward_reads_params_)) release_params();
+  if (!is_root_ && (reshard_after_forward || !grad_needed)) release_params();
+}
+
+void Unit::release_if_backward_reads_none() {
+  if (!is_root_ && ran_forward() && !backward_reads_params_) release_params();
 }
 
 bool Unit::register_pre_backward_hooks(const std::vector<at::Tensor>& outputs) {
@@ -221,6 +224,8 @@ void Unit::post_backward() {
     // every rank (a per-rank order can deadlock NCCL), as FSDP2 issues them.
     replica_reduce_ = trainable_->reduce_across_replicas_after(pending_reduce_);
     if (replica_reduce_) state_->count_replica_reduction();
+    state_->on_memory_changed();  // the unit's peak: autograd's gradients beside the packed input
+    trainable_->drop_grads();     // packed: autograd's tensors are done with
     state_->on_memory_changed();
   }
   // Trainable parameters are free to go: their accumulators ran after every node that used them.

@@ -57,6 +57,9 @@ class Unit {
 
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs);
+  // At the end of forward: frees a unit no call's backward reads (SHARD_GRAD_OP kept it gathered
+  // through forward, for a tied unit's second call).
+  void release_if_backward_reads_none();
   // Returns whether any output will receive a gradient.
   bool register_pre_backward_hooks(const std::vector<at::Tensor>& outputs);
   void pre_backward();

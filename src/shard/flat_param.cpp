@@ -367,8 +367,6 @@ void FlatParam::pack_grads(const at::Tensor& out, bool overwrite, bool round_thr
     }
   }
   if (overwrite && out.numel() > layout_.numel) out.narrow(0, layout_.numel, out.numel() - layout_.numel).zero_();
-  // Autograd's tensors are done with: freed now, not at the step's end.
-  for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
 }
 
 comm::WorkPtr FlatParam::reduce_grad_async() {

@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <utility>
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/models/model_family.h"
@@ -42,6 +43,7 @@ struct Trajectory {
   std::vector<double> losses;
   std::map<std::string, at::Tensor> params;
   int64_t peak_gathered_bytes = 0;  // FSDP: the last step's peak
+  int64_t forward_gathers = 0;      // FSDP: all-gathers the last step's forward issued
   int64_t backward_gathers = 0;     // FSDP: all-gathers the last step's backward issued
 };
 
@@ -129,8 +131,10 @@ Trajectory run_fsdp(const Case& c) {
   for (int step = 0; step < kSteps; ++step) {
     optimizer->zero_grad();
     state->reset_peak_memory();
+    const int64_t gathers_before_forward = state->comm_stats().gathers;
     auto loss = loss_of(model, batch_of_step(step).narrow(0, rank * local, local), c.chunked_loss);
     const int64_t gathers_before_backward = state->comm_stats().gathers;
+    result.forward_gathers = gathers_before_backward - gathers_before_forward;
     loss.backward();
     result.backward_gathers = state->comm_stats().gathers - gathers_before_backward;
     fsdp::optim::clip_grad_norm(*state, 1.0);
@@ -145,12 +149,12 @@ Trajectory run_fsdp(const Case& c) {
 }
 
 // peak: the FSDP run's last-step peak of gathered bytes, when asked.
-// backward_gathers: the FSDP run's all-gathers in its last backward, when asked.
-void expect_parity(const Case& c, int64_t* peak = nullptr, int64_t* backward_gathers = nullptr) {
+// gathers: the FSDP run's all-gathers in its last forward and backward, when asked.
+void expect_parity(const Case& c, int64_t* peak = nullptr, std::pair<int64_t, int64_t>* gathers = nullptr) {
   const Trajectory reference = run_reference(c);
   const Trajectory sharded = run_fsdp(c);
   if (peak) *peak = sharded.peak_gathered_bytes;
-  if (backward_gathers) *backward_gathers = sharded.backward_gathers;
+  if (gathers) *gathers = {sharded.forward_gathers, sharded.backward_gathers};
   ASSERT_EQ(sharded.losses.size(), reference.losses.size());
   for (size_t step = 0; step < reference.losses.size(); ++step) {
     EXPECT_NEAR(sharded.losses[step], reference.losses[step], kTolerance) << "step " << step;
@@ -239,20 +243,28 @@ TEST(ModelParity, EmbeddingAndHeadUnitsLowerThePeak) {
 }
 
 // The trainer's head (the chunked loss computes its gradients in forward) and the embedding lookup
-// read no weights in backward, so their units are not gathered again for it: the last backward's
-// all-gathers are the blocks' alone (FULL_SHARD regathers each), untied and tied (one unit, used
-// first and last), and the values match the one-process run within 1e-5 as every case here does.
-// Seen failing before the units said so: 2 and 1 gathers more.
+// read no weights in backward, so their units are not gathered again for it. FULL_SHARD: the last
+// backward's all-gathers are the blocks' alone, untied and tied (one unit, used first and last);
+// seen failing with the declarations removed (2 and 1 more). SHARD_GRAD_OP gathers nothing in
+// backward, and a tied unit once in forward: it stays gathered through forward for the head's call
+// and is freed at forward's end. Forward: every block, the embedding, the head (a tied unit twice
+// under FULL_SHARD) and the root. Values within 1e-5 of the one-process run, as every case here.
 TEST(ModelParity, EmbeddingAndChunkedHeadAreNotGatheredForBackward) {
-  for (bool tied : {false, true}) {
-    auto llama = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
-    llama.tie_embeddings = tied;
-    Case c{llama, true};
-    c.embedding_units = true;
-    c.chunked_loss = true;
-    int64_t backward_gathers = -1;
-    expect_parity(c, nullptr, &backward_gathers);
-    EXPECT_EQ(backward_gathers, llama.layers) << (tied ? "tied" : "untied");
+  using fsdp::runtime::ShardingStrategy;
+  for (ShardingStrategy strategy : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp}) {
+    for (bool tied : {false, true}) {
+      auto llama = std::get<fsdp::models::LlamaConfig>(fsdp::models::model_config("llama-test"));
+      llama.tie_embeddings = tied;
+      Case c{llama, true, strategy};
+      c.embedding_units = true;
+      c.chunked_loss = true;
+      std::pair<int64_t, int64_t> gathers{-1, -1};
+      expect_parity(c, nullptr, &gathers);
+      const bool full = strategy == ShardingStrategy::FullShard;
+      const std::string what = std::string(full ? "full_shard" : "shard_grad_op") + (tied ? " tied" : " untied");
+      EXPECT_EQ(gathers.first, llama.layers + (tied && !full ? 1 : 2) + 1) << what << ": forward";
+      EXPECT_EQ(gathers.second, full ? llama.layers : 0) << what << ": backward";
+    }
   }
 }
 

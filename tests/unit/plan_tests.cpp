@@ -60,11 +60,16 @@ TEST(Plan, EmbeddingAndHeadAsUnitsOfTheirOwn) {
   // max(block, head) in flight, against 2 x root + (K + 2) x block with both in the root.
   EXPECT_EQ(units.memory.gathered, 4 * (2 * units.root_params + 2 * vocab_dim + 2 * std::max(block, vocab_dim)));
   EXPECT_LT(units.memory.gathered, in_root.memory.gathered);
-  // All-gathers: every block twice (forward and backward), the embedding and the head once (their
-  // backward reads no weights), the root once.
+  // All-gathers: every block twice (forward and backward), the root once, the embedding once (a
+  // lookup's backward reads no weights), the head twice for whole logits and once through the
+  // chunked loss (whose backward reads none either).
   const double p = static_cast<double>(units.parameters), root = static_cast<double>(units.root_params);
-  const double once = 2.0 * static_cast<double>(vocab_dim);
-  EXPECT_NEAR(units.comm.all_gather, 4 * (2 * (p - root - once) + once + root) * 7 / 8, 1e3);
+  const double v = static_cast<double>(vocab_dim);
+  ASSERT_EQ(in.loss_chunk_tokens, 0);
+  EXPECT_NEAR(units.comm.all_gather, 4 * (2 * (p - root - 2 * v) + v + 2 * v + root) * 7 / 8, 1e3);
+  in.embedding_units = true;
+  in.loss_chunk_tokens = 1024;
+  EXPECT_NEAR(make_plan(in).comm.all_gather, 4 * (2 * (p - root - 2 * v) + v + v + root) * 7 / 8, 1e3);
 }
 
 TEST(Plan, ModelStatesShareAsTheRuntimeShards) {

@@ -14,9 +14,11 @@
 //   3. Optionally, announce other large modules once built (the token embedding, the output head)
 //      with fsdp::nn::announce_built(module, name), for the same reason.
 //   4. Optionally, inside a module's forward, say that this call's backward reads none of the
-//      module's own parameters with fsdp::nn::backward_reads_no_parameters(*this) (an embedding
-//      lookup; a loss whose gradients forward already computed), so that a wrapper need not gather
-//      them again for backward. Say it only where true: their memory may be gone by then.
+//      module's parameters, its children's included, with
+//      fsdp::nn::backward_reads_no_parameters(*this) (an embedding lookup; a loss whose gradients
+//      forward already computed), so that a wrapper need not gather them again for backward. Say
+//      it only where true: their memory may be gone by then. A call run under activation
+//      checkpointing recomputes its forward in backward, and is never taken at its word.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -105,10 +107,13 @@ auto hooked_forward(Impl* impl, const ForwardHooks* hooks, Args&&... args)
     -> decltype(impl->forward(std::forward<Args>(args)...)) {
   using Output = decltype(impl->forward(std::forward<Args>(args)...));
   const ParameterFreeBackwardScope scope;
+  bool recomputed = false;  // checkpointed: backward runs the forward again, on the parameters
   Output output = [&]() -> Output {
     if constexpr (std::is_same_v<Output, at::Tensor>) {
-      if (hooks->checkpoint_activations && at::GradMode::is_enabled())
+      if (hooks->checkpoint_activations && at::GradMode::is_enabled()) {
+        recomputed = true;
         return detail::checkpointed_forward(impl, args...);
+      }
     } else {
       if (hooks->checkpoint_activations && at::GradMode::is_enabled()) {
         throw std::invalid_argument("activation checkpointing needs a module whose forward returns one tensor");
@@ -116,7 +121,7 @@ auto hooked_forward(Impl* impl, const ForwardHooks* hooks, Args&&... args)
     }
     return impl->forward(std::forward<Args>(args)...);
   }();
-  if (hooks->backward_reads_parameters) hooks->backward_reads_parameters(!scope.said_by(impl));
+  if (hooks->backward_reads_parameters) hooks->backward_reads_parameters(recomputed || !scope.said_by(impl));
   if (hooks->post_forward) {
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(output, tensors);

@@ -144,14 +144,14 @@ class FlatParam {
 
   // Gradients, as FSDP2 takes them: autograd's AccumulateGrad keeps each parameter's gradient
   // tensor as it comes (summing micro-batches without sync into it). reduce: casts each once into
-  // the reduction's input [padded_numel] in the reduce dtype (zeros for a parameter without one),
-  // frees them, and returns the reduction's work; the step's first fp32 reduction writes
-  // shard_grad itself, a later one (micro-batches with sync), an offloaded or a narrower one lands
-  // beside it and finish_reduce adds it in. Alone, the gradients go straight into shard_grad.
+  // the reduction's input [padded_numel] in the reduce dtype (zeros for a parameter without one)
+  // and returns the reduction's work (the caller then drops the gradients: drop_grads); the step's first fp32 reduction
+  // writes shard_grad itself, a later one (micro-batches with sync), an offloaded or a narrower one lands beside it and
+  // finish_reduce adds it in. Alone, the gradients go straight into shard_grad.
   bool holds_grads() const;  // a parameter's .grad is defined (produced, not yet reduced)
   comm::WorkPtr reduce_grad_async();
   void finish_reduce_grad();
-  void drop_grads();  // forgets the parameters' gradients (zero_grad before any reduction)
+  void drop_grads();  // forgets the parameters' gradients (packed for a reduction, or zero_grad)
 
   // HybridShard: the ranks that hold this shard in the other replica groups. The reduced gradient
   // shard is then averaged across them before it is added to shard_grad: reduce_across_replicas_after
@@ -214,7 +214,7 @@ class FlatParam {
   comm::WorkPtr replica_reduce_;        // HybridShard: the all-reduce of reduced_grad_ across replicas
   // The parameters' gradients into out [padded_numel] at their offsets (overwrite: copied, with
   // zeros for the missing ones and the padding; else added), cast to out's dtype (through the
-  // reduce dtype first if asked); then drops them.
+  // reduce dtype first if asked).
   void pack_grads(const at::Tensor& out, bool overwrite, bool round_through_reduce_dtype);
   bool shard_grad_counts_as_zeros() const;  // undefined, or zeroed and not written since
   void take_shard_grad();                   // allocates shard_grad_ if needed; about to be overwritten
