@@ -13,8 +13,9 @@
 // Budget K = max_inflight: besides the unit computing (and the root), at most K unit buffers are
 // alive: prefetched gathers plus reductions in flight. make_room is the one place that enforces
 // it: it finishes the oldest reductions until the new buffers fit. Gathered memory is therefore at
-// most root + (K + 1) units in forward, and root (params and gradient) + (K + 2) units in
-// backward, where the computing unit holds its parameters and its gradient.
+// most root + (K + 1) units in forward, and root (params and gradient) + (K + 3) units in
+// backward, where the computing unit holds its parameters and its gradient, the gradient twice
+// while it is packed into its reduction's input (autograd's tensors beside it, as in FSDP2).
 // Every rank follows the same recorded orders, so every rank issues the same collectives.
 #pragma once
 

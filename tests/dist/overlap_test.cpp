@@ -164,8 +164,10 @@ TEST(Prefetch, GatheredBytesStayWithinTheBudget) {
     // Forward: the root, the computing block and exactly K prefetched ones (6 blocks > K + 1).
     EXPECT_EQ(forward.peak_gathered_bytes, root + (budget + 1) * unit) << "K=" << budget;
     // The whole step: the root's parameters and gradient, the computing block's parameters and
-    // gradient, and K buffers in flight (prefetched parameters or gradients being reduced).
-    EXPECT_LE(step.peak_gathered_bytes, 2 * root + (budget + 2) * unit) << "K=" << budget;
+    // gradient (twice for the moment it is packed for its reduction: autograd's tensors and the
+    // reduce-scatter's input, as FSDP2's path holds them), and K buffers in flight (prefetched
+    // parameters or gradients being reduced).
+    EXPECT_LE(step.peak_gathered_bytes, 2 * root + (budget + 3) * unit) << "K=" << budget;
     EXPECT_EQ(step.gathered_bytes, 0) << "everything is freed after backward";
   }
 }
