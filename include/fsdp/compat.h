@@ -50,9 +50,11 @@ inline bool fused_kernel_takes_grouped_heads(const at::Tensor& q, const at::Tens
 // are read, not advanced: the caller sets them to the step being taken, 1 first.
 inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
-                        double weight_decay, double eps) {
+                        double weight_decay, double eps, const at::Tensor& found_inf) {
+  // found_inf ([1] float32, may be undefined): the kernel skips the whole update where it holds 1.
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
-                    eps, /*amsgrad=*/false, /*maximize=*/false);
+                    eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                    found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt);
 }
 
 // While alive, on this thread, every tensor made (factories included: torch::empty, the parameters

@@ -32,6 +32,14 @@ ShardedOptimizer::ShardedOptimizer(runtime::FsdpState& state, double lr, const D
   }
 }
 
+void ShardedOptimizer::step_unless(const at::Tensor& skip) {
+  if (skip.item<float>() == 1.0f) {
+    ++step_count_;  // counted as step() would count it: the caller uncounts what it learns was skipped
+    return;
+  }
+  step();
+}
+
 ShardedAdamW::ShardedAdamW(runtime::FsdpState& state, AdamWOptions options)
     : ShardedOptimizer(state, options.lr, options.decay), options_(std::move(options)) {
   for (const Slot& slot : slots_) {
@@ -61,9 +69,12 @@ struct FusedAdamWLists {
 };
 }  // namespace
 
-bool ShardedAdamW::step_fused() {
-  if (!options_.fused || slots_.empty()) return false;
-  if (!slots_.front().flat->shard().is_cuda() && !options_.fused_on_host) return false;
+bool ShardedAdamW::fused() const {
+  if (options_.kernel) return *options_.kernel == AdamWKernel::Fused;
+  return !slots_.empty() && slots_.front().flat->shard().is_cuda();
+}
+
+void ShardedAdamW::step_fused(const at::Tensor& skip) {
   if (fused_steps_.empty()) {
     for (const Slot& slot : slots_) fused_steps_.push_back(at::zeros({1}, slot.flat->shard().options()));
   }
@@ -97,17 +108,32 @@ bool ShardedAdamW::step_fused() {
   for (FusedAdamWLists* lists : {&decayed, &undecayed}) {
     if (lists->params.empty()) continue;
     compat::fused_adamw(lists->params, lists->grads, lists->exp_avgs, lists->exp_avg_sqs, lists->steps, lr_,
-                        options_.beta1, options_.beta2, lists == &decayed ? options_.weight_decay : 0.0, options_.eps);
+                        options_.beta1, options_.beta2, lists == &decayed ? options_.weight_decay : 0.0, options_.eps,
+                        skip);
   }
-  return true;
 }
 
-// Same operations, in the same order, as torch::optim::AdamW (libtorch 1.13) on each element.
 void ShardedAdamW::step() {
   torch::NoGradGuard no_grad;
   ++step_count_;
   for (const Slot& slot : slots_) slot.flat->wait_for_shard_grad();
-  if (step_fused()) return;
+  if (fused()) {
+    step_fused(at::Tensor());
+  } else {
+    step_composed();
+  }
+}
+
+void ShardedAdamW::step_unless(const at::Tensor& skip) {
+  if (!fused()) return ShardedOptimizer::step_unless(skip);
+  torch::NoGradGuard no_grad;
+  ++step_count_;
+  for (const Slot& slot : slots_) slot.flat->wait_for_shard_grad();
+  step_fused(skip);
+}
+
+// Same operations, in the same order, as torch::optim::AdamW (libtorch 1.13) on each element.
+void ShardedAdamW::step_composed() {
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(step_count_));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(step_count_));
   const double step_size = lr_ / bias_correction1;
@@ -194,7 +220,7 @@ int64_t ShardedSgd::state_bytes() const {
   return bytes;
 }
 
-double grad_norm(runtime::FsdpState& state) {
+at::Tensor grad_norm_tensor(runtime::FsdpState& state) {
   // [sum of squares over sharded gradients, over replicated ones]: one all-reduce for both.
   at::Device device(at::kCPU);
   for (shard::FlatParam* flat : state.flat_params()) device = flat->shard().device();
@@ -221,25 +247,36 @@ double grad_norm(runtime::FsdpState& state) {
   // Over the shard group: its ranks hold one whole gradient between them (under hybrid_shard
   // every replica group holds the same one, so every group computes the same norm).
   const comm::ProcessGroupPtr& group = state.shard_group();
-  // This thread blocks for it: exposed communication, booked as such. A rank alone has the sums.
+  // This thread blocks for it on the host (exposed communication, booked as such); on a GPU the
+  // stream waits. A rank alone has the sums.
   if (group->size() > 1) state.wait(group->all_reduce(sums, comm::ReduceOp::Sum));
-  // Replicated gradients are identical on every rank: count them once.
-  const double total = sums[0].item<double>() + sums[1].item<double>() / group->size();
-  return std::sqrt(total);
+  // Replicated gradients are identical on every rank: count them once. The same fp64 operations
+  // as on host doubles: the same bits.
+  return (sums[0] + sums[1] / static_cast<double>(group->size())).sqrt();
+}
+
+double grad_norm(runtime::FsdpState& state) { return grad_norm_tensor(state).item<double>(); }
+
+at::Tensor clip_grad_norm_tensor(runtime::FsdpState& state, double max_norm) {
+  const at::Tensor norm = grad_norm_tensor(state);
+  // min(1, max / (norm + 1e-6)) in fp64; NaN or inf: 1, nothing to scale (min(1, max / NaN) would
+  // be 1, max / inf 0, which turns an inf into NaN and zeroes the rest); the caller skips the step.
+  const at::Tensor coefficient =
+      at::where(norm.isfinite(), at::full_like(norm, max_norm).div_(norm + 1e-6).clamp_max_(1.0), at::ones_like(norm));
+  std::vector<at::Tensor> grads;
+  for (shard::FlatParam* flat : state.flat_params()) {
+    if (flat->trainable() && flat->shard_grad().defined()) grads.push_back(flat->shard_grad());
+  }
+  // One foreach launch on a GPU (a loop of mul_ on the host). The coefficient rounded to fp32
+  // first, as a double scalar times an fp32 tensor is: the same bits as scaling by the scalar.
+  if (!grads.empty()) at::_foreach_mul_(grads, coefficient.to(at::kFloat));
+  return norm;
 }
 
 double clip_grad_norm(runtime::FsdpState& state, double max_norm) {
-  const double norm = grad_norm(state);
-  // NaN or inf: nothing to scale (min(1, max / NaN) would be 1, max / inf 0, which turns an inf
-  // into NaN and zeroes the rest); the caller skips the step.
-  if (!std::isfinite(norm)) return norm;
-  const double coefficient = std::min(1.0, max_norm / (norm + 1e-6));
-  if (coefficient < 1.0) {
-    for (shard::FlatParam* flat : state.flat_params()) {
-      if (flat->trainable() && flat->shard_grad().defined()) flat->shard_grad().mul_(coefficient);
-    }
-  }
-  return norm;
+  return clip_grad_norm_tensor(state, max_norm).item<double>();
 }
+
+at::Tensor nonfinite_flag(const at::Tensor& norm) { return norm.isfinite().logical_not().to(at::kFloat).reshape({1}); }
 
 }  // namespace fsdp::optim

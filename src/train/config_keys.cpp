@@ -551,6 +551,10 @@ void declare_optimizer_keys(KeyList& keys) {
     return unless(c.optimizer.eps > 0, "optimizer.eps must be positive");
   };
   add(key("optimizer.momentum", MEMBER(optimizer.momentum), "sgd: momentum"));
+  add(key("optimizer.kernel", MEMBER(optimizer.kernel),
+          "adamw: " + alternatives<decltype(OptimizerConfig::kernel)>() +
+              " (auto: fused on a GPU, where it also skips a non-finite step without the host reading the norm; "
+              "composed on the host: torch::optim::AdamW bit for bit; optim/adamw_kernel.h)"));
 }
 
 // ---- [fsdp] ----

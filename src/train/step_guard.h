@@ -36,6 +36,12 @@ class StepGuard {
     double zscore = 0.0;  // the loss against the spike window (0 when the spike guard is off or not judging)
     std::string stop;     // not empty: record this step, then every rank stops with this message
   };
+  // Whether the verdict must be known before the update is applied: the spike guard judges the
+  // step's loss. Otherwise a step is applied exactly when its gradient norm is finite (an overflow
+  // and a non-finite gradient have a non-finite norm; a non-finite loss with finite gradients is
+  // applied, and the trainer stops as diverged), so the optimizer can skip it on the device and
+  // judge() record the verdict afterwards.
+  bool judges_before_the_update() const { return spike_zscore_ > 0; }
   // Whether judging this step needs its all-reduced loss: the spike guard always; loss scaling when
   // the gradient norm is not finite (an overflow, or a non-finite loss).
   bool needs_loss(double grad_norm) const { return spike_zscore_ > 0 || (scaler_ && !std::isfinite(grad_norm)); }

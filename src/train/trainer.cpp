@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <optional>
@@ -158,8 +159,9 @@ class Trainer {
   void make_optimizer() {
     const auto& o = config_.optimizer;
     if (o.name == optim::OptimizerKind::AdamW) {
-      optimizer_ = std::make_unique<optim::ShardedAdamW>(
-          *state_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+      optim::AdamWOptions options{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+      options.kernel = o.kernel;
+      optimizer_ = std::make_unique<optim::ShardedAdamW>(*state_, options);
     } else {
       optimizer_ = std::make_unique<optim::ShardedSgd>(*state_, optim::SgdOptions{o.lr, o.momentum, o.weight_decay});
     }
@@ -429,22 +431,57 @@ class Trainer {
       trace_memory(rank_, step, "backward");
       r.loss_sum += loss.detach();
     }
-    if (scaler != nullptr && !batch_skipped) optim::unscale_grad_shards(*state_, *scaler);
-    r.norm = batch_skipped           ? 0.0
-             : config_.grad_clip > 0 ? optim::clip_grad_norm(*state_, config_.grad_clip)
-                                     : optim::grad_norm(*state_);
-    trace_memory(rank_, step, "clip");
-    // Every rank judges the same all-reduced norm (and loss): the same verdict everywhere.
-    const double agreed_loss = guard_.needs_loss(r.norm) && !batch_skipped ? all_ranks_loss(r.loss_sum) : 0.0;
-    r.verdict = guard_.judge(step, batch_skipped, r.norm, agreed_loss);
-    if (r.verdict.apply) optimizer_->step();
+    const at::Tensor unread_norm = clip_and_step(step, batch_skipped, r);
     trace_memory(rank_, step, "optimizer");
     shard::synchronize_current_stream(device_);  // a GPU step's time includes its queued kernels
+    if (unread_norm.defined()) judge_after_the_update(step, unread_norm, r);
     const std::string trace = loop.profiler->end_step(step + 1);
     if (!trace.empty())
       progress_->message("  profile of steps " + std::to_string(loop.profile_first) + "-" +
                          std::to_string(options_.profile_last) + " written: " + trace + " (and the other ranks')");
     return r;
+  }
+
+  // The step's edge: the gradient norm (clipped), the guard's verdict and the optimizer. Every rank
+  // judges the same all-reduced norm (and loss): the same verdict everywhere. Without the spike
+  // guard the verdict is "the norm is finite", which the optimizer applies on the device
+  // (step_unless): the host issues the update without waiting for backward and the norm's
+  // all-reduce, and returns the norm unread for judge_after_the_update. The spike guard judges the
+  // step's loss before its update: the host waits for the norm and the loss here (undefined return).
+  at::Tensor clip_and_step(int64_t step, bool batch_skipped, StepResult& r) {
+    RECORD_USER_SCOPE("fsdp::clip_and_step");  // tests/dist/step_edge_test.cpp counts host reads inside
+    if (batch_skipped) {
+      r.verdict = guard_.judge(step, /*batch_skipped=*/true, 0.0, 0.0);
+      return at::Tensor();
+    }
+    if (const optim::DynamicLossScaler* scaler = guard_.scaler()) optim::unscale_grad_shards(*state_, *scaler);
+    const at::Tensor norm = config_.grad_clip > 0 ? optim::clip_grad_norm_tensor(*state_, config_.grad_clip)
+                                                  : optim::grad_norm_tensor(*state_);
+    trace_memory(rank_, step, "clip");
+    if (guard_.judges_before_the_update()) {
+      r.norm = norm.item<double>();
+      const double agreed_loss = guard_.needs_loss(r.norm) ? all_ranks_loss(r.loss_sum) : 0.0;
+      r.verdict = guard_.judge(step, /*batch_skipped=*/false, r.norm, agreed_loss);
+      if (r.verdict.apply) optimizer_->step();
+      return at::Tensor();
+    }
+    optimizer_->step_unless(optim::nonfinite_flag(norm));
+    return norm;
+  }
+
+  // Once the step's device work is done: the norm read and the guard's verdict recorded. It is the
+  // device's (applied exactly when the norm is finite); a skipped step is uncounted, as one never
+  // taken.
+  void judge_after_the_update(int64_t step, const at::Tensor& unread_norm, StepResult& r) {
+    r.norm = unread_norm.item<double>();
+    const double agreed_loss = guard_.needs_loss(r.norm) ? all_ranks_loss(r.loss_sum) : 0.0;
+    r.verdict = guard_.judge(step, /*batch_skipped=*/false, r.norm, agreed_loss);
+    if (r.verdict.apply != std::isfinite(r.norm)) {
+      throw std::logic_error("step " + std::to_string(step + 1) + ": the guard's verdict (" +
+                             (r.verdict.apply ? "apply" : r.verdict.reason) + ") is not the device's (norm " +
+                             std::to_string(r.norm) + ")");
+    }
+    if (!r.verdict.apply) optimizer_->uncount_step();
   }
 
   // One micro-batch's summed loss (before the step's scale), forward only: the examples `part`,

@@ -232,7 +232,7 @@ RunResult run_fsdp(const RunConfig& run) {
     fsdp::optim::AdamWOptions adamw;
     adamw.beta2 = 0.95;
     adamw.weight_decay = 0.1;
-    adamw.fused_on_host = run.fused_adamw_on_host;
+    if (run.fused_adamw_on_host) adamw.kernel = fsdp::optim::AdamWKernel::Fused;
     optimizer = std::make_unique<fsdp::optim::ShardedAdamW>(*state, adamw);
   } else {
     fsdp::optim::SgdOptions sgd;

@@ -22,6 +22,7 @@
 #include "fsdp/shard/nf4_storage.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
+#include "checkpoint_bytes.h"
 #include "fortune_instructions.h"
 
 namespace trainer_test {
@@ -330,16 +331,7 @@ TEST(Trainer, DataMissingOnOneRankStopsEveryRank) {
 
 // ---- [guard]: loss spikes, rollback and skipped batches ----
 
-// The bytes of every file of a checkpoint's data (rank files), by name: equal bytes, equal state.
-std::map<std::string, std::string> checkpoint_data(const std::string& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().extension() != ".safetensors") continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    files[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  return files;
-}
+using fsdp_test::checkpoint_data;
 
 // Injected bad batches (FSDP_TEST_LOSS_FAULTS): step 10's loss x 1e4 (a spike: skipped by its
 // z-score), then step 11's NaN (skipped as non-finite). Two skips in a row (rollback_after = 2) roll

@@ -163,6 +163,19 @@ TEST(Config, ChatFormatIsReadAsAFormatOrAuto) {
             std::string::npos);
 }
 
+TEST(Config, AdamWKernelIsReadAsAKernelOrAuto) {
+  using fsdp::optim::AdamWKernel;
+  EXPECT_FALSE(parse_train_config(kMinimal, "test.toml").optimizer.kernel.has_value());
+  const auto config = parse_train_config(kMinimal, "test.toml", {"optimizer.kernel=fused"});
+  EXPECT_EQ(config.optimizer.kernel, AdamWKernel::Fused);
+  EXPECT_NE(fsdp::train::to_toml(config).find("kernel = \"fused\""), std::string::npos);
+  EXPECT_EQ(parse_train_config(kMinimal, "test.toml", {"optimizer.kernel=composed"}).optimizer.kernel,
+            AdamWKernel::Composed);
+  EXPECT_NE(error_of(kMinimal, {"optimizer.kernel=foreach"})
+                .find("optimizer.kernel 'foreach' (expected auto, fused or composed)"),
+            std::string::npos);
+}
+
 TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nstepz = 3\n").find("test.toml: unknown key 'train.stepz'"),
             std::string::npos);

@@ -10,9 +10,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "fsdp/optim/adamw_kernel.h"
 #include "fsdp/runtime/fully_shard.h"
 
 namespace fsdp::optim {
@@ -29,14 +31,12 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.01;
   DecayFilter decay = decay_matrices_only;
-  // On CUDA: libtorch's fused kernel over every shard (at::_fused_adamw_, two calls: the ranges that
-  // take weight decay, decayed inside the kernel, and the rest) instead of six element-wise passes
-  // per shard. Its rounding differs from the composed update (~1 ulp a step); off reproduces
-  // torch::optim::AdamW bit for bit.
-  bool fused = true;
-  // The fused kernel for shards in host memory too (libtorch's CPU kernel: CPU runs, and CPU
-  // offload's step). Off by default, so that a CPU run reproduces torch::optim::AdamW bit for bit.
-  bool fused_on_host = false;
+  // Fused: libtorch's kernel over every shard (at::_fused_adamw_, two calls: the ranges that take
+  // weight decay, decayed inside the kernel, and the rest) instead of six element-wise passes per
+  // shard; on the host that is libtorch's CPU kernel. Composed: torch::optim::AdamW bit for bit.
+  // Empty (auto): fused where the shards are on a GPU, composed where they are in host memory (CPU
+  // runs and CPU offload), so that a CPU run reproduces torch::optim::AdamW.
+  std::optional<AdamWKernel> kernel = std::nullopt;
 };
 
 struct SgdOptions {
@@ -50,6 +50,13 @@ class ShardedOptimizer {
  public:
   virtual ~ShardedOptimizer() = default;
   virtual void step() = 0;
+  // The step unless `skip` ([1] float32 on the shards' device) holds 1: the gradient norm's verdict,
+  // computed on the device. The fused AdamW kernel reads the flag itself, so the host issues the
+  // step without waiting for backward and the norm's all-reduce; the other updates read it here (a
+  // host read: free on the CPU, a wait on a GPU). The step is counted either way: a caller that
+  // learns afterwards that it was skipped calls uncount_step() before the next one.
+  virtual void step_unless(const at::Tensor& skip);
+  void uncount_step() { --step_count_; }
   void zero_grad() { state_.zero_grad(); }
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
@@ -86,6 +93,7 @@ class ShardedAdamW final : public ShardedOptimizer {
   // Building the optimizer from module parameters is a mistake once they are sharded: this says so.
   ShardedAdamW(const std::vector<at::Tensor>& module_parameters, AdamWOptions options);
   void step() override;
+  void step_unless(const at::Tensor& skip) override;
   int64_t state_bytes() const override;
   const char* name() const override { return "adamw"; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
@@ -97,7 +105,10 @@ class ShardedAdamW final : public ShardedOptimizer {
   const at::Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_[i]; }
 
  private:
-  bool step_fused();  // false where the fused kernel does not apply (shards on the host, unless fused_on_host)
+  bool fused() const;  // whether options_.kernel, or auto for these shards' device, says fused
+  // The fused update, skipped by the kernel itself where `skip` (may be undefined) holds 1.
+  void step_fused(const at::Tensor& skip);
+  void step_composed();
   AdamWOptions options_;
   std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
   std::vector<at::Tensor> fused_steps_;  // [1] float32 beside each slot's shard: the fused kernel's step counts
@@ -127,9 +138,21 @@ class ShardedSgd final : public ShardedOptimizer {
 // nonfinite_guard.h): the norm comes from an all-reduce, so every rank sees the same value and
 // takes the same decision.
 double clip_grad_norm(runtime::FsdpState& state, double max_norm);
+// The same without reading the norm: a 0-d fp64 tensor on the shards' device, and the scaling by
+// min(1, max_norm / (norm + 1e-6)) (1 for a norm that is not finite) done there, as PyTorch's
+// clip_grad_norm_ does, so the host does not wait for backward. Every gradient shard is multiplied,
+// by exactly 1 when the norm is within max_norm (the same bits as not multiplying).
+at::Tensor clip_grad_norm_tensor(runtime::FsdpState& state, double max_norm);
 
 // The global L2 norm of the gradients, without clipping. Collective; the time this thread waits
 // for the all-reduce counts as exposed communication (FsdpState::comm_stats).
 double grad_norm(runtime::FsdpState& state);
+// The same, unread: a 0-d fp64 tensor on the shards' device (on a GPU the all-reduce is queued
+// on the stream, and nothing waits for it on the host).
+at::Tensor grad_norm_tensor(runtime::FsdpState& state);
+
+// The skip flag for ShardedOptimizer::step_unless: [1] float32 on the norm's device, 1 where the
+// norm (a grad_norm_tensor) is NaN or inf.
+at::Tensor nonfinite_flag(const at::Tensor& norm);
 
 }  // namespace fsdp::optim

@@ -26,6 +26,7 @@
 #include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/lora_base_dtype.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/optim/adamw_kernel.h"
 #include "fsdp/optim/optimizer_kind.h"
 #include "fsdp/runtime/device_names.h"
 #include "fsdp/runtime/dtype_names.h"
@@ -72,7 +73,8 @@ struct OptimizerConfig {
   int64_t warmup_steps = 0;
   double weight_decay = 0.1;  // matrices only (biases and norms get none)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double momentum = 0.9;  // sgd
+  double momentum = 0.9;                     // sgd
+  std::optional<optim::AdamWKernel> kernel;  // adamw's update; empty: auto (AdamWOptions::kernel)
 };
 
 // fsdp.wrap: what a unit is. Block: each transformer block (and, with embedding_units, the token
