@@ -128,12 +128,43 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   return x;
 }
 
+// The peak of the runtime's gathered memory (its memory_stats, measured by
+// bench/plan_vs_measured.py). The unit computing in backward holds its parameters and autograd's
+// gradients, and for a moment also the reduction's input they are packed into (r bytes an element,
+// as FSDP2's reduce-scatter input; alone, N = 1 on the device, they are packed into the gradient
+// shard itself). Of the K buffers in flight one is the next unit's prefetched gather and the others
+// reductions, each holding its packed input. NO_SHARD reduces in place in the gradient shard (later
+// micro-batches through a compute-dtype buffer each, up to K + 1); SHARD_GRAD_OP keeps every unit
+// gathered through backward.
+int64_t gathered_peak_bytes(const PlanShape& x) {
+  const PlanInput& in = *x.in;
+  const ShardingStrategy s = x.strategy;
+  const int64_t c = x.c, r = x.r, k = x.k, root = x.root, block = x.block, largest = x.largest_unit;
+  const bool alone = x.n == 1 && !in.cpu_offload;  // shard::FlatParam::alone, on the device
+  const int64_t packed = alone ? 0 : r;            // bytes an element of the computing unit's reduction input
+  if (s == ShardingStrategy::NoShard) return c * largest * (in.micro_batches > 1 ? k + 1 : 1);
+  if (s == ShardingStrategy::ShardGradOp) return c * x.p + (c + packed) * largest;
+  auto in_flight = [&](int64_t unit) { return k > 0 ? c * unit + (k - 1) * packed * unit : 0; };
+  int64_t backward = 0;
+  if (x.tied) {
+    // The tied unit (T = E, used first and last) gathered with its gradient through backward.
+    backward = c * (2 * root + 2 * x.embedding + 2 * block) + packed * largest + in_flight(block);
+  } else if (x.embedding > 0) {
+    backward = c * (2 * root + 2 * largest) + packed * largest + in_flight(std::max(block, x.head));
+  } else {
+    backward = c * (2 * root + 2 * block) + packed * block + in_flight(block);
+  }
+  // Forward: the root and the unit computing with K prefetched beside it, above backward's peak
+  // only where no reduction buffers are held (alone, K of 3 and more).
+  return std::max(backward, c * (root + (k + 1) * largest));
+}
+
 // Model states per rank (parameters, gradients, optimizer state; on the host with CPU offload) and
 // the gathered and reduced buffers the runtime holds at its peak. Returns the trainable parameters.
 int64_t add_model_states(const PlanShape& x, Plan& plan) {
   const PlanInput& in = *x.in;
   const ShardingStrategy s = x.strategy;
-  const int64_t c = x.c, r = x.r, p = x.p, k = x.k, root = x.root, block = x.block, embedding = x.embedding;
+  const int64_t r = x.r, k = x.k;
   MemoryBreakdown& mem = plan.memory;
   mem.parameters = 4 * x.shard_numel;
   // Only the parameters that train get gradients and optimizer state (a frozen tower's do not).
@@ -144,23 +175,12 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
   mem.optimizer = in.optimizer == optim::OptimizerKind::AdamW ? 8 * trainable_shard + 4 * x.largest_unit_shard
                                                               : 4 * trainable_shard;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
-  // The peaks the runtime reaches (its memory_stats, measured by bench/plan_vs_measured.py):
-  // NO_SHARD keeps up to K + 1 units' fp32 gradients in flight; SHARD_GRAD_OP keeps every unit
-  // gathered through backward plus the gradient buffer of the unit being reduced.
-  if (s == ShardingStrategy::NoShard) {
-    mem.gathered = (k + 1) * 4 * x.largest_unit;
-  } else if (s == ShardingStrategy::ShardGradOp) {
-    mem.gathered = c * p + std::max(c, r) * x.largest_unit;
-  } else if (x.tied) {
-    mem.gathered = c * (2 * root + 2 * embedding + (k + 2) * block) + (r != c ? r * x.largest_unit : 0);
-  } else if (embedding > 0) {
-    mem.gathered =
-        c * (2 * root + 2 * x.largest_unit + k * std::max(block, x.head)) + (r != c ? r * x.largest_unit : 0);
-  } else {
-    mem.gathered = c * (2 * root + (k + 2) * block) + (r != c ? r * block : 0);
-  }
-  // Each pending reduction holds its output shard until it is added into the gradient shard.
-  if (s != ShardingStrategy::NoShard) mem.reduced = k * r * x.largest_unit_shard;
+  mem.gathered = gathered_peak_bytes(x);
+  // Each pending reduction holds its output shard until it is added into the gradient shard, except
+  // where it writes the gradient shard itself: alone, and a step's first fp32 reduce-scatter on the
+  // device (FlatParam::reduce_grad_async).
+  const bool into_gradient_shard = !in.cpu_offload && (x.n == 1 || (r == 4 && in.micro_batches == 1));
+  if (s != ShardingStrategy::NoShard && !into_gradient_shard) mem.reduced = k * r * x.largest_unit_shard;
   return trainable;
 }
 

@@ -57,8 +57,10 @@ TEST(Plan, EmbeddingAndHeadAsUnitsOfTheirOwn) {
   EXPECT_EQ(units.largest_unit_params, vocab_dim);  // 1.05 B: more than a block (0.86 B)
   const int64_t block = in_root.largest_unit_params;
   // fp32, K = 2: 2 x root + 2 x the largest unit (computing: parameters and gradient) + K x
-  // max(block, head) in flight, against 2 x root + (K + 2) x block with both in the root.
-  EXPECT_EQ(units.memory.gathered, 4 * (2 * units.root_params + 2 * vocab_dim + 2 * std::max(block, vocab_dim)));
+  // max(block, head) in flight + the computing unit's gradient packed for its reduction, against
+  // 2 x root + (K + 3) x block with both in the root.
+  EXPECT_EQ(units.memory.gathered,
+            4 * (2 * units.root_params + 2 * vocab_dim + 2 * std::max(block, vocab_dim) + vocab_dim));
   EXPECT_LT(units.memory.gathered, in_root.memory.gathered);
   // All-gathers: every block twice (forward and backward), the root once, the embedding once (a
   // lookup's backward reads no weights), the head twice for whole logits and once through the
@@ -87,10 +89,16 @@ TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
   // the embeddings and the head).
   const int64_t scratch = 4 * ((std::max(plan.root_params, plan.largest_unit_params) + 7) / 8);
   EXPECT_EQ(plan.memory.optimizer, 8 * shard + scratch);
-  // fp32 gathers: 2 x root + (K + 2) x block, K = 2.
-  EXPECT_EQ(plan.memory.gathered, 4 * (2 * plan.root_params + 4 * plan.largest_unit_params));
-  // K = 2 reduce-scatter outputs in flight, each the largest unit's fp32 shard; none for NO_SHARD.
-  EXPECT_EQ(plan.memory.reduced, scratch * 2);
+  // fp32 gathers: 2 x root + (K + 2) x block, K = 2, and the computing block's gradient packed
+  // for its reduction (in fp32 too: autograd's tensors are kept beside it).
+  EXPECT_EQ(plan.memory.gathered, 4 * (2 * plan.root_params + 5 * plan.largest_unit_params));
+  // The step's first fp32 reduce-scatter writes the gradient shard itself: no output of its own.
+  // Accumulating micro-batches, K = 2 reduce-scatter outputs in flight, each the largest unit's
+  // fp32 shard; none for NO_SHARD.
+  EXPECT_EQ(plan.memory.reduced, 0);
+  PlanInput accumulating = in;
+  accumulating.micro_batches = 2;
+  EXPECT_EQ(make_plan(accumulating).memory.reduced, scratch * 2);
   EXPECT_EQ(make_plan(llama70b(8, "no_shard")).memory.reduced, 0);
   // 70B at 16 bytes a parameter over 8 ranks: 141 GB of states each, more than 80 GB.
   PlanInput sized = in;

@@ -10,17 +10,23 @@
 //   parameters   4 P / S                 fp32 master shards (NO_SHARD: S = 1)
 //   gradients    4 P / S                 fp32 gradient shards
 //   optimizer    8 P / S (AdamW), 4 P / S (SGD with momentum)
-//   gathered     FULL_SHARD, HYBRID_SHARD: c (2 root + (K + 2) B), plus r B when r != c (the cast
-//                gradient), the runtime's documented peak. With the token embedding (E parameters)
-//                and the output head (H) as units of their own (embedding_units, the trainer's
-//                default), root shrinks by E + H and: untied, c (2 root + 2 max(B, E, H) + K max(B, H))
-//                (the unit computing holds parameters and gradient; K buffers in flight);
-//                tied (one unit T = E, used first and last, gathered with its gradient through
-//                all of backward), c (2 root + 2 T + (K + 2) B); SHARD_GRAD_OP: c P + max(c, r) B (every
-//                unit stays gathered until its backward); NO_SHARD: (K + 1) 4 B gradients in flight
+//   gathered     FULL_SHARD, HYBRID_SHARD: c (2 root + 3 B) + r B + (K - 1) r B: the computing unit's
+//                parameters, autograd's gradients and the reduction's input they are packed into (r
+//                bytes an element, in every dtype, as FSDP2's reduce-scatter input), and of the K
+//                buffers in flight one prefetched gather and K - 1 reductions (K = 0: c (2 root + 2 B)
+//                + r B). Alone (N = 1, on the device) nothing is packed beside the gradient: c (2 root
+//                + 3 B), or c (root + (K + 1) B) in forward where larger. With the token embedding (E
+//                parameters) and the output head (H) as units of their own (embedding_units, the
+//                trainer's default), root shrinks by E + H and the computing unit is the largest (L),
+//                the buffers in flight max(B, H); tied (one unit T = E, used first and last, gathered
+//                with its gradient through all of backward), 2 c T more. SHARD_GRAD_OP: c P + (c + r) B
+//                (every unit stays gathered until its backward). NO_SHARD: c B, autograd's gradients of
+//                the unit computing (the first micro-batch reduces in place in the gradient shard;
+//                later ones through a buffer each: (K + 1) c B)
 //   reduced      K r B / S: reduce-scatter outputs (a unit's reduced gradient shard), up to K of them
-//                in flight before each is added into the gradient shard (not NO_SHARD: it reduces in
-//                place); on the device even with CPU offload
+//                in flight before each is added into the gradient shard; none where the reduction
+//                writes the gradient shard itself (a step's first fp32 reduce-scatter on the device,
+//                and N = 1) and for NO_SHARD; on the device even with CPU offload
 //   activations  saved tensors of every block for one micro-batch and one block's gradients in
 //                backward, or with activation checkpointing the block inputs plus one block
 //                recomputed; the logits and loss: the family's terms (models::ModelFamily::
