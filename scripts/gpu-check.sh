@@ -11,7 +11,8 @@
 #     their own (NcclGroup.*: a split made by ncclCommSplit; the stream's stand-still at a wait,
 #     timed by events), and the fused operations' tests (FusedOps.*:
 #     each kernel against its composed reference, forward and backward, fp32 and bf16; the NF4
-#     decode kernel against the host's decode, to the bit), the NF4 decode's GB/s
+#     decode kernel against the host's decode, to the bit), the step's edge (StepEdge.*: no host
+#     read between backward and the fused AdamW, a NaN step skipped by its kernel), the NF4 decode's GB/s
 #     (bench/nf4_decode_bench: one 1B Llama block against the composed decode and a copy), then
 #     the parity tests at N = 2 and 4 on one GPU through the staged test backend
 #     (FSDP_DEVICE_COMM=staged), compute-sanitizer's racecheck on the add + RMSNorm kernels, two
@@ -168,7 +169,7 @@ fi
 # short loses the whole call, one that runs long only the stages the budget then cannot reach.
 stage build 400 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=ON -DFSDP_UNITY_BATCH=4 \
     -DCMAKE_PREFIX_PATH='$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}' ${CMAKE_EXTRA[*]} && \
-    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests nf4_decode_bench" || exit 1
+    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests fsdp_train_tests nf4_decode_bench" || exit 1
 grep -h "fused CUDA kernels\|no CUDA compiler" "$WORK/build.log" | head -2
 
 # 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
@@ -184,6 +185,11 @@ stage nccl_group 45 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TE
 EXPECT_KERNELS=$(grep -q "fused CUDA kernels ON" "$WORK/build.log" 2> /dev/null && echo 1 || echo 0)
 stage kernels 60 env FSDP_TEST_DEVICE=cuda FSDP_EXPECT_CUDA_KERNELS="$EXPECT_KERNELS" "$BUILD/tests/fsdp_unit_tests" \
   --gtest_filter='FusedOps.*:Nf4Storage.*'
+# The step's edge on the device (issue 54, item 5), never run on a GPU: no host read between
+# backward and the fused update, and a NaN batch's step skipped by the CUDA kernel's found_inf as
+# the host-judged path skips it, to the bit.
+stage step_edge 90 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TEST_DEVICE=cuda \
+  "$BUILD/tests/fsdp_train_tests" --gtest_filter='StepEdge.*'
 # The NF4 decode (QLoRA's per-unit dequantize) in GB/s: fsdp.cpp's kernel, the composed ops, a copy.
 stage nf4_decode 60 "$BUILD/bench/nf4_decode_bench" --device cuda --json "$WORK/nf4_decode.json"
 # The GPU path at N = 2 and 4 on this one GPU (issue 40): NCCL refuses two ranks on a device, the

@@ -251,8 +251,10 @@ at::Tensor grad_norm_tensor(runtime::FsdpState& state) {
   // stream waits. A rank alone has the sums.
   if (group->size() > 1) state.wait(group->all_reduce(sums, comm::ReduceOp::Sum));
   // Replicated gradients are identical on every rank: count them once. The same fp64 operations
-  // as on host doubles: the same bits.
-  return (sums[0] + sums[1] / static_cast<double>(group->size())).sqrt();
+  // as on host doubles, the same bits: a true division by a tensor (CUDA divides by a host scalar
+  // as a product with its reciprocal).
+  const at::Tensor ranks = at::full({}, static_cast<double>(group->size()), sums.options());
+  return (sums[0] + sums[1] / ranks).sqrt();
 }
 
 double grad_norm(runtime::FsdpState& state) { return grad_norm_tensor(state).item<double>(); }

@@ -128,23 +128,42 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   return x;
 }
 
-// The peak of the runtime's gathered memory (its memory_stats, measured by
-// bench/plan_vs_measured.py). The unit computing in backward holds its parameters and autograd's
-// gradients, and for a moment also the reduction's input they are packed into (r bytes an element,
-// as FSDP2's reduce-scatter input; alone, N = 1 on the device, they are packed into the gradient
-// shard itself). Of the K buffers in flight one is the next unit's prefetched gather and the others
-// reductions, each holding its packed input. NO_SHARD reduces in place in the gradient shard (later
-// micro-batches through a compute-dtype buffer each, up to K + 1); SHARD_GRAD_OP keeps every unit
-// gathered through backward.
+// Whether a unit's reduction writes the gradient shard itself, with no reduce-scatter output of its
+// own (shard::FlatParam::reduce_grad_async): alone (N = 1), and a step's first fp32 reduce-scatter,
+// on the device.
+bool reduction_writes_gradient_shard(const PlanShape& x) {
+  const PlanInput& in = *x.in;
+  return !in.cpu_offload && (x.n == 1 || (x.r == 4 && in.micro_batches == 1));
+}
+
+// The peak of the runtime's gathered memory (its memory_stats, sampled in Unit::post_backward and
+// measured by bench/plan_vs_measured.py). The unit computing in backward holds its parameters and
+// autograd's gradients, and for a moment also the reduction's input they are packed into (r bytes
+// an element, as FSDP2's reduce-scatter input; alone on the device, N = 1, they are packed into the
+// gradient shard itself; alone and offloaded into an fp32 buffer). Of the K = max_inflight buffers in
+// flight (PrefetchScheduler), with prefetch one is the next unit's gather and the others pending
+// reductions, each holding its packed input; without prefetch all K are reductions. NO_SHARD reduces
+// in place in the gradient shard; later micro-batches through a compute-dtype buffer each.
+// SHARD_GRAD_OP keeps every unit gathered until its backward; a unit's pending reduction outlives
+// its parameters.
 int64_t gathered_peak_bytes(const PlanShape& x) {
   const PlanInput& in = *x.in;
   const ShardingStrategy s = x.strategy;
-  const int64_t c = x.c, r = x.r, k = x.k, root = x.root, block = x.block, largest = x.largest_unit;
-  const bool alone = x.n == 1 && !in.cpu_offload;  // shard::FlatParam::alone, on the device
-  const int64_t packed = alone ? 0 : r;            // bytes an element of the computing unit's reduction input
-  if (s == ShardingStrategy::NoShard) return c * largest * (in.micro_batches > 1 ? k + 1 : 1);
-  if (s == ShardingStrategy::ShardGradOp) return c * x.p + (c + packed) * largest;
-  auto in_flight = [&](int64_t unit) { return k > 0 ? c * unit + (k - 1) * packed * unit : 0; };
+  const int64_t c = x.c, r = x.r, root = x.root, block = x.block, largest = x.largest_unit;
+  const int64_t k = in.max_inflight, prefetched = x.k;  // reductions may use all K; gathers x.k (0: no prefetch)
+  const int64_t pending = prefetched > 0 ? k - 1 : k;   // reductions in flight beside the computing unit
+  const int64_t packed = x.n == 1 ? (in.cpu_offload ? 4 : 0) : r;  // bytes an element of its reduction input
+  if (s == ShardingStrategy::NoShard) {
+    // Autograd's gradients; accumulating at N > 1 also the packed buffer and K pending ones.
+    return c * largest * (in.micro_batches > 1 && x.n > 1 ? k + 2 : 1);
+  }
+  if (s == ShardingStrategy::ShardGradOp) {
+    return c * x.p + (c + packed) * largest +
+           std::max<int64_t>(0, pending) * std::max<int64_t>(0, packed - c) * largest;
+  }
+  auto in_flight = [&](int64_t unit) {
+    return (prefetched > 0 ? c * unit : 0) + std::max<int64_t>(0, pending) * packed * unit;
+  };
   int64_t backward = 0;
   if (x.tied) {
     // The tied unit (T = E, used first and last) gathered with its gradient through backward.
@@ -154,9 +173,9 @@ int64_t gathered_peak_bytes(const PlanShape& x) {
   } else {
     backward = c * (2 * root + 2 * block) + packed * block + in_flight(block);
   }
-  // Forward: the root and the unit computing with K prefetched beside it, above backward's peak
-  // only where no reduction buffers are held (alone, K of 3 and more).
-  return std::max(backward, c * (root + (k + 1) * largest));
+  // Forward: the root and the unit computing with its prefetched units beside it, above backward's
+  // peak only where no reduction buffers are held (alone, 3 and more prefetched).
+  return std::max(backward, c * (root + (prefetched + 1) * largest));
 }
 
 // Model states per rank (parameters, gradients, optimizer state; on the host with CPU offload) and
@@ -164,7 +183,7 @@ int64_t gathered_peak_bytes(const PlanShape& x) {
 int64_t add_model_states(const PlanShape& x, Plan& plan) {
   const PlanInput& in = *x.in;
   const ShardingStrategy s = x.strategy;
-  const int64_t r = x.r, k = x.k;
+  const int64_t r = x.r;
   MemoryBreakdown& mem = plan.memory;
   mem.parameters = 4 * x.shard_numel;
   // Only the parameters that train get gradients and optimizer state (a frozen tower's do not).
@@ -176,11 +195,11 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
                                                               : 4 * trainable_shard;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
   mem.gathered = gathered_peak_bytes(x);
-  // Each pending reduction holds its output shard until it is added into the gradient shard, except
-  // where it writes the gradient shard itself: alone, and a step's first fp32 reduce-scatter on the
-  // device (FlatParam::reduce_grad_async).
-  const bool into_gradient_shard = !in.cpu_offload && (x.n == 1 || (r == 4 && in.micro_batches == 1));
-  if (s != ShardingStrategy::NoShard && !into_gradient_shard) mem.reduced = k * r * x.largest_unit_shard;
+  // Each pending reduction (up to K, prefetching or not) holds its output shard until it is added
+  // into the gradient shard, except where it writes the gradient shard itself; alone and offloaded
+  // the packed fp32 buffer is the output (counted in gathered).
+  if (s != ShardingStrategy::NoShard && x.n > 1 && !reduction_writes_gradient_shard(x))
+    mem.reduced = in.max_inflight * r * x.largest_unit_shard;
   return trainable;
 }
 
@@ -231,7 +250,10 @@ int64_t add_lora_states(const PlanShape& x, Plan& plan) {
     }
     mem.gathered += (k + 1) * nf4_unit_bytes;
   }
-  if (s != ShardingStrategy::NoShard) mem.reduced = k * r * ((per_layer_adapters + shard - 1) / shard);
+  // The adapters' reductions, as the full model's (add_model_states); their packed inputs, small
+  // beside a unit, are not counted in gathered.
+  if (s != ShardingStrategy::NoShard && x.n > 1 && !reduction_writes_gradient_shard(x))
+    mem.reduced = in.max_inflight * r * ((per_layer_adapters + shard - 1) / shard);
   return linear;
 }
 

@@ -553,8 +553,9 @@ void declare_optimizer_keys(KeyList& keys) {
   add(key("optimizer.momentum", MEMBER(optimizer.momentum), "sgd: momentum"));
   add(key("optimizer.kernel", MEMBER(optimizer.kernel),
           "adamw: " + alternatives<decltype(OptimizerConfig::kernel)>() +
-              " (auto: fused on a GPU, where it also skips a non-finite step without the host reading the norm; "
-              "composed on the host: torch::optim::AdamW bit for bit; optim/adamw_kernel.h)"));
+              " (auto: fused where the shards are on a GPU, where it also skips a non-finite step without the host "
+              "reading the norm; composed where they are in host memory: torch::optim::AdamW bit for bit; "
+              "optim/adamw_kernel.h)"));
 }
 
 // ---- [fsdp] ----

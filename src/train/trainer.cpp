@@ -484,6 +484,15 @@ class Trainer {
     if (!r.verdict.apply) optimizer_->uncount_step();
   }
 
+  // A batch's host tensor on the training device. On a GPU through pinned memory, a copy the host
+  // does not wait for: CUDA synchronises the stream before a copy from pageable memory, so a later
+  // micro-batch's inputs would hold the host until the previous micro-batch's backward had run. The
+  // pinned block is libtorch's caching host allocator's, not reused before the copy is done.
+  at::Tensor to_training_device(const at::Tensor& host) const {
+    if (!device_.is_cuda()) return host.to(device_);
+    return host.pin_memory().to(device_, /*non_blocking=*/true);
+  }
+
   // One micro-batch's summed loss (before the step's scale), forward only: the examples `part`,
   // augmented as data.augment says, through the family's loss; `loss_gradient` is what backward will
   // bring to that sum (MicroBatch::loss_gradient).
@@ -496,9 +505,9 @@ class Trainer {
     }
     if (data::flips(augment)) data::random_horizontal_flip(batch.inputs, part, step, config_.seed);
     MicroBatch micro;
-    micro.inputs = batch.inputs.to(device_);
-    micro.targets = batch.targets.to(device_);
-    if (batch.positions.defined()) micro.positions = batch.positions.to(device_);  // packed rows
+    micro.inputs = to_training_device(batch.inputs);
+    micro.targets = to_training_device(batch.targets);
+    if (batch.positions.defined()) micro.positions = to_training_device(batch.positions);  // packed rows
     micro.labels = batch.targets;
     micro.indices = &part;
     micro.step = step;

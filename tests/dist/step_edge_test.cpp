@@ -11,7 +11,8 @@
 //   Now, with the fused AdamW (libtorch's CPU kernel here, the default on a GPU), which skips a step
 //   whose norm is not finite by the device flag: none. The composed AdamW reads the flag: one a step.
 // Inputs: the trainer's llama-test, 4 steps, full_shard, at 1 and 2 ranks; clipped and unclipped
-// fp32, and fp16 compute with dynamic loss scaling.
+// fp32, and fp16 compute with dynamic loss scaling. On the CPU, and with FSDP_TEST_DEVICE=cuda on
+// a GPU (scripts/gpu-check.sh), where the reads counted are the waits the change removes.
 //
 // And a step skipped on the device is the step the host-judged path skips: the same run with a NaN
 // batch, once judged after the update (the device's flag) and once before it (the spike guard
@@ -48,6 +49,10 @@ TrainConfig small_llama(AdamWKernel kernel) {
   text += "[eval]\nevery = 0\nsample_tokens = 0\n";
   TrainConfig config = fsdp::train::parse_train_config(text, "step_edge_test");
   config.optimizer.kernel = kernel;
+  // FSDP_TEST_DEVICE=cuda (scripts/gpu-check.sh's step_edge stage): on the GPU, where the fused
+  // kernel reads its step counts and the flag on the device and the composed update waits for it.
+  const char* device = std::getenv("FSDP_TEST_DEVICE");
+  if (device != nullptr && std::string(device) == "cuda") config.device = c10::DeviceType::CUDA;
   return config;
 }
 

@@ -74,6 +74,47 @@ TEST(Plan, EmbeddingAndHeadAsUnitsOfTheirOwn) {
   EXPECT_NEAR(make_plan(in).comm.all_gather, 4 * (2 * (p - root - 2 * v) + v + v + root) * 7 / 8, 1e3);
 }
 
+// The gathered peak per case, as the runtime reaches it (the sample in Unit::post_backward: the
+// computing unit's parameters, autograd's gradients and their packed reduction input, beside the
+// K = 2 buffers in flight of PrefetchScheduler). Each case was wrong before 2026-12-07 (measured by
+// bench/plan_vs_measured.py: alone +34%, no_shard +200%, shard_grad_op -7%, bf16 -13.5%).
+TEST(Plan, GatheredFollowsTheRuntimeInEachCase) {
+  PlanInput in = llama70b(8, "full_shard");
+  in.embedding_units = false;  // one block is the largest unit; the root holds the embedding and head
+  const auto fp32 = make_plan(in);
+  const int64_t root = fp32.root_params, b = fp32.largest_unit_params, p = fp32.parameters;
+  // bf16 compute, fp32 reduction: one prefetched gather (2 B) and one pending reduction (4 B).
+  PlanInput bf16 = in;
+  bf16.param_dtype = at::kBFloat16;
+  EXPECT_EQ(make_plan(bf16).memory.gathered, 2 * (2 * root + 3 * b) + 4 * b + 4 * b);
+  EXPECT_EQ(make_plan(bf16).memory.reduced, 0) << "the first fp32 reduce-scatter writes the gradient shard";
+  // Without prefetch both buffers in flight are pending reductions (the runtime still overlaps them).
+  PlanInput serial = in;
+  serial.prefetch = false;
+  EXPECT_EQ(make_plan(serial).memory.gathered, 4 * (2 * root + 2 * b) + 4 * b + 2 * 4 * b);
+  serial.micro_batches = 2;
+  EXPECT_EQ(make_plan(serial).memory.reduced, 2 * 4 * ((std::max(root, b) + 7) / 8))
+      << "accumulating: outputs of their own, each up to the largest shard (here the root's)";
+  // Alone: packed into the gradient shard itself, reductions hold nothing; one prefetched gather.
+  PlanInput alone = llama70b(1, "full_shard");
+  alone.embedding_units = false;
+  EXPECT_EQ(make_plan(alone).memory.gathered, 4 * (2 * root + 3 * b));
+  EXPECT_EQ(make_plan(alone).memory.reduced, 0);
+  // SHARD_GRAD_OP, bf16 over fp32: every unit gathered, the computing one's gradients and packed
+  // input, and the pending reduction's fp32 input outliving its unit's bf16 parameters.
+  PlanInput sgo = llama70b(8, "shard_grad_op");
+  sgo.embedding_units = false;
+  sgo.param_dtype = at::kBFloat16;
+  EXPECT_EQ(make_plan(sgo).memory.gathered, 2 * p + (2 + 4) * b + (4 - 2) * b);
+  // NO_SHARD: autograd's gradients of the unit computing (reduced in place in the gradient shard);
+  // accumulating, its packed buffer and K pending ones too.
+  PlanInput replicated = llama70b(8, "no_shard");
+  replicated.embedding_units = false;
+  EXPECT_EQ(make_plan(replicated).memory.gathered, 4 * b);
+  replicated.micro_batches = 2;
+  EXPECT_EQ(make_plan(replicated).memory.gathered, (2 + 2) * 4 * b);
+}
+
 TEST(Plan, ModelStatesShareAsTheRuntimeShards) {
   PlanInput in = llama70b(8, "full_shard");
   in.embedding_units = false;  // the formulas below with embedding and head in the root

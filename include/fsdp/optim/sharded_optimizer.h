@@ -56,7 +56,7 @@ class ShardedOptimizer {
   // host read: free on the CPU, a wait on a GPU). The step is counted either way: a caller that
   // learns afterwards that it was skipped calls uncount_step() before the next one.
   virtual void step_unless(const at::Tensor& skip);
-  void uncount_step() { --step_count_; }
+  void uncount_step() { --step_count_; }  // once per skipped step_unless, before the next step or a save
   void zero_grad() { state_.zero_grad(); }
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }

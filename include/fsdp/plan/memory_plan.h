@@ -13,20 +13,23 @@
 //   gathered     FULL_SHARD, HYBRID_SHARD: c (2 root + 3 B) + r B + (K - 1) r B: the computing unit's
 //                parameters, autograd's gradients and the reduction's input they are packed into (r
 //                bytes an element, in every dtype, as FSDP2's reduce-scatter input), and of the K
-//                buffers in flight one prefetched gather and K - 1 reductions (K = 0: c (2 root + 2 B)
-//                + r B). Alone (N = 1, on the device) nothing is packed beside the gradient: c (2 root
-//                + 3 B), or c (root + (K + 1) B) in forward where larger. With the token embedding (E
-//                parameters) and the output head (H) as units of their own (embedding_units, the
-//                trainer's default), root shrinks by E + H and the computing unit is the largest (L),
-//                the buffers in flight max(B, H); tied (one unit T = E, used first and last, gathered
-//                with its gradient through all of backward), 2 c T more. SHARD_GRAD_OP: c P + (c + r) B
-//                (every unit stays gathered until its backward). NO_SHARD: c B, autograd's gradients of
+//                buffers in flight one prefetched gather and K - 1 pending reductions (without
+//                prefetch, K reductions: c (2 root + 2 B) + r B + K r B). Alone (N = 1, on the device)
+//                nothing is packed beside the gradient and reductions hold nothing: c (2 root + 3 B)
+//                (K = 0: 2 B), or c (root + (K + 1) B) in forward where larger; alone and offloaded,
+//                an fp32 packed buffer (r = 4). With the token embedding (E parameters) and the
+//                output head (H) as units of their own (embedding_units, the trainer's default), root
+//                shrinks by E + H and the computing unit is the largest (L), the buffers in flight
+//                max(B, H); tied (one unit T = E, used first and last, gathered with its gradient
+//                through all of backward), 2 c T more. SHARD_GRAD_OP: c P + (c + r) B (every unit
+//                stays gathered until its backward), plus (K - 1) (r - c) B where r > c (pending
+//                reductions outlive their units' parameters). NO_SHARD: c B, autograd's gradients of
 //                the unit computing (the first micro-batch reduces in place in the gradient shard;
-//                later ones through a buffer each: (K + 1) c B)
+//                later ones at N > 1 through a compute-dtype buffer each: (K + 2) c B)
 //   reduced      K r B / S: reduce-scatter outputs (a unit's reduced gradient shard), up to K of them
 //                in flight before each is added into the gradient shard; none where the reduction
-//                writes the gradient shard itself (a step's first fp32 reduce-scatter on the device,
-//                and N = 1) and for NO_SHARD; on the device even with CPU offload
+//                writes the gradient shard itself (a step's first fp32 reduce-scatter on the device),
+//                at N = 1 and for NO_SHARD; on the device even with CPU offload
 //   activations  saved tensors of every block for one micro-batch and one block's gradients in
 //                backward, or with activation checkpointing the block inputs plus one block
 //                recomputed; the logits and loss: the family's terms (models::ModelFamily::
@@ -79,8 +82,9 @@ struct PlanInput : runtime::ShardingSettings, WorkloadSettings {
   std::string model_name;
   int ranks = 1;           // N
   int ranks_per_node = 8;  // hybrid_shard's default S, and which all-reduce crosses nodes
-  // K as planned: without prefetch, 0. (The runtime then prefetches no gather but still lets up to
-  // max_inflight reductions finish in the background: their buffers are not counted.)
+  // The gathers prefetched as planned: without prefetch, 0. (The runtime then prefetches no gather
+  // but still lets up to max_inflight reductions finish in the background: gathered and reduced
+  // count their buffers.)
   int64_t prefetch_depth() const { return prefetch ? max_inflight : 0; }
   // Attention in fp32 for a lower-precision compute dtype (models::AttentionPath::FusedFp32):
   // its q, k, v and output are kept in fp32.
