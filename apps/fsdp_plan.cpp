@@ -99,6 +99,7 @@ nlohmann::json to_json(const Plan& p) {
                         {"optimizer", fsdp::enum_name(in.optimizer)},
                         {"micro_batch", in.micro_batch},
                         {"micro_batches", in.micro_batches},
+                        {"sync_each_micro_batch", in.sync_each_micro_batch},
                         {"seq_len", in.seq_len},
                         {"loss_chunk_tokens", in.loss_chunk_tokens},
                         {"prefetch", in.prefetch},

@@ -46,6 +46,8 @@ RUNS = [
                                     "fsdp.strategy": "hybrid_shard", "fsdp.shard_group_size": 2}),
     ("gpt 152M bf16 N=2", 2, {"model.layers": 12, "model.dim": 1024, "model.heads": 8,
                               "fsdp.param_dtype": "bfloat16"}),
+    ("gpt 152M no-sync x2 N=2", 2, {"model.layers": 12, "model.dim": 1024, "model.heads": 8,
+                                    "train.micro_batches": 2, "train.sync_each_micro_batch": False}),
 ]
 COMMON = {"model.name": "gpt-mini", "model.context": 128, "train.seq_len": 128, "train.steps": 3,
           "train.log_every": 1, "optimizer.warmup_steps": 0, "eval.every": 1000, "eval.batches": 1,
@@ -55,7 +57,7 @@ COMMON = {"model.name": "gpt-mini", "model.context": 128, "train.seq_len": 128, 
 def set_args(overrides):
     args = []
     for key, value in overrides.items():
-        args += ["--set", f"{key}={json.dumps(value) if isinstance(value, str) else value}"]
+        args += ["--set", f"{key}={json.dumps(value) if isinstance(value, (str, bool)) else value}"]
     return args
 
 

@@ -128,13 +128,20 @@ PlanShape shape_of(const PlanInput& in, Plan& plan) {
   return x;
 }
 
+// train.sync_each_micro_batch = false with micro-batches: gradients kept unsharded between them.
+bool accumulates_unsharded(const PlanShape& x) { return x.in->micro_batches > 1 && !x.in->sync_each_micro_batch; }
+
 // Whether a unit's reduction writes the gradient shard itself, with no reduce-scatter output of its
 // own (shard::FlatParam::reduce_grad_async): alone (N = 1), and a step's first fp32 reduce-scatter,
-// on the device.
+// on the device (the only one when the micro-batches do not each reduce).
 bool reduction_writes_gradient_shard(const PlanShape& x) {
   const PlanInput& in = *x.in;
-  return !in.cpu_offload && (x.n == 1 || (x.r == 4 && in.micro_batches == 1));
+  return !in.cpu_offload && (x.n == 1 || (x.r == 4 && (in.micro_batches == 1 || !in.sync_each_micro_batch)));
 }
+
+// Bytes an element of the reduction input a unit's gradients are packed into: the reduce dtype's;
+// alone on the device none (the gradient shard itself), alone and offloaded an fp32 buffer.
+int64_t packed_input_bytes(const PlanShape& x) { return x.n == 1 ? (x.in->cpu_offload ? 4 : 0) : x.r; }
 
 // The peak of the runtime's gathered memory (its memory_stats, sampled in Unit::post_backward and
 // measured by bench/plan_vs_measured.py). The unit computing in backward holds its parameters and
@@ -149,13 +156,13 @@ bool reduction_writes_gradient_shard(const PlanShape& x) {
 int64_t gathered_peak_bytes(const PlanShape& x) {
   const PlanInput& in = *x.in;
   const ShardingStrategy s = x.strategy;
-  const int64_t c = x.c, r = x.r, root = x.root, block = x.block, largest = x.largest_unit;
+  const int64_t c = x.c, root = x.root, block = x.block, largest = x.largest_unit;
   const int64_t k = in.max_inflight, prefetched = x.k;  // reductions may use all K; gathers x.k (0: no prefetch)
   const int64_t pending = prefetched > 0 ? k - 1 : k;   // reductions in flight beside the computing unit
-  const int64_t packed = x.n == 1 ? (in.cpu_offload ? 4 : 0) : r;  // bytes an element of its reduction input
+  const int64_t packed = packed_input_bytes(x);
   if (s == ShardingStrategy::NoShard) {
     // Autograd's gradients; accumulating at N > 1 also the packed buffer and K pending ones.
-    return c * largest * (in.micro_batches > 1 && x.n > 1 ? k + 2 : 1);
+    return c * largest * (in.micro_batches > 1 && in.sync_each_micro_batch && x.n > 1 ? k + 2 : 1);
   }
   if (s == ShardingStrategy::ShardGradOp) {
     return c * x.p + (c + packed) * largest +
@@ -178,6 +185,20 @@ int64_t gathered_peak_bytes(const PlanShape& x) {
   return std::max(backward, c * (root + (prefetched + 1) * largest));
 }
 
+// train.sync_each_micro_batch = false: the last micro-batch's backward begins with every unit's
+// autograd gradients held (the trainable parameters, compute dtype), beside the first unit to reduce
+// (its parameters and packed input), the root's and the tied unit's parameters and the next unit's
+// prefetched gather; each later unit's reduction lets its own gradients go.
+int64_t unsynced_peak_bytes(const PlanShape& x, int64_t trainable) {
+  const int64_t c = x.c;
+  if (x.strategy == ShardingStrategy::NoShard) return c * trainable;  // reduced in place in the gradient shard
+  const int64_t parameters =
+      x.strategy == ShardingStrategy::ShardGradOp
+          ? c * x.p
+          : c * (x.root + (x.tied ? x.embedding : 0) + x.largest_unit + (x.k > 0 ? std::max(x.block, x.head) : 0));
+  return c * trainable + parameters + packed_input_bytes(x) * x.largest_unit;
+}
+
 // Model states per rank (parameters, gradients, optimizer state; on the host with CPU offload) and
 // the gathered and reduced buffers the runtime holds at its peak. Returns the trainable parameters.
 int64_t add_model_states(const PlanShape& x, Plan& plan) {
@@ -194,7 +215,8 @@ int64_t add_model_states(const PlanShape& x, Plan& plan) {
   mem.optimizer = in.optimizer == optim::OptimizerKind::AdamW ? 8 * trainable_shard + 4 * x.largest_unit_shard
                                                               : 4 * trainable_shard;
   if (in.cpu_offload) mem.host_total = mem.parameters + mem.gradients + mem.optimizer;
-  mem.gathered = gathered_peak_bytes(x);
+  mem.gathered = accumulates_unsharded(x) ? std::max(gathered_peak_bytes(x), unsynced_peak_bytes(x, trainable))
+                                          : gathered_peak_bytes(x);
   // Each pending reduction (up to K, prefetching or not) holds its output shard until it is added
   // into the gradient shard, except where it writes the gradient shard itself; alone and offloaded
   // the packed fp32 buffer is the output (counted in gathered).

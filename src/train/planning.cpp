@@ -39,6 +39,7 @@ plan::PlanInput plan_input(const TrainConfig& c, int ranks) {
   in.fused_attention = attention != models::AttentionPath::Math;
   in.attention_fp32 = attention == models::AttentionPath::FusedFp32 && c.fsdp.param_dtype != at::kFloat;
   in.micro_batches = c.micro_batches;
+  in.sync_each_micro_batch = c.sync_each_micro_batch;
   in.ranks = ranks;
   // lora.base_dtype "auto" as the run resolves it (model.init_from's weights' own dtype) where there
   // are adapters; without them nothing is stored apart, and init_from need not be read.

@@ -34,6 +34,10 @@ FLAGS = [
     (["--optimizer", "sgd"], lambda p: p["optimizer"] == "sgd", "optimizer"),
     (["--micro-batch", "3"], lambda p: p["micro_batch"] == 3, "micro_batch"),
     (["--micro-batches", "5"], lambda p: p["micro_batches"] == 5, "micro_batches"),
+    # every unit's gradients kept across the micro-batches: the whole model's in fp32 among the gathered
+    (["--micro-batches", "2", "--sync-each-micro-batch=false"],
+     lambda p: not p["sync_each_micro_batch"] and p["memory_bytes"]["gathered"] >= 4 * p["parameters"],
+     "every unit's gradients held"),
     (["--seq-len", "96"], lambda p: p["seq_len"] == 96, "seq_len"),
     (["--seq", "96"], lambda p: p["seq_len"] == 96, "seq_len (the former name)"),
     (["--loss-chunk-tokens", "0"], lambda p: p["loss_chunk_tokens"] == 0, "loss_chunk_tokens"),

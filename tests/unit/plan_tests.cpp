@@ -113,6 +113,17 @@ TEST(Plan, GatheredFollowsTheRuntimeInEachCase) {
   EXPECT_EQ(make_plan(replicated).memory.gathered, 4 * b);
   replicated.micro_batches = 2;
   EXPECT_EQ(make_plan(replicated).memory.gathered, (2 + 2) * 4 * b);
+  // Micro-batches that do not each reduce: every unit's gradients kept unsharded until the last,
+  // whose reductions are the step's first (fp32: into the gradient shards, no outputs of their own).
+  replicated.sync_each_micro_batch = false;
+  EXPECT_EQ(make_plan(replicated).memory.gathered, 4 * p);
+  PlanInput unsynced = in;
+  unsynced.micro_batches = 2;
+  unsynced.sync_each_micro_batch = false;
+  // The last micro-batch's backward begins with every gradient held, the root and the first block
+  // gathered, its packed input and the next block prefetched (bench/plan_vs_measured.py's no-sync run).
+  EXPECT_EQ(make_plan(unsynced).memory.gathered, 4 * (p + root + b + b + b));
+  EXPECT_EQ(make_plan(unsynced).memory.reduced, 0);
 }
 
 TEST(Plan, ModelStatesShareAsTheRuntimeShards) {

@@ -25,7 +25,12 @@
 //                stays gathered until its backward), plus (K - 1) (r - c) B where r > c (pending
 //                reductions outlive their units' parameters). NO_SHARD: c B, autograd's gradients of
 //                the unit computing (the first micro-batch reduces in place in the gradient shard;
-//                later ones at N > 1 through a compute-dtype buffer each: (K + 2) c B)
+//                later ones at N > 1 through a compute-dtype buffer each: (K + 2) c B). Micro-batches
+//                that do not each reduce (train.sync_each_micro_batch = false) keep every unit's
+//                autograd gradients until the last: its backward begins with c T (T the trainable
+//                parameters) beside the root, the first unit (parameters and packed input) and the
+//                next one prefetched, c (T + root + 2 B) + r B (SHARD_GRAD_OP c (T + P) + r B,
+//                NO_SHARD c T), where that is above the peak above
 //   reduced      K r B / S: reduce-scatter outputs (a unit's reduced gradient shard), up to K of them
 //                in flight before each is added into the gradient shard; none where the reduction
 //                writes the gradient shard itself (a step's first fp32 reduce-scatter on the device),

@@ -19,8 +19,11 @@ namespace fsdp::plan {
 
 struct WorkloadSettings {
   optim::OptimizerKind optimizer = optim::OptimizerKind::AdamW;
-  int64_t micro_batch = 1;        // samples per rank per forward
-  int64_t micro_batches = 1;      // gradient accumulation steps (each one reduces)
+  int64_t micro_batch = 1;    // samples per rank per forward
+  int64_t micro_batches = 1;  // gradient accumulation steps
+  // Each micro-batch reduces its gradients; false: autograd's gradients of every unit are kept
+  // (unsharded, the compute dtype) across the micro-batches and reduced once, at the last.
+  bool sync_each_micro_batch = true;
   int64_t seq_len = 2048;         // tokens per sample (language models)
   int64_t loss_chunk_tokens = 0;  // language models: the head and loss this many tokens at a time (0: all)
   bool embedding_units = true;    // token embedding and output head are units of their own
@@ -44,6 +47,8 @@ void for_each_workload_setting(Visit&& visit) {
   visit("micro_batch", &W::micro_batch, "",
         "samples per rank per forward (a config: train.global_batch / N / micro_batches)");
   visit("micro_batches", &W::micro_batches, "train.micro_batches", "gradient accumulation steps");
+  visit("sync_each_micro_batch", &W::sync_each_micro_batch, "train.sync_each_micro_batch",
+        "reduce the gradients after every micro-batch (false: keep every unit's unsharded gradients until the last)");
   visit("seq_len", &W::seq_len, "train.seq_len", "tokens per sample (language models)");
   visit("loss_chunk_tokens", &W::loss_chunk_tokens, "train.loss_chunk_tokens",
         "language models: the head and loss this many tokens at a time (0: whole logits)");
