@@ -1,5 +1,6 @@
 #include "fsdp/optim/sharded_optimizer.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "fsdp/compat.h"
@@ -269,9 +270,17 @@ at::Tensor clip_grad_norm_tensor(runtime::FsdpState& state, double max_norm) {
   for (shard::FlatParam* flat : state.flat_params()) {
     if (flat->trainable() && flat->shard_grad().defined()) grads.push_back(flat->shard_grad());
   }
-  // One foreach launch on a GPU (a loop of mul_ on the host). The coefficient rounded to fp32
-  // first, as a double scalar times an fp32 tensor is: the same bits as scaling by the scalar.
-  if (!grads.empty()) at::_foreach_mul_(grads, coefficient.to(at::kFloat));
+  if (grads.empty()) return norm;
+  if (!coefficient.is_cuda()) {
+    // Gradients in host memory (a CPU run, CPU offload): reading the coefficient waits for nothing,
+    // and a step within the bound skips a pass over every shard (gigabytes for an offloaded model).
+    RECORD_USER_SCOPE("fsdp::clip_coefficient_in_host_memory");  // tests/dist/step_edge_test.cpp
+    if (coefficient.item<double>() == 1.0) return norm;
+  }
+  // One foreach launch on a GPU (a loop of mul_ on the host), issued whatever the coefficient: the
+  // host does not wait to learn it. The coefficient rounded to fp32 first, as a double scalar times
+  // an fp32 tensor is: the same bits as scaling by the scalar.
+  at::_foreach_mul_(grads, coefficient.to(at::kFloat));
   return norm;
 }
 

@@ -74,12 +74,24 @@ struct HostReads {
     static thread_local int open = 0;
     return open;
   }
+  static int& host_coefficient_depth() {  // open kHostCoefficient scopes
+    static thread_local int open = 0;
+    return open;
+  }
+  static int64_t& rescales() {  // aten::_foreach_mul_ calls in the scope, outside the fused kernel
+    static thread_local int64_t count = 0;
+    return count;
+  }
 };
 
 constexpr const char* kScope = "fsdp::clip_and_step";
 // libtorch's CPU kernel reads its own step counts on the host (state_steps[i].item(), in host
 // memory); the CUDA kernel reads them on the device. Not counted: the trainer's reads are.
 constexpr const char* kFusedKernel = "aten::_fused_adamw_";
+// Gradients in host memory (a CPU run, CPU offload): the clipping reads its coefficient there, a
+// read of host memory that waits for nothing, to skip a pass over every gradient shard when the
+// norm is within the bound. Not counted; on a GPU the scope is never entered.
+constexpr const char* kHostCoefficient = "fsdp::clip_coefficient_in_host_memory";
 
 at::CallbackHandle count_host_reads() {
   return at::addThreadLocalCallback(at::RecordFunctionCallback(
@@ -90,9 +102,13 @@ at::CallbackHandle count_host_reads() {
                                             ++HostReads::scopes();
                                           } else if (name == kFusedKernel) {
                                             ++HostReads::kernel_depth();
-                                          } else if (HostReads::depth() > 0 && HostReads::kernel_depth() == 0 &&
-                                                     (name == "aten::_local_scalar_dense" || name == "aten::nonzero")) {
-                                            ++HostReads::reads();
+                                          } else if (name == kHostCoefficient) {
+                                            ++HostReads::host_coefficient_depth();
+                                          } else if (HostReads::depth() > 0 && HostReads::kernel_depth() == 0) {
+                                            if (HostReads::host_coefficient_depth() == 0 &&
+                                                (name == "aten::_local_scalar_dense" || name == "aten::nonzero"))
+                                              ++HostReads::reads();
+                                            if (name == "aten::_foreach_mul_") ++HostReads::rescales();
                                           }
                                           return nullptr;
                                         },
@@ -100,6 +116,7 @@ at::CallbackHandle count_host_reads() {
                                           const std::string name = fn.name();
                                           if (name == kScope) --HostReads::depth();
                                           if (name == kFusedKernel) --HostReads::kernel_depth();
+                                          if (name == kHostCoefficient) --HostReads::host_coefficient_depth();
                                         })
                                         .needsInputs(false));
 }
@@ -107,16 +124,18 @@ at::CallbackHandle count_host_reads() {
 struct Counted {
   int64_t reads = 0;
   int64_t scopes = 0;
+  int64_t rescales = 0;
 };
 
 Counted reads_during(const TrainConfig& config, const fsdp::comm::ProcessGroupPtr& world) {
   HostReads::reads() = 0;
   HostReads::scopes() = 0;
+  HostReads::rescales() = 0;
   const at::CallbackHandle handle = count_host_reads();
   const auto summary = fsdp::train::train(config, world, {/*print=*/false, /*write_files=*/false});
   at::removeCallback(handle);
   for (double loss : summary.losses) EXPECT_TRUE(std::isfinite(loss));
-  return {HostReads::reads(), HostReads::scopes()};
+  return {HostReads::reads(), HostReads::scopes(), HostReads::rescales()};
 }
 
 TEST(StepEdge, TheFusedUpdateIsIssuedWithoutAHostRead) {
@@ -142,6 +161,23 @@ TEST(StepEdge, TheFusedUpdateIsIssuedWithoutAHostRead) {
     EXPECT_EQ(on_host.scopes, 4) << c.what;
     EXPECT_EQ(on_host.reads, 4) << c.what << ": the composed update's flag, read once a step";
   }
+}
+
+// Clipping multiplies the gradient shards by min(1, max / norm). On a GPU by a coefficient the host
+// never reads: one foreach launch a step, even when it is 1. In host memory (a CPU run, or CPU
+// offload, where a large model's shards are gigabytes) the coefficient is read for nothing and a
+// step within the bound skips the pass. Inputs: the fused update (the only _foreach_mul_ of the
+// scope is then the clipping's), fp32, 4 steps; a bound no norm reaches (1e6) and one every norm
+// exceeds (1e-3), which shows the count sees the pass.
+TEST(StepEdge, GradientsInHostMemoryWithinTheBoundAreNotRescaled) {
+  auto world = fsdp::comm::init_world();
+  TrainConfig within = small_llama(AdamWKernel::Fused);
+  within.grad_clip = 1e6;
+  const bool on_gpu = within.device == c10::DeviceType::CUDA;
+  EXPECT_EQ(reads_during(within, world).rescales, on_gpu ? 4 : 0) << "clipping within the bound";
+  TrainConfig beyond = within;
+  beyond.grad_clip = 1e-3;
+  EXPECT_EQ(reads_during(beyond, world).rescales, 4) << "clipping beyond the bound: one pass a step";
 }
 
 using fsdp_test::checkpoint_data;
