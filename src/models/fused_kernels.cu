@@ -1,6 +1,7 @@
 // CUDA kernels behind fsdp/models/fused_ops.h (launchers: fused_kernels.h). Memory bound:
-// elementwise ones are one grid-stride loop each; the norms take one block per row (a block-wide
-// sum for the row's statistics). fp32 arithmetic, one rounding on store.
+// elementwise ones are one grid-stride loop each; the norms and the loss rows take one block per
+// row (a block-wide sum for the row's statistics). Where the pointers and sizes allow, 16 bytes a
+// load or store (8 bf16, Pack below). fp32 arithmetic, one rounding on store.
 #include "fused_kernels.h"
 
 #include <cuda_bf16.h>
@@ -8,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -25,44 +28,89 @@ __device__ __forceinline__ void store(__half* p, int64_t i, float v) { p[i] = __
 // sigmoid as PyTorch's CUDA silu computes it: 1 / (1 + exp(-x)), in fp32.
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-template <typename T>
-__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = load(gate, i);
-    store(out, i, g * sigmoid(g) * load(up, i));
+// kWidth consecutive elements moved as one access: 16 bytes (8 bf16 or fp16, 4 fp32) where every
+// pointer is 16-byte aligned, else one element (kWidth 1).
+template <typename T, int kWidth>
+struct alignas(sizeof(T) * kWidth) Pack {
+  T v[kWidth];
+};
+
+// The elementwise kernels below take element i of n in packs of kWidth: thread j the packs j,
+// j + stride, ...; then the n % kWidth elements past the last whole pack, one each.
+template <typename T, int kWidth>
+__device__ __forceinline__ void swiglu_forward_at(const T* gate, const T* up, T* out, int64_t i) {
+  const Pack<T, kWidth> g = reinterpret_cast<const Pack<T, kWidth>*>(gate)[i];
+  const Pack<T, kWidth> u = reinterpret_cast<const Pack<T, kWidth>*>(up)[i];
+  Pack<T, kWidth> o;
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) {
+    const float gk = load(g.v, k);
+    store(o.v, k, gk * sigmoid(gk) * load(u.v, k));
   }
+  reinterpret_cast<Pack<T, kWidth>*>(out)[i] = o;
 }
 
-template <typename T>
+template <typename T, int kWidth>
+__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t n) {
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x, packs = n / kWidth;
+  for (int64_t i = first; i < packs; i += stride) swiglu_forward_at<T, kWidth>(gate, up, out, i);
+  for (int64_t i = packs * kWidth + first; i < n; i += stride) swiglu_forward_at<T, 1>(gate, up, out, i);
+}
+
+template <typename T, int kWidth>
+__device__ __forceinline__ void swiglu_backward_at(const T* grad_out, const T* gate, const T* up, T* grad_gate,
+                                                   T* grad_up, int64_t i) {
+  const Pack<T, kWidth> dy = reinterpret_cast<const Pack<T, kWidth>*>(grad_out)[i];
+  const Pack<T, kWidth> g = reinterpret_cast<const Pack<T, kWidth>*>(gate)[i];
+  const Pack<T, kWidth> u = reinterpret_cast<const Pack<T, kWidth>*>(up)[i];
+  Pack<T, kWidth> dg, du;
+#pragma unroll
+  for (int k = 0; k < kWidth; ++k) {
+    const float dyk = load(dy.v, k), gk = load(g.v, k), uk = load(u.v, k);
+    const float s = sigmoid(gk);
+    store(dg.v, k, dyk * uk * s * (1.0f + gk * (1.0f - s)));
+    store(du.v, k, dyk * gk * s);
+  }
+  reinterpret_cast<Pack<T, kWidth>*>(grad_gate)[i] = dg;
+  reinterpret_cast<Pack<T, kWidth>*>(grad_up)[i] = du;
+}
+
+template <typename T, int kWidth>
 __global__ void swiglu_backward_kernel(const T* grad_out, const T* gate, const T* up, T* grad_gate, T* grad_up,
                                        int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float dy = load(grad_out, i), g = load(gate, i), u = load(up, i);
-    const float s = sigmoid(g);
-    store(grad_gate, i, dy * u * s * (1.0f + g * (1.0f - s)));
-    store(grad_up, i, dy * g * s);
-  }
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x, packs = n / kWidth;
+  for (int64_t i = first; i < packs; i += stride)
+    swiglu_backward_at<T, kWidth>(grad_out, gate, up, grad_gate, grad_up, i);
+  for (int64_t i = packs * kWidth + first; i < n; i += stride)
+    swiglu_backward_at<T, 1>(grad_out, gate, up, grad_gate, grad_up, i);
 }
 
-// One thread per pair (c, c + h) of one row; rows are [outer, t, inner] in that order.
-template <typename T>
-__global__ void rotary_kernel(const T* x, const float* cos, const float* sin, T* out, int64_t pairs, int64_t t,
-                              int64_t inner, int64_t half, bool inverse) {
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = p / half, c = p % half;
-    const int64_t position = (row / inner) % t;
-    const int64_t a = row * 2 * half + c, b = a + half;
-    const int64_t table_a = position * 2 * half + c, table_b = table_a + half;
-    const float xa = load(x, a), xb = load(x, b);
-    if (!inverse) {
-      store(out, a, xa * cos[table_a] - xb * sin[table_a]);
-      store(out, b, xb * cos[table_b] + xa * sin[table_b]);
-    } else {
-      store(out, a, xa * cos[table_a] + xb * sin[table_b]);
-      store(out, b, xb * cos[table_b] - xa * sin[table_a]);
+// A row of head_dim elements (rows are [outer, t, inner] in that order) to each blockDim.x lanes,
+// blockDim.y rows to a block; lane l takes the pairs (c, c + h) for c = l, l + blockDim.x, ... < h.
+// The row's position is found once per row, and in 32-bit arithmetic where every offset fits
+// (Index uint32_t): 64-bit division and remainder are long instruction sequences on a GPU.
+template <typename T, typename Index>
+__global__ void rotary_kernel(const T* x, const float* cos, const float* sin, T* out, Index rows, Index t, Index inner,
+                              Index half, bool inverse) {
+  const Index rows_per_step = static_cast<Index>(gridDim.x) * blockDim.y;
+  for (Index row = static_cast<Index>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows; row += rows_per_step) {
+    const Index position = (row / inner) % t;
+    const T* xr = x + row * 2 * half;
+    T* outr = out + row * 2 * half;
+    const float* cos_row = cos + position * 2 * half;
+    const float* sin_row = sin + position * 2 * half;
+    for (Index c = threadIdx.x; c < half; c += blockDim.x) {
+      const Index b = c + half;
+      const float xa = load(xr, c), xb = load(xr, b);
+      if (!inverse) {
+        store(outr, c, xa * cos_row[c] - xb * sin_row[c]);
+        store(outr, b, xb * cos_row[b] + xa * sin_row[b]);
+      } else {
+        store(outr, c, xa * cos_row[c] + xb * sin_row[b]);
+        store(outr, b, xb * cos_row[b] - xa * sin_row[c]);
+      }
     }
   }
 }
@@ -87,32 +135,54 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-// One block per row (striding over rows); thread k takes columns k, k + blockDim.x, ... in both
-// passes, so it reads back only the sums it stored itself.
-template <typename T>
+// One block per row (striding over rows); the row in packs of kWidth (kWidth divides dim and every
+// pointer is 16-byte aligned, the launcher's condition), thread k taking packs k, k + blockDim.x,
+// ... in both passes, so it reads back only the sums it stored itself.
+template <typename T, int kWidth>
 __global__ void add_rms_norm_forward_kernel(const T* x, const T* delta, const T* weight, T* sum, T* normed, float* rstd,
                                             int64_t rows, int64_t dim, float eps) {
+  using P = Pack<T, kWidth>;
+  const int64_t packs = dim / kWidth;
+  const P* weight_packs = reinterpret_cast<const P*>(weight);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const int64_t base = row * dim;
+    const int64_t base = row * packs;  // in packs
+    const P* x_packs = reinterpret_cast<const P*>(x) + base;
+    const P* delta_packs = reinterpret_cast<const P*>(delta) + base;
+    P* sum_packs = reinterpret_cast<P*>(sum) + base;
+    P* normed_packs = reinterpret_cast<P*>(normed) + base;
     float squares = 0.0f;
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-      store(sum, base + c, load(x, base + c) + load(delta, base + c));
-      const float h = load(sum, base + c);  // as stored (rounded): the residual the norm sees
-      squares += h * h;
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const P a = x_packs[p], d = delta_packs[p];
+      P h;
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) {
+        store(h.v, k, load(a.v, k) + load(d.v, k));
+        const float hk = load(h.v, k);  // as stored (rounded): the residual the norm sees
+        squares += hk * hk;
+      }
+      sum_packs[p] = h;
     }
     const float r = rsqrtf(block_sum(squares) / static_cast<float>(dim) + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-      store(normed, base + c, load(sum, base + c) * r * load(weight, c));
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const P h = sum_packs[p], w = weight_packs[p];
+      P o;
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) store(o.v, k, load(h.v, k) * r * load(w.v, k));
+      normed_packs[p] = o;
     }
   }
 }
 
-template <typename T>
+// kColumns > 0: dim <= kColumns blockDim.x, and thread k's columns k, k + blockDim.x, ... keep their
+// weight partials in registers over the block's rows, stored once at the end; kColumns 0 (a wider
+// row): they are added into weight_partials row by row.
+template <typename T, int kColumns>
 __global__ void add_rms_norm_backward_kernel(const T* grad_normed, const T* grad_sum, const T* sum, const T* weight,
                                              const float* rstd, T* grad_sum_out, float* weight_partials, int64_t rows,
                                              int64_t dim) {
   float* partial = weight_partials == nullptr ? nullptr : weight_partials + blockIdx.x * dim;
+  float kept[kColumns > 0 ? kColumns : 1] = {};
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * dim;
     const float r = rstd[row];
@@ -121,12 +191,32 @@ __global__ void add_rms_norm_backward_kernel(const T* grad_normed, const T* grad
       dot += load(grad_normed, base + c) * load(weight, c) * (load(sum, base + c) * r);
     }
     const float mean_dot = block_sum(dot) / static_cast<float>(dim);
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    const auto column = [&](int64_t c) {  // returns grad_normed hat, this column's weight partial
       const float dy = load(grad_normed, base + c), hat = load(sum, base + c) * r;
       float grad = r * (dy * load(weight, c) - hat * mean_dot);
       if (grad_sum != nullptr) grad += load(grad_sum, base + c);
       store(grad_sum_out, base + c, grad);
-      if (partial != nullptr) partial[c] += dy * hat;  // column c is this thread's alone in this block
+      return dy * hat;
+    };
+    if constexpr (kColumns > 0) {
+#pragma unroll
+      for (int k = 0; k < kColumns; ++k) {
+        const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (c < dim) kept[k] += column(c);
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+        const float product = column(c);
+        if (partial != nullptr) partial[c] += product;  // column c is this thread's alone in this block
+      }
+    }
+  }
+  if constexpr (kColumns > 0) {
+    if (partial == nullptr) return;
+#pragma unroll
+    for (int k = 0; k < kColumns; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (c < dim) partial[c] += kept[k];
     }
   }
 }
@@ -195,15 +285,21 @@ __device__ MaxSum block_max_sum(MaxSum mine) {
 }
 
 // One block per row (striding over rows): the row's (max, sum) in one read, its log-sum-exp, the
-// loss, then the gradient in a second read and one write. 32-bit column indices: a row of a
-// vocabulary is far below 2^31 elements.
-template <typename T>
+// loss, then the gradient in a second read and one write. The row in packs of kWidth (kWidth divides
+// vocab and z is 16-byte aligned, the launcher's condition: every row starts aligned). 32-bit
+// column indices: a row of a vocabulary is far below 2^31 elements.
+template <typename T, int kWidth>
 __global__ void cross_entropy_rows_kernel(T* z, const int64_t* targets, float* row_loss, int64_t rows, int vocab,
                                           float scale, bool gradient) {
+  const int packs = vocab / kWidth;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    T* zr = z + row * static_cast<int64_t>(vocab);
+    Pack<T, kWidth>* zr = reinterpret_cast<Pack<T, kWidth>*>(z + row * static_cast<int64_t>(vocab));
     MaxSum mine;
-    for (int c = threadIdx.x; c < vocab; c += blockDim.x) mine.add(load(zr, c));
+    for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+      const Pack<T, kWidth> v = zr[p];
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) mine.add(load(v.v, k));
+    }
     const MaxSum all = block_max_sum(mine);
     // As at::logsumexp answers: NaN anywhere gives NaN; else an infinite max gives itself.
     float lse = logf(all.sum) + all.max;
@@ -215,15 +311,20 @@ __global__ void cross_entropy_rows_kernel(T* z, const int64_t* targets, float* r
     const int64_t target = targets[row];
     const bool counted = target != -100;
     // Every thread reads the target's logit before any thread overwrites the row.
-    const float picked = counted ? load(zr, target) : 0.0f;
+    const float picked = counted ? load(zr[target / kWidth].v, target % kWidth) : 0.0f;
     __syncthreads();
     if (threadIdx.x == 0) row_loss[row] = counted ? lse - picked : 0.0f;
     if (!gradient) continue;
     const float factor = counted ? scale : 0.0f;
-    for (int c = threadIdx.x; c < vocab; c += blockDim.x) {
-      float p = expf(load(zr, c) - lse);
-      if (c == target) p -= 1.0f;
-      store(zr, c, p * factor);
+    for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+      Pack<T, kWidth> v = zr[p];
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) {
+        float q = expf(load(v.v, k) - lse);
+        if (p * kWidth + k == target) q -= 1.0f;
+        store(v.v, k, q * factor);
+      }
+      zr[p] = v;
     }
   }
 }
@@ -236,6 +337,12 @@ constexpr int kNormBackwardBlocks = 1024;  // the weight partials: [1024, dim] f
 int blocks_for(int64_t work) {
   // Enough blocks to fill any current GPU several times over; the grid-stride loops take the rest.
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, 65536)));
+}
+
+// Whether every pointer is 16-byte aligned: the packed kernels' condition.
+bool aligned16(std::initializer_list<const void*> pointers) {
+  return std::all_of(pointers.begin(), pointers.end(),
+                     [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; });
 }
 
 void check_launch(const char* kernel) {
@@ -266,9 +373,17 @@ void add_rms_norm_forward(const void* x, const void* delta, const void* weight, 
   const int blocks = static_cast<int>(std::min<int64_t>(rows, 65536));
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    add_rms_norm_forward_kernel<T><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<const T*>(weight), static_cast<T*>(sum),
-        static_cast<T*>(normed), rstd, rows, dim, eps);
+    constexpr int kWidth = 16 / sizeof(T);
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(x), static_cast<const T*>(delta), static_cast<const T*>(weight), static_cast<T*>(sum),
+          static_cast<T*>(normed), rstd, rows, dim, eps);
+    };
+    if (dim % kWidth == 0 && aligned16({x, delta, weight, sum, normed})) {
+      launch(add_rms_norm_forward_kernel<T, kWidth>);
+    } else {
+      launch(add_rms_norm_forward_kernel<T, 1>);
+    }
   });
   check_launch("add_rms_norm_forward");
 }
@@ -279,9 +394,19 @@ void add_rms_norm_backward(const void* grad_normed, const void* grad_sum, const 
   if (rows == 0 || dim == 0) return;
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    add_rms_norm_backward_kernel<T><<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(grad_normed), static_cast<const T*>(grad_sum), static_cast<const T*>(sum),
-        static_cast<const T*>(weight), rstd, static_cast<T*>(grad_sum_out), weight_partials, rows, dim);
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(grad_normed), static_cast<const T*>(grad_sum), static_cast<const T*>(sum),
+          static_cast<const T*>(weight), rstd, static_cast<T*>(grad_sum_out), weight_partials, rows, dim);
+    };
+    // The weight partials in registers up to 32 columns a thread (dim 8192); 8 for dim <= 2048.
+    if (dim <= 8 * kNormThreads) {
+      launch(add_rms_norm_backward_kernel<T, 8>);
+    } else if (dim <= 32 * kNormThreads) {
+      launch(add_rms_norm_backward_kernel<T, 32>);
+    } else {
+      launch(add_rms_norm_backward_kernel<T, 0>);
+    }
   });
   check_launch("add_rms_norm_backward");
 }
@@ -296,18 +421,35 @@ void cross_entropy_rows(void* z, const int64_t* targets, float* row_loss, int64_
   const int blocks = static_cast<int>(std::min<int64_t>(rows, 65536));
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    cross_entropy_rows_kernel<T><<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(z), targets, row_loss, rows, static_cast<int>(vocab), scale, gradient);
+    constexpr int kWidth = 16 / sizeof(T);
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<T*>(z), targets, row_loss, rows,
+                                                                            static_cast<int>(vocab), scale, gradient);
+    };
+    if (vocab % kWidth == 0 && aligned16({z})) {
+      launch(cross_entropy_rows_kernel<T, kWidth>);
+    } else {
+      launch(cross_entropy_rows_kernel<T, 1>);
+    }
   });
   check_launch("cross_entropy_rows");
 }
 
 void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Dtype dtype, void* stream) {
   if (n == 0) return;
+  const bool packed = aligned16({gate, up, out});
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    swiglu_forward_kernel<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
+    constexpr int kWidth = 16 / sizeof(T);
+    const auto launch = [&](auto kernel, int64_t work) {
+      kernel<<<blocks_for(work), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
+    };
+    if (packed) {
+      launch(swiglu_forward_kernel<T, kWidth>, (n + kWidth - 1) / kWidth);
+    } else {
+      launch(swiglu_forward_kernel<T, 1>, n);
+    }
   });
   check_launch("swiglu_forward");
 }
@@ -315,23 +457,49 @@ void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Dtyp
 void swiglu_backward(const void* grad_out, const void* gate, const void* up, void* grad_gate, void* grad_up, int64_t n,
                      Dtype dtype, void* stream) {
   if (n == 0) return;
+  const bool packed = aligned16({grad_out, gate, up, grad_gate, grad_up});
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    swiglu_backward_kernel<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(grad_out), static_cast<const T*>(gate), static_cast<const T*>(up),
-        static_cast<T*>(grad_gate), static_cast<T*>(grad_up), n);
+    constexpr int kWidth = 16 / sizeof(T);
+    const auto launch = [&](auto kernel, int64_t work) {
+      kernel<<<blocks_for(work), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(grad_out), static_cast<const T*>(gate), static_cast<const T*>(up),
+          static_cast<T*>(grad_gate), static_cast<T*>(grad_up), n);
+    };
+    if (packed) {
+      launch(swiglu_backward_kernel<T, kWidth>, (n + kWidth - 1) / kWidth);
+    } else {
+      launch(swiglu_backward_kernel<T, 1>, n);
+    }
   });
   check_launch("swiglu_backward");
 }
 
 void rotary(const void* x, const float* cos, const float* sin, void* out, int64_t outer, int64_t t, int64_t inner,
             int64_t head_dim, bool inverse, Dtype dtype, void* stream) {
-  const int64_t half = head_dim / 2, pairs = outer * t * inner * half;
-  if (pairs == 0) return;
+  const int64_t half = head_dim / 2, rows = outer * t * inner;
+  if (rows == 0 || half == 0) return;
+  // Lanes per row: half rounded up to a power of two, at most a warp; 256 threads a block.
+  int lanes = 1;
+  while (lanes < half && lanes < 32) lanes *= 2;
+  const dim3 threads(lanes, kThreads / lanes);
+  const int64_t rows_per_block = kThreads / lanes;
+  const int blocks =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, 65536)));
+  const bool offsets_fit_32_bits = rows * head_dim <= static_cast<int64_t>(UINT32_MAX);
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    rotary_kernel<T><<<blocks_for(pairs), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), cos, sin, static_cast<T*>(out), pairs, t, inner, half, inverse);
+    const auto launch = [&](auto index) {
+      using Index = decltype(index);
+      rotary_kernel<T, Index><<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(x), cos, sin, static_cast<T*>(out), static_cast<Index>(rows), static_cast<Index>(t),
+          static_cast<Index>(inner), static_cast<Index>(half), inverse);
+    };
+    if (offsets_fit_32_bits) {
+      launch(uint32_t{0});
+    } else {
+      launch(int64_t{0});
+    }
   });
   check_launch(inverse ? "rotary (backward)" : "rotary");
 }

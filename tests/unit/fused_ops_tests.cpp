@@ -91,6 +91,19 @@ TEST(FusedOps, SwigluMatchesTheComposedReference) {
     expect_as_accurate(fused, reference, truth, "forward");
     expect_as_accurate(gf.grad(), gr.grad(), g64.grad(), "gradient of gate");
     expect_as_accurate(uf.grad(), ur.grad(), u64.grad(), "gradient of up");
+
+    // Inputs one element past a 16-byte boundary (the CUDA kernels then move one element at a
+    // time, not 16 bytes): the same bits, forward and backward, as the aligned inputs'.
+    const auto misaligned = [&](const at::Tensor& t) {
+      const at::Tensor buffer = torch::empty({t.numel() + 1}, opts);
+      return buffer.narrow(0, 1, t.numel()).view(t.sizes()).copy_(t.to(opts)).requires_grad_(true);
+    };
+    at::Tensor gm = misaligned(gate64), um = misaligned(up64);
+    const at::Tensor fused_misaligned = fsdp::models::swiglu(gm, um);
+    fused_misaligned.backward(misaligned(grad64).detach());
+    EXPECT_TRUE(torch::equal(fused_misaligned, fused)) << "forward, misaligned inputs";
+    EXPECT_TRUE(torch::equal(gm.grad(), gf.grad()) && torch::equal(um.grad(), uf.grad()))
+        << "backward, misaligned inputs";
   }
 }
 
@@ -99,36 +112,40 @@ TEST(FusedOps, RotaryMatchesTheComposedReference) {
     if (!usable(c.device)) continue;
     SCOPED_TRACE(c.name());
     torch::manual_seed(2);
-    const int64_t b = 2, t = 7, heads = 3, hd = 10;
-    auto [cos, sin] = rotary_tables(t, hd, 500000.0);  // [t, hd] fp32
-    const at::Tensor x64 = torch::randn({b, t, heads, hd}, at::kDouble),
-                     grad64 = torch::randn({b, t, heads, hd}, at::kDouble);
-    const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+    // A head_dim below a warp's pairs (10) and the Llamas' (128: two pairs a lane on CUDA).
+    for (const int64_t hd : {10, 128}) {
+      SCOPED_TRACE("head_dim " + std::to_string(hd));
+      const int64_t b = 2, t = 7, heads = 3;
+      auto [cos, sin] = rotary_tables(t, hd, 500000.0);  // [t, hd] fp32
+      const at::Tensor x64 = torch::randn({b, t, heads, hd}, at::kDouble),
+                       grad64 = torch::randn({b, t, heads, hd}, at::kDouble);
+      const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
 
-    at::Tensor xt = x64.clone().requires_grad_(true);
-    // Rotate-half: pair (c, c + hd/2) of each position's row turned by that position's angle:
-    // [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], cos and sin [t, hd] broadcast over b and heads.
-    const at::Tensor cos64 = cos.to(at::kDouble).view({1, t, 1, hd}), sin64 = sin.to(at::kDouble).view({1, t, 1, hd});
-    const at::Tensor x1 = xt.narrow(-1, 0, hd / 2), x2 = xt.narrow(-1, hd / 2, hd / 2);
-    const at::Tensor truth = xt * cos64 + at::cat({-x2, x1}, -1) * sin64;
-    truth.backward(grad64);
+      at::Tensor xt = x64.clone().requires_grad_(true);
+      // Rotate-half: pair (c, c + hd/2) of each position's row turned by that position's angle:
+      // [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], cos and sin [t, hd] broadcast over b and heads.
+      const at::Tensor cos64 = cos.to(at::kDouble).view({1, t, 1, hd}), sin64 = sin.to(at::kDouble).view({1, t, 1, hd});
+      const at::Tensor x1 = xt.narrow(-1, 0, hd / 2), x2 = xt.narrow(-1, hd / 2, hd / 2);
+      const at::Tensor truth = xt * cos64 + at::cat({-x2, x1}, -1) * sin64;
+      truth.backward(grad64);
 
-    const at::Tensor cos_d = cos.to(c.device), sin_d = sin.to(c.device);
-    at::Tensor xf = x64.to(opts).detach().requires_grad_(true), xr = x64.to(opts).detach().requires_grad_(true);
-    const at::Tensor fused = fsdp::models::rotary(xf, cos_d, sin_d);
-    const at::Tensor reference = fsdp::models::rotary_reference(xr, cos_d, sin_d);
-    fused.backward(grad64.to(opts));
-    reference.backward(grad64.to(opts));
-    if (c.device.is_cpu()) EXPECT_TRUE(torch::equal(fused, reference)) << "the CPU forward is the reference's";
-    expect_as_accurate(fused, reference, truth, "forward");
-    expect_as_accurate(xf.grad(), xr.grad(), xt.grad(), "gradient of x");
+      const at::Tensor cos_d = cos.to(c.device), sin_d = sin.to(c.device);
+      at::Tensor xf = x64.to(opts).detach().requires_grad_(true), xr = x64.to(opts).detach().requires_grad_(true);
+      const at::Tensor fused = fsdp::models::rotary(xf, cos_d, sin_d);
+      const at::Tensor reference = fsdp::models::rotary_reference(xr, cos_d, sin_d);
+      fused.backward(grad64.to(opts));
+      reference.backward(grad64.to(opts));
+      if (c.device.is_cpu()) EXPECT_TRUE(torch::equal(fused, reference)) << "the CPU forward is the reference's";
+      expect_as_accurate(fused, reference, truth, "forward");
+      expect_as_accurate(xf.grad(), xr.grad(), xt.grad(), "gradient of x");
 
-    // A strided input (the [b, heads, t, hd] view of a contiguous [b, t, heads, hd] tensor, seen
-    // back through its transpose) gives the same values as its contiguous copy.
-    const at::Tensor strided = x64.to(opts).transpose(1, 2).contiguous().transpose(1, 2);
-    ASSERT_FALSE(strided.is_contiguous());
-    EXPECT_TRUE(
-        torch::equal(fsdp::models::rotary(strided, cos_d, sin_d), fsdp::models::rotary(x64.to(opts), cos_d, sin_d)));
+      // A strided input (the [b, heads, t, hd] view of a contiguous [b, t, heads, hd] tensor, seen
+      // back through its transpose) gives the same values as its contiguous copy.
+      const at::Tensor strided = x64.to(opts).transpose(1, 2).contiguous().transpose(1, 2);
+      ASSERT_FALSE(strided.is_contiguous());
+      EXPECT_TRUE(
+          torch::equal(fsdp::models::rotary(strided, cos_d, sin_d), fsdp::models::rotary(x64.to(opts), cos_d, sin_d)));
+    }
   }
 }
 
@@ -168,14 +185,19 @@ TEST(FusedOps, AddRmsNormMatchesTheComposedReference) {
     SCOPED_TRACE(c.name());
     torch::manual_seed(4);
     // Rows more than the CUDA backward's 1024 blocks (blocks take several rows: the weight
-    // partials accumulate), an odd dim below and above one block's 256 threads.
-    for (const int64_t dim : {67, 300}) {
+    // partials accumulate), an odd dim below and above one block's 256 threads (on CUDA one
+    // element a load; 300 in 16-byte packs of fp32). On CUDA also dims of whole bf16 packs, with the
+    // backward's weight partials in 32 registers a thread (4096) and in global memory (8200,
+    // beyond 32 x 256 columns).
+    std::vector<int64_t> dims = {67, 300};
+    if (c.device.is_cuda()) dims.insert(dims.end(), {4096, 8200});
+    for (const int64_t dim : dims) {
       SCOPED_TRACE("dim " + std::to_string(dim));
-      const at::Tensor x64 = torch::randn({3, 401, dim}, at::kDouble) * 2,
-                       delta64 = torch::randn({3, 401, dim}, at::kDouble);
+      const std::vector<int64_t> shape =
+          dim <= 300 ? std::vector<int64_t>{3, 401, dim} : std::vector<int64_t>{1030, dim};
+      const at::Tensor x64 = torch::randn(shape, at::kDouble) * 2, delta64 = torch::randn(shape, at::kDouble);
       const at::Tensor w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble);
-      const at::Tensor grad_sum64 = torch::randn({3, 401, dim}, at::kDouble),
-                       grad_normed64 = torch::randn({3, 401, dim}, at::kDouble);
+      const at::Tensor grad_sum64 = torch::randn(shape, at::kDouble), grad_normed64 = torch::randn(shape, at::kDouble);
       const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
       const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
 
@@ -280,43 +302,49 @@ TEST(FusedOps, AddRmsNormRejectsMismatchedInputs) {
 // the loss and the logits' gradient in the compute dtype; on the CPU, passes over an fp32 copy.
 // Truth: the formula in fp64 from the inputs as rounded to the dtype. Loss, d hidden and d weight,
 // for backward's factor (0.25) said right and said wrong (1: corrected in backward), chunks that
-// divide the rows and do not, rows not counted, a vocabulary that fills no block evenly. A missed
-// onehot, an unscaled gradient or a row counted that is not moves these by O(1).
+// divide the rows and do not, rows not counted, a vocabulary that fills no block evenly and one of
+// whole packs. A missed onehot, an unscaled gradient or a row counted that is not moves these by
+// O(1).
 TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
   for (const Case& c : cases()) {
     if (!usable(c.device)) continue;
     SCOPED_TRACE(c.name());
     torch::manual_seed(3);
-    const int64_t n = 45, dim = 32, vocab = 1001;
-    const double factor = 0.25;
-    const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
-    const at::Tensor hidden64 = torch::randn({n, dim}, at::kDouble).to(c.dtype).to(at::kDouble);
-    const at::Tensor weight64 = (torch::randn({vocab, dim}, at::kDouble) * 0.2).to(c.dtype).to(at::kDouble);
-    at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
-    targets.index_put_({torch::arange(0, n, 7)}, -100);
-    const auto sum_ignoring =
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(-100);
+    // An odd vocabulary (on CUDA one logit a load) and one of whole 16-byte packs.
+    for (const int64_t vocab : {1001, 1024}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab));
+      const int64_t n = 45, dim = 32;
+      const double factor = 0.25;
+      const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+      const at::Tensor hidden64 = torch::randn({n, dim}, at::kDouble).to(c.dtype).to(at::kDouble);
+      const at::Tensor weight64 = (torch::randn({vocab, dim}, at::kDouble) * 0.2).to(c.dtype).to(at::kDouble);
+      at::Tensor targets = torch::randint(0, vocab, {n}, at::kLong);
+      targets.index_put_({torch::arange(0, n, 7)}, -100);
+      const auto sum_ignoring =
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum).ignore_index(-100);
 
-    at::Tensor h_truth = hidden64.clone().requires_grad_(true), w_truth = weight64.clone().requires_grad_(true);
-    const at::Tensor truth = torch::nn::functional::cross_entropy(at::mm(h_truth, w_truth.t()), targets, sum_ignoring);
-    (truth * factor).backward();
+      at::Tensor h_truth = hidden64.clone().requires_grad_(true), w_truth = weight64.clone().requires_grad_(true);
+      const at::Tensor truth =
+          torch::nn::functional::cross_entropy(at::mm(h_truth, w_truth.t()), targets, sum_ignoring);
+      (truth * factor).backward();
 
-    const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
-    at::Tensor h_ref = leaf(hidden64), w_ref = leaf(weight64);
-    const at::Tensor reference = torch::nn::functional::cross_entropy(fsdp::models::linear(h_ref, w_ref).to(at::kFloat),
-                                                                      targets.to(c.device), sum_ignoring);
-    (reference * factor).backward();
+      const auto leaf = [&](const at::Tensor& t) { return t.to(opts).detach().requires_grad_(true); };
+      at::Tensor h_ref = leaf(hidden64), w_ref = leaf(weight64);
+      const at::Tensor reference = torch::nn::functional::cross_entropy(
+          fsdp::models::linear(h_ref, w_ref).to(at::kFloat), targets.to(c.device), sum_ignoring);
+      (reference * factor).backward();
 
-    for (double said : {factor, 1.0}) {
-      for (int64_t chunk : {16, 45}) {
-        SCOPED_TRACE("chunk " + std::to_string(chunk) + ", factor said " + std::to_string(said));
-        at::Tensor h = leaf(hidden64), w = leaf(weight64);
-        const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets.to(c.device), {chunk, said});
-        (loss * factor).backward();
-        expect_as_accurate(loss, reference, truth, "loss");
-        expect_as_accurate(h.grad(), h_ref.grad(), h_truth.grad(), "d hidden");
-        expect_as_accurate(w.grad(), w_ref.grad(), w_truth.grad(), "d weight");
-        EXPECT_EQ(w.grad().scalar_type(), c.dtype);
+      for (double said : {factor, 1.0}) {
+        for (int64_t chunk : {16, 45}) {
+          SCOPED_TRACE("chunk " + std::to_string(chunk) + ", factor said " + std::to_string(said));
+          at::Tensor h = leaf(hidden64), w = leaf(weight64);
+          const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets.to(c.device), {chunk, said});
+          (loss * factor).backward();
+          expect_as_accurate(loss, reference, truth, "loss");
+          expect_as_accurate(h.grad(), h_ref.grad(), h_truth.grad(), "d hidden");
+          expect_as_accurate(w.grad(), w_ref.grad(), w_truth.grad(), "d weight");
+          EXPECT_EQ(w.grad().scalar_type(), c.dtype);
+        }
       }
     }
   }
