@@ -9,7 +9,10 @@ ProfilerStep# marks are counted). On a GPU trace the GPU kernels are summed (cat
 do not nest, so the sums are the device's busy time); on a CPU-only trace the operators' self time
 (an operator's time less that of the operators inside it, per thread). Kernels are also grouped
 into classes (matmul, attention, communication, norm, elementwise, copy, optimizer, other) by name,
-for the compact comparison the fusions aim at. scripts/gpu-check.sh runs it on the 1B Llama's pair.
+for the compact comparison the fusions aim at. On GPU traces also the device's timeline: busy and
+idle time per step, and the idle time at the step's edge (between one step's last device work and
+the next one's first), which the host's end-of-step work (reading the loss, the metrics' exchange,
+the next batch) leaves. scripts/gpu-check.sh runs it on the 1B Llama's pair.
 """
 import argparse
 import collections
@@ -35,10 +38,13 @@ def classify(name):
     return "other"
 
 
-def load(path):
-    """-> ({name: microseconds per step}, steps, 'gpu kernels' | 'cpu self time')"""
+def read_events(path):
     with open(path) as f:
-        events = json.load(f)["traceEvents"]
+        return json.load(f)["traceEvents"]
+
+
+def load(events):
+    """-> ({name: microseconds per step}, steps, 'gpu kernels' | 'cpu self time')"""
     steps = len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}) or 1
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
     kernels = [e for e in complete if e.get("cat") == "kernel"]
@@ -68,6 +74,68 @@ def load(path):
     return {n: t / steps for n, t in times.items()}, steps, "cpu self time"
 
 
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # the device's own work in a Kineto trace
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # the host calls that queued it
+
+
+def union_length(intervals):
+    """Total length covered by [start, end) intervals (streams overlap: counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def device_timeline(events):
+    """Where a GPU trace's device stood still, per profiled step, or None for a CPU-only trace.
+
+    A step's device work is the kernels, copies and memsets whose launch (the host call with the same
+    correlation id) lies inside the host's ProfilerStep#N: a kernel runs after the host call that
+    queued it, so the device's step is found through the launch, not its own time. -> {steps,
+    busy_ms (the union of the device's intervals over all streams), span_ms (the first work's start
+    to the last one's end), idle_ms (span - busy), edge_ms: between one step's last device work and
+    the next step's first (0 where they overlap), the mean over the boundaries}, each per step."""
+    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                     if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+                     and e.get("cat") != "gpu_user_annotation")
+    launch_step = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {}):
+            for index, (start, end) in enumerate(windows):
+                if start <= e["ts"] < end:
+                    launch_step[e["args"]["correlation"]] = index
+                    break
+    per_step = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES and "dur" in e:
+            index = launch_step.get(e.get("args", {}).get("correlation"))
+            if index is not None:
+                per_step[index].append((e["ts"], e["ts"] + e["dur"]))
+    if not per_step:
+        return None
+    steps = sorted(per_step)
+    everything = [i for index in steps for i in per_step[index]]
+    busy = union_length(everything)
+    span = max(end for _, end in everything) - min(start for start, _ in everything)
+    edges = [max(0.0, min(s for s, _ in per_step[b]) - max(e for _, e in per_step[a]))
+             for a, b in zip(steps, steps[1:])]
+    n = len(steps)
+    return {"steps": n, "busy_ms": busy / n / 1000.0, "span_ms": span / n / 1000.0,
+            "idle_ms": (span - busy) / n / 1000.0,
+            "edge_ms": sum(edges) / len(edges) / 1000.0 if edges else None}
+
+
+def describe_device(title, timeline):
+    if timeline is None:
+        return f"  {title}: no device work in the trace (a CPU trace)"
+    edge = "one step profiled" if timeline["edge_ms"] is None else f"{timeline['edge_ms']:.2f} ms"
+    return (f"  {title}: busy {timeline['busy_ms']:.2f} ms of a {timeline['span_ms']:.2f} ms span, idle "
+            f"{timeline['idle_ms']:.2f} ms; at the step's edge (last work to the next step's first): {edge}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("ours")
@@ -76,8 +144,10 @@ def main():
     p.add_argument("--json", default="")
     a = p.parse_args()
     try:
-        ours, our_steps, our_kind = load(a.ours)
-        theirs, their_steps, their_kind = load(a.theirs)
+        our_events, their_events = read_events(a.ours), read_events(a.theirs)
+        ours, our_steps, our_kind = load(our_events)
+        theirs, their_steps, their_kind = load(their_events)
+        our_device, their_device = device_timeline(our_events), device_timeline(their_events)
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"compare_traces: cannot read a trace: {e}")
     ms = lambda us: us / 1000.0  # noqa: E731
@@ -92,6 +162,9 @@ def main():
         print(f"{label:<14} {ms(x):12.2f} {ms(y):9.2f} {x / y if y else float('inf'):6.2f}")
     total_ours, total_theirs = sum(ours.values()), sum(theirs.values())
     print(f"{'total':<14} {ms(total_ours):12.2f} {ms(total_theirs):9.2f} {total_ours / total_theirs if total_theirs else float('inf'):6.2f}")
+    print("\nthe device's timeline per step (kernels, copies and memsets of the steps the host launched):")
+    print(describe_device("fsdp.cpp", our_device))
+    print(describe_device("peer", their_device))
     print(f"\ntop {a.top} of each (ms per step):")
     for title, table in (("fsdp.cpp", ours), ("peer", theirs)):
         print(f"  {title}:")
@@ -101,7 +174,8 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"ours": {"kind": our_kind, "steps": our_steps, "ms_per_step": {n: ms(t) for n, t in ours.items()}},
                        "peer": {"kind": their_kind, "steps": their_steps, "ms_per_step": {n: ms(t) for n, t in theirs.items()}},
-                       "classes_ms_per_step": {k: [ms(v[0]), ms(v[1])] for k, v in classes.items()}}, f, indent=1)
+                       "classes_ms_per_step": {k: [ms(v[0]), ms(v[1])] for k, v in classes.items()},
+                       "device_timeline": {"ours": our_device, "peer": their_device}}, f, indent=1)
 
 
 if __name__ == "__main__":

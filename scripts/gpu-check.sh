@@ -74,7 +74,7 @@ finish() {  # on any exit: the table and JSON, then the few files OUT_DIR takes 
   if [ -f "$ours" ] && [ -n "$theirs" ]; then
     python3 "$ROOT/bench/compare_traces.py" "$ours" "$theirs" --json "$WORK/trace-comparison.json" > "$WORK/trace-comparison.txt" 2>&1
     cp "$WORK/trace-comparison.txt" "$OUT_DIR/" 2> /dev/null
-    head -n 12 "$WORK/trace-comparison.txt"
+    head -n 15 "$WORK/trace-comparison.txt"
   fi
   cp "$WORK/report.txt" "$WORK/stages.tsv" "$OUT_DIR/" 2> /dev/null
   [ -e "$WORK/gpu-check.json" ] && cp "$WORK/gpu-check.json" "$OUT_DIR/"
