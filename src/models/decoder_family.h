@@ -76,6 +76,16 @@ class DecoderFamily : public FamilyOf<Config> {
   int64_t plan_sequence(const ModelConfig& config) const override {
     return std::min<int64_t>(of(config).context, 4096);
   }
+  std::optional<AttentionCall> attention_call(const ModelConfig& config, int64_t tokens) const override {
+    const LlamaConfig& c = of(config);
+    AttentionCall call;
+    call.heads = c.heads;
+    call.kv_heads = c.kv_heads;
+    call.head_dim = c.head_size();
+    call.tokens = tokens;
+    call.masked = c.sliding_window > 0 && tokens > c.sliding_window;
+    return call;
+  }
   std::vector<std::string> block_type_names(const ModelConfig&) const override { return {"LlamaBlock"}; }
   // A tied embedding and head is one module called twice, so one path.
   std::vector<std::string> embedding_and_head_paths(const ModelConfig& config) const override {

@@ -154,6 +154,17 @@ class Gemma3Family final : public FamilyOf<Gemma3Config> {
   int64_t plan_sequence(const ModelConfig& config) const override {
     return std::min<int64_t>(of(config).context, 4096);
   }
+  // Most layers are local: their sliding window masks a sample longer than it.
+  std::optional<AttentionCall> attention_call(const ModelConfig& config, int64_t tokens) const override {
+    const Gemma3Config& c = of(config);
+    AttentionCall call;
+    call.heads = c.heads;
+    call.kv_heads = c.kv_heads;
+    call.head_dim = c.head_dim;
+    call.tokens = tokens;
+    call.masked = tokens > c.sliding_window;
+    return call;
+  }
   std::vector<std::string> block_type_names(const ModelConfig&) const override { return {"Gemma3Block"}; }
   std::vector<std::string> embedding_and_head_paths(const ModelConfig&) const override { return {"embed_tokens"}; }
   LoraSpec* lora(ModelConfig& config) const override { return &of(config).lora; }

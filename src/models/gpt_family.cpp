@@ -69,6 +69,14 @@ class GptFamily final : public FamilyOf<GptConfig> {
     return of(config).flops_per_token(seq);
   }
   void take_data_vocab(ModelConfig& config, int64_t rows) const override { of(config).vocab = rows; }
+  std::optional<AttentionCall> attention_call(const ModelConfig& config, int64_t tokens) const override {
+    const GptConfig& c = of(config);
+    AttentionCall call;
+    call.heads = call.kv_heads = c.heads;
+    call.head_dim = c.dim / c.heads;
+    call.tokens = tokens;
+    return call;
+  }
   // GPT-2 was trained on 1024-token rows.
   int64_t plan_sequence(const ModelConfig& config) const override {
     return std::min<int64_t>(of(config).context, 1024);

@@ -121,6 +121,9 @@ int64_t linear_weight_count(const ModelConfig& config) { return family_of(config
 int64_t parameter_count(const ModelConfig& config) { return family_of(config).parameter_count(config); }
 int64_t vocab_size(const ModelConfig& config) { return family_of(config).vocab_size(config); }
 int64_t text_context(const ModelConfig& config) { return family_of(config).text_context(config); }
+std::optional<AttentionCall> attention_call(const ModelConfig& config, int64_t tokens) {
+  return family_of(config).attention_call(config, tokens);
+}
 double flops_per_sample(const ModelConfig& config, int64_t seq) {
   return family_of(config).flops_per_sample(config, seq);
 }

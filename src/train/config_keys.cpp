@@ -525,6 +525,15 @@ void declare_train_keys(KeyList& keys) {
           alternatives<decltype(TrainConfig::bf16_matmul)>() +
               " (auto: on a CPU with bf16 instructions the faster for the model's linear layers, measured at start; "
               "fp32 GEMMs on bf16 operands on one without; native on a GPU)"));
+  add(key("train.attention_kernel", MEMBER(attention_kernel),
+          alternatives<decltype(TrainConfig::attention_kernel)>() +
+              " (CUDA's fused attention kernel tried first; auto: the fastest for the model's attention, "
+              "measured at start)"))
+      .check = [](const TrainConfig& c) {
+    return unless(!c.attention_kernel || c.device == c10::DeviceType::CUDA,
+                  "train.attention_kernel = \"" + std::string(enum_name(*c.attention_kernel)) +
+                      "\" chooses among CUDA's attention kernels, and this run is on the CPU (leave it \"auto\")");
+  };
 }
 
 // ---- [optimizer] ----

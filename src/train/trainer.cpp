@@ -39,6 +39,7 @@
 #include "fsdp/train/planning.h"
 #include "fsdp/train/reporting.h"
 #include "checkpoint_writer.h"
+#include "fsdp/train/attention_kernel_choice.h"
 #include "bf16_matmul_choice.h"
 #include "evaluation.h"
 #include "live_report.h"
@@ -198,6 +199,7 @@ class Trainer {
     // choose_bf16_matmul found faster: AMX, AVX512-BF16): fp32's rate is lower there, and MFU read
     // 167% for the 8 B QLoRA run on such a CPU (2026-12-06).
     choose_bf16_matmul();
+    choose_attention_kernel();
     world_->barrier()->wait();
     const at::ScalarType compute_dtype = config_.fsdp.param_dtype;
     const bool native_bf16 = compute_dtype == at::kBFloat16 && models::bf16_matmul() == models::Bf16Matmul::Native;
@@ -294,6 +296,7 @@ class Trainer {
     const at::ScalarType compute = config_.fsdp.param_dtype;
     progress_->message(std::string("  attention: ") + enum_name(models::attention_path(compute)) + " for " +
                        c10::toString(compute) + " compute (train.attention = " + enum_name(config_.attention) + ")");
+    if (device_.is_cuda()) progress_->message(attention_kernel_line());
     if (compute == at::kBFloat16) {
       const bool without_instructions = config_.device == c10::DeviceType::CPU && !runtime::cpu_has_bf16_instructions();
       const bool native = models::bf16_matmul() == models::Bf16Matmul::Native;
@@ -792,6 +795,51 @@ class Trainer {
     bf16_matmul_times_ = choose_bf16_matmul_by_timing(*model_.module, examples * std::max<int64_t>(1, tokens), world_);
   }
 
+  // train.attention_kernel on a GPU: the kernel named, or the fastest for the model's attention on a
+  // micro-batch, measured at start (attention_kernel_choice.h). The CPU's kernel ignores the order.
+  void choose_attention_kernel() {
+    if (!device_.is_cuda()) return;  // the same on every rank
+    const at::ScalarType compute = config_.fsdp.param_dtype;
+    const models::AttentionPath path = models::attention_path(compute);
+    if (path == models::AttentionPath::Math && !config_.attention_kernel) return;  // no fused kernel runs
+    std::optional<models::AttentionCall> call;
+    if (language()) call = models::attention_call(model_config_, config_.seq_len);
+    if (call) {
+      call->batch = std::max<int64_t>(1, config_.global_batch / n_ / std::max<int64_t>(1, config_.micro_batches));
+      call->masked = call->masked || config_.data.packing || config_.data.document_masking;
+    }
+    const at::ScalarType dtype = path == models::AttentionPath::FusedFp32 ? at::kFloat : compute;
+    attention_kernel_choice_ = choose_attention_kernel_for(config_.attention_kernel, call, dtype, device_, world_);
+  }
+
+  std::string attention_kernel_line() const {
+    const std::string setting = std::string(" (train.attention_kernel = ") + enum_name(config_.attention_kernel) + ")";
+    const std::string own_order = "  attention kernel: libtorch's own order (flash, efficient first)";
+    if (!attention_kernel_choice_) return own_order + setting;
+    const AttentionKernelChoice& c = *attention_kernel_choice_;
+    std::string line =
+        c.kernel_preferred ? std::string("  attention kernel: ") + enum_name(c.kernel) + " first" : own_order;
+    if (c.measured) {
+      line += std::string(c.kernel_preferred ? ", the fastest here" : ", none right here") +
+              " as measured at start ([" + std::to_string(c.call.batch) + ", " + std::to_string(c.call.heads) +
+              " heads, " + std::to_string(c.call.tokens) + " tokens, " + std::to_string(c.call.head_dim) + "]" +
+              (c.call.masked ? " masked" : " causal") + ", forward and backward:";
+      char figure[64];
+      for (const models::AttentionKernelTiming& t : c.timings) {
+        if (std::isfinite(t.seconds)) {
+          std::snprintf(figure, sizeof(figure), " %s %.2f ms", enum_name(t.kernel), t.seconds * 1e3);
+        } else {
+          std::snprintf(figure, sizeof(figure), " %s wrong, left out", enum_name(t.kernel));
+        }
+        line += figure;
+      }
+      line += "; rank 0's measurement)";
+    } else if (!c.taken) {
+      line += " (libtorch does not take it for this model's attention: it runs the next kernel in its order)";
+    }
+    return line + setting;
+  }
+
   // The first record of every start (and resume): what the report needs besides the steps.
   void record_run_start() {
     if (!leader() || !metrics_.is_open()) return;
@@ -801,6 +849,13 @@ class Trainer {
         {"run_start", start_step_}, {"name", config_.name},          {"world_size", n_},
         {"language", language()},   {"resumed_from", resumed_from_}, {"config", to_toml(resolved)}};
     if (config_.fsdp.param_dtype == at::kBFloat16) record["bf16_matmul"] = enum_name(models::bf16_matmul());
+    if (attention_kernel_choice_ && attention_kernel_choice_->kernel_preferred) {
+      record["attention_kernel"] = enum_name(attention_kernel_choice_->kernel);
+    }
+    if (attention_kernel_choice_) {
+      for (const models::AttentionKernelTiming& t : attention_kernel_choice_->timings)
+        record["attention_kernel_seconds"][enum_name(t.kernel)] = t.seconds;
+    }
     if (bf16_matmul_times_) {
       record["bf16_matmul_seconds"] = {{"native", bf16_matmul_times_->native_seconds},
                                        {"fp32", bf16_matmul_times_->fp32_seconds}};
@@ -914,7 +969,8 @@ class Trainer {
   std::set<int64_t> skipped_batches_;  // 0-based steps whose batches a rollback skips (rollback.h)
   StepGuard guard_{config_};           // which steps apply; its spike window is saved in checkpoints
   double peak_flops_ = 1.0;
-  std::optional<models::Bf16MatmulTimes> bf16_matmul_times_;  // measured by choose_bf16_matmul
+  std::optional<models::Bf16MatmulTimes> bf16_matmul_times_;      // measured by choose_bf16_matmul
+  std::optional<AttentionKernelChoice> attention_kernel_choice_;  // by choose_attention_kernel (a GPU run)
   MetricsLog metrics_;
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<LiveReport> live_report_;        // rank 0 writing files (after progress_: it says failures there)
@@ -927,6 +983,7 @@ TrainSummary train(const TrainConfig& config, const comm::ProcessGroupPtr& world
   check_this_build_runs(config);  // fsdp-train refuses it before claiming the output directory too
   models::set_fused_ops(config.fused_ops);
   models::set_attention_path(config.fsdp.param_dtype, attention_path_for(config));
+  models::restore_attention_kernel_order();  // an earlier train()'s preference, in this process, undone
   models::set_bf16_matmul(bf16_matmul_for(config));
   Trainer trainer(config, world, options);
   return trainer.run();

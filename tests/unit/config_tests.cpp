@@ -176,6 +176,23 @@ TEST(Config, AdamWKernelIsReadAsAKernelOrAuto) {
             std::string::npos);
 }
 
+// train.attention_kernel names one of CUDA's attention kernels (or auto, measured at start); on a
+// CPU run, whose kernel ignores libtorch's order, a named one is refused by name.
+TEST(Config, AttentionKernelIsCudasAndRefusedOnTheCpu) {
+  using fsdp::models::AttentionKernel;
+  EXPECT_FALSE(parse_train_config(kMinimal, "test.toml").attention_kernel.has_value());
+  const auto config = parse_train_config(kMinimal, "test.toml", {"train.device=cuda", "train.attention_kernel=cudnn"});
+  EXPECT_EQ(config.attention_kernel, AttentionKernel::Cudnn);
+  EXPECT_NE(fsdp::train::to_toml(config).find("attention_kernel = \"cudnn\""), std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.attention_kernel=flash"})
+                .find("train.attention_kernel = \"flash\" chooses among CUDA's attention kernels, and this run is on "
+                      "the CPU"),
+            std::string::npos);
+  EXPECT_NE(error_of(kMinimal, {"train.device=cuda", "train.attention_kernel=fa3"})
+                .find("train.attention_kernel 'fa3' (expected auto, flash, cudnn or efficient)"),
+            std::string::npos);
+}
+
 TEST(Config, BadInputNamesTheProblem) {
   EXPECT_NE(error_of("[model]\nname = \"gpt-test\"\n[train]\nstepz = 3\n").find("test.toml: unknown key 'train.stepz'"),
             std::string::npos);

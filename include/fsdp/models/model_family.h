@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -13,6 +14,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "fsdp/models/attention_kernel.h"
 #include "fsdp/models/built_model.h"
 #include "fsdp/models/model_config.h"
 #include "fsdp/models/plan_terms.h"
@@ -101,6 +103,10 @@ class ModelFamily {
   // The tokens per sample fsdp-plan assumes when none is given (a language model's usual training
   // length, at most its context); 0: the planner's default.
   virtual int64_t plan_sequence(const ModelConfig&) const { return 0; }
+  // Its blocks' attention for one sample of `tokens` tokens (batch 1; masked where a sliding
+  // window shorter than the sample masks most layers), for timing CUDA's attention kernels at
+  // start (train.attention_kernel = "auto"); nullopt: none timed, libtorch's own order kept.
+  virtual std::optional<AttentionCall> attention_call(const ModelConfig&, int64_t) const { return std::nullopt; }
 
   // FSDP units. The repeated blocks' type names ("LlamaBlock"); the paths of the modules holding
   // the token embedding and output head, which the model calls through fsdp::nn::call so each may

@@ -37,6 +37,7 @@ int64_t linear_weight_count(const ModelConfig& config);
 int64_t parameter_count(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t text_context(const ModelConfig& config);
+std::optional<AttentionCall> attention_call(const ModelConfig& config, int64_t tokens);
 double flops_per_sample(const ModelConfig& config, int64_t seq);
 std::vector<std::string> block_type_names(const ModelConfig& config);
 std::vector<std::string> embedding_and_head_paths(const ModelConfig& config);

@@ -23,6 +23,7 @@
 #include "fsdp/data/image_augment.h"
 #include "fsdp/data/tokenizer_kind.h"
 #include "fsdp/models/attention.h"
+#include "fsdp/models/attention_kernel.h"
 #include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/lora_base_dtype.h"
 #include "fsdp/models/registry.h"
@@ -221,6 +222,10 @@ struct TrainConfig {
   // train.bf16_matmul: how bf16 linear layers and the head multiply (models/bf16_matmul.h); nullopt
   // is "auto" (fp32 GEMMs on bf16 operands on a CPU without bf16 instructions, else native).
   std::optional<models::Bf16Matmul> bf16_matmul;
+  // train.attention_kernel: which of CUDA's fused attention kernels libtorch tries first
+  // (models/attention_kernel.h); nullopt is "auto": on a GPU the fastest for the model's attention,
+  // measured at start (train/attention_kernel_choice.h); libtorch's own order on the CPU.
+  std::optional<models::AttentionKernel> attention_kernel;
   int64_t report_every =
       50;  // train.report_every: rewrite <output_dir>/report.html every this many steps (0: at the end only)
 };
