@@ -104,49 +104,87 @@ bool attention_kernel_takes(AttentionKernel kernel, const at::Tensor& q, const a
   return choice == static_cast<int64_t>(backend_of(kernel));
 }
 
+namespace {
+
+// Random q [batch, heads, tokens, hd], k and v [batch, kv_heads, tokens, hd] with gradients, and
+// backward's incoming gradient; causal, or two documents in each row (positions restarting halfway).
+struct AttentionInputs {
+  at::Tensor q, k, v, grad, allowed;
+  bool causal = true;
+};
+
+AttentionInputs random_inputs(const AttentionCall& call, at::ScalarType dtype, at::Device device) {
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  AttentionInputs in;
+  in.q = at::randn({call.batch, call.heads, call.tokens, call.head_dim}, options).requires_grad_(true);
+  in.k = at::randn({call.batch, call.kv_heads, call.tokens, call.head_dim}, options).requires_grad_(true);
+  in.v = at::randn({call.batch, call.kv_heads, call.tokens, call.head_dim}, options).requires_grad_(true);
+  in.grad = at::randn({call.batch, call.heads, call.tokens, call.head_dim}, options);
+  in.causal = !call.masked;
+  if (call.masked) {
+    const int64_t half = call.tokens / 2;
+    const at::Tensor row = at::cat({at::arange(half), at::arange(call.tokens - half)});
+    in.allowed = document_causal_mask(row.unsqueeze(0).expand({call.batch, call.tokens}).contiguous().to(device));
+  }
+  return in;
+}
+
+// attention() forward and backward with the order as it stands; returns the output.
+at::Tensor forward_and_backward(AttentionInputs& in) {
+  const at::Tensor out = attention(in.q, in.k, in.v, in.causal, in.allowed);
+  out.backward(in.grad);
+  return out.detach();
+}
+
+void drop_gradients(AttentionInputs& in) {
+  for (at::Tensor* t : {&in.q, &in.k, &in.v}) t->mutable_grad() = at::Tensor();
+}
+
+// Each kernel's relative error (output and query gradient) against the composed attention in fp32,
+// on one row of at most 256 tokens of the call's heads: the composed reference keeps [heads, t, t]
+// fp32 scores, which at the call's full size (a 1B Llama's: 4 x 32 x 2048^2) would take gigabytes.
+std::map<AttentionKernel, double> errors_against_composed(const std::vector<AttentionKernel>& kernels,
+                                                          AttentionCall call, at::ScalarType dtype, at::Device device) {
+  call.batch = 1;
+  call.tokens = std::min<int64_t>(call.tokens, 256);
+  AttentionInputs in = random_inputs(call, dtype, device);
+  at::Tensor q32 = in.q.detach().to(at::kFloat).requires_grad_(true);
+  const at::Tensor reference = composed_attention(q32, in.k.detach(), in.v.detach(), in.causal, in.allowed);
+  reference.backward(in.grad.to(at::kFloat));
+  std::map<AttentionKernel, double> errors;
+  for (AttentionKernel kernel : kernels) {
+    prefer_attention_kernel(kernel);
+    const at::Tensor out = forward_and_backward(in);
+    errors[kernel] = std::max(relative_error(out, reference.detach()), relative_error(in.q.grad(), q32.grad()));
+    drop_gradients(in);
+  }
+  return errors;
+}
+
+}  // namespace
+
 std::vector<AttentionKernelTiming> time_attention_kernels(const AttentionCall& call, at::ScalarType dtype,
                                                           at::Device device, int repeats) {
   const auto before = at::globalContext().sDPPriorityOrder();
-  const auto options = at::TensorOptions().dtype(dtype).device(device);
-  at::Tensor q = at::randn({call.batch, call.heads, call.tokens, call.head_dim}, options).requires_grad_(true);
-  at::Tensor k = at::randn({call.batch, call.kv_heads, call.tokens, call.head_dim}, options).requires_grad_(true);
-  at::Tensor v = at::randn({call.batch, call.kv_heads, call.tokens, call.head_dim}, options).requires_grad_(true);
-  const at::Tensor grad = at::randn({call.batch, call.heads, call.tokens, call.head_dim}, options);
-  at::Tensor allowed;
-  if (call.masked) {
-    // Two documents in each row: positions 0.. restarting halfway.
-    const int64_t half = call.tokens / 2;
-    const at::Tensor row = at::cat({at::arange(half), at::arange(call.tokens - half)});
-    allowed = document_causal_mask(row.unsqueeze(0).expand({call.batch, call.tokens}).contiguous().to(device));
-  }
-  const bool causal = !call.masked;
+  AttentionInputs in = random_inputs(call, dtype, device);
   std::vector<AttentionKernel> taken;
   for (const auto& [kernel, name] : EnumNames<AttentionKernel>::values) {
-    if (attention_kernel_takes(kernel, q.detach(), k.detach(), v.detach(), causal, allowed)) taken.push_back(kernel);
+    if (attention_kernel_takes(kernel, in.q.detach(), in.k.detach(), in.v.detach(), in.causal, in.allowed)) {
+      taken.push_back(kernel);
+    }
   }
-  // The reference: output and query gradient in fp32.
-  at::Tensor q32 = q.detach().to(at::kFloat).requires_grad_(true);
-  const at::Tensor reference = composed_attention(q32, k.detach(), v.detach(), causal, allowed);
-  reference.backward(grad.to(at::kFloat));
-  const at::Tensor reference_grad = q32.grad();
+  std::map<AttentionKernel, double> errors = errors_against_composed(taken, call, dtype, device);
   std::map<AttentionKernel, std::vector<double>> seconds;
-  std::map<AttentionKernel, double> errors;
-  for (int round = 0; round <= std::max(1, repeats); ++round) {  // round 0: the warm-up, checked
+  for (int round = 0; round <= std::max(1, repeats); ++round) {  // round 0: the warm-up
     for (AttentionKernel kernel : taken) {
       prefer_attention_kernel(kernel);
       const auto start = std::chrono::steady_clock::now();
-      const at::Tensor out = attention(q, k, v, causal, allowed);
-      out.backward(grad);
-      if (!device.is_cpu()) q.grad().cpu();  // waits for the device's queue
+      forward_and_backward(in);
+      if (!device.is_cpu()) in.q.grad().cpu();  // waits for the device's queue
       if (round > 0) {
         seconds[kernel].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      } else {
-        errors[kernel] =
-            std::max(relative_error(out.detach(), reference.detach()), relative_error(q.grad(), reference_grad));
       }
-      q.mutable_grad() = at::Tensor();
-      k.mutable_grad() = at::Tensor();
-      v.mutable_grad() = at::Tensor();
+      drop_gradients(in);
     }
   }
   set_order(std::vector<at::SDPBackend>(before.begin(), before.end()));

@@ -63,10 +63,11 @@ struct AttentionCall {
 // kernel preferred in turn, for the kernels libtorch takes for them (attention_kernel_takes; the
 // others are left out): the median of `repeats` after a warm-up, the kernels alternating round by
 // round so that all see the same load. What train.attention_kernel = "auto" chooses from on a GPU.
-// The warm-up's output and query gradient are held against the composed attention in fp32 on the
-// same inputs: a kernel off by more than kAttentionKernelTolerance of the reference's largest
-// magnitude (a wrong result, not rounding: bf16's is about 0.4% an operation) is timed as +inf,
-// never the fastest. Restores the order it found.
+// Each kernel's output and query gradient are held against the composed attention in fp32 on one
+// row of the call's heads (at most 256 tokens: the reference keeps [heads, t, t] scores): a kernel
+// off by more than kAttentionKernelTolerance of the reference's largest magnitude (a wrong result,
+// not rounding: bf16's is about 0.4% an operation) is timed as +inf, never the fastest. Restores
+// the order it found.
 struct AttentionKernelTiming {
   AttentionKernel kernel;
   double seconds;
