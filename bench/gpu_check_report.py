@@ -9,8 +9,9 @@ medians over the steps after the first three; MFU is against the bf16 matmul pea
 measured on that GPU before training (peak_flops). One row per (fsdp.cpp run, peer): tokens/s
 of both, their ratio (> 1: fsdp.cpp is faster; the last rows compare fsdp.cpp runs: fused ops
 against composed, fp16 against bf16, an NF4 base against a bf16 one), peak memory reserved of
-both, and the issue's aim for that row where it sets one; the NF4 decode's GB/s
-(DIR/nf4_decode.json). Writes DIR/gpu-check.json.
+both, and the issue's aim for that row where it sets one; the 1B Llama's attention kernel and its
+start-up timings (train.attention_kernel); the NF4 decode's GB/s (DIR/nf4_decode.json). Writes
+DIR/gpu-check.json.
 """
 import argparse
 import json
@@ -48,6 +49,7 @@ def fsdp_run(directory):
     steps = [r for r in records if "step" in r and "tokens_per_second" in r]
     if not steps:
         return None
+    start = next((r for r in records if "run_start" in r), {})
     # After the first three; steps the profiler recorded (--profile-steps) are slower and left out.
     settled = [r for r in steps[3:] if not r.get("profiled")] or steps
     reserved = [max(r.get("peak_device_reserved_bytes_per_rank", [-1])) for r in steps]
@@ -57,7 +59,10 @@ def fsdp_run(directory):
     return {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in settled),
             "mfu": statistics.median(r["mfu"] for r in settled), "peak_flops": steps[0]["peak_flops"],
             "peak_reserved_bytes": max(reserved), "final_loss": steps[-1]["loss"], "steps": len(steps),
-            "exposed_seconds_per_step": statistics.median(exposed) if exposed else None}
+            "exposed_seconds_per_step": statistics.median(exposed) if exposed else None,
+            # train.attention_kernel's choice at start, and rank 0's timings (seconds; null: wrong)
+            "attention_kernel": start.get("attention_kernel"),
+            "attention_kernel_seconds": start.get("attention_kernel_seconds")}
 
 
 def main():
@@ -101,6 +106,11 @@ def main():
     if llama:
         report["llama1b_mfu"] = llama["mfu"]
         print(f"llama1b MFU {llama['mfu'] * 100:.1f}% (aim {AIMS['llama1b_mfu'] * 100:.0f}%)")
+        if llama["attention_kernel_seconds"]:
+            times = ", ".join(f"{k} {v * 1e3:.2f} ms" if v is not None else f"{k} wrong"
+                              for k, v in llama["attention_kernel_seconds"].items())
+            print(f"llama1b attention kernel: {llama['attention_kernel'] or 'libtorch order'} first ({times}, "
+                  f"forward and backward at start)")
         if llama["exposed_seconds_per_step"] is not None:
             print(f"llama1b exposed communication {llama['exposed_seconds_per_step'] * 1e3:.2f} ms per step (median)")
     # The NF4 decode (bench/nf4_decode_bench.cpp): GB/s of each path on one 1B Llama block.
