@@ -1,6 +1,7 @@
 #include "fsdp/models/attention_kernel.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <stdexcept>
 
 #include "fsdp/compat.h"
 #include "fsdp/models/attention.h"
@@ -35,17 +37,15 @@ const std::vector<at::SDPBackend>& original_order() {
   return order;
 }
 
-// softmax(q k^T / sqrt(hd) under the mask) v in fp32 by composed operations, k and v repeated to
-// every query head: the reference a kernel's result is held against.
-at::Tensor composed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                              const at::Tensor& allowed) {
-  const int64_t group = q.size(1) / k.size(1), t = q.size(2);
+// softmax(q k^T / sqrt(hd) where keep) v in fp32 by composed operations, k and v repeated to every
+// query head: the reference a kernel's result is held against. q [b, heads, r, hd] (r query rows),
+// k and v [b, kv_heads, t, hd], keep bool broadcastable to [b, heads, r, t].
+at::Tensor composed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& keep) {
+  const int64_t group = q.size(1) / k.size(1);
   const at::Tensor k_all = k.to(at::kFloat).repeat_interleave(group, 1);
   const at::Tensor v_all = v.to(at::kFloat).repeat_interleave(group, 1);
   at::Tensor scores = at::matmul(q.to(at::kFloat), k_all.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(3)));
-  at::Tensor keep = allowed;
-  if (causal) keep = at::ones({t, t}, q.options().dtype(at::kBool)).tril();
-  if (keep.defined()) scores = scores.masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity());
+  scores = scores.masked_fill(keep.logical_not(), -std::numeric_limits<float>::infinity());
   return at::matmul(at::softmax(scores, -1), v_all);
 }
 
@@ -61,6 +61,18 @@ void set_order(const std::vector<at::SDPBackend>& order) {
   for (at::SDPBackend backend : order) codes.push_back(static_cast<int64_t>(backend));
   at::globalContext().setSDPPriorityOrder(codes);
 }
+
+// The order as it stands, put back however the scope ends.
+struct OrderGuard {
+  std::vector<at::SDPBackend> before;
+  OrderGuard() {
+    const auto current = at::globalContext().sDPPriorityOrder();
+    before.assign(current.begin(), current.end());
+  }
+  ~OrderGuard() { set_order(before); }
+  OrderGuard(const OrderGuard&) = delete;
+  OrderGuard& operator=(const OrderGuard&) = delete;
+};
 
 }  // namespace
 
@@ -85,7 +97,7 @@ void restore_attention_kernel_order() { set_order(original_order()); }
 
 bool attention_kernel_takes(AttentionKernel kernel, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             bool causal, const at::Tensor& allowed) {
-  const auto before = at::globalContext().sDPPriorityOrder();
+  const OrderGuard guard;
   prefer_attention_kernel(kernel);
   const std::optional<at::Tensor> mask = allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt;
   const bool grouped = k.size(1) != q.size(1);
@@ -100,26 +112,30 @@ bool attention_kernel_takes(AttentionKernel kernel, const at::Tensor& q, const a
     const at::Tensor v_all = grouped ? v.repeat_interleave(group, 1) : v;
     choice = at::_fused_sdp_choice(q, k_all, v_all, mask, 0.0, causal, std::nullopt, /*enable_gqa=*/false);
   }
-  set_order(std::vector<at::SDPBackend>(before.begin(), before.end()));
   return choice == static_cast<int64_t>(backend_of(kernel));
 }
 
 namespace {
 
 // Random q [batch, heads, tokens, hd], k and v [batch, kv_heads, tokens, hd] with gradients, and
-// backward's incoming gradient; causal, or two documents in each row (positions restarting halfway).
+// backward's incoming gradient; causal, or two documents in each row (positions restarting
+// halfway). Drawn from a generator of its own: the global ones drive dropout, and a resumed run
+// restores them exactly.
 struct AttentionInputs {
   at::Tensor q, k, v, grad, allowed;
   bool causal = true;
 };
 
 AttentionInputs random_inputs(const AttentionCall& call, at::ScalarType dtype, at::Device device) {
-  const auto options = at::TensorOptions().dtype(dtype).device(device);
+  auto generator = at::detail::createCPUGenerator(1);
+  const auto draw = [&](int64_t heads) {
+    return at::randn({call.batch, heads, call.tokens, call.head_dim}, generator).to(device, dtype);
+  };
   AttentionInputs in;
-  in.q = at::randn({call.batch, call.heads, call.tokens, call.head_dim}, options).requires_grad_(true);
-  in.k = at::randn({call.batch, call.kv_heads, call.tokens, call.head_dim}, options).requires_grad_(true);
-  in.v = at::randn({call.batch, call.kv_heads, call.tokens, call.head_dim}, options).requires_grad_(true);
-  in.grad = at::randn({call.batch, call.heads, call.tokens, call.head_dim}, options);
+  in.q = draw(call.heads).requires_grad_(true);
+  in.k = draw(call.kv_heads).requires_grad_(true);
+  in.v = draw(call.kv_heads).requires_grad_(true);
+  in.grad = draw(call.heads);
   in.causal = !call.masked;
   if (call.masked) {
     const int64_t half = call.tokens / 2;
@@ -140,22 +156,38 @@ void drop_gradients(AttentionInputs& in) {
   for (at::Tensor* t : {&in.q, &in.k, &in.v}) t->mutable_grad() = at::Tensor();
 }
 
-// Each kernel's relative error (output and query gradient) against the composed attention in fp32,
-// on one row of at most 256 tokens of the call's heads: the composed reference keeps [heads, t, t]
-// fp32 scores, which at the call's full size (a 1B Llama's: 4 x 32 x 2048^2) would take gigabytes.
+constexpr int64_t kCheckedRows = 64;
+
+// Each kernel's relative error against the composed attention in fp32, on one row of the call's
+// full length: the output and the query gradient of its last kCheckedRows queries (each query's
+// output and gradient depend on its own row of scores alone), whose reference keeps
+// [heads, kCheckedRows, t] scores, not the [b, heads, t, t] of the whole call (gigabytes at a 1B
+// Llama's). A kernel that throws is +inf.
 std::map<AttentionKernel, double> errors_against_composed(const std::vector<AttentionKernel>& kernels,
                                                           AttentionCall call, at::ScalarType dtype, at::Device device) {
   call.batch = 1;
-  call.tokens = std::min<int64_t>(call.tokens, 256);
   AttentionInputs in = random_inputs(call, dtype, device);
-  at::Tensor q32 = in.q.detach().to(at::kFloat).requires_grad_(true);
-  const at::Tensor reference = composed_attention(q32, in.k.detach(), in.v.detach(), in.causal, in.allowed);
-  reference.backward(in.grad.to(at::kFloat));
+  const int64_t t = call.tokens, rows = std::min(kCheckedRows, t), first = t - rows;
+  at::Tensor keep;
+  if (in.causal) {
+    const at::Tensor query = at::arange(first, t, at::TensorOptions().device(device)).unsqueeze(1);
+    keep = at::arange(t, at::TensorOptions().device(device)).unsqueeze(0).le(query);  // [rows, t]
+  } else {
+    keep = in.allowed.narrow(2, first, rows);
+  }
+  at::Tensor q_rows = in.q.detach().narrow(2, first, rows).to(at::kFloat).requires_grad_(true);
+  const at::Tensor reference = composed_attention(q_rows, in.k.detach(), in.v.detach(), keep);
+  reference.backward(in.grad.narrow(2, first, rows).to(at::kFloat));
   std::map<AttentionKernel, double> errors;
   for (AttentionKernel kernel : kernels) {
-    prefer_attention_kernel(kernel);
-    const at::Tensor out = forward_and_backward(in);
-    errors[kernel] = std::max(relative_error(out, reference.detach()), relative_error(in.q.grad(), q32.grad()));
+    try {
+      prefer_attention_kernel(kernel);
+      const at::Tensor out = forward_and_backward(in).narrow(2, first, rows);
+      errors[kernel] = std::max(relative_error(out, reference.detach()),
+                                relative_error(in.q.grad().narrow(2, first, rows), q_rows.grad()));
+    } catch (const std::exception&) {
+      errors[kernel] = std::numeric_limits<double>::infinity();
+    }
     drop_gradients(in);
   }
   return errors;
@@ -165,35 +197,40 @@ std::map<AttentionKernel, double> errors_against_composed(const std::vector<Atte
 
 std::vector<AttentionKernelTiming> time_attention_kernels(const AttentionCall& call, at::ScalarType dtype,
                                                           at::Device device, int repeats) {
-  const auto before = at::globalContext().sDPPriorityOrder();
+  const OrderGuard guard;
   AttentionInputs in = random_inputs(call, dtype, device);
   std::vector<AttentionKernel> taken;
   for (const auto& [kernel, name] : EnumNames<AttentionKernel>::values) {
-    if (attention_kernel_takes(kernel, in.q.detach(), in.k.detach(), in.v.detach(), in.causal, in.allowed)) {
-      taken.push_back(kernel);
-    }
+    if (attention_kernel_takes(kernel, in.q, in.k, in.v, in.causal, in.allowed)) taken.push_back(kernel);
   }
   std::map<AttentionKernel, double> errors = errors_against_composed(taken, call, dtype, device);
   std::map<AttentionKernel, std::vector<double>> seconds;
   for (int round = 0; round <= std::max(1, repeats); ++round) {  // round 0: the warm-up
     for (AttentionKernel kernel : taken) {
-      prefer_attention_kernel(kernel);
-      const auto start = std::chrono::steady_clock::now();
-      forward_and_backward(in);
-      if (!device.is_cpu()) in.q.grad().cpu();  // waits for the device's queue
-      if (round > 0) {
-        seconds[kernel].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (!(errors[kernel] <= kAttentionKernelTolerance)) continue;  // wrong, or it threw: not timed
+      try {
+        prefer_attention_kernel(kernel);
+        const auto start = std::chrono::steady_clock::now();
+        forward_and_backward(in);
+        if (!device.is_cpu()) in.q.grad().cpu();  // waits for the device's queue
+        if (round > 0) {
+          seconds[kernel].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+      } catch (const std::exception&) {  // out of memory at the call's size, say: left out
+        errors[kernel] = std::numeric_limits<double>::infinity();
       }
       drop_gradients(in);
     }
   }
-  set_order(std::vector<at::SDPBackend>(before.begin(), before.end()));
   std::vector<AttentionKernelTiming> timings;
   for (AttentionKernel kernel : taken) {
     std::vector<double>& s = seconds[kernel];
-    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
-    const bool wrong = !(errors[kernel] <= kAttentionKernelTolerance);
-    timings.push_back({kernel, wrong ? std::numeric_limits<double>::infinity() : s[s.size() / 2], errors[kernel]});
+    double median = std::numeric_limits<double>::infinity();
+    if (errors[kernel] <= kAttentionKernelTolerance && !s.empty()) {
+      std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+      median = s[s.size() / 2];
+    }
+    timings.push_back({kernel, median, errors[kernel]});
   }
   return timings;
 }

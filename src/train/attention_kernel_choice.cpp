@@ -47,8 +47,11 @@ std::optional<AttentionKernelChoice> choose_attention_kernel_for(const std::opti
     choice.kernel = *named;
     if (call) {
       const auto options = at::TensorOptions().dtype(dtype).device(device);
-      const at::Tensor q = at::empty({call->batch, call->heads, call->tokens, call->head_dim}, options);
-      const at::Tensor kv = at::empty({call->batch, call->kv_heads, call->tokens, call->head_dim}, options);
+      // Requiring gradients, as in training: libtorch's rules for a kernel depend on it.
+      const at::Tensor q =
+          at::empty({call->batch, call->heads, call->tokens, call->head_dim}, options).requires_grad_(true);
+      const at::Tensor kv =
+          at::empty({call->batch, call->kv_heads, call->tokens, call->head_dim}, options).requires_grad_(true);
       at::Tensor allowed;
       if (call->masked) allowed = at::ones({call->batch, 1, call->tokens, call->tokens}, options.dtype(at::kBool));
       choice.taken = models::attention_kernel_takes(*named, q, kv, kv, /*causal=*/!call->masked, allowed);

@@ -801,7 +801,7 @@ class Trainer {
     if (!device_.is_cuda()) return;  // the same on every rank
     const at::ScalarType compute = config_.fsdp.param_dtype;
     const models::AttentionPath path = models::attention_path(compute);
-    if (path == models::AttentionPath::Math && !config_.attention_kernel) return;  // no fused kernel runs
+    if (path == models::AttentionPath::Math) return;  // no fused kernel runs: the header says so
     std::optional<models::AttentionCall> call;
     if (language()) call = models::attention_call(model_config_, config_.seq_len);
     if (call) {
@@ -815,6 +815,9 @@ class Trainer {
   std::string attention_kernel_line() const {
     const std::string setting = std::string(" (train.attention_kernel = ") + enum_name(config_.attention_kernel) + ")";
     const std::string own_order = "  attention kernel: libtorch's own order (flash, efficient first)";
+    if (models::attention_path(config_.fsdp.param_dtype) == models::AttentionPath::Math) {
+      return "  attention kernel: none (train.attention = math)" + setting;
+    }
     if (!attention_kernel_choice_) return own_order + setting;
     const AttentionKernelChoice& c = *attention_kernel_choice_;
     std::string line =
@@ -983,7 +986,11 @@ TrainSummary train(const TrainConfig& config, const comm::ProcessGroupPtr& world
   check_this_build_runs(config);  // fsdp-train refuses it before claiming the output directory too
   models::set_fused_ops(config.fused_ops);
   models::set_attention_path(config.fsdp.param_dtype, attention_path_for(config));
-  models::restore_attention_kernel_order();  // an earlier train()'s preference, in this process, undone
+  // The attention kernel's preference (a GPU run's) is this run's: libtorch's order before and after.
+  struct LibtorchOrder {
+    LibtorchOrder() { models::restore_attention_kernel_order(); }
+    ~LibtorchOrder() { models::restore_attention_kernel_order(); }
+  } libtorch_order;
   models::set_bf16_matmul(bf16_matmul_for(config));
   Trainer trainer(config, world, options);
   return trainer.run();

@@ -27,7 +27,9 @@ spec.loader.exec_module(compare_traces)
 def gpu_trace():
     events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "ts": 0, "dur": 1000},
               {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 1000, "dur": 1000},
-              {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#2", "ts": 400, "dur": 2000}]
+              # The device's copy of a step mark: not a host window (were it one, it would split
+              # step 2's launches).
+              {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#2", "ts": 15, "dur": 1000}]
     work = [  # (host launch ts, category, device start, device end, stream)
         (-50, "kernel", -10, 0, 7),
         (10, "kernel", 500, 800, 7), (20, "kernel", 700, 900, 8), (30, "gpu_memcpy", 1050, 1100, 7),

@@ -117,13 +117,13 @@ fsdp::models::AttentionCall grouped_call(int64_t heads, int64_t tokens, int64_t 
 
 // The timing on the CPU, where libtorch's one fused kernel (its flash) is taken whatever the order:
 // flash alone timed, its result held against the composed fp32 attention, within rounding (fp32:
-// 1e-5 of the largest magnitude; bf16: the tolerance), causal and masked (two documents a row),
-// with grouped heads; libtorch's order as it was. A reference without the mask (the check blind to
-// it) marks the masked case wrong: seen failing.
+// 1e-5 of the largest magnitude; bf16: the tolerance) on the last 64 of 96 queries, causal and
+// masked (two documents a row), with grouped heads; libtorch's order as it was. A reference without
+// the mask (the check blind to it) marks the masked case wrong: seen failing.
 TEST(AttentionKernel, TimingHoldsEachKernelAgainstTheComposedAttention) {
   fsdp::models::restore_attention_kernel_order();
   const std::vector<at::SDPBackend> original = libtorch_order();
-  fsdp::models::AttentionCall call = grouped_call(/*heads=*/4, /*tokens=*/32, /*head_dim=*/16);
+  fsdp::models::AttentionCall call = grouped_call(/*heads=*/4, /*tokens=*/96, /*head_dim=*/16);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     fsdp::models::set_attention_path(dtype, fsdp::models::AttentionPath::Fused);
     for (const bool masked : {false, true}) {
@@ -157,7 +157,8 @@ TEST(AttentionKernel, TimesTheKernelsLibtorchTakesOnTheGpu) {
     std::vector<AttentionKernel> timed;
     for (const auto& t : timings) {
       timed.push_back(t.kernel);
-      EXPECT_GT(t.seconds, 0.0) << fsdp::enum_name(t.kernel);
+      EXPECT_TRUE(std::isfinite(t.seconds) && t.seconds > 0.0) << fsdp::enum_name(t.kernel) << " " << t.seconds;
+      EXPECT_LE(t.relative_error, fsdp::models::kAttentionKernelTolerance) << fsdp::enum_name(t.kernel);
       std::printf("%s %s: %.3f ms\n", masked ? "masked" : "causal", fsdp::enum_name(t.kernel), t.seconds * 1e3);
     }
     const auto has = [&](AttentionKernel k) { return std::find(timed.begin(), timed.end(), k) != timed.end(); };

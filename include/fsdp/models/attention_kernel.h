@@ -42,7 +42,8 @@ void prefer_attention_kernel(AttentionKernel kernel);
 // The kernel libtorch tries first, or nullopt where that is none of the three (its math: an
 // order someone else set).
 std::optional<AttentionKernel> preferred_attention_kernel();
-// libtorch's order as this process started (flash, efficient, math, cuDNN in 2.11), restored.
+// libtorch's order as first seen here, before any preference (flash, efficient, math, cuDNN in
+// 2.7-2.11), restored.
 void restore_attention_kernel_order();
 
 // Whether libtorch, with `kernel` preferred, runs it for these inputs as attention() passes them
@@ -64,10 +65,12 @@ struct AttentionCall {
 // others are left out): the median of `repeats` after a warm-up, the kernels alternating round by
 // round so that all see the same load. What train.attention_kernel = "auto" chooses from on a GPU.
 // Each kernel's output and query gradient are held against the composed attention in fp32 on one
-// row of the call's heads (at most 256 tokens: the reference keeps [heads, t, t] scores): a kernel
-// off by more than kAttentionKernelTolerance of the reference's largest magnitude (a wrong result,
-// not rounding: bf16's is about 0.4% an operation) is timed as +inf, never the fastest. Restores
-// the order it found.
+// row of the call's length (its last 64 queries: the reference keeps their scores against every
+// key): a kernel off by more than kAttentionKernelTolerance of the reference's largest magnitude (a
+// wrong result, not rounding: bf16's is about 0.4% an operation), or one that throws (out of memory,
+// no plan for the shape), is timed as +inf, never the fastest. The inputs come from a generator of
+// their own (a resumed run's dropout draws as before). Restores the order it found, on an exception
+// too.
 struct AttentionKernelTiming {
   AttentionKernel kernel;
   double seconds;
