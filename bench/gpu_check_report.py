@@ -10,8 +10,8 @@ measured on that GPU before training (peak_flops). One row per (fsdp.cpp run, pe
 of both, their ratio (> 1: fsdp.cpp is faster; the last rows compare fsdp.cpp runs: fused ops
 against composed, fp16 against bf16, an NF4 base against a bf16 one), peak memory reserved of
 both, and the issue's aim for that row where it sets one; the 1B Llama's attention kernel and its
-start-up timings (train.attention_kernel); the NF4 decode's GB/s (DIR/nf4_decode.json). Writes
-DIR/gpu-check.json.
+start-up timings (train.attention_kernel); the NF4 decode's GB/s (DIR/nf4_decode.json); the fused
+kernels' GB/s (DIR/fused_ops.json). Writes DIR/gpu-check.json.
 """
 import argparse
 import json
@@ -65,6 +65,14 @@ def fsdp_run(directory):
             "attention_kernel_seconds": start.get("attention_kernel_seconds")}
 
 
+def bench_json(path):
+    """A benchmark's JSON, or None where it wrote none (or was killed mid-write)."""
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except json.JSONDecodeError:
+        return None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", required=True)
@@ -114,17 +122,20 @@ def main():
         if llama["exposed_seconds_per_step"] is not None:
             print(f"llama1b exposed communication {llama['exposed_seconds_per_step'] * 1e3:.2f} ms per step (median)")
     # The NF4 decode (bench/nf4_decode_bench.cpp): GB/s of each path on one 1B Llama block.
-    decode_path = d / "nf4_decode.json"
-    try:
-        decode = json.loads(decode_path.read_text()) if decode_path.exists() else None
-    except json.JSONDecodeError:  # the benchmark killed mid-write
-        decode = None
+    decode = bench_json(d / "nf4_decode.json")
     if decode:
         report["nf4_decode"] = decode
         copy_rate = decode["rows"][-1]["gb_per_s"]
         for r in decode["rows"]:
             print(f"nf4 decode: {r['path']:<48} {r['seconds'] * 1e3:8.3f} ms {r['gb_per_s']:8.1f} GB/s "
                   f"({r['gb_per_s'] / copy_rate:.2f}x the copy's)")
+    # The decoder's fused kernels (bench/fused_ops_bench.cpp): GB/s against a copy's, fused and composed.
+    fused = bench_json(d / "fused_ops.json")
+    if fused:
+        report["fused_ops"] = fused
+        for r in fused["rows_table"]:
+            print(f"fused ops: {r['operation']:<44} {r['path']:<8} {r['seconds'] * 1e3:8.3f} ms "
+                  f"{r['gb_per_s']:8.1f} GB/s ({r['of_copy']:.2f}x the copy's)")
     offload = fsdp_run(d / "fsdp_llama1b_offload")
     report["offload"] = {"run": offload, "cap_fraction": a.cap_fraction,
                          "trained": bool(offload and stages.get("fsdp_llama1b_offload", {}).get("exit") == 0)}

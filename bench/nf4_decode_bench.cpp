@@ -10,39 +10,16 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "fsdp/shard/flat_param.h"
 #include "fsdp/shard/nf4.h"
 #include "fsdp/shard/nf4_storage.h"
-
-namespace {
-
-void synchronize(const at::Device& device) {
-  if (device.is_cuda()) torch::cuda::synchronize(device.index() < 0 ? 0 : device.index());
-}
-
-// The median over `repeats` of the seconds one call of `fn` takes (`inner` calls per sample).
-double median_seconds(const at::Device& device, int repeats, int inner, const std::function<void()>& fn) {
-  fn();  // warm-up: allocations, the nested map's first copy
-  synchronize(device);
-  std::vector<double> samples;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < inner; ++i) fn();
-    synchronize(device);
-    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / inner);
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"nf4_decode_bench: decoding a QLoRA unit's NF4 bytes, against the composed decode and a copy"};
@@ -99,36 +76,37 @@ int main(int argc, char** argv) {
     double seconds, bytes;
   };
   std::vector<Row> rows;
-  rows.push_back(
-      {device.is_cuda() && fsdp::shard::nf4_decode_kernel_compiled() ? "decode_nf4_storage (fsdp.cpp's kernel)"
-                                                                     : "decode_nf4_storage",
-       median_seconds(device, repeats, inner, [&] { fsdp::shard::decode_nf4_storage(storage, layout, bytes, out); }),
-       moved});
+  rows.push_back({device.is_cuda() && fsdp::shard::nf4_decode_kernel_compiled()
+                      ? "decode_nf4_storage (fsdp.cpp's kernel)"
+                      : "decode_nf4_storage",
+                  fsdp_bench::median_seconds(device, repeats, inner,
+                                             [&] { fsdp::shard::decode_nf4_storage(storage, layout, bytes, out); }),
+                  moved});
   auto part = [&](const fsdp::shard::Nf4Part& p, at::ScalarType dtype) {
     return bytes.narrow(0, p.offset, p.bytes).view(dtype);
   };
   rows.push_back({"composed (nf4_absmax_from_codes + nf4_values)",
-                  median_seconds(device, repeats, inner,
-                                 [&] {
-                                   for (size_t i = 0; i < entries.size(); ++i) {
-                                     const auto& place = storage.entries[i];
-                                     at::Tensor target = out.narrow(0, layout.entries[i].offset, entries[i].numel);
-                                     if (!place.nf4) {
-                                       target.copy_(part(place.raw, at::kBFloat16));
-                                       continue;
-                                     }
-                                     const at::Tensor absmax = fsdp::shard::nf4_absmax_from_codes(
-                                         part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat),
-                                         part(place.offset, at::kFloat));
-                                     target.copy_(fsdp::shard::nf4_values(part(place.codes, at::kByte), absmax,
-                                                                          entries[i].numel, storage.blocksize,
-                                                                          at::kBFloat16));
-                                   }
-                                 }),
+                  fsdp_bench::median_seconds(
+                      device, repeats, inner,
+                      [&] {
+                        for (size_t i = 0; i < entries.size(); ++i) {
+                          const auto& place = storage.entries[i];
+                          at::Tensor target = out.narrow(0, layout.entries[i].offset, entries[i].numel);
+                          if (!place.nf4) {
+                            target.copy_(part(place.raw, at::kBFloat16));
+                            continue;
+                          }
+                          const at::Tensor absmax = fsdp::shard::nf4_absmax_from_codes(
+                              part(place.absmax, at::kByte), part(place.nested_absmax, at::kFloat),
+                              part(place.offset, at::kFloat));
+                          target.copy_(fsdp::shard::nf4_values(part(place.codes, at::kByte), absmax, entries[i].numel,
+                                                               storage.blocksize, at::kBFloat16));
+                        }
+                      }),
                   moved});
   const at::Tensor source = out.clone();
   rows.push_back({"copy of the bf16 weights (bandwidth)",
-                  median_seconds(device, repeats, inner, [&] { out.copy_(source); }),
+                  fsdp_bench::median_seconds(device, repeats, inner, [&] { out.copy_(source); }),
                   4.0 * static_cast<double>(layout.numel)});
 
   std::printf("nf4_decode_bench: one block of %lld NF4 weights (+ %lld other), %s, storage %.1f MB\n",

@@ -13,7 +13,8 @@
 #     each kernel against its composed reference, forward and backward, fp32 and bf16; the NF4
 #     decode kernel against the host's decode, to the bit), the step's edge (StepEdge.*: no host
 #     read between backward and the fused AdamW, a NaN step skipped by its kernel), the NF4 decode's GB/s
-#     (bench/nf4_decode_bench: one 1B Llama block against the composed decode and a copy), then
+#     (bench/nf4_decode_bench: one 1B Llama block against the composed decode and a copy), the
+#     fused kernels' GB/s (bench/fused_ops_bench: a 1B Llama micro-batch, fused and composed), then
 #     the parity tests at N = 2 and 4 on one GPU through the staged test backend
 #     (FSDP_DEVICE_COMM=staged), compute-sanitizer's racecheck on the add + RMSNorm kernels, two
 #     ranks on one GPU refused by NCCL's path, and fsdp-train at N = 2 on one GPU, staged;
@@ -169,7 +170,7 @@ fi
 # short loses the whole call, one that runs long only the stages the budget then cannot reach.
 stage build 400 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=ON -DFSDP_UNITY_BATCH=4 \
     -DCMAKE_PREFIX_PATH='$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}' ${CMAKE_EXTRA[*]} && \
-    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests fsdp_train_tests nf4_decode_bench" || exit 1
+    cmake --build '$BUILD' -j\$(nproc) --target fsdp-train fsdp_dist_tests fsdp_unit_tests fsdp_train_tests nf4_decode_bench fused_ops_bench" || exit 1
 grep -h "fused CUDA kernels\|no CUDA compiler" "$WORK/build.log" | head -2
 
 # 2. Parity on the GPU (one rank per GPU; a single GPU runs N = 1).
@@ -192,6 +193,9 @@ stage step_edge 90 mpirun --oversubscribe --bind-to none -np "$GPUS" -x FSDP_TES
   "$BUILD/tests/fsdp_train_tests" --gtest_filter='StepEdge.*'
 # The NF4 decode (QLoRA's per-unit dequantize) in GB/s: fsdp.cpp's kernel, the composed ops, a copy.
 stage nf4_decode 60 "$BUILD/bench/nf4_decode_bench" --device cuda --json "$WORK/nf4_decode.json"
+# The decoder's fused kernels in GB/s against their composed references and a copy (issue 54, item
+# 4: 16-byte loads, rotary without 64-bit division, the norm's partials in registers; never run).
+stage fused_ops 30 "$BUILD/bench/fused_ops_bench" --device cuda --json "$WORK/fused_ops.json"
 # The GPU path at N = 2 and 4 on this one GPU (issue 40): NCCL refuses two ranks on a device, the
 # staged test backend (comm/staged_process_group.h) does not: device tensors, CUDA streams and
 # events, host copies around MPI. Every strategy's parity (hybrid included) and CPU offload.
