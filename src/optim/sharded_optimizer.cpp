@@ -35,10 +35,19 @@ ShardedOptimizer::ShardedOptimizer(runtime::FsdpState& state, double lr, const D
 
 void ShardedOptimizer::step_unless(const at::Tensor& skip) {
   if (skip.item<float>() == 1.0f) {
-    ++step_count_;  // counted as step() would count it: the caller uncounts what it learns was skipped
+    count_step(/*by_step_unless=*/true);  // counted as step() would: the caller uncounts what it learns was skipped
     return;
   }
   step();
+}
+
+void ShardedOptimizer::uncount_step() {
+  if (!uncountable_) {
+    throw std::logic_error("ShardedOptimizer::uncount_step: no step_unless to take back (at step count " +
+                           std::to_string(step_count_) + ": called twice, after step(), or before any step)");
+  }
+  --step_count_;
+  uncountable_ = false;
 }
 
 ShardedAdamW::ShardedAdamW(runtime::FsdpState& state, AdamWOptions options)
@@ -114,23 +123,22 @@ void ShardedAdamW::step_fused(const at::Tensor& skip) {
   }
 }
 
-void ShardedAdamW::step() {
+void ShardedAdamW::step() { update(at::Tensor()); }
+
+void ShardedAdamW::step_unless(const at::Tensor& skip) {
+  if (!fused()) return ShardedOptimizer::step_unless(skip);  // the composed passes read the flag first
+  update(skip);
+}
+
+void ShardedAdamW::update(const at::Tensor& skip) {
   torch::NoGradGuard no_grad;
-  ++step_count_;
+  count_step(/*by_step_unless=*/skip.defined());
   for (const Slot& slot : slots_) slot.flat->wait_for_shard_grad();
   if (fused()) {
-    step_fused(at::Tensor());
+    step_fused(skip);
   } else {
     step_composed();
   }
-}
-
-void ShardedAdamW::step_unless(const at::Tensor& skip) {
-  if (!fused()) return ShardedOptimizer::step_unless(skip);
-  torch::NoGradGuard no_grad;
-  ++step_count_;
-  for (const Slot& slot : slots_) slot.flat->wait_for_shard_grad();
-  step_fused(skip);
 }
 
 // Same operations, in the same order, as torch::optim::AdamW (libtorch 1.13) on each element.
@@ -177,7 +185,7 @@ ShardedSgd::ShardedSgd(runtime::FsdpState& state, SgdOptions options)
 // Same operations as torch::optim::SGD (libtorch 1.13, no dampening, no Nesterov).
 void ShardedSgd::step() {
   torch::NoGradGuard no_grad;
-  ++step_count_;
+  count_step(/*by_step_unless=*/false);
   for (const Slot& slot : slots_) slot.flat->wait_for_shard_grad();
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor& p = slots_[i].flat->shard();

@@ -21,6 +21,7 @@
 #include "fsdp/shard/nf4.h"
 #include "fsdp/checkpoint/sharded_checkpoint.h"
 #include "fsdp/comm/agreement.h"
+#include "fsdp/optim/adamw_kernel.h"
 #include "fsdp/optim/sharded_optimizer.h"
 #include "fsdp/train/config.h"
 #include "fsdp/train/trainer.h"
@@ -211,6 +212,32 @@ at::Tensor all_parameters(fsdp::runtime::FsdpState& state) {
 
 // Saved at S ranks, loaded at L ranks, for every S and L from 1 to N (ranks >= L load at N - L at
 // the same time). Exact equality: loading copies bytes, nothing is recomputed.
+// ShardedOptimizer::uncount_step takes back a step_unless's count, once (the trainer's step skipped
+// on the device, tests/dist/step_edge_test.cpp); before any step, after step() or a second time it
+// throws, rather than shifting AdamW's bias corrections. The composed update (host-read flag) and
+// the fused one (the kernel's found_inf) both.
+TEST(StepCount, UncountTakesBackAStepUnlessOnce) {
+  auto world = fsdp::comm::init_world();
+  ConvNetUnderTest s = make_conv_net(world, 7);
+  EXPECT_THROW(s.optimizer->uncount_step(), std::logic_error) << "before any step";
+  train_conv_net(s, 1);
+  fsdp::optim::AdamWOptions fused_options;
+  fused_options.kernel = fsdp::optim::AdamWKernel::Fused;
+  fsdp::optim::ShardedAdamW fused(s.model.state(), fused_options);
+  fused.set_step_count(1);
+  for (fsdp::optim::ShardedOptimizer* optimizer : {static_cast<fsdp::optim::ShardedOptimizer*>(s.optimizer.get()),
+                                                   static_cast<fsdp::optim::ShardedOptimizer*>(&fused)}) {
+    EXPECT_THROW(optimizer->uncount_step(), std::logic_error) << "after step(), or a resume's count";
+    EXPECT_EQ(optimizer->step_count(), 1);
+    optimizer->step_unless(at::ones({1}));
+    EXPECT_EQ(optimizer->step_count(), 2) << "counted as step() would";
+    optimizer->uncount_step();
+    EXPECT_EQ(optimizer->step_count(), 1);
+    EXPECT_THROW(optimizer->uncount_step(), std::logic_error) << "a second time";
+    EXPECT_EQ(optimizer->step_count(), 1);
+  }
+}
+
 TEST(Checkpoint, LoadsAtAnyWorldSizeBitForBit) {
   auto world = fsdp::comm::init_world();
   const int n = world->size(), rank = world->rank();

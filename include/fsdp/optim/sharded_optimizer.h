@@ -56,7 +56,10 @@ class ShardedOptimizer {
   // host read: free on the CPU, a wait on a GPU). The step is counted either way: a caller that
   // learns afterwards that it was skipped calls uncount_step() before the next one.
   virtual void step_unless(const at::Tensor& skip);
-  void uncount_step() { --step_count_; }  // once per skipped step_unless, before the next step or a save
+  // Takes back the count of the last step_unless, which the caller learned was skipped: once, before
+  // the next step or a save. Throws std::logic_error where no step_unless is there to take back
+  // (called twice, after step(), or before any step): a caller's bug, not a state to guess.
+  void uncount_step();
   void zero_grad() { state_.zero_grad(); }
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
@@ -72,7 +75,10 @@ class ShardedOptimizer {
   size_t slot_count() const { return slots_.size(); }
   shard::FlatParam* flat_of_slot(size_t slot) const { return slots_[slot].flat; }
   int64_t step_count() const { return step_count_; }
-  void set_step_count(int64_t steps) { step_count_ = steps; }
+  void set_step_count(int64_t steps) {
+    step_count_ = steps;
+    uncountable_ = false;
+  }
 
  protected:
   explicit ShardedOptimizer(runtime::FsdpState& state, double lr, const DecayFilter& decay);
@@ -85,6 +91,14 @@ class ShardedOptimizer {
   std::vector<Slot> slots_;
   double lr_;
   int64_t step_count_ = 0;  // steps taken (AdamW's bias correction counts them)
+  // Counts a step; `by_step_unless`: one uncount_step may take it back.
+  void count_step(bool by_step_unless) {
+    ++step_count_;
+    uncountable_ = by_step_unless;
+  }
+
+ private:
+  bool uncountable_ = false;  // the last count was a step_unless's, not taken back yet
 };
 
 class ShardedAdamW final : public ShardedOptimizer {
@@ -107,6 +121,9 @@ class ShardedAdamW final : public ShardedOptimizer {
  private:
   bool fused() const;  // whether options_.kernel, or auto for these shards' device, says fused
   // The fused update, skipped by the kernel itself where `skip` (may be undefined) holds 1.
+  // step() (skip undefined) and the fused step_unless: counted, the shard gradients waited for, then
+  // the fused kernel (which skips where skip holds 1) or the composed passes.
+  void update(const at::Tensor& skip);
   void step_fused(const at::Tensor& skip);
   void step_composed();
   AdamWOptions options_;
