@@ -462,9 +462,7 @@ class Trainer {
                                                   : optim::grad_norm_tensor(*state_);
     trace_memory(rank_, step, "clip");
     if (guard_.judges_before_the_update()) {
-      r.norm = norm.item<double>();
-      const double agreed_loss = guard_.needs_loss(r.norm) ? all_ranks_loss(r.loss_sum) : 0.0;
-      r.verdict = guard_.judge(step, /*batch_skipped=*/false, r.norm, agreed_loss);
+      judge(step, norm, r);
       if (r.verdict.apply) optimizer_->step();
       return at::Tensor();
     }
@@ -476,15 +474,21 @@ class Trainer {
   // device's (applied exactly when the norm is finite); a skipped step is uncounted, as one never
   // taken.
   void judge_after_the_update(int64_t step, const at::Tensor& unread_norm, StepResult& r) {
-    r.norm = unread_norm.item<double>();
-    const double agreed_loss = guard_.needs_loss(r.norm) ? all_ranks_loss(r.loss_sum) : 0.0;
-    r.verdict = guard_.judge(step, /*batch_skipped=*/false, r.norm, agreed_loss);
+    judge(step, unread_norm, r);
     if (r.verdict.apply != std::isfinite(r.norm)) {
       throw std::logic_error("step " + std::to_string(step + 1) + ": the guard's verdict (" +
                              (r.verdict.apply ? "apply" : r.verdict.reason) + ") is not the device's (norm " +
                              std::to_string(r.norm) + ")");
     }
     if (!r.verdict.apply) optimizer_->uncount_step();
+  }
+
+  // The guard's verdict on a trained batch: the norm read (a wait on a GPU), and the loss agreed over
+  // the ranks where the guard needs it.
+  void judge(int64_t step, const at::Tensor& norm, StepResult& r) {
+    r.norm = norm.item<double>();
+    const double agreed_loss = guard_.needs_loss(r.norm) ? all_ranks_loss(r.loss_sum) : 0.0;
+    r.verdict = guard_.judge(step, /*batch_skipped=*/false, r.norm, agreed_loss);
   }
 
   // A batch's host tensor on the training device. On a GPU through pinned memory, a copy the host
