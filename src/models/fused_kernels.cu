@@ -50,12 +50,19 @@ __device__ __forceinline__ void swiglu_forward_at(const T* gate, const T* up, T*
   reinterpret_cast<Pack<T, kWidth>*>(out)[i] = o;
 }
 
+// Rows of `cols` elements: row r of gate and up at r * stride (the two halves of one stacked
+// [rows, 2 cols] product have stride 2 cols; a contiguous tensor is one row), of out at r * cols.
+// Rows to blockIdx.y (striding by gridDim.y), columns to the grid-stride loop.
 template <typename T, int kWidth>
-__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t n) {
+__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t rows, int64_t cols, int64_t stride) {
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x, packs = n / kWidth;
-  for (int64_t i = first; i < packs; i += stride) swiglu_forward_at<T, kWidth>(gate, up, out, i);
-  for (int64_t i = packs * kWidth + first; i < n; i += stride) swiglu_forward_at<T, 1>(gate, up, out, i);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x, packs = cols / kWidth;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const T *g = gate + row * stride, *u = up + row * stride;
+    T* o = out + row * cols;
+    for (int64_t i = first; i < packs; i += step) swiglu_forward_at<T, kWidth>(g, u, o, i);
+    for (int64_t i = packs * kWidth + first; i < cols; i += step) swiglu_forward_at<T, 1>(g, u, o, i);
+  }
 }
 
 template <typename T, int kWidth>
@@ -76,28 +83,35 @@ __device__ __forceinline__ void swiglu_backward_at(const T* grad_out, const T* g
   reinterpret_cast<Pack<T, kWidth>*>(grad_up)[i] = du;
 }
 
+// Rows as swiglu_forward_kernel's: grad_out's at r * cols, the others' at r * stride.
 template <typename T, int kWidth>
 __global__ void swiglu_backward_kernel(const T* grad_out, const T* gate, const T* up, T* grad_gate, T* grad_up,
-                                       int64_t n) {
+                                       int64_t rows, int64_t cols, int64_t stride) {
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x, packs = n / kWidth;
-  for (int64_t i = first; i < packs; i += stride)
-    swiglu_backward_at<T, kWidth>(grad_out, gate, up, grad_gate, grad_up, i);
-  for (int64_t i = packs * kWidth + first; i < n; i += stride)
-    swiglu_backward_at<T, 1>(grad_out, gate, up, grad_gate, grad_up, i);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x, packs = cols / kWidth;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const T* dy = grad_out + row * cols;
+    const T *g = gate + row * stride, *u = up + row * stride;
+    T *dg = grad_gate + row * stride, *du = grad_up + row * stride;
+    for (int64_t i = first; i < packs; i += step) swiglu_backward_at<T, kWidth>(dy, g, u, dg, du, i);
+    for (int64_t i = packs * kWidth + first; i < cols; i += step) swiglu_backward_at<T, 1>(dy, g, u, dg, du, i);
+  }
 }
 
 // A row of head_dim elements (rows are [outer, t, inner] in that order) to each blockDim.x lanes,
 // blockDim.y rows to a block; lane l takes the pairs (c, c + h) for c = l, l + blockDim.x, ... < h.
 // The row's position is found once per row, and in 32-bit arithmetic where every offset fits
 // (Index uint32_t): 64-bit division and remainder are long instruction sequences on a GPU.
+// x's rows of one token (its `inner` heads) are x_token_stride elements after the token before
+// (inner * head_dim where x is contiguous; a stacked q, k, v product's row where x is its q part).
 template <typename T, typename Index>
 __global__ void rotary_kernel(const T* x, const float* cos, const float* sin, T* out, Index rows, Index t, Index inner,
-                              Index half, bool inverse) {
+                              Index half, Index x_token_stride, bool inverse) {
   const Index rows_per_step = static_cast<Index>(gridDim.x) * blockDim.y;
   for (Index row = static_cast<Index>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows; row += rows_per_step) {
-    const Index position = (row / inner) % t;
-    const T* xr = x + row * 2 * half;
+    const Index token = row / inner;
+    const Index position = token % t;
+    const T* xr = x + token * x_token_stride + (row - token * inner) * 2 * half;
     T* outr = out + row * 2 * half;
     const float* cos_row = cos + position * 2 * half;
     const float* sin_row = sin + position * 2 * half;
@@ -435,48 +449,66 @@ void cross_entropy_rows(void* z, const int64_t* targets, float* row_loss, int64_
   check_launch("cross_entropy_rows");
 }
 
-void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Dtype dtype, void* stream) {
-  if (n == 0) return;
-  const bool packed = aligned16({gate, up, out});
+namespace {
+
+// The elementwise kernels' grid over rows of cols: columns by blocks_for, rows to gridDim.y
+// (at most 65535), about 65536 blocks in all.
+dim3 row_grid(int64_t rows, int64_t column_work) {
+  const int columns = blocks_for(column_work);
+  const int64_t row_blocks = std::min<int64_t>({rows, 65535, std::max<int64_t>(1, 65536 / columns)});
+  return dim3(columns, static_cast<unsigned>(std::max<int64_t>(1, row_blocks)));
+}
+
+// 16-byte packs fit when every pointer is aligned and so is every row's start (or there is one row).
+template <typename T>
+bool packs_fit(std::initializer_list<const void*> pointers, int64_t rows, int64_t cols, int64_t stride) {
+  constexpr int64_t kWidth = 16 / sizeof(T);
+  return aligned16(pointers) && (rows == 1 || (cols % kWidth == 0 && stride % kWidth == 0));
+}
+
+}  // namespace
+
+void swiglu_forward(const void* gate, const void* up, void* out, int64_t rows, int64_t cols, int64_t stride,
+                    Dtype dtype, void* stream) {
+  if (rows == 0 || cols == 0) return;
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     constexpr int kWidth = 16 / sizeof(T);
-    const auto launch = [&](auto kernel, int64_t work) {
-      kernel<<<blocks_for(work), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
+    const auto launch = [&](auto kernel, int64_t column_work) {
+      kernel<<<row_grid(rows, column_work), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), rows, cols, stride);
     };
-    if (packed) {
-      launch(swiglu_forward_kernel<T, kWidth>, (n + kWidth - 1) / kWidth);
+    if (packs_fit<T>({gate, up, out}, rows, cols, stride)) {
+      launch(swiglu_forward_kernel<T, kWidth>, (cols + kWidth - 1) / kWidth);
     } else {
-      launch(swiglu_forward_kernel<T, 1>, n);
+      launch(swiglu_forward_kernel<T, 1>, cols);
     }
   });
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(const void* grad_out, const void* gate, const void* up, void* grad_gate, void* grad_up, int64_t n,
-                     Dtype dtype, void* stream) {
-  if (n == 0) return;
-  const bool packed = aligned16({grad_out, gate, up, grad_gate, grad_up});
+void swiglu_backward(const void* grad_out, const void* gate, const void* up, void* grad_gate, void* grad_up,
+                     int64_t rows, int64_t cols, int64_t stride, Dtype dtype, void* stream) {
+  if (rows == 0 || cols == 0) return;
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     constexpr int kWidth = 16 / sizeof(T);
-    const auto launch = [&](auto kernel, int64_t work) {
-      kernel<<<blocks_for(work), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    const auto launch = [&](auto kernel, int64_t column_work) {
+      kernel<<<row_grid(rows, column_work), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
           static_cast<const T*>(grad_out), static_cast<const T*>(gate), static_cast<const T*>(up),
-          static_cast<T*>(grad_gate), static_cast<T*>(grad_up), n);
+          static_cast<T*>(grad_gate), static_cast<T*>(grad_up), rows, cols, stride);
     };
-    if (packed) {
-      launch(swiglu_backward_kernel<T, kWidth>, (n + kWidth - 1) / kWidth);
+    if (packs_fit<T>({grad_out, gate, up, grad_gate, grad_up}, rows, cols, stride)) {
+      launch(swiglu_backward_kernel<T, kWidth>, (cols + kWidth - 1) / kWidth);
     } else {
-      launch(swiglu_backward_kernel<T, 1>, n);
+      launch(swiglu_backward_kernel<T, 1>, cols);
     }
   });
   check_launch("swiglu_backward");
 }
 
 void rotary(const void* x, const float* cos, const float* sin, void* out, int64_t outer, int64_t t, int64_t inner,
-            int64_t head_dim, bool inverse, Dtype dtype, void* stream) {
+            int64_t head_dim, int64_t x_token_stride, bool inverse, Dtype dtype, void* stream) {
   const int64_t half = head_dim / 2, rows = outer * t * inner;
   if (rows == 0 || half == 0) return;
   // Lanes per row: half rounded up to a power of two, at most a warp; 256 threads a block.
@@ -486,14 +518,15 @@ void rotary(const void* x, const float* cos, const float* sin, void* out, int64_
   const int64_t rows_per_block = kThreads / lanes;
   const int blocks =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((rows + rows_per_block - 1) / rows_per_block, 65536)));
-  const bool offsets_fit_32_bits = rows * head_dim <= static_cast<int64_t>(UINT32_MAX);
+  const bool offsets_fit_32_bits = rows * head_dim <= static_cast<int64_t>(UINT32_MAX) &&
+                                   outer * t * x_token_stride <= static_cast<int64_t>(UINT32_MAX);
   by_dtype(dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
     const auto launch = [&](auto index) {
       using Index = decltype(index);
       rotary_kernel<T, Index><<<blocks, threads, 0, static_cast<cudaStream_t>(stream)>>>(
           static_cast<const T*>(x), cos, sin, static_cast<T*>(out), static_cast<Index>(rows), static_cast<Index>(t),
-          static_cast<Index>(inner), static_cast<Index>(half), inverse);
+          static_cast<Index>(inner), static_cast<Index>(half), static_cast<Index>(x_token_stride), inverse);
     };
     if (offsets_fit_32_bits) {
       launch(uint32_t{0});

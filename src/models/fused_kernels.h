@@ -10,11 +10,15 @@ namespace fsdp::models::kernels {
 
 enum class Dtype { Float32, BFloat16, Float16 };
 
-// out = silu(gate) * up, n elements.
-void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Dtype dtype, void* stream);
-// grad_gate = dy * up * s * (1 + gate * (1 - s)), grad_up = dy * gate * s, s = sigmoid(gate).
-void swiglu_backward(const void* grad_out, const void* gate, const void* up, void* grad_gate, void* grad_up, int64_t n,
-                     Dtype dtype, void* stream);
+// out = silu(gate) * up over rows of cols elements: out [rows, cols] contiguous; gate and up rows
+// `stride` elements apart (cols where contiguous; 2 cols for the halves of one stacked [rows,
+// 2 cols] product, up = gate + cols). A contiguous tensor of n elements is one row: (1, n, n).
+void swiglu_forward(const void* gate, const void* up, void* out, int64_t rows, int64_t cols, int64_t stride,
+                    Dtype dtype, void* stream);
+// grad_gate = dy * up * s * (1 + gate * (1 - s)), grad_up = dy * gate * s, s = sigmoid(gate):
+// grad_out [rows, cols] contiguous; gate, up, grad_gate and grad_up rows `stride` apart.
+void swiglu_backward(const void* grad_out, const void* gate, const void* up, void* grad_gate, void* grad_up,
+                     int64_t rows, int64_t cols, int64_t stride, Dtype dtype, void* stream);
 
 // x [outer, t, inner, head_dim] -> out, same shape: for c < head_dim/2 and position p,
 //   out[c]        = x[c] cos[p][c] - x[c + h] sin[p][c]
@@ -22,9 +26,11 @@ void swiglu_backward(const void* grad_out, const void* gate, const void* up, voi
 // inverse: the transpose of that map (the backward):
 //   out[c]        = x[c] cos[p][c] + x[c + h] sin[p][c + h]
 //   out[c + h]    = x[c + h] cos[p][c + h] - x[c] sin[p][c]
-// cos, sin: [t, head_dim] fp32. out may not alias x.
+// cos, sin: [t, head_dim] fp32. out contiguous; x's heads contiguous, each token's row of them
+// x_token_stride elements after the one before (inner * head_dim where x is contiguous). out may
+// not alias x.
 void rotary(const void* x, const float* cos, const float* sin, void* out, int64_t outer, int64_t t, int64_t inner,
-            int64_t head_dim, bool inverse, Dtype dtype, void* stream);
+            int64_t head_dim, int64_t x_token_stride, bool inverse, Dtype dtype, void* stream);
 
 // The residual add and RMSNorm after it, one block per row of [rows, dim] (x, delta, weight, sum,
 // normed in one dtype; rstd [rows] fp32):

@@ -94,27 +94,38 @@ kernels::Dtype kernel_dtype(const at::Tensor& tensor) {
 void* current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 #endif
 
-// The kernel's closed form, in fp32 (fp64 for fp64), a cache-sized chunk at a time: fp32 temporaries of the whole
-// [tokens, ffn] tensors would outweigh the activation the fused op saves (in bf16, 4x over).
+// The kernel's closed form, in fp32 (fp64 for fp64), a cache-sized chunk of rows at a time: fp32
+// temporaries of the whole [tokens, ffn] tensors would outweigh the activation the fused op saves
+// (in bf16, 4x over). gate, up, grad_out [rows, cols] (views, any row stride) -> written into
+// grad_gate and grad_up [rows, cols] (views: of a contiguous tensor each, or of one stacked one).
 //   d silu(g) / dg = s (1 + g (1 - s)), s = sigmoid(g)
-std::pair<at::Tensor, at::Tensor> swiglu_backward_host(const at::Tensor& grad_out, const at::Tensor& gate,
-                                                       const at::Tensor& up) {
+void swiglu_backward_host(const at::Tensor& grad_out, const at::Tensor& gate, const at::Tensor& up,
+                          const at::Tensor& grad_gate, const at::Tensor& grad_up) {
   constexpr int64_t kChunk = 1 << 16;  // elements: 256 KiB per fp32 temporary
   const at::ScalarType math = at::promote_types(gate.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
-  const at::Tensor g_all = gate.contiguous().view(-1), u_all = up.contiguous().view(-1);
-  const at::Tensor dy_all = grad_out.contiguous().view(-1);
-  at::Tensor grad_gate = at::empty_like(g_all), grad_up = at::empty_like(u_all);
-  for (int64_t offset = 0; offset < g_all.numel(); offset += kChunk) {
-    const int64_t n = std::min(kChunk, g_all.numel() - offset);
-    const at::Tensor g = g_all.narrow(0, offset, n).to(math), u = u_all.narrow(0, offset, n).to(math);
-    const at::Tensor dy = dy_all.narrow(0, offset, n).to(math);
+  const int64_t rows = gate.size(0), chunk_rows = std::max<int64_t>(1, kChunk / std::max<int64_t>(1, gate.size(1)));
+  for (int64_t row = 0; row < rows; row += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - row);
+    const at::Tensor g = gate.narrow(0, row, n).to(math), u = up.narrow(0, row, n).to(math);
+    const at::Tensor dy = grad_out.narrow(0, row, n).to(math);
     const at::Tensor s = at::sigmoid(g);
     const at::Tensor dy_s = dy * s;
-    grad_gate.narrow(0, offset, n).copy_(dy_s * u * (1.0 + g * (1.0 - s)));
-    grad_up.narrow(0, offset, n).copy_(dy_s * g);
+    grad_gate.narrow(0, row, n).copy_(dy_s * u * (1.0 + g * (1.0 - s)));
+    grad_up.narrow(0, row, n).copy_(dy_s * g);
   }
-  return {grad_gate.view(gate.sizes()), grad_up.view(up.sizes())};
 }
+
+#ifdef FSDP_HAVE_CUDA_KERNELS
+// Rows of cols elements of a tensor whose last dim is contiguous and whose leading dims collapse
+// to one stride (a contiguous tensor, or a narrow of the last dim of one): {rows, cols, stride}.
+struct Rows {
+  int64_t rows, cols, stride;
+};
+Rows rows_of(const at::Tensor& t) {
+  const int64_t cols = t.size(-1);
+  return {cols == 0 ? 0 : t.numel() / cols, cols, t.dim() >= 2 ? t.stride(-2) : cols};
+}
+#endif
 
 // SwiGLU that keeps gate and up (not silu(gate) as well) for a backward in closed form.
 struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
@@ -124,8 +135,8 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
     if (gate.is_cuda()) {  // contiguous, one dtype the kernels take: swiglu() saw to it
       const c10::cuda::CUDAGuard device(gate.device());
       at::Tensor out = at::empty_like(gate);
-      kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), kernel_dtype(gate),
-                              current_stream());
+      kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), 1, gate.numel(), gate.numel(),
+                              kernel_dtype(gate), current_stream());
       return out;
     }
 #endif
@@ -135,19 +146,63 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1];
-    const at::Tensor& grad_out = grads[0];
+    const at::Tensor dy = grads[0].to(gate.scalar_type()).contiguous();
+    at::Tensor grad_gate = at::empty_like(gate, at::MemoryFormat::Contiguous);
+    at::Tensor grad_up = at::empty_like(up, at::MemoryFormat::Contiguous);
 #ifdef FSDP_HAVE_CUDA_KERNELS
     if (gate.is_cuda()) {
-      const at::Tensor dy = grad_out.to(gate.scalar_type()).contiguous();
       const c10::cuda::CUDAGuard device(gate.device());
-      at::Tensor grad_gate = at::empty_like(gate), grad_up = at::empty_like(up);
       kernels::swiglu_backward(dy.data_ptr(), gate.data_ptr(), up.data_ptr(), grad_gate.data_ptr(), grad_up.data_ptr(),
-                               gate.numel(), kernel_dtype(gate), current_stream());
+                               1, gate.numel(), gate.numel(), kernel_dtype(gate), current_stream());
       return {grad_gate, grad_up};
     }
 #endif
-    auto [grad_gate, grad_up] = swiglu_backward_host(grad_out, gate, up);
+    const auto rows = [](const at::Tensor& t) { return t.reshape({-1, t.dim() == 0 ? 1 : t.size(-1)}); };
+    swiglu_backward_host(rows(dy), rows(gate), rows(up), rows(grad_gate), rows(grad_up));
     return {grad_gate, grad_up};
+  }
+};
+
+// SwiGLU of one stacked product's halves: gate_up [..., 2 cols] -> [..., cols]; backward writes
+// the gradient of both halves into one [..., 2 cols] tensor (no concatenation of two).
+struct SwigluStackedFunction : torch::autograd::Function<SwigluStackedFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    const int64_t cols = gate_up.size(-1) / 2;
+    const at::Tensor gate = gate_up.narrow(-1, 0, cols), up = gate_up.narrow(-1, cols, cols);
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    if (gate_up.is_cuda()) {  // contiguous: swiglu_stacked() saw to it
+      const c10::cuda::CUDAGuard device(gate_up.device());
+      at::Tensor out = at::empty(gate.sizes(), gate_up.options());
+      const Rows r = rows_of(gate);
+      kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), r.rows, r.cols, r.stride,
+                              kernel_dtype(gate_up), current_stream());
+      return out;
+    }
+#endif
+    return swiglu_reference(gate, up);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor gate_up = ctx->get_saved_variables()[0];
+    const int64_t cols = gate_up.size(-1) / 2;
+    const at::Tensor dy = grads[0].to(gate_up.scalar_type()).contiguous();
+    at::Tensor grad = at::empty(gate_up.sizes(), gate_up.options());  // [..., 2 cols]: gate's gradient, then up's
+    const auto half = [&](const at::Tensor& t, int64_t first) { return t.narrow(-1, first, cols); };
+#ifdef FSDP_HAVE_CUDA_KERNELS
+    if (gate_up.is_cuda()) {
+      const c10::cuda::CUDAGuard device(gate_up.device());
+      const Rows r = rows_of(half(gate_up, 0));
+      kernels::swiglu_backward(dy.data_ptr(), half(gate_up, 0).data_ptr(), half(gate_up, cols).data_ptr(),
+                               half(grad, 0).data_ptr(), half(grad, cols).data_ptr(), r.rows, r.cols, r.stride,
+                               kernel_dtype(gate_up), current_stream());
+      return {grad};
+    }
+#endif
+    const at::Tensor all = gate_up.reshape({-1, 2 * cols}), grad_all = grad.view({-1, 2 * cols});
+    swiglu_backward_host(dy.reshape({-1, cols}), half(all, 0), half(all, cols), half(grad_all, 0),
+                         half(grad_all, cols));
+    return {grad};
   }
 };
 
@@ -172,11 +227,11 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
 #ifdef FSDP_HAVE_CUDA_KERNELS
-    if (x.is_cuda()) {  // x and the fp32 tables contiguous on one device: rotary() saw to it
+    if (x.is_cuda()) {  // the fp32 tables contiguous, x's rows of tokens (rotary() saw to it), on one device
       const c10::cuda::CUDAGuard device(x.device());
-      at::Tensor out = at::empty_like(x);
+      at::Tensor out = at::empty(x.sizes(), x.options());
       kernels::rotary(x.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), out.data_ptr(), x.size(0), x.size(1),
-                      x.size(2), x.size(3), /*inverse=*/false, kernel_dtype(x), current_stream());
+                      x.size(2), x.size(3), x.stride(1), /*inverse=*/false, kernel_dtype(x), current_stream());
       return out;
     }
 #endif
@@ -193,8 +248,8 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
       const c10::cuda::CUDAGuard device(grad_out.device());
       at::Tensor grad_x = at::empty_like(grad_out);
       kernels::rotary(grad_out.data_ptr(), cos.data_ptr<float>(), sin.data_ptr<float>(), grad_x.data_ptr(),
-                      grad_out.size(0), grad_out.size(1), grad_out.size(2), grad_out.size(3), /*inverse=*/true,
-                      kernel_dtype(grad_out), current_stream());
+                      grad_out.size(0), grad_out.size(1), grad_out.size(2), grad_out.size(3),
+                      grad_out.size(2) * grad_out.size(3), /*inverse=*/true, kernel_dtype(grad_out), current_stream());
       return {grad_x, at::Tensor(), at::Tensor()};
     }
 #endif
@@ -327,6 +382,16 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return SwigluFunction::apply(gate, up);
 }
 
+at::Tensor swiglu_stacked(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "swiglu_stacked: gate_up must be [..., 2 cols], got ",
+              gate_up.sizes());
+  const int64_t cols = gate_up.size(-1) / 2;
+  if (!fused_ops_enabled() || (gate_up.is_cuda() && !cuda_kernels_take(gate_up))) {
+    return swiglu_reference(gate_up.narrow(-1, 0, cols), gate_up.narrow(-1, cols, cols));
+  }
+  return SwigluStackedFunction::apply(gate_up.is_cuda() ? gate_up.contiguous() : gate_up);
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(weight.dim() == 1 && x.dim() >= 1 && weight.size(0) == x.size(-1), "rms_norm: weight ", weight.sizes(),
               " must be [dim] for x ", x.sizes());
@@ -372,7 +437,11 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
     if (!cuda_kernels_take(x) || cos.scalar_type() != at::kFloat || sin.scalar_type() != at::kFloat) {
       return rotary_reference(x, cos, sin);
     }
-    return RotaryFunction::apply(x.contiguous(), cos.contiguous(), sin.contiguous());
+    // x [b, t, heads, hd] read in place where each token's heads are contiguous and the tokens
+    // one stride apart (q and k as narrow views of a stacked q, k, v product are); else a copy.
+    const bool token_rows = x.stride(3) == 1 && (x.size(2) == 1 || x.stride(2) == x.size(3)) &&
+                            (x.size(0) == 1 || x.stride(0) == x.stride(1) * x.size(1));
+    return RotaryFunction::apply(token_rows ? x : x.contiguous(), cos.contiguous(), sin.contiguous());
   }
   return RotaryFunction::apply(x, cos, sin);
 }

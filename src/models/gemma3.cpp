@@ -106,9 +106,11 @@ at::Tensor Gemma3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& c
     if (cos.size(0) == t) return rotary(y, cos, sin);
     return rotary(y.reshape({1, b * t, y.size(2), head_dim}), cos, sin).view({b, t, y.size(2), head_dim});
   };
-  auto q = rotate(q_norm(q_proj(x).view({b, t, heads, head_dim}))).transpose(1, 2);  // [b, heads, t, hd]
-  auto k = rotate(k_norm(k_proj(x).view({b, t, kv_heads, head_dim}))).transpose(1, 2);
-  auto v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  // q, k, v: views of one product where the weights stack (layers.h).
+  const auto qkv = projections(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+  auto q = rotate(q_norm(qkv[0].view({b, t, heads, head_dim}))).transpose(1, 2);  // [b, heads, t, hd]
+  auto k = rotate(k_norm(qkv[1].view({b, t, kv_heads, head_dim}))).transpose(1, 2);
+  auto v = qkv[2].view({b, t, kv_heads, head_dim}).transpose(1, 2);
   if (query_scale != 1.0) q = q * query_scale;  // attention() divides by sqrt(head_dim)
   auto y = attention(q, k, v, /*causal=*/!allowed.defined(), allowed);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
@@ -121,7 +123,8 @@ Gemma3MlpImpl::Gemma3MlpImpl(const Gemma3Config& c) {
 }
 
 at::Tensor Gemma3MlpImpl::forward(const at::Tensor& x) {
-  return down_proj(at::gelu(gate_proj(x), "tanh") * up_proj(x));
+  const auto gate_up = projections(x, {gate_proj.get(), up_proj.get()});  // one GEMM where they stack
+  return down_proj(at::gelu(gate_up[0], "tanh") * gate_up[1]);
 }
 
 Gemma3BlockImpl::Gemma3BlockImpl(const Gemma3Config& c) {

@@ -12,6 +12,7 @@
 #include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/linear_cross_entropy.h"
+#include "fsdp/models/stacked_linear.h"
 
 namespace fsdp::models {
 
@@ -142,7 +143,51 @@ void AdaptedLinearImpl::add_adapter(const LoraSpec& spec) {
 at::Tensor AdaptedLinearImpl::forward(const at::Tensor& x) {
   at::Tensor y = models::linear(x, weight, bias);
   if (lora_A.is_empty()) return y;
-  return y + models::linear(models::linear(lora_dropout(x), lora_A->weight), lora_B->weight) * lora_scale;
+  return y + adapter_term(x);
+}
+
+at::Tensor AdaptedLinearImpl::adapter_term(const at::Tensor& x) {
+  if (lora_A.is_empty()) return {};
+  return models::linear(models::linear(lora_dropout(x), lora_A->weight), lora_B->weight) * lora_scale;
+}
+
+namespace {
+
+// The layers' base weights where they can be one GEMM (no bias, back to back, fused ops on); empty otherwise.
+std::vector<at::Tensor> stackable_weights(const std::vector<AdaptedLinearImpl*>& linears) {
+  if (!fused_ops_enabled()) return {};
+  std::vector<at::Tensor> weights;
+  for (const AdaptedLinearImpl* linear : linears) {
+    if (linear->bias.defined()) return {};
+    weights.push_back(linear->weight);
+  }
+  return weights_back_to_back(weights) ? weights : std::vector<at::Tensor>{};
+}
+
+}  // namespace
+
+at::Tensor stacked_projections(const at::Tensor& x, const std::vector<AdaptedLinearImpl*>& linears) {
+  for (const AdaptedLinearImpl* linear : linears) {
+    if (!linear->lora_A.is_empty()) return {};
+  }
+  const std::vector<at::Tensor> weights = stackable_weights(linears);
+  return weights.empty() ? at::Tensor() : stacked_linear(x, weights);
+}
+
+std::vector<at::Tensor> projections(const at::Tensor& x, const std::vector<AdaptedLinearImpl*>& linears) {
+  const std::vector<at::Tensor> weights = stackable_weights(linears);
+  std::vector<at::Tensor> out;
+  if (weights.empty()) {
+    for (AdaptedLinearImpl* linear : linears) out.push_back(linear->forward(x));
+    return out;
+  }
+  std::vector<int64_t> widths;
+  for (const at::Tensor& weight : weights) widths.push_back(weight.size(0));
+  out = stacked_linear(x, weights).split_with_sizes(widths, -1);
+  for (size_t i = 0; i < linears.size(); ++i) {
+    if (!linears[i]->lora_A.is_empty()) out[i] = out[i] + linears[i]->adapter_term(x);
+  }
+  return out;
 }
 
 void apply_lora(torch::nn::Module& module, const LoraSpec& spec) {

@@ -103,10 +103,12 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   };
   // Qwen3's q_norm and k_norm normalise each head's [hd] before rotary.
   auto per_head_norm = [](RMSNorm& norm, const at::Tensor& y) { return norm.is_empty() ? y : norm(y); };
-  auto q = rotate(per_head_norm(q_norm, q_proj(x).view({b, t, heads, head_dim}))).transpose(1, 2);  // [b, heads, t, hd]
-  auto k = rotate(per_head_norm(k_norm, k_proj(x).view({b, t, kv_heads, head_dim})))
-               .transpose(1, 2);  // [b, kv_heads, t, hd]
-  auto v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  // q, k, v [b, t, heads or kv_heads * hd]: views of one product where the weights stack (layers.h).
+  const auto qkv = projections(x, {q_proj.get(), k_proj.get(), v_proj.get()});
+  auto q = rotate(per_head_norm(q_norm, qkv[0].view({b, t, heads, head_dim}))).transpose(1, 2);  // [b, heads, t, hd]
+  auto k =
+      rotate(per_head_norm(k_norm, qkv[1].view({b, t, kv_heads, head_dim}))).transpose(1, 2);  // [b, kv_heads, t, hd]
+  auto v = qkv[2].view({b, t, kv_heads, head_dim}).transpose(1, 2);
   auto y = attention(q, k, v, /*causal=*/!allowed.defined(), allowed);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
@@ -118,7 +120,12 @@ LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) {
   down_proj = register_module("down_proj", linear(c.ffn_hidden, c.dim));
 }
 
-at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) { return down_proj(swiglu(gate_proj(x), up_proj(x))); }
+at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
+  // [..., 2 ffn] where gate's and up's weights stack (layers.h): SwiGLU of its halves, in place.
+  const at::Tensor gate_up = stacked_projections(x, {gate_proj.get(), up_proj.get()});
+  if (gate_up.defined()) return down_proj(swiglu_stacked(gate_up));
+  return down_proj(swiglu(gate_proj(x), up_proj(x)));
+}
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {
   input_layernorm = register_module("input_layernorm", RMSNorm(c.dim, c.norm_eps));

@@ -107,6 +107,45 @@ TEST(FusedOps, SwigluMatchesTheComposedReference) {
   }
 }
 
+// SwiGLU of one stacked [..., 2 cols] product's halves (the MLP's gate and up as one GEMM) against
+// swiglu() of the two halves copied out, forward and backward, its gradient one [..., 2 cols]
+// tensor (gate's, then up's). On CUDA the same kernel arithmetic: the same bits. On the CPU the
+// forward is the reference's operations on the strided halves, which libtorch's fp32 kernels
+// compute unvectorized (other last bits than the contiguous copies' vectorized ones): there,
+// within 1e-6 of the largest value (a gradient of the wrong half is off by O(1)). Columns of 40
+// take the CUDA kernels' 16-byte packs (rows 80 elements apart), 37 one element at a time.
+TEST(FusedOps, SwigluOfStackedHalvesIsSwigluOfEach) {
+  for (const Case& c : cases()) {
+    if (!usable(c.device)) continue;
+    SCOPED_TRACE(c.name());
+    torch::manual_seed(11);
+    for (const int64_t cols : {40, 37}) {
+      SCOPED_TRACE("cols " + std::to_string(cols));
+      const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+      const at::Tensor gate_up0 = (torch::randn({3, 5, 2 * cols}, at::kDouble) * 3).to(opts);
+      const at::Tensor grad = torch::randn({3, 5, cols}, at::kDouble).to(opts);
+      at::Tensor gate_up = gate_up0.clone().requires_grad_(true);
+      at::Tensor gate = gate_up0.narrow(-1, 0, cols).contiguous().requires_grad_(true);
+      at::Tensor up = gate_up0.narrow(-1, cols, cols).contiguous().requires_grad_(true);
+      const at::Tensor stacked = fsdp::models::swiglu_stacked(gate_up), each = fsdp::models::swiglu(gate, up);
+      stacked.backward(grad);
+      each.backward(grad);
+      const at::Tensor grad_each = at::cat({gate.grad(), up.grad()}, -1);
+      if (c.device.is_cuda()) {
+        EXPECT_TRUE(torch::equal(stacked, each)) << "forward";
+        EXPECT_TRUE(torch::equal(gate_up.grad(), grad_each)) << "backward";
+      } else {
+        EXPECT_TRUE(torch::equal(
+            stacked, fsdp::models::swiglu_reference(gate_up.narrow(-1, 0, cols), gate_up.narrow(-1, cols, cols))))
+            << "the CPU forward is the reference's, on the halves";
+        EXPECT_LE(max_abs(stacked.to(at::kDouble) - each.to(at::kDouble)), 1e-6 * max_abs(each)) << "forward";
+        EXPECT_LE(max_abs(gate_up.grad().to(at::kDouble) - grad_each.to(at::kDouble)), 1e-6 * max_abs(grad_each))
+            << "backward";
+      }
+    }
+  }
+}
+
 TEST(FusedOps, RotaryMatchesTheComposedReference) {
   for (const Case& c : cases()) {
     if (!usable(c.device)) continue;
@@ -145,6 +184,20 @@ TEST(FusedOps, RotaryMatchesTheComposedReference) {
       ASSERT_FALSE(strided.is_contiguous());
       EXPECT_TRUE(
           torch::equal(fsdp::models::rotary(strided, cos_d, sin_d), fsdp::models::rotary(x64.to(opts), cos_d, sin_d)));
+
+      // q as the first part of a stacked q, k, v product [b, t, (heads + 2) hd]: each token's heads
+      // contiguous, tokens a row of the product apart (read in place on CUDA); the same values
+      // forward and backward as its contiguous copy's.
+      const at::Tensor product = torch::randn({b, t, (heads + 2) * hd}, at::kDouble).to(opts);
+      product.narrow(-1, 0, heads * hd).copy_(x64.to(opts).view({b, t, heads * hd}));
+      at::Tensor product_leaf = product.clone().requires_grad_(true);
+      const at::Tensor q_part = product_leaf.narrow(-1, 0, heads * hd).view({b, t, heads, hd});
+      ASSERT_FALSE(q_part.is_contiguous());
+      const at::Tensor rotated_part = fsdp::models::rotary(q_part, cos_d, sin_d);
+      rotated_part.backward(grad64.to(opts));
+      EXPECT_TRUE(torch::equal(rotated_part, fused)) << "q part of a stacked product, forward";
+      EXPECT_TRUE(torch::equal(product_leaf.grad().narrow(-1, 0, heads * hd).reshape({b, t, heads, hd}), xf.grad()))
+          << "q part of a stacked product, backward";
     }
   }
 }

@@ -37,9 +37,15 @@ AddRmsNorm add_rms_norm_reference(const at::Tensor& x, const at::Tensor& delta, 
 // gate, up: same shape and dtype -> silu(gate) * up (Llama's MLP; silu(g) = g * sigmoid(g)).
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor swiglu_reference(const at::Tensor& gate, const at::Tensor& up);
+// The same of one stacked product's halves (stacked_linear of gate_proj and up_proj): gate_up
+// [..., 2 cols], gate the first cols, up the rest -> [..., cols]. Backward writes both halves'
+// gradients into one [..., 2 cols] tensor, which the stacked product's backward takes as it is
+// (swiglu of two narrow views would have autograd concatenate their gradients: a copy).
+at::Tensor swiglu_stacked(const at::Tensor& gate_up);
 
 // Rotary position embedding in Hugging Face's rotate-half layout, on the projection's own layout:
-// x [b, t, heads, head_dim] (contiguous: q_proj(x).view(b, t, heads, head_dim)), cos and sin
+// x [b, t, heads, head_dim] (q_proj(x).view(b, t, heads, head_dim), or the q part of a stacked q, k,
+// v product: read in place where each token's heads are contiguous), cos and sin
 // [t, head_dim] fp32 (rotary_tables) -> [b, t, heads, head_dim], pairs (c, c + head_dim/2) of
 // each position's row rotated by its angles.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

@@ -111,12 +111,24 @@ struct AdaptedLinearImpl : torch::nn::Module {
   // Adds lora_A and lora_B (the caller freezes the base).
   void add_adapter(const LoraSpec& spec);
   at::Tensor forward(const at::Tensor& x);  // [..., in] -> [..., out]
-  at::Tensor weight, bias;                  // bias undefined without one
+  // scale * B(A(dropout(x))) [..., out], what the adapter adds to the base's product; undefined without one.
+  at::Tensor adapter_term(const at::Tensor& x);
+  at::Tensor weight, bias;  // bias undefined without one
   torch::nn::Linear lora_A{nullptr}, lora_B{nullptr};
   torch::nn::Dropout lora_dropout{nullptr};
   double lora_scale = 0.0;  // LoraSpec::scale()
 };
 TORCH_MODULE(AdaptedLinear);
+
+// Linear layers reading one x (attention's q, k, v; the MLP's gate and up) as one GEMM: where
+// none has a bias, their base weights are back to back in one buffer (an FSDP unit's gathered
+// parameters: stacked_linear.h) and fused operations are on (train.fused_ops).
+// stacked_projections: the layers' outputs side by side, [..., sum out], where none has an
+// adapter either; undefined otherwise (the caller calls each layer).
+// projections: each layer's output [..., out_i], always: narrow views of the one product (an
+// adapter's term added to its layer's) where the base weights stack, else each layer's forward.
+at::Tensor stacked_projections(const at::Tensor& x, const std::vector<AdaptedLinearImpl*>& linears);
+std::vector<at::Tensor> projections(const at::Tensor& x, const std::vector<AdaptedLinearImpl*>& linears);
 
 // The seven projections of a block with grouped-query attention and a gated MLP (Llama's decoder,
 // Gemma 3), by Hugging Face's names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
