@@ -21,6 +21,7 @@
 #include "bench_timing.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/layers.h"
+#include "fsdp/models/stacked_linear.h"
 
 namespace {
 
@@ -46,13 +47,14 @@ struct Leaves {
 int main(int argc, char** argv) {
   CLI::App app{"fused_ops_bench: the decoder's fused operations against their composed references and a copy"};
   int repeats = 9, inner = 5;
-  int64_t tokens = 8192, dim = 2048, ffn = 8192, heads = 32, head_dim = 64, vocab = 128256, rows = 1024;
+  int64_t tokens = 8192, dim = 2048, ffn = 8192, heads = 32, kv_heads = 8, head_dim = 64, vocab = 128256, rows = 1024;
   std::string json_path, device_name = "cpu";
   app.add_option("--device", device_name, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--tokens", tokens, "tokens in the micro-batch")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--dim", dim, "model width")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--ffn", ffn, "MLP width")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "query heads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--kv-heads", kv_heads, "key/value heads")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--head-dim", head_dim, "head width (even)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--vocab", vocab, "vocabulary (the loss rows)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--rows", rows, "rows of a loss chunk")->capture_default_str()->check(CLI::PositiveNumber);
@@ -120,6 +122,56 @@ int main(int argc, char** argv) {
       leaves.drop_gradients();
     });
   }
+  // Linear layers reading one x as one GEMM where their weights lie back to back (stacked_linear.h,
+  // as in an FSDP unit's buffer) or one GEMM each: compute-bound, so compare the ms; bytes count
+  // each GEMM's operands and result once (forward: x, W, y; backward: dy, W, dx and dy, x, dW).
+  // stacked(product [tokens, sum widths]) and separate(parts [tokens, width_i]) finish each way to
+  // a [tokens, out_width] result that dy flows back through.
+  using Finish = std::function<at::Tensor(const at::Tensor&, const std::vector<at::Tensor>&)>;
+  const auto stacked_or_separate = [&](const std::string& operation, const std::vector<int64_t>& widths,
+                                       const Finish& finish, int64_t out_width) {
+    Leaves leaves;
+    const at::Tensor x = leaves.add(at::randn({tokens, dim}, options));
+    int64_t total = 0;
+    for (int64_t w : widths) total += w;
+    const at::Tensor buffer = at::randn({total * dim}, options) * 0.02;
+    std::vector<at::Tensor> weights;
+    for (int64_t offset = 0, i = 0; i < static_cast<int64_t>(widths.size()); offset += widths[i] * dim, ++i) {
+      weights.push_back(leaves.add(buffer.narrow(0, offset, widths[i] * dim).view({widths[i], dim})));
+    }
+    const at::Tensor dy = at::randn({tokens, out_width}, options);
+    const double bytes = element * 3.0 * (2.0 * tokens * dim + total * dim + tokens * total);
+    for (const bool stacked : {true, false}) {
+      const auto step = [&] {
+        std::vector<at::Tensor> parts;
+        at::Tensor product;
+        if (stacked) {
+          product = fsdp::models::stacked_linear(x, weights);
+        } else {
+          for (const at::Tensor& w : weights) parts.push_back(at::linear(x, w));
+        }
+        finish(product, parts).backward(dy);
+        leaves.drop_gradients();
+      };
+      table.push_back({operation, stacked ? "stacked" : "separate",
+                       fsdp_bench::median_seconds(device, repeats, inner, step), bytes});
+    }
+  };
+  const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+  // q, k, v as attention takes them: three [tokens, width] parts (split views of the one product),
+  // here joined again so that one dy reaches all three.
+  stacked_or_separate(
+      "q, k, v projections, forward and backward", {q_width, kv_width, kv_width},
+      [&](const at::Tensor& product, const std::vector<at::Tensor>& parts) {
+        return at::cat(product.defined() ? product.split_with_sizes({q_width, kv_width, kv_width}, -1) : parts, -1);
+      },
+      q_width + 2 * kv_width);
+  stacked_or_separate(
+      "gate, up projections + swiglu, fwd and bwd", {ffn, ffn},
+      [](const at::Tensor& product, const std::vector<at::Tensor>& parts) {
+        return product.defined() ? fsdp::models::swiglu_stacked(product) : fsdp::models::swiglu(parts[0], parts[1]);
+      },
+      ffn);
   const at::Tensor logits = at::randn({rows, vocab}, options);
   if (fsdp::models::cross_entropy_rows_take(logits)) {  // the GPU's row kernel: read and overwrite
     const at::Tensor targets = at::randint(vocab, {rows}, at::TensorOptions().dtype(at::kLong).device(device));

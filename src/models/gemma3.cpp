@@ -110,7 +110,7 @@ at::Tensor Gemma3AttentionImpl::forward(const at::Tensor& x, const at::Tensor& c
   const auto qkv = projections(x, {q_proj.get(), k_proj.get(), v_proj.get()});
   auto q = rotate(q_norm(qkv[0].view({b, t, heads, head_dim}))).transpose(1, 2);  // [b, heads, t, hd]
   auto k = rotate(k_norm(qkv[1].view({b, t, kv_heads, head_dim}))).transpose(1, 2);
-  auto v = qkv[2].view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  auto v = qkv[2].contiguous().view({b, t, kv_heads, head_dim}).transpose(1, 2);  // as Llama's: its own buffer
   if (query_scale != 1.0) q = q * query_scale;  // attention() divides by sqrt(head_dim)
   auto y = attention(q, k, v, /*causal=*/!allowed.defined(), allowed);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));

@@ -108,7 +108,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   auto q = rotate(per_head_norm(q_norm, qkv[0].view({b, t, heads, head_dim}))).transpose(1, 2);  // [b, heads, t, hd]
   auto k =
       rotate(per_head_norm(k_norm, qkv[1].view({b, t, kv_heads, head_dim}))).transpose(1, 2);  // [b, kv_heads, t, hd]
-  auto v = qkv[2].view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  // v copied out of a stacked product: attention keeps v for backward, and a view would keep the
+  // whole [b, t, q + 2 kv] product alive with it (q and k leave it through rotary).
+  auto v = qkv[2].contiguous().view({b, t, kv_heads, head_dim}).transpose(1, 2);
   auto y = attention(q, k, v, /*causal=*/!allowed.defined(), allowed);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
