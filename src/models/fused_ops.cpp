@@ -115,18 +115,6 @@ void swiglu_backward_host(const at::Tensor& grad_out, const at::Tensor& gate, co
   }
 }
 
-#ifdef FSDP_HAVE_CUDA_KERNELS
-// Rows of cols elements of a tensor whose last dim is contiguous and whose leading dims collapse
-// to one stride (a contiguous tensor, or a narrow of the last dim of one): {rows, cols, stride}.
-struct Rows {
-  int64_t rows, cols, stride;
-};
-Rows rows_of(const at::Tensor& t) {
-  const int64_t cols = t.size(-1);
-  return {cols == 0 ? 0 : t.numel() / cols, cols, t.dim() >= 2 ? t.stride(-2) : cols};
-}
-#endif
-
 // SwiGLU that keeps gate and up (not silu(gate) as well) for a backward in closed form.
 struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
@@ -149,6 +137,7 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
     const at::Tensor dy = grads[0].to(gate.scalar_type()).contiguous();
     at::Tensor grad_gate = at::empty_like(gate, at::MemoryFormat::Contiguous);
     at::Tensor grad_up = at::empty_like(up, at::MemoryFormat::Contiguous);
+    if (gate.numel() == 0) return {grad_gate, grad_up};
 #ifdef FSDP_HAVE_CUDA_KERNELS
     if (gate.is_cuda()) {
       const c10::cuda::CUDAGuard device(gate.device());
@@ -171,12 +160,11 @@ struct SwigluStackedFunction : torch::autograd::Function<SwigluStackedFunction> 
     const int64_t cols = gate_up.size(-1) / 2;
     const at::Tensor gate = gate_up.narrow(-1, 0, cols), up = gate_up.narrow(-1, cols, cols);
 #ifdef FSDP_HAVE_CUDA_KERNELS
-    if (gate_up.is_cuda()) {  // contiguous: swiglu_stacked() saw to it
+    if (gate_up.is_cuda()) {  // contiguous (rows 2 cols apart): swiglu_stacked() saw to it
       const c10::cuda::CUDAGuard device(gate_up.device());
       at::Tensor out = at::empty(gate.sizes(), gate_up.options());
-      const Rows r = rows_of(gate);
-      kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), r.rows, r.cols, r.stride,
-                              kernel_dtype(gate_up), current_stream());
+      kernels::swiglu_forward(gate.data_ptr(), up.data_ptr(), out.data_ptr(), out.numel() / std::max<int64_t>(1, cols),
+                              cols, 2 * cols, kernel_dtype(gate_up), current_stream());
       return out;
     }
 #endif
@@ -188,13 +176,14 @@ struct SwigluStackedFunction : torch::autograd::Function<SwigluStackedFunction> 
     const int64_t cols = gate_up.size(-1) / 2;
     const at::Tensor dy = grads[0].to(gate_up.scalar_type()).contiguous();
     at::Tensor grad = at::empty(gate_up.sizes(), gate_up.options());  // [..., 2 cols]: gate's gradient, then up's
+    if (grad.numel() == 0) return {grad};
     const auto half = [&](const at::Tensor& t, int64_t first) { return t.narrow(-1, first, cols); };
 #ifdef FSDP_HAVE_CUDA_KERNELS
     if (gate_up.is_cuda()) {
       const c10::cuda::CUDAGuard device(gate_up.device());
-      const Rows r = rows_of(half(gate_up, 0));
+      // gate_up (contiguous: swiglu_stacked() saw to it) and grad (new): rows 2 cols apart.
       kernels::swiglu_backward(dy.data_ptr(), half(gate_up, 0).data_ptr(), half(gate_up, cols).data_ptr(),
-                               half(grad, 0).data_ptr(), half(grad, cols).data_ptr(), r.rows, r.cols, r.stride,
+                               half(grad, 0).data_ptr(), half(grad, cols).data_ptr(), dy.numel() / cols, cols, 2 * cols,
                                kernel_dtype(gate_up), current_stream());
       return {grad};
     }

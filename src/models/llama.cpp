@@ -109,7 +109,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   auto k =
       rotate(per_head_norm(k_norm, qkv[1].view({b, t, kv_heads, head_dim}))).transpose(1, 2);  // [b, kv_heads, t, hd]
   // v copied out of a stacked product: attention keeps v for backward, and a view would keep the
-  // whole [b, t, q + 2 kv] product alive with it (q and k leave it through rotary).
+  // whole [b, t, q + 2 kv] product alive with it (Llama's q and k leave it through rotary, which
+  // keeps only its tables; Qwen3's q_norm and k_norm keep their inputs, views of it, either way).
   auto v = qkv[2].contiguous().view({b, t, kv_heads, head_dim}).transpose(1, 2);
   auto y = attention(q, k, v, /*causal=*/!allowed.defined(), allowed);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));

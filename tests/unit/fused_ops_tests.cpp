@@ -113,17 +113,19 @@ TEST(FusedOps, SwigluMatchesTheComposedReference) {
 // forward is the reference's operations on the strided halves, which libtorch's fp32 kernels
 // compute unvectorized (other last bits than the contiguous copies' vectorized ones): there,
 // within 1e-6 of the largest value (a gradient of the wrong half is off by O(1)). Columns of 40
-// take the CUDA kernels' 16-byte packs (rows 80 elements apart), 37 one element at a time.
+// take the CUDA kernels' 16-byte packs (rows 80 elements apart), 37 one element at a time. Empty
+// tensors (no rows; no columns) give empty results and gradients.
 TEST(FusedOps, SwigluOfStackedHalvesIsSwigluOfEach) {
   for (const Case& c : cases()) {
     if (!usable(c.device)) continue;
     SCOPED_TRACE(c.name());
     torch::manual_seed(11);
-    for (const int64_t cols : {40, 37}) {
-      SCOPED_TRACE("cols " + std::to_string(cols));
+    // {rows, cols}: 15 rows; 70,000 rows (more than a CUDA grid's 65,535 rows of blocks: the row loop steps).
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{15, 40}, {15, 37}, {70000, 8}}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + ", cols " + std::to_string(cols));
       const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
-      const at::Tensor gate_up0 = (torch::randn({3, 5, 2 * cols}, at::kDouble) * 3).to(opts);
-      const at::Tensor grad = torch::randn({3, 5, cols}, at::kDouble).to(opts);
+      const at::Tensor gate_up0 = (torch::randn({rows, 2 * cols}, at::kDouble) * 3).to(opts);
+      const at::Tensor grad = torch::randn({rows, cols}, at::kDouble).to(opts);
       at::Tensor gate_up = gate_up0.clone().requires_grad_(true);
       at::Tensor gate = gate_up0.narrow(-1, 0, cols).contiguous().requires_grad_(true);
       at::Tensor up = gate_up0.narrow(-1, cols, cols).contiguous().requires_grad_(true);
@@ -131,6 +133,7 @@ TEST(FusedOps, SwigluOfStackedHalvesIsSwigluOfEach) {
       stacked.backward(grad);
       each.backward(grad);
       const at::Tensor grad_each = at::cat({gate.grad(), up.grad()}, -1);
+      ASSERT_EQ(gate_up.grad().sizes(), gate_up.sizes());
       if (c.device.is_cuda()) {
         EXPECT_TRUE(torch::equal(stacked, each)) << "forward";
         EXPECT_TRUE(torch::equal(gate_up.grad(), grad_each)) << "backward";
@@ -142,6 +145,17 @@ TEST(FusedOps, SwigluOfStackedHalvesIsSwigluOfEach) {
         EXPECT_LE(max_abs(gate_up.grad().to(at::kDouble) - grad_each.to(at::kDouble)), 1e-6 * max_abs(grad_each))
             << "backward";
       }
+    }
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{0, 16}, {3, 0}}) {
+      const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
+      at::Tensor empty = torch::empty(shape, opts).requires_grad_(true);
+      const at::Tensor out = fsdp::models::swiglu_stacked(empty);
+      out.backward(torch::empty(out.sizes(), opts));
+      EXPECT_EQ(out.size(0), shape[0]);
+      EXPECT_EQ(empty.grad().sizes(), empty.sizes());
+      at::Tensor gate = torch::empty(shape, opts).requires_grad_(true), up = torch::empty(shape, opts);
+      fsdp::models::swiglu(gate, up).backward(torch::empty(shape, opts));
+      EXPECT_EQ(gate.grad().sizes(), gate.sizes());
     }
   }
 }
@@ -198,6 +212,13 @@ TEST(FusedOps, RotaryMatchesTheComposedReference) {
       EXPECT_TRUE(torch::equal(rotated_part, fused)) << "q part of a stacked product, forward";
       EXPECT_TRUE(torch::equal(product_leaf.grad().narrow(-1, 0, heads * hd).reshape({b, t, heads, hd}), xf.grad()))
           << "q part of a stacked product, backward";
+
+      // Tokens that are not one stride apart (a slice along t of a longer [b, t + 2, heads, hd]
+      // tensor: b's stride is not t's times t): copied, not read as if they were.
+      const at::Tensor longer = torch::randn({b, t + 2, heads, hd}, at::kDouble).to(opts);
+      longer.narrow(1, 1, t).copy_(x64.to(opts));
+      const at::Tensor slice = longer.narrow(1, 1, t);
+      EXPECT_TRUE(torch::equal(fsdp::models::rotary(slice, cos_d, sin_d), fused)) << "a slice along t";
     }
   }
 }

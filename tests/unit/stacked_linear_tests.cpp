@@ -11,10 +11,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/fused_ops.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama.h"
@@ -55,10 +57,23 @@ void expect_close(const at::Tensor& stacked, const at::Tensor& separate, const s
   EXPECT_LE(max_abs((stacked - separate).to(at::kFloat)), tolerance) << what;
 }
 
+// bf16 both ways train.bf16_matmul multiplies: libtorch's bf16 GEMM and fp32 GEMMs on the widened
+// operands (bf16_matmul.h), against the separate layers computed the same way (models::linear).
+// Both ways accumulate in fp32, so this holds the widened path to the right values, not to being
+// widened (the two agree within the bf16 tolerance).
 TEST(StackedLinear, OneGemmEqualsEachLayersProductAndGradients) {
+  struct Mode {
+    at::ScalarType dtype;
+    fsdp::models::Bf16Matmul matmul;
+  };
   for (const at::Device& device : devices()) {
-    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-      SCOPED_TRACE(std::string(device.is_cuda() ? "cuda " : "cpu ") + c10::toString(dtype));
+    for (const Mode mode :
+         {Mode{at::kFloat, fsdp::models::Bf16Matmul::Native}, Mode{at::kBFloat16, fsdp::models::Bf16Matmul::Native},
+          Mode{at::kBFloat16, fsdp::models::Bf16Matmul::Fp32}}) {
+      const at::ScalarType dtype = mode.dtype;
+      SCOPED_TRACE(std::string(device.is_cuda() ? "cuda " : "cpu ") + c10::toString(dtype) +
+                   (mode.matmul == fsdp::models::Bf16Matmul::Fp32 ? ", widened" : ""));
+      fsdp::models::set_bf16_matmul(mode.matmul);
       torch::manual_seed(3);
       const auto options = at::TensorOptions().device(device).dtype(dtype);
       const int64_t in = 24, q = 32, kv = 8;  // q, k, v of 4 heads and 1 key/value head of 8
@@ -78,7 +93,7 @@ TEST(StackedLinear, OneGemmEqualsEachLayersProductAndGradients) {
       const at::Tensor y = fsdp::models::stacked_linear(x_stacked, stacked_weights);
       ASSERT_EQ(y.sizes(), (at::IntArrayRef{2, 5, q + 2 * kv}));
       std::vector<at::Tensor> parts;
-      for (const at::Tensor& w : own_weights) parts.push_back(at::linear(x_own, w));
+      for (const at::Tensor& w : own_weights) parts.push_back(fsdp::models::linear(x_own, w));
       expect_close(y, at::cat(parts, -1), "forward");
 
       const at::Tensor grad = torch::randn(y.sizes(), options);
@@ -88,6 +103,7 @@ TEST(StackedLinear, OneGemmEqualsEachLayersProductAndGradients) {
       for (size_t i = 0; i < 3; ++i) {
         expect_close(stacked_weights[i].grad(), own_weights[i].grad(), "gradient of weight " + std::to_string(i));
       }
+      fsdp::models::set_bf16_matmul(fsdp::models::Bf16Matmul::Native);
     }
   }
 }
@@ -148,7 +164,9 @@ TEST(StackedLinear, ALlamaBlockInOneBufferTakesFourGemmsNotSeven) {
     const at::Tensor x = torch::randn({2, 8, config.dim}).to(device),
                      grad = torch::randn({2, 8, config.dim}).to(device);
 
-    static thread_local int64_t gemms = 0;
+    // Not thread-local: on CUDA, backward runs on the autograd engine's device thread, which the
+    // callback follows.
+    static std::atomic<int64_t> gemms{0};
     const auto handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
           const std::string name = fn.name();
@@ -158,10 +176,10 @@ TEST(StackedLinear, ALlamaBlockInOneBufferTakesFourGemmsNotSeven) {
     auto run = [&](fsdp::models::LlamaBlock& block) {
       gemms = 0;
       const at::Tensor y = block->forward(x, cos, sin, {});
-      const int64_t forward = gemms;
+      const int64_t forward = gemms.load();
       gemms = 0;
       y.backward(grad);
-      return std::make_tuple(y.detach(), forward, gemms);
+      return std::make_tuple(y.detach(), forward, gemms.load());
     };
     const auto [y_separate, forward_separate, backward_separate] = run(separate);
     const auto [y_stacked, forward_stacked, backward_stacked] = run(stacked);
@@ -197,6 +215,7 @@ TEST(StackedLinear, ProjectionsAreEachLayersOutput) {
   EXPECT_FALSE(fsdp::models::stacked_projections(x, {a.get(), b.get()}).defined()) << "b has an adapter";
   auto parts = fsdp::models::projections(x, {a.get(), b.get()});
   ASSERT_EQ(parts.size(), 2u);
+  EXPECT_TRUE(parts[0].is_view()) << "a's part: a narrow view of one product (b's: its view plus the term)";
   expect_close(parts[0], a->forward(x), "a, stacked");
   expect_close(parts[1], b->forward(x), "b with its adapter, stacked");
   EXPECT_GT(max_abs(b->adapter_term(x)), 0.0);
