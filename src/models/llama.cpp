@@ -127,7 +127,9 @@ at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
   // [..., 2 ffn] where gate's and up's weights stack (layers.h): SwiGLU of its halves, in place.
   const at::Tensor gate_up = stacked_projections(x, {gate_proj.get(), up_proj.get()});
   if (gate_up.defined()) return down_proj(swiglu_stacked(gate_up));
-  return down_proj(swiglu(gate_proj(x), up_proj(x)));
+  // Adapters (their terms added to the stacked bases' parts, where those stack) or separate layers.
+  const auto parts = projections(x, {gate_proj.get(), up_proj.get()});
+  return down_proj(swiglu(parts[0], parts[1]));
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& c) {

@@ -517,7 +517,8 @@ void declare_train_keys(KeyList& keys) {
   add(key("train.loss_chunk_tokens", MEMBER(loss_chunk_tokens),
           "head + loss this many tokens at a time, never all logits (0: composed)"));
   add(key("train.fused_ops", MEMBER(fused_ops),
-          "the decoder's fused RMSNorm, rotary, SwiGLU, add + RMSNorm (false: composed references)"));
+          "the decoder's fused RMSNorm, rotary, SwiGLU, add + RMSNorm, stacked q/k/v and gate/up GEMMs "
+          "(false: composed references)"));
   add(key("train.attention", MEMBER(attention),
           alternatives<decltype(TrainConfig::attention)>() +
               " (auto: fused_fp32 for bf16 and fp16 compute on the CPU, else fused; models/attention.h)"));

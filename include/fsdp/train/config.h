@@ -213,7 +213,8 @@ struct TrainConfig {
   int64_t loss_chunk_tokens = 1024;
   // train.fused_ops: the decoder's RMSNorm, rotary, SwiGLU and residual add + RMSNorm as fused
   // operations (models/fused_ops.h: one kernel each way on a GPU, fewer saved activations
-  // everywhere); false: the composed references, for comparison.
+  // everywhere), and q, k, v and gate, up as one GEMM each where an FSDP unit's weights stack
+  // (models/stacked_linear.h); false: the composed references, for comparison.
   bool fused_ops = true;
   // train.attention: how attention computes in the compute dtype (models/attention.h); nullopt is
   // "auto" (resolved by train::attention_path_for: fused_fp32 for bf16 and fp16 compute on the CPU, where
