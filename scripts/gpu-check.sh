@@ -295,7 +295,7 @@ torch_fsdp2 hf_llama1b 4 2048 --model hf-llama "${LLAMA1B[@]}"
 torch_fsdp2 llama1b 4 2048 --model llama "${LLAMA1B[@]}"
 train llama1b_ac llama3-1b 128256 8 2048 --set 'fsdp.activation_checkpointing=true'
 torch_fsdp2 hf_llama1b_ac 8 2048 --model hf-llama "${LLAMA1B[@]}" --checkpointing
-train llama1b_composed llama3-1b 128256 4 2048 --set 'train.fused_ops=false'  # what the fused ops buy
+train llama1b_composed llama3-1b 128256 4 2048 --set 'train.fused_ops=false'  # what the fused ops and stacked GEMMs buy
 # fp16 with dynamic loss scaling beside the bf16 run above (issue 38; the later --set wins).
 train llama1b_fp16 llama3-1b 128256 4 2048 --set 'fsdp.param_dtype="float16"'
 # fp32 compute (TF32 off) beside bf16: issue 39's dtype table, on the GPU.
