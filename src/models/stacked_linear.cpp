@@ -36,13 +36,6 @@ at::Tensor stacked_view(const std::vector<at::Tensor>& weights) {
   return weights[0].detach().as_strided({rows, in}, {in, 1}, weights[0].storage_offset());
 }
 
-// x [rows, in] @ w [out, in]^T as models::linear computes it: widened to fp32 for bf16 where
-// train.bf16_matmul says so, rounded back once.
-at::Tensor product(const at::Tensor& x, const at::Tensor& w) {
-  if (!matmul_widens(x)) return at::mm(x, w.t());
-  return at::mm(x.to(at::kFloat), w.to(at::kFloat).t()).to(x.scalar_type());
-}
-
 // y = x W^T for the stacked W; saves x and the weights (views of the unit's buffer, as a linear
 // layer saves its weight), not the stacked view: backward stacks them again.
 struct StackedLinear : torch::autograd::Function<StackedLinear> {
@@ -51,7 +44,8 @@ struct StackedLinear : torch::autograd::Function<StackedLinear> {
     saved.insert(saved.end(), weights.begin(), weights.end());
     ctx->save_for_backward(saved);
     const at::Tensor stacked = stacked_view(weights.vec());
-    const at::Tensor y = product(x.reshape({-1, x.size(-1)}), stacked);  // [rows, sum out]
+    // [rows, sum out], widened to fp32 for bf16 where train.bf16_matmul says so, as models::linear.
+    const at::Tensor y = matmul_in_compute_dtype(x.reshape({-1, x.size(-1)}), stacked.t());
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = stacked.size(0);
     return y.view(shape);
@@ -70,15 +64,13 @@ struct StackedLinear : torch::autograd::Function<StackedLinear> {
     const at::Tensor dy = grad_outputs[0].to(x.scalar_type()).reshape({-1, stacked.size(0)});  // [rows, sum out]
     torch::autograd::variable_list grads(saved.size());
     if (ctx->needs_input_grad(0)) {
-      const at::Tensor dx = matmul_widens(dy) ? at::mm(dy.to(at::kFloat), stacked.to(at::kFloat)).to(dy.scalar_type())
-                                              : at::mm(dy, stacked);
-      grads[0] = dx.view(x.sizes());
+      grads[0] = matmul_in_compute_dtype(dy, stacked).view(x.sizes());
     }
     bool any_weight = false;
     for (size_t i = 0; i < weights.size(); ++i) any_weight = any_weight || ctx->needs_input_grad(i + 1);
     if (any_weight) {
       // [sum out, in]: each weight's gradient is its rows (a contiguous view).
-      const at::Tensor grad_stacked = product(dy.t(), x.reshape({-1, in}).t()).to(weights[0].scalar_type());
+      const at::Tensor grad_stacked = matmul_in_compute_dtype(dy.t(), x.reshape({-1, in})).to(weights[0].scalar_type());
       int64_t row = 0;
       for (size_t i = 0; i < weights.size(); ++i) {
         if (ctx->needs_input_grad(i + 1)) grads[i + 1] = grad_stacked.narrow(0, row, weights[i].size(0));

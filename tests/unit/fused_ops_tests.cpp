@@ -18,27 +18,13 @@
 #include "fsdp/models/bf16_matmul.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/models/linear_cross_entropy.h"
+#include "test_devices.h"
 
 namespace fused_ops_tests {
 
 using fsdp::models::rotary_tables;
 
-std::vector<at::Device> devices() {
-  std::vector<at::Device> out{at::kCPU};
-  const char* wanted = std::getenv("FSDP_TEST_DEVICE");
-  if ((wanted != nullptr && std::string(wanted) == "cuda") || torch::cuda::is_available()) out.emplace_back(at::kCUDA);
-  return out;
-}
-
-// Skips CUDA where it cannot run, unless FSDP_TEST_DEVICE=cuda asked for it.
-bool usable(const at::Device& device) {
-  if (device.is_cpu()) return true;
-  if (!torch::cuda::is_available()) {
-    ADD_FAILURE() << "FSDP_TEST_DEVICE=cuda, but libtorch sees no CUDA device";
-    return false;
-  }
-  return true;
-}
+using fsdp_tests::usable;
 
 double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 
@@ -61,7 +47,7 @@ struct Case {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const at::Device& device : devices()) {
+  for (const at::Device& device : fsdp_tests::test_devices()) {
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) out.push_back({device, dtype});
   }
   return out;
@@ -327,7 +313,7 @@ TEST(FusedOps, AddRmsNormWithoutTheSumsGradientOrTheWeights) {
 // view), an fp32 weight with half-precision inputs (the weight's cast is autograd's), and fp16,
 // the kernels' third dtype.
 TEST(FusedOps, AddRmsNormTakesStridedInputsAndAnFp32Weight) {
-  for (const at::Device& device : devices()) {
+  for (const at::Device& device : fsdp_tests::test_devices()) {
     if (!usable(device)) continue;
     for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
       SCOPED_TRACE(std::string(device.is_cuda() ? "cuda " : "cpu ") + c10::toString(dtype));
@@ -426,7 +412,7 @@ TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
 
 // Where a GPU runs these, say whether fsdp.cpp's own kernels were tested or the composed fallback.
 TEST(FusedOps, ReportsWhetherTheCudaKernelsWereBuilt) {
-  for (const at::Device& device : devices()) {
+  for (const at::Device& device : fsdp_tests::test_devices()) {
     if (!device.is_cuda() || !usable(device)) continue;
     RecordProperty("fused_kernels_compiled", fsdp::models::fused_kernels_compiled() ? "yes" : "no");
     if (!fsdp::models::fused_kernels_compiled()) {

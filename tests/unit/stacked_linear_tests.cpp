@@ -21,15 +21,9 @@
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/stacked_linear.h"
+#include "test_devices.h"
 
 namespace stacked_linear_tests {
-
-std::vector<at::Device> devices() {
-  std::vector<at::Device> out{at::kCPU};
-  const char* wanted = std::getenv("FSDP_TEST_DEVICE");
-  if ((wanted != nullptr && std::string(wanted) == "cuda") || torch::cuda::is_available()) out.emplace_back(at::kCUDA);
-  return out;
-}
 
 // Every parameter of `module` (in registration order) made a view of one buffer, as FlatParam
 // does; returns the buffer.
@@ -66,7 +60,8 @@ TEST(StackedLinear, OneGemmEqualsEachLayersProductAndGradients) {
     at::ScalarType dtype;
     fsdp::models::Bf16Matmul matmul;
   };
-  for (const at::Device& device : devices()) {
+  for (const at::Device& device : fsdp_tests::test_devices()) {
+    if (!fsdp_tests::usable(device)) continue;
     for (const Mode mode :
          {Mode{at::kFloat, fsdp::models::Bf16Matmul::Native}, Mode{at::kBFloat16, fsdp::models::Bf16Matmul::Native},
           Mode{at::kBFloat16, fsdp::models::Bf16Matmul::Fp32}}) {
@@ -147,7 +142,8 @@ TEST(StackedLinear, ALlamaBlockInOneBufferTakesFourGemmsNotSeven) {
   fsdp::models::LlamaConfig config;
   config.vocab = 64, config.context = 16, config.dim = 32, config.heads = 4, config.kv_heads = 2, config.layers = 1;
   config.ffn_hidden = 48;
-  for (const at::Device& device : devices()) {
+  for (const at::Device& device : fsdp_tests::test_devices()) {
+    if (!fsdp_tests::usable(device)) continue;
     SCOPED_TRACE(device.is_cuda() ? "cuda" : "cpu");
     torch::manual_seed(4);
     fsdp::models::LlamaBlock separate(config), stacked(config);
