@@ -12,7 +12,8 @@ into classes (matmul, attention, communication, norm, elementwise, copy, optimiz
 for the compact comparison the fusions aim at. On GPU traces also the device's timeline: busy and
 idle time per step, and the idle time at the step's edge (between one step's last device work and
 the next one's first), which the host's end-of-step work (reading the loss, the metrics' exchange,
-the next batch) leaves. scripts/gpu-check.sh runs it on the 1B Llama's pair.
+the next batch) leaves. On fsdp.cpp's traces, CPU or GPU, that host work itself: from the end of a
+step's update (the trainer's fsdp::clip_and_step scope) to the next step's first gather. scripts/gpu-check.sh runs it on the 1B Llama's pair.
 """
 import argparse
 import collections
@@ -128,6 +129,26 @@ def device_timeline(events):
             "edge_ms": sum(edges) / len(edges) / 1000.0 if edges else None}
 
 
+UPDATE_SCOPE, GATHER_SCOPE = "fsdp::clip_and_step", "fsdp::gather "  # fsdp.cpp's own record_function scopes
+
+
+def host_edge_ms(events):
+    """fsdp.cpp's host work at the step's edge, in ms: from the end of each update (fsdp::clip_and_step)
+    to the start of the first gather after it (the next step's forward), the mean over the updates a
+    gather follows; None where the trace has no such pair (a peer's trace, one profiled step). On a
+    GPU the device waits at least this long between steps: the trainer synchronizes after the update,
+    then agrees on the step's metrics, records them and loads the next batch before it issues more."""
+    scopes = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    updates = sorted(e["ts"] + e["dur"] for e in scopes if e.get("name") == UPDATE_SCOPE)
+    gathers = sorted(e["ts"] for e in scopes if str(e.get("name", "")).startswith(GATHER_SCOPE))
+    gaps = []
+    for end in updates:
+        after = next((start for start in gathers if start >= end), None)
+        if after is not None:
+            gaps.append(after - end)
+    return sum(gaps) / len(gaps) / 1000.0 if gaps else None
+
+
 def describe_device(title, timeline):
     if timeline is None:
         return f"  {title}: no device work in the trace (a CPU trace)"
@@ -165,6 +186,9 @@ def main():
     print("\nthe device's timeline per step (kernels, copies and memsets of the steps the host launched):")
     print(describe_device("fsdp.cpp", our_device))
     print(describe_device("peer", their_device))
+    our_host_edge = host_edge_ms(our_events)
+    if our_host_edge is not None:
+        print(f"  fsdp.cpp's host at the step's edge (the update's end to the next step's first gather): {our_host_edge:.2f} ms")
     print(f"\ntop {a.top} of each (ms per step):")
     for title, table in (("fsdp.cpp", ours), ("peer", theirs)):
         print(f"  {title}:")
@@ -175,7 +199,8 @@ def main():
             json.dump({"ours": {"kind": our_kind, "steps": our_steps, "ms_per_step": {n: ms(t) for n, t in ours.items()}},
                        "peer": {"kind": their_kind, "steps": their_steps, "ms_per_step": {n: ms(t) for n, t in theirs.items()}},
                        "classes_ms_per_step": {k: [ms(v[0]), ms(v[1])] for k, v in classes.items()},
-                       "device_timeline": {"ours": our_device, "peer": their_device}}, f, indent=1)
+                       "device_timeline": {"ours": our_device, "peer": their_device},
+                       "host_edge_ms": {"ours": our_host_edge}}, f, indent=1)
 
 
 if __name__ == "__main__":

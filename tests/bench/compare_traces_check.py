@@ -9,6 +9,9 @@ step 2 launches two kernels on two streams, [500, 800) and [700, 900), and a cop
   idle 0.225 ms a step; the step's edge 1100 -> 1400 = 0.3 ms.
 A kernel placed by its own start rather than by its launch would put the copy in step 3 and read
 an edge of 0.15 ms. A CPU-only trace has no device timeline.
+The host's edge in the same trace: step 2's update (fsdp::clip_and_step) ends at 950, the next
+gathers start at 1010 and 1020 (a backward gather at 300 precedes it): 0.06 ms; step 3's update
+[1900, 1950) has no gather after it and is left out (counted, it would have no end to measure to).
 Usage: compare_traces_check.py bench/compare_traces.py
 """
 import importlib.util
@@ -29,7 +32,12 @@ def gpu_trace():
               {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 1000, "dur": 1000},
               # The device's copy of a step mark: not a host window (were it one, it would split
               # step 2's launches).
-              {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#2", "ts": 15, "dur": 1000}]
+              {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#2", "ts": 15, "dur": 1000},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::gather layers.0", "ts": 300, "dur": 5},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::clip_and_step", "ts": 800, "dur": 150},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::gather <root>", "ts": 1010, "dur": 5},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::gather layers.0", "ts": 1020, "dur": 5},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::clip_and_step", "ts": 1900, "dur": 50}]
     work = [  # (host launch ts, category, device start, device end, stream)
         (-50, "kernel", -10, 0, 7),
         (10, "kernel", 500, 800, 7), (20, "kernel", 700, 900, 8), (30, "gpu_memcpy", 1050, 1100, 7),
@@ -57,6 +65,10 @@ expected = {"steps": 2, "busy_ms": 0.375, "span_ms": 0.6, "idle_ms": 0.225, "edg
 for key, value in expected.items():
     if timeline is None or not near(timeline[key], value):
         failures.append(f"{key}: {None if timeline is None else timeline[key]}, expected {value}")
+if not near(compare_traces.host_edge_ms(gpu_trace()), 0.06):
+    failures.append(f"the host's edge: {compare_traces.host_edge_ms(gpu_trace())}, expected 0.06")
+if compare_traces.host_edge_ms(cpu_trace()) is not None:
+    failures.append("a trace without fsdp.cpp's scopes was given a host edge")
 if compare_traces.device_timeline(cpu_trace()) is not None:
     failures.append("a CPU-only trace was given a device timeline")
 
@@ -76,11 +88,15 @@ with tempfile.TemporaryDirectory() as work:
         if "busy 0.38 ms of a 0.60 ms span, idle 0.23 ms; at the step's edge" not in run.stdout or \
                 "0.30 ms" not in run.stdout:
             failures.append("the printed timeline is not the expected one:\n" + run.stdout)
+        if "host at the step's edge (the update's end to the next step's first gather): 0.06 ms" not in run.stdout:
+            failures.append("the printed host edge is not the expected one:\n" + run.stdout)
         saved = json.load(open(out))["device_timeline"]
         if not near(saved["ours"]["edge_ms"], 0.3) or saved["peer"] is not None:
             failures.append(f"the JSON's device_timeline: {saved}")
+        if not near(json.load(open(out))["host_edge_ms"]["ours"], 0.06):
+            failures.append(f"the JSON's host_edge_ms: {json.load(open(out))['host_edge_ms']}")
 
 if failures:
     print("FAIL:\n  " + "\n  ".join(failures))
     sys.exit(1)
-print("PASS: busy, span, idle and the step's edge of a two-step GPU trace; none for a CPU trace")
+print("PASS: busy, span, idle and the step's edge of a two-step GPU trace, the host's edge; none for a CPU trace")
