@@ -79,6 +79,10 @@ struct TimedStreamWaits {
   std::mutex mutex;
   std::vector<std::shared_ptr<NcclWork>> queued;  // in the order waited
   std::atomic<int64_t> stalled_nanoseconds{0};
+  // Held by a reader (the watchdog, stream_wait_seconds) across a whole read: a second reader
+  // waits for the first's sums rather than finding the queue taken and the sum not yet added.
+  // Waiting callers take only `mutex`, never this.
+  std::mutex reading;
 };
 
 // One collective in flight. Owned by the caller (as a Work) and by the group's pending list
@@ -121,7 +125,13 @@ class NcclWork final : public Work, public std::enable_shared_from_this<NcclWork
   // failure is the watchdog's to report).
   std::optional<double> stalled_seconds() const {
     const cudaError_t state = cudaEventQuery(wait_end_);
-    if (state == cudaErrorNotReady) return std::nullopt;
+    if (state == cudaErrorNotReady) {
+      // Not an error, but the runtime keeps it as this thread's last one: a later launch check on
+      // the thread (C10_CUDA_KERNEL_LAUNCH_CHECK) would throw "device not ready". As c10's
+      // CUDAEvent::query does, cleared.
+      (void)cudaGetLastError();
+      return std::nullopt;
+    }
     float milliseconds = 0.0f;
     if (state != cudaSuccess || cudaEventElapsedTime(&milliseconds, wait_begin_, wait_end_) != cudaSuccess) return 0.0;
     return milliseconds * 1e-3;
@@ -444,7 +454,8 @@ class NcclProcessGroup final : public ProcessGroup {
   // Sums the stalls of the timed waits whose streams have passed them, and lets those go. Called
   // by the watchdog and by stream_wait_seconds() (so a reader after a device sync sees them all).
   void read_timed_waits() const {
-    std::vector<std::shared_ptr<NcclWork>> taken;  // queried outside the lock: a waiting caller never waits for it
+    const std::lock_guard<std::mutex> reading(timed_waits_->reading);
+    std::vector<std::shared_ptr<NcclWork>> taken;  // queried outside `mutex`: a waiting caller never waits for it
     {
       std::lock_guard<std::mutex> lock(timed_waits_->mutex);
       taken.swap(timed_waits_->queued);
@@ -484,6 +495,7 @@ class NcclProcessGroup final : public ProcessGroup {
         pending_.pop_front();
         continue;
       }
+      if (state == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: not this thread's last one either
       ncclResult_t async_error = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async_error);
       if (state != cudaErrorNotReady || async_error != ncclSuccess) {

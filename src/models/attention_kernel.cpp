@@ -28,12 +28,15 @@ at::SDPBackend backend_of(AttentionKernel kernel) {
   return at::SDPBackend::math;
 }
 
-// libtorch's order (every backend it knows, its length the version's) as first asked.
-const std::vector<at::SDPBackend>& original_order() {
-  static const std::vector<at::SDPBackend> order = [] {
-    const auto current = at::globalContext().sDPPriorityOrder();
-    return std::vector<at::SDPBackend>(current.begin(), current.end());
-  }();
+std::vector<at::SDPBackend> current_order() {
+  const auto current = at::globalContext().sDPPriorityOrder();
+  return std::vector<at::SDPBackend>(current.begin(), current.end());
+}
+
+// libtorch's order (every backend it knows, its length the version's) as first asked, or as
+// libtorch settled it at settle_attention_kernel_order().
+std::vector<at::SDPBackend>& original_order() {
+  static std::vector<at::SDPBackend> order = current_order();
   return order;
 }
 
@@ -76,6 +79,25 @@ struct OrderGuard {
 
 }  // namespace
 
+void settle_attention_kernel_order(at::Device device) {
+  static bool settled = false;
+  if (!device.is_cuda() || settled) return;
+  settled = true;
+  original_order();  // remembered before the choice, in case libtorch rewrites it
+  const std::vector<at::SDPBackend> before = current_order();
+  // [1, 1, 8, 8] half q, k and v: a shape every CUDA kernel's checks read without a launch.
+  const at::Tensor tiny = at::zeros({1, 1, 8, 8}, at::TensorOptions().dtype(at::kHalf).device(device));
+  try {
+    (void)at::_fused_sdp_choice(tiny, tiny, tiny, std::nullopt, 0.0, /*is_causal=*/true, std::nullopt,
+                                /*enable_gqa=*/false);
+  } catch (const c10::Error&) {
+    // No kernel for the tiny shape (every backend turned off, say): libtorch settled its order
+    // before it looked for one, and a real call says what is wrong with its own inputs.
+  }
+  const std::vector<at::SDPBackend> after = current_order();
+  if (after != before) original_order() = after;  // libtorch settled it: that order is libtorch's now
+}
+
 void prefer_attention_kernel(AttentionKernel kernel) {
   std::vector<at::SDPBackend> order{backend_of(kernel)};
   for (at::SDPBackend backend : original_order()) {
@@ -97,6 +119,7 @@ void restore_attention_kernel_order() { set_order(original_order()); }
 
 bool attention_kernel_takes(AttentionKernel kernel, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             bool causal, const at::Tensor& allowed) {
+  settle_attention_kernel_order(q.device());  // before the guard: it restores the order it found
   const OrderGuard guard;
   prefer_attention_kernel(kernel);
   const std::optional<at::Tensor> mask = allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt;
@@ -197,6 +220,7 @@ std::map<AttentionKernel, double> errors_against_composed(const std::vector<Atte
 
 std::vector<AttentionKernelTiming> time_attention_kernels(const AttentionCall& call, at::ScalarType dtype,
                                                           at::Device device, int repeats) {
+  settle_attention_kernel_order(device);
   const OrderGuard guard;
   AttentionInputs in = random_inputs(call, dtype, device);
   std::vector<AttentionKernel> taken;

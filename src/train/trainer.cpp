@@ -806,6 +806,7 @@ class Trainer {
     const at::ScalarType compute = config_.fsdp.param_dtype;
     const models::AttentionPath path = models::attention_path(compute);
     if (path == models::AttentionPath::Math) return;  // no fused kernel runs: the header says so
+    models::settle_attention_kernel_order(device_);   // libtorch's own order on this GPU, before any preference
     std::optional<models::AttentionCall> call;
     if (language()) call = models::attention_call(model_config_, config_.seq_len);
     if (call) {
@@ -818,7 +819,10 @@ class Trainer {
 
   std::string attention_kernel_line() const {
     const std::string setting = std::string(" (train.attention_kernel = ") + enum_name(config_.attention_kernel) + ")";
-    const std::string own_order = "  attention kernel: libtorch's own order (flash, efficient first)";
+    // libtorch's own order: flash first, or cuDNN on Hopper and later (attention_kernel.h).
+    const std::optional<models::AttentionKernel> first = models::preferred_attention_kernel();
+    const std::string own_order =
+        std::string("  attention kernel: libtorch's own order (") + (first ? enum_name(*first) : "math") + " first)";
     if (models::attention_path(config_.fsdp.param_dtype) == models::AttentionPath::Math) {
       return "  attention kernel: none (train.attention = math)" + setting;
     }

@@ -6,11 +6,14 @@
 //   Cudnn      cuDNN's fused attention: fp16 and bf16, Hopper's own kernels where present
 //   Efficient  memory-efficient attention: takes a mask (packed rows, a sliding window) and fp32
 //
-// libtorch's own order is flash, efficient, math, cuDNN: its composed math comes before cuDNN, so
-// cuDNN's kernel never runs unless it is asked for. Preferring a kernel moves it to the front
-// and leaves the rest in libtorch's order behind it, so inputs it does not take (a mask, for
-// flash) go to the next fused kernel that does, not to the math. The CPU's choice (its flash
-// kernel, or math) ignores the order.
+// libtorch's order starts as flash, efficient, math, cuDNN. At its first CUDA attention choice in
+// the process libtorch settles it once: on sm90 and sm100 with a cuDNN above 9.15 (the cu13
+// wheels' 9.19; torch 2.10 on) it writes cuDNN, flash, efficient, math over whatever order stood,
+// unless TORCH_CUDNN_SDPA_DEPRIORITIZED=1. settle_attention_kernel_order(device) has that happen
+// first, so a preference set afterwards stays, and "libtorch's order" here is the settled one.
+// Preferring a kernel moves it to the front and leaves the rest in libtorch's order behind it, so
+// inputs it does not take (a mask, for flash) go to the next fused kernel that does. The CPU's
+// choice (its flash kernel, or math) ignores the order.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,13 +40,20 @@ struct EnumNames<models::AttentionKernel> {  // train.attention_kernel's values
 
 namespace fsdp::models {
 
+// One attention choice on tiny tensors of a CUDA `device` (nothing for another device; once per
+// process), so that libtorch settles its order now (above), not over a later preference; the
+// order it settles on becomes libtorch's order as restore_attention_kernel_order() restores it.
+// Call it before preferring a kernel for a CUDA run (the trainer does; attention_kernel_takes and
+// time_attention_kernels do for their inputs' device).
+void settle_attention_kernel_order(at::Device device);
+
 // Process-wide, for every later scaled_dot_product_attention call; not thread-safe against them.
 void prefer_attention_kernel(AttentionKernel kernel);
 // The kernel libtorch tries first, or nullopt where that is none of the three (its math: an
 // order someone else set).
 std::optional<AttentionKernel> preferred_attention_kernel();
 // libtorch's order as first seen here, before any preference (flash, efficient, math, cuDNN in
-// 2.7-2.11), restored.
+// 2.7-2.11), or as libtorch settled it (cuDNN first on Hopper), restored.
 void restore_attention_kernel_order();
 
 // Whether libtorch, with `kernel` preferred, runs it for these inputs as attention() passes them
