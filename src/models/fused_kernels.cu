@@ -301,10 +301,11 @@ __device__ MaxSum block_max_sum(MaxSum mine) {
 // One block per row (striding over rows): the row's (max, sum) in one read, its log-sum-exp, the
 // loss, then the gradient in a second read and one write. The row in packs of kWidth (kWidth divides
 // vocab and z is 16-byte aligned, the launcher's condition: every row starts aligned). 32-bit
-// column indices: a row of a vocabulary is far below 2^31 elements.
+// column indices: a row of a vocabulary is far below 2^31 elements. Launched with 512 threads
+// (kRowThreads): the bound keeps nvcc within 128 registers a thread, or the launch would fail.
 template <typename T, int kWidth>
-__global__ void cross_entropy_rows_kernel(T* z, const int64_t* targets, float* row_loss, int64_t rows, int vocab,
-                                          float scale, bool gradient) {
+__global__ void __launch_bounds__(512) cross_entropy_rows_kernel(T* z, const int64_t* targets, float* row_loss,
+                                                                 int64_t rows, int vocab, float scale, bool gradient) {
   const int packs = vocab / kWidth;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     Pack<T, kWidth>* zr = reinterpret_cast<Pack<T, kWidth>*>(z + row * static_cast<int64_t>(vocab));
@@ -344,8 +345,9 @@ __global__ void cross_entropy_rows_kernel(T* z, const int64_t* targets, float* r
 }
 
 constexpr int kThreads = 256;
-constexpr int kNormThreads = 256;          // per row: 8 columns per thread at dim 2048
-constexpr int kRowThreads = 512;           // cross_entropy_rows: a row of 128,256 logits is 251 per thread
+constexpr int kNormThreads = 256;  // per row: 8 columns per thread at dim 2048
+constexpr int kRowThreads = 512;   // cross_entropy_rows: a row of 128,256 logits is 251 per thread
+static_assert(kRowThreads == 512, "cross_entropy_rows_kernel's __launch_bounds__ is its launch's thread count");
 constexpr int kNormBackwardBlocks = 1024;  // the weight partials: [1024, dim] fp32 at most (8 MiB at dim 2048)
 
 int blocks_for(int64_t work) {

@@ -249,12 +249,15 @@ TEST(FusedOps, AddRmsNormMatchesTheComposedReference) {
     // element a load; 300 in 16-byte packs of fp32). On CUDA also dims of whole bf16 packs, with the
     // backward's weight partials in 32 registers a thread (4096) and in global memory (8200,
     // beyond 32 x 256 columns).
-    std::vector<int64_t> dims = {67, 300};
+    // And 70,000 rows of 16: more rows than a CUDA grid's 65,535 blocks, so a block takes several
+    // (the row loops, and the block-wide sums' shared memory reused from row to row).
+    std::vector<int64_t> dims = {67, 300, 16};
     if (c.device.is_cuda()) dims.insert(dims.end(), {4096, 8200});
     for (const int64_t dim : dims) {
       SCOPED_TRACE("dim " + std::to_string(dim));
-      const std::vector<int64_t> shape =
-          dim <= 300 ? std::vector<int64_t>{3, 401, dim} : std::vector<int64_t>{1030, dim};
+      const std::vector<int64_t> shape = dim == 16    ? std::vector<int64_t>{70000, dim}
+                                         : dim <= 300 ? std::vector<int64_t>{3, 401, dim}
+                                                      : std::vector<int64_t>{1030, dim};
       const at::Tensor x64 = torch::randn(shape, at::kDouble) * 2, delta64 = torch::randn(shape, at::kDouble);
       const at::Tensor w64 = 1 + 0.1 * torch::randn({dim}, at::kDouble);
       const at::Tensor grad_sum64 = torch::randn(shape, at::kDouble), grad_normed64 = torch::randn(shape, at::kDouble);
@@ -363,17 +366,24 @@ TEST(FusedOps, AddRmsNormRejectsMismatchedInputs) {
 // Truth: the formula in fp64 from the inputs as rounded to the dtype. Loss, d hidden and d weight,
 // for backward's factor (0.25) said right and said wrong (1: corrected in backward), chunks that
 // divide the rows and do not, rows not counted, a vocabulary that fills no block evenly and one of
-// whole packs. A missed onehot, an unscaled gradient or a row counted that is not moves these by
-// O(1).
+// whole packs, one of several packs a thread, and more rows in a chunk than a CUDA grid's 65,535
+// blocks. A missed onehot, an unscaled gradient or a row counted that is not moves these by O(1).
 TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
   for (const Case& c : cases()) {
     if (!usable(c.device)) continue;
     SCOPED_TRACE(c.name());
     torch::manual_seed(3);
-    // An odd vocabulary (on CUDA one logit a load) and one of whole 16-byte packs.
-    for (const int64_t vocab : {1001, 1024}) {
-      SCOPED_TRACE("vocab " + std::to_string(vocab));
-      const int64_t n = 45, dim = 32;
+    // {vocab, rows, chunks}: an odd vocabulary (on CUDA one logit a load), one of whole 16-byte
+    // packs, 16,384 (4 packs for each of the kernel's 512 threads), and 70,000 rows of 16 in one
+    // chunk (the kernel's row loop steps).
+    struct Shape {
+      int64_t vocab, n;
+      std::vector<int64_t> chunks;
+    };
+    for (const Shape& shape :
+         std::vector<Shape>{{1001, 45, {16, 45}}, {1024, 45, {16, 45}}, {16384, 45, {16, 45}}, {16, 70000, {70000}}}) {
+      const int64_t vocab = shape.vocab, n = shape.n, dim = 32;
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + ", rows " + std::to_string(n));
       const double factor = 0.25;
       const auto opts = at::TensorOptions().device(c.device).dtype(c.dtype);
       const at::Tensor hidden64 = torch::randn({n, dim}, at::kDouble).to(c.dtype).to(at::kDouble);
@@ -395,7 +405,7 @@ TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
       (reference * factor).backward();
 
       for (double said : {factor, 1.0}) {
-        for (int64_t chunk : {16, 45}) {
+        for (int64_t chunk : shape.chunks) {
           SCOPED_TRACE("chunk " + std::to_string(chunk) + ", factor said " + std::to_string(said));
           at::Tensor h = leaf(hidden64), w = leaf(weight64);
           const at::Tensor loss = fsdp::models::linear_cross_entropy_sum(h, w, targets.to(c.device), {chunk, said});
@@ -410,11 +420,19 @@ TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
   }
 }
 
-// Where a GPU runs these, say whether fsdp.cpp's own kernels were tested or the composed fallback.
+// Where a GPU runs these, say whether fsdp.cpp's own kernels were tested or the composed fallback;
+// where the build says nvcc built them (scripts/gpu-check.sh: FSDP_EXPECT_CUDA_KERNELS=1), fail
+// without them: every FusedOps test above passes on the composed path too.
 TEST(FusedOps, ReportsWhetherTheCudaKernelsWereBuilt) {
   for (const at::Device& device : fsdp_tests::test_devices()) {
     if (!device.is_cuda() || !usable(device)) continue;
     RecordProperty("fused_kernels_compiled", fsdp::models::fused_kernels_compiled() ? "yes" : "no");
+    const char* expected = std::getenv("FSDP_EXPECT_CUDA_KERNELS");
+    if (expected != nullptr && std::string(expected) == "1") {
+      ASSERT_TRUE(fsdp::models::fused_kernels_compiled())
+          << "FSDP_EXPECT_CUDA_KERNELS=1, but fsdp_zoo has no fused CUDA kernels: every FusedOps test ran the "
+             "composed path";
+    }
     if (!fsdp::models::fused_kernels_compiled()) {
       GTEST_SKIP()
           << "this build has no fused CUDA kernels (no nvcc at configure time): CUDA tensors took the composed path";
