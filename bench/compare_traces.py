@@ -8,12 +8,13 @@ OURS: fsdp-train --profile-steps (<output_dir>/profile/trace-rank0.json); THEIRS
 ProfilerStep# marks are counted). On a GPU trace the GPU kernels are summed (category "kernel": they
 do not nest, so the sums are the device's busy time); on a CPU-only trace the operators' self time
 (an operator's time less that of the operators inside it, per thread). Kernels are also grouped
-into classes (matmul, attention, communication, norm, elementwise, copy, optimizer, other) by name,
-for the compact comparison the fusions aim at. On GPU traces also the device's timeline: busy and
-idle time per step, and the idle time at the step's edge (between one step's last device work and
+into classes (matmul, attention, loss, communication, norm, elementwise, copy, optimizer, other) by
+name, for the compact comparison the fusions aim at; torch.compile's Triton kernels by what they
+fused (an rsqrt: norm; a softmax: loss; else elementwise), not by the "_to_copy" in their names.
+On GPU traces also the device's timeline: busy and idle time per step, and the idle time at the step's edge (between one step's last device work and
 the next one's first), which the host's end-of-step work (reading the loss, the metrics' exchange,
 the next batch) leaves. On fsdp.cpp's traces, CPU or GPU, that host work itself: from the end of a
-step's update (the trainer's fsdp::clip_and_step scope) to the next step's first gather. scripts/gpu-check.sh runs it on the 1B Llama's pair.
+step's update (the trainer's fsdp::clip_and_step scope) to the next step's first operator. scripts/gpu-check.sh runs it on the 1B Llama's pair.
 """
 import argparse
 import collections
@@ -23,6 +24,7 @@ import sys
 CLASSES = (  # first match wins; names lowercased
     ("communication", ("nccl", "all_gather", "allgather", "reduce_scatter", "allreduce", "all_reduce", "c10d::")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("loss", ("cross_entropy", "softmax", "nll_loss")),
     ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "aten::addmm", "aten::bmm", "matmul")),
     ("optimizer", ("adam", "foreach")),
     ("norm", ("rms", "layer_norm", "layernorm")),
@@ -33,6 +35,12 @@ CLASSES = (  # first match wins; names lowercased
 
 def classify(name):
     low = name.lower()
+    # torch.compile's generated kernels are named by what they fused ("triton_red_fused__to_copy_add_
+    # mean_mul_pow_rsqrt_0": an RMSNorm), and "_to_copy" or "cat" in a name would make them copies.
+    if low.startswith("triton_"):
+        if "rsqrt" in low:
+            return "norm"
+        return "loss" if any(k in low for k in ("softmax", "nll_loss", "cross_entropy")) else "elementwise"
     for label, keys in CLASSES:
         if any(k in low for k in keys):
             return label
@@ -129,23 +137,29 @@ def device_timeline(events):
             "edge_ms": sum(edges) / len(edges) / 1000.0 if edges else None}
 
 
-UPDATE_SCOPE, GATHER_SCOPE = "fsdp::clip_and_step", "fsdp::gather "  # fsdp.cpp's own record_function scopes
+UPDATE_SCOPE = "fsdp::clip_and_step"  # fsdp.cpp's trainer: the gradient norm, clipping and the optimizer
 
 
 def host_edge_ms(events):
     """fsdp.cpp's host work at the step's edge, in ms: from the end of each update (fsdp::clip_and_step)
-    to the start of the first gather after it (the next step's forward), the mean over the updates a
-    gather follows; None where the trace has no such pair (a peer's trace, one profiled step). On a
-    GPU the device waits at least this long between steps: the trainer synchronizes after the update,
-    then agrees on the step's metrics, records them and loads the next batch before it issues more."""
-    scopes = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    updates = sorted(e["ts"] + e["dur"] for e in scopes if e.get("name") == UPDATE_SCOPE)
-    gathers = sorted(e["ts"] for e in scopes if str(e.get("name", "")).startswith(GATHER_SCOPE))
+    to the first operator of the next profiled step (its window's first cpu_op: the loss's zeros,
+    the batch's copy, the first gather), the mean over the updates a profiled step follows; None
+    where the trace has no such pair (a peer's trace, one profiled step). On a GPU the device waits
+    at least this long between steps: the trainer synchronizes after the update, then agrees on the
+    step's metrics, records them and loads the next batch before it issues more."""
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in complete
+                     if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation")
+    updates = sorted(e["ts"] + e["dur"] for e in complete if e.get("name") == UPDATE_SCOPE)
+    operators = sorted(e["ts"] for e in complete if e.get("cat") == "cpu_op")
     gaps = []
     for end in updates:
-        after = next((start for start in gathers if start >= end), None)
-        if after is not None:
-            gaps.append(after - end)
+        window = next(((start, stop) for start, stop in windows if start >= end), None)
+        if window is None:
+            continue
+        first = next((ts for ts in operators if window[0] <= ts < window[1]), None)
+        if first is not None:
+            gaps.append(first - end)
     return sum(gaps) / len(gaps) / 1000.0 if gaps else None
 
 
@@ -188,7 +202,7 @@ def main():
     print(describe_device("peer", their_device))
     our_host_edge = host_edge_ms(our_events)
     if our_host_edge is not None:
-        print(f"  fsdp.cpp's host at the step's edge (the update's end to the next step's first gather): {our_host_edge:.2f} ms")
+        print(f"  fsdp.cpp's host at the step's edge (the update's end to the next step's first operator): {our_host_edge:.2f} ms")
     print(f"\ntop {a.top} of each (ms per step):")
     for title, table in (("fsdp.cpp", ours), ("peer", theirs)):
         print(f"  {title}:")

@@ -11,7 +11,8 @@ of both, their ratio (> 1: fsdp.cpp is faster; the last rows compare fsdp.cpp ru
 against composed, fp16 against bf16, an NF4 base against a bf16 one), peak memory reserved of
 both, and the issue's aim for that row where it sets one; the 1B Llama's attention kernel and its
 start-up timings (train.attention_kernel); the NF4 decode's GB/s (DIR/nf4_decode.json); the fused
-kernels' GB/s (DIR/fused_ops.json). Writes DIR/gpu-check.json.
+kernels' GB/s (DIR/fused_ops.json); each run's last loss and skipped steps; the GPU (DIR/gpu.txt).
+Writes DIR/gpu-check.json.
 """
 import argparse
 import json
@@ -59,6 +60,9 @@ def fsdp_run(directory):
     return {"tokens_per_second": statistics.median(r["tokens_per_second"] for r in settled),
             "mfu": statistics.median(r["mfu"] for r in settled), "peak_flops": steps[0]["peak_flops"],
             "peak_reserved_bytes": max(reserved), "final_loss": steps[-1]["loss"], "steps": len(steps),
+            # Steps the guard skipped (not finite: the device's flag, never run on a GPU before
+            # 2026-12-07) still count in tokens/s: a wrongly skipped step would flatter the figure.
+            "skipped_steps": steps[-1].get("skipped_steps", 0),
             "exposed_seconds_per_step": statistics.median(exposed) if exposed else None,
             # train.attention_kernel's choice at start, and rank 0's timings (seconds; null: wrong)
             "attention_kernel": start.get("attention_kernel"),
@@ -86,6 +90,11 @@ def main():
             # "skipped": the script's time budget ran out before the stage could start.
             stages[name] = {"exit": int(rc) if rc.lstrip("-").isdigit() else rc, "seconds": int(seconds)}
     report = {"stages": stages, "runs": {}, "peers": {}, "rows": [], "aims": AIMS}
+    # The machine (gpu-check.sh's gpu.txt: nvidia-smi's name, memory and driver; torch and CUDA):
+    # figures of two cards are not to be mixed.
+    if (d / "gpu.txt").exists():
+        report["gpu"] = (d / "gpu.txt").read_text().strip()
+        print("gpu: " + report["gpu"].replace("\n", "; "))
     gib = 2.0 ** 30
     cell = lambda v, f: f.format(v) if v is not None else "-"  # noqa: E731
     print(f"{'fsdp.cpp run':<12} {'tok/s':>8} {'MFU':>6} {'peak':>9}   {'peer':<22} {'tok/s':>8} {'peak':>9} {'ratio':>6} {'aim':>6}")
@@ -96,7 +105,7 @@ def main():
                 report["peers"][peer] = fsdp_run(d / f"fsdp_{peer[5:]}")
             else:
                 path = d / f"torch_{peer}.json"
-                report["peers"][peer] = json.loads(path.read_text()) if path.exists() else None
+                report["peers"][peer] = bench_json(path)
         theirs = report["peers"][peer]
         row = {"run": run, "peer": peer, "peer_description": words, "aim_ratio": aim}
         if ours and theirs:
@@ -110,6 +119,15 @@ def main():
               f"{cell(theirs and theirs['tokens_per_second'], '{:8.0f}'):>8} "
               f"{cell(theirs and theirs['peak_reserved_bytes'] / gib, '{:5.1f} GiB'):>9} "
               f"{cell(row.get('tokens_per_second_ratio'), '{:6.2f}'):>6} {cell(aim, '{:6.2f}'):>6}")
+    # Each run's last loss and skipped steps: a fast run that trained nothing, or skipped its steps,
+    # shows here (the peers' last loss beside it: the same random tokens, so about ln(vocab) early).
+    for name, r in sorted(report["runs"].items()):
+        if r:
+            warn = f"  <- {r['skipped_steps']} SKIPPED: its tok/s counts steps not taken" if r["skipped_steps"] else ""
+            print(f"{name}: last loss {r['final_loss']:.4f} after {r['steps']} steps, {r['skipped_steps']} skipped{warn}")
+    for name, r in sorted(report["peers"].items()):
+        if r and not name.startswith("fsdp:") and r.get("final_loss") is not None:
+            print(f"peer {name}: last loss {r['final_loss']:.4f}")
     llama = report["runs"].get("llama1b")
     if llama:
         report["llama1b_mfu"] = llama["mfu"]
@@ -145,8 +163,10 @@ def main():
               f"peak {offload['peak_reserved_bytes'] / gib:.1f} GiB reserved")
     else:
         print("llama1b with CPU offload: no result (see fsdp_llama1b_offload.log)")
-    failed = [name for name, s in stages.items() if s["exit"] != 0]
-    outcome = lambda s: "ok" if s["exit"] == 0 else "SKIPPED" if s["exit"] == "skipped" else "FAILED"  # noqa: E731
+    failed = [name for name, s in stages.items() if s["exit"] not in (0, "skipped")]
+    report["skipped_stages"] = [name for name, s in stages.items() if s["exit"] == "skipped"]
+    outcome = lambda s: ("ok" if s["exit"] == 0 else "SKIPPED" if s["exit"] == "skipped"  # noqa: E731
+                         else "TIMED OUT" if s["exit"] in (124, 137) else "FAILED")
     print("stages: " + ", ".join(f"{n} {outcome(s)} ({s['seconds']} s)" for n, s in stages.items()))
     report["failed_stages"] = failed
     out = d / "gpu-check.json"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Rehearses scripts/gpu-check.sh's plumbing on the CPU, before a device call is spent on it: the
-# script's own stage, train, torch_fsdp2, staged_parity and finish functions (read from it, not
+# script's own stage, train, torch_fsdp2, staged_parity, snapshot and finish functions (read from it, not
 # copied) run the staged backend's parity on CPU tensors, then a tiny
 # Llama with fsdp-train (profiled), transformers' tiny Llama under FSDP2 compiled per block (gloo,
 # profiled), fsdp-train again with train.fused_ops = false, then the report and the trace
@@ -18,6 +18,7 @@ BUILD=build STEPS=6 GPUS=1 FRACTION=0
 DEADLINE=$((SECONDS + 400)); STATUS="$WORK/stages.tsv"; : > "$STATUS"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PATH="$ROOT/.venv/bin:$PATH"
 # The script's functions, as written.
+eval "$(sed -n '/^snapshot() {/,/^}/p' scripts/gpu-check.sh)"
 eval "$(sed -n '/^finish() {/,/^}/p' scripts/gpu-check.sh)"
 eval "$(sed -n '/^stage() {/,/^}/p' scripts/gpu-check.sh)"
 eval "$(sed -n '/^train() {/,/^}/p' scripts/gpu-check.sh)"
@@ -40,6 +41,8 @@ export -f staged_parity; export BUILD STAGED_DEVICE=cpu
 stage staged_parity 150 bash -c staged_parity
 train llama1b llama-test 256 2 64 --profile-steps 3:4 --set 'train.device="cpu"' --set 'fsdp.param_dtype="float32"'
 torch_fsdp2 hf_llama1b_compiled 2 64 --model hf-llama "${TINY[@]}" --device cpu --profile-steps 3:4 --trace "$WORK/torch_hf_llama1b_compiled.trace.json"
+snapshot  # as the script does after the headline pair: the report and comparison in OUT_DIR before the rest
+[ -s "$OUT_DIR/trace-comparison.txt" ] && [ -s "$OUT_DIR/report.txt" ] || { echo "gpu-check-rehearsal: the snapshot left no report or comparison in $OUT_DIR"; exit 1; }
 train llama1b_composed llama-test 256 2 64 --set 'train.fused_ops=false' --set 'train.device="cpu"'
 finish
 failed=$(awk -F'\t' '$2 != 0' "$STATUS")
