@@ -177,7 +177,10 @@ def main():
     p.add_argument("theirs")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--json", default="")
+    p.add_argument("--labels", nargs=2, default=["fsdp.cpp", "peer"], metavar=("OURS", "THEIRS"),
+                   help="the two columns' names (two fsdp.cpp builds: before after)")
     a = p.parse_args()
+    mine, peer = a.labels
     try:
         our_events, their_events = read_events(a.ours), read_events(a.theirs)
         ours, our_steps, our_kind = load(our_events)
@@ -186,25 +189,25 @@ def main():
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"compare_traces: cannot read a trace: {e}")
     ms = lambda us: us / 1000.0  # noqa: E731
-    print(f"per step: fsdp.cpp {our_kind} over {our_steps} steps ({a.ours}); peer {their_kind} over {their_steps} ({a.theirs})")
+    print(f"per step: {mine} {our_kind} over {our_steps} steps ({a.ours}); {peer} {their_kind} over {their_steps} ({a.theirs})")
     classes = collections.defaultdict(lambda: [0.0, 0.0])
     for name, t in ours.items():
         classes[classify(name)][0] += t
     for name, t in theirs.items():
         classes[classify(name)][1] += t
-    print(f"{'class':<14} {'fsdp.cpp ms':>12} {'peer ms':>9} {'ratio':>6}")
+    print(f"{'class':<14} {mine + ' ms':>12} {peer + ' ms':>12} {'ratio':>6}")
     for label, (x, y) in sorted(classes.items(), key=lambda kv: -max(kv[1])):
-        print(f"{label:<14} {ms(x):12.2f} {ms(y):9.2f} {x / y if y else float('inf'):6.2f}")
+        print(f"{label:<14} {ms(x):12.2f} {ms(y):12.2f} {x / y if y else float('inf'):6.2f}")
     total_ours, total_theirs = sum(ours.values()), sum(theirs.values())
-    print(f"{'total':<14} {ms(total_ours):12.2f} {ms(total_theirs):9.2f} {total_ours / total_theirs if total_theirs else float('inf'):6.2f}")
+    print(f"{'total':<14} {ms(total_ours):12.2f} {ms(total_theirs):12.2f} {total_ours / total_theirs if total_theirs else float('inf'):6.2f}")
     print("\nthe device's timeline per step (kernels, copies and memsets of the steps the host launched):")
-    print(describe_device("fsdp.cpp", our_device))
-    print(describe_device("peer", their_device))
+    print(describe_device(mine, our_device))
+    print(describe_device(peer, their_device))
     our_host_edge = host_edge_ms(our_events)
     if our_host_edge is not None:
-        print(f"  fsdp.cpp's host at the step's edge (the update's end to the next step's first operator): {our_host_edge:.2f} ms")
+        print(f"  {mine}'s host at the step's edge (the update's end to the next step's first operator): {our_host_edge:.2f} ms")
     print(f"\ntop {a.top} of each (ms per step):")
-    for title, table in (("fsdp.cpp", ours), ("peer", theirs)):
+    for title, table in ((mine, ours), (peer, theirs)):
         print(f"  {title}:")
         for name, t in sorted(table.items(), key=lambda kv: -kv[1])[: a.top]:
             print(f"    {ms(t):9.3f}  {classify(name):<13} {name[:110]}")
