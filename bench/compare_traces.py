@@ -142,7 +142,8 @@ UPDATE_SCOPE = "fsdp::clip_and_step"  # fsdp.cpp's trainer: the gradient norm, c
 
 def host_edge_ms(events):
     """fsdp.cpp's host work at the step's edge, in ms: from the end of each update (fsdp::clip_and_step)
-    to the first operator of the next profiled step (its window's first cpu_op: the loss's zeros,
+    to the first operator of the next profiled step on the update's thread (its window's first
+    cpu_op there: the loss's zeros,
     the batch's copy, the first gather), the mean over the updates a profiled step follows; None
     where the trace has no such pair (a peer's trace, one profiled step). On a GPU the device waits
     at least this long between steps: the trainer synchronizes after the update, then agrees on the
@@ -150,14 +151,15 @@ def host_edge_ms(events):
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
     windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in complete
                      if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation")
-    updates = sorted(e["ts"] + e["dur"] for e in complete if e.get("name") == UPDATE_SCOPE)
-    operators = sorted(e["ts"] for e in complete if e.get("cat") == "cpu_op")
+    updates = sorted((e["ts"] + e["dur"], e.get("pid"), e.get("tid")) for e in complete if e.get("name") == UPDATE_SCOPE)
     gaps = []
-    for end in updates:
+    for end, pid, tid in updates:
         window = next(((start, stop) for start, stop in windows if start >= end), None)
         if window is None:
             continue
-        first = next((ts for ts in operators if window[0] <= ts < window[1]), None)
+        # The trainer's own thread: a background thread's operator (a checkpoint writer's) is not the step's.
+        first = min((e["ts"] for e in complete if e.get("cat") == "cpu_op" and e.get("pid") == pid
+                     and e.get("tid") == tid and window[0] <= e["ts"] < window[1]), default=None)
         if first is not None:
             gaps.append(first - end)
     return sum(gaps) / len(gaps) / 1000.0 if gaps else None

@@ -63,6 +63,8 @@ def fsdp_run(directory):
             # Steps the guard skipped (not finite: the device's flag, never run on a GPU before
             # 2026-12-07) still count in tokens/s: a wrongly skipped step would flatter the figure.
             "skipped_steps": steps[-1].get("skipped_steps", 0),
+            # fp16's loss-scale overflows among them: expected while the scale backs off from 65,536.
+            "overflow_steps": steps[-1].get("overflow_steps", 0),
             "exposed_seconds_per_step": statistics.median(exposed) if exposed else None,
             # train.attention_kernel's choice at start, and rank 0's timings (seconds; null: wrong)
             "attention_kernel": start.get("attention_kernel"),
@@ -119,15 +121,21 @@ def main():
               f"{cell(theirs and theirs['tokens_per_second'], '{:8.0f}'):>8} "
               f"{cell(theirs and theirs['peak_reserved_bytes'] / gib, '{:5.1f} GiB'):>9} "
               f"{cell(row.get('tokens_per_second_ratio'), '{:6.2f}'):>6} {cell(aim, '{:6.2f}'):>6}")
-    # Each run's last loss and skipped steps: a fast run that trained nothing, or skipped its steps,
-    # shows here (the peers' last loss beside it: the same random tokens, so about ln(vocab) early).
-    for name, r in sorted(report["runs"].items()):
-        if r:
-            warn = f"  <- {r['skipped_steps']} SKIPPED: its tok/s counts steps not taken" if r["skipped_steps"] else ""
-            print(f"{name}: last loss {r['final_loss']:.4f} after {r['steps']} steps, {r['skipped_steps']} skipped{warn}")
+    # Every fsdp-train run's last loss and skipped steps: a fast run that trained nothing, or skipped
+    # its steps, shows here (the peers' last loss beside it: the same random tokens, so about
+    # ln(vocab) early). A NaN loss is null in metrics.jsonl: "-" here.
+    for run_dir in sorted(d.glob("fsdp_*")):
+        r = fsdp_run(run_dir)
+        if not r:
+            continue
+        unexpected = r["skipped_steps"] - r["overflow_steps"]
+        warn = f"  <- {unexpected} SKIPPED: its tok/s counts steps not taken" if unexpected > 0 else ""
+        overflows = f" ({r['overflow_steps']} fp16 overflows)" if r["overflow_steps"] else ""
+        print(f"{run_dir.name[5:]}: last loss {cell(r['final_loss'], '{:.4f}')} after {r['steps']} steps, "
+              f"{r['skipped_steps']} skipped{overflows}{warn}")
     for name, r in sorted(report["peers"].items()):
         if r and not name.startswith("fsdp:") and r.get("final_loss") is not None:
-            print(f"peer {name}: last loss {r['final_loss']:.4f}")
+            print(f"peer {name}: last loss {cell(r['final_loss'], '{:.4f}')}")
     llama = report["runs"].get("llama1b")
     if llama:
         report["llama1b_mfu"] = llama["mfu"]
@@ -159,14 +167,15 @@ def main():
                          "trained": bool(offload and stages.get("fsdp_llama1b_offload", {}).get("exit") == 0)}
     if offload:
         print(f"llama1b with CPU offload under a cap of {a.cap_fraction:.3f} of the GPU: {offload['steps']} steps, "
-              f"loss {offload['final_loss']:.3f}, {offload['tokens_per_second']:.0f} tok/s, "
+              f"loss {cell(offload['final_loss'], '{:.3f}')}, {offload['tokens_per_second']:.0f} tok/s, "
               f"peak {offload['peak_reserved_bytes'] / gib:.1f} GiB reserved")
     else:
         print("llama1b with CPU offload: no result (see fsdp_llama1b_offload.log)")
     failed = [name for name, s in stages.items() if s["exit"] not in (0, "skipped")]
     report["skipped_stages"] = [name for name, s in stages.items() if s["exit"] == "skipped"]
     outcome = lambda s: ("ok" if s["exit"] == 0 else "SKIPPED" if s["exit"] == "skipped"  # noqa: E731
-                         else "TIMED OUT" if s["exit"] in (124, 137) else "FAILED")
+                         else "TIMED OUT" if s["exit"] == 124 else "KILLED (timed out, or out of memory)"
+                         if s["exit"] == 137 else "FAILED")
     print("stages: " + ", ".join(f"{n} {outcome(s)} ({s['seconds']} s)" for n, s in stages.items()))
     report["failed_stages"] = failed
     out = d / "gpu-check.json"

@@ -5,12 +5,13 @@
 # Llama with fsdp-train (profiled), transformers' tiny Llama under FSDP2 compiled per block (gloo,
 # profiled), fsdp-train again with train.fused_ops = false, then the report and the trace
 # comparison. Needs build/ and .venv/ (scripts/setup.sh with scripts/requirements-peers.txt).
-#   bash scripts/gpu-check-rehearsal.sh [OUT_DIR]      # about 30 s; default OUT_DIR out/gpu-check-rehearsal
+#   bash scripts/gpu-check-rehearsal.sh [OUT_DIR]      # about 15 s; default OUT_DIR out/gpu-check-rehearsal
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT_DIR=${1:-out/gpu-check-rehearsal}
 mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)  # absolute: finish() writes the traces' archive from another directory
 WORK=$(mktemp -d)
 CHECKPOINTS="$WORK/checkpoints"
 trap 'rm -rf "$WORK"' EXIT

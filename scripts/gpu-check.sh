@@ -70,7 +70,7 @@ command -v ssh > /dev/null 2>&1 || command -v rsh > /dev/null 2>&1 || export OMP
 CHECKPOINTS=/tmp/fsdp-gpu-check-checkpoints  # a stage stopped by its limit saves one (SIGTERM): kept out of WORK
 
 snapshot() {  # the table, JSON and trace comparison so far, copied to OUT_DIR: a later hang or a cut call keeps them
-  python3 "$ROOT/bench/gpu_check_report.py" --dir "$WORK" --cap-fraction "${FRACTION:-0}" > "$WORK/report.txt" 2>&1
+  timeout 60 python3 "$ROOT/bench/gpu_check_report.py" --dir "$WORK" --cap-fraction "${FRACTION:-0}" > "$WORK/report.txt" 2>&1
   cp "$WORK/report.txt" "$WORK/stages.tsv" "$OUT_DIR/" 2> /dev/null
   [ -e "$WORK/gpu-check.json" ] && cp "$WORK/gpu-check.json" "$OUT_DIR/"
   # The 1B Llama's two profiles, op class by op class (bench/compare_traces.py); once (they do not change).
@@ -79,7 +79,8 @@ snapshot() {  # the table, JSON and trace comparison so far, copied to OUT_DIR: 
     [ -f "$theirs" ] && break
   done
   if [ -f "$ours" ] && [ -n "$theirs" ] && ! [ -s "$WORK/trace-comparison.txt" ]; then
-    python3 "$ROOT/bench/compare_traces.py" "$ours" "$theirs" --json "$WORK/trace-comparison.json" > "$WORK/trace-comparison.txt" 2>&1
+    # Two profiled 1B steps are tens to hundreds of MB of JSON each: bounded, not left to the budget.
+    timeout 120 python3 "$ROOT/bench/compare_traces.py" "$ours" "$theirs" --json "$WORK/trace-comparison.json" > "$WORK/trace-comparison.txt" 2>&1
     cp "$WORK/trace-comparison.txt" "$OUT_DIR/" 2> /dev/null
   fi
 }
@@ -115,8 +116,9 @@ stage() {  # stage NAME SECONDS COMMAND...: runs it with a limit, logs to WORK/N
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     # Timed out: a rank that ignored the TERM (a hang) can outlive mpirun's KILL and keep its GPU
     # memory, and the next 1B stage would run out of it.
-    pkill -KILL -f "$BUILD/(apps|tests|bench)/" 2> /dev/null
-    pkill -KILL -f "bench/torch_fsdp2.py" 2> /dev/null
+    # Anchored to the command's start: a rank's, never a shell or tool that names the path.
+    pkill -KILL -f "^([^ ]*/)?$BUILD/(apps|tests|bench)/" 2> /dev/null
+    pkill -KILL -f "^([^ ]*/)?python3 bench/torch_fsdp2.py" 2> /dev/null
   fi
   if [ "$rc" -ne 0 ]; then echo "   FAILED (exit $rc); last lines of $name.log:"; tail -n 15 "$WORK/$name.log" | sed 's/^/   /'; fi
   return "$rc"
@@ -195,7 +197,10 @@ fi
 # ones one after another. Its limit is generous (the 2026-12-04 build took 291 s): a build cut
 # short loses the whole call, one that runs long only the stages the budget then cannot reach.
 # The kernels for this GPU's architecture alone (FSDP_CUDA_ARCHITECTURES defaults to 80 and 90):
-# half of nvcc's work, which comes first in the build's order.
+# half of nvcc's work, which comes first in the build's order. A GPU newer than the image's nvcc
+# knows keeps the default (its driver compiles sm_90's PTX at load).
+NVCC=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+"$NVCC" --list-gpu-arch 2> /dev/null | grep -qx "compute_$ARCH" || ARCH="80;90"
 stage build 400 bash -c "cmake -S . -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DFSDP_BUILD_BENCH=ON -DFSDP_UNITY_BATCH=4 \
     -DFSDP_CUDA_ARCHITECTURES='$ARCH' \
     -DCMAKE_PREFIX_PATH='$TORCH_PREFIX${DEPS_PREFIX:+;$DEPS_PREFIX}' ${CMAKE_EXTRA[*]} && \

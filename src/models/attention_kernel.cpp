@@ -82,8 +82,7 @@ struct OrderGuard {
 void settle_attention_kernel_order(at::Device device) {
   static bool settled = false;
   if (!device.is_cuda() || settled) return;
-  settled = true;
-  original_order();  // remembered before the choice, in case libtorch rewrites it
+  const std::vector<at::SDPBackend> remembered = original_order();  // remembered before the choice
   const std::vector<at::SDPBackend> before = current_order();
   // [1, 1, 8, 8] half q, k and v: a shape every CUDA kernel's checks read without a launch.
   const at::Tensor tiny = at::zeros({1, 1, 8, 8}, at::TensorOptions().dtype(at::kHalf).device(device));
@@ -91,11 +90,17 @@ void settle_attention_kernel_order(at::Device device) {
     (void)at::_fused_sdp_choice(tiny, tiny, tiny, std::nullopt, 0.0, /*is_causal=*/true, std::nullopt,
                                 /*enable_gqa=*/false);
   } catch (const c10::Error&) {
-    // No kernel for the tiny shape (every backend turned off, say): libtorch settled its order
-    // before it looked for one, and a real call says what is wrong with its own inputs.
+    // No kernel for the tiny shape (every backend turned off, say: libtorch then returns before it
+    // settles anything). Not settled: the next call tries again, and a real call says what is
+    // wrong with its own inputs.
+    return;
   }
+  settled = true;
   const std::vector<at::SDPBackend> after = current_order();
-  if (after != before) original_order() = after;  // libtorch settled it: that order is libtorch's now
+  if (after != before) {  // libtorch settled its order just now, over `before`
+    original_order() = after;
+    if (before != remembered) set_order(before);  // a preference stood: it stays, over libtorch's
+  }
 }
 
 void prefer_attention_kernel(AttentionKernel kernel) {

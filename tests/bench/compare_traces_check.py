@@ -11,9 +11,10 @@ A kernel placed by its own start rather than by its launch would put the copy in
 an edge of 0.15 ms. A CPU-only trace has no device timeline.
 The host's edge in the same trace: step 2's update (fsdp::clip_and_step) ends at 950, the loss
 read between the steps (aten::item at 960) is outside any window, step 3's window opens at 1000 and
-its first operator starts at 1005 (a gather at 1010): 0.055 ms; step 3's update [1900, 1950) has no
-profiled step after it and is left out. Measured to the next operator of any step, it would read
-0.01 ms; to the window's opening, 0.05.
+its first operator on the trainer's thread starts at 1005 (a gather at 1010; a background thread's
+copy at 1001 is not the step's): 0.055 ms; step 3's update [1900, 1950) has no profiled step after
+it and is left out. Measured to the next operator of any step it would read 0.01 ms, to the
+window's opening 0.05, on any thread 0.051.
 Usage: compare_traces_check.py bench/compare_traces.py
 """
 import importlib.util
@@ -29,19 +30,23 @@ compare_traces = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(compare_traces)
 
 
+MAIN = {"pid": 1, "tid": 1}  # the trainer's thread; tid 9: a background thread (a checkpoint writer)
+
+
 def gpu_trace():
     events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#2", "ts": 0, "dur": 1000},
               {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 1000, "dur": 1000},
               # The device's copy of a step mark: not a host window (were it one, it would split
               # step 2's launches).
               {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#2", "ts": 15, "dur": 1000},
-              {"ph": "X", "cat": "user_annotation", "name": "fsdp::gather layers.0", "ts": 300, "dur": 5},
-              {"ph": "X", "cat": "user_annotation", "name": "fsdp::clip_and_step", "ts": 800, "dur": 150},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 960, "dur": 5},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::zeros", "ts": 1005, "dur": 2},
-              {"ph": "X", "cat": "user_annotation", "name": "fsdp::gather <root>", "ts": 1010, "dur": 5},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1020, "dur": 5},
-              {"ph": "X", "cat": "user_annotation", "name": "fsdp::clip_and_step", "ts": 1900, "dur": 50}]
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::gather layers.0", "ts": 300, "dur": 5, **MAIN},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::clip_and_step", "ts": 800, "dur": 150, **MAIN},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 960, "dur": 5, **MAIN},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "ts": 1001, "dur": 2, "pid": 1, "tid": 9},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::zeros", "ts": 1005, "dur": 2, **MAIN},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::gather <root>", "ts": 1010, "dur": 5, **MAIN},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1020, "dur": 5, **MAIN},
+              {"ph": "X", "cat": "user_annotation", "name": "fsdp::clip_and_step", "ts": 1900, "dur": 50, **MAIN}]
     work = [  # (host launch ts, category, device start, device end, stream)
         (-50, "kernel", -10, 0, 7),
         (10, "kernel", 500, 800, 7), (20, "kernel", 700, 900, 8), (30, "gpu_memcpy", 1050, 1100, 7),

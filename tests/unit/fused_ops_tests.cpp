@@ -249,7 +249,7 @@ TEST(FusedOps, AddRmsNormMatchesTheComposedReference) {
     // element a load; 300 in 16-byte packs of fp32). On CUDA also dims of whole bf16 packs, with the
     // backward's weight partials in 32 registers a thread (4096) and in global memory (8200,
     // beyond 32 x 256 columns).
-    // And 70,000 rows of 16: more rows than a CUDA grid's 65,535 blocks, so a block takes several
+    // And 70,000 rows of 16: more rows than the launcher's 65,536 blocks, so a block takes several
     // (the row loops, and the block-wide sums' shared memory reused from row to row).
     std::vector<int64_t> dims = {67, 300, 16};
     if (c.device.is_cuda()) dims.insert(dims.end(), {4096, 8200});
@@ -366,7 +366,7 @@ TEST(FusedOps, AddRmsNormRejectsMismatchedInputs) {
 // Truth: the formula in fp64 from the inputs as rounded to the dtype. Loss, d hidden and d weight,
 // for backward's factor (0.25) said right and said wrong (1: corrected in backward), chunks that
 // divide the rows and do not, rows not counted, a vocabulary that fills no block evenly and one of
-// whole packs, one of several packs a thread, and more rows in a chunk than a CUDA grid's 65,535
+// whole packs, one of several packs a thread, and more rows in a chunk than the launcher's 65,536
 // blocks. A missed onehot, an unscaled gradient or a row counted that is not moves these by O(1).
 TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
   for (const Case& c : cases()) {
@@ -374,8 +374,8 @@ TEST(FusedOps, LinearCrossEntropyMatchesTheComposedReference) {
     SCOPED_TRACE(c.name());
     torch::manual_seed(3);
     // {vocab, rows, chunks}: an odd vocabulary (on CUDA one logit a load), one of whole 16-byte
-    // packs, 16,384 (4 packs for each of the kernel's 512 threads), and 70,000 rows of 16 in one
-    // chunk (the kernel's row loop steps).
+    // packs, 16,384 (4 packs of 8 bf16 for each of the kernel's 512 threads; 8 of 4 fp32), and
+    // 70,000 rows of 16 in one chunk (more than the launcher's 65,536 blocks: the row loop steps).
     struct Shape {
       int64_t vocab, n;
       std::vector<int64_t> chunks;

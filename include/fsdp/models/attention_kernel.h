@@ -42,7 +42,8 @@ namespace fsdp::models {
 
 // One attention choice on tiny tensors of a CUDA `device` (nothing for another device; once per
 // process), so that libtorch settles its order now (above), not over a later preference; the
-// order it settles on becomes libtorch's order as restore_attention_kernel_order() restores it.
+// order it settles on becomes libtorch's order as restore_attention_kernel_order() restores it,
+// and a preference set before it stays. Not thread-safe against the other functions here.
 // Call it before preferring a kernel for a CUDA run (the trainer does; attention_kernel_takes and
 // time_attention_kernels do for their inputs' device).
 void settle_attention_kernel_order(at::Device device);
