@@ -98,6 +98,14 @@ def union_length(intervals):
     return total
 
 
+def host_step_windows(events):
+    """The host's profiled steps as sorted [start, end) microseconds (ProfilerStep#N; not the
+    device's copies of those marks, which would split a step's launches)."""
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                  if e.get("ph") == "X" and "dur" in e and str(e.get("name", "")).startswith("ProfilerStep#")
+                  and e.get("cat") != "gpu_user_annotation")
+
+
 def device_timeline(events):
     """Where a GPU trace's device stood still, per profiled step, or None for a CPU-only trace.
 
@@ -107,9 +115,7 @@ def device_timeline(events):
     busy_ms (the union of the device's intervals over all streams), span_ms (the first work's start
     to the last one's end), idle_ms (span - busy), edge_ms: between one step's last device work and
     the next step's first (0 where they overlap), the mean over the boundaries}, each per step."""
-    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                     if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-                     and e.get("cat") != "gpu_user_annotation")
+    windows = host_step_windows(events)
     launch_step = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {}):
@@ -149,8 +155,7 @@ def host_edge_ms(events):
     at least this long between steps: the trainer synchronizes after the update, then agrees on the
     step's metrics, records them and loads the next batch before it issues more."""
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in complete
-                     if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation")
+    windows = host_step_windows(events)
     updates = sorted((e["ts"] + e["dur"], e.get("pid"), e.get("tid")) for e in complete if e.get("name") == UPDATE_SCOPE)
     gaps = []
     for end, pid, tid in updates:

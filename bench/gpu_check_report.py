@@ -100,11 +100,13 @@ def main():
     gib = 2.0 ** 30
     cell = lambda v, f: f.format(v) if v is not None else "-"  # noqa: E731
     print(f"{'fsdp.cpp run':<12} {'tok/s':>8} {'MFU':>6} {'peak':>9}   {'peer':<22} {'tok/s':>8} {'peak':>9} {'ratio':>6} {'aim':>6}")
+    # Every fsdp-train run's figures, read once (DIR/fsdp_<run>/metrics.jsonl).
+    runs = {p.name[len("fsdp_"):]: fsdp_run(p) for p in sorted(d.glob("fsdp_*")) if p.is_dir()}
     for run, peer, words, aim in ROWS:
-        ours = report["runs"].setdefault(run, fsdp_run(d / f"fsdp_{run}"))
+        ours = report["runs"].setdefault(run, runs.get(run))
         if peer not in report["peers"]:
             if peer.startswith("fsdp:"):  # another fsdp-train run (train.fused_ops = false)
-                report["peers"][peer] = fsdp_run(d / f"fsdp_{peer[5:]}")
+                report["peers"][peer] = runs.get(peer[len("fsdp:"):])
             else:
                 path = d / f"torch_{peer}.json"
                 report["peers"][peer] = bench_json(path)
@@ -124,14 +126,13 @@ def main():
     # Every fsdp-train run's last loss and skipped steps: a fast run that trained nothing, or skipped
     # its steps, shows here (the peers' last loss beside it: the same random tokens, so about
     # ln(vocab) early). A NaN loss is null in metrics.jsonl: "-" here.
-    for run_dir in sorted(d.glob("fsdp_*")):
-        r = fsdp_run(run_dir)
+    for name, r in runs.items():
         if not r:
             continue
         unexpected = r["skipped_steps"] - r["overflow_steps"]
         warn = f"  <- {unexpected} SKIPPED: its tok/s counts steps not taken" if unexpected > 0 else ""
         overflows = f" ({r['overflow_steps']} fp16 overflows)" if r["overflow_steps"] else ""
-        print(f"{run_dir.name[5:]}: last loss {cell(r['final_loss'], '{:.4f}')} after {r['steps']} steps, "
+        print(f"{name}: last loss {cell(r['final_loss'], '{:.4f}')} after {r['steps']} steps, "
               f"{r['skipped_steps']} skipped{overflows}{warn}")
     for name, r in sorted(report["peers"].items()):
         if r and not name.startswith("fsdp:") and r.get("final_loss") is not None:
@@ -162,7 +163,7 @@ def main():
         for r in fused["rows_table"]:
             print(f"fused ops: {r['operation']:<44} {r['path']:<8} {r['seconds'] * 1e3:8.3f} ms "
                   f"{r['gb_per_s']:8.1f} GB/s ({r['of_copy']:.2f}x the copy's)")
-    offload = fsdp_run(d / "fsdp_llama1b_offload")
+    offload = runs.get("llama1b_offload")
     report["offload"] = {"run": offload, "cap_fraction": a.cap_fraction,
                          "trained": bool(offload and stages.get("fsdp_llama1b_offload", {}).get("exit") == 0)}
     if offload:
